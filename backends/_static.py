@@ -94,8 +94,8 @@ def _annotation_names(node: ast.AST | None) -> list[str]:
         return _annotation_names(node.left) + _annotation_names(node.right)
     if isinstance(node, ast.Name):
         return [node.id]
-    if isinstance(node, ast.Attribute):
-        return [node.attr]
+    if isinstance(node, ast.Attribute):  # `vf.EnvConfig`: another package's class, opaque here
+        return [ast.unparse(node)]
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         try:
             return _annotation_names(ast.parse(node.value, mode="eval").body)

@@ -93,7 +93,7 @@ def _arg_lines(argv: list[str]) -> list[list[str]]:
     """Group a command line for display: the program, then one line per flag with its values."""
     groups: list[list[str]] = []
     for a in argv:
-        if not groups or (a.startswith("-") and a != "-"):
+        if not groups or (a.startswith("-") and a != "-") or groups[-1] == ["--"]:
             groups.append([a])
         else:
             groups[-1].append(a)

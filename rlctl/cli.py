@@ -80,7 +80,8 @@ def render(
 def main() -> None:
     """Entry point: user-facing errors become a message and an exit code, never a traceback."""
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
     except RlctlError as e:
         typer.echo(f"rlctl: {e}", err=True)
         sys.exit(e.exit_code)

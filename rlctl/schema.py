@@ -107,6 +107,9 @@ class TrainSection(Section):
     episodes: PosInt | None = Field(default=None, description="Passes over the prompt set.")
     steps: PosInt | None = Field(default=None, description="Optimizer steps; overrides episodes when both are set.")
     epochs_per_rollout: PosInt = Field(default=1, description="PPO epochs over each rollout batch.")
+    seq_len: PosInt | None = Field(
+        default=None, description="Trainer sequence length (prompt + response); defaults to model.max_model_len."
+    )
     train_batch_size: PosInt = Field(default=128, description="Samples per optimizer step (global).")
     micro_batch_size: PosInt = Field(default=1, description="Samples per GPU per forward/backward.")
     gradient_checkpointing: bool = True
@@ -145,6 +148,7 @@ class RewardSection(Section):
 
 class CheckpointSection(Section):
     dir: str = "checkpoints"
+    final_dir: str | None = Field(default=None, description="Where the final model goes; defaults to <dir>/final.")
     every: PosInt | None = None
     keep_last: PosInt | None = None
     resume: str | int = "off"
@@ -230,6 +234,10 @@ class Recipe(Section):
     @property
     def samples_per_rollout(self) -> int:
         return self.rollout.prompts_per_step * self.rollout.group_size
+
+    @property
+    def train_seq_len(self) -> int:
+        return self.train.seq_len or self.model.max_model_len
 
     @property
     def total_gpus(self) -> int:

@@ -183,7 +183,7 @@ class OpenRLHFBackend:
             c.append(("remote_rm_url", r.reward.function))
         ck = r.checkpoint
         c += [
-            ("save_path", f"{ck.dir}/final"),
+            ("save_path", ck.final_dir or f"{ck.dir}/final"),
             ("ckpt_path", ck.dir),
             ("save_hf_ckpt", True),
         ]

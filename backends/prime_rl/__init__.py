@@ -136,7 +136,7 @@ class PrimeRLBackend:
         kind, kw = self._scheduler(r, total or 0)
         trainer: dict[str, Any] = {
             "optim": {"lr": r.optim.lr, "max_norm": r.optim.max_grad_norm, "weight_decay": r.optim.weight_decay},
-            "model": {"seq_len": r.model.max_model_len},
+            "model": {"seq_len": r.train_seq_len},
         }
         if kind != "constant":
             trainer["scheduler"] = {"type": kind, **kw}
@@ -155,7 +155,7 @@ class PrimeRLBackend:
             trainer["loss"] = {"kl_tau": r.algorithm.kl_coef}
         cfg["trainer"] = trainer
         # orchestrator
-        orch: dict[str, Any] = {"batch_size": r.train.train_batch_size, "seq_len": r.model.max_model_len}
+        orch: dict[str, Any] = {"batch_size": r.train.train_batch_size, "seq_len": r.train_seq_len}
         sampling: dict[str, Any] = {"temperature": r.rollout.temperature}
         env_entry: dict[str, Any] | None = None
         if r.reward.environment:

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import io
+import os
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "recipes"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> Result:
+    """Run the rlctl entry point in-process, as the console script does, and capture what it prints."""
+    from rlctl.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    old_argv, old_cwd = sys.argv, os.getcwd()
+    sys.argv = ["rlctl", *args]
+    code = 0
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with redirect_stdout(out), redirect_stderr(err):
+            try:
+                main()
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = old_argv
+        os.chdir(old_cwd)
+    return Result(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture
+def write(tmp_path):
+    """Write a text file under tmp_path and return its path."""
+
+    def _write(name: str, text: str) -> Path:
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        return p
+
+    return _write
+
+
+MINIMAL = """
+[backend]
+name = "trl"
+
+[model]
+path = "Qwen/Qwen2.5-0.5B"
+
+[data]
+train = "prompts.jsonl"
+"""
+
+
+@pytest.fixture
+def minimal_recipe(write):
+    return write("recipe.toml", MINIMAL)

@@ -1,0 +1,185 @@
+"""The recipe loader: extends, --set, unknown keys with did-you-mean, types, ranges, and bad files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlctl.errors import RecipeError
+from rlctl.recipe import load, locate, parse_set
+from tests.conftest import MINIMAL, RECIPES
+
+
+def test_minimal_recipe_gets_defaults(minimal_recipe):
+    r = load(minimal_recipe).recipe
+    assert r.backend.name == "trl"
+    assert r.rollout.group_size == 8
+    assert r.train.episodes == 1  # neither steps nor episodes given -> one pass
+    assert r.lora is None
+
+
+def test_set_overrides_are_typed(minimal_recipe):
+    r = load(minimal_recipe, ["rollout.group_size=16", "optim.lr=2e-6", "train.gradient_checkpointing=false",
+                              "model.path=my/model", "lora.rank=8"]).recipe
+    assert r.rollout.group_size == 16 and isinstance(r.rollout.group_size, int)
+    assert r.optim.lr == 2e-6
+    assert r.train.gradient_checkpointing is False
+    assert r.model.path == "my/model"
+    assert r.lora is not None and r.lora.rank == 8
+
+
+def test_parse_set_rejects_malformed():
+    with pytest.raises(RecipeError, match="KEY=VALUE"):
+        parse_set("rollout.group_size")
+    with pytest.raises(RecipeError):
+        parse_set("=3")
+    assert parse_set("a.b=[1, 2]") == (["a", "b"], [1, 2])
+    assert parse_set("a.b=hello world") == (["a", "b"], "hello world")
+
+
+def test_extends_chain_and_relative_paths(write, tmp_path):
+    write("data/p.jsonl", '{"input": "x"}\n')
+    write("base/base.toml", MINIMAL.replace('train = "prompts.jsonl"', 'train = "../data/p.jsonl"')
+          + "\n[rollout]\ngroup_size = 4\nmax_tokens = 100\n")
+    write("mid.toml", 'extends = "base/base.toml"\n[rollout]\ngroup_size = 6\n')
+    top = write("top.toml", 'extends = "mid.toml"\n[rollout]\nmax_tokens = 200\n')
+    res = load(top)
+    assert res.recipe.rollout.group_size == 6
+    assert res.recipe.rollout.max_tokens == 200
+    assert res.recipe.data.train == str((tmp_path / "data/p.jsonl").resolve())
+    assert [p.name for p in res.chain] == ["base.toml", "mid.toml", "top.toml"]
+    assert res.origins["rollout.group_size"].name == "mid.toml"
+
+
+def test_extends_cycle_is_an_error(write):
+    write("a.toml", 'extends = "b.toml"\n' + MINIMAL)
+    b = write("b.toml", 'extends = "a.toml"\n')
+    with pytest.raises(RecipeError, match="cycle"):
+        load(b)
+
+
+def test_extends_missing_file_names_the_line(write):
+    p = write("a.toml", '# comment\nextends = "nope.toml"\n')
+    with pytest.raises(RecipeError) as e:
+        load(p)
+    assert f"{p.resolve()}:2" in str(e.value) and "nope.toml" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "snippet, expected",
+    [
+        ("[rollout]\nn = 4\n", "did you mean `rollout.group_size`?"),
+        ("seq_len = 2048\n", "`model.max_model_len`"),
+        ("[rollout]\ngroup_szie = 4\n", "did you mean `rollout.group_size`?"),
+        ("max_tokens = 10\n", "It belongs in the [rollout] section: did you mean `rollout.max_tokens`?"),
+        ("[optim]\nlearning_rate = 1e-6\n", "`optim.lr`"),
+    ],
+)
+def test_unknown_keys_get_did_you_mean_with_file_and_line(write, snippet, expected):
+    p = write("r.toml", snippet + MINIMAL)
+    with pytest.raises(RecipeError) as e:
+        load(p)
+    msg = str(e.value)
+    assert expected.lower() in msg.lower()
+    assert f"{p.resolve()}:" in msg  # the file and a line number
+
+
+def test_unknown_key_line_number_is_exact(write):
+    p = write("r.toml", MINIMAL + "\n[rollout]\ngroup_size = 4\nn = 4\n")
+    with pytest.raises(RecipeError) as e:
+        load(p)
+    line = MINIMAL.count("\n") + 4
+    assert f"{p.resolve()}:{line}:" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "snippet, expected",
+    [
+        ("[optim]\nlr = -1e-6\n", "`optim.lr` = -1e-06 is invalid: expected a value > 0"),
+        ("[rollout]\ngpu_memory_utilization = 1.4\n", "`rollout.gpu_memory_utilization` = 1.4 is invalid"),
+        ("[rollout]\ngroup_size = \"eight\"\n", "`rollout.group_size` = \"eight\" is invalid"),
+        ("[algorithm]\nname = \"dpo\"\n", "expected one of"),
+        ("[train]\nzero_stage = 4\n", "`train.zero_stage`"),
+    ],
+)
+def test_wrong_types_and_ranges(write, snippet, expected):
+    p = write("r.toml", MINIMAL + "\n" + snippet)
+    with pytest.raises(RecipeError) as e:
+        load(p)
+    assert expected in str(e.value)
+    assert str(p.resolve()) in str(e.value)
+
+
+def test_missing_required_section(write):
+    p = write("r.toml", '[backend]\nname = "trl"\n[data]\ntrain = "x.jsonl"\n')
+    with pytest.raises(RecipeError, match=r"missing required key `model`"):
+        load(p)
+
+
+def test_set_error_names_set(minimal_recipe):
+    with pytest.raises(RecipeError, match=r"^--set: `rollout.group_size`"):
+        load(minimal_recipe, ["rollout.group_size=0"])
+
+
+def test_locate_handles_tables_and_dotted_keys():
+    text = 'a = 1\n[rollout]\nn = 2\n[x.y]\nz.w = 3\n'
+    assert locate(text, "a") == 1
+    assert locate(text, "rollout.n") == 3
+    assert locate(text, "x.y.z.w") == 5
+    assert locate(text, "x.y") == 4
+    assert locate(text, "nope") is None
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"", "empty"),
+        (b"   \n\n", "empty"),
+        (b"\x00\x01\x02binary\x00", "binary"),
+        (b"\xff\xfe[backend]\n", "not valid UTF-8"),
+        (b"[backend\nname = 1\n", "malformed TOML"),
+        (b'[backend]\nname = trl\n', "malformed TOML"),
+    ],
+)
+def test_bad_files_are_one_paragraph_errors_exit_2(cli, tmp_path, content, expected):
+    p = tmp_path / "bad.toml"
+    p.write_bytes(content)
+    res = cli("recipe", "show", str(p))
+    assert res.code == 2
+    assert expected in res.err
+    assert "Traceback" not in res.err + res.out
+    assert str(p) in res.err
+
+
+def test_missing_file_and_directory(cli, tmp_path):
+    res = cli("recipe", "show", str(tmp_path / "nope.toml"))
+    assert res.code == 2 and "no such file" in res.err
+    res = cli("recipe", "show", str(tmp_path))
+    assert res.code == 2 and "is a directory" in res.err
+
+
+def test_recipe_show_toml_and_json(cli):
+    res = cli("recipe", "show", str(RECIPES / "quickstart.toml"), "--set", "rollout.group_size=4")
+    assert res.code == 0, res.err
+    assert "group_size = 4" in res.out
+    res = cli("recipe", "show", str(RECIPES / "quickstart.toml"), "--json")
+    data = json.loads(res.out)
+    assert data["backend"]["name"] == "trl"
+    assert data["rollout"]["group_size"] == 8
+
+
+def test_recipe_show_round_trips(cli, tmp_path):
+    """What `recipe show` prints is itself a valid recipe that resolves to the same thing."""
+    res = cli("recipe", "show", str(RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"))
+    again = tmp_path / "again.toml"
+    again.write_text(res.out)
+    a = load(RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml").recipe.model_dump()
+    b = load(again).recipe.model_dump()
+    assert a == b
+
+
+def test_bundled_recipe_by_name(cli, tmp_path):
+    res = cli("recipe", "show", "quickstart", cwd=tmp_path)
+    assert res.code == 0, res.err
+    assert 'name = "quickstart"' in res.out
