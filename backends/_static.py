@@ -49,7 +49,8 @@ def argparse_flags(source: str) -> dict[str, dict[str, Any]]:
     flags: dict[str, dict[str, Any]] = {}
 
     def visit(node: ast.AST, env: dict[str, str]) -> None:
-        if isinstance(node, ast.For) and isinstance(node.target, ast.Name) and isinstance(node.iter, (ast.Tuple, ast.List)):
+        loop = isinstance(node, ast.For) and isinstance(node.target, ast.Name)
+        if loop and isinstance(node.iter, (ast.Tuple, ast.List)):
             values = [e.value for e in node.iter.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
             for value in values:
                 for child in node.body:
@@ -162,9 +163,9 @@ class _Namespace:
             if bref in self.classes and bref != ref and depth < 10:
                 out.update(self.fields(bref, depth + 1))
         for stmt in cls.body:
-            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                if not stmt.target.id.startswith("_") and stmt.target.id != "model_config":
-                    out[stmt.target.id] = (module, stmt.annotation)
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and not stmt.target.id.startswith("_") and stmt.target.id != "model_config"):
+                out[stmt.target.id] = (module, stmt.annotation)
         return out
 
 

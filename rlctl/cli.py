@@ -50,7 +50,7 @@ def render(
     set_: SetOpt = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write launch.sh and config files here.")] = None,
     as_json: JsonOpt = False,
-    no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip checking flags against the backend.")] = False,
+    no_validate: Annotated[bool, typer.Option("--no-validate", help="Don't check flags against the backend.")] = False,
 ) -> None:
     """Print exactly what would be launched: command, environment, and files. Exit 1 if a flag/key is unknown."""
     from rlctl.planning import prepare
@@ -74,6 +74,37 @@ def render(
     for f in findings:
         typer.echo(f"{f.level}: {f.message}" + (f" — {f.fix}" if f.fix else ""), err=True)
     if any(f.level == "error" for f in findings):
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@app.command()
+def preflight(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    as_json: JsonOpt = False,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Run only these checks or families.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the LR curve to this PNG.")] = None,
+) -> None:
+    """Run every check that needs no GPU. Exit 0 if nothing fails, 1 if a check fails, 2 for unusable input."""
+    from rlctl import preflight as pf
+    from rlctl.planning import prepare
+
+    prep = prepare(recipe, set_)
+    results = pf.run(prep, only)
+    if plot is not None:
+        from rlctl.plots import plot_lr
+
+        plot_lr(prep.backend.schedule(prep.recipe, prep.dataset_size), prep.recipe, plot)
+        typer.echo(f"wrote {plot}", err=True)
+    if as_json:
+        _echo(json.dumps({"recipe": str(prep.resolved.path), "backend": prep.plan.backend,
+                          "ok": not pf.failed(results), "results": [r.to_dict() for r in results]},
+                         indent=2, default=str))
+    else:
+        from rlctl.tables import preflight_table
+
+        preflight_table(results, f"preflight: {prep.resolved.path.name} ({prep.plan.backend} {prep.plan.version})")
+    if pf.failed(results):
         raise typer.Exit(EXIT_CHECK_FAILED)
 
 

@@ -77,7 +77,8 @@ def read_toml(path: Path) -> tuple[dict[str, Any], str]:
             hint = f"a bundled recipe of that name exists: {bundled}"
         raise RecipeError(f"{path}: no such file.", hint=hint or "check the path (relative to the current directory).")
     if path.is_dir():
-        raise RecipeError(f"{path}: is a directory, expected a recipe .toml file.", hint="name the .toml file inside it.")
+        raise RecipeError(f"{path}: is a directory, expected a recipe .toml file.",
+                          hint="name the .toml file inside it.")
     try:
         raw = path.read_bytes()
     except OSError as e:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 
 
-def hf_lambda(name: str, step: int, warmup: int, total: int, min_lr_rate: float = 0.0, num_cycles: float = 0.5) -> float:
+def hf_lambda(name: str, step: int, warmup: int, total: int, min_lr_rate: float = 0.0,
+              num_cycles: float = 0.5) -> float:
     """transformers.optimization's lr lambdas (the schedulers OpenRLHF and TRL call through get_scheduler)."""
     s = float(step)
     if name == "constant":

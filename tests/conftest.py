@@ -76,3 +76,31 @@ train = "prompts.jsonl"
 @pytest.fixture
 def minimal_recipe(write):
     return write("recipe.toml", MINIMAL)
+
+
+@pytest.fixture(scope="session")
+def released_source(tmp_path_factory):
+    """A released backend wheel from PyPI, unpacked: {(dist, version): Path of its purelib root}."""
+    import subprocess
+    import zipfile
+
+    cache = tmp_path_factory.mktemp("wheels")
+    done: dict = {}
+
+    def get(dist: str, version: str) -> Path:
+        if (dist, version) in done:
+            return done[(dist, version)]
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
+                            f"{dist}=={version}"], capture_output=True, text=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot download {dist}=={version} from PyPI: {r.stderr.strip()[-200:]}")
+        wheel = next(cache.glob(f"{dist.replace('-', '_')}-{version}-*.whl"))
+        out = cache / f"{dist}-{version}"
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extractall(out)
+        # wheels with a .data/purelib layout (OpenRLHF) vs plain layout
+        purelib = next(out.glob("*.data/purelib"), out)
+        done[(dist, version)] = purelib
+        return purelib
+
+    return get

@@ -207,7 +207,8 @@ class OpenRLHFBackend:
         if style == "flat":
             c += [("prompt_max_len", r.data.max_prompt_tokens), ("generate_max_len", r.rollout.max_tokens)]
         else:
-            c += [("max_len", r.data.max_prompt_tokens + r.rollout.max_tokens), ("generate_max_len", r.rollout.max_tokens)]
+            c += [("max_len", r.data.max_prompt_tokens + r.rollout.max_tokens),
+                  ("generate_max_len", r.rollout.max_tokens)]
         c.append(("zero_stage", r.train.zero_stage))
         if r.train.gradient_checkpointing:
             c.append(("gradient_checkpointing", True))

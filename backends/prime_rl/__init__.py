@@ -207,7 +207,8 @@ class PrimeRLBackend:
             files={CONFIG_FILE: dump_toml(cfg)}, keys=flatten(cfg), total_steps=self.total_steps(recipe, dataset_size),
         )
         if recipe.checkpoint.resume == "latest":
-            plan.notes.append("checkpoint.resume = latest: rlctl launch sets ckpt.resume_step to the newest complete step")
+            plan.notes.append("checkpoint.resume = latest: rlctl launch sets ckpt.resume_step to the newest "
+                              "complete step")
         if recipe.checkpoint.keep_last:
             plan.notes.append("prime-rl's ckpt.keep_last does not delete old checkpoints; rlctl prunes them itself")
         return plan

@@ -145,7 +145,8 @@ class VerlBackend:
         if r.reward.function:
             o += [("custom_reward_function.path", r.reward.function),
                   ("custom_reward_function.name", r.reward.function_name)]
-        loggers = ["console"] + (["wandb"] if r.logging.wandb else []) + (["tensorboard"] if r.logging.tensorboard else [])
+        loggers = ["console"] + (["wandb"] if r.logging.wandb else [])
+        loggers += ["tensorboard"] if r.logging.tensorboard else []
         o += [
             ("trainer.logger", loggers),
             ("trainer.project_name", r.logging.wandb.project if r.logging.wandb else r.name),

@@ -1,0 +1,38 @@
+"""Pictures: the LR curve, metric curves of runs overlaid. matplotlib is imported only here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RlctlError("plotting needs matplotlib.", hint='pip install "rlctl[plot]"') from None
+    return plt
+
+
+def plot_lr(lrs: list[float], recipe: Any, out: Path) -> None:
+    if not lrs:
+        raise RlctlError("no LR curve: the number of steps is unknown (see schedule.steps).")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(range(1, len(lrs) + 1), lrs)
+    k = recipe.preflight.lr_check_step
+    ax.axvline(k, color="grey", linestyle=":", label=f"step {k}")
+    ax.axhline(recipe.optim.lr * recipe.preflight.lr_check_min_fraction, color="red", linestyle=":",
+               label=f"{recipe.preflight.lr_check_min_fraction:.0%} of target")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("learning rate")
+    ax.set_title(f"{recipe.name}: {recipe.backend.name} {recipe.optim.schedule}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

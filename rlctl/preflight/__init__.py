@@ -1,0 +1,103 @@
+"""Preflight: a registry of checks that run before a GPU is touched.
+
+Each check is a function `(ctx) -> Result | list[Result]` registered with `@check("family.name")` in one of the
+modules of this package; every module here is loaded, so adding a check is adding one file. No check imports
+torch, vllm, ray or deepspeed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any
+
+from rlctl.errors import RlctlError
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+ORDER = {FAIL: 0, WARN: 1, OK: 2, SKIP: 3}
+
+
+@dataclass
+class Result:
+    check: str
+    verdict: str
+    figure: str
+    fix: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+CheckFn = Callable[["Context"], "Result | list[Result] | None"]
+REGISTRY: dict[str, CheckFn] = {}
+
+
+def check(name: str) -> Callable[[CheckFn], CheckFn]:
+    def register(fn: CheckFn) -> CheckFn:
+        REGISTRY[name] = fn
+        return fn
+
+    return register
+
+
+def _load_all() -> None:
+    for mod in pkgutil.iter_modules(__path__):
+        if not mod.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{mod.name}")
+
+
+class Context:
+    """What checks share: the prepared recipe and lazily computed facts (architecture, schedule)."""
+
+    def __init__(self, prepared: Any):
+        self.prepared = prepared
+        self.recipe = prepared.recipe
+        self.backend = prepared.backend
+        self.dataset_size: int | None = prepared.dataset_size
+
+    @cached_property
+    def arch(self):
+        """The model architecture, or the RlctlError saying why it is unknown."""
+        from rlctl.models import resolve_arch
+
+        try:
+            return resolve_arch(self.recipe.model.path)
+        except RlctlError as e:
+            return e
+
+    @cached_property
+    def total_steps(self) -> int | None:
+        return self.backend.total_steps(self.recipe, self.dataset_size)
+
+    @cached_property
+    def lrs(self) -> list[float]:
+        return self.backend.schedule(self.recipe, self.dataset_size)
+
+
+def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
+    _load_all()
+    ctx = Context(prepared)
+    results: list[Result] = []
+    for name, fn in REGISTRY.items():
+        if only and not any(name == o or name.startswith(o + ".") for o in only):
+            continue
+        try:
+            out = fn(ctx)
+        except RlctlError as e:
+            out = Result(name, FAIL, e.message, e.hint)
+        if out is None:
+            continue
+        results.extend(out if isinstance(out, list) else [out])
+    return results
+
+
+def failed(results: list[Result]) -> bool:
+    return any(r.verdict == FAIL for r in results)
+
+
+def gib(x: float) -> str:
+    return f"{x / 1024**3:.1f} GiB"

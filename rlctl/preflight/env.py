@@ -1,0 +1,125 @@
+"""Environment: backend installed and its version, flags valid for it, W&B credentials, open-file limit, GNU
+patch, GPUs visible, output directories writable. Never prints a secret."""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+from pathlib import Path
+
+from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
+
+
+@check("env.backend")
+def backend_installed(ctx: Context) -> Result:
+    r = ctx.recipe
+    installed = ctx.prepared.installed_version()
+    pkg = ctx.backend.packages[0]
+    pinned = r.backend.version
+    if installed is None:
+        remote = r.resources.executor == "ray"
+        return Result("env.backend", WARN if remote or r.backend.name != "trl" else FAIL,
+                      f"{pkg} is not installed in this Python" + (" (the Ray cluster must have it)" if remote else ""),
+                      f"pip install {pkg}" + (f"=={pinned}" if pinned else "")
+                      + ("" if r.backend.name != "trl" else ' (or pip install "rlctl[trl]")'))
+    if pinned and pinned != installed:
+        return Result("env.backend", WARN, f"recipe pins {pkg} {pinned}; {installed} is installed",
+                      f"pip install {pkg}=={pinned}, or set backend.version = \"{installed}\"")
+    return Result("env.backend", OK, f"{pkg} {installed} installed")
+
+
+@check("env.flags")
+def flags(ctx: Context) -> list[Result]:
+    findings = ctx.prepared.validate()
+    if not findings:
+        return [Result("env.flags", OK, f"{len(ctx.prepared.plan.keys)} flags/keys exist in "
+                                        f"{ctx.recipe.backend.name} {ctx.prepared.plan.version}")]
+    return [Result("env.flags", FAIL if f.level == "error" else WARN, f.message, f.fix) for f in findings]
+
+
+def _netrc_has_wandb() -> bool:
+    path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return "api.wandb.ai" in path.read_text()
+    except OSError:
+        return False
+
+
+@check("env.wandb")
+def wandb(ctx: Context) -> Result | None:
+    wb = ctx.recipe.logging.wandb
+    if wb is None:
+        return None
+    if wb.offline:
+        return Result("env.wandb", OK, "W&B offline: no credentials needed")
+    if os.environ.get("WANDB_API_KEY"):
+        return Result("env.wandb", OK, "WANDB_API_KEY is set (not shown)")
+    if _netrc_has_wandb():
+        return Result("env.wandb", OK, "W&B credentials found in ~/.netrc (not shown)")
+    return Result("env.wandb", FAIL, "W&B is on but no API key is configured: the run dies at start",
+                  "export WANDB_API_KEY=..., or set logging.wandb.offline = true")
+
+
+@check("env.open_files")
+def open_files(ctx: Context) -> Result | None:
+    r = ctx.recipe
+    if r.backend.name == "trl" and not r.backend.extra().get("use_vllm"):
+        return None
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = r.preflight.min_open_files
+    if soft != resource.RLIM_INFINITY and soft < need:
+        return Result("env.open_files", WARN, f"ulimit -n is {soft}; vLLM wants >= {need} (seen: a silent vLLM "
+                      "death under load)", f"ulimit -n {need} before launching (or in the pod's setup)")
+    return Result("env.open_files", OK, f"ulimit -n {soft}")
+
+
+@check("env.patch_tool")
+def patch_tool(ctx: Context) -> Result | None:
+    if not ctx.recipe.patches.set:
+        return None
+    exe = shutil.which("patch")
+    if exe is None:
+        return Result("env.patch_tool", FAIL, "patches are configured but `patch` is not installed",
+                      "apt-get install patch")
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    if "GNU patch" not in out:
+        return Result("env.patch_tool", FAIL, f"{exe} is not GNU patch", "install GNU patch")
+    return Result("env.patch_tool", OK, out.splitlines()[0] if out else "GNU patch")
+
+
+@check("env.gpus")
+def gpus(ctx: Context) -> Result | None:
+    r = ctx.recipe
+    if r.resources.gpus_per_node == 0:
+        return None
+    if r.resources.executor == "ray":
+        return Result("env.gpus", SKIP, "GPUs are on the Ray cluster; checked when the job is submitted")
+    visible = sorted(Path("/dev").glob("nvidia[0-9]*"))
+    if not visible and shutil.which("nvidia-smi") is None:
+        return Result("env.gpus", SKIP, "no NVIDIA GPU visible on this machine (fine for a login node; launch "
+                      "needs them)")
+    if len(visible) < r.resources.gpus_per_node:
+        return Result("env.gpus", FAIL, f"{len(visible)} GPU(s) visible, recipe needs {r.resources.gpus_per_node}",
+                      "run on a machine with enough GPUs or lower resources.gpus_per_node")
+    return Result("env.gpus", OK, f"{len(visible)} GPU(s) visible")
+
+
+def _writable(p: Path) -> bool:
+    base = p.absolute()
+    while not base.exists():
+        base = base.parent
+    return os.access(base, os.W_OK)
+
+
+@check("env.output_dirs")
+def output_dirs(ctx: Context) -> Result:
+    from rlctl.runs import runs_root
+
+    root = runs_root()
+    bad = [str(p) for p in (root, Path(ctx.recipe.checkpoint.dir)) if not _writable(p)]
+    if bad:
+        return Result("env.output_dirs", FAIL, f"not writable: {', '.join(bad)}",
+                      "choose writable directories (RLCTL_RUNS_DIR, checkpoint.dir)")
+    return Result("env.output_dirs", OK, f"runs go to {root}")

@@ -1,0 +1,120 @@
+"""GPU memory plan: trainer per GPU, vLLM engine per GPU, and colocation caught the way vLLM itself fails."""
+
+from __future__ import annotations
+
+from rlctl.memory import GiB, colocation_mode, gpu_memory_gib, trainer_memory, trainer_resident, vllm_memory
+from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check, gib
+
+
+def _setup(ctx: Context, name: str):
+    r = ctx.recipe
+    if r.resources.gpus_per_node == 0:
+        return None, None, Result(name, SKIP, "recipe runs on CPU (resources.gpus_per_node = 0)")
+    total = gpu_memory_gib(r.resources.gpu)
+    if total is None:
+        return None, None, Result(name, SKIP, f"unknown GPU {r.resources.gpu!r}",
+                                  'write it as e.g. "H100-80GB" or "A6000-48GB"')
+    if isinstance(ctx.arch, Exception):
+        return None, None, Result(name, SKIP, ctx.arch.message, ctx.arch.hint)
+    return ctx.arch, total * GiB, None
+
+
+def _uses_vllm(ctx: Context) -> bool:
+    r = ctx.recipe
+    return r.backend.name != "trl" or bool(r.backend.extra().get("use_vllm"))
+
+
+@check("memory.trainer")
+def trainer(ctx: Context) -> Result:
+    arch, total, skip = _setup(ctx, "memory.trainer")
+    if skip:
+        return skip
+    b = trainer_memory(ctx.recipe, arch)
+    data = {"per_gpu_bytes": b.total, "terms": b.terms, "gpu_bytes": total, "params": arch.params}
+    figure = f"{gib(b.total)} per trainer GPU of {gib(total)} ({b.table()} GiB; {arch.params / 1e9:.2f}B params)"
+    if b.total > total:
+        return Result("memory.trainer", FAIL, figure,
+                      "enable train.gradient_checkpointing, lower train.micro_batch_size, use LoRA, raise "
+                      "train.zero_stage / more trainer GPUs, or train.offload", data)
+    if b.total > 0.9 * total:
+        return Result("memory.trainer", WARN, figure, "less than 10% headroom: fragmentation can still OOM", data)
+    return Result("memory.trainer", OK, figure, None, data)
+
+
+@check("memory.vllm")
+def engine(ctx: Context) -> Result:
+    if not _uses_vllm(ctx):
+        return Result("memory.vllm", SKIP, "no vLLM engine (TRL generates with the trainer's model)")
+    arch, total, skip = _setup(ctx, "memory.vllm")
+    if skip:
+        return skip
+    r = ctx.recipe
+    e = vllm_memory(r, arch, total)
+    data = {k: getattr(e, k) for k in ("budget", "weights", "activations", "kv_cache", "kv_per_token",
+                                        "seqs_at_max_len", "seqs_at_rollout_len", "concurrent_needed")}
+    rollout_len = min(r.data.max_prompt_tokens + r.rollout.max_tokens, r.model.max_model_len)
+    figure = (f"{r.rollout.gpu_memory_utilization:.2f} x {gib(total)} = {gib(e.budget)} per GPU: weights "
+              f"{gib(e.weights)} (TP {r.rollout.tensor_parallel}), activations {gib(e.activations)}, KV cache "
+              f"{gib(max(e.kv_cache, 0))} = {e.seqs_at_rollout_len} sequences of {rollout_len} tokens at once "
+              f"(a rollout has {e.concurrent_needed} per engine)")
+    if e.kv_cache <= 0:
+        return Result("memory.vllm", FAIL, figure,
+                      "no memory left for the KV cache: raise rollout.gpu_memory_utilization or "
+                      "rollout.tensor_parallel", data)
+    if e.seqs_at_max_len < 1:
+        return Result("memory.vllm", FAIL, figure,
+                      "not even one sequence of max_model_len fits the KV cache (vLLM refuses to start): lower "
+                      "model.max_model_len or raise gpu_memory_utilization / tensor_parallel", data)
+    if not e.fits_needed:
+        return Result("memory.vllm", WARN, figure,
+                      "vLLM will queue and preempt sequences: rollouts slow down; more engines, more memory or "
+                      "shorter max_tokens", data)
+    return Result("memory.vllm", OK, figure, None, data)
+
+
+@check("memory.colocation")
+def colocation(ctx: Context) -> Result | None:
+    r = ctx.recipe
+    shared = r.resources.colocate or (
+        r.resources.trainer_gpus is not None and r.resources.inference_gpus is not None
+        and set(r.resources.trainer_gpus) & set(r.resources.inference_gpus))
+    if not shared or not _uses_vllm(ctx):
+        return None
+    arch, total, skip = _setup(ctx, "memory.colocation")
+    if skip:
+        return skip
+    b = trainer_memory(r, arch)
+    e = vllm_memory(r, arch, total)
+    mode = colocation_mode(r)
+    # at vLLM's start the trainer holds its weights; a sleeping engine wakes later next to optimizer states too
+    resident = trainer_resident(b, with_optimizer=(mode == "sleep"))
+    util = r.rollout.gpu_memory_utilization
+    free = total - resident
+    # the highest utilization that passes vLLM's start check and, when both stay resident, the training peak
+    limit = free / total if mode == "sleep" else min(free, total - b.total) / total
+    max_util = max(round(limit - 0.02, 2), 0.0)
+    data = {"mode": mode, "trainer_resident": resident, "trainer_peak": b.total, "vllm_budget": e.budget,
+            "gpu_bytes": total, "max_utilization": max_util}
+    if e.budget > free:
+        return Result(
+            "memory.colocation", FAIL,
+            f"Free memory on device ({free / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than desired GPU "
+            f"memory utilization ({util}, {e.budget / GiB:.2f} GiB): the trainer already holds {gib(resident)}",
+            f"set rollout.gpu_memory_utilization <= {max_util:.2f}", data)
+    if mode == "resident":
+        peak = b.total + e.budget
+        if peak > total:
+            return Result(
+                "memory.colocation", FAIL,
+                f"trainer step peak {gib(b.total)} + vLLM {gib(e.budget)} = {gib(peak)} > {gib(total)} "
+                "(both stay resident): CUDA OOM at the first training step",
+                f"lower rollout.gpu_memory_utilization to <= {max_util:.2f}, "
+                "enable train.gradient_checkpointing or lower train.micro_batch_size", data)
+        return Result("memory.colocation", OK,
+                      f"trainer peak {gib(b.total)} + vLLM {gib(e.budget)} = {gib(peak)} of {gib(total)}", None, data)
+    peak = b.total + e.weights
+    verdict = FAIL if peak > total else OK
+    return Result("memory.colocation", verdict,
+                  f"rollout: trainer {gib(resident)} + vLLM {gib(e.budget)}; training (engine asleep): "
+                  f"{gib(b.total)} + engine weights {gib(e.weights)} = {gib(peak)} of {gib(total)}",
+                  None if verdict == OK else "lower train.micro_batch_size or enable offload", data)

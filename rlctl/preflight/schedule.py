@@ -1,0 +1,79 @@
+"""LR schedule exactly as the backend computes it: total steps, warmup, and the LR at step K (the seeds'
+preflight_lr.sh rule: abort if LR@20 < 30% of the target)."""
+
+from __future__ import annotations
+
+from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
+from rlctl.schedules import sparkline
+
+
+def _no_steps(ctx: Context) -> Result:
+    return Result(
+        "schedule.steps", SKIP,
+        f"dataset {ctx.recipe.data.train!r} is not a local file, so the number of steps is unknown",
+        "point data.train at the local JSONL/JSON/Parquet file, or set train.steps",
+    )
+
+
+@check("schedule.steps")
+def total_steps(ctx: Context) -> Result:
+    r = ctx.recipe
+    total = ctx.total_steps
+    if total is None:
+        return _no_steps(ctx)
+    src = f"{ctx.dataset_size} prompts" if ctx.dataset_size is not None else "train.steps"
+    if r.train.steps is None and ctx.dataset_size is not None:
+        formula = (f"{ctx.dataset_size} prompts x {r.rollout.group_size} samples // {r.train.train_batch_size} "
+                   f"per step x {r.train.episodes} episodes")
+        if r.backend.name == "verl":
+            formula = f"{ctx.dataset_size} prompts // {r.rollout.prompts_per_step} per step x {r.train.episodes}"
+    else:
+        formula = f"train.steps = {r.train.steps}"
+    if total <= 0:
+        return Result("schedule.steps", FAIL, f"0 optimizer steps ({formula})",
+                      "the dataset is smaller than one training batch: lower train.train_batch_size or add data",
+                      {"total_steps": total})
+    return Result("schedule.steps", OK, f"{total} optimizer steps ({formula}; from {src})", None,
+                  {"total_steps": total})
+
+
+@check("schedule.warmup")
+def warmup(ctx: Context) -> Result:
+    total = ctx.total_steps
+    if not total:
+        return Result("schedule.warmup", SKIP, "no step count (see schedule.steps)")
+    w = ctx.backend.warmup_steps(ctx.recipe, total)
+    data = {"warmup_steps": w, "total_steps": total}
+    if w >= total:
+        return Result("schedule.warmup", FAIL, f"warmup {w} steps >= the whole run ({total} steps): LR never "
+                      "reaches its target", "lower optim.warmup_ratio / warmup_steps, or train longer", data)
+    if w > total / 2:
+        return Result("schedule.warmup", WARN, f"warmup {w} of {total} steps (>50% of the run)",
+                      "a warmup this long wastes most of the run below target LR", data)
+    return Result("schedule.warmup", OK, f"warmup {w} of {total} steps", None, data)
+
+
+@check("schedule.lr_at_step")
+def lr_at_step(ctx: Context) -> Result:
+    r = ctx.recipe
+    lrs = ctx.lrs
+    if not lrs:
+        return Result("schedule.lr_at_step", SKIP, "no step count (see schedule.steps)")
+    k = r.preflight.lr_check_step
+    frac_min = r.preflight.lr_check_min_fraction
+    k_eff = min(k, len(lrs))
+    lr_k = lrs[k_eff - 1]
+    frac = lr_k / r.optim.lr
+    curve = sparkline(lrs)
+    data = {"step": k_eff, "lr": lr_k, "fraction": frac, "target": r.optim.lr, "total_steps": len(lrs)}
+    figure = f"LR at step {k_eff} = {lr_k:.3g} ({frac:.0%} of {r.optim.lr:.3g})  {curve}"
+    if frac < frac_min:
+        return Result(
+            "schedule.lr_at_step", FAIL, figure,
+            f"LR must reach {frac_min:.0%} of target by step {k}: shorten warmup "
+            f"(optim.warmup_ratio/warmup_steps) or check the step count; threshold in [preflight]", data)
+    peak = max(lrs)
+    if peak < 0.999 * r.optim.lr:
+        return Result("schedule.lr_at_step", WARN, figure + f"; peak {peak:.3g} never reaches the target",
+                      "the run ends during warmup", data)
+    return Result("schedule.lr_at_step", OK, figure, None, data)

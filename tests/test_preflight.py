@@ -1,0 +1,334 @@
+"""Preflight checks on the seeds' real settings and on deliberately broken ones."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import namedtuple
+
+import pytest
+
+from rlctl import preflight as pf
+from rlctl.planning import prepare
+from tests.conftest import RECIPES
+
+OPENRLHF = RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"
+VERL = RECIPES / "verl-qwen2.5-math-1.5b-1xh100.toml"
+PRIME_SHARED = RECIPES / "prime-rl-qwen2.5-7b-1xh100-shared.toml"
+PRIME_2GPU = RECIPES / "prime-rl-qwen3-8b-2xh100.toml"
+QUICK = RECIPES / "quickstart.toml"
+
+
+def results(recipe, *sets, only=None):
+    return pf.run(prepare(recipe, list(sets)), only)
+
+
+def verdicts(res, name):
+    return [r.verdict for r in res if r.check == name]
+
+
+def one(res, name):
+    found = [r for r in res if r.check == name]
+    assert found, f"no result for {name}: {[r.check for r in res]}"
+    return found[0]
+
+
+@pytest.fixture
+def pool(tmp_path):
+    def make(n, text="What is 1+1?"):
+        p = tmp_path / f"pool{n}.jsonl"
+        p.write_text("".join(json.dumps({"input": f"{text} #{i}", "label": "2"}) + "\n" for i in range(n)))
+        return p
+
+    return make
+
+
+# ---- schedule -------------------------------------------------------------------------------------------------
+
+def test_seed_lr_rule_passes_on_the_seed_settings(pool):
+    # POOL=400 NS=8 TBS=16 EP=1 WARMUP=0.05 LR=5e-7 (the seed's preflight_lr.sh invocation)
+    res = results(OPENRLHF, f'data.train="{pool(400)}"', "train.episodes=1", only=["schedule"])
+    assert one(res, "schedule.steps").data["total_steps"] == 200
+    r = one(res, "schedule.lr_at_step")
+    assert r.verdict == "ok" and r.data["step"] == 20
+    assert 0.9 < r.data["fraction"] <= 1.0
+
+
+def test_lr_at_step_fails_when_warmup_is_too_long(pool):
+    res = results(OPENRLHF, f'data.train="{pool(400)}"', "train.episodes=1", "optim.warmup_ratio=0.5",
+                  only=["schedule"])
+    r = one(res, "schedule.lr_at_step")
+    assert r.verdict == "fail"
+    assert r.data["fraction"] < 0.3 and "step 20" in r.figure
+    assert "warmup" in r.fix
+
+
+def test_threshold_comes_from_the_recipe(pool):
+    res = results(OPENRLHF, f'data.train="{pool(400)}"', "train.episodes=1", "optim.warmup_ratio=0.5",
+                  "preflight.lr_check_min_fraction=0.1", only=["schedule"])
+    assert one(res, "schedule.lr_at_step").verdict == "ok"
+
+
+def test_warmup_longer_than_the_run_fails():
+    res = results(VERL, "optim.warmup_steps=300", only=["schedule"])
+    r = one(res, "schedule.warmup")
+    assert r.verdict == "fail" and "300" in r.figure and "220" in r.figure
+
+
+def test_dataset_smaller_than_a_batch_is_zero_steps(pool):
+    res = results(OPENRLHF, f'data.train="{pool(1)}"', "train.train_batch_size=16", "rollout.group_size=8",
+                  "train.episodes=1", only=["schedule.steps"])
+    assert one(res, "schedule.steps").verdict == "fail"
+
+
+def test_remote_dataset_skips_with_a_fix():
+    r = one(results(OPENRLHF, only=["schedule"]), "schedule.steps")
+    assert r.verdict == "skip" and "train.steps" in r.fix
+
+
+# ---- context --------------------------------------------------------------------------------------------------
+
+def test_context_budget_catches_the_seed_hang():
+    # the seed: max_model_len 4096, max_tokens 4000 -> rollouts hang at "0/8 rollouts"
+    r = one(results(PRIME_SHARED, "rollout.max_tokens=4000", only=["context"]), "context.budget")
+    assert r.verdict == "fail"
+    assert "1500 + max_tokens 4000 = 5500 > max_model_len 4096" in r.figure
+    assert "rollout.max_tokens <= 2596" in r.fix
+
+
+def test_context_budget_ok_on_the_fixed_seed():
+    res = results(PRIME_SHARED, only=["context"])
+    assert one(res, "context.budget").verdict == "ok"
+    assert one(res, "context.train_seq_len").verdict == "warn"  # trainer seq_len 2048 < 3500
+
+
+def test_prompt_lengths_measured_with_a_local_tokenizer(tmp_path, pool):
+    pytest.importorskip("transformers")
+    from rlctl.tiny import make_tiny
+
+    model = make_tiny(tmp_path / "tiny")
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"input": "x" * n}) + "\n" for n in [10] * 90 + [200] * 10))
+    res = results(QUICK, f'model.path="{model}"', f'data.train="{data}"', "data.input_key=input",
+                  "data.max_prompt_tokens=100", "model.max_model_len=512", only=["context.prompt_lengths"])
+    r = one(res, "context.prompt_lengths")
+    assert r.data["n"] == 100 and r.data["max"] == 200 and r.data["p50"] == 10
+    assert r.data["over_limit"] == 10
+    assert r.verdict == "warn" and "10 (10.0%) over" in r.figure
+
+
+def test_prompt_lengths_wrong_input_key(pool):
+    r = one(results(QUICK, "data.input_key=nope", only=["context.prompt_lengths"]), "context.prompt_lengths")
+    assert r.verdict == "fail" and "nope" in r.figure
+
+
+# ---- memory ---------------------------------------------------------------------------------------------------
+
+def test_seed_shared_gpu_fails_like_vllm_at_0_9():
+    r = one(results(PRIME_SHARED, "rollout.gpu_memory_utilization=0.9", only=["memory"]), "memory.colocation")
+    assert r.verdict == "fail"
+    assert "Free memory on device" in r.figure and "is less than desired GPU memory utilization (0.9" in r.figure
+    assert 0.3 < r.data["max_utilization"] < 0.8
+
+
+def test_seed_shared_gpu_passes_at_0_5():
+    res = results(PRIME_SHARED, only=["memory"])
+    assert verdicts(res, "memory.colocation") == ["ok"]
+    assert verdicts(res, "memory.trainer") == ["ok"]
+
+
+def test_verl_seed_fails_at_0_88_and_passes_at_0_65():
+    # the seed: 0.88 "OOM during vLLM startup", 0.65 stable
+    assert verdicts(results(VERL, "rollout.gpu_memory_utilization=0.88", only=["memory"]),
+                    "memory.colocation") == ["fail"]
+    assert verdicts(results(VERL, only=["memory"]), "memory.colocation") == ["ok"]
+
+
+def test_trainer_that_cannot_fit_fails():
+    res = results(PRIME_2GPU, "lora.rank=8", "train.micro_batch_size=16", "train.seq_len=32768",
+                  "train.gradient_checkpointing=false", only=["memory.trainer"])
+    r = one(res, "memory.trainer")
+    assert r.verdict == "fail" and "gradient_checkpointing" in r.fix
+
+
+def test_full_finetune_costs_more_than_lora():
+    lora = one(results(PRIME_2GPU, only=["memory.trainer"]), "memory.trainer").data["per_gpu_bytes"]
+    prep = prepare(PRIME_2GPU)
+    prep.recipe.lora = None
+    full = one(pf.run(prep, ["memory.trainer"]), "memory.trainer").data["per_gpu_bytes"]
+    assert full > lora + 8e9 * 8  # fp32 grads + Adam for 8B params
+
+
+def test_vllm_kv_cache_too_small_for_one_sequence():
+    r = one(results(PRIME_2GPU, "rollout.gpu_memory_utilization=0.22", only=["memory.vllm"]), "memory.vllm")
+    assert r.verdict == "fail"
+
+
+def test_unknown_model_asks_for_config_json(tmp_path):
+    r = one(results(PRIME_2GPU, "model.path=acme/secret-model-13b", only=["memory.trainer"]), "memory.trainer")
+    assert r.verdict == "skip" and "config.json" in r.fix
+
+
+def test_local_config_json_is_used(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
+        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False,
+        "max_position_embeddings": 32768}))
+    a = one(results(PRIME_SHARED, f'model.path="{d}"', only=["memory.trainer"]), "memory.trainer")
+    b = one(results(PRIME_SHARED, only=["memory.trainer"]), "memory.trainer")
+    assert a.data["params"] == b.data["params"]  # same architecture as the table's Qwen2.5-7B
+    assert 7.5e9 < a.data["params"] < 7.7e9
+
+
+# ---- placement ------------------------------------------------------------------------------------------------
+
+def test_seed_placement_ok():
+    res = results(OPENRLHF, only=["placement"])
+    assert set(verdicts(res, "placement.gpus")) == {"ok"}
+    assert set(verdicts(res, "placement.batch")) == {"ok"}
+
+
+def test_too_many_gpus_requested():
+    res = results(OPENRLHF, "rollout.engines=4", "resources.trainer_gpus=[2,3,4,5,6,7]",
+                  "resources.inference_gpus=[0,1]", only=["placement.gpus"])
+    r = one(res, "placement.gpus")
+    assert r.verdict == "fail" and "needs 14 GPUs" in r.figure
+
+
+def test_tp_must_divide_heads():
+    res = results(PRIME_2GPU, "model.path=Qwen/Qwen2.5-7B-Instruct", "rollout.tensor_parallel=3",
+                  "resources.gpus_per_node=4", only=["placement.tensor_parallel"])
+    r = one(res, "placement.tensor_parallel")
+    assert r.verdict == "fail" and "28" in r.figure
+
+
+def test_batch_divisibility_and_group_size():
+    res = results(OPENRLHF, "train.train_batch_size=24", only=["placement"])
+    assert "fail" in verdicts(res, "placement.batch")
+    res = results(OPENRLHF, "rollout.group_size=1", "train.train_batch_size=16", only=["placement.group_size"])
+    r = one(res, "placement.group_size")
+    assert r.verdict == "fail" and ">= 2" in r.fix
+
+
+# ---- disk -----------------------------------------------------------------------------------------------------
+
+Usage = namedtuple("Usage", "total used free")
+
+
+def test_disk_fails_when_checkpoints_do_not_fit(monkeypatch, tmp_path):
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**12, 10**12 - 65 * 10**9, 65 * 10**9))
+    res = results(PRIME_2GPU, f'checkpoint.dir="{tmp_path}"', only=["disk"])
+    r = one(res, "disk.checkpoints")
+    # the seed: ~47 GB per checkpoint with 65 GB free; keep_last 2 -> 3 on disk at once
+    assert r.verdict == "fail" and 45e9 < r.data["per_checkpoint"] < 52e9
+    assert "warn" in verdicts(res, "disk.keep_last")
+
+
+def test_disk_ok_for_lora_adapters(tmp_path):
+    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', only=["disk"])
+    assert one(res, "disk.checkpoints").verdict == "ok"
+    assert "disk.deepspeed" not in [r.check for r in res]  # save_optimizer = false
+    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', "checkpoint.save_optimizer=true", only=["disk"])
+    assert verdicts(res, "disk.deepspeed") == ["warn"]
+
+
+# ---- environment ----------------------------------------------------------------------------------------------
+
+def test_wandb_without_key_fails_and_never_prints_key(monkeypatch, tmp_path, cli):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    assert verdicts(results(VERL, only=["env.wandb"]), "env.wandb") == ["fail"]
+    assert verdicts(results(VERL, "logging.wandb.offline=true", only=["env.wandb"]), "env.wandb") == ["ok"]
+    monkeypatch.setenv("WANDB_API_KEY", "sk-secret-xyz-987")
+    res = cli("preflight", str(VERL), "--json")
+    assert "sk-secret-xyz-987" not in res.out + res.err
+    data = json.loads(res.out)
+    assert [r["verdict"] for r in data["results"] if r["check"] == "env.wandb"] == ["ok"]
+
+
+def test_netrc_counts_as_credentials(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password abc\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert verdicts(results(VERL, only=["env.wandb"]), "env.wandb") == ["ok"]
+
+
+def test_open_files_limit(monkeypatch):
+    import resource
+
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (32000, 32000))
+    r = one(results(PRIME_2GPU, only=["env.open_files"]), "env.open_files")
+    assert r.verdict == "warn" and "32000" in r.figure and "ulimit -n 65536" in r.fix
+
+
+def test_patch_tool_missing(monkeypatch):
+    import shutil
+
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "patch" else real(name))
+    assert verdicts(results(OPENRLHF, only=["env.patch_tool"]), "env.patch_tool") == ["fail"]
+
+
+def test_flags_finding_is_a_failed_check():
+    res = results(OPENRLHF, "backend.openrlhf.extra.offload=true", only=["env.flags"])
+    assert verdicts(res, "env.flags") == ["fail"]
+
+
+# ---- the command ----------------------------------------------------------------------------------------------
+
+def test_exit_codes(cli, tmp_path):
+    assert cli("preflight", str(QUICK)).code == 0
+    assert cli("preflight", str(QUICK), "--set", "rollout.max_tokens=500").code == 1
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[[")
+    r = cli("preflight", str(bad))
+    assert r.code == 2 and "Traceback" not in r.err
+
+
+def test_json_output(cli):
+    res = cli("preflight", str(QUICK), "--json")
+    data = json.loads(res.out)
+    assert data["ok"] is True and data["backend"] == "trl"
+    names = {r["check"] for r in data["results"]}
+    assert {"schedule.steps", "schedule.lr_at_step", "context.budget", "placement.batch", "env.flags"} <= names
+    assert all(set(r) >= {"check", "verdict", "figure", "fix"} for r in data["results"])
+
+
+def test_plot_writes_png(cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "lr.png"
+    res = cli("preflight", str(QUICK), "--plot", str(out))
+    assert res.code == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_preflight_imports_no_heavy_library():
+    code = (
+        "import sys\n"
+        "from rlctl.cli import main\n"
+        f"sys.argv = ['rlctl', 'preflight', {str(VERL)!r}, '--json']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'vllm', 'deepspeed', 'wandb',"
+        " 'transformers'})\n"
+        "print('HEAVY', heavy, file=sys.stderr)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "HEAVY []" in r.stderr, r.stderr[-2000:]
+
+
+def test_adding_a_check_is_one_function():
+    @pf.check("test.dummy")
+    def dummy(ctx):
+        return pf.Result("test.dummy", pf.WARN, f"{ctx.recipe.name}")
+
+    try:
+        res = pf.run(prepare(QUICK), ["test"])
+        assert [(r.check, r.verdict, r.figure) for r in res] == [("test.dummy", "warn", "quickstart")]
+    finally:
+        pf.REGISTRY.pop("test.dummy")
