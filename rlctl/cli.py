@@ -108,6 +108,72 @@ def preflight(
         raise typer.Exit(EXIT_CHECK_FAILED)
 
 
+@app.command()
+def launch(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return at once; follow with status/logs.")] = False,
+    smoke: Annotated[bool, typer.Option("--smoke", help="A few steps, short lengths, small groups.")] = False,
+    name: Annotated[str | None, typer.Option("--name", help="Run name (default: the recipe's name).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Start even if preflight fails.")] = False,
+    resume: Annotated[str | None, typer.Option("--resume", help="Resume from this run's newest checkpoint.")] = None,
+    executor: Annotated[str | None, typer.Option("--executor", help="local (default) or ray.")] = None,
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (with --executor ray).")] = None,
+    grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL on stop.")] = 30.0,
+) -> None:
+    """Preflight, patch, create the run directory and start training; stream progress unless --detach."""
+    from rlctl.launch import LaunchOptions
+    from rlctl.launch import launch as do_launch
+
+    if executor not in (None, "local", "ray"):
+        raise RlctlError(f"--executor {executor!r}: expected local or ray.")
+    opts = LaunchOptions(recipe, set_ or [], detach, smoke, name, force, resume, executor, address, grace)
+    run_dir, code = do_launch(opts)
+    if detach:
+        _echo(run_dir.name)
+    raise typer.Exit(0 if code == 0 else (130 if code in (-2, -15, 130, 143) else 1))
+
+
+@app.command()
+def stop(
+    run: Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")],
+    grace: Annotated[float, typer.Option("--grace", help="Seconds to wait before SIGKILL.")] = 30.0,
+) -> None:
+    """Stop a run cleanly: SIGTERM to its process group (or the Ray job), SIGKILL after the grace period."""
+    from rlctl.runs import find_run
+    from rlctl.stopping import stop_run
+
+    _echo(stop_run(find_run(run), grace))
+
+
+@app.command()
+def logs(
+    run: Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing as the run writes.")] = False,
+    metrics: Annotated[bool, typer.Option("--metrics", help="The unified metrics stream instead of the raw log.")] = False,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="Start this many lines from the end (0 = all).")] = 0,
+) -> None:
+    """Print a run's raw log or its unified metrics stream (JSON lines)."""
+    from rlctl.logs import show_logs
+    from rlctl.runs import find_run
+
+    show_logs(find_run(run), follow=follow, metrics=metrics, lines=lines)
+
+
+@app.command()
+def status(
+    run: Annotated[str | None, typer.Argument(help="A run for details; none for the table of runs.")] = None,
+    as_json: JsonOpt = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until interrupted.")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes with --watch.")] = 2.0,
+    stall_after: Annotated[float, typer.Option("--stall-after", help="Seconds without a new step = stalled.")] = 1800,
+) -> None:
+    """Runs at a glance, or one run's progress, metrics, health and disk."""
+    from rlctl.status import show_status
+
+    show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after)
+
+
 def main() -> None:
     """Entry point: user-facing errors become a message and an exit code, never a traceback."""
     try:

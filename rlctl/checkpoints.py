@@ -1,0 +1,185 @@
+"""Checkpoints of a run, per backend layout: where they are, which are complete, and pruning to keep_last.
+
+Pruning never deletes the newest complete checkpoint, a checkpoint still being written (anything newer than the
+newest complete one), nor anything outside the run's checkpoint directory: symlinks and paths that resolve
+elsewhere are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+
+
+@dataclass
+class Checkpoint:
+    step: int
+    path: Path
+    complete: bool
+    extra_paths: list[Path] = field(default_factory=list)  # e.g. prime-rl's weights/step_N next to it
+
+    def size(self) -> int:
+        total = 0
+        for root in [self.path, *self.extra_paths]:
+            if root.is_file():
+                total += root.stat().st_size
+                continue
+            for p in root.rglob("*"):
+                if p.is_file() and not p.is_symlink():
+                    total += p.stat().st_size
+        return total
+
+
+PATTERNS = {
+    "trl": re.compile(r"^checkpoint-(\d+)$"),
+    "prime_rl": re.compile(r"^step_(\d+)$"),
+    "verl": re.compile(r"^global_step_(\d+)$"),
+    "openrlhf": re.compile(r"^global_step(\d+)(?:_hf)?$"),
+}
+
+
+def checkpoint_dir(run_dir: Path, configured: str | None = None) -> Path:
+    """The checkpoint directory of a run: as recorded in its recipe, relative paths inside the run directory."""
+    if configured is None:
+        try:
+            import tomllib
+
+            configured = tomllib.loads((run_dir / "recipe.toml").read_text()).get("checkpoint", {}).get("dir")
+        except (OSError, ValueError):
+            configured = None
+    p = Path(configured or "checkpoints")
+    return p if p.is_absolute() else run_dir / p
+
+
+def _is_complete(backend: str, path: Path, root: Path, step: int) -> bool:
+    if backend == "trl":
+        return (path / "trainer_state.json").is_file()
+    if backend == "prime_rl":
+        return any(p.name.startswith("optimizer") for p in path.iterdir()) if path.is_dir() else False
+    if backend == "verl":
+        marker = root / "latest_checkpointed_iteration.txt"
+        try:
+            return step <= int(marker.read_text().strip())
+        except (OSError, ValueError):
+            return False
+    if backend == "openrlhf":
+        if path.name.endswith("_hf"):
+            return any((path / f).is_file() for f in ("adapter_config.json", "config.json"))
+        latest = path.parent / "latest"
+        try:
+            return int(re.sub(r"\D", "", latest.read_text()) or -1) >= step
+        except (OSError, ValueError):
+            return False
+    return False
+
+
+def find_checkpoints(backend: str, run_dir: Path, root: Path | None = None) -> list[Checkpoint]:
+    root = root or checkpoint_dir(run_dir)
+    pattern = PATTERNS.get(backend)
+    if pattern is None or not root.is_dir():
+        return []
+    search = [root]
+    if backend == "prime_rl" and (root / "checkpoints").is_dir():
+        search = [root / "checkpoints"]
+    if backend == "openrlhf":
+        search += [d for d in root.iterdir() if d.is_dir() and d.name.startswith("_")]  # _actor/ (DeepSpeed)
+    found: dict[int, Checkpoint] = {}
+    for base in search:
+        for p in sorted(base.iterdir()):
+            m = pattern.match(p.name)
+            if not m or not p.is_dir():
+                continue
+            step = int(m.group(1))
+            complete = _is_complete(backend, p, root, step)
+            if step in found:  # OpenRLHF: DeepSpeed state and HF export of the same step
+                found[step].extra_paths.append(p)
+                found[step].complete = found[step].complete and complete
+            else:
+                found[step] = Checkpoint(step, p, complete)
+    if backend == "prime_rl":
+        weights = root / "weights"
+        for c in found.values():
+            w = weights / f"step_{c.step}"
+            if w.is_dir():
+                c.extra_paths.append(w)
+    return [found[s] for s in sorted(found)]
+
+
+def latest_complete(backend: str, run_dir: Path) -> Checkpoint | None:
+    done = [c for c in find_checkpoints(backend, run_dir) if c.complete]
+    return done[-1] if done else None
+
+
+def best_checkpoint(run_dir: Path, metric_prefix: str = "eval/") -> tuple[int, str, float] | None:
+    """The step whose eval metric was highest, among steps that have one: (step, key, value)."""
+    from rlctl.metrics.stream import METRICS, by_step, iter_metrics
+
+    best = None
+    for step, rec in by_step(list(iter_metrics(run_dir / METRICS))).items():
+        for k, v in rec.items():
+            if k.startswith(metric_prefix) and isinstance(v, (int, float)) and (best is None or v > best[2]):
+                best = (step, k, float(v))
+    return best
+
+
+def _safe_to_delete(path: Path, root: Path) -> None:
+    if path.is_symlink():
+        raise RlctlError(f"refusing to delete {path}: it is a symlink.")
+    resolved = path.resolve()
+    root_resolved = root.resolve()
+    if resolved == root_resolved or root_resolved not in resolved.parents:
+        raise RlctlError(f"refusing to delete {path}: it is not inside the checkpoint directory {root}.")
+
+
+def plan_prune(ckpts: list[Checkpoint], keep_last: int, keep_steps: set[int] | None = None) -> list[Checkpoint]:
+    """Which checkpoints to delete to keep the `keep_last` newest complete ones (plus `keep_steps`)."""
+    if keep_last < 1:
+        raise RlctlError("--keep-last must be at least 1: the newest complete checkpoint is never deleted.")
+    complete = [c for c in ckpts if c.complete]
+    if not complete:
+        return []
+    newest_complete = complete[-1].step
+    keep = {c.step for c in complete[-keep_last:]} | (keep_steps or set())
+    # anything newer than the newest complete one is being written: leave it alone
+    return [c for c in ckpts if c.step not in keep and c.step < newest_complete]
+
+
+def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = False, dry_run: bool = False,
+          root: Path | None = None) -> list[Checkpoint]:
+    root = root or checkpoint_dir(run_dir)
+    ckpts = find_checkpoints(backend, run_dir, root)
+    keep_steps: set[int] = set()
+    if keep_best:
+        best = best_checkpoint(run_dir)
+        if best is not None:
+            eligible = [c.step for c in ckpts if c.step <= best[0]]
+            if eligible:
+                keep_steps.add(max(eligible))
+    doomed = plan_prune(ckpts, keep_last, keep_steps)
+    for c in doomed:
+        for p in [c.path, *c.extra_paths]:
+            _safe_to_delete(p, root)
+    if not dry_run:
+        for c in doomed:
+            for p in [c.path, *c.extra_paths]:
+                shutil.rmtree(p)
+    return doomed
+
+
+def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> None:
+    """Called by the supervisor: enforce keep_last for backends that do not (prime-rl), quietly."""
+    if spec.get("backend") != "prime_rl":
+        return
+    try:
+        doomed = prune("prime_rl", run_dir, keep_last, root=checkpoint_dir(run_dir, spec.get("checkpoint_dir")))
+    except (RlctlError, OSError):
+        return
+    if doomed:
+        with (run_dir / "rlctl-events.jsonl").open("a") as fh:
+            fh.write(json.dumps({"event": "pruned", "steps": [c.step for c in doomed]}) + "\n")

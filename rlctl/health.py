@@ -1,0 +1,63 @@
+"""Health flags from the seeds' early smoke-test criteria, over the last steps of a metrics stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Flag:
+    key: str
+    message: str
+    action: str
+
+
+def series(merged: dict[int, dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    return [(s, float(r[key])) for s, r in merged.items() if isinstance(r.get(key), (int, float))
+            and not isinstance(r.get(key), bool)]
+
+
+def _find_key(merged: dict[int, dict[str, Any]], suffix: str) -> str | None:
+    for rec in reversed(list(merged.values())):
+        for k in rec:
+            if k == suffix or k.endswith("/" + suffix):
+                return k
+    return None
+
+
+def health_flags(merged: dict[int, dict[str, Any]], window: int = 5) -> list[Flag]:
+    flags: list[Flag] = []
+    reward = series(merged, "reward/mean")[-window:]
+    if len(reward) >= window:
+        if all(v == 0 for _, v in reward):
+            flags.append(Flag("reward/mean", f"reward stuck at 0 for {window} steps", "data or reward-function bug"))
+        elif all(v == 1 for _, v in reward):
+            flags.append(Flag("reward/mean", f"reward stuck at 1 for {window} steps", "prompts too easy: no signal"))
+    boxed_key = _find_key(merged, "has_boxed")
+    if boxed_key:
+        boxed = series(merged, boxed_key)
+        if boxed:
+            peak = max(v for _, v in boxed)
+            last = boxed[-1][1]
+            if last < 0.5 or peak - last > 0.2:
+                flags.append(Flag(boxed_key, f"format rate {last:.2f} (peak {peak:.2f})",
+                                  "losing format compliance: consider a short SFT phase"))
+    grad = series(merged, "grad_norm")
+    if grad:
+        step, g = grad[-1]
+        if g == 0:
+            flags.append(Flag("grad_norm", f"grad_norm 0 at step {step}", "frozen weights: check LoRA targets / lr"))
+        elif g > 100:
+            flags.append(Flag("grad_norm", f"grad_norm {g:.3g} at step {step}", "LR too high or extreme ratios"))
+    adv = series(merged, "advantage/std")
+    if len(adv) >= 2 and all(v == 0 for s, v in adv[-window:] if s > 1):
+        flags.append(Flag("advantage/std", "advantage std stuck at 0", "advantage computation bug or no variance"))
+    trunc = series(merged, "response_length/clip_ratio")
+    if trunc and trunc[-1][1] > 0.5:
+        flags.append(Flag("response_length/clip_ratio", f"{trunc[-1][1]:.0%} of responses truncated",
+                          "raise rollout.max_tokens or add a length penalty"))
+    clip = series(merged, "clip_ratio")
+    if clip and clip[-1][1] > 0.4:
+        flags.append(Flag("clip_ratio", f"clip ratio {clip[-1][1]:.0%}", "updates too aggressive: lower the LR"))
+    return flags
