@@ -150,7 +150,7 @@ def stop(
 def logs(
     run: Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")],
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing as the run writes.")] = False,
-    metrics: Annotated[bool, typer.Option("--metrics", help="The unified metrics stream instead of the raw log.")] = False,
+    metrics: Annotated[bool, typer.Option("--metrics", help="The unified metrics stream, not the raw log.")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", help="Start this many lines from the end (0 = all).")] = 0,
 ) -> None:
     """Print a run's raw log or its unified metrics stream (JSON lines)."""

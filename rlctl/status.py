@@ -69,7 +69,8 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "metrics": metrics,
         "health": [f.__dict__ for f in health_flags(merged)],
         "doctor": doctor,
-        "checkpoints": [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)} for c in ckpts],
+        "checkpoints": [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)}
+                        for c in ckpts],
         "ingest": {"lines": ing.lines, "records": ing.records, "skipped": ing.skipped, "restarts": ing.restarts},
         "gpus": gpu_stats(),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -28,16 +29,12 @@ def stop_run(run_dir: Path, grace: float = 30.0) -> str:
         return f"{run_dir.name}: {read_state(run_dir).get('status')}"
     if child_alive:  # the supervisor is gone (killed): do its job
         pgid = state.get("pgid") or state["pid"]
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         deadline = time.time() + grace
         while time.time() < deadline and process_alive(state.get("pid"), state.get("pid_create_time")):
             time.sleep(0.1)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     write_state(run_dir, status="stopped", ended_at=time.time(), exit_code=None)
     return f"{run_dir.name}: stopped"

@@ -61,7 +61,8 @@ def git_info(cwd: Path) -> dict[str, Any] | None:
         return None
     status = _git(["status", "--porcelain"], cwd) or ""
     return {"commit": commit, "dirty": bool(status), "changed_files": len(status.splitlines()),
-            "branch": _git(["rev-parse", "--abbrev-ref", "HEAD"], cwd), "root": _git(["rev-parse", "--show-toplevel"], cwd)}
+            "branch": _git(["rev-parse", "--abbrev-ref", "HEAD"], cwd),
+            "root": _git(["rev-parse", "--show-toplevel"], cwd)}
 
 
 def gpus() -> list[dict[str, str]]:

@@ -147,7 +147,8 @@ def _openrlhf_record(raw: dict[str, Any]) -> dict[str, Any] | None:
 
 VERL_MAP = {
     "critic/score/mean": "reward/mean", "critic/score/std": "reward/std", "actor/pg_loss": "policy_loss",
-    "actor/entropy": "entropy", "actor/kl_loss": "kl", "actor/grad_norm": "grad_norm", "actor/pg_clipfrac": "clip_ratio",
+    "actor/entropy": "entropy", "actor/kl_loss": "kl", "actor/grad_norm": "grad_norm",
+    "actor/pg_clipfrac": "clip_ratio",
     "actor/lr": "lr", "critic/advantages/mean": "advantage/mean", "critic/advantages/std": "advantage/std",
     "response_length/mean": "response_length/mean", "response_length/clip_ratio": "response_length/clip_ratio",
     "perf/throughput": "throughput/tokens_per_s", "timing_s/step": "time/step_s", "timing_s/gen": "time/generation_s",
