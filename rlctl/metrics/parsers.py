@@ -99,7 +99,7 @@ OPENRLHF_MAP = {
     "advantage_mean": "advantage/mean", "advantage_std": "advantage/std", "reward_std": "reward/std",
     "truncated": "response_length/clip_ratio", "truncated_response": "response_length/clip_ratio",
 }
-_GLOBAL_STEP = re.compile(r"Global step (\d+):\s*(\{.*\})\s*$")
+_GLOBAL_STEP = re.compile(r"Global step (\d+):\s*(.*?)\s*$")
 _EVAL = re.compile(r"(?:Evaluation|eval)[^{]*?step (\d+)[^{]*?(\{.*\})\s*$", re.IGNORECASE)
 
 

@@ -1,0 +1,192 @@
+"""Parsers on each backend's real output, and the stream's robustness (partial lines, CR, ANSI, bytes, rotation)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import logging
+
+import pytest
+
+from rlctl.metrics.parsers import (
+    Malformed,
+    parse_openrlhf,
+    parse_prime_rl,
+    parse_trl,
+    parse_trl_state,
+    parse_verl,
+)
+from rlctl.metrics.stream import METRICS, by_step, ingest, ingest_stats, iter_metrics, tail_records
+from tests.conftest import FIXTURES
+
+
+def _run_dir(tmp_path, log_bytes: bytes):
+    d = tmp_path / "run"
+    d.mkdir(exist_ok=True)
+    (d / "stdout.log").write_bytes(log_bytes)
+    return d
+
+
+def test_verl_console_log(tmp_path):
+    d = _run_dir(tmp_path, (FIXTURES / "verl/console.log").read_bytes())
+    st = ingest(d, "verl", final=True)
+    merged = by_step(list(iter_metrics(d / METRICS)))
+    assert sorted(merged) == [0, 1, 2, 3, 4, 5]
+    assert merged[0]["eval/openai/gsm8k/acc/mean@1"] == 0.508
+    assert merged[1]["reward/mean"] == 0.558 and merged[1]["policy_loss"] == 0.001
+    assert merged[1]["verl/global_seqlen/mean"] == 501736.75  # unmapped keys pass through
+    assert merged[2]["time/step_s"] == 96.551 and merged[2]["time/generation_s"] == 74.02  # behind ANSI colours
+    assert merged[3]["time/train_s"] == 75.486
+    assert merged[4]["lr"] == 2e-06 and merged[4]["response_length/clip_ratio"] == 0.25
+    assert merged[4]["eval/math500/reward/mean@1"] == 0.604
+    assert merged[5]["policy_loss"] is None and merged[5]["grad_norm"] is None  # nan / inf
+    assert st.skipped == 1  # "step:6 - actor/pg_loss" is metrics-shaped but unreadable
+
+
+def test_prime_rl_orchestrator_and_trainer_merge_per_step(tmp_path):
+    log = (FIXTURES / "prime_rl/orchestrator.log").read_bytes() + (FIXTURES / "prime_rl/trainer.log").read_bytes()
+    d = _run_dir(tmp_path, log)
+    ingest(d, "prime_rl", final=True)
+    merged = by_step(list(iter_metrics(d / METRICS)))
+    assert sorted(merged) == [28, 29, 30, 31]
+    s28 = merged[28]
+    assert s28["reward/mean"] == 0.3887 and s28["throughput/tokens_per_s"] == 2408.9
+    assert s28["time/generation_s"] == 73.77
+    assert s28["lr"] == 1e-05 and "grad_norm" in s28 and "policy_loss" in s28  # from the trainer's line
+    assert s28["prime_rl/trainer_peak_mem"] == 71.2
+    assert merged[29]["reward/mean"] == 0.4018  # line with loguru colours
+    assert merged[30]["reward/mean"] == 0.7189  # after a carriage-return progress bar
+    assert merged[31]["reward/mean"] == 0.9912  # no throughput field at all
+
+
+def test_trl_stdout_from_a_real_run(tmp_path):
+    d = _run_dir(tmp_path, (FIXTURES / "trl/stdout.log").read_bytes())
+    st = ingest(d, "trl", final=True)
+    merged = by_step(list(iter_metrics(d / METRICS)))
+    assert sorted(merged) == list(range(1, 81))
+    assert merged[1]["reward/mean"] < 0.05 and merged[80]["reward/mean"] > 0.9  # the quickstart learns
+    assert merged[80]["lr"] == 0.005
+    assert "trl/train_runtime" in merged[80]
+    assert st.skipped == 0
+
+
+def test_trl_trainer_state_json():
+    recs = parse_trl_state((FIXTURES / "trl/trainer_state.json").read_text())
+    steps = [r["step"] for r in recs]
+    assert steps[:3] == [1, 2, 3] and steps[-1] == 40
+    assert all("reward/mean" in r for r in recs[:-1])
+    with pytest.raises(Malformed):
+        parse_trl_state("{not json")
+
+
+def _openrlhf_logger(released_source, stream):
+    """OpenRLHF's own logger from the released 0.9.3 source, writing to `stream`."""
+    path = released_source("openrlhf", "0.9.3") / "openrlhf/utils/logging_utils.py"
+    spec = importlib.util.spec_from_file_location("openrlhf_logging_utils", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    logger = mod.init_logger("ppo_trainer")
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(mod.NewLineFormatter(mod._FORMAT, datefmt=mod._DATE_FORMAT))
+    logger.handlers = [handler]  # its own formatter, our stream instead of stdout
+    return logger
+
+
+def test_openrlhf_console_made_by_its_own_logger(released_source, tmp_path):
+    buf = io.StringIO()
+    logger = _openrlhf_logger(released_source, buf)
+    for global_step in (1, 2):
+        log_status = {"policy_loss": -0.0123 * global_step, "actor_lr": 5e-07, "kl": 0.0004, "reward": 0.4 + 0.1 *
+                      global_step, "return": 0.4, "response_length": 1830.5, "total_length": 2100.0,
+                      "correctness": 0.5, "has_boxed": 0.9, "entropy_loss": float("nan")}
+        logger.info(f"✨ Global step {global_step}: {log_status}")  # ppo_trainer.py's own line
+    text = "".join(f"(PPOTrainer pid=4242) {line}\n" for line in buf.getvalue().splitlines())
+    d = _run_dir(tmp_path, text.encode())
+    ingest(d, "openrlhf", final=True)
+    merged = by_step(list(iter_metrics(d / METRICS)))
+    assert sorted(merged) == [1, 2]
+    assert merged[2]["reward/mean"] == pytest.approx(0.6) and merged[2]["policy_loss"] == pytest.approx(-0.0246)
+    assert merged[1]["lr"] == 5e-07 and merged[1]["correctness"] == 0.5
+    assert merged[1]["openrlhf/has_boxed"] == 0.9 and merged[1]["entropy"] is None
+
+
+def test_openrlhf_metrics_patch_jsonl_and_wandb_dicts():
+    rec = parse_openrlhf(json.dumps({"global_step": 7, "reward": 0.5, "kl": 0.01, "grad_norm": 3.0}))
+    assert rec == {"step": 7, "reward/mean": 0.5, "kl": 0.01, "grad_norm": 3.0}
+    rec = parse_openrlhf("{'train/policy_loss': 0.1, 'train/reward': 0.2, 'train/global_step': 3}")
+    assert rec == {"step": 3, "policy_loss": 0.1, "reward/mean": 0.2}
+    rec = parse_openrlhf("{'eval/aime_eval/pass1': 0.35, 'eval/global_step': 10}")
+    assert rec == {"step": 10, "eval/aime_eval/pass1": 0.35}
+
+
+@pytest.mark.parametrize("parser,line", [
+    (parse_trl, "{'loss': 0.1, 'reward': broken, 'step': 1}"),
+    (parse_openrlhf, "✨ Global step 3: {'policy_loss': 0.1, "),
+    (parse_prime_rl, "12:00:00 SUCCESS Step 3 | Time"),
+])
+def test_malformed_metric_lines_raise_malformed(parser, line):
+    with pytest.raises(Malformed):
+        parser(line)
+
+
+def test_partial_last_line_waits_for_its_newline(tmp_path):
+    full = "step:1 - critic/score/mean:0.5\nstep:2 - critic/score/mean:0.6"
+    d = _run_dir(tmp_path, full.encode())
+    ingest(d, "verl")
+    assert [r["step"] for r in iter_metrics(d / METRICS)] == [1]
+    with (d / "stdout.log").open("ab") as fh:
+        fh.write(b" - actor/pg_loss:0.1\n")
+    ingest(d, "verl")
+    recs = list(iter_metrics(d / METRICS))
+    assert [r["step"] for r in recs] == [1, 2] and recs[1]["policy_loss"] == 0.1
+
+
+def test_non_utf8_and_binary_garbage_never_crash(tmp_path):
+    blob = b"\xff\xfe\x00garbage\n" + b"step:1 - critic/score/mean:0.5 - x:\xff\xfe\n" + bytes(range(256)) + b"\n"
+    d = _run_dir(tmp_path, blob)
+    st = ingest(d, "verl", final=True)
+    assert st.records == 1 and st.lines == 4  # bytes(range(256)) holds a newline of its own
+    for backend in ("trl", "openrlhf", "prime_rl"):
+        assert ingest(d, backend, final=True) is not None
+
+
+def test_truncated_or_rotated_log_restarts(tmp_path):
+    d = _run_dir(tmp_path, b"step:1 - critic/score/mean:0.1\nstep:2 - critic/score/mean:0.2\n")
+    ingest(d, "verl")
+    (d / "stdout.log").write_bytes(b"step:3 - critic/score/mean:0.3\n")  # truncated in place
+    ingest(d, "verl")
+    assert [r["step"] for r in iter_metrics(d / METRICS)] == [1, 2, 3]
+    assert ingest_stats(d).restarts == 1
+    (d / "stdout.log").rename(d / "stdout.log.1")  # rotated: a new file appears
+    (d / "stdout.log").write_bytes(b"step:4 - critic/score/mean:0.4\n" * 3)
+    ingest(d, "verl")
+    assert [r["step"] for r in iter_metrics(d / METRICS)][-3:] == [4, 4, 4]
+    assert ingest_stats(d).restarts == 2
+
+
+def test_tail_records_reads_only_the_end(tmp_path):
+    p = tmp_path / METRICS
+    with p.open("w") as fh:
+        for i in range(20000):
+            fh.write(json.dumps({"step": i, "time": 0.0, "reward/mean": i / 20000}) + "\n")
+    recs = tail_records(p, max_bytes=4096)
+    assert recs[-1]["step"] == 19999 and len(recs) < 200
+    assert tail_records(tmp_path / "missing.jsonl") == []
+
+
+def test_damaged_metrics_lines_are_skipped_when_read(tmp_path):
+    p = tmp_path / METRICS
+    p.write_text('{"step": 1, "time": 0}\n{"step": 2, "ti\nnot json\n{"step": 3, "time": 1}\n')
+    assert [r["step"] for r in iter_metrics(p)] == [1, 3]
+
+
+def test_verl_unknown_prefix_keys_pass_through():
+    rec = parse_verl("step:3 - actor/lr(1e-4):0.005 - critic/score/mean:2.576")
+    assert rec == {"step": 3, "verl/actor/lr(1e-4)": 0.005, "reward/mean": 2.576}
+
+
+def test_non_metric_lines_are_ignored_not_skipped():
+    for p in (parse_trl, parse_openrlhf, parse_verl, parse_prime_rl):
+        assert p("INFO 01-06 09:20:11 something happened") is None
+        assert p("") is None
