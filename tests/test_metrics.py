@@ -190,3 +190,16 @@ def test_non_metric_lines_are_ignored_not_skipped():
     for p in (parse_trl, parse_openrlhf, parse_verl, parse_prime_rl):
         assert p("INFO 01-06 09:20:11 something happened") is None
         assert p("") is None
+
+
+def test_backend_metrics_file_is_a_second_source(tmp_path):
+    """OpenRLHF with rlctl's patch writes backend_metrics.jsonl; its records join the console's."""
+    d = _run_dir(tmp_path, "(PPOTrainer pid=1) INFO x] ✨ Global step 1: {'reward': 0.1}\n".encode())
+    (d / "backend_metrics.jsonl").write_text('{"global_step": 1, "grad_norm": 2.0}\n{"global_step": 2, "reward": 0.3}\n')
+    st = ingest(d, "openrlhf")
+    merged = by_step(list(iter_metrics(d / METRICS)))
+    assert merged[1]["reward/mean"] == 0.1 and merged[1]["grad_norm"] == 2.0 and merged[2]["reward/mean"] == 0.3
+    assert st.records == 3
+    with (d / "backend_metrics.jsonl").open("a") as fh:
+        fh.write('{"global_step": 3, "reward": 0.5}\n')
+    assert ingest(d, "openrlhf").records == 4  # each source continues where it stopped

@@ -123,6 +123,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
 
     run_dir = create_run_dir(runs_root(), name).resolve()
     child_env["RLCTL_RUN_DIR"] = str(run_dir)
+    child_env["RLCTL_METRICS_FILE"] = str(run_dir / "backend_metrics.jsonl")  # read by rlctl's OpenRLHF patch
     data = masked_recipe_data(recipe.model_dump(mode="json", exclude_none=True))
     (run_dir / "recipe.toml").write_text(dump_toml(data))
     prep.plan.write(run_dir)

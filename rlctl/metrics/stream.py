@@ -20,6 +20,7 @@ from typing import Any
 from rlctl.metrics.parsers import PARSERS, Malformed, strip_ansi
 
 LOG = "stdout.log"
+BACKEND_METRICS = "backend_metrics.jsonl"  # structured metrics a backend writes itself (OpenRLHF + rlctl's patch)
 METRICS = "metrics.jsonl"
 STATE = ".ingest.json"
 CHUNK = 8 * 1024 * 1024
@@ -35,16 +36,17 @@ class IngestState:
     restarts: int = 0  # how often the log was found truncated or replaced
 
 
-def _load_state(run_dir: Path) -> IngestState:
+def _load_states(run_dir: Path) -> dict[str, IngestState]:
     try:
-        return IngestState(**json.loads((run_dir / STATE).read_text()))
-    except (OSError, ValueError, TypeError):
-        return IngestState()
+        raw = json.loads((run_dir / STATE).read_text())
+        return {name: IngestState(**st) for name, st in raw.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
 
 
-def _save_state(run_dir: Path, st: IngestState) -> None:
+def _save_states(run_dir: Path, states: dict[str, IngestState]) -> None:
     tmp = run_dir / (STATE + ".tmp")
-    tmp.write_text(json.dumps(asdict(st)))
+    tmp.write_text(json.dumps({name: asdict(st) for name, st in states.items()}))
     os.replace(tmp, run_dir / STATE)
 
 
@@ -88,48 +90,67 @@ def write_records(path: Path, records: list[dict[str, Any]], now: float | None =
 
 
 def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | None:
-    """Parse whatever complete lines the log has gained since last time. With final=True a last line without
-    a newline is parsed too (the process has ended). Returns None if another process is ingesting."""
+    """Parse whatever complete lines the log (and a backend's own metrics file) gained since last time. With
+    final=True a last line without a newline is parsed too (the process has ended). Returns the totals, or None
+    if another process is ingesting right now."""
     parser = PARSERS.get(backend)
-    log = run_dir / LOG
-    if parser is None or not log.exists():
+    if parser is None or not (run_dir / LOG).exists():
         return None
-    lock_path = run_dir / ".ingest.lock"
-    with open(lock_path, "w") as lock:
+    with open(run_dir / ".ingest.lock", "w") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return None
-        st = _load_state(run_dir)
-        try:
-            stat = log.stat()
-        except OSError:
-            return st
-        if stat.st_ino != st.inode or stat.st_size < st.offset:
-            if st.inode:  # rotated or truncated while followed
-                st.restarts += 1
-            st.offset, st.inode = 0, stat.st_ino
-        out = run_dir / METRICS
-        with log.open("rb") as fh:
-            fh.seek(st.offset)
-            carry = b""
-            while True:
-                chunk = fh.read(CHUNK)
-                if not chunk:
-                    break
-                data = carry + chunk
-                cut = data.rfind(b"\n")
-                if cut < 0:
-                    carry = data
-                    continue
-                complete, carry = data[: cut + 1], data[cut + 1:]
-                _consume(complete, parser, st, out)
-                st.offset += len(complete)
-            if final and carry:
-                _consume(carry, parser, st, out)
-                st.offset += len(carry)
-        _save_state(run_dir, st)
+        states = _load_states(run_dir)
+        for name in (LOG, BACKEND_METRICS):
+            if (run_dir / name).exists():
+                states[name] = _ingest_file(run_dir / name, parser, states.get(name, IngestState()), final,
+                                            run_dir / METRICS)
+        _save_states(run_dir, states)
+        return _total(states)
+
+
+def _ingest_file(log: Path, parser: Callable, st: IngestState, final: bool, out: Path) -> IngestState:
+    try:
+        stat = log.stat()
+    except OSError:
         return st
+    if stat.st_ino != st.inode or stat.st_size < st.offset:
+        if st.inode:  # rotated or truncated while followed
+            st.restarts += 1
+        st.offset, st.inode = 0, stat.st_ino
+    with log.open("rb") as fh:
+        fh.seek(st.offset)
+        carry = b""
+        while True:
+            chunk = fh.read(CHUNK)
+            if not chunk:
+                break
+            data = carry + chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data
+                continue
+            complete, carry = data[: cut + 1], data[cut + 1:]
+            _consume(complete, parser, st, out)
+            st.offset += len(complete)
+        if final and carry:
+            _consume(carry, parser, st, out)
+            st.offset += len(carry)
+    return st
+
+
+def _total(states: dict[str, IngestState]) -> IngestState:
+    t = IngestState()
+    for st in states.values():
+        t.lines += st.lines
+        t.records += st.records
+        t.skipped += st.skipped
+        t.restarts += st.restarts
+    main = states.get(LOG)
+    if main:
+        t.offset, t.inode = main.offset, main.inode
+    return t
 
 
 def _consume(blob: bytes, parser: Callable, st: IngestState, out: Path) -> None:
@@ -147,7 +168,7 @@ def _consume(blob: bytes, parser: Callable, st: IngestState, out: Path) -> None:
 
 
 def ingest_stats(run_dir: Path) -> IngestState:
-    return _load_state(run_dir)
+    return _total(_load_states(run_dir))
 
 
 # ---------------------------------------------------------------------------------------------------------------

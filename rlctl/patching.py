@@ -1,0 +1,409 @@
+"""Versioned patch sets for installed backends: discover, status, apply, revert — atomic and idempotent.
+
+A set is a directory `<backend>/<version>/` with `*.patch` files (`a/<package>/...` paths, for `patch -p1` run in
+site-packages) and a `manifest.toml` naming their order, targets and purpose. Apply and revert change either every
+target file or none: all targets are backed up first and restored byte for byte if any step fails. What was
+applied is recorded next to the package (with hashes of the patched files), so a later status can tell that a
+reinstall wiped the patches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from rlctl.errors import PatchError
+from rlctl.resources import patches_dir
+
+RECORD_PREFIX = ".rlctl-patches-"
+
+
+@dataclass
+class PatchEntry:
+    file: Path
+    targets: list[str]
+    purpose: str
+
+
+@dataclass
+class PatchSet:
+    name: str  # "<backend>/<version>"
+    root: Path
+    backend: str
+    package: str
+    version: str
+    description: str
+    patches: list[PatchEntry] = field(default_factory=list)
+    source: str = "bundled"
+
+
+@dataclass
+class Installed:
+    package: str
+    version: str | None
+    site: Path  # the directory that holds the package directory
+
+    @property
+    def package_dir(self) -> Path:
+        return self.site / self.package
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# discovery
+
+
+def load_set(root: Path, source: str = "bundled") -> PatchSet:
+    manifest = root / "manifest.toml"
+    if not manifest.is_file():
+        raise PatchError(f"{root}: no manifest.toml in this patch set.")
+    try:
+        data = tomllib.loads(manifest.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise PatchError(f"{manifest}: malformed TOML ({e}).") from None
+    for key in ("backend", "package", "version"):
+        if not isinstance(data.get(key), str):
+            raise PatchError(f"{manifest}: missing `{key}` (a string).")
+    entries = []
+    for i, p in enumerate(data.get("patch", []), start=1):
+        if not isinstance(p, dict) or not isinstance(p.get("file"), str):
+            raise PatchError(f"{manifest}: [[patch]] #{i} needs a `file`.")
+        f = root / p["file"]
+        if not f.is_file():
+            raise PatchError(f"{manifest}: [[patch]] #{i} names {p['file']}, which does not exist in {root}.")
+        targets = p.get("targets") or _targets_of(f)
+        entries.append(PatchEntry(f, list(targets), str(p.get("purpose", ""))))
+    if not entries:
+        raise PatchError(f"{manifest}: the set has no [[patch]] entries.")
+    return PatchSet(f"{data['backend']}/{data['version']}", root, data["backend"], data["package"], data["version"],
+                    str(data.get("description", "")), entries, source)
+
+
+def _targets_of(patch_file: Path) -> list[str]:
+    out = []
+    for line in patch_file.read_text(errors="replace").splitlines():
+        if line.startswith("+++ "):
+            path = line[4:].split("\t")[0].strip()
+            out.append(path.split("/", 1)[1] if "/" in path else path)
+    return out
+
+
+def discover(user_dir: Path | None = None) -> list[PatchSet]:
+    sets = []
+    for base, source in ((patches_dir(), "bundled"), (user_dir, "user")):
+        if base is None or not base.is_dir():
+            continue
+        for manifest in sorted(base.glob("*/*/manifest.toml")):
+            sets.append(load_set(manifest.parent, source))
+    return sets
+
+
+def find_set(name: str, user_dir: Path | None = None) -> PatchSet:
+    p = Path(name)
+    if (p / "manifest.toml").is_file():
+        return load_set(p, "path")
+    for s in discover(user_dir):
+        if s.name == name:
+            return s
+    known = ", ".join(s.name for s in discover(user_dir)) or "none"
+    raise PatchError(f"no patch set {name!r}.", hint=f"known sets: {known} (rlctl patch list)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the installed package
+
+
+_LOCATE = (
+    "import importlib.util, importlib.metadata, json, sys\n"
+    "name = sys.argv[1]\n"
+    "spec = importlib.util.find_spec(name)\n"
+    "locs = list(spec.submodule_search_locations or []) if spec else []\n"
+    "try:\n    v = importlib.metadata.version(name)\nexcept Exception:\n    v = None\n"
+    "print(json.dumps({'locations': locs, 'version': v}))\n"
+)
+
+
+def locate(package: str, python: str | None = None) -> Installed:
+    """Where `package` is installed for an interpreter (ours by default), found without importing it."""
+    exe = python or sys.executable
+    try:
+        r = subprocess.run([exe, "-c", _LOCATE, package], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise PatchError(f"cannot run {exe}: {e}.") from None
+    if r.returncode != 0:
+        raise PatchError(f"{exe} could not look up {package}: {r.stderr.strip()[-300:]}")
+    info = json.loads(r.stdout)
+    if not info["locations"]:
+        raise PatchError(f"{package} is not installed for {exe}.", hint=f"pip install {package}")
+    pkg_dir = Path(info["locations"][0])
+    return Installed(package, info["version"], pkg_dir.parent)
+
+
+def _patch_exe() -> str:
+    exe = shutil.which("patch")
+    if exe is None:
+        raise PatchError("GNU patch is not installed.", hint="apt-get install patch")
+    return exe
+
+
+def _run_patch(args: list[str], site: Path, patch_file: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([_patch_exe(), "-p1", "--batch", "--no-backup-if-mismatch", "-r", "-", *args,
+                           "-d", str(site), "-i", str(patch_file)], capture_output=True, text=True)
+
+
+def _split_by_file(patch_file: Path, tmp: Path) -> list[Path]:
+    """One patch per target file, to tell 'partly applied' (some files) from 'conflicting'."""
+    text = patch_file.read_text(errors="replace")
+    chunks, cur = [], []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("--- ") and cur and any(c.startswith("@@") for c in cur):
+            chunks.append(cur)
+            cur = []
+        cur.append(line)
+    if cur:
+        chunks.append(cur)
+    out = []
+    for i, c in enumerate(chunks):
+        p = tmp / f"{patch_file.stem}.{i}.patch"
+        p.write_text("".join(c))
+        out.append(p)
+    return out
+
+
+def patch_state(entry: PatchEntry, site: Path) -> str:
+    """applied | not applied | partly applied | conflicting (nothing is changed)."""
+    fwd = _run_patch(["--dry-run", "--forward"], site, entry.file)
+    if "Only garbage was found" in fwd.stdout + fwd.stderr or "malformed patch" in fwd.stdout + fwd.stderr:
+        raise PatchError(f"{entry.file}: not a valid patch (patch says: "
+                         f"{(fwd.stdout + fwd.stderr).strip().splitlines()[-1]}).")
+    if fwd.returncode == 0:
+        return "not applied"
+    rev = _run_patch(["--dry-run", "-R", "--force"], site, entry.file)
+    if rev.returncode == 0:
+        return "applied"
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        parts = _split_by_file(entry.file, Path(d))
+        if len(parts) > 1:
+            states = []
+            for part in parts:
+                if _run_patch(["--dry-run", "--forward"], site, part).returncode == 0:
+                    states.append("not applied")
+                elif _run_patch(["--dry-run", "-R", "--force"], site, part).returncode == 0:
+                    states.append("applied")
+                else:
+                    states.append("conflicting")
+            if "conflicting" not in states and len(set(states)) > 1:
+                return "partly applied"
+    return "conflicting"
+
+
+def sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def record_path(inst: Installed) -> Path:
+    return inst.site / f"{RECORD_PREFIX}{inst.package}.json"
+
+
+def read_record(inst: Installed) -> dict[str, Any]:
+    try:
+        return json.loads(record_path(inst).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@dataclass
+class PatchStatus:
+    patch: str
+    state: str
+    purpose: str
+    note: str = ""
+
+
+def status(ps: PatchSet, inst: Installed) -> tuple[list[PatchStatus], str | None]:
+    """Per patch: its state; plus a set-level note (version mismatch, patches wiped by a reinstall)."""
+    note = None
+    if inst.version != ps.version:
+        note = f"set is for {ps.package} {ps.version}, installed is {inst.version}"
+    rec = read_record(inst).get(ps.name, {})
+    out = []
+    for e in ps.patches:
+        state = patch_state(e, inst.site)
+        n = ""
+        recorded = rec.get("applied", {}).get(e.file.name)
+        if recorded and state != "applied":
+            hashes = recorded.get("hashes", {})
+            changed = [t for t, h in hashes.items() if sha256(inst.site / t) != h]
+            n = ("recorded as applied, but the files changed since (reinstalled?): re-apply"
+                 if changed else "recorded as applied")
+        out.append(PatchStatus(e.file.name, state, e.purpose, n))
+    return out, note
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# apply / revert, atomically
+
+
+class _Snapshot:
+    """Byte-for-byte backup of the target files (and which did not exist), restorable in full."""
+
+    def __init__(self, site: Path, targets: list[str]):
+        self.site = site
+        self.saved: dict[str, tuple[bytes, int] | None] = {}
+        for t in dict.fromkeys(targets):
+            p = site / t
+            if p.is_file():
+                self.saved[t] = (p.read_bytes(), p.stat().st_mode)
+            else:
+                self.saved[t] = None
+
+    def restore(self) -> None:
+        for t, saved in self.saved.items():
+            p = self.site / t
+            if saved is None:
+                if p.exists():
+                    p.unlink()
+                continue
+            data, mode = saved
+            tmp = p.with_name(p.name + ".rlctl-restore")
+            tmp.write_bytes(data)
+            os.chmod(tmp, mode)
+            os.replace(tmp, p)
+        # patch may leave .rej/.orig files next to targets when it fails
+        for t in self.saved:
+            for suffix in (".rej", ".orig"):
+                extra = self.site / (t + suffix)
+                if extra.exists():
+                    extra.unlink()
+
+
+def _check_writable(inst: Installed, targets: list[str]) -> None:
+    for t in targets:
+        p = inst.site / t
+        d = p.parent
+        if (p.exists() and not os.access(p, os.W_OK)) or (d.exists() and not os.access(d, os.W_OK)):
+            raise PatchError(f"{p} is not writable; nothing was changed.",
+                             hint="run with the permissions of whoever installed the package (or use a venv)")
+
+
+def _write_record(inst: Installed, ps: PatchSet, applied: dict[str, Any]) -> None:
+    rec = read_record(inst)
+    if applied:
+        rec[ps.name] = {"version": ps.version, "applied": applied}
+    else:
+        rec.pop(ps.name, None)
+    path = record_path(inst)
+    if rec:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(rec, indent=2) + "\n")
+        os.replace(tmp, path)
+    elif path.exists():
+        path.unlink()
+
+
+@dataclass
+class Outcome:
+    changed: list[str]
+    skipped: list[str]
+    dry_run_output: str = ""
+
+
+def apply(ps: PatchSet, inst: Installed, dry_run: bool = False, allow_version_mismatch: bool = False) -> Outcome:
+    if inst.version != ps.version and not allow_version_mismatch:
+        raise PatchError(f"patch set {ps.name} is for {ps.package} {ps.version}, installed is {inst.version}; "
+                         "nothing was changed.", hint=f"pip install {ps.package}=={ps.version}")
+    states = {e.file.name: patch_state(e, inst.site) for e in ps.patches}
+    bad = {k: v for k, v in states.items() if v in ("conflicting", "partly applied")}
+    if bad:
+        raise PatchError("cannot apply: " + "; ".join(f"{k} is {v}" for k, v in bad.items())
+                         + "; nothing was changed.", hint="rlctl patch status shows each file")
+    todo = [e for e in ps.patches if states[e.file.name] == "not applied"]
+    skipped = [e.file.name for e in ps.patches if states[e.file.name] == "applied"]
+    if dry_run:
+        out = []
+        for e in todo:
+            r = _run_patch(["--dry-run", "--forward"], inst.site, e.file)
+            out.append(f"{e.file.name}:\n{r.stdout.strip()}")
+        return Outcome([e.file.name for e in todo], skipped, "\n".join(out))
+    targets = [t for e in todo for t in e.targets]
+    _check_writable(inst, targets)
+    snap = _Snapshot(inst.site, targets)
+    applied = dict(read_record(inst).get(ps.name, {}).get("applied", {}))
+    try:
+        for e in todo:
+            r = _run_patch(["--forward"], inst.site, e.file)
+            if r.returncode != 0:
+                raise PatchError(f"{e.file.name} failed to apply: {(r.stdout + r.stderr).strip()[-400:]}")
+            applied[e.file.name] = {"hashes": {t: sha256(inst.site / t) for t in e.targets}}
+        _write_record(inst, ps, applied)
+    except BaseException as exc:
+        snap.restore()
+        if isinstance(exc, PatchError):
+            raise PatchError(f"{exc.message} Every file was restored; nothing is half-patched.") from None
+        if isinstance(exc, OSError):
+            raise PatchError(f"applying {ps.name} failed ({exc}); every file was restored.") from None
+        raise
+    return Outcome([e.file.name for e in todo], skipped)
+
+
+def revert(ps: PatchSet, inst: Installed, dry_run: bool = False) -> Outcome:
+    states = {e.file.name: patch_state(e, inst.site) for e in ps.patches}
+    bad = {k: v for k, v in states.items() if v in ("conflicting", "partly applied")}
+    if bad:
+        raise PatchError("cannot revert: " + "; ".join(f"{k} is {v}" for k, v in bad.items())
+                         + "; nothing was changed.")
+    todo = [e for e in reversed(ps.patches) if states[e.file.name] == "applied"]
+    skipped = [e.file.name for e in ps.patches if states[e.file.name] == "not applied"]
+    if dry_run:
+        return Outcome([e.file.name for e in todo], skipped)
+    targets = [t for e in todo for t in e.targets]
+    _check_writable(inst, targets)
+    snap = _Snapshot(inst.site, targets)
+    try:
+        for e in todo:
+            r = _run_patch(["-R", "--force"], inst.site, e.file)
+            if r.returncode != 0:
+                raise PatchError(f"{e.file.name} failed to revert: {(r.stdout + r.stderr).strip()[-400:]}")
+        _write_record(inst, ps, {})
+    except BaseException as exc:
+        snap.restore()
+        if isinstance(exc, PatchError):
+            raise PatchError(f"{exc.message} Every file was restored.") from None
+        if isinstance(exc, OSError):
+            raise PatchError(f"reverting {ps.name} failed ({exc}); every file was restored.") from None
+        raise
+    return Outcome([e.file.name for e in todo], skipped)
+
+
+def apply_for_launch(recipe: Any, out: IO[str]) -> None:
+    """`rlctl launch`: the recipe's patch set must be applied (or already be); otherwise refuse to start."""
+    user_dir = Path(recipe.patches.dir) if recipe.patches.dir else None
+    ps = find_set(recipe.patches.set, user_dir)
+    if recipe.resources.executor == "ray" and recipe.backend.name != "trl":
+        try:
+            inst = locate(ps.package)
+        except PatchError:
+            out.write(f"rlctl: {ps.package} is not installed here; patch set {ps.name} must be applied on the "
+                      "cluster's nodes (rlctl patch apply there).\n")
+            return
+    else:
+        inst = locate(ps.package)
+    try:
+        result = apply(ps, inst)
+    except PatchError as e:
+        raise PatchError(f"patch set {ps.name} could not be applied, so the run was not started: {e.message}",
+                         hint=e.hint) from None
+    if result.changed:
+        out.write(f"rlctl: applied {', '.join(result.changed)} ({ps.name}) to {inst.site}\n")
