@@ -195,7 +195,8 @@ def test_non_metric_lines_are_ignored_not_skipped():
 def test_backend_metrics_file_is_a_second_source(tmp_path):
     """OpenRLHF with rlctl's patch writes backend_metrics.jsonl; its records join the console's."""
     d = _run_dir(tmp_path, "(PPOTrainer pid=1) INFO x] ✨ Global step 1: {'reward': 0.1}\n".encode())
-    (d / "backend_metrics.jsonl").write_text('{"global_step": 1, "grad_norm": 2.0}\n{"global_step": 2, "reward": 0.3}\n')
+    (d / "backend_metrics.jsonl").write_text('{"global_step": 1, "grad_norm": 2.0}\n'
+                                             '{"global_step": 2, "reward": 0.3}\n')
     st = ingest(d, "openrlhf")
     merged = by_step(list(iter_metrics(d / METRICS)))
     assert merged[1]["reward/mean"] == 0.1 and merged[1]["grad_norm"] == 2.0 and merged[2]["reward/mean"] == 0.3
