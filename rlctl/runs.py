@@ -128,7 +128,7 @@ def true_status(run_dir: Path, state: dict[str, Any], last_step_time: float | No
     if status not in ACTIVE:
         return status
     if state.get("executor") == "ray":
-        return status  # the Ray job's own status is asked by `rlctl status` (rlctl.launch.ray_executor)
+        return state.get("ray_true_status", status)  # set by run_status through the job API
     child_alive = process_alive(state.get("pid"), state.get("pid_create_time"))
     sup_alive = process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time"))
     if not child_alive:
@@ -146,6 +146,12 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     from rlctl.metrics.stream import ingest as do_ingest
 
     state = read_state(run_dir)
+    if state.get("executor") == "ray" and state.get("status") in ACTIVE:
+        from rlctl.launch.ray_executor import true_ray_status  # REST only: no ray import
+
+        with contextlib.suppress(Exception):
+            # copies the job's new logs first when nobody follows it, so the ingest below sees them
+            state = {**read_state(run_dir), "ray_true_status": true_ray_status(run_dir, state)}
     if ingest and state.get("backend"):
         with contextlib.suppress(Exception):  # status must answer even on a damaged run directory
             do_ingest(run_dir, state["backend"], final=state.get("status") not in ACTIVE)

@@ -126,7 +126,8 @@ class ResourcesSection(Section):
     trainer_gpus: list[NonNegInt] | None = Field(default=None, description="GPU ids of the trainer (per node).")
     inference_gpus: list[NonNegInt] | None = Field(default=None, description="GPU ids of the inference engines.")
     executor: Literal["local", "ray"] = "local"
-    ray_address: str | None = None
+    ray_address: str | None = Field(default=None, description="Ray dashboard address, e.g. http://head:8265.")
+    pip: list[str] | None = Field(default=None, description="pip requirements for the Ray job's runtime env.")
 
 
 class RewardEnvironment(Section):

@@ -122,6 +122,10 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     child_env = child_environment(prep.plan.env, extra)  # fails before anything is written if a secret is missing
 
     run_dir = create_run_dir(runs_root(), name).resolve()
+    if recipe.resources.executor == "ray" and not Path(recipe.checkpoint.dir).is_absolute():
+        # a Ray job runs in a copy of the run directory: checkpoints must name the real one
+        recipe.checkpoint.dir = str(run_dir / recipe.checkpoint.dir)
+        prep.plan = prep.backend.render(recipe, prep.dataset_size)
     child_env["RLCTL_RUN_DIR"] = str(run_dir)
     child_env["RLCTL_METRICS_FILE"] = str(run_dir / "backend_metrics.jsonl")  # read by rlctl's OpenRLHF patch
     data = masked_recipe_data(recipe.model_dump(mode="json", exclude_none=True))

@@ -123,3 +123,35 @@ def output_dirs(ctx: Context) -> Result:
         return Result("env.output_dirs", FAIL, f"not writable: {', '.join(bad)}",
                       "choose writable directories (RLCTL_RUNS_DIR, checkpoint.dir)")
     return Result("env.output_dirs", OK, f"runs go to {root}")
+
+
+@check("env.ray")
+def ray_cluster(ctx: Context) -> Result | None:
+    """With the Ray executor: the cluster answers and has the nodes and GPUs the recipe places work on."""
+    r = ctx.recipe
+    if r.resources.executor != "ray":
+        return None
+    address = r.resources.ray_address or os.environ.get("RAY_ADDRESS")
+    if address is None:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            return Result("env.ray", FAIL, "no Ray address and ray is not installed to start a local head",
+                          'pip install "rlctl[ray]", or set resources.ray_address / RAY_ADDRESS')
+        return Result("env.ray", OK, "no address: rlctl starts a Ray head on 127.0.0.1 for the run and stops it after")
+    from rlctl.errors import RlctlError
+    from rlctl.launch.ray_executor import cluster_info
+
+    try:
+        info = cluster_info(address)
+    except RlctlError as e:
+        return Result("env.ray", FAIL, e.message, e.hint)
+    nodes = info["nodes"]
+    need = r.resources.gpus_per_node
+    fit = [n for n in nodes if n["gpus"] >= need]
+    figure = (f"Ray {info['ray_version']} at {address}: {len(nodes)} node(s), GPUs per node "
+              f"{[n['gpus'] for n in nodes]}")
+    if len(fit) < r.resources.nodes:
+        return Result("env.ray", FAIL, figure + f"; the recipe needs {r.resources.nodes} node(s) with {need} GPU(s)",
+                      "add nodes to the cluster or lower resources.nodes / gpus_per_node")
+    return Result("env.ray", OK, figure)

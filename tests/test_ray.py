@@ -1,0 +1,127 @@
+"""The Ray executor against a real Ray head on loopback: jobs, logs into metrics, stop, head lifecycle."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from rlctl.launch.ray_executor import LocalHead, cluster_info, job_status
+from rlctl.runs import process_alive, read_state, run_status
+from tests.conftest import RECIPES
+from tests.test_launch import metrics, only_run, rlctl, wait_for
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("ray.job_submission")
+pytest.importorskip("trl")
+QUICK = str(RECIPES / "quickstart.toml")
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture
+def env(tmp_path, model_cache, monkeypatch):
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("RLCTL_MODEL_CACHE", str(model_cache))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return {"runs": tmp_path / "runs", "env": dict(os.environ), "cwd": tmp_path}
+
+
+def head_gone(state: dict) -> bool:
+    import psutil
+
+    temp = state["ray_head_temp_dir"]
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and any(temp in (a or "") for a in p.info["cmdline"] or []):
+                return False
+        except psutil.Error:
+            continue
+    return not process_alive(state["ray_head_pid"], state["ray_head_create_time"]) and not os.path.exists(temp)
+
+
+def test_quickstart_as_a_ray_job_on_a_head_rlctl_starts(env):
+    r = rlctl(env, "launch", QUICK, "--executor", "ray", "--set", "train.steps=15", timeout=400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = only_run(env["runs"])
+    state = read_state(run)
+    assert state["status"] == "finished" and state["ray_job_status"] == "SUCCEEDED"
+    assert state["ray_job_id"].startswith("rlctl-") and state["ray_started_head"] is True
+    assert state["ray_address"].startswith("http://127.0.0.1:")
+    steps = sorted({m["step"] for m in metrics(run) if "reward/mean" in m})
+    assert steps == list(range(1, 16))  # the job's logs were followed into the metrics stream
+    assert "Running entrypoint for job" in (run / "stdout.log").read_text()
+    assert wait_for(lambda: head_gone(state), timeout=30)
+
+
+def test_detached_ray_job_status_and_stop(env):
+    r = rlctl(env, "launch", QUICK, "--executor", "ray", "--detach", "--set", "train.steps=100000", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = env["runs"] / r.stdout.strip()
+    assert wait_for(lambda: (run / "metrics.jsonl").is_file() and len(metrics(run)) >= 2, timeout=180)
+    row = json.loads(rlctl(env, "status", "--json").stdout)[0]
+    assert row["status"] == "running" and row["step"] >= 2
+    state = read_state(run)
+    assert job_status(state["ray_address"], state["ray_job_id"]) == "RUNNING"
+    out = rlctl(env, "stop", run.name, timeout=200)
+    assert "stopped" in out.stdout, out.stdout + out.stderr
+    state = read_state(run)
+    assert state["status"] == "stopped" and state["ray_job_status"] == "STOPPED"
+    assert wait_for(lambda: head_gone(state), timeout=30)
+
+
+def test_existing_cluster_is_used_and_never_stopped(env, tmp_path):
+    head = LocalHead(tmp_path, num_gpus=0)  # stands for the user's own cluster
+    address = head.start()
+    try:
+        r = rlctl(env, "launch", QUICK, "--executor", "ray", "--address", address, "--set", "train.steps=5",
+                  timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        run = only_run(env["runs"])
+        state = read_state(run)
+        assert state["status"] == "finished" and state["ray_started_head"] is False
+        assert "ray_head_pid" not in state
+        assert cluster_info(address)["nodes"], "rlctl must not stop a cluster it did not start"
+    finally:
+        head.stop()
+
+
+def test_killed_follower_is_recovered_over_rest(env):
+    r = rlctl(env, "launch", QUICK, "--executor", "ray", "--detach", "--set", "train.steps=100000", timeout=300)
+    run = env["runs"] / r.stdout.strip()
+    assert wait_for(lambda: (run / "metrics.jsonl").is_file() and len(metrics(run)) >= 2, timeout=180)
+    state = read_state(run)
+    os.kill(state["supervisor_pid"], signal.SIGKILL)
+    assert wait_for(lambda: not process_alive(state["supervisor_pid"], state["supervisor_create_time"]), 10)
+    n = len(metrics(run))
+    time.sleep(3)
+    rs = run_status(run)  # asks the job API, copies the job's new logs, parses them
+    assert rs.status == "running" and len(metrics(run)) > n
+    out = rlctl(env, "stop", run.name, timeout=200)
+    assert "stopped" in out.stdout
+    assert wait_for(lambda: head_gone(read_state(run)), timeout=30)
+
+
+def test_preflight_checks_the_cluster(env, tmp_path, cli):
+    res = cli("preflight", QUICK, "--only", "env.ray", "--set", "resources.executor=ray",
+              "--set", 'resources.ray_address="http://127.0.0.1:9"', "--json")
+    r = json.loads(res.out)["results"][0]
+    assert res.code == 1 and r["verdict"] == "fail" and "not reachable" in r["figure"]
+    head = LocalHead(tmp_path, num_gpus=0)
+    address = head.start()
+    try:
+        res = cli("preflight", QUICK, "--only", "env.ray", "--set", "resources.executor=ray",
+                  "--set", f'resources.ray_address="{address}"', "--json")
+        assert json.loads(res.out)["results"][0]["verdict"] == "ok"
+        res = cli("preflight", QUICK, "--only", "env.ray", "--set", "resources.executor=ray",
+                  "--set", f'resources.ray_address="{address}"', "--set", "resources.gpus_per_node=8", "--json")
+        r = json.loads(res.out)["results"][0]
+        assert r["verdict"] == "fail" and "needs 1 node(s) with 8 GPU(s)" in r["figure"]
+    finally:
+        head.stop()
