@@ -69,7 +69,7 @@ def cluster_info(address: str, timeout: float = 5.0) -> dict[str, Any]:
         nodes = _http("GET", f"{base}/api/v0/nodes?limit=1000", timeout)
     except (urllib.error.URLError, OSError, TimeoutError) as e:
         raise RlctlError(f"Ray cluster at {base} is not reachable ({getattr(e, 'reason', e)}).",
-                         hint="check the address (the dashboard port, 8265 by default) and that the head runs") from None
+                         hint="check the address (dashboard port, 8265 by default) and that the head runs") from None
     rows = nodes.get("data", {}).get("result", {}).get("result", []) if isinstance(nodes, dict) else []
     alive = [n for n in rows if n.get("state") == "ALIVE"]
     return {"ray_version": version.get("ray_version") if isinstance(version, dict) else None,
