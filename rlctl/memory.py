@@ -104,8 +104,12 @@ def trainer_memory(recipe: Recipe, arch: Arch) -> Breakdown:
     else:
         acts = mb * S * arch.layers * per_token_layer
     b.terms["activations"] = acts
-    # logits in fp32 for log-probs, and their gradient
-    b.terms["logits"] = mb * S * arch.vocab * 8
+    if r.backend.name == "trl":
+        # TRL keeps only the completion's logits (logits_to_keep) in the compute dtype, log-softmax in fp32
+        b.terms["logits"] = mb * r.rollout.max_tokens * arch.vocab * (compute_bytes + 4)
+    else:
+        # full-sequence logits in fp32 for log-probs, and their gradient
+        b.terms["logits"] = mb * S * arch.vocab * 8
     if r.backend.name == "trl" and not r.backend.extra().get("use_vllm"):
         # TRL generates with the training model: KV cache for its generation batch
         per_device = r.samples_per_rollout / dp
