@@ -27,6 +27,10 @@ recipe_app = typer.Typer(help="Inspect recipes.", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")
 patch_app = typer.Typer(help="Versioned patch sets for installed backends.", no_args_is_help=True)
 app.add_typer(patch_app, name="patch")
+ckpt_app = typer.Typer(help="A run's checkpoints.", no_args_is_help=True)
+app.add_typer(ckpt_app, name="ckpt")
+model_app = typer.Typer(help="Models for smoke tests.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
 
 RecipeArg = Annotated[str, typer.Argument(help="Recipe TOML file (or the name of a bundled recipe).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set rollout.group_size=16")]
@@ -257,6 +261,98 @@ def patch_revert(name: SetArg = None, backend: BackendOpt = None, python: Python
     out = patching.revert(ps, inst, dry_run=dry_run)
     _echo(f"{ps.name}: {'would revert' if dry_run else 'reverted'} {len(out.changed)} "
           f"({', '.join(out.changed) or '-'})")
+
+
+RunArg = Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")]
+
+
+@app.command()
+def metrics(
+    runs: Annotated[list[str], typer.Argument(help="One or more runs to compare.")],
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the curves (runs overlaid) to this PNG.")] = None,
+    keys: Annotated[str, typer.Option("--keys", help="Comma-separated metric names.")] = "reward/mean",
+    csv: Annotated[bool, typer.Option("--csv", help="Print step,run,key,value rows.")] = False,
+) -> None:
+    """Compare runs: overlaid curves (--plot), CSV, or the latest value of each key."""
+    from rlctl.compare import compare
+
+    _echo(compare(runs, [k.strip() for k in keys.split(",") if k.strip()], plot, csv))
+
+
+@app.command()
+def doctor(run: RunArg, as_json: JsonOpt = False) -> None:
+    """Diagnose a run with the tuning playbook: flat learning, instability, spikes, collapse, truncation,
+    zero-variance groups, train/eval divergence. Exit 1 when a critical finding is made."""
+    from rlctl.doctor import diagnose, to_json
+    from rlctl.runs import find_run
+
+    run_dir = find_run(run)
+    findings = diagnose(run_dir)
+    if as_json:
+        _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings)}, indent=2))
+    elif not findings:
+        _echo(f"{run_dir.name}: no findings")
+    else:
+        for f in findings:
+            _echo(f"[{f.severity}] {f.rule}: {f.message}\n    -> {f.action}")
+    if any(f.severity == "critical" for f in findings):
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@ckpt_app.command("list")
+def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
+    """Each checkpoint: step, size, complete or not, and which eval scored best."""
+    from rlctl.checkpoints import best_checkpoint, find_checkpoints
+    from rlctl.runs import find_run, read_state
+
+    run_dir = find_run(run)
+    ckpts = find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
+    best = best_checkpoint(run_dir)
+    rows = [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)} for c in ckpts]
+    if as_json:
+        _echo(json.dumps({"checkpoints": rows, "best_eval": best}, indent=2))
+        return
+    if not rows:
+        _echo(f"{run_dir.name}: no checkpoints")
+    for r in rows:
+        _echo(f"step {r['step']:>7}  {'complete' if r['complete'] else 'INCOMPLETE':<10}  {r['bytes'] / 1e9:8.2f} GB  "
+              f"{r['path']}")
+    if best:
+        _echo(f"best eval: {best[1]} = {best[2]:.4g} at step {best[0]}")
+
+
+@ckpt_app.command("prune")
+def ckpt_prune(
+    run: RunArg,
+    keep_last: Annotated[int, typer.Option("--keep-last", help="Complete checkpoints to keep (>= 1).")],
+    keep_best: Annotated[bool, typer.Option("--keep-best", help="Also keep the one at the best eval.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be deleted.")] = False,
+) -> None:
+    """Delete old checkpoints; never the newest complete one, one being written, or anything outside the run."""
+    from rlctl.checkpoints import prune
+    from rlctl.runs import find_run, read_state
+
+    run_dir = find_run(run)
+    doomed = prune(read_state(run_dir).get("backend", ""), run_dir, keep_last, keep_best, dry_run)
+    verb = "would delete" if dry_run else "deleted"
+    _echo(f"{verb} {len(doomed)}: " + (", ".join(f"step {c.step}" for c in doomed) or "nothing"))
+
+
+@model_app.command("tiny")
+def model_tiny(
+    path: Annotated[Path, typer.Argument(help="Directory to write the model into.")],
+    source: Annotated[str, typer.Option("--source", help="random:qwen2?hidden=64&layers=2")] = "random:qwen2",
+) -> None:
+    """A tiny randomly initialised model with a byte-level tokenizer (needs the [trl] extra)."""
+    from rlctl.tiny import make_tiny, parse_random_source
+
+    parse_random_source(source)
+    try:
+        out = make_tiny(path, source)
+    except ImportError as e:
+        raise RlctlError(f"making a model needs torch and transformers ({e.name} is missing).",
+                         hint='pip install "rlctl[trl]"') from None
+    _echo(str(out))
 
 
 def main() -> None:

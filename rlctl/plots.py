@@ -36,3 +36,22 @@ def plot_lr(lrs: list[float], recipe: Any, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
+
+
+def plot_runs(data: dict[str, dict[str, list[tuple[int, float]]]], keys: list[str], out: Path) -> None:
+    """One panel per metric, every run overlaid (e.g. a multi-signal run against its naive baseline)."""
+    if not any(pts for by_key in data.values() for pts in by_key.values()):
+        raise RlctlError(f"none of the runs has {', '.join(keys)}; see rlctl status RUN for the keys it logs.")
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(keys), 1, figsize=(8, 3 * len(keys)), squeeze=False)
+    for ax, key in zip(axes[:, 0], keys, strict=True):
+        for name, by_key in data.items():
+            pts = by_key.get(key) or []
+            if pts:
+                ax.plot([s for s, _ in pts], [v for _, v in pts], label=name)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)

@@ -137,6 +137,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     spec = {
         "argv": _argv(prep.plan), "backend": prep.plan.backend, "grace_seconds": opts.grace_seconds,
         "keep_last": recipe.checkpoint.keep_last, "checkpoint_dir": recipe.checkpoint.dir,
+        "disk_headroom": recipe.preflight.disk_headroom,
     }
     write_spec(run_dir, spec)
     write_state(run_dir, name=run_dir.name, status="starting", backend=prep.plan.backend,

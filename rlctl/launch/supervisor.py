@@ -8,6 +8,7 @@ ones run `python -m rlctl.launch.supervisor RUN_DIR` in a new session.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -100,11 +101,17 @@ class Supervisor:
         return self.finish(code)
 
     def _housekeeping(self) -> None:
+        from rlctl.checkpoints import disk_watch, prune_during_run
+
+        now = time.time()
+        if now - getattr(self, "_last_housekeeping", 0.0) < float(self.spec.get("housekeeping_seconds", 10)):
+            return
+        self._last_housekeeping = now
         keep = self.spec.get("keep_last")
         if keep:
-            from rlctl.checkpoints import prune_during_run
-
             prune_during_run(self.run_dir, self.spec, keep)
+        with contextlib.suppress(OSError):
+            disk_watch(self.run_dir, self.spec)
 
     def finish(self, code: int) -> int:
         assert self.proc is not None
