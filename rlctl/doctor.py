@@ -64,6 +64,8 @@ def flat_learning(S: Series, t: dict[str, float]) -> Finding | None:
     if len(reward) < t["window"]:
         return None
     delta = max(v for _, v in reward) - min(v for _, v in reward)
+    if min(v for _, v in reward) >= 0.99 or max(v for _, v in reward) <= 0.0:
+        return None  # saturated or dead reward: a different problem (status' health flags name it)
     kl_small = not kl or max(abs(v) for _, v in kl) < t["flat_kl_max"]
     if delta < t["flat_reward_delta"] and kl_small:
         return Finding("flat_learning", "warn",

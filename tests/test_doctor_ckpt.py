@@ -1,0 +1,247 @@
+"""Doctor rules on synthetic and real streams; checkpoints listed, pruned safely, watched for disk; compare."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+
+from rlctl import checkpoints as ck
+from rlctl.doctor import diagnose, diagnose_records
+from rlctl.errors import RlctlError
+from rlctl.metrics.stream import ingest
+from tests.conftest import FIXTURES
+
+
+def recs(n, **fns):
+    return [{"step": s, "time": 0.0, **{k: f(s) for k, f in fns.items()}} for s in range(1, n + 1)]
+
+
+def rules(findings):
+    return {f.rule for f in findings}
+
+
+def test_flat_learning():
+    f = diagnose_records(recs(20, **{"reward/mean": lambda s: 0.3, "kl": lambda s: 1e-5}))
+    assert "flat_learning" in rules(f)
+    f = diagnose_records(recs(20, **{"reward/mean": lambda s: 0.01 * s, "kl": lambda s: 1e-5}))
+    assert "flat_learning" not in rules(f)
+
+
+def test_instability_kl_spike_with_falling_entropy():
+    data = recs(12, kl=lambda s: 0.01 if s < 12 else 0.5, entropy=lambda s: 2.0 - 0.15 * s)
+    f = next(x for x in diagnose_records(data) if x.rule == "instability")
+    assert f.severity == "critical" and f.evidence["step"] == 12
+
+
+def test_loss_and_grad_spikes_name_their_steps():
+    data = recs(20, policy_loss=lambda s: 0.01 if s not in (7, 15) else 0.2,
+                grad_norm=lambda s: 0.5 if s != 9 else 350.0)
+    f = next(x for x in diagnose_records(data) if x.rule == "loss_grad_spikes")
+    assert {e["step"] for e in f.evidence["spikes"]} == {7, 9, 15}
+    assert "eps_clip" in f.action and "advantage clipping does not help" in f.action
+
+
+def test_length_collapse_truncation_entropy_zero_variance():
+    data = recs(30, **{"response_length/mean": lambda s: 1000 if s <= 10 else 300,
+                       "response_length/clip_ratio": lambda s: 0.85, "entropy": lambda s: 2.0 / s,
+                       "trl/frac_reward_zero_std": lambda s: 0.9})
+    got = rules(diagnose_records(data))
+    assert {"length_collapse", "high_truncation", "entropy_collapse", "zero_variance_groups"} <= got
+
+
+def test_eval_divergence_names_the_best_step():
+    data = recs(40, **{"reward/mean": lambda s: 0.3 + 0.01 * s})
+    for step, v in ((10, 0.30), (20, 0.354), (30, 0.31), (40, 0.271)):  # the seeds' attempt-26 shape
+        data[step - 1]["eval/aime/pass1"] = v
+    f = next(x for x in diagnose_records(data) if x.rule == "eval_divergence")
+    assert f.severity == "critical" and f.evidence["best_step"] == 20 and "step 20" in f.action
+
+
+def test_thresholds_come_from_the_recipe(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.toml").write_text("[doctor]\nentropy_collapse = 0.01\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs(5, entropy=lambda s: 2.0 / s)))
+    assert "entropy_collapse" not in rules(diagnose(run))
+
+
+def test_doctor_on_a_real_stream_and_nan(tmp_path, cli):
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(FIXTURES / "trl/stdout.log", run / "stdout.log")
+    (run / "state.json").write_text(json.dumps({"backend": "trl", "status": "finished"}))
+    ingest(run, "trl", final=True)
+    found = rules(diagnose(run))
+    assert "high_truncation" in found  # the tiny model never emits EOS: every completion is cut at 16 tokens
+    res = cli("doctor", str(run), "--json")
+    assert {f["rule"] for f in json.loads(res.out)["findings"]} == found
+    bad = recs(10, **{"reward/mean": lambda s: math.nan if s == 3 else 0.5})
+    bad[2]["reward/mean"] = None
+    diagnose_records(bad)  # None/NaN values never crash a rule
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------------------
+
+def trl_ckpts(root: Path, steps, incomplete=()):
+    for s in steps:
+        d = root / f"checkpoint-{s}"
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"x" * 1000)
+        if s not in incomplete:
+            (d / "trainer_state.json").write_text("{}")
+
+
+def make_run(tmp_path, backend="trl", ckdir="checkpoints"):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "state.json").write_text(json.dumps({"backend": backend, "status": "running"}))
+    (run / "recipe.toml").write_text(f'[checkpoint]\ndir = "{ckdir}"\n')
+    return run
+
+
+def test_list_and_prune_keep_newest_complete_and_in_progress(tmp_path, cli):
+    run = make_run(tmp_path)
+    trl_ckpts(run / "checkpoints", [10, 20, 30, 40, 50], incomplete=[50])
+    found = ck.find_checkpoints("trl", run)
+    assert [(c.step, c.complete) for c in found] == [(10, True), (20, True), (30, True), (40, True), (50, False)]
+    res = cli("ckpt", "prune", str(run), "--keep-last", "2", "--dry-run")
+    assert "would delete 2: step 10, step 20" in res.out
+    assert len(ck.find_checkpoints("trl", run)) == 5
+    cli("ckpt", "prune", str(run), "--keep-last", "2")
+    assert [c.step for c in ck.find_checkpoints("trl", run)] == [30, 40, 50]  # 50 is being written: kept
+    with pytest.raises(RlctlError, match="at least 1"):
+        ck.prune("trl", run, 0)
+    res = cli("ckpt", "list", str(run), "--json")
+    assert [c["step"] for c in json.loads(res.out)["checkpoints"]] == [30, 40, 50]
+
+
+def test_keep_best_keeps_the_checkpoint_at_the_best_eval(tmp_path):
+    run = make_run(tmp_path)
+    trl_ckpts(run / "checkpoints", [10, 20, 30, 40])
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "time": 0, "eval/x/acc": v}) + "\n"
+                                               for s, v in ((10, 0.2), (20, 0.6), (30, 0.4), (40, 0.3))))
+    ck.prune("trl", run, 1, keep_best=True)
+    assert [c.step for c in ck.find_checkpoints("trl", run)] == [20, 40]
+
+
+def test_prune_refuses_symlinks_and_paths_outside(tmp_path):
+    run = make_run(tmp_path)
+    trl_ckpts(run / "checkpoints", [20, 30])
+    outside = tmp_path / "precious"
+    outside.mkdir()
+    (outside / "trainer_state.json").write_text("{}")
+    (run / "checkpoints" / "checkpoint-10").symlink_to(outside)
+    with pytest.raises(RlctlError, match="symlink"):
+        ck.prune("trl", run, 1)
+    assert outside.exists() and len(ck.find_checkpoints("trl", run)) == 3
+
+
+def test_backend_layouts(tmp_path):
+    # prime-rl: checkpoints/step_N complete with optimizer state; weights/step_N beside it
+    root = tmp_path / "prime"
+    for s in (5, 10):
+        (root / "checkpoints" / f"step_{s}").mkdir(parents=True)
+        (root / "weights" / f"step_{s}").mkdir(parents=True)
+    (root / "checkpoints" / "step_5" / "optimizer.pt").write_bytes(b"o")
+    c = ck.find_checkpoints("prime_rl", tmp_path, root)
+    assert [(x.step, x.complete, len(x.extra_paths)) for x in c] == [(5, True, 1), (10, False, 1)]
+    # verl: global_step_N complete up to latest_checkpointed_iteration.txt
+    root = tmp_path / "verl"
+    for s in (50, 100):
+        (root / f"global_step_{s}" / "actor").mkdir(parents=True)
+    (root / "latest_checkpointed_iteration.txt").write_text("50")
+    assert [(x.step, x.complete) for x in ck.find_checkpoints("verl", tmp_path, root)] == [(50, True), (100, False)]
+    # OpenRLHF: DeepSpeed _actor/global_stepN + HF global_stepN_hf
+    root = tmp_path / "orlhf"
+    (root / "_actor" / "global_step10").mkdir(parents=True)
+    (root / "_actor" / "latest").write_text("global_step10")
+    (root / "global_step10_hf").mkdir()
+    (root / "global_step10_hf" / "adapter_config.json").write_text("{}")
+    c = ck.find_checkpoints("openrlhf", tmp_path, root)
+    assert [(x.step, x.complete, len(x.extra_paths)) for x in c] == [(10, True, 1)]
+
+
+def test_prime_rl_keep_last_is_enforced_during_the_run(tmp_path):
+    run = make_run(tmp_path, "prime_rl", "outputs")
+    root = run / "outputs"
+    for s in (5, 10, 15, 20):
+        (root / "checkpoints" / f"step_{s}").mkdir(parents=True)
+        (root / "checkpoints" / f"step_{s}" / "optimizer.pt").write_bytes(b"o")
+        (root / "weights" / f"step_{s}").mkdir(parents=True)
+    ck.prune_during_run(run, {"backend": "prime_rl", "checkpoint_dir": "outputs"}, 2)
+    assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["step_15", "step_20"]
+    assert sorted(p.name for p in (root / "weights").iterdir()) == ["step_15", "step_20"]
+    assert "pruned" in (run / "rlctl-events.jsonl").read_text()
+
+
+def test_disk_watch_warns_then_prunes(tmp_path, monkeypatch):
+    run = make_run(tmp_path)
+    trl_ckpts(run / "checkpoints", [10, 20, 30])
+    Usage = namedtuple("Usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(100, 95, 5))
+    assert ck.disk_watch(run, {"backend": "trl", "keep_last": None}) is not None
+    assert [c.step for c in ck.find_checkpoints("trl", run)] == [10, 20, 30]  # nothing allowed: warn only
+    msg = ck.disk_watch(run, {"backend": "trl", "keep_last": 2})
+    assert "pruned" in msg
+    assert [c.step for c in ck.find_checkpoints("trl", run)] == [30]  # still short: down to the newest complete
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(100, 10, 90))
+    assert ck.disk_watch(run, {"backend": "trl", "keep_last": 2}) is None
+
+
+# ---- compare --------------------------------------------------------------------------------------------------
+
+def test_metrics_compare_csv_and_plot(tmp_path, cli, monkeypatch):
+    runs = tmp_path / "runs"
+    for name, base in (("multisignal", 0.5), ("naive", 0.3)):
+        d = runs / name
+        d.mkdir(parents=True)
+        (d / "state.json").write_text(json.dumps({"backend": "verl", "status": "finished", "started_at": 1}))
+        (d / "stdout.log").write_text("".join(f"step:{s} - critic/score/mean:{base + s / 100}\n" for s in range(1, 6)))
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(runs))
+    res = cli("metrics", "multisignal", "naive", "--csv", "--keys", "reward/mean")
+    lines = res.out.strip().splitlines()
+    assert lines[0] == "step,run,key,value" and len(lines) == 11
+    assert "5,naive,reward/mean,0.35" in lines
+    res = cli("metrics", "multisignal", "naive")
+    assert "multisignal: reward/mean=0.55@5" in res.out
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "cmp.png"
+    assert cli("metrics", "multisignal", "naive", "--plot", str(out), "--keys", "reward/mean").code == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    res = cli("metrics", "multisignal", "--plot", str(out), "--keys", "nope")
+    assert res.code == 2 and "none of the runs has nope" in res.err
+
+
+def test_status_table_and_detail_on_a_finished_run(tmp_path, cli, monkeypatch):
+    runs = tmp_path / "runs"
+    d = runs / "q-1"
+    d.mkdir(parents=True)
+    shutil.copy(FIXTURES / "trl/stdout.log", d / "stdout.log")
+    (d / "state.json").write_text(json.dumps({"backend": "trl", "status": "finished", "started_at": 100.0,
+                                              "ended_at": 160.0, "total_steps": 80, "exit_code": 0}))
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(runs))
+    res = cli("status")
+    assert "q-1" in res.out and "finished" in res.out and "80/80" in res.out and "1:00" in res.out
+    det = json.loads(cli("status", "q-1", "--json").out)
+    assert det["step"] == 80 and det["metrics"]["reward/mean"]["latest"] == 1
+    assert any("truncated" in h["message"] for h in det["health"])
+    assert det["doctor"] and det["doctor"].split(":")[0] in {"high_truncation", "zero_variance_groups"}
+    assert cli("status", "nope").code == 2
+
+
+def test_model_tiny_command(tmp_path, cli):
+    pytest.importorskip("transformers")
+    res = cli("model", "tiny", str(tmp_path / "m"), "--source", "random:llama?hidden=32&layers=1")
+    assert res.code == 0
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert cfg["model_type"] == "llama" and cfg["hidden_size"] == 32 and cfg["num_hidden_layers"] == 1
+    assert (tmp_path / "m" / "tokenizer.json").is_file()
+    res = cli("model", "tiny", str(tmp_path / "x"), "--source", "random:gpt9")
+    assert res.code == 2 and "unknown architecture" in res.err
+    assert not os.path.exists(tmp_path / "x")
