@@ -98,7 +98,7 @@ def spikes(S: Series, t: dict[str, float]) -> Finding | None:
     grad = S.get("grad_norm", [])
     hits = []
     if len(loss) >= 6:
-        level = statistics.median(abs(v) for _, v in loss) or 1e-12
+        level = max(statistics.median(abs(v) for _, v in loss), 1e-3)  # a loss near 0 has no "3x its level"
         hits += [(s, "policy_loss", v) for s, v in loss if abs(v) > t["loss_spike_factor"] * level]
     hits += [(s, "grad_norm", v) for s, v in grad if v > t["grad_norm_spike"]]
     if hits:
