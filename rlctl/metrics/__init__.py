@@ -13,39 +13,37 @@ UNIFIED = (
 )
 
 
+_INF = float("inf")
+
+
 def clean_value(v: Any) -> float | int | str | bool | None:
     """Numbers stay numbers (numeric strings too); NaN and infinities become None so the stream stays JSON."""
-    if isinstance(v, bool):
+    t = type(v)
+    if t is float:
+        return v if (v == v and v != _INF and v != -_INF) else None
+    if t is int or t is bool or v is None:
         return v
-    if isinstance(v, (int, float)):
-        return v if isinstance(v, int) or math.isfinite(v) else None
-    if isinstance(v, str):
-        s = v.strip()
+    if t is str:
         try:
-            f = float(s)
+            f = float(v)
         except ValueError:
-            return s
-        if not math.isfinite(f):
+            return v.strip()
+        if f != f or f == _INF or f == -_INF:
             return None
-        if f.is_integer() and s.lstrip("+-").isdigit():
+        if f.is_integer() and v.strip().lstrip("+-").isdigit():
             return int(f)
         return f
-    if v is None:
-        return None
+    if isinstance(v, (int, float)):
+        return clean_value(float(v)) if isinstance(v, float) else int(v)
     return str(v)
 
 
 def unify(backend: str, raw: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
     """Map a backend's keys to unified names; unmapped keys pass through as `<backend>/<key>`."""
     out: dict[str, Any] = {}
+    get = mapping.get
     for k, v in raw.items():
-        if k in ("step", "time"):
+        if k == "step" or k == "time":
             continue
-        name = mapping.get(k)
-        if name is None:
-            for prefix, target in mapping.items():
-                if prefix.endswith("/*") and k.startswith(prefix[:-1]):
-                    name = target + k[len(prefix) - 1:]
-                    break
-        out[name or f"{backend}/{k}"] = clean_value(v)
+        out[get(k) or f"{backend}/{k}"] = clean_value(v)
     return out

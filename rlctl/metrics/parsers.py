@@ -27,10 +27,34 @@ def strip_ansi(s: str) -> str:
 
 
 _NONFINITE = re.compile(r"(?<![\w'\"])(-?inf|nan|NaN|-?Infinity)(?![\w'\"])")
+_PAIR = re.compile(r"""\s*'((?:[^'\\]|\\.)*)'\s*:\s*('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|-?[0-9][0-9.eE+-]*|-?\.[0-9][0-9eE+-]*|nan|NaN|-?inf|-?Infinity|True|False|None)\s*(?:,|$)""")
+_SCALARS = {"True": True, "False": False, "None": None}
+
+
+def _fast_dict(inner: str) -> dict[str, Any] | None:
+    """A flat dict of scalars as print() writes it, read with one regex; None if it is anything more."""
+    out: dict[str, Any] = {}
+    pos = 0
+    for m in _PAIR.finditer(inner):
+        if m.start() != pos:
+            return None
+        pos = m.end()
+        raw = m.group(2)
+        if raw[0] in "'\"":
+            out[m.group(1)] = raw[1:-1]
+        else:
+            out[m.group(1)] = _SCALARS.get(raw, raw)
+    return out if pos == len(inner) else None
 
 
 def _literal_dict(text: str) -> dict[str, Any]:
     """A Python dict repr as printed by print(dict), with nan/inf and tensor(...) reprs tolerated."""
+    text = text.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        raise Malformed("not a complete dict")
+    fast = _fast_dict(text[1:-1])
+    if fast is not None:
+        return fast
     t = _NONFINITE.sub(lambda m: f"'{m.group(1)}'", text)
     t = re.sub(r"tensor\(([^()]*?)(?:,\s*[a-z_]+=[^()]*)*\)", r"\1", t)
     try:
@@ -55,10 +79,13 @@ _TRL_KEYS = ("'loss'", "'reward'", "'learning_rate'", "'train_runtime'", "'grad_
 
 def parse_trl(line: str) -> dict[str, Any] | None:
     """TRL's per-step dicts (PrinterCallback: `{'loss': ..., 'reward': ..., 'step': 12}`), also eval dicts."""
-    s = line.strip()
-    if not (s.startswith("{") and any(k in s for k in _TRL_KEYS)):
+    if "'step'" not in line and not any(k in line for k in _TRL_KEYS):
         return None
-    raw = _literal_dict(s)
+    s = line.strip()
+    brace = s.find("{'")
+    if brace < 0 or not any(k in s for k in _TRL_KEYS):
+        return None
+    raw = _literal_dict(s[brace:])
     return trl_record(raw)
 
 
@@ -216,3 +243,9 @@ def parse_prime_rl(line: str) -> dict[str, Any] | None:
 
 
 PARSERS = {"trl": parse_trl, "openrlhf": parse_openrlhf, "verl": parse_verl, "prime_rl": parse_prime_rl}
+# Every metrics line of a backend contains one of these: other lines are skipped without parsing.
+NEEDLES = {"trl": ("'step'",), "openrlhf": ("lobal step", "global_step"), "verl": ("step:",),
+           "prime_rl": ("Step ",)}
+
+for _name, _fn in PARSERS.items():
+    _fn.backend = _name  # type: ignore[attr-defined]

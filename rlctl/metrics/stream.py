@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rlctl.metrics.parsers import PARSERS, Malformed, strip_ansi
+from rlctl.metrics.parsers import NEEDLES, PARSERS, strip_ansi
 
 LOG = "stdout.log"
 BACKEND_METRICS = "backend_metrics.jsonl"  # structured metrics a backend writes itself (OpenRLHF + rlctl's patch)
@@ -52,27 +52,23 @@ def _save_states(run_dir: Path, states: dict[str, IngestState]) -> None:
 
 def split_segments(line: str) -> list[str]:
     """A raw line may hold carriage-return progress-bar frames: every segment is looked at."""
-    line = strip_ansi(line)
+    if "\x1b" in line:
+        line = strip_ansi(line)
+    if "\r" not in line:
+        return [line] if line.strip() else []
     return [seg for seg in line.split("\r") if seg.strip()]
 
 
 def parse_line(parser: Callable[[str], dict[str, Any] | None], line: str) -> tuple[list[dict[str, Any]], int]:
     records, skipped = [], 0
     for seg in split_segments(line):
-        brace = seg.find("{'")
-        candidates = [seg] if brace <= 0 else [seg, seg[brace:]]
-        for cand in candidates:
-            try:
-                rec = parser(cand)
-            except Malformed:
-                skipped += 1
-                break
-            except Exception:  # a parser bug must not stop ingestion; count the line
-                skipped += 1
-                break
-            if rec is not None:
-                records.append(rec)
-                break
+        try:
+            rec = parser(seg)
+        except Exception:  # Malformed, or a parser bug: count the line, never stop ingestion
+            skipped += 1
+            continue
+        if rec is not None:
+            records.append(rec)
     return records, skipped
 
 
@@ -156,10 +152,13 @@ def _total(states: dict[str, IngestState]) -> IngestState:
 def _consume(blob: bytes, parser: Callable, st: IngestState, out: Path) -> None:
     text = blob.decode("utf-8", errors="replace")
     records: list[dict[str, Any]] = []
+    needles = NEEDLES.get(getattr(parser, "backend", ""), ())
     for line in text.split("\n"):
         if not line:
             continue
         st.lines += 1
+        if needles and not any(n in line for n in needles):
+            continue
         recs, skipped = parse_line(parser, line)
         records.extend(recs)
         st.skipped += skipped
