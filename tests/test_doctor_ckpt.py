@@ -245,3 +245,16 @@ def test_model_tiny_command(tmp_path, cli):
     res = cli("model", "tiny", str(tmp_path / "x"), "--source", "random:gpt9")
     assert res.code == 2 and "unknown architecture" in res.err
     assert not os.path.exists(tmp_path / "x")
+
+
+def test_wandb_run_id_is_stable_across_resume(tmp_path):
+    from rlctl.launch import wandb_run_id
+
+    first = tmp_path / "first-20261122-101010"
+    first.mkdir()
+    wid = wandb_run_id(first, None)
+    assert wid == "first-20261122-101010"
+    (first / "state.json").write_text(json.dumps({"wandb_run_id": wid}))
+    second = tmp_path / "second-20261122-111111"
+    second.mkdir()
+    assert wandb_run_id(second, first) == wid

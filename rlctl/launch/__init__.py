@@ -66,6 +66,17 @@ def child_environment(plan_env: dict[str, str], extra: dict[str, str]) -> dict[s
     return env
 
 
+def wandb_run_id(run_dir: Path, resumed_from: Path | None) -> str:
+    """One W&B run per rlctl run, with a stable id: a resumed run continues its parent's W&B run."""
+    from rlctl.runs import read_state
+
+    if resumed_from is not None:
+        parent = read_state(resumed_from).get("wandb_run_id")
+        if parent:
+            return str(parent)
+    return re.sub(r"[^A-Za-z0-9_-]", "-", run_dir.name)[:64]
+
+
 def _model_cache() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return str(Path(base) / "rlctl" / "models")
@@ -128,6 +139,11 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         prep.plan = prep.backend.render(recipe, prep.dataset_size)
     child_env["RLCTL_RUN_DIR"] = str(run_dir)
     child_env["RLCTL_METRICS_FILE"] = str(run_dir / "backend_metrics.jsonl")  # read by rlctl's OpenRLHF patch
+    wandb_id = None
+    if recipe.logging.wandb:
+        wandb_id = wandb_run_id(run_dir, resumed_from)
+        child_env["WANDB_RUN_ID"] = wandb_id  # honoured by wandb.init in every backend
+        child_env["WANDB_RESUME"] = "allow"
     data = masked_recipe_data(recipe.model_dump(mode="json", exclude_none=True))
     (run_dir / "recipe.toml").write_text(dump_toml(data))
     prep.plan.write(run_dir)
@@ -143,7 +159,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     write_state(run_dir, name=run_dir.name, status="starting", backend=prep.plan.backend,
                 version=prep.plan.version, total_steps=prep.plan.total_steps, recipe=str(prep.resolved.path),
                 executor=recipe.resources.executor, started_at=time.time(),
-                resumed_from=str(resumed_from) if resumed_from else None,
+                resumed_from=str(resumed_from) if resumed_from else None, wandb_run_id=wandb_id,
                 preflight={r.verdict: sum(1 for x in results if x.verdict == r.verdict) for r in results})
     if resumed_from:
         (run_dir / "parent").symlink_to(resumed_from.resolve())

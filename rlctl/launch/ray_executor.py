@@ -378,7 +378,8 @@ def launch_ray(run_dir: Path, prep: Any, child_env: dict[str, str], opts: Any, o
         argv = argv[argv.index("--") + 1:]  # rlctl submits itself; the entrypoint is what follows `--`
     if address is None and argv and argv[0] in ("python3", "python"):
         argv[0] = sys.executable  # a head rlctl starts runs on this machine, in this environment
-    env_keys = sorted(set(plan.env) | {k for k in child_env if k.startswith("RLCTL_")} | {"PYTHONUNBUFFERED"})
+    env_keys = sorted(set(plan.env) | {k for k in child_env if k.startswith(("RLCTL_", "WANDB_RUN_ID", "WANDB_RESUME"))}
+                      | {"PYTHONUNBUFFERED"})
     spec = {"argv": argv, "backend": plan.backend, "address": address, "env_keys": env_keys,
             "num_gpus": recipe.resources.gpus_per_node if address is None else None,
             "pip": recipe.resources.pip, "executor": "ray"}
