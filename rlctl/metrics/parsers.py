@@ -27,7 +27,9 @@ def strip_ansi(s: str) -> str:
 
 
 _NONFINITE = re.compile(r"(?<![\w'\"])(-?inf|nan|NaN|-?Infinity)(?![\w'\"])")
-_PAIR = re.compile(r"""\s*'((?:[^'\\]|\\.)*)'\s*:\s*('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|-?[0-9][0-9.eE+-]*|-?\.[0-9][0-9eE+-]*|nan|NaN|-?inf|-?Infinity|True|False|None)\s*(?:,|$)""")
+_VALUE = (r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|-?[0-9][0-9.eE+-]*|-?\.[0-9][0-9eE+-]*"""
+          r"|nan|NaN|-?inf|-?Infinity|True|False|None")
+_PAIR = re.compile(r"\s*'((?:[^'\\]|\\.)*)'\s*:\s*(" + _VALUE + r")\s*(?:,|$)")
 _SCALARS = {"True": True, "False": False, "None": None}
 
 
