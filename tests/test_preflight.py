@@ -308,17 +308,19 @@ def test_plot_writes_png(cli, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_preflight_imports_no_heavy_library():
+@pytest.mark.parametrize("args", [["--help"], ["render", str(VERL)], ["preflight", str(VERL), "--json"],
+                                  ["status"], ["recipe", "show", str(VERL)]])
+def test_light_commands_import_no_heavy_library(args, tmp_path):
     code = (
         "import sys\n"
         "from rlctl.cli import main\n"
-        f"sys.argv = ['rlctl', 'preflight', {str(VERL)!r}, '--json']\n"
+        f"sys.argv = ['rlctl', *{args!r}]\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'ray', 'vllm', 'deepspeed', 'wandb',"
         " 'transformers'})\n"
         "print('HEAVY', heavy, file=sys.stderr)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert "HEAVY []" in r.stderr, r.stderr[-2000:]
 
 
