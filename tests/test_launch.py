@@ -202,9 +202,8 @@ def test_killed_supervisor_is_recovered_by_status(env):
     os.kill(state["supervisor_pid"], signal.SIGKILL)  # rlctl itself dies; the run goes on
     assert wait_for(lambda: not process_alive(state["supervisor_pid"], state["supervisor_create_time"]), 10)
     n = len(metrics(run))
-    time.sleep(2)
-    rs = run_status(run)  # status ingests the log itself now that nobody else does
-    assert rs.status == "running" and len(metrics(run)) > n
+    # status ingests the log itself now that nobody else does (the child keeps writing into its file)
+    assert wait_for(lambda: run_status(run).status == "running" and len(metrics(run)) > n, timeout=120, interval=1)
     stop = rlctl(env, "stop", run.name, "--grace", "5")
     assert "stopped" in stop.stdout
     assert descendants_gone(state)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 
 import pytest
 
@@ -100,9 +99,8 @@ def test_killed_follower_is_recovered_over_rest(env):
     os.kill(state["supervisor_pid"], signal.SIGKILL)
     assert wait_for(lambda: not process_alive(state["supervisor_pid"], state["supervisor_create_time"]), 10)
     n = len(metrics(run))
-    time.sleep(3)
-    rs = run_status(run)  # asks the job API, copies the job's new logs, parses them
-    assert rs.status == "running" and len(metrics(run)) > n
+    # status asks the job API, copies the job's new logs, parses them
+    assert wait_for(lambda: run_status(run).status == "running" and len(metrics(run)) > n, timeout=120, interval=1)
     out = rlctl(env, "stop", run.name, timeout=200)
     assert "stopped" in out.stdout
     assert wait_for(lambda: head_gone(read_state(run)), timeout=30)
