@@ -179,6 +179,8 @@ class WandbSection(Section):
 class LoggingSection(Section):
     wandb: WandbSection | None = None
     tensorboard: str | None = None
+    rlctl_sinks: list[Literal["wandb", "tensorboard"]] = Field(
+        default_factory=list, description="rlctl itself forwards the unified stream to these (besides metrics.jsonl).")
 
 
 class EvalSection(Section):

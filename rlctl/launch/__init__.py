@@ -77,6 +77,26 @@ def wandb_run_id(run_dir: Path, resumed_from: Path | None) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", run_dir.name)[:64]
 
 
+def sink_spec(recipe: Any, run_dir: Path, wandb_id: str | None) -> dict[str, Any]:
+    names = list(recipe.logging.rlctl_sinks)
+    spec: dict[str, Any] = {"names": names, "tensorboard": recipe.logging.tensorboard}
+    if "wandb" in names:
+        wb = recipe.logging.wandb
+        if wb is None:
+            raise RlctlError("logging.rlctl_sinks has wandb but there is no [logging.wandb] table.",
+                             hint='add [logging.wandb] project = "..."')
+        spec["wandb"] = {"project": wb.project, "entity": wb.entity, "name": wb.name or run_dir.name,
+                         "offline": wb.offline, "id": wandb_id or wandb_run_id(run_dir, None),
+                         "config": masked_config(recipe)}
+    return spec
+
+
+def masked_config(recipe: Any) -> dict[str, Any]:
+    from rlctl.launch.rundir import masked_recipe_data
+
+    return masked_recipe_data(recipe.model_dump(mode="json", exclude_none=True))
+
+
 def _model_cache() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return str(Path(base) / "rlctl" / "models")
@@ -125,6 +145,9 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
 
         apply_for_launch(recipe, out)
 
+    if "wandb" in recipe.logging.rlctl_sinks and recipe.logging.wandb is None:
+        raise RlctlError("logging.rlctl_sinks has wandb but there is no [logging.wandb] table.",
+                         hint='add [logging.wandb] project = "..."')
     name = opts.name or recipe.name
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise RlctlError(f"--name {name!r}: use letters, digits, '.', '_' and '-'.")
@@ -154,6 +177,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         "argv": _argv(prep.plan), "backend": prep.plan.backend, "grace_seconds": opts.grace_seconds,
         "keep_last": recipe.checkpoint.keep_last, "checkpoint_dir": recipe.checkpoint.dir,
         "disk_headroom": recipe.preflight.disk_headroom,
+        "sinks": sink_spec(recipe, run_dir, wandb_id),
     }
     write_spec(run_dir, spec)
     write_state(run_dir, name=run_dir.name, status="starting", backend=prep.plan.backend,

@@ -338,6 +338,7 @@ class RayRun:
             except Exception:
                 status = None
             ingest(self.run_dir, self.spec["backend"])
+            self._pump()
             if self.on_tick:
                 self.on_tick(self.run_dir)
             if status in TERMINAL:
@@ -347,6 +348,7 @@ class RayRun:
         state = read_state(self.run_dir)
         catch_up_logs(self.run_dir, {**state, "ray_job_id": self.job_id})
         ingest(self.run_dir, self.spec["backend"], final=True)
+        self._pump(close=True)
         if self.on_tick:
             self.on_tick(self.run_dir)
         outcome = "stopped" if self.stop_requested else TERMINAL[status]
@@ -354,6 +356,21 @@ class RayRun:
         write_state(self.run_dir, status=outcome, exit_code=code, ray_job_status=status, ended_at=time.time())
         self._cleanup_head()
         return code
+
+    def _pump(self, close: bool = False) -> None:
+        """Forward new records to rlctl's sinks (W&B / TensorBoard), if the recipe asked for them."""
+        if not (self.spec.get("sinks") or {}).get("names"):
+            return
+        try:
+            if getattr(self, "_forwarder", None) is None:
+                from rlctl.metrics.sinks import Forwarder
+
+                self._forwarder = Forwarder(self.run_dir, self.spec["sinks"])
+            self._forwarder.close() if close else self._forwarder.pump()
+        except Exception as e:
+            self.spec["sinks"] = {}
+            with open(self.run_dir / "rlctl-events.jsonl", "a") as fh:
+                fh.write(json.dumps({"event": "sink_error", "error": str(e)}) + "\n")
 
     def _cleanup_head(self) -> None:
         if self.head is not None:
@@ -380,7 +397,10 @@ def launch_ray(run_dir: Path, prep: Any, child_env: dict[str, str], opts: Any, o
         argv[0] = sys.executable  # a head rlctl starts runs on this machine, in this environment
     env_keys = sorted(set(plan.env) | {k for k in child_env if k.startswith(("RLCTL_", "WANDB_RUN_ID", "WANDB_RESUME"))}
                       | {"PYTHONUNBUFFERED"})
+    from rlctl.launch import sink_spec
+
     spec = {"argv": argv, "backend": plan.backend, "address": address, "env_keys": env_keys,
+            "sinks": sink_spec(recipe, run_dir, read_state(run_dir).get("wandb_run_id")),
             "num_gpus": recipe.resources.gpus_per_node if address is None else None,
             "pip": recipe.resources.pip, "executor": "ray"}
     write_spec(run_dir, spec)

@@ -84,12 +84,28 @@ class Supervisor:
                     pid_create_time=process_create_time(self.proc.pid),
                     supervisor_pid=os.getpid(), supervisor_create_time=process_create_time(os.getpid()))
 
+    def _sinks(self) -> Any:
+        if getattr(self, "_forwarder", None) is None and (self.spec.get("sinks") or {}).get("names"):
+            from rlctl.metrics.sinks import Forwarder
+
+            try:
+                self._forwarder = Forwarder(self.run_dir, self.spec["sinks"])
+            except Exception as e:  # a sink that cannot start must not stop training; say so in the log
+                with open(self.run_dir / "rlctl-events.jsonl", "a") as fh:
+                    fh.write(json.dumps({"event": "sink_error", "error": str(e)}) + "\n")
+                self.spec["sinks"] = {}
+                self._forwarder = None
+        return getattr(self, "_forwarder", None)
+
     def loop(self) -> int:
         assert self.proc is not None
         backend = self.spec["backend"]
         while True:
             code = self.proc.poll()
             ingest(self.run_dir, backend)
+            fwd = self._sinks()
+            if fwd is not None:
+                fwd.pump()
             self._housekeeping()
             if self.on_tick:
                 self.on_tick(self.run_dir)
@@ -123,6 +139,10 @@ class Supervisor:
                 time.sleep(0.1)
             _signal_group(self.proc.pid, signal.SIGKILL)
         ingest(self.run_dir, self.spec["backend"], final=True)
+        fwd = self._sinks()
+        if fwd is not None:
+            with contextlib.suppress(Exception):
+                fwd.close()
         if self.on_tick:
             self.on_tick(self.run_dir)
         if self.stop_requested_at is not None:

@@ -1,0 +1,114 @@
+"""Sinks: rlctl forwards its unified metrics stream to W&B and/or TensorBoard (`logging.rlctl_sinks`).
+
+metrics.jsonl is always written; these are optional extras (`[wandb]`, `[tensorboard]`), imported only by the
+process that follows a run. One W&B run per rlctl run, with a stable id (a resumed run continues it); the API key
+is read by wandb from the environment and never written by rlctl.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+from rlctl.metrics.stream import METRICS
+
+SINK_STATE = ".sinks.json"
+
+
+def _numbers(rec: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in rec.items()
+            if k not in ("step", "time") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class WandbSink:
+    def __init__(self, run_dir: Path, cfg: dict[str, Any]):
+        try:
+            import wandb
+        except ImportError:
+            raise RlctlError("logging.rlctl_sinks has wandb but wandb is not installed.",
+                             hint='pip install "rlctl[wandb]"') from None
+        self.wandb = wandb
+        self.run = wandb.init(project=cfg.get("project"), entity=cfg.get("entity"), name=cfg.get("name"),
+                              id=cfg["id"], resume="allow", dir=str(run_dir),
+                              mode="offline" if cfg.get("offline") else "online", config=cfg.get("config") or {})
+        self.last_step = -1
+
+    def write(self, rec: dict[str, Any]) -> None:
+        step = rec["step"]
+        if step < self.last_step:
+            return  # W&B only takes non-decreasing steps
+        self.last_step = step
+        self.run.log(_numbers(rec), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TensorBoardSink:
+    def __init__(self, run_dir: Path, logdir: str | None):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError:
+                raise RlctlError("logging.rlctl_sinks has tensorboard but no TensorBoard writer is installed.",
+                                 hint='pip install "rlctl[tensorboard]"') from None
+        path = Path(logdir) if logdir else run_dir / "tensorboard"
+        self.writer = SummaryWriter(log_dir=str(path if path.is_absolute() else run_dir / path))
+
+    def write(self, rec: dict[str, Any]) -> None:
+        for k, v in _numbers(rec).items():
+            self.writer.add_scalar(k, v, rec["step"])
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
+
+
+class Forwarder:
+    """Sends the records metrics.jsonl gains to the sinks; remembers its offset so nothing goes twice."""
+
+    def __init__(self, run_dir: Path, spec: dict[str, Any]):
+        self.run_dir = run_dir
+        self.sinks: list[Any] = []
+        for name in spec.get("names", []):
+            if name == "wandb":
+                self.sinks.append(WandbSink(run_dir, spec.get("wandb") or {}))
+            elif name == "tensorboard":
+                self.sinks.append(TensorBoardSink(run_dir, spec.get("tensorboard")))
+        try:
+            self.offset = json.loads((run_dir / SINK_STATE).read_text())["offset"]
+        except (OSError, ValueError, KeyError):
+            self.offset = 0
+
+    def pump(self) -> int:
+        path = self.run_dir / METRICS
+        if not self.sinks or not path.exists():
+            return 0
+        with path.open("rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            return 0
+        n = 0
+        for line in data[: cut + 1].decode("utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                for s in self.sinks:
+                    s.write(rec)
+                n += 1
+        self.offset += cut + 1
+        (self.run_dir / SINK_STATE).write_text(json.dumps({"offset": self.offset}))
+        return n
+
+    def close(self) -> None:
+        self.pump()
+        for s in self.sinks:
+            s.close()
