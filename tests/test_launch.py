@@ -30,13 +30,34 @@ def model_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("models")
 
 
+def cleanup_runs(runs: Path) -> None:
+    """Whatever a failed test left running goes: each run's process groups and any Ray head it started."""
+    if not runs.is_dir():
+        return
+    for run in runs.iterdir():
+        state = read_state(run)
+        for key in ("pgid", "supervisor_pid"):
+            pid = state.get(key)
+            if pid:
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError, OSError):
+                        pass
+        if state.get("ray_started_head") and state.get("ray_head_pid"):
+            from rlctl.launch.ray_executor import stop_head
+
+            stop_head(state["ray_head_pid"], state.get("ray_head_temp_dir"), grace=1)
+
+
 @pytest.fixture
 def env(tmp_path, model_cache, monkeypatch):
     runs = tmp_path / "runs"
     monkeypatch.setenv("RLCTL_RUNS_DIR", str(runs))
     monkeypatch.setenv("RLCTL_MODEL_CACHE", str(model_cache))
     e = dict(os.environ)
-    return {"runs": runs, "env": e, "cwd": tmp_path}
+    yield {"runs": runs, "env": e, "cwd": tmp_path}
+    cleanup_runs(runs)
 
 
 def rlctl(env, *args, timeout=300, **kw):

@@ -11,7 +11,7 @@ import pytest
 from rlctl.launch.ray_executor import LocalHead, cluster_info, job_status
 from rlctl.runs import process_alive, read_state, run_status
 from tests.conftest import RECIPES
-from tests.test_launch import metrics, only_run, rlctl, wait_for
+from tests.test_launch import cleanup_runs, metrics, only_run, rlctl, wait_for
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("ray.job_submission")
@@ -29,7 +29,8 @@ def env(tmp_path, model_cache, monkeypatch):
     monkeypatch.setenv("RLCTL_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("RLCTL_MODEL_CACHE", str(model_cache))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    return {"runs": tmp_path / "runs", "env": dict(os.environ), "cwd": tmp_path}
+    yield {"runs": tmp_path / "runs", "env": dict(os.environ), "cwd": tmp_path}
+    cleanup_runs(tmp_path / "runs")
 
 
 def head_gone(state: dict) -> bool:
