@@ -5,6 +5,7 @@ These start real processes (the TRL runner trains a tiny model on the CPU) and r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -40,10 +41,8 @@ def cleanup_runs(runs: Path) -> None:
             pid = state.get(key)
             if pid:
                 for kill in (os.killpg, os.kill):
-                    try:
+                    with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
                         kill(pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError, OSError):
-                        pass
         if state.get("ray_started_head") and state.get("ray_head_pid"):
             from rlctl.launch.ray_executor import stop_head
 
