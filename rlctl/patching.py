@@ -320,15 +320,42 @@ class Outcome:
     dry_run_output: str = ""
 
 
+def _states_or_refuse(ps: PatchSet, inst: Installed, verb: str) -> dict[str, str]:
+    states = {e.file.name: patch_state(e, inst.site) for e in ps.patches}
+    bad = {k: v for k, v in states.items() if v in ("conflicting", "partly applied")}
+    if bad:
+        raise PatchError(f"cannot {verb}: " + "; ".join(f"{k} is {v}" for k, v in bad.items())
+                         + "; nothing was changed.", hint="rlctl patch status shows each file")
+    return states
+
+
+def _transaction(inst: Installed, ps: PatchSet, todo: list[PatchEntry], args: list[str], verb: str,
+                 on_success: Any) -> None:
+    """Run `patch ARGS` for each entry; on any failure restore every target byte for byte."""
+    targets = [t for e in todo for t in e.targets]
+    _check_writable(inst, targets)
+    snap = _Snapshot(inst.site, targets)
+    try:
+        for e in todo:
+            r = _run_patch(args, inst.site, e.file)
+            if r.returncode != 0:
+                raise PatchError(f"{e.file.name} failed to {verb}: {(r.stdout + r.stderr).strip()[-400:]}")
+            on_success(e)
+        _write_record(inst, ps, on_success(None))
+    except BaseException as exc:
+        snap.restore()
+        if isinstance(exc, PatchError):
+            raise PatchError(f"{exc.message} Every file was restored; nothing is half-patched.") from None
+        if isinstance(exc, OSError):
+            raise PatchError(f"{verb} {ps.name} failed ({exc}); every file was restored.") from None
+        raise
+
+
 def apply(ps: PatchSet, inst: Installed, dry_run: bool = False, allow_version_mismatch: bool = False) -> Outcome:
     if inst.version != ps.version and not allow_version_mismatch:
         raise PatchError(f"patch set {ps.name} is for {ps.package} {ps.version}, installed is {inst.version}; "
                          "nothing was changed.", hint=f"pip install {ps.package}=={ps.version}")
-    states = {e.file.name: patch_state(e, inst.site) for e in ps.patches}
-    bad = {k: v for k, v in states.items() if v in ("conflicting", "partly applied")}
-    if bad:
-        raise PatchError("cannot apply: " + "; ".join(f"{k} is {v}" for k, v in bad.items())
-                         + "; nothing was changed.", hint="rlctl patch status shows each file")
+    states = _states_or_refuse(ps, inst, "apply")
     todo = [e for e in ps.patches if states[e.file.name] == "not applied"]
     skipped = [e.file.name for e in ps.patches if states[e.file.name] == "applied"]
     if dry_run:
@@ -337,53 +364,24 @@ def apply(ps: PatchSet, inst: Installed, dry_run: bool = False, allow_version_mi
             r = _run_patch(["--dry-run", "--forward"], inst.site, e.file)
             out.append(f"{e.file.name}:\n{r.stdout.strip()}")
         return Outcome([e.file.name for e in todo], skipped, "\n".join(out))
-    targets = [t for e in todo for t in e.targets]
-    _check_writable(inst, targets)
-    snap = _Snapshot(inst.site, targets)
     applied = dict(read_record(inst).get(ps.name, {}).get("applied", {}))
-    try:
-        for e in todo:
-            r = _run_patch(["--forward"], inst.site, e.file)
-            if r.returncode != 0:
-                raise PatchError(f"{e.file.name} failed to apply: {(r.stdout + r.stderr).strip()[-400:]}")
+
+    def record(e: PatchEntry | None) -> dict[str, Any]:
+        if e is not None:
             applied[e.file.name] = {"hashes": {t: sha256(inst.site / t) for t in e.targets}}
-        _write_record(inst, ps, applied)
-    except BaseException as exc:
-        snap.restore()
-        if isinstance(exc, PatchError):
-            raise PatchError(f"{exc.message} Every file was restored; nothing is half-patched.") from None
-        if isinstance(exc, OSError):
-            raise PatchError(f"applying {ps.name} failed ({exc}); every file was restored.") from None
-        raise
+        return applied
+
+    _transaction(inst, ps, todo, ["--forward"], "apply", record)
     return Outcome([e.file.name for e in todo], skipped)
 
 
 def revert(ps: PatchSet, inst: Installed, dry_run: bool = False) -> Outcome:
-    states = {e.file.name: patch_state(e, inst.site) for e in ps.patches}
-    bad = {k: v for k, v in states.items() if v in ("conflicting", "partly applied")}
-    if bad:
-        raise PatchError("cannot revert: " + "; ".join(f"{k} is {v}" for k, v in bad.items())
-                         + "; nothing was changed.")
+    states = _states_or_refuse(ps, inst, "revert")
     todo = [e for e in reversed(ps.patches) if states[e.file.name] == "applied"]
     skipped = [e.file.name for e in ps.patches if states[e.file.name] == "not applied"]
     if dry_run:
         return Outcome([e.file.name for e in todo], skipped)
-    targets = [t for e in todo for t in e.targets]
-    _check_writable(inst, targets)
-    snap = _Snapshot(inst.site, targets)
-    try:
-        for e in todo:
-            r = _run_patch(["-R", "--force"], inst.site, e.file)
-            if r.returncode != 0:
-                raise PatchError(f"{e.file.name} failed to revert: {(r.stdout + r.stderr).strip()[-400:]}")
-        _write_record(inst, ps, {})
-    except BaseException as exc:
-        snap.restore()
-        if isinstance(exc, PatchError):
-            raise PatchError(f"{exc.message} Every file was restored.") from None
-        if isinstance(exc, OSError):
-            raise PatchError(f"reverting {ps.name} failed ({exc}); every file was restored.") from None
-        raise
+    _transaction(inst, ps, todo, ["-R", "--force"], "revert", lambda e: {})
     return Outcome([e.file.name for e in todo], skipped)
 
 

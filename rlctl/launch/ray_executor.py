@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError
+from rlctl.launch.supervisor import _group_alive
 from rlctl.metrics.stream import LOG, ingest
 from rlctl.runs import ACTIVE, process_alive, process_create_time, read_state, write_state
 
@@ -233,14 +234,6 @@ def _live_members(pgid: int) -> bool:
         except (ProcessLookupError, psutil.Error, OSError):
             continue
     return False
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def _kill_by_temp_dir(temp_dir: str) -> None:
