@@ -110,7 +110,7 @@ def trainer_memory(recipe: Recipe, arch: Arch) -> Breakdown:
     else:
         # full-sequence logits in fp32 for log-probs, and their gradient
         b.terms["logits"] = mb * S * arch.vocab * 8
-    if r.backend.name == "trl" and not r.backend.extra().get("use_vllm"):
+    if not r.uses_vllm:
         # TRL generates with the training model: KV cache for its generation batch
         per_device = r.samples_per_rollout / dp
         b.terms["generation kv cache"] = per_device * (r.data.max_prompt_tokens + r.rollout.max_tokens) \

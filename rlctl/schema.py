@@ -239,6 +239,11 @@ class Recipe(Section):
         return self.rollout.prompts_per_step * self.rollout.group_size
 
     @property
+    def uses_vllm(self) -> bool:
+        """Every backend generates with vLLM except TRL, which does only with `use_vllm` in its extras."""
+        return self.backend.name != "trl" or bool(self.backend.extra().get("use_vllm"))
+
+    @property
     def train_seq_len(self) -> int:
         return self.train.seq_len or self.model.max_model_len
 

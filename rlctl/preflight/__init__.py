@@ -12,6 +12,7 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError
@@ -97,6 +98,14 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
 
 def failed(results: list[Result]) -> bool:
     return any(r.verdict == FAIL for r in results)
+
+
+def existing_parent(p: Path) -> Path:
+    """The path itself or its nearest existing ancestor: where free space and permissions are decided."""
+    p = p.absolute()
+    while not p.exists():
+        p = p.parent
+    return p
 
 
 def gib(x: float) -> str:

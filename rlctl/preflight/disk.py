@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
+from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check, existing_parent
 
 
 def checkpoint_bytes(ctx: Context) -> tuple[float, str]:
@@ -35,13 +35,6 @@ def human(n: float) -> str:
     return f"{n / 1e3:.1f} kB"
 
 
-def _existing_parent(p: Path) -> Path:
-    p = p.absolute()
-    while not p.exists():
-        p = p.parent
-    return p
-
-
 @check("disk.checkpoints")
 def checkpoints(ctx: Context) -> list[Result]:
     r = ctx.recipe
@@ -60,7 +53,7 @@ def checkpoints(ctx: Context) -> list[Result]:
     else:
         count = None
     where = Path(r.checkpoint.dir)
-    base = _existing_parent(where)
+    base = existing_parent(where)
     free = shutil.disk_usage(base).free
     data = {"per_checkpoint": per, "count": count, "free": free, "checked_at": str(base)}
     if count is None:

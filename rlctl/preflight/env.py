@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
+from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check, existing_parent
 
 
 @check("env.backend")
@@ -65,7 +65,7 @@ def wandb(ctx: Context) -> Result | None:
 @check("env.open_files")
 def open_files(ctx: Context) -> Result | None:
     r = ctx.recipe
-    if r.backend.name == "trl" and not r.backend.extra().get("use_vllm"):
+    if not r.uses_vllm:
         return None
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = r.preflight.min_open_files
@@ -107,10 +107,7 @@ def gpus(ctx: Context) -> Result | None:
 
 
 def _writable(p: Path) -> bool:
-    base = p.absolute()
-    while not base.exists():
-        base = base.parent
-    return os.access(base, os.W_OK)
+    return os.access(existing_parent(p), os.W_OK)
 
 
 @check("env.output_dirs")

@@ -19,11 +19,6 @@ def _setup(ctx: Context, name: str):
     return ctx.arch, total * GiB, None
 
 
-def _uses_vllm(ctx: Context) -> bool:
-    r = ctx.recipe
-    return r.backend.name != "trl" or bool(r.backend.extra().get("use_vllm"))
-
-
 @check("memory.trainer")
 def trainer(ctx: Context) -> Result:
     arch, total, skip = _setup(ctx, "memory.trainer")
@@ -43,7 +38,7 @@ def trainer(ctx: Context) -> Result:
 
 @check("memory.vllm")
 def engine(ctx: Context) -> Result:
-    if not _uses_vllm(ctx):
+    if not ctx.recipe.uses_vllm:
         return Result("memory.vllm", SKIP, "no vLLM engine (TRL generates with the trainer's model)")
     arch, total, skip = _setup(ctx, "memory.vllm")
     if skip:
@@ -78,7 +73,7 @@ def colocation(ctx: Context) -> Result | None:
     shared = r.resources.colocate or (
         r.resources.trainer_gpus is not None and r.resources.inference_gpus is not None
         and set(r.resources.trainer_gpus) & set(r.resources.inference_gpus))
-    if not shared or not _uses_vllm(ctx):
+    if not shared or not ctx.recipe.uses_vllm:
         return None
     arch, total, skip = _setup(ctx, "memory.colocation")
     if skip:

@@ -20,7 +20,7 @@ def gpus(ctx: Context) -> Result:
         if ids is not None and any(i >= per_node for i in ids):
             return Result("placement.gpus", FAIL, f"resources.{name} = {ids} names a GPU >= gpus_per_node {per_node}",
                           f"GPU ids run from 0 to {per_node - 1}")
-    inference = r.inference_gpu_count if (r.backend.name != "trl" or r.backend.extra().get("use_vllm")) else 0
+    inference = r.inference_gpu_count if r.uses_vllm else 0
     if res.colocate:
         need = max(r.trainer_gpu_count, inference)
         how = f"trainer and {r.rollout.engines} engine(s) x TP {r.rollout.tensor_parallel} share GPUs"
@@ -49,7 +49,7 @@ def gpus(ctx: Context) -> Result:
 def tp_heads(ctx: Context) -> Result | None:
     arch = ctx.arch
     r = ctx.recipe
-    if isinstance(arch, Exception) or (r.backend.name == "trl" and not r.backend.extra().get("use_vllm")):
+    if isinstance(arch, Exception) or not r.uses_vllm:
         return None
     tp = r.rollout.tensor_parallel
     if arch.heads % tp:
