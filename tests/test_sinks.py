@@ -62,3 +62,21 @@ def test_wandb_sink_needs_a_wandb_table(cli, tmp_path, monkeypatch):
     res = cli("launch", str(RECIPES / "quickstart.toml"), "--smoke", "--set", 'logging.rlctl_sinks=["wandb"]')
     assert res.code == 2 and "[logging.wandb]" in res.err
     assert not (tmp_path / "runs").exists()  # refused before anything was written
+
+
+def test_a_failing_sink_is_recorded_and_switched_off(tmp_path, monkeypatch):
+    from rlctl.metrics import sinks
+
+    write_metrics(tmp_path, [{"step": 1, "time": 0, "reward/mean": 0.1}])
+
+    def broken(*a, **k):
+        raise RuntimeError("W&B is down")
+
+    monkeypatch.setattr(sinks, "Forwarder", broken)
+    pump = sinks.SinkPump(tmp_path, {"names": ["wandb"]})
+    pump.pump()
+    pump.pump(close=True)  # never raises: the follower keeps following the run
+    assert pump.off
+    events = [json.loads(x) for x in (tmp_path / "rlctl-events.jsonl").read_text().splitlines()]
+    assert events == [{"event": "sink_error", "error": "W&B is down"}]
+    assert sinks.SinkPump(tmp_path, None).off

@@ -29,6 +29,7 @@ from typing import Any
 
 from rlctl.errors import RlctlError
 from rlctl.launch.supervisor import _group_alive
+from rlctl.metrics.sinks import SinkPump
 from rlctl.metrics.stream import LOG, ingest
 from rlctl.runs import ACTIVE, process_alive, process_create_time, read_state, write_state
 
@@ -265,6 +266,7 @@ class RayRun:
         self.job_id: str | None = None
         self.stop_requested = False
         self.tail_error: str | None = None
+        self.sinks = SinkPump(run_dir, spec.get("sinks"))
 
     def request_stop(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:  # noqa: ARG002
         if not self.stop_requested:
@@ -331,7 +333,7 @@ class RayRun:
             except Exception:
                 status = None
             ingest(self.run_dir, self.spec["backend"])
-            self._pump()
+            self.sinks.pump()
             if self.on_tick:
                 self.on_tick(self.run_dir)
             if status in TERMINAL:
@@ -341,7 +343,7 @@ class RayRun:
         state = read_state(self.run_dir)
         catch_up_logs(self.run_dir, {**state, "ray_job_id": self.job_id})
         ingest(self.run_dir, self.spec["backend"], final=True)
-        self._pump(close=True)
+        self.sinks.pump(close=True)
         if self.on_tick:
             self.on_tick(self.run_dir)
         outcome = "stopped" if self.stop_requested else TERMINAL[status]
@@ -349,21 +351,6 @@ class RayRun:
         write_state(self.run_dir, status=outcome, exit_code=code, ray_job_status=status, ended_at=time.time())
         self._cleanup_head()
         return code
-
-    def _pump(self, close: bool = False) -> None:
-        """Forward new records to rlctl's sinks (W&B / TensorBoard), if the recipe asked for them."""
-        if not (self.spec.get("sinks") or {}).get("names"):
-            return
-        try:
-            if getattr(self, "_forwarder", None) is None:
-                from rlctl.metrics.sinks import Forwarder
-
-                self._forwarder = Forwarder(self.run_dir, self.spec["sinks"])
-            self._forwarder.close() if close else self._forwarder.pump()
-        except Exception as e:
-            self.spec["sinks"] = {}
-            with open(self.run_dir / "rlctl-events.jsonl", "a") as fh:
-                fh.write(json.dumps({"event": "sink_error", "error": str(e)}) + "\n")
 
     def _cleanup_head(self) -> None:
         if self.head is not None:

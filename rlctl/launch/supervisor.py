@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlctl.metrics.sinks import SinkPump
 from rlctl.metrics.stream import LOG, ingest
 from rlctl.runs import process_create_time, write_state
 
@@ -52,6 +53,7 @@ class Supervisor:
         self.stop_requested_at: float | None = None
         self.grace = float(spec.get("grace_seconds", 30))
         self.proc: subprocess.Popen | None = None
+        self.sinks = SinkPump(run_dir, spec.get("sinks"))
 
     def request_stop(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:  # noqa: ARG002
         if self.stop_requested_at is None:
@@ -84,28 +86,13 @@ class Supervisor:
                     pid_create_time=process_create_time(self.proc.pid),
                     supervisor_pid=os.getpid(), supervisor_create_time=process_create_time(os.getpid()))
 
-    def _sinks(self) -> Any:
-        if getattr(self, "_forwarder", None) is None and (self.spec.get("sinks") or {}).get("names"):
-            from rlctl.metrics.sinks import Forwarder
-
-            try:
-                self._forwarder = Forwarder(self.run_dir, self.spec["sinks"])
-            except Exception as e:  # a sink that cannot start must not stop training; say so in the log
-                with open(self.run_dir / "rlctl-events.jsonl", "a") as fh:
-                    fh.write(json.dumps({"event": "sink_error", "error": str(e)}) + "\n")
-                self.spec["sinks"] = {}
-                self._forwarder = None
-        return getattr(self, "_forwarder", None)
-
     def loop(self) -> int:
         assert self.proc is not None
         backend = self.spec["backend"]
         while True:
             code = self.proc.poll()
             ingest(self.run_dir, backend)
-            fwd = self._sinks()
-            if fwd is not None:
-                fwd.pump()
+            self.sinks.pump()
             self._housekeeping()
             if self.on_tick:
                 self.on_tick(self.run_dir)
@@ -139,10 +126,7 @@ class Supervisor:
                 time.sleep(0.1)
             _signal_group(self.proc.pid, signal.SIGKILL)
         ingest(self.run_dir, self.spec["backend"], final=True)
-        fwd = self._sinks()
-        if fwd is not None:
-            with contextlib.suppress(Exception):
-                fwd.close()
+        self.sinks.pump(close=True)
         if self.on_tick:
             self.on_tick(self.run_dir)
         if self.stop_requested_at is not None:

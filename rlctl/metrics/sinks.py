@@ -112,3 +112,30 @@ class Forwarder:
         self.pump()
         for s in self.sinks:
             s.close()
+
+
+class SinkPump:
+    """What a run's follower calls each tick: makes the Forwarder on first use and never lets a sink (a W&B
+    outage, a missing package) stop the follower — the first error is recorded and the sinks are switched off."""
+
+    def __init__(self, run_dir: Path, spec: dict[str, Any] | None):
+        self.run_dir = run_dir
+        self.spec = spec or {}
+        self.forwarder: Forwarder | None = None
+        self.off = not self.spec.get("names")
+
+    def pump(self, close: bool = False) -> None:
+        if self.off:
+            return
+        try:
+            if self.forwarder is None:
+                self.forwarder = Forwarder(self.run_dir, self.spec)
+            if close:
+                self.forwarder.close()
+                self.off = True
+            else:
+                self.forwarder.pump()
+        except Exception as e:
+            self.off = True
+            with open(self.run_dir / "rlctl-events.jsonl", "a") as fh:
+                fh.write(json.dumps({"event": "sink_error", "error": str(e)}) + "\n")
