@@ -79,28 +79,25 @@ def cluster_info(address: str, timeout: float = 5.0) -> dict[str, Any]:
                        "cpus": int(n.get("resources_total", {}).get("CPU", 0))} for n in alive]}
 
 
-def job_status(address: str, job_id: str, timeout: float = 5.0) -> str | None:
+def _job_field(method: str, address: str, path: str, key: str, timeout: float, data: bytes | None = None) -> Any:
+    """One field of a job-API answer, or None when the cluster cannot be reached or answers something else."""
     try:
-        info = _http("GET", f"{normalize_address(address)}/api/jobs/{job_id}", timeout)
+        info = _http(method, f"{normalize_address(address)}/api/jobs/{path}", timeout, data)
     except (urllib.error.URLError, OSError, TimeoutError):
         return None
-    return info.get("status") if isinstance(info, dict) else None
+    return info.get(key) if isinstance(info, dict) else None
+
+
+def job_status(address: str, job_id: str, timeout: float = 5.0) -> str | None:
+    return _job_field("GET", address, job_id, "status", timeout)
 
 
 def job_logs(address: str, job_id: str, timeout: float = 30.0) -> str | None:
-    try:
-        info = _http("GET", f"{normalize_address(address)}/api/jobs/{job_id}/logs", timeout)
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return None
-    return info.get("logs") if isinstance(info, dict) else None
+    return _job_field("GET", address, f"{job_id}/logs", "logs", timeout)
 
 
 def stop_job_rest(address: str, job_id: str) -> bool:
-    try:
-        r = _http("POST", f"{normalize_address(address)}/api/jobs/{job_id}/stop", data=b"{}")
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return False
-    return bool(r.get("stopped")) if isinstance(r, dict) else False
+    return bool(_job_field("POST", address, f"{job_id}/stop", "stopped", 10.0, data=b"{}"))
 
 
 def catch_up_logs(run_dir: Path, state: dict[str, Any]) -> None:
