@@ -214,8 +214,9 @@ def diagnose(run_dir: Path) -> list[Finding]:
     return diagnose_records(list(iter_metrics(run_dir / METRICS)), thresholds(run_dir))
 
 
-def headline(run_dir: Path) -> str | None:
-    findings = diagnose(run_dir)
+def headline(run_dir: Path, records: list[dict[str, Any]] | None = None) -> str | None:
+    """The most serious finding, over `records` (e.g. the tail status read) or the whole stream."""
+    findings = diagnose(run_dir) if records is None else diagnose_records(records, thresholds(run_dir))
     if not findings:
         return None
     f = findings[0]

@@ -11,7 +11,7 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +106,7 @@ class RunStatus:
     total: int | None
     latest: dict[str, Any]
     last_step_time: float | None
+    records: list[dict[str, Any]] = field(default_factory=list)  # the tail of metrics.jsonl that was read
 
     @property
     def elapsed(self) -> float | None:
@@ -161,4 +162,5 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     latest = merged[step] if step is not None else {}
     last_time = max((r.get("time", 0) for r in records), default=None) if records else None
     status = true_status(run_dir, state, last_time, stall_after)
-    return RunStatus(run_dir.name, run_dir, state, status, step, state.get("total_steps"), latest, last_time)
+    return RunStatus(run_dir.name, run_dir, state, status, step, state.get("total_steps"), latest, last_time,
+                     records)

@@ -45,10 +45,10 @@ def gpu_stats() -> list[dict[str, Any]] | None:
 def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
     from rlctl.checkpoints import find_checkpoints
     from rlctl.health import health_flags, series
-    from rlctl.metrics.stream import METRICS, by_step, ingest_stats, tail_records
+    from rlctl.metrics.stream import by_step, ingest_stats
     from rlctl.schedules import sparkline
 
-    merged = by_step(tail_records(rs.path / METRICS))
+    merged = by_step(rs.records)  # the tail run_status already read: status never reads the whole stream
     metrics = {}
     for key in KEY_METRICS:
         s = series(merged, key)
@@ -61,7 +61,7 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
     try:
         from rlctl.doctor import headline
 
-        doctor = headline(rs.path)
+        doctor = headline(rs.path, rs.records)
     except Exception:
         doctor = None
     return {
