@@ -72,8 +72,8 @@ def make_model(arch_name: str, out: Path) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from rlctl.models import KNOWN
-    from rlctl.tiny import byte_tokenizer
+    from rlctl.recipe.models import KNOWN
+    from rlctl.recipe.tiny_model import byte_tokenizer
 
     a = KNOWN[arch_name.lower()]
     cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
@@ -91,9 +91,9 @@ def measure_one(recipe_path: Path) -> dict:
     """Child process: run the rendered TRL config for 3 steps and report the CUDA peak."""
     import torch
 
-    from backends.trl import TRLBackend
-    from backends.trl.runner import main as run
-    from rlctl.recipe import load
+    from rlctl.backends.trl import TRLBackend
+    from rlctl.backends.trl.runner import main as run
+    from rlctl.recipe.loader import load
 
     r = load(recipe_path).recipe
     plan = TRLBackend().render(r, 16)
@@ -116,9 +116,9 @@ def main() -> None:
         return
     import torch
 
-    from rlctl.memory import GiB, trainer_memory
-    from rlctl.models import resolve_arch
-    from rlctl.recipe import load
+    from rlctl.estimate.memory import GiB, trainer_memory
+    from rlctl.recipe.loader import load
+    from rlctl.recipe.models import resolve_arch
 
     results = []
     with tempfile.TemporaryDirectory() as d:

@@ -116,7 +116,7 @@ def ingestion(mb: int, filler: int = 0) -> list[tuple[str, float, float]]:
 
 
 def status_latency(sizes_mb: list[int]) -> list[tuple[int, float]]:
-    from rlctl.runs import run_status
+    from rlctl.runs.state import run_status
 
     rows = []
     rec = json.dumps({"step": 0, "time": 0.0, "reward/mean": 0.5, "kl": 0.001, "policy_loss": 0.01,
@@ -149,7 +149,7 @@ PRINTER = ("import sys\nline = ('step:1 - critic/score/mean:0.5 - ' + 'x' * 200 
 
 
 def passthrough(mb: int) -> tuple[float, float]:
-    from rlctl.launch.supervisor import Supervisor
+    from rlctl.executors.local import Supervisor
 
     code = PRINTER.format(mb=mb)
     with tempfile.TemporaryDirectory() as d:

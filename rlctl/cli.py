@@ -44,7 +44,7 @@ def _echo(text: str) -> None:
 @recipe_app.command("show")
 def recipe_show(recipe: RecipeArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Print the resolved recipe (extends and --set applied, defaults filled in)."""
-    from rlctl.recipe import load
+    from rlctl.recipe.loader import load
 
     resolved = load(recipe, set_)
     _echo(resolved.to_json() if as_json else resolved.to_toml())
@@ -59,7 +59,7 @@ def render(
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Don't check flags against the backend.")] = False,
 ) -> None:
     """Print exactly what would be launched: command, environment, and files. Exit 1 if a flag/key is unknown."""
-    from rlctl.planning import prepare
+    from rlctl.recipe.planning import prepare
 
     prep = prepare(recipe, set_)
     findings = [] if no_validate else prep.validate()
@@ -93,12 +93,12 @@ def preflight(
 ) -> None:
     """Run every check that needs no GPU. Exit 0 if nothing fails, 1 if a check fails, 2 for unusable input."""
     from rlctl import preflight as pf
-    from rlctl.planning import prepare
+    from rlctl.recipe.planning import prepare
 
     prep = prepare(recipe, set_)
     results = pf.run(prep, only)
     if plot is not None:
-        from rlctl.plots import plot_lr
+        from rlctl.ui.plots import plot_lr
 
         plot_lr(prep.backend.schedule(prep.recipe, prep.dataset_size), prep.recipe, plot)
         typer.echo(f"wrote {plot}", err=True)
@@ -107,7 +107,7 @@ def preflight(
                           "ok": not pf.failed(results), "results": [r.to_dict() for r in results]},
                          indent=2, default=str))
     else:
-        from rlctl.tables import preflight_table
+        from rlctl.ui.tables import preflight_table
 
         preflight_table(results, f"preflight: {prep.resolved.path.name} ({prep.plan.backend} {prep.plan.version})")
     if pf.failed(results):
@@ -128,8 +128,8 @@ def launch(
     grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL on stop.")] = 30.0,
 ) -> None:
     """Preflight, patch, create the run directory and start training; stream progress unless --detach."""
-    from rlctl.launch import LaunchOptions
-    from rlctl.launch import launch as do_launch
+    from rlctl.runs.launch import LaunchOptions
+    from rlctl.runs.launch import launch as do_launch
 
     if executor not in (None, "local", "ray"):
         raise RlctlError(f"--executor {executor!r}: expected local or ray.")
@@ -146,8 +146,8 @@ def stop(
     grace: Annotated[float, typer.Option("--grace", help="Seconds to wait before SIGKILL.")] = 30.0,
 ) -> None:
     """Stop a run cleanly: SIGTERM to its process group (or the Ray job), SIGKILL after the grace period."""
-    from rlctl.runs import find_run
-    from rlctl.stopping import stop_run
+    from rlctl.runs.state import find_run
+    from rlctl.runs.stopping import stop_run
 
     _echo(stop_run(find_run(run), grace))
 
@@ -160,8 +160,8 @@ def logs(
     lines: Annotated[int, typer.Option("--lines", "-n", help="Start this many lines from the end (0 = all).")] = 0,
 ) -> None:
     """Print a run's raw log or its unified metrics stream (JSON lines)."""
-    from rlctl.logs import show_logs
-    from rlctl.runs import find_run
+    from rlctl.runs.logs import show_logs
+    from rlctl.runs.state import find_run
 
     show_logs(find_run(run), follow=follow, metrics=metrics, lines=lines)
 
@@ -175,7 +175,7 @@ def status(
     stall_after: Annotated[float, typer.Option("--stall-after", help="Seconds without a new step = stalled.")] = 1800,
 ) -> None:
     """Runs at a glance, or one run's progress, metrics, health and disk."""
-    from rlctl.status import show_status
+    from rlctl.runs.status import show_status
 
     show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after)
 
@@ -274,7 +274,7 @@ def metrics(
     csv: Annotated[bool, typer.Option("--csv", help="Print step,run,key,value rows.")] = False,
 ) -> None:
     """Compare runs: overlaid curves (--plot), CSV, or the latest value of each key."""
-    from rlctl.compare import compare
+    from rlctl.metrics.compare import compare
 
     _echo(compare(runs, [k.strip() for k in keys.split(",") if k.strip()], plot, csv))
 
@@ -283,8 +283,8 @@ def metrics(
 def doctor(run: RunArg, as_json: JsonOpt = False) -> None:
     """Diagnose a run with the tuning playbook: flat learning, instability, spikes, collapse, truncation,
     zero-variance groups, train/eval divergence. Exit 1 when a critical finding is made."""
-    from rlctl.doctor import diagnose, to_json
-    from rlctl.runs import find_run
+    from rlctl.runs.doctor import diagnose, to_json
+    from rlctl.runs.state import find_run
 
     run_dir = find_run(run)
     findings = diagnose(run_dir)
@@ -302,8 +302,8 @@ def doctor(run: RunArg, as_json: JsonOpt = False) -> None:
 @ckpt_app.command("list")
 def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
     """Each checkpoint: step, size, complete or not, and which eval scored best."""
-    from rlctl.checkpoints import best_checkpoint, find_checkpoints
-    from rlctl.runs import find_run, read_state
+    from rlctl.runs.checkpoints import best_checkpoint, find_checkpoints
+    from rlctl.runs.state import find_run, read_state
 
     run_dir = find_run(run)
     ckpts = find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
@@ -329,8 +329,8 @@ def ckpt_prune(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be deleted.")] = False,
 ) -> None:
     """Delete old checkpoints; never the newest complete one, one being written, or anything outside the run."""
-    from rlctl.checkpoints import prune
-    from rlctl.runs import find_run, read_state
+    from rlctl.runs.checkpoints import prune
+    from rlctl.runs.state import find_run, read_state
 
     run_dir = find_run(run)
     doomed = prune(read_state(run_dir).get("backend", ""), run_dir, keep_last, keep_best, dry_run)
@@ -344,7 +344,7 @@ def model_tiny(
     source: Annotated[str, typer.Option("--source", help="random:qwen2?hidden=64&layers=2")] = "random:qwen2",
 ) -> None:
     """A tiny randomly initialised model with a byte-level tokenizer (needs the [trl] extra)."""
-    from rlctl.tiny import make_tiny, parse_random_source
+    from rlctl.recipe.tiny_model import make_tiny, parse_random_source
 
     parse_random_source(source)
     try:

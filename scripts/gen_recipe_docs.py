@@ -11,7 +11,7 @@ sys.path.insert(0, str(ROOT))
 
 from pydantic_core import PydanticUndefined  # noqa: E402
 
-from rlctl.schema import SECTIONS  # noqa: E402
+from rlctl.recipe.schema import SECTIONS  # noqa: E402
 
 # key -> (OpenRLHF 0.9.x flag / 0.11 flag, prime-rl v0.3 key, verl override, TRL GRPOConfig field)
 MAP = {

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backends._static import argparse_flags, dataclass_fields, pydantic_key_paths, yaml_key_paths  # noqa: E402
+from rlctl.backends._static import argparse_flags, dataclass_fields, pydantic_key_paths, yaml_key_paths  # noqa: E402
 
 OUT = ROOT / "backends" / "snapshots"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rlctl import checkpoints as ck
-from rlctl.doctor import diagnose, diagnose_records
 from rlctl.errors import RlctlError
 from rlctl.metrics.stream import ingest
+from rlctl.runs import checkpoints as ck
+from rlctl.runs.doctor import diagnose, diagnose_records
 from tests.conftest import FIXTURES
 
 
@@ -248,7 +248,7 @@ def test_model_tiny_command(tmp_path, cli):
 
 
 def test_wandb_run_id_is_stable_across_resume(tmp_path):
-    from rlctl.launch import wandb_run_id
+    from rlctl.runs.launch import wandb_run_id
 
     first = tmp_path / "first-20261122-101010"
     first.mkdir()

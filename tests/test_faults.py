@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from rlctl.data import count_records
-from rlctl.launch.rundir import create_run_dir
-from rlctl.launch.supervisor import Supervisor
-from rlctl.runs import process_create_time, read_state, run_status
+from rlctl.executors.local import Supervisor
+from rlctl.recipe.data import count_records
+from rlctl.runs.rundir import create_run_dir
+from rlctl.runs.state import process_create_time, read_state, run_status
 from tests.conftest import RECIPES
 
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rlctl.launch.rundir import create_run_dir
-from rlctl.launch.supervisor import Supervisor
-from rlctl.runs import process_alive, read_state, run_status
+from rlctl.executors.local import Supervisor
+from rlctl.runs.rundir import create_run_dir
+from rlctl.runs.state import process_alive, read_state, run_status
 from tests.conftest import RECIPES
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def cleanup_runs(runs: Path) -> None:
                     with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
                         kill(pid, signal.SIGKILL)
         if state.get("ray_started_head") and state.get("ray_head_pid"):
-            from rlctl.launch.ray_executor import stop_head
+            from rlctl.executors.ray import stop_head
 
             stop_head(state["ray_head_pid"], state.get("ray_head_temp_dir"), grace=1)
 

@@ -10,7 +10,7 @@ from collections import namedtuple
 import pytest
 
 from rlctl import preflight as pf
-from rlctl.planning import prepare
+from rlctl.recipe.planning import prepare
 from tests.conftest import RECIPES
 
 OPENRLHF = RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"
@@ -105,7 +105,7 @@ def test_context_budget_ok_on_the_fixed_seed():
 
 def test_prompt_lengths_measured_with_a_local_tokenizer(tmp_path, pool):
     pytest.importorskip("transformers")
-    from rlctl.tiny import make_tiny
+    from rlctl.recipe.tiny_model import make_tiny
 
     model = make_tiny(tmp_path / "tiny")
     data = tmp_path / "p.jsonl"

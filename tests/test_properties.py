@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rlctl.errors import RlctlError
 from rlctl.metrics.parsers import PARSERS, Malformed
 from rlctl.metrics.stream import METRICS, ingest, iter_metrics
-from rlctl.recipe import load, parse_set
+from rlctl.recipe.loader import load, parse_set
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 toml_like = st.text(alphabet=st.sampled_from(list("[]=.\"'#\n abcdegknrt_0123456789-{},:\\")), max_size=200)

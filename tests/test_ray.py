@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from rlctl.launch.ray_executor import LocalHead, cluster_info, job_status
-from rlctl.runs import process_alive, read_state, run_status
+from rlctl.executors.ray import LocalHead, cluster_info, job_status
+from rlctl.runs.state import process_alive, read_state, run_status
 from tests.conftest import RECIPES
 from tests.test_launch import cleanup_runs, metrics, only_run, rlctl, wait_for
 

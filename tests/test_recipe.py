@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rlctl.errors import RecipeError
-from rlctl.recipe import load, locate, parse_set
+from rlctl.recipe.loader import load, locate, parse_set
 from tests.conftest import MINIMAL, RECIPES
 
 

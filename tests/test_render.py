@@ -10,10 +10,10 @@ import tomllib
 
 import pytest
 
-from backends import get_backend
-from backends._static import argparse_flags, dataclass_fields, pydantic_key_paths
-from backends.base import LaunchPlan, load_snapshot
-from rlctl.planning import prepare
+from rlctl.backends import get_backend
+from rlctl.backends._static import argparse_flags, dataclass_fields, pydantic_key_paths
+from rlctl.backends.base import LaunchPlan, load_snapshot
+from rlctl.recipe.planning import prepare
 from tests.conftest import RECIPES, ROOT
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -186,7 +186,7 @@ def test_render_json(cli):
 
 def test_trl_keys_validate_against_the_installed_trl():
     pytest.importorskip("trl")
-    from backends._static import installed_version
+    from rlctl.backends._static import installed_version
 
     prep = prepare(RECIPES / "quickstart.toml")
     known, version, source = prep.backend.definitions(installed_version("trl"), installed_version("trl"))

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from rlctl.planning import prepare
-from rlctl.schedules import hf_schedule, prime_rl_schedule, sparkline, verl_schedule
+from rlctl.estimate.schedules import hf_schedule, prime_rl_schedule, sparkline, verl_schedule
+from rlctl.recipe.planning import prepare
 from tests.conftest import RECIPES
 
 torch = pytest.importorskip("torch")

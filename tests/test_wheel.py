@@ -27,8 +27,8 @@ def test_wheel_contents_and_lookup(tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True)
-    code = ("import rlctl, backends.base as b; from rlctl.resources import recipes_dir, patches_dir;"
-            "from rlctl.planning import prepare; p = prepare('quickstart');"
+    code = ("import rlctl, rlctl.backends.base as b; from rlctl.resources import recipes_dir, patches_dir;"
+            "from rlctl.recipe.planning import prepare; p = prepare('quickstart');"
             "print(rlctl.__file__); print(recipes_dir()); print(patches_dir());"
             "print(b.load_snapshot('openrlhf','0.9.3') is not None);"
             "print(p.plan.total_steps)")

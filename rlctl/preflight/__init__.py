@@ -63,7 +63,7 @@ class Context:
     @cached_property
     def arch(self):
         """The model architecture, or the RlctlError saying why it is unknown."""
-        from rlctl.models import resolve_arch
+        from rlctl.recipe.models import resolve_arch
 
         try:
             return resolve_arch(self.recipe.model.path)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rlctl.data import is_local, iter_records, prompt_text
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
+from rlctl.recipe.data import is_local, iter_records, prompt_text
 
 MAX_MEASURED = 20000  # prompts tokenized for the length statistics
 

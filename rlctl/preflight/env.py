@@ -112,7 +112,7 @@ def _writable(p: Path) -> bool:
 
 @check("env.output_dirs")
 def output_dirs(ctx: Context) -> Result:
-    from rlctl.runs import runs_root
+    from rlctl.runs.state import runs_root
 
     root = runs_root()
     bad = [str(p) for p in (root, Path(ctx.recipe.checkpoint.dir)) if not _writable(p)]
@@ -137,7 +137,7 @@ def ray_cluster(ctx: Context) -> Result | None:
                           'pip install "rlctl[ray]", or set resources.ray_address / RAY_ADDRESS')
         return Result("env.ray", OK, "no address: rlctl starts a Ray head on 127.0.0.1 for the run and stops it after")
     from rlctl.errors import RlctlError
-    from rlctl.launch.ray_executor import cluster_info
+    from rlctl.executors.ray import cluster_info
 
     try:
         info = cluster_info(address)

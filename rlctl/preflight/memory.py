@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rlctl.memory import GiB, colocation_mode, gpu_memory_gib, trainer_memory, trainer_resident, vllm_memory
+from rlctl.estimate.memory import GiB, colocation_mode, gpu_memory_gib, trainer_memory, trainer_resident, vllm_memory
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check, gib
 
 

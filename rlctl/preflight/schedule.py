@@ -3,8 +3,8 @@ preflight_lr.sh rule: abort if LR@20 < 30% of the target)."""
 
 from __future__ import annotations
 
+from rlctl.estimate.schedules import sparkline
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
-from rlctl.schedules import sparkline
 
 
 def _no_steps(ctx: Context) -> Result:

@@ -1,0 +1,200 @@
+"""TRL: GRPOTrainer driven by a rendered JSON config through `python3 -m rlctl.backends.trl.runner`.
+
+The runner lives here (not in TRL) so that a recipe is all it needs: a model path or `random:` tiny model, a
+prompts file, a reward function file. Keys are checked against GRPOConfig (+ transformers TrainingArguments).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlctl.backends._static import dataclass_fields, installed_version, package_file
+from rlctl.backends.base import Finding, LaunchPlan, check_keys, load_snapshot, nearest_snapshot
+from rlctl.estimate.schedules import hf_schedule
+
+if TYPE_CHECKING:
+    from rlctl.recipe.schema import Recipe
+
+CONFIG_FILE = "trl_config.json"
+RUNNER = "rlctl.backends.trl.runner"
+LOSS_TYPE = {"grpo": "grpo", "dr_grpo": "dr_grpo", "reinforce_baseline": "grpo", "ppo": "grpo"}
+
+
+class TRLBackend:
+    name = "trl"
+    packages = ("trl", "transformers")
+    known_versions = ("1.16.0",)
+
+    def target_version(self, recipe: Recipe) -> str:
+        return recipe.backend.version or installed_version("trl") or self.known_versions[-1]
+
+    def world_size(self, recipe: Recipe) -> int:
+        return max(recipe.trainer_gpu_count, 1)
+
+    # ---- steps and schedule ----------------------------------------------------------------------------------
+    def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
+        """rlctl renders max_steps explicitly: TRL then runs exactly that many optimizer steps."""
+        if recipe.train.steps is not None:
+            return recipe.train.steps
+        if dataset_size is None:
+            return None
+        return (dataset_size * recipe.rollout.group_size // recipe.train.train_batch_size
+                * (recipe.train.episodes or 1) * recipe.train.epochs_per_rollout)
+
+    def warmup_steps(self, recipe: Recipe, total: int) -> int:
+        # transformers TrainingArguments.get_warmup_steps: int(w) if w >= 1 else ceil(total * w)
+        w = self._warmup_value(recipe)
+        return int(w) if w >= 1 else math.ceil(total * w)
+
+    def _warmup_value(self, recipe: Recipe) -> float:
+        if recipe.optim.warmup_steps is not None:
+            return float(recipe.optim.warmup_steps)
+        return recipe.optim.warmup_ratio or 0.0
+
+    def _scheduler(self, recipe: Recipe) -> tuple[str, dict[str, Any]]:
+        s = recipe.optim.schedule
+        if s == "cosine_with_min_lr":
+            return "cosine_with_min_lr", {"min_lr_rate": recipe.optim.min_lr_ratio}
+        if s == "constant":
+            return ("constant_with_warmup" if self._warmup_value(recipe) else "constant"), {}
+        return s, {}
+
+    def schedule(self, recipe: Recipe, dataset_size: int | None) -> list[float]:
+        total = self.total_steps(recipe, dataset_size)
+        if not total:
+            return []
+        name, kw = self._scheduler(recipe)
+        return hf_schedule(name, recipe.optim.lr, self.warmup_steps(recipe, total), total, kw.get("min_lr_rate", 0.0))
+
+    # ---- render ----------------------------------------------------------------------------------------------
+    def grpo_config(self, recipe: Recipe, dataset_size: int | None) -> dict[str, Any]:
+        r = recipe
+        world = self.world_size(r)
+        micro = r.train.micro_batch_size
+        accum = max(r.train.train_batch_size // (micro * world), 1)
+        sched, sched_kw = self._scheduler(r)
+        total = self.total_steps(r, dataset_size)
+        cfg: dict[str, Any] = {
+            "output_dir": r.checkpoint.dir,
+            "num_generations": r.rollout.group_size,
+            "generation_batch_size": r.samples_per_rollout,
+            "per_device_train_batch_size": micro,
+            "gradient_accumulation_steps": accum,
+            "num_iterations": r.train.epochs_per_rollout,
+            "max_completion_length": r.rollout.max_tokens,
+            "temperature": r.rollout.temperature,
+            "top_p": r.rollout.top_p,
+            "learning_rate": r.optim.lr,
+            "lr_scheduler_type": sched,
+            "warmup_steps": self._warmup_value(r),
+            "max_grad_norm": r.optim.max_grad_norm,
+            "weight_decay": r.optim.weight_decay,
+            "beta": r.algorithm.kl_coef,
+            "epsilon": r.algorithm.eps_clip,
+            "loss_type": LOSS_TYPE[r.algorithm.name],
+            "gradient_checkpointing": r.train.gradient_checkpointing,
+            "bf16": r.model.dtype == "bfloat16" and r.resources.gpus_per_node > 0,
+            "seed": r.train.seed,
+            "logging_steps": 1,
+            "disable_tqdm": True,
+            "report_to": (["wandb"] if r.logging.wandb else []) + (["tensorboard"] if r.logging.tensorboard else []),
+            "run_name": (r.logging.wandb.name if r.logging.wandb else None) or r.name,
+        }
+        if sched_kw:
+            cfg["lr_scheduler_kwargs"] = sched_kw
+        if total:
+            cfg["max_steps"] = total
+        if r.algorithm.name == "dr_grpo":
+            cfg["scale_rewards"] = "none"
+        if r.checkpoint.every:
+            cfg["save_strategy"] = "steps"
+            cfg["save_steps"] = r.checkpoint.every
+        else:
+            cfg["save_strategy"] = "no"
+        if r.checkpoint.keep_last:
+            cfg["save_total_limit"] = r.checkpoint.keep_last
+        if r.resources.gpus_per_node == 0:
+            cfg["use_cpu"] = True
+        if r.rollout.engines and r.resources.gpus_per_node > 0 and r.backend.extra().get("use_vllm"):
+            cfg["vllm_gpu_memory_utilization"] = r.rollout.gpu_memory_utilization
+        if r.data.eval and r.eval.every:
+            cfg["eval_strategy"] = "steps"
+            cfg["eval_steps"] = r.eval.every
+        cfg.update(r.backend.extra())
+        return cfg
+
+    def config(self, recipe: Recipe, dataset_size: int | None) -> dict[str, Any]:
+        r = recipe
+        out: dict[str, Any] = {
+            "model": r.model.path,
+            "dtype": r.model.dtype,
+            "train_data": r.data.train,
+            "eval_data": r.data.eval,
+            "input_key": r.data.input_key,
+            "max_prompt_tokens": r.data.max_prompt_tokens,
+            "reward_file": r.reward.function,
+            "reward_name": r.reward.function_name,
+            "lora": None,
+            "grpo": self.grpo_config(r, dataset_size),
+        }
+        if r.lora:
+            out["lora"] = {"r": r.lora.rank, "lora_alpha": r.lora.alpha, "lora_dropout": r.lora.dropout,
+                           "target_modules": r.lora.target_modules}
+        if r.logging.wandb:
+            out["wandb"] = {"project": r.logging.wandb.project, "entity": r.logging.wandb.entity}
+        return out
+
+    def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
+        cfg = self.config(recipe, dataset_size)
+        env = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **recipe.env}
+        if recipe.logging.wandb:
+            env["WANDB_PROJECT"] = recipe.logging.wandb.project
+            if recipe.logging.wandb.offline:
+                env["WANDB_MODE"] = "offline"
+            else:
+                env["WANDB_API_KEY"] = "${WANDB_API_KEY}"
+        return LaunchPlan(
+            backend=self.name, version=self.target_version(recipe),
+            argv=["python3", "-m", RUNNER, CONFIG_FILE], env=env,
+            files={CONFIG_FILE: json.dumps(cfg, indent=2) + "\n"},
+            keys=sorted(cfg["grpo"]), total_steps=self.total_steps(recipe, dataset_size),
+        )
+
+    # ---- validation ------------------------------------------------------------------------------------------
+    def definitions(self, installed: str | None, wanted: str) -> tuple[set[str], str, str]:
+        if installed and installed == wanted:
+            grpo = package_file("trl", "trainer/grpo_config.py")
+            base = package_file("trl", "trainer/base_config.py")
+            targs = package_file("transformers", "training_args.py")
+            if grpo and targs:
+                sources = {"trl.trainer.grpo_config": grpo.read_text(),
+                           "transformers.training_args": targs.read_text(),
+                           "transformers": "from transformers.training_args import TrainingArguments\n"}
+                if base:
+                    sources["trl.trainer.base_config"] = base.read_text()
+                return set(dataclass_fields(sources, "GRPOConfig")), installed, f"installed {grpo}"
+        snap_version = nearest_snapshot(self.name, wanted)
+        snap = load_snapshot(self.name, snap_version) if snap_version else None
+        if snap is None:
+            return set(), wanted, "no snapshot"
+        exact = "" if snap_version == wanted else f", nearest to {wanted}"
+        return set(snap["keys"]), snap_version, f"snapshot of {snap['source']}{exact}"
+
+    def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
+        known, version, source = self.definitions(installed_version, plan.version or self.known_versions[-1])
+        if not known:
+            return [Finding("warn", "trl", f"no GRPOConfig definition for trl {version}; keys not checked")]
+        return check_keys(self.name, plan.keys, known, version, source, kind="GRPOConfig field")
+
+    def parse(self, line: str) -> dict[str, Any] | None:
+        from rlctl.metrics.parsers import parse_trl
+
+        return parse_trl(line)
+
+    def checkpoints(self, run_dir: Path) -> list[Any]:
+        from rlctl.runs.checkpoints import find_checkpoints
+
+        return find_checkpoints(self.name, run_dir)

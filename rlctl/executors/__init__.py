@@ -1,0 +1,1 @@
+"""Executors: where a run's process tree lives (a local process group or a Ray job)."""

@@ -1,0 +1,1 @@
+"""The recipe: schema, loading (extends, --set), what it references (data, models), and its plan."""

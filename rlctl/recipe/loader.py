@@ -1,0 +1,355 @@
+"""Loading recipes: TOML (tomlkit), `extends` chains, `--set a.b=c` overrides, and errors a person can act on.
+
+Every error names the file and line of the offending key, says what was expected, and where it can, what was
+meant ("did you mean `rollout.group_size`?").
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+import tomlkit.exceptions
+from pydantic import ValidationError
+
+from rlctl.errors import RecipeError
+from rlctl.recipe.schema import ALIASES, SECTIONS, Recipe, all_key_paths
+from rlctl.resources import bundled_recipe
+
+# Keys whose values are file paths, resolved relative to the recipe file that set them.
+PATH_KEYS = ("data.train", "data.eval", "reward.function", "model.path", "patches.dir")
+
+
+@dataclass
+class ResolvedRecipe:
+    recipe: Recipe
+    data: dict[str, Any]  # the merged raw mapping, as validated
+    path: Path  # the top recipe file
+    origins: dict[str, Path] = field(default_factory=dict)  # dotted key -> the file that set it ("--set" for CLI)
+    chain: list[Path] = field(default_factory=list)  # the extends chain, base first
+
+    def to_toml(self) -> str:
+        return dump_toml(self.recipe.model_dump(mode="json", exclude_none=True))
+
+    def to_json(self) -> str:
+        return json.dumps(self.recipe.model_dump(mode="json"), indent=2, sort_keys=False)
+
+
+def dump_toml(data: dict[str, Any]) -> str:
+    doc = tomlkit.document()
+    scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    tables = {k: v for k, v in data.items() if isinstance(v, dict)}
+    for k, v in scalars.items():
+        doc[k] = v
+    for k, v in tables.items():
+        doc[k] = _table(v)
+    return tomlkit.dumps(doc)
+
+
+def _table(d: dict[str, Any]) -> Any:
+    t = tomlkit.table()
+    for k, v in d.items():
+        if not isinstance(v, dict):
+            t[k] = v
+    for k, v in d.items():
+        if isinstance(v, dict):
+            t[k] = _table(v) if v else tomlkit.table()
+    return t
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reading one file
+
+
+def read_toml(path: Path) -> tuple[dict[str, Any], str]:
+    """Read and parse one TOML file; every way it can fail becomes a RecipeError naming the file."""
+    if not path.exists():
+        hint = None
+        bundled = bundled_recipe(path.name)
+        if bundled is not None:
+            hint = f"a bundled recipe of that name exists: {bundled}"
+        raise RecipeError(f"{path}: no such file.", hint=hint or "check the path (relative to the current directory).")
+    if path.is_dir():
+        raise RecipeError(f"{path}: is a directory, expected a recipe .toml file.",
+                          hint="name the .toml file inside it.")
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise RecipeError(f"{path}: cannot be read ({e.strerror}).") from None
+    if not raw.strip():
+        raise RecipeError(f"{path}: the file is empty; a recipe needs at least [backend], [model] and [data].")
+    if b"\x00" in raw[:8192]:
+        raise RecipeError(f"{path}: looks like a binary file, not TOML text.", hint="point rlctl at the recipe .toml.")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise RecipeError(f"{path}:{line}: not valid UTF-8 text (byte {e.start}).") from None
+    try:
+        doc = tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as e:
+        line = getattr(e, "line", None)
+        col = getattr(e, "col", None)
+        where = f"{path}:{line}:{col}" if line else str(path)
+        msg = str(e).split(" at line")[0]
+        raise RecipeError(
+            f"{where}: malformed TOML: {msg}.", hint="fix the syntax at that line (strings need quotes)."
+        ) from None
+    except Exception as e:  # tomlkit raises assorted errors on odd input; none must escape as a traceback
+        raise RecipeError(f"{path}: malformed TOML: {e}.") from None
+    return _plain(doc.unwrap()), text
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_.\"' -]+?)\s*=")
+
+
+def locate(text: str, dotted: str) -> int | None:
+    """The line (1-based) where `dotted` is set in a TOML text, or None. Handles tables and dotted keys."""
+    target = dotted.split(".")
+    table: list[str] = []
+    best = None
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        m = _HEADER.match(line)
+        if m:
+            table = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+            if table == target and best is None:
+                best = lineno
+            continue
+        k = _KEY.match(line)
+        if k:
+            key = table + [p.strip().strip("\"'") for p in k.group(1).split(".")]
+            if key == target:
+                return lineno
+            if best is None and key[: len(target)] == target:
+                best = lineno
+    return best
+
+
+# --------------------------------------------------------------------------------------------------------------
+# extends and --set
+
+
+def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[str, Path], list[Path], dict[Path, str]]:
+    path = path.resolve()
+    if path in seen:
+        cycle = " -> ".join(str(p) for p in [*seen, path])
+        raise RecipeError(f"{seen[-1]}: `extends` forms a cycle: {cycle}.", hint="remove one of the extends.")
+    data, text = read_toml(path)
+    texts = {path: text}
+    _resolve_paths(data, path.parent)
+    parent = data.pop("extends", None)
+    if parent is None:
+        origins = {k: path for k in _leaf_paths(data)}
+        return data, origins, [path], texts
+    if not isinstance(parent, str):
+        line = locate(text, "extends")
+        raise RecipeError(f"{path}:{line}: `extends` must be a file path string, got {type(parent).__name__}.")
+    base_path = (path.parent / parent) if not Path(parent).is_absolute() else Path(parent)
+    if not base_path.exists() and bundled_recipe(parent) is not None:
+        base_path = bundled_recipe(parent)  # type: ignore[assignment]
+    try:
+        base, origins, chain, base_texts = _load_chain(base_path, [*seen, path])
+    except RecipeError as e:
+        if not base_path.exists():
+            line = locate(text, "extends")
+            raise RecipeError(f"{path}:{line}: extends {parent!r}, but {base_path} does not exist.") from None
+        raise e from None
+    texts.update(base_texts)
+    merged = deep_merge(base, data)
+    for k in _leaf_paths(data):
+        origins[k] = path
+    return merged, origins, [*chain, path], texts
+
+
+def _resolve_paths(data: dict[str, Any], base: Path) -> None:
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        sect = data.get(section)
+        if isinstance(sect, dict) and isinstance(sect.get(name), str):
+            value = sect[name]
+            if value.startswith("random:") or Path(value).is_absolute():
+                continue
+            candidate = base / value
+            if candidate.exists() or value.startswith("./") or value.startswith("../"):
+                sect[name] = str(candidate.resolve())
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _leaf_paths(data: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in data.items():
+        p = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict) and v:
+            out.extend(_leaf_paths(v, p))
+        else:
+            out.append(p)
+    return out
+
+
+def parse_set(expr: str) -> tuple[list[str], Any]:
+    """`rollout.group_size=16` -> (["rollout", "group_size"], 16). Values are TOML values; bare words are strings."""
+    key, sep, raw = expr.partition("=")
+    key = key.strip()
+    if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key):
+        raise RecipeError(
+            f"--set {expr!r}: expected KEY=VALUE with a dotted key.", hint="e.g. --set rollout.group_size=16"
+        )
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.split("."), value
+
+
+def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path]) -> None:
+    for expr in sets:
+        keys, value = parse_set(expr)
+        node = data
+        for k in keys[:-1]:
+            nxt = node.get(k)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[k] = nxt
+            node = nxt
+        node[keys[-1]] = value
+        origins[".".join(keys)] = Path("--set")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# validation with useful messages
+
+
+def suggest(dotted: str) -> str | None:
+    """A did-you-mean for an unknown dotted key: an alias, the same name in another section, or a close spelling."""
+    leaf = dotted.split(".")[-1]
+    section = dotted.rsplit(".", 1)[0] if "." in dotted else ""
+    if leaf in ALIASES:
+        return ALIASES[leaf]
+    if dotted in ALIASES:
+        return ALIASES[dotted]
+    known = all_key_paths()
+    same_leaf = [p for p in known if p.split(".")[-1] == leaf and p != dotted]
+    if same_leaf:
+        return same_leaf[0]
+    siblings = [p.split(".")[-1] for p in known if (p.rsplit(".", 1)[0] if "." in p else "") == section]
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+    if close:
+        return f"{section}.{close[0]}" if section else close[0]
+    close = difflib.get_close_matches(dotted, known, n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
+def _unknown_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    model = SECTIONS.get(prefix)
+    if model is None:
+        return []
+    out = []
+    for k, v in data.items():
+        p = f"{prefix}.{k}" if prefix else k
+        if k not in model.model_fields:
+            out.append(p)
+        elif isinstance(v, dict) and p in SECTIONS and not p.endswith(".extra") and p != "doctor":
+            out.extend(_unknown_keys(v, p))
+    return out
+
+
+def _where(dotted: str, origins: dict[str, Path], texts: dict[Path, str], top: Path) -> str:
+    src = origins.get(dotted)
+    if src is None:
+        # a section-level error: use the file that set any key under it
+        for k, v in origins.items():
+            if k.startswith(dotted + ".") or dotted.startswith(k + "."):
+                src = v
+                break
+    if src is None:
+        src = top
+    if str(src) == "--set":
+        return "--set"
+    line = locate(texts.get(src, ""), dotted)
+    return f"{src}:{line}" if line else str(src)
+
+
+def _expected(err: dict[str, Any]) -> str:
+    ctx = err.get("ctx") or {}
+    t = err["type"]
+    if t == "literal_error":
+        return f"one of {ctx.get('expected')}"
+    if t in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[t]
+        bound = next(iter(ctx.values()), "")
+        return f"a value {op} {bound}"
+    return err["msg"].lower()
+
+
+def validate(
+    data: dict[str, Any], origins: dict[str, Path], texts: dict[Path, str], top: Path
+) -> Recipe:
+    problems: list[str] = []
+    for dotted in _unknown_keys(data):
+        where = _where(dotted, origins, texts, top)
+        hint = suggest(dotted)
+        msg = f"{where}: unknown key `{dotted}`."
+        if hint:
+            section = hint.rsplit(".", 1)[0] if "." in hint else ""
+            if hint.split(".")[-1] == dotted.split(".")[-1] and section:
+                msg += f" It belongs in the [{section}] section: did you mean `{hint}`?"
+            else:
+                msg += f" Did you mean `{hint}`?"
+        problems.append(msg)
+    if problems:
+        raise RecipeError("\n".join(problems))
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        for err in e.errors():
+            dotted = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
+            where = _where(dotted, origins, texts, top)
+            if err["type"] == "missing":
+                section = dotted.rsplit(".", 1)[0] if "." in dotted else dotted
+                problems.append(f"{where}: missing required key `{dotted}`." + (
+                    f" Add it under [{section}]." if "." in dotted else f" Add a [{dotted}] table."
+                ))
+            elif err["type"] == "value_error":
+                problems.append(f"{where}: {err['msg'].removeprefix('Value error, ')}.")
+            else:
+                got = err.get("input")
+                got_s = json.dumps(got) if isinstance(got, (int, float, str, bool)) else type(got).__name__
+                problems.append(f"{where}: `{dotted}` = {got_s} is invalid: expected {_expected(err)}.")
+        raise RecipeError("\n".join(problems)) from None
+
+
+def load(path: str | Path, sets: list[str] | None = None) -> ResolvedRecipe:
+    """Load a recipe file (or a bundled recipe by name) with its extends chain and --set overrides, validated."""
+    p = Path(path)
+    if not p.exists() and bundled_recipe(str(path)) is not None and "/" not in str(path):
+        p = bundled_recipe(str(path))  # type: ignore[assignment]
+    data, origins, chain, texts = _load_chain(p, [])
+    apply_sets(data, sets or [], origins)
+    recipe = validate(data, origins, texts, p.resolve())
+    return ResolvedRecipe(recipe=recipe, data=data, path=p.resolve(), origins=origins, chain=chain)

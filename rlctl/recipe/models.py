@@ -1,0 +1,157 @@
+"""Model architectures for memory and placement checks: a local config.json, a `random:` model, or a table of
+well-known models (their public Hugging Face config values). Parameter counts are computed, not guessed."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlctl.errors import RecipeError
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    vocab: int
+    tie_embeddings: bool = False
+    head_dim: int | None = None
+    qkv_bias: bool = False
+    experts: int = 0  # MoE: routed experts per layer (0 = dense)
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    max_positions: int = 32768
+    weight_bytes_on_disk: float | None = None  # e.g. MXFP4 experts: what vLLM holds natively
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def attention_params(self) -> int:
+        q = self.hidden * self.heads * self.hd
+        kv = 2 * self.hidden * self.kv_heads * self.hd
+        o = self.heads * self.hd * self.hidden
+        bias = (self.heads + 2 * self.kv_heads) * self.hd if self.qkv_bias else 0
+        return q + kv + o + bias
+
+    @property
+    def mlp_params(self) -> int:
+        if self.experts:
+            return self.experts * 3 * self.hidden * self.expert_intermediate + self.hidden * self.experts
+        return 3 * self.hidden * self.intermediate
+
+    @property
+    def params(self) -> int:
+        per_layer = self.attention_params + self.mlp_params + 2 * self.hidden
+        embed = self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
+        return self.layers * per_layer + embed + self.hidden
+
+    @property
+    def active_params(self) -> int:
+        if not self.experts:
+            return self.params
+        active_mlp = self.experts_per_token * 3 * self.hidden * self.expert_intermediate
+        per_layer = self.attention_params + active_mlp + 2 * self.hidden
+        return self.layers * per_layer + self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        return 2 * self.layers * self.kv_heads * self.hd * dtype_bytes
+
+    def lora_params(self, rank: int, targets: list[str] | str) -> int:
+        """LoRA adds rank * (in + out) per targeted projection per layer."""
+        hd = self.hd
+        shapes = {
+            "q_proj": (self.hidden, self.heads * hd), "k_proj": (self.hidden, self.kv_heads * hd),
+            "v_proj": (self.hidden, self.kv_heads * hd), "o_proj": (self.heads * hd, self.hidden),
+            "gate_proj": (self.hidden, self.intermediate), "up_proj": (self.hidden, self.intermediate),
+            "down_proj": (self.intermediate, self.hidden),
+        }
+        names = list(shapes) if targets == "all-linear" else list(targets)
+        total = 0
+        for n in names:
+            if n in shapes:
+                i, o = shapes[n]
+                total += rank * (i + o)
+        return total * self.layers
+
+
+# Public config.json values of the models the seeds and the docs use.
+KNOWN: dict[str, Arch] = {a.name.lower(): a for a in [
+    Arch("Qwen/Qwen2.5-0.5B", 896, 24, 14, 2, 4864, 151936, True, qkv_bias=True, max_positions=32768),
+    Arch("Qwen/Qwen2.5-1.5B", 1536, 28, 12, 2, 8960, 151936, True, qkv_bias=True, max_positions=32768),
+    Arch("Qwen/Qwen2.5-3B", 2048, 36, 16, 2, 11008, 151936, True, qkv_bias=True, max_positions=32768),
+    Arch("Qwen/Qwen2.5-7B", 3584, 28, 28, 4, 18944, 152064, False, qkv_bias=True, max_positions=32768),
+    Arch("Qwen/Qwen2.5-Math-1.5B", 1536, 28, 12, 2, 8960, 151936, True, qkv_bias=True, max_positions=4096),
+    Arch("Qwen/Qwen2.5-Math-7B", 3584, 28, 28, 4, 18944, 152064, False, qkv_bias=True, max_positions=4096),
+    Arch("Qwen/Qwen3-4B", 2560, 36, 32, 8, 9728, 151936, True, head_dim=128, max_positions=40960),
+    Arch("Qwen/Qwen3-8B", 4096, 36, 32, 8, 12288, 151936, False, head_dim=128, max_positions=40960),
+    Arch("meta-llama/Llama-3.1-8B", 4096, 32, 32, 8, 14336, 128256, False, max_positions=131072),
+    Arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 1536, 28, 12, 2, 8960, 151936, False, qkv_bias=True,
+         max_positions=131072),
+    Arch("openai/gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, False, head_dim=64, qkv_bias=True, experts=32,
+         experts_per_token=4, expert_intermediate=2880, max_positions=131072, weight_bytes_on_disk=13.8e9),
+    Arch("openai/gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, False, head_dim=64, qkv_bias=True, experts=128,
+         experts_per_token=4, expert_intermediate=2880, max_positions=131072, weight_bytes_on_disk=65.3e9),
+]}
+# Instruct / base variants share the architecture.
+for _k, _a in list(KNOWN.items()):
+    for suffix in ("-instruct", "-base"):
+        KNOWN.setdefault(_k + suffix, _a)
+KNOWN.setdefault("meta-llama/llama-3.1-8b-instruct", KNOWN["meta-llama/llama-3.1-8b"])
+
+
+def from_config(cfg: dict, name: str) -> Arch:
+    text = cfg.get("text_config") or cfg
+    try:
+        experts = int(text.get("num_local_experts") or text.get("num_experts") or 0)
+        return Arch(
+            name=name,
+            hidden=int(text["hidden_size"]),
+            layers=int(text["num_hidden_layers"]),
+            heads=int(text["num_attention_heads"]),
+            kv_heads=int(text.get("num_key_value_heads") or text["num_attention_heads"]),
+            intermediate=int(text.get("intermediate_size") or 4 * text["hidden_size"]),
+            vocab=int(text["vocab_size"]),
+            tie_embeddings=bool(text.get("tie_word_embeddings", False)),
+            head_dim=text.get("head_dim"),
+            qkv_bias=bool(text.get("attention_bias", text.get("model_type") in ("qwen2",))),
+            experts=experts,
+            experts_per_token=int(text.get("num_experts_per_tok") or 0),
+            expert_intermediate=int(text.get("moe_intermediate_size") or text.get("intermediate_size") or 0),
+            max_positions=int(text.get("max_position_embeddings") or 32768),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise RecipeError(f"{name}: config.json lacks a field rlctl needs ({e}).") from None
+
+
+def resolve_arch(path: str) -> Arch:
+    """The architecture behind model.path, or a RecipeError that says how to provide it."""
+    if path.startswith("random:"):
+        from rlctl.recipe.tiny_model import parse_random_source
+
+        arch, p = parse_random_source(path)
+        return Arch(path, p["hidden"], p["layers"], p["heads"], p["kv_heads"], p["intermediate"], 257, True,
+                    qkv_bias=arch == "qwen2", max_positions=p["max_positions"])
+    local = Path(path)
+    if local.is_dir():
+        cfg_file = local / "config.json"
+        if not cfg_file.is_file():
+            raise RecipeError(f"{path}: a local model directory without config.json.")
+        try:
+            return from_config(json.loads(cfg_file.read_text()), path)
+        except json.JSONDecodeError as e:
+            raise RecipeError(f"{cfg_file}: not valid JSON ({e}).") from None
+    arch = KNOWN.get(path.lower())
+    if arch is None:
+        raise RecipeError(
+            f"model {path!r} is not in rlctl's table of known models, so its size is unknown.",
+            hint="point model.path at a local directory with its config.json (huggingface-cli download "
+                 f"{path} config.json --local-dir DIR), or check the spelling.",
+        )
+    return arch

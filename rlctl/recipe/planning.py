@@ -1,0 +1,43 @@
+"""From a recipe file to what a backend would launch: the shared first step of render, preflight and launch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlctl.backends import get_backend
+from rlctl.backends._static import installed_version
+from rlctl.backends.base import Finding, LaunchPlan
+from rlctl.recipe.data import count_records, is_local
+from rlctl.recipe.loader import ResolvedRecipe, load
+
+
+@dataclass
+class Prepared:
+    resolved: ResolvedRecipe
+    backend: Any
+    dataset_size: int | None
+    plan: LaunchPlan
+
+    @property
+    def recipe(self):
+        return self.resolved.recipe
+
+    def installed_version(self) -> str | None:
+        return installed_version(self.backend.packages[0])
+
+    def validate(self) -> list[Finding]:
+        return self.backend.validate(self.plan, self.installed_version())
+
+
+def dataset_size(path: str) -> int | None:
+    return count_records(path) if is_local(path) else None
+
+
+def prepare(recipe_path: str | Path, sets: list[str] | None = None) -> Prepared:
+    resolved = load(recipe_path, sets)
+    backend = get_backend(resolved.recipe.backend.name)
+    size = dataset_size(resolved.recipe.data.train)
+    plan = backend.render(resolved.recipe, size)
+    return Prepared(resolved=resolved, backend=backend, dataset_size=size, plan=plan)

@@ -1,0 +1,351 @@
+"""The recipe schema: one name per concept (DESIGN.md), validated by pydantic.
+
+Every section forbids unknown keys; `rlctl.recipe.loader` turns pydantic's errors into messages that name the file, the
+line and a did-you-mean. Units: batch sizes in `train` count *samples* (completions), `rollout.prompts_per_step`
+counts prompts, so `prompts_per_step * group_size` samples are generated per rollout.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+
+BACKENDS = ("openrlhf", "prime_rl", "verl", "trl")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class BackendExtra(Section):
+    extra: dict[str, Any] = Field(default_factory=dict, description="Raw flags/keys passed through verbatim.")
+
+
+class BackendSection(Section):
+    name: Literal["openrlhf", "prime_rl", "verl", "trl"] = Field(description="Which backend runs the recipe.")
+    version: str | None = Field(
+        default=None, description="The backend version the recipe is written for (flags are checked against it)."
+    )
+    openrlhf: BackendExtra = Field(default_factory=BackendExtra)
+    prime_rl: BackendExtra = Field(default_factory=BackendExtra)
+    verl: BackendExtra = Field(default_factory=BackendExtra)
+    trl: BackendExtra = Field(default_factory=BackendExtra)
+
+    def extra(self) -> dict[str, Any]:
+        return getattr(self, self.name).extra
+
+
+class ModelSection(Section):
+    path: str = Field(description="HF model id, a local directory, or `random:<arch>?hidden=..&layers=..`.")
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
+    max_model_len: PosInt = Field(default=4096, description="Context length for rollouts (prompt + response).")
+    trust_remote_code: bool = False
+
+
+class LoraSection(Section):
+    rank: PosInt
+    alpha: PosInt = 16
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    dropout: Fraction = 0.0
+
+
+class DataSection(Section):
+    train: str = Field(description="Training prompts: a JSONL/JSON/Parquet file or a dataset id.")
+    eval: str | None = None
+    input_key: str = "input"
+    label_key: str | None = "label"
+    max_prompt_tokens: PosInt = 1024
+    apply_chat_template: bool = False
+
+
+class RolloutSection(Section):
+    group_size: PosInt = Field(default=8, description="Completions per prompt.")
+    prompts_per_step: PosInt = Field(default=16, description="Prompts per rollout.")
+    max_tokens: PosInt = Field(default=1024, description="Max new tokens per completion.")
+    temperature: NonNegFloat = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    engines: PosInt = 1
+    tensor_parallel: PosInt = 1
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
+    enforce_eager: bool = False
+    max_num_batched_tokens: PosInt | None = None
+    micro_batch_size: PosInt | None = Field(default=None, description="Samples per forward pass in experience making.")
+
+
+class AlgorithmSection(Section):
+    name: Literal["grpo", "dr_grpo", "reinforce_baseline", "ppo"] = "grpo"
+    kl_coef: NonNegFloat = 0.0
+    kl_estimator: Literal["k1", "k2", "k3", "low_var_kl"] = "k3"
+    use_kl_loss: bool = True
+    eps_clip: Annotated[float, Field(gt=0.0, le=1.0)] = 0.2
+    entropy_coef: NonNegFloat = 0.0
+
+
+class OptimSection(Section):
+    lr: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-6
+    schedule: Literal["constant", "cosine", "cosine_with_min_lr", "linear"] = "cosine_with_min_lr"
+    warmup_ratio: Fraction | None = None
+    warmup_steps: NonNegInt | None = None
+    min_lr_ratio: Fraction = 0.1
+    max_grad_norm: Annotated[float, Field(gt=0.0)] = 1.0
+    weight_decay: NonNegFloat = 0.0
+
+    @model_validator(mode="after")
+    def _one_warmup(self) -> OptimSection:
+        if self.warmup_ratio is not None and self.warmup_steps is not None:
+            raise ValueError("set either optim.warmup_ratio or optim.warmup_steps, not both")
+        return self
+
+
+class TrainSection(Section):
+    episodes: PosInt | None = Field(default=None, description="Passes over the prompt set.")
+    steps: PosInt | None = Field(default=None, description="Optimizer steps; overrides episodes when both are set.")
+    epochs_per_rollout: PosInt = Field(default=1, description="PPO epochs over each rollout batch.")
+    seq_len: PosInt | None = Field(
+        default=None, description="Trainer sequence length (prompt + response); defaults to model.max_model_len."
+    )
+    train_batch_size: PosInt = Field(default=128, description="Samples per optimizer step (global).")
+    micro_batch_size: PosInt = Field(default=1, description="Samples per GPU per forward/backward.")
+    gradient_checkpointing: bool = True
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    offload: bool = False
+    seed: int = 42
+
+
+class ResourcesSection(Section):
+    nodes: PosInt = 1
+    gpus_per_node: NonNegInt = 1
+    gpu: str = "H100-80GB"
+    colocate: bool = Field(default=False, description="Trainer and inference share the same GPUs.")
+    trainer_gpus: list[NonNegInt] | None = Field(default=None, description="GPU ids of the trainer (per node).")
+    inference_gpus: list[NonNegInt] | None = Field(default=None, description="GPU ids of the inference engines.")
+    executor: Literal["local", "ray"] = "local"
+    ray_address: str | None = Field(default=None, description="Ray dashboard address, e.g. http://head:8265.")
+    pip: list[str] | None = Field(default=None, description="pip requirements for the Ray job's runtime env.")
+
+
+class RewardEnvironment(Section):
+    id: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class RewardSection(Section):
+    function: str | None = Field(default=None, description="A Python file with the reward function.")
+    function_name: str = "reward_func"
+    environment: RewardEnvironment | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> RewardSection:
+        if self.function and self.environment:
+            raise ValueError("set either reward.function or reward.environment, not both")
+        return self
+
+
+class CheckpointSection(Section):
+    dir: str = "checkpoints"
+    final_dir: str | None = Field(default=None, description="Where the final model goes; defaults to <dir>/final.")
+    every: PosInt | None = None
+    keep_last: PosInt | None = None
+    resume: str | int = "off"
+    save_optimizer: bool = Field(default=True, description="Keep optimizer/DeepSpeed state (needed to resume).")
+
+    @field_validator("resume")
+    @classmethod
+    def _resume(cls, v: str | int) -> str | int:
+        if isinstance(v, int):
+            if v < 0:
+                raise ValueError("checkpoint.resume must be off, latest, or a step number >= 0")
+            return v
+        if v in ("off", "latest"):
+            return v
+        if v.isdigit():
+            return int(v)
+        raise ValueError("checkpoint.resume must be off, latest, or a step number")
+
+
+class WandbSection(Section):
+    project: str
+    name: str | None = None
+    entity: str | None = None
+    offline: bool = False
+
+
+class LoggingSection(Section):
+    wandb: WandbSection | None = None
+    tensorboard: str | None = None
+    rlctl_sinks: list[Literal["wandb", "tensorboard"]] = Field(
+        default_factory=list, description="rlctl itself forwards the unified stream to these (besides metrics.jsonl).")
+
+
+class EvalSection(Section):
+    every: PosInt | None = None
+    temperature: NonNegFloat = 0.0
+    n_samples: PosInt = 1
+
+
+class PreflightSection(Section):
+    lr_check_step: PosInt = Field(default=20, description="LR at this step must reach lr_check_min_fraction.")
+    lr_check_min_fraction: Fraction = 0.3
+    disk_headroom: Fraction = Field(default=0.1, description="Free-space fraction to keep after checkpoints.")
+    max_truncated_prompts: Fraction = 0.01
+    min_open_files: PosInt = 65536
+
+
+class PatchesSection(Section):
+    set: str | None = Field(default=None, description="Patch set name, e.g. `openrlhf/0.9.3`.")
+    dir: str | None = None
+
+
+class DoctorSection(Section):
+    model_config = ConfigDict(extra="allow")
+
+
+class Recipe(Section):
+    name: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    backend: BackendSection
+    model: ModelSection
+    lora: LoraSection | None = None
+    data: DataSection
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    algorithm: AlgorithmSection = Field(default_factory=AlgorithmSection)
+    optim: OptimSection = Field(default_factory=OptimSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    resources: ResourcesSection = Field(default_factory=ResourcesSection)
+    reward: RewardSection = Field(default_factory=RewardSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    env: dict[str, str] = Field(default_factory=dict)
+    preflight: PreflightSection = Field(default_factory=PreflightSection)
+    patches: PatchesSection = Field(default_factory=PatchesSection)
+    doctor: DoctorSection = Field(default_factory=DoctorSection)
+
+    @model_validator(mode="after")
+    def _length(self) -> Recipe:
+        if self.train.episodes is None and self.train.steps is None:
+            self.train.episodes = 1
+        return self
+
+    # -- derived quantities shared by backends and checks --------------------------------------------------------
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout.prompts_per_step * self.rollout.group_size
+
+    @property
+    def uses_vllm(self) -> bool:
+        """Every backend generates with vLLM except TRL, which does only with `use_vllm` in its extras."""
+        return self.backend.name != "trl" or bool(self.backend.extra().get("use_vllm"))
+
+    @property
+    def train_seq_len(self) -> int:
+        return self.train.seq_len or self.model.max_model_len
+
+    @property
+    def total_gpus(self) -> int:
+        return self.resources.nodes * self.resources.gpus_per_node
+
+    @property
+    def inference_gpu_count(self) -> int:
+        return self.rollout.engines * self.rollout.tensor_parallel
+
+    @property
+    def trainer_gpu_count(self) -> int:
+        """GPUs running the trainer across all nodes."""
+        if self.resources.trainer_gpus is not None:
+            return len(self.resources.trainer_gpus) * self.resources.nodes
+        if self.resources.colocate:
+            return self.total_gpus
+        return max(self.total_gpus - self.inference_gpu_count, 0)
+
+
+# Names users bring from the backends (or from habit), mapped to rlctl's one name for the concept.
+ALIASES: dict[str, str] = {
+    "n": "rollout.group_size",
+    "n_samples_per_prompt": "rollout.group_size",
+    "rollouts_per_example": "rollout.group_size",
+    "num_generations": "rollout.group_size",
+    "group": "rollout.group_size",
+    "rollout_batch_size": "rollout.prompts_per_step",
+    "batch_size": "rollout.prompts_per_step",
+    "generate_max_len": "rollout.max_tokens",
+    "max_new_tokens": "rollout.max_tokens",
+    "max_response_length": "rollout.max_tokens",
+    "max_completion_length": "rollout.max_tokens",
+    "prompt_max_len": "data.max_prompt_tokens",
+    "max_prompt_length": "data.max_prompt_tokens",
+    "seq_len": "model.max_model_len",
+    "max_len": "model.max_model_len",
+    "vllm_gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "vllm_num_engines": "rollout.engines",
+    "vllm_tensor_parallel_size": "rollout.tensor_parallel",
+    "tp": "rollout.tensor_parallel",
+    "learning_rate": "optim.lr",
+    "actor_learning_rate": "optim.lr",
+    "lr_warmup_ratio": "optim.warmup_ratio",
+    "lr_scheduler": "optim.schedule",
+    "max_norm": "optim.max_grad_norm",
+    "clip_grad": "optim.max_grad_norm",
+    "init_kl_coef": "algorithm.kl_coef",
+    "kl_loss_coef": "algorithm.kl_coef",
+    "beta": "algorithm.kl_coef",
+    "num_episodes": "train.episodes",
+    "max_steps": "train.steps",
+    "total_training_steps": "train.steps",
+    "micro_train_batch_size": "train.micro_batch_size",
+    "pretrain": "model.path",
+    "prompt_data": "data.train",
+    "max_ckpt_num": "checkpoint.keep_last",
+    "save_steps": "checkpoint.every",
+    "save_freq": "checkpoint.every",
+    "eval_steps": "eval.every",
+    "test_freq": "eval.every",
+    "lora_rank": "lora.rank",
+    "lora_alpha": "lora.alpha",
+    "advantage_estimator": "algorithm.name",
+    "adv_estimator": "algorithm.name",
+}
+
+
+def _section_models() -> dict[str, type[BaseModel]]:
+    out: dict[str, type[BaseModel]] = {}
+
+    def walk(prefix: str, model: type[BaseModel]) -> None:
+        out[prefix] = model
+        for name, field in model.model_fields.items():
+            sub = _submodel(field.annotation)
+            if sub is not None and sub is not DoctorSection:
+                walk(f"{prefix}.{name}" if prefix else name, sub)
+
+    walk("", Recipe)
+    return out
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _submodel(arg)
+        if found is not None:
+            return found
+    return None
+
+
+SECTIONS: dict[str, type[BaseModel]] = _section_models()
+
+
+def all_key_paths() -> list[str]:
+    """Every leaf key of the schema as a dotted path (sections themselves included)."""
+    paths: list[str] = []
+    for prefix, model in SECTIONS.items():
+        for name in model.model_fields:
+            paths.append(f"{prefix}.{name}" if prefix else name)
+    return paths

@@ -1,0 +1,65 @@
+"""`rlctl logs`: the raw log or the unified metrics stream, optionally following."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from rlctl.metrics.stream import LOG, METRICS, ingest
+from rlctl.runs.state import ACTIVE, read_state
+
+
+def _tail_start(path: Path, lines: int) -> int:
+    """Byte offset where the last `lines` lines begin, found by reading backwards."""
+    if lines <= 0 or not path.exists():
+        return 0
+    size = path.stat().st_size
+    block = 64 * 1024
+    pos, found = size, 0
+    with path.open("rb") as fh:
+        while pos > 0:
+            step = min(block, pos)
+            pos -= step
+            fh.seek(pos)
+            chunk = fh.read(step)
+            found += chunk.count(b"\n")
+            if found > lines:
+                extra = found - lines  # newlines in this chunk before the wanted start
+                i = -1
+                for _ in range(extra):
+                    i = chunk.index(b"\n", i + 1)
+                return pos + i + 1
+    return 0
+
+
+def show_logs(run_dir: Path, follow: bool = False, metrics: bool = False, lines: int = 0) -> None:
+    state = read_state(run_dir)
+    if metrics and state.get("backend"):
+        ingest(run_dir, state["backend"], final=state.get("status") not in ACTIVE)
+    path = run_dir / (METRICS if metrics else LOG)
+    out = sys.stdout.buffer
+    pos = _tail_start(path, lines)
+    while True:
+        if path.exists():
+            with path.open("rb") as fh:
+                fh.seek(pos)
+                while True:
+                    chunk = fh.read(1 << 20)
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    pos += len(chunk)
+            out.flush()
+        if not follow:
+            return
+        state = read_state(run_dir)
+        if state.get("status") not in ACTIVE:
+            if metrics and state.get("backend"):
+                ingest(run_dir, state["backend"], final=True)
+            if path.exists() and path.stat().st_size > pos:
+                continue
+            return
+        if metrics and state.get("backend"):
+            ingest(run_dir, state["backend"])
+        time.sleep(0.5)

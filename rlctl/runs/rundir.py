@@ -1,0 +1,100 @@
+"""Run directories: `runs/<name>-<YYYYmmdd-HHMMSS>/`, never reused, never overwritten (DESIGN.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from rlctl.backends.base import is_secret_name
+
+RECORDED_PACKAGES = ("rlctl", "torch", "transformers", "trl", "peft", "accelerate", "vllm", "ray", "deepspeed",
+                     "openrlhf", "verl", "prime-rl", "flash-attn", "wandb")
+
+
+def create_run_dir(root: Path, name: str, now: float | None = None) -> Path:
+    """Make a new, empty run directory. mkdir without exist_ok is the guard: a name is never reused."""
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
+    base = f"{name}-{stamp}"
+    for i in range(1, 1000):
+        candidate = root / (base if i == 1 else f"{base}-{i}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"could not create a unique run directory under {root}")
+
+
+def masked_recipe_data(data: dict[str, Any]) -> dict[str, Any]:
+    """The resolved recipe as written into the run directory: secret-named env values become ${NAME}."""
+    out = json.loads(json.dumps(data))
+    env = out.get("env") or {}
+    for k in list(env):
+        if is_secret_name(k):
+            env[k] = f"${{{k}}}"
+    return out
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    if shutil.which("git") is None:
+        return None
+    try:
+        r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def git_info(cwd: Path) -> dict[str, Any] | None:
+    commit = _git(["rev-parse", "HEAD"], cwd)
+    if commit is None:
+        return None
+    status = _git(["status", "--porcelain"], cwd) or ""
+    return {"commit": commit, "dirty": bool(status), "changed_files": len(status.splitlines()),
+            "branch": _git(["rev-parse", "--abbrev-ref", "HEAD"], cwd),
+            "root": _git(["rev-parse", "--show-toplevel"], cwd)}
+
+
+def gpus() -> list[dict[str, str]]:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return []
+    try:
+        r = subprocess.run([exe, "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    out = []
+    for line in r.stdout.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 4:
+            out.append(dict(zip(("index", "name", "memory", "driver"), parts, strict=True)))
+    return out
+
+
+def environment_record(cwd: Path, backend_packages: tuple[str, ...]) -> dict[str, Any]:
+    pkgs = {}
+    for name in dict.fromkeys((*backend_packages, *RECORDED_PACKAGES)):
+        try:
+            pkgs[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return {
+        "packages": pkgs,
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "git": git_info(cwd),
+        "host": {"name": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
+        "gpus": gpus(),
+        "argv": [a if not any(s in a for s in ("KEY=", "TOKEN=", "SECRET=")) else "<masked>" for a in sys.argv],
+    }

@@ -1,0 +1,166 @@
+"""Finding runs and knowing their true state (running, finished, failed, stopped, stalled, lost).
+
+state.json is written by whoever owns the run (the supervisor); if that owner dies, the state is recovered from
+the processes themselves: a run whose recorded processes are gone but whose state still says running is `lost`
+unless its log shows how it ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+
+STATE = "state.json"
+ACTIVE = ("starting", "running", "stopping")
+
+
+def runs_root() -> Path:
+    """Where run directories live: $RLCTL_RUNS_DIR, else ./runs."""
+    return Path(os.environ.get("RLCTL_RUNS_DIR", "runs"))
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((run_dir / STATE).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(run_dir: Path, **updates: Any) -> dict[str, Any]:
+    """Merge updates into state.json atomically (write a temp file, then rename)."""
+    state = read_state(run_dir)
+    state.update(updates)
+    tmp = run_dir / f".{STATE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
+    os.replace(tmp, run_dir / STATE)
+    return state
+
+
+def process_alive(pid: int | None, create_time: float | None = None) -> bool:
+    """True if `pid` runs and (when known) is the same process as recorded, not a reused pid."""
+    if not pid:
+        return False
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return create_time is None or abs(p.create_time() - create_time) < 1.0
+    except Exception:
+        return False
+
+
+def process_create_time(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return None
+
+
+def list_runs(root: Path | None = None) -> list[Path]:
+    root = root or runs_root()
+    if not root.is_dir():
+        return []
+    runs = [p for p in root.iterdir() if p.is_dir() and (p / STATE).is_file()]
+    return sorted(runs, key=lambda p: read_state(p).get("started_at") or 0)
+
+
+def find_run(ref: str, root: Path | None = None) -> Path:
+    """A run by directory path, full name, or unique prefix of its name."""
+    p = Path(ref)
+    if p.is_dir() and (p / STATE).is_file():
+        return p
+    root = root or runs_root()
+    runs = list_runs(root)
+    exact = [r for r in runs if r.name == ref]
+    if exact:
+        return exact[0]
+    matches = [r for r in runs if r.name.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        known = ", ".join(r.name for r in runs[-5:]) or "none"
+        raise RlctlError(f"no run {ref!r} under {root}.", hint=f"recent runs: {known} (see rlctl status)")
+    raise RlctlError(f"{ref!r} matches {len(matches)} runs: {', '.join(r.name for r in matches[:5])}.",
+                     hint="give more of the name")
+
+
+@dataclass
+class RunStatus:
+    name: str
+    path: Path
+    state: dict[str, Any]
+    status: str  # running | finished | failed | stopped | stalled | lost | starting
+    step: int | None
+    total: int | None
+    latest: dict[str, Any]
+    last_step_time: float | None
+    records: list[dict[str, Any]] = field(default_factory=list)  # the tail of metrics.jsonl that was read
+
+    @property
+    def elapsed(self) -> float | None:
+        start = self.state.get("started_at")
+        if not start:
+            return None
+        end = self.state.get("ended_at") if self.status not in ACTIVE + ("stalled",) else None
+        return (end or time.time()) - start
+
+    @property
+    def eta(self) -> float | None:
+        if self.status not in ("running", "stalled") or not self.step or not self.total or not self.elapsed:
+            return None
+        return self.elapsed / self.step * max(self.total - self.step, 0)
+
+
+def true_status(run_dir: Path, state: dict[str, Any], last_step_time: float | None,
+                stall_after: float) -> str:
+    status = state.get("status", "unknown")
+    if status not in ACTIVE:
+        return status
+    if state.get("executor") == "ray":
+        return state.get("ray_true_status", status)  # set by run_status through the job API
+    child_alive = process_alive(state.get("pid"), state.get("pid_create_time"))
+    sup_alive = process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time"))
+    if not child_alive:
+        if sup_alive:
+            return status  # the supervisor is about to record the end
+        return "lost"
+    reference = last_step_time or state.get("started_at")
+    if status == "running" and reference and time.time() - reference > stall_after:
+        return "stalled"
+    return status
+
+
+def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) -> RunStatus:
+    from rlctl.metrics.stream import METRICS, by_step, tail_records
+    from rlctl.metrics.stream import ingest as do_ingest
+
+    state = read_state(run_dir)
+    if state.get("executor") == "ray" and state.get("status") in ACTIVE:
+        from rlctl.executors.ray import true_ray_status  # REST only: no ray import
+
+        with contextlib.suppress(Exception):
+            # copies the job's new logs first when nobody follows it, so the ingest below sees them
+            state = {**read_state(run_dir), "ray_true_status": true_ray_status(run_dir, state)}
+    if ingest and state.get("backend"):
+        with contextlib.suppress(Exception):  # status must answer even on a damaged run directory
+            do_ingest(run_dir, state["backend"], final=state.get("status") not in ACTIVE)
+    records = tail_records(run_dir / METRICS)
+    merged = by_step(records)
+    step = max(merged) if merged else None
+    latest = merged[step] if step is not None else {}
+    last_time = max((r.get("time", 0) for r in records), default=None) if records else None
+    status = true_status(run_dir, state, last_time, stall_after)
+    return RunStatus(run_dir.name, run_dir, state, status, step, state.get("total_steps"), latest, last_time,
+                     records)

@@ -1,0 +1,149 @@
+"""`rlctl status`: the table of runs, or one run in detail. Reads metrics from the end: fast on huge logs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from rlctl.ui.progress import fmt_duration, fmt_num
+from rlctl.runs.state import RunStatus, find_run, list_runs, run_status
+
+KEY_METRICS = ("reward/mean", "correctness", "kl", "entropy", "grad_norm", "policy_loss", "response_length/mean",
+               "response_length/clip_ratio", "clip_ratio", "lr")
+
+
+def summary(rs: RunStatus) -> dict[str, Any]:
+    return {
+        "name": rs.name, "backend": rs.state.get("backend"), "status": rs.status, "step": rs.step,
+        "total_steps": rs.total, "reward": rs.latest.get("reward/mean"), "elapsed_s": rs.elapsed, "eta_s": rs.eta,
+        "exit_code": rs.state.get("exit_code"), "path": str(rs.path),
+    }
+
+
+def gpu_stats() -> list[dict[str, Any]] | None:
+    """GPU memory and utilisation through NVIDIA's management library, when it is there."""
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            util = pynvml.nvmlDeviceGetUtilizationRates(h)
+            out.append({"index": i, "memory_used_gib": mem.used / 2**30, "memory_total_gib": mem.total / 2**30,
+                        "utilization": util.gpu})
+        return out
+    except Exception:
+        return None
+
+
+def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
+    from rlctl.runs.checkpoints import find_checkpoints
+    from rlctl.runs.health import health_flags, series
+    from rlctl.metrics.stream import by_step, ingest_stats
+    from rlctl.estimate.schedules import sparkline
+
+    merged = by_step(rs.records)  # the tail run_status already read: status never reads the whole stream
+    metrics = {}
+    for key in KEY_METRICS:
+        s = series(merged, key)
+        if s:
+            vals = [v for _, v in s[-window:]]
+            metrics[key] = {"latest": vals[-1], "first": vals[0], "trend": sparkline(vals, width=min(window, 30))}
+    ckpts = find_checkpoints(rs.state.get("backend", ""), rs.path)
+    ing = ingest_stats(rs.path)
+    doctor = None
+    try:
+        from rlctl.runs.doctor import headline
+
+        doctor = headline(rs.path, rs.records)
+    except Exception:
+        doctor = None
+    return {
+        **summary(rs),
+        "metrics": metrics,
+        "health": [f.__dict__ for f in health_flags(merged)],
+        "doctor": doctor,
+        "checkpoints": [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)}
+                        for c in ckpts],
+        "ingest": {"lines": ing.lines, "records": ing.records, "skipped": ing.skipped, "restarts": ing.restarts},
+        "gpus": gpu_stats(),
+        "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
+    }
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    head = ("run", "backend", "state", "step", "reward", "elapsed", "eta")
+    body = []
+    for r in rows:
+        step = f"{r['step'] if r['step'] is not None else '-'}" + (f"/{r['total_steps']}" if r["total_steps"] else "")
+        body.append((r["name"], r["backend"] or "-", r["status"], step, fmt_num(r["reward"]),
+                     fmt_duration(r["elapsed_s"]), fmt_duration(r["eta_s"])))
+    widths = [max(len(h), *(len(str(b[i])) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)
+
+
+def _detail_text(d: dict[str, Any]) -> str:
+    total = f"/{d['total_steps']}" if d["total_steps"] else ""
+    lines = [f"{d['name']}  ({d['backend']})  {d['status']}"
+             + (f"  exit code {d['exit_code']}" if d["exit_code"] is not None else ""),
+             f"step {d['step'] if d['step'] is not None else '-'}{total}   elapsed {fmt_duration(d['elapsed_s'])}"
+             f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
+    if d["metrics"]:
+        lines.append("")
+        width = max(len(k) for k in d["metrics"])
+        for k, m in d["metrics"].items():
+            lines.append(f"  {k:<{width}}  {fmt_num(m['latest']):>10}  {m['trend']}")
+    if d["health"]:
+        lines.append("")
+        lines += [f"  ! {f['message']}: {f['action']}" for f in d["health"]]
+    if d.get("doctor"):
+        lines.append(f"  doctor: {d['doctor']}")
+    if d["checkpoints"]:
+        total_bytes = sum(c["bytes"] for c in d["checkpoints"])
+        done = [c["step"] for c in d["checkpoints"] if c["complete"]]
+        lines.append(f"\n  checkpoints: {len(d['checkpoints'])} ({total_bytes / 1e9:.2f} GB), newest complete "
+                     f"step {done[-1] if done else '-'}")
+    if d["gpus"]:
+        lines.append("  gpus: " + ", ".join(f"{g['index']}: {g['memory_used_gib']:.0f}/{g['memory_total_gib']:.0f} "
+                                            f"GiB {g['utilization']}%" for g in d["gpus"]))
+    ing = d["ingest"]
+    if ing["skipped"]:
+        lines.append(f"  log: {ing['lines']} lines, {ing['records']} metric records, {ing['skipped']} unreadable "
+                     "metric lines skipped")
+    return "\n".join(lines)
+
+
+def render(run: str | None, as_json: bool, stall_after: float) -> str:
+    if run is None:
+        rows = [summary(run_status(p, stall_after)) for p in list_runs()]
+        if as_json:
+            return json.dumps(rows, indent=2, default=str)
+        return _table(rows) if rows else "no runs yet (rlctl launch RECIPE)"
+    d = detail(run_status(find_run(run), stall_after))
+    return json.dumps(d, indent=2, default=str) if as_json else _detail_text(d)
+
+
+def show_status(run: str | None, as_json: bool = False, watch: bool = False, interval: float = 2.0,
+                stall_after: float = 1800) -> None:
+    if not watch:
+        sys.stdout.write(render(run, as_json, stall_after) + "\n")
+        return
+    try:
+        while True:
+            text = render(run, as_json, stall_after)
+            if sys.stdout.isatty():
+                sys.stdout.write("\x1b[2J\x1b[H")
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+

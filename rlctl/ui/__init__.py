@@ -1,0 +1,1 @@
+"""Terminal presentation: tables, progress lines, plots."""

@@ -1,0 +1,74 @@
+"""The live progress line of an attached launch: step/total, reward, elapsed, ETA, from the metrics stream."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import IO
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def fmt_num(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+class Progress:
+    def __init__(self, out: IO[str], total: int | None, interval: float = 5.0):
+        self.out = out
+        self.total = total
+        self.start = time.time()
+        self.interval = interval
+        self.last_print = 0.0
+        self.last_step: int | None = None
+        self.tty = hasattr(out, "isatty") and out.isatty()
+
+    def line(self, run_dir: Path) -> str | None:
+        from rlctl.metrics.stream import METRICS, by_step, tail_records
+
+        merged = by_step(tail_records(run_dir / METRICS, max_bytes=256 * 1024))
+        if not merged:
+            return None
+        step = max(merged)
+        rec = merged[step]
+        elapsed = time.time() - self.start
+        eta = elapsed / step * (self.total - step) if self.total and step else None
+        total = f"/{self.total}" if self.total else ""
+        self.last_step = step
+        return (f"step {step}{total}  reward {fmt_num(rec.get('reward/mean'))}  "
+                f"elapsed {fmt_duration(elapsed)}  eta {fmt_duration(eta)}")
+
+    def tick(self, run_dir: Path) -> None:
+        now = time.time()
+        if not self.tty and now - self.last_print < self.interval:
+            return
+        text = self.line(run_dir)
+        if text is None:
+            return
+        self.last_print = now
+        if self.tty:
+            self.out.write("\r\x1b[2K" + text)
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def done(self, run_dir: Path) -> None:
+        from rlctl.runs.state import read_state
+
+        text = self.line(run_dir)
+        state = read_state(run_dir)
+        if self.tty:
+            self.out.write("\n")
+        if text:
+            self.out.write(text + "\n")
+        self.out.write(f"{state.get('status', '?')} (exit code {state.get('exit_code')}): {run_dir}\n")
+        self.out.flush()
