@@ -7,10 +7,13 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rlctl.errors import RlctlError
 
 if TYPE_CHECKING:
     from rlctl.recipe.schema import Recipe
+    from rlctl.runs.checkpoints import Checkpoint
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 
@@ -107,23 +110,112 @@ def _quote_arg(a: str) -> str:
     return shlex.quote(a)
 
 
-@runtime_checkable
-class Backend(Protocol):
-    name: str
-    packages: tuple[str, ...]
-    known_versions: tuple[str, ...]
+class UnknownVersion(RlctlError):
+    """A backend release rlctl has no dialect for: never guessed from a neighbour."""
 
-    def render(self, recipe: Recipe) -> LaunchPlan: ...
 
-    def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]: ...
+class Backend:
+    """One RL framework, as rlctl knows it. Stateless and cheap; never imports the backend's runtime.
 
-    def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None: ...
+    Everything rlctl knows about a backend lives in its adapter (a subclass of this): the core asks, and never names
+    a backend. Class attributes declare facts; methods give per-recipe answers. Defaults here are the neutral answer.
+    """
 
-    def schedule(self, recipe: Recipe, dataset_size: int | None) -> list[float]: ...
+    name: ClassVar[str]
+    packages: ClassVar[tuple[str, ...]] = ()  # distributions whose version decides the dialect (first = the backend)
+    known_versions: ClassVar[tuple[str, ...]] = ()  # every release rendered and checked exactly
+    recorded_packages: ClassVar[tuple[str, ...]] = ()  # versions worth recording in env.json besides the common ones
+    needs_local_install: ClassVar[bool] = False  # True: the runtime must be importable where rlctl launches
+    sharding: ClassVar[str] = "plain"  # memory engine of the trainer: plain | fsdp | deepspeed
+    metric_needles: ClassVar[tuple[str, ...]] = ()  # cheap substrings a metrics line contains (a pre-filter)
 
-    def parse(self, line: str) -> dict[str, Any] | None: ...
+    # ---- version ---------------------------------------------------------------------------------------------
+    def target_version(self, recipe: Recipe) -> str | None:
+        """The release the recipe renders for: pinned, else installed, else the newest known."""
+        from rlctl.backends._static import installed_version
 
-    def checkpoints(self, run_dir: Path) -> list[Any]: ...
+        version = recipe.backend.version or (installed_version(self.packages[0]) if self.packages else None)
+        if version is None:
+            return self.known_versions[-1] if self.known_versions else None
+        self.require_known(version)
+        return version
+
+    def require_known(self, version: str) -> None:
+        if self.known_versions and version not in self.known_versions:
+            raise UnknownVersion(
+                f"{self.name} {version} is not known to rlctl; known: {', '.join(self.known_versions)}. "
+                f"Set backend.version to one of them (and install it), or add the release to rlctl's "
+                f"{self.name} adapter."
+            )
+
+    # ---- plan ------------------------------------------------------------------------------------------------
+    def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
+        raise NotImplementedError
+
+    def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
+        return []
+
+    def unhonoured(self, recipe: Recipe) -> list[Finding]:
+        """Recipe keys this backend/release cannot honour: each one is said, never dropped silently."""
+        return []
+
+    def uses_vllm(self, recipe: Recipe) -> bool:
+        return True
+
+    # ---- steps and schedule ------------------------------------------------------------------------------------
+    def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
+        return recipe.train.steps
+
+    def warmup_steps(self, recipe: Recipe, total: int) -> int:
+        return 0
+
+    def schedule(self, recipe: Recipe, dataset_size: int | None) -> list[float]:
+        return []
+
+    def optimizer_steps_per_logged_step(self, recipe: Recipe) -> int:
+        """How many optimizer steps one `step` of the backend's own log stands for (progress and ETA)."""
+        return 1
+
+    # ---- metrics -----------------------------------------------------------------------------------------------
+    def parse(self, line: str) -> dict[str, Any] | None:
+        """One log line -> a record in rlctl's unified names (with `step`), or None."""
+        return None
+
+    # ---- checkpoints -------------------------------------------------------------------------------------------
+    def checkpoints(self, root: Path) -> list[Checkpoint]:
+        """The checkpoints under a checkpoint root, oldest first, each marked complete or not."""
+        return []
+
+    def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
+        """(bytes one checkpoint takes on disk, how that was counted)."""
+        params = arch.params(lora_rank=None)
+        return params * 2.0, "bf16 weights"
+
+    def kept_checkpoints(self, recipe: Recipe) -> int | None:
+        """How many checkpoints will really stay on disk (after the backend's and rlctl's pruning); None = all."""
+        return recipe.checkpoint.keep_last
+
+    def prune_during_run(self, recipe: Recipe) -> bool:
+        """True when rlctl must prune to keep_last while the run goes (the backend keeps more on its own)."""
+        return False
+
+    # ---- checks ------------------------------------------------------------------------------------------------
+    def preflight(self, recipe: Recipe) -> list[tuple[str, str, str, str | None]]:
+        """Backend-specific placement/batch rules: (check name, level ok|warn|fail, message, fix)."""
+        return []
+
+    # ---- launching -----------------------------------------------------------------------------------------------
+    def prepare_launch(self, plan: LaunchPlan, run_dir: Path) -> LaunchPlan:
+        """Adjust a plan for launching from run_dir (e.g. which interpreter runs it). Default: as rendered."""
+        return plan
+
+    def patch_locally(self, recipe: Recipe) -> bool:
+        """Whether patches apply to this machine's site-packages (not when the backend runs on a remote cluster)."""
+        return recipe.resources.executor != "ray"
+
+    def stall_patterns(self) -> list[str]:
+        """Regexes of log lines that mean the run is stuck or a component it needs died."""
+        return []
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import argparse_flags, installed_version, package_file
-from rlctl.backends.base import Finding, LaunchPlan, check_keys, load_snapshot, nearest_snapshot, version_key
+from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_snapshot, nearest_snapshot, version_key
 from rlctl.estimate.schedules import hf_schedule
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-class OpenRLHFBackend:
+class OpenRLHFBackend(Backend):
     name = "openrlhf"
     packages = ("openrlhf",)
     known_versions = ("0.9.3", "0.11.2")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import installed_version, package_file, pydantic_key_paths
-from rlctl.backends.base import Finding, LaunchPlan, load_snapshot, nearest_snapshot, version_key
+from rlctl.backends.base import Backend, Finding, LaunchPlan, load_snapshot, nearest_snapshot, version_key
 from rlctl.estimate.schedules import prime_rl_schedule
 from rlctl.recipe.loader import dump_toml
 
@@ -50,7 +50,7 @@ def _set(d: dict[str, Any], dotted: str, value: Any) -> None:
     d[keys[-1]] = value
 
 
-class PrimeRLBackend:
+class PrimeRLBackend(Backend):
     name = "prime_rl"
     packages = ("prime-rl", "prime_rl")
     known_versions = ("0.3.0", "0.8.0")

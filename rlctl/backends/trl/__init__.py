@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import dataclass_fields, installed_version, package_file
-from rlctl.backends.base import Finding, LaunchPlan, check_keys, load_snapshot, nearest_snapshot
+from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_snapshot, nearest_snapshot
 from rlctl.estimate.schedules import hf_schedule
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ RUNNER = "rlctl.backends.trl.runner"
 LOSS_TYPE = {"grpo": "grpo", "dr_grpo": "dr_grpo", "reinforce_baseline": "grpo", "ppo": "grpo"}
 
 
-class TRLBackend:
+class TRLBackend(Backend):
     name = "trl"
     packages = ("trl", "transformers")
     known_versions = ("1.16.0",)

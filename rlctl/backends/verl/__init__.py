@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import installed_version, package_file, yaml_key_paths
-from rlctl.backends.base import Finding, LaunchPlan, check_keys, load_snapshot, nearest_snapshot
+from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_snapshot, nearest_snapshot
 from rlctl.estimate.schedules import verl_schedule
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def _val(v: Any) -> str:
     return str(v)
 
 
-class VerlBackend:
+class VerlBackend(Backend):
     name = "verl"
     packages = ("verl",)
     known_versions = ("0.9.1",)
