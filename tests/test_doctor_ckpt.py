@@ -130,16 +130,19 @@ def test_keep_best_keeps_the_checkpoint_at_the_best_eval(tmp_path):
     assert [c.step for c in ck.find_checkpoints("trl", run)] == [20, 40]
 
 
-def test_prune_refuses_symlinks_and_paths_outside(tmp_path):
+def test_prune_never_follows_or_counts_symlinks(tmp_path):
     run = make_run(tmp_path)
     trl_ckpts(run / "checkpoints", [20, 30])
     outside = tmp_path / "precious"
     outside.mkdir()
     (outside / "trainer_state.json").write_text("{}")
     (run / "checkpoints" / "checkpoint-10").symlink_to(outside)
-    with pytest.raises(RlctlError, match="symlink"):
-        ck.prune("trl", run, 1)
-    assert outside.exists() and len(ck.find_checkpoints("trl", run)) == 3
+    (run / "checkpoints" / "checkpoint-99").symlink_to(outside)  # named like a newer step
+    assert [c.step for c in ck.find_checkpoints("trl", run)] == [20, 30]
+    doomed = ck.prune("trl", run, 1)
+    assert [c.step for c in doomed] == [20]  # 30 stays the newest complete one, whatever the links say
+    assert outside.exists() and (run / "checkpoints" / "checkpoint-30").is_dir()
+    assert (run / "checkpoints" / "checkpoint-10").is_symlink()
 
 
 def test_backend_layouts(tmp_path):
@@ -174,7 +177,7 @@ def test_prime_rl_keep_last_is_enforced_during_the_run(tmp_path):
         (root / "checkpoints" / f"step_{s}").mkdir(parents=True)
         (root / "checkpoints" / f"step_{s}" / "optimizer.pt").write_bytes(b"o")
         (root / "weights" / f"step_{s}").mkdir(parents=True)
-    ck.prune_during_run(run, {"backend": "prime_rl", "checkpoint_dir": "outputs"}, 2)
+    ck.prune_during_run(run, {"backend": "prime_rl", "checkpoint_dir": "outputs", "prune_during_run": True}, 2)
     assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["step_15", "step_20"]
     assert sorted(p.name for p in (root / "weights").iterdir()) == ["step_15", "step_20"]
     assert "pruned" in (run / "rlctl-events.jsonl").read_text()

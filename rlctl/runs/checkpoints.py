@@ -8,40 +8,12 @@ elsewhere are refused.
 from __future__ import annotations
 
 import json
-import re
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlctl.backends.layout import Checkpoint
 from rlctl.errors import RlctlError
-
-
-@dataclass
-class Checkpoint:
-    step: int
-    path: Path
-    complete: bool
-    extra_paths: list[Path] = field(default_factory=list)  # e.g. prime-rl's weights/step_N next to it
-
-    def size(self) -> int:
-        total = 0
-        for root in [self.path, *self.extra_paths]:
-            if root.is_file():
-                total += root.stat().st_size
-                continue
-            for p in root.rglob("*"):
-                if p.is_file() and not p.is_symlink():
-                    total += p.stat().st_size
-        return total
-
-
-PATTERNS = {
-    "trl": re.compile(r"^checkpoint-(\d+)$"),
-    "prime_rl": re.compile(r"^step_(\d+)$"),
-    "verl": re.compile(r"^global_step_(\d+)$"),
-    "openrlhf": re.compile(r"^global_step(\d+)(?:_hf)?$"),
-}
 
 
 def checkpoint_dir(run_dir: Path, configured: str | None = None) -> Path:
@@ -57,58 +29,16 @@ def checkpoint_dir(run_dir: Path, configured: str | None = None) -> Path:
     return p if p.is_absolute() else run_dir / p
 
 
-def _is_complete(backend: str, path: Path, root: Path, step: int) -> bool:
-    if backend == "trl":
-        return (path / "trainer_state.json").is_file()
-    if backend == "prime_rl":
-        return any(p.name.startswith("optimizer") for p in path.iterdir()) if path.is_dir() else False
-    if backend == "verl":
-        marker = root / "latest_checkpointed_iteration.txt"
-        try:
-            return step <= int(marker.read_text().strip())
-        except (OSError, ValueError):
-            return False
-    if backend == "openrlhf":
-        if path.name.endswith("_hf"):
-            return any((path / f).is_file() for f in ("adapter_config.json", "config.json"))
-        latest = path.parent / "latest"
-        try:
-            return int(re.sub(r"\D", "", latest.read_text()) or -1) >= step
-        except (OSError, ValueError):
-            return False
-    return False
-
-
 def find_checkpoints(backend: str, run_dir: Path, root: Path | None = None) -> list[Checkpoint]:
-    root = root or checkpoint_dir(run_dir)
-    pattern = PATTERNS.get(backend)
-    if pattern is None or not root.is_dir():
+    """The run's checkpoints in the backend's own layout (its adapter knows it), oldest first."""
+    from rlctl.backends import get_backend
+
+    try:
+        adapter = get_backend(backend)
+    except RlctlError:
         return []
-    search = [root]
-    if backend == "prime_rl" and (root / "checkpoints").is_dir():
-        search = [root / "checkpoints"]
-    if backend == "openrlhf":
-        search += [d for d in root.iterdir() if d.is_dir() and d.name.startswith("_")]  # _actor/ (DeepSpeed)
-    found: dict[int, Checkpoint] = {}
-    for base in search:
-        for p in sorted(base.iterdir()):
-            m = pattern.match(p.name)
-            if not m or not p.is_dir():
-                continue
-            step = int(m.group(1))
-            complete = _is_complete(backend, p, root, step)
-            if step in found:  # OpenRLHF: DeepSpeed state and HF export of the same step
-                found[step].extra_paths.append(p)
-                found[step].complete = found[step].complete and complete
-            else:
-                found[step] = Checkpoint(step, p, complete)
-    if backend == "prime_rl":
-        weights = root / "weights"
-        for c in found.values():
-            w = weights / f"step_{c.step}"
-            if w.is_dir():
-                c.extra_paths.append(w)
-    return [found[s] for s in sorted(found)]
+    root = root or checkpoint_dir(run_dir)
+    return adapter.checkpoints(root) if root.is_dir() else []
 
 
 def latest_complete(backend: str, run_dir: Path) -> Checkpoint | None:
@@ -163,21 +93,23 @@ def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = False, 
                 keep_steps.add(max(eligible))
     doomed = plan_prune(ckpts, keep_last, keep_steps)
     for c in doomed:
-        for p in [c.path, *c.extra_paths]:
+        for p in c.paths():
             _safe_to_delete(p, root)
     if not dry_run:
         for c in doomed:
-            for p in [c.path, *c.extra_paths]:
+            for p in c.paths():
                 shutil.rmtree(p)
     return doomed
 
 
 def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> None:
-    """Called by the supervisor: enforce keep_last for backends that do not (prime-rl), quietly."""
-    if spec.get("backend") != "prime_rl":
+    """Called by the supervisor: enforce keep_last where the backend keeps more on its own (its adapter says so at
+    launch, as spec["prune_during_run"]), quietly."""
+    if not spec.get("prune_during_run"):
         return
     try:
-        doomed = prune("prime_rl", run_dir, keep_last, root=checkpoint_dir(run_dir, spec.get("checkpoint_dir")))
+        doomed = prune(spec.get("backend", ""), run_dir, keep_last,
+                       root=checkpoint_dir(run_dir, spec.get("checkpoint_dir")))
     except (RlctlError, OSError):
         return
     if doomed:

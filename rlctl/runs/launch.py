@@ -177,6 +177,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         "argv": _argv(prep.plan), "backend": prep.plan.backend, "grace_seconds": opts.grace_seconds,
         "keep_last": recipe.checkpoint.keep_last, "checkpoint_dir": recipe.checkpoint.dir,
         "disk_headroom": recipe.preflight.disk_headroom,
+        "prune_during_run": bool(recipe.checkpoint.keep_last) and prep.backend.prune_during_run(recipe),
         "sinks": sink_spec(recipe, run_dir, wandb_id),
     }
     write_spec(run_dir, spec)

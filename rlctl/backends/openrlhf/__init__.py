@@ -17,6 +17,7 @@ from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_s
 from rlctl.estimate.schedules import hf_schedule
 
 if TYPE_CHECKING:
+    from rlctl.backends.layout import Checkpoint
     from rlctl.recipe.schema import Recipe
 
 DOTTED_SINCE = "0.10.2"
@@ -365,7 +366,7 @@ class OpenRLHFBackend(Backend):
 
         return parse_openrlhf(line)
 
-    def checkpoints(self, run_dir: Path) -> list[Any]:
-        from rlctl.runs.checkpoints import find_checkpoints
+    def checkpoints(self, root: Path) -> list[Checkpoint]:
+        from rlctl.backends.openrlhf.checkpoints import find
 
-        return find_checkpoints(self.name, run_dir)
+        return find(root)

@@ -17,6 +17,7 @@ from rlctl.estimate.schedules import prime_rl_schedule
 from rlctl.recipe.loader import dump_toml
 
 if TYPE_CHECKING:
+    from rlctl.backends.layout import Checkpoint
     from rlctl.recipe.schema import Recipe
 
 NEW_LAYOUT_SINCE = "0.8.0"
@@ -260,7 +261,10 @@ class PrimeRLBackend(Backend):
 
         return parse_prime_rl(line)
 
-    def checkpoints(self, run_dir: Path) -> list[Any]:
-        from rlctl.runs.checkpoints import find_checkpoints
+    def prune_during_run(self, recipe: Recipe) -> bool:
+        return True
 
-        return find_checkpoints(self.name, run_dir)
+    def checkpoints(self, root: Path) -> list[Checkpoint]:
+        from rlctl.backends.prime_rl.checkpoints import find
+
+        return find(root)

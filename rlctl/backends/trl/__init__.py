@@ -16,6 +16,7 @@ from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_s
 from rlctl.estimate.schedules import hf_schedule
 
 if TYPE_CHECKING:
+    from rlctl.backends.layout import Checkpoint
     from rlctl.recipe.schema import Recipe
 
 CONFIG_FILE = "trl_config.json"
@@ -194,7 +195,7 @@ class TRLBackend(Backend):
 
         return parse_trl(line)
 
-    def checkpoints(self, run_dir: Path) -> list[Any]:
-        from rlctl.runs.checkpoints import find_checkpoints
+    def checkpoints(self, root: Path) -> list[Checkpoint]:
+        from rlctl.backends.trl.checkpoints import find
 
-        return find_checkpoints(self.name, run_dir)
+        return find(root)

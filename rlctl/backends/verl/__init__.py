@@ -11,6 +11,7 @@ from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_s
 from rlctl.estimate.schedules import verl_schedule
 
 if TYPE_CHECKING:
+    from rlctl.backends.layout import Checkpoint
     from rlctl.recipe.schema import Recipe
 
 ADV = {"grpo": "grpo", "dr_grpo": "grpo", "reinforce_baseline": "reinforce_plus_plus_baseline", "ppo": "gae"}
@@ -214,7 +215,7 @@ class VerlBackend(Backend):
 
         return parse_verl(line)
 
-    def checkpoints(self, run_dir: Path) -> list[Any]:
-        from rlctl.runs.checkpoints import find_checkpoints
+    def checkpoints(self, root: Path) -> list[Checkpoint]:
+        from rlctl.backends.verl.checkpoints import find
 
-        return find_checkpoints(self.name, run_dir)
+        return find(root)
