@@ -1,0 +1,1 @@
+"""Runs: launching, run directories, state, status, logs, checkpoints and diagnosis."""
