@@ -38,3 +38,15 @@ def get_backend(name: str) -> Any:
     if name not in registry:
         raise RlctlError(f"unknown backend {name!r}; installed backends: {', '.join(sorted(registry))}.")
     return _load(registry[name])()
+
+
+def cpu_backends() -> list[str]:
+    """Backends whose runs need no GPU."""
+    out = []
+    for name in sorted(available()):
+        try:
+            if get_backend(name).runs_on_cpu:
+                out.append(name)
+        except Exception:  # a broken plugin is not a CPU backend
+            continue
+    return out

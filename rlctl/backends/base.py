@@ -126,6 +126,8 @@ class Backend:
     known_versions: ClassVar[tuple[str, ...]] = ()  # every release rendered and checked exactly
     recorded_packages: ClassVar[tuple[str, ...]] = ()  # versions worth recording in env.json besides the common ones
     needs_local_install: ClassVar[bool] = False  # True: the runtime must be importable where rlctl launches
+    runs_on_cpu: ClassVar[bool] = False  # True: a run needs no GPU (resources.gpus_per_node = 0 is fine)
+    install_hint: ClassVar[str] = ""  # how to get the runtime, besides `pip install <package>`
     sharding: ClassVar[str] = "plain"  # memory engine of the trainer: plain | fsdp | deepspeed
     metric_needles: ClassVar[tuple[str, ...]] = ()  # cheap substrings a metrics line contains (a pre-filter)
 
@@ -169,6 +171,12 @@ class Backend:
     def warmup_steps(self, recipe: Recipe, total: int) -> int:
         return 0
 
+    def steps_formula(self, recipe: Recipe, dataset_size: int) -> str:
+        """How total_steps() counts optimizer steps from the dataset, for people to check."""
+        r = recipe
+        return (f"{dataset_size} prompts x {r.rollout.group_size} samples // {r.train.train_batch_size} per step "
+                f"x {r.train.episodes} episodes")
+
     def schedule(self, recipe: Recipe, dataset_size: int | None) -> list[float]:
         return []
 
@@ -187,9 +195,12 @@ class Backend:
         return []
 
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
-        """(bytes one checkpoint takes on disk, how that was counted)."""
-        params = arch.params(lora_rank=None)
-        return params * 2.0, "bf16 weights"
+        """(bytes one checkpoint takes on disk, what it holds). Default: an HF model (or adapter) + fp32 Adam."""
+        r = recipe
+        P = arch.params
+        T = arch.lora_params(r.lora.rank, r.lora.target_modules) if r.lora else P
+        w = 2 if r.model.dtype in ("bfloat16", "float16") else 4
+        return (T * w if r.lora else P * w) + (T * 2 * 4 if r.checkpoint.save_optimizer else 0), "HF model + optimizer"
 
     def kept_checkpoints(self, recipe: Recipe) -> int | None:
         """How many checkpoints will really stay on disk (after the backend's and rlctl's pruning); None = all."""
@@ -200,8 +211,9 @@ class Backend:
         return False
 
     # ---- checks ------------------------------------------------------------------------------------------------
-    def preflight(self, recipe: Recipe) -> list[tuple[str, str, str, str | None]]:
-        """Backend-specific placement/batch rules: (check name, level ok|warn|fail, message, fix)."""
+    def preflight(self, ctx: Any, family: str) -> list[Any]:
+        """This backend's own rules for one check family ("disk", "placement", "env", ...), as preflight Results.
+        `ctx` is the preflight Context (recipe, arch, dataset size, total steps)."""
         return []
 
     # ---- launching -----------------------------------------------------------------------------------------------
@@ -216,6 +228,23 @@ class Backend:
     def stall_patterns(self) -> list[str]:
         """Regexes of log lines that mean the run is stuck or a component it needs died."""
         return []
+
+    # ---- memory engine and precision (rlctl.estimate.memory, rlctl.preflight.precision) --------------------------
+    logits_scope: ClassVar[str] = "sequence"  # log-probs over: sequence (prompt + response) | completion only
+    colocation: ClassVar[str] = "resident"  # a colocated vLLM engine: resident | sleep (frees memory while training)
+    sleep_switch: ClassVar[str | None] = None  # a backend extra that turns the engine's sleep mode on
+
+    def param_dtype(self, recipe: Recipe) -> str:
+        """The dtype of what the optimizer updates (master parameters, gradients, Adam states). model.precision
+        `mixed` (the default): float32; `pure`: model.dtype itself."""
+        if recipe.model.precision == "pure":
+            return "bfloat16" if recipe.model.dtype == "auto" else recipe.model.dtype
+        return "float32"
+
+    def colocation_mode(self, recipe: Recipe) -> str:
+        if self.sleep_switch and recipe.backend.extra().get(self.sleep_switch):
+            return "sleep"
+        return self.colocation
 
 
 # ---------------------------------------------------------------------------------------------------------------

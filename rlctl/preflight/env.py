@@ -20,10 +20,11 @@ def backend_installed(ctx: Context) -> Result:
     pinned = r.backend.version
     if installed is None:
         remote = r.resources.executor == "ray"
-        return Result("env.backend", WARN if remote or r.backend.name != "trl" else FAIL,
+        local = ctx.backend.needs_local_install and not remote
+        hint = f" (or {ctx.backend.install_hint})" if ctx.backend.install_hint else ""
+        return Result("env.backend", FAIL if local else WARN,
                       f"{pkg} is not installed in this Python" + (" (the Ray cluster must have it)" if remote else ""),
-                      f"pip install {pkg}" + (f"=={pinned}" if pinned else "")
-                      + ("" if r.backend.name != "trl" else ' (or pip install "rlctl[trl]")'))
+                      f"pip install {pkg}" + (f"=={pinned}" if pinned else "") + hint)
     if pinned and pinned != installed:
         return Result("env.backend", WARN, f"recipe pins {pkg} {pinned}; {installed} is installed",
                       f"pip install {pkg}=={pinned}, or set backend.version = \"{installed}\"")

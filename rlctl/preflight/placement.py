@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rlctl.backends import cpu_backends
 from rlctl.preflight import FAIL, OK, WARN, Context, Result, check
 
 
@@ -10,9 +11,10 @@ def gpus(ctx: Context) -> Result:
     r = ctx.recipe
     res = r.resources
     if res.gpus_per_node == 0:
-        if r.backend.name != "trl":
+        if not ctx.backend.runs_on_cpu:
             return Result("placement.gpus", FAIL, f"{r.backend.name} needs GPUs (resources.gpus_per_node = 0)",
-                          "set resources.gpus_per_node, or use the trl backend for CPU runs")
+                          "set resources.gpus_per_node, or use a backend that runs on the CPU: "
+                          + ", ".join(cpu_backends()))
         return Result("placement.gpus", OK, "CPU run")
     have = r.total_gpus
     per_node = res.gpus_per_node
@@ -80,14 +82,7 @@ def batch(ctx: Context) -> list[Result]:
         out.append(Result("placement.batch", FAIL,
                           f"train batch {tbs} is not a multiple of micro batch {mb} x {dp} data-parallel GPUs",
                           f"make train.train_batch_size a multiple of {mb * dp}"))
-    if r.backend.name == "verl" and tbs % r.rollout.group_size:
-        out.append(Result("placement.batch", FAIL,
-                          f"verl counts ppo_mini_batch_size in prompts: {tbs} samples is not whole groups of "
-                          f"{r.rollout.group_size}", "make train.train_batch_size a multiple of rollout.group_size"))
-    if r.backend.name == "prime_rl" and tbs != samples:
-        out.append(Result("placement.batch", WARN,
-                          f"prime-rl trains once per orchestrator batch: train_batch_size {tbs} != prompts x group "
-                          f"{samples}", f"set train.train_batch_size = {samples}"))
+    out += ctx.backend.preflight(ctx, "placement")
     if not out:
         steps = samples // tbs
         out.append(Result("placement.batch", OK,

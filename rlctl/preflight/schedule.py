@@ -23,10 +23,7 @@ def total_steps(ctx: Context) -> Result:
         return _no_steps(ctx)
     src = f"{ctx.dataset_size} prompts" if ctx.dataset_size is not None else "train.steps"
     if r.train.steps is None and ctx.dataset_size is not None:
-        formula = (f"{ctx.dataset_size} prompts x {r.rollout.group_size} samples // {r.train.train_batch_size} "
-                   f"per step x {r.train.episodes} episodes")
-        if r.backend.name == "verl":
-            formula = f"{ctx.dataset_size} prompts // {r.rollout.prompts_per_step} per step x {r.train.episodes}"
+        formula = ctx.backend.steps_formula(r, ctx.dataset_size)
     else:
         formula = f"train.steps = {r.train.steps}"
     if total <= 0:

@@ -19,6 +19,7 @@ import tomlkit
 import tomlkit.exceptions
 from pydantic import ValidationError
 
+from rlctl.backends import available as available_backends
 from rlctl.errors import RecipeError
 from rlctl.recipe.schema import ALIASES, SECTIONS, Recipe, all_key_paths
 from rlctl.resources import bundled_recipe
@@ -272,7 +273,10 @@ def _unknown_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
     out = []
     for k, v in data.items():
         p = f"{prefix}.{k}" if prefix else k
-        if k not in model.model_fields:
+        if prefix == "backend" and k not in model.model_fields and k in available_backends():
+            # [backend.<name>] holds only `extra`
+            out.extend(f"{p}.{inner}" for inner in (v if isinstance(v, dict) else {}) if inner != "extra")
+        elif k not in model.model_fields:
             out.append(p)
         elif isinstance(v, dict) and p in SECTIONS and not p.endswith(".extra") and p != "doctor":
             out.extend(_unknown_keys(v, p))

@@ -16,9 +16,6 @@ NonNegInt = Annotated[int, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 
-BACKENDS = ("openrlhf", "prime_rl", "verl", "trl")
-
-
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -28,22 +25,65 @@ class BackendExtra(Section):
 
 
 class BackendSection(Section):
-    name: Literal["openrlhf", "prime_rl", "verl", "trl"] = Field(description="Which backend runs the recipe.")
+    # `[backend.<name>]` tables (e.g. `[backend.verl] extra = {...}`) exist for every registered backend, bundled or
+    # plugged in, so they are checked against the registry rather than declared here one by one.
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    name: str = Field(description="Which backend runs the recipe (`rlctl backends` lists the installed ones).")
     version: str | None = Field(
         default=None, description="The backend version the recipe is written for (flags are checked against it)."
     )
-    openrlhf: BackendExtra = Field(default_factory=BackendExtra)
-    prime_rl: BackendExtra = Field(default_factory=BackendExtra)
-    verl: BackendExtra = Field(default_factory=BackendExtra)
-    trl: BackendExtra = Field(default_factory=BackendExtra)
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        from rlctl.backends import available
+
+        known = sorted(available())
+        if v not in known:
+            raise ValueError(f"unknown backend {v!r}; installed backends: {', '.join(known)}")
+        return v
+
+    @model_validator(mode="after")
+    def _tables(self) -> BackendSection:
+        from rlctl.backends import available
+
+        known = available()
+        for key, value in list((self.model_extra or {}).items()):
+            if key not in known:
+                names = ", ".join(sorted(known))
+                raise ValueError(f"unknown backend table [backend.{key}]; installed backends: {names}")
+            if isinstance(value, BackendExtra):
+                continue
+            if not isinstance(value, dict):
+                raise ValueError(f"[backend.{key}] must be a table like `extra = {{...}}`")
+            self.model_extra[key] = BackendExtra.model_validate(value)
+        return self
+
+    def table(self, name: str | None = None) -> BackendExtra:
+        """The `[backend.<name>]` table (created empty when the recipe has none), of the recipe's backend by default."""
+        name = name or self.name
+        extras = self.model_extra if self.model_extra is not None else {}
+        if name not in extras:
+            extras[name] = BackendExtra()
+        return extras[name]
 
     def extra(self) -> dict[str, Any]:
-        return getattr(self, self.name).extra
+        """The recipe's backend's raw escape hatch, `backend.<name>.extra` (a live dict)."""
+        return self.table().extra
 
 
 class ModelSection(Section):
     path: str = Field(description="HF model id, a local directory, or `random:<arch>?hidden=..&layers=..`.")
-    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = Field(
+        default="bfloat16", description="Compute dtype (what matmuls run in, what vLLM serves in).")
+    precision: Literal["mixed", "pure"] = Field(
+        default="mixed",
+        description="How the trainer holds what it updates. `mixed` (default, what verl/prime-rl FSDP and DeepSpeed "
+        "do): fp32 parameters, gradients and optimizer state, compute autocast to `dtype`; with LoRA the frozen base "
+        "stays in `dtype` and only the adapters are fp32. `pure`: parameters and optimizer state in `dtype` itself "
+        "(half the memory; an update smaller than half a bf16 step of a weight, lr below ~|w|/256, is rounded away). "
+        "See docs/precision.md.")
     max_model_len: PosInt = Field(default=4096, description="Context length for rollouts (prompt + response).")
     trust_remote_code: bool = False
 

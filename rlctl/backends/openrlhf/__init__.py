@@ -112,6 +112,8 @@ def _fmt(v: Any) -> str:
 
 class OpenRLHFBackend(Backend):
     name = "openrlhf"
+    sharding = "deepspeed"  # memory engine: ZeRO stage from train.zero_stage
+    sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
     known_versions = ("0.9.3", "0.11.2")
 
@@ -365,6 +367,32 @@ class OpenRLHFBackend(Backend):
         from rlctl.metrics.parsers import parse_openrlhf
 
         return parse_openrlhf(line)
+
+    def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
+        r = recipe
+        P = arch.params
+        T = arch.lora_params(r.lora.rank, r.lora.target_modules) if r.lora else P
+        keep_opt = r.checkpoint.save_optimizer
+        hf = T * 2 if r.lora else P * 2
+        ds = (P * 2 + T * 12) if keep_opt else 0
+        return hf + ds, ("HF " + ("adapter" if r.lora else "weights")) + (" + DeepSpeed states" if keep_opt else "")
+
+    def preflight(self, ctx: Any, family: str) -> list[Any]:
+        from rlctl.preflight import WARN, Result
+
+        r = ctx.recipe
+        out = []
+        if family != "disk":
+            return out
+        if r.checkpoint.save_optimizer:
+            out.append(Result("disk.deepspeed", WARN,
+                              "DeepSpeed checkpoints are on (OpenRLHF's default): optimizer + model states every save",
+                              "set checkpoint.save_optimizer = false (--disable_ds_ckpt) if HF checkpoints suffice"))
+        if r.lora and r.train.zero_stage == 3 and (r.patches.set or "") != f"openrlhf/{r.backend.version}":
+            out.append(Result("disk.lora_zero3", WARN,
+                              "OpenRLHF LoRA + ZeRO-3 saves full-model shards next to the adapter (~200 GB for 20B)",
+                              "apply the openrlhf save_model patch set (patches.set) or use ZeRO-2"))
+        return out
 
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         from rlctl.backends.openrlhf.checkpoints import find

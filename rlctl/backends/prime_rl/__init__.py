@@ -53,6 +53,7 @@ def _set(d: dict[str, Any], dotted: str, value: Any) -> None:
 
 class PrimeRLBackend(Backend):
     name = "prime_rl"
+    sharding = "fsdp"  # memory engine: FSDP2, fp32 sharded master parameters
     packages = ("prime-rl", "prime_rl")
     known_versions = ("0.3.0", "0.8.0")
 
@@ -263,6 +264,31 @@ class PrimeRLBackend(Backend):
 
     def prune_during_run(self, recipe: Recipe) -> bool:
         return True
+
+    def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
+        r = recipe
+        P = arch.params
+        T = arch.lora_params(r.lora.rank, r.lora.target_modules) if r.lora else P
+        # trainer: fp32 FSDP shards + optimizer; plus bf16 weights for inference
+        return P * 4 + (T * 8 if r.checkpoint.save_optimizer else 0) + P * 2, \
+            "fp32 model shards + optimizer + bf16 weights/"
+
+    def preflight(self, ctx: Any, family: str) -> list[Any]:
+        from rlctl.preflight import WARN, Result
+
+        r = ctx.recipe
+        out = []
+        if family == "disk" and r.checkpoint.keep_last:
+            out.append(Result("disk.keep_last", WARN,
+                              "prime-rl's ckpt.keep_last does not delete old checkpoints (seen in the seeds)",
+                              "rlctl launch prunes to checkpoint.keep_last itself while the run goes"))
+        if family == "placement":
+            tbs, samples = r.train.train_batch_size, r.rollout.prompts_per_step * r.rollout.group_size
+            if tbs != samples:
+                out.append(Result("placement.batch", WARN,
+                                  f"prime-rl trains once per orchestrator batch: train_batch_size {tbs} != prompts x "
+                                  f"group {samples}", f"set train.train_batch_size = {samples}"))
+        return out
 
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         from rlctl.backends.prime_rl.checkpoints import find

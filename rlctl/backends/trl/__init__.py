@@ -27,7 +27,11 @@ LOSS_TYPE = {"grpo": "grpo", "dr_grpo": "dr_grpo", "reinforce_baseline": "grpo",
 class TRLBackend(Backend):
     name = "trl"
     packages = ("trl", "transformers")
+    needs_local_install = True  # the runner runs in rlctl's own Python
+    runs_on_cpu = True
+    install_hint = 'pip install "rlctl[trl]"'
     known_versions = ("1.16.0",)
+    logits_scope = "completion"  # TRL computes log-probs of the completion tokens only (logits_to_keep)
 
     def target_version(self, recipe: Recipe) -> str:
         return recipe.backend.version or installed_version("trl") or self.known_versions[-1]
@@ -97,7 +101,7 @@ class TRLBackend(Backend):
             "epsilon": r.algorithm.eps_clip,
             "loss_type": LOSS_TYPE[r.algorithm.name],
             "gradient_checkpointing": r.train.gradient_checkpointing,
-            "bf16": r.model.dtype == "bfloat16" and r.resources.gpus_per_node > 0,
+            **self.precision_config(r),
             "seed": r.train.seed,
             "logging_steps": 1,
             "disable_tqdm": True,
@@ -127,6 +131,23 @@ class TRLBackend(Backend):
         cfg.update(r.backend.extra())
         return cfg
 
+    def precision_config(self, recipe: Recipe) -> dict[str, Any]:
+        """model.precision rendered faithfully (docs/precision.md).
+
+        TRL loads the model in `model_init_kwargs.dtype` (float32 when unset) and `bf16`/`fp16` turn on accelerate's
+        autocast. mixed: fp32 parameters (so AdamW updates fp32 master weights) with compute autocast to model.dtype;
+        with LoRA the frozen base is loaded in model.dtype and PEFT keeps the adapters in fp32
+        (autocast_adapter_dtype=True). pure: the parameters themselves in model.dtype. Autocast only on a GPU.
+        """
+        r = recipe
+        compute = "bfloat16" if r.model.dtype == "auto" else r.model.dtype
+        param = self.param_dtype(r)
+        if r.lora is not None:
+            param = compute  # frozen base in the compute dtype; PEFT keeps the adapters in fp32
+        gpu = r.resources.gpus_per_node > 0
+        return {"model_init_kwargs": {"dtype": param},
+                "bf16": gpu and compute == "bfloat16", "fp16": gpu and compute == "float16"}
+
     def config(self, recipe: Recipe, dataset_size: int | None) -> dict[str, Any]:
         r = recipe
         out: dict[str, Any] = {
@@ -138,6 +159,7 @@ class TRLBackend(Backend):
             "max_prompt_tokens": r.data.max_prompt_tokens,
             "reward_file": r.reward.function,
             "reward_name": r.reward.function_name,
+            "precision": r.model.precision,
             "lora": None,
             "grpo": self.grpo_config(r, dataset_size),
         }

@@ -36,6 +36,8 @@ def _val(v: Any) -> str:
 
 class VerlBackend(Backend):
     name = "verl"
+    sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
+    colocation = "sleep"  # hybrid engine: vLLM frees weights + KV cache while the actor trains
     packages = ("verl",)
     known_versions = ("0.9.1",)
 
@@ -50,6 +52,9 @@ class VerlBackend(Backend):
         if dataset_size is None:
             return None
         return dataset_size // recipe.rollout.prompts_per_step * (recipe.train.episodes or 1)
+
+    def steps_formula(self, recipe: Recipe, dataset_size: int) -> str:
+        return f"{dataset_size} prompts // {recipe.rollout.prompts_per_step} per step x {recipe.train.episodes}"
 
     def warmup_steps(self, recipe: Recipe, total: int) -> int:
         # transformer_impl.py: lr_warmup_steps if > 0 else int(lr_warmup_steps_ratio * total)
@@ -214,6 +219,23 @@ class VerlBackend(Backend):
         from rlctl.metrics.parsers import parse_verl
 
         return parse_verl(line)
+
+    def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
+        r = recipe
+        P = arch.params
+        T = arch.lora_params(r.lora.rank, r.lora.target_modules) if r.lora else P
+        return P * 4 + (T * 8 if r.checkpoint.save_optimizer else 0), "FSDP model + optimizer shards"
+
+    def preflight(self, ctx: Any, family: str) -> list[Any]:
+        from rlctl.preflight import FAIL, Result
+
+        r = ctx.recipe
+        tbs, g = r.train.train_batch_size, r.rollout.group_size
+        if family == "placement" and tbs % g:
+            return [Result("placement.batch", FAIL,
+                           f"verl counts ppo_mini_batch_size in prompts: {tbs} samples is not whole groups of {g}",
+                           "make train.train_batch_size a multiple of rollout.group_size")]
+        return []
 
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         from rlctl.backends.verl.checkpoints import find
