@@ -129,6 +129,7 @@ class Backend:
     runs_on_cpu: ClassVar[bool] = False  # True: a run needs no GPU (resources.gpus_per_node = 0 is fine)
     install_hint: ClassVar[str] = ""  # how to get the runtime, besides `pip install <package>`
     sharding: ClassVar[str] = "plain"  # memory engine of the trainer: plain | fsdp | deepspeed
+    table_model: ClassVar[type | None] = None  # pydantic model of `[backend.<name>]` (a BackendExtra subclass)
     metric_needles: ClassVar[tuple[str, ...]] = ()  # cheap substrings a metrics line contains (a pre-filter)
 
     # ---- version ---------------------------------------------------------------------------------------------

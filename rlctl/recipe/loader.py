@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from rlctl.backends import available as available_backends
 from rlctl.errors import RecipeError
-from rlctl.recipe.schema import ALIASES, SECTIONS, Recipe, all_key_paths
+from rlctl.recipe.schema import ALIASES, SECTIONS, Recipe, all_key_paths, backend_table_model
 from rlctl.resources import bundled_recipe
 
 # Keys whose values are file paths, resolved relative to the recipe file that set them.
@@ -274,8 +274,9 @@ def _unknown_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
     for k, v in data.items():
         p = f"{prefix}.{k}" if prefix else k
         if prefix == "backend" and k not in model.model_fields and k in available_backends():
-            # [backend.<name>] holds only `extra`
-            out.extend(f"{p}.{inner}" for inner in (v if isinstance(v, dict) else {}) if inner != "extra")
+            # [backend.<name>] holds `extra` and the adapter's own options
+            allowed = backend_table_model(k).model_fields
+            out.extend(f"{p}.{inner}" for inner in (v if isinstance(v, dict) else {}) if inner not in allowed)
         elif k not in model.model_fields:
             out.append(p)
         elif isinstance(v, dict) and p in SECTIONS and not p.endswith(".extra") and p != "doctor":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -22,6 +22,16 @@ class Section(BaseModel):
 
 class BackendExtra(Section):
     extra: dict[str, Any] = Field(default_factory=dict, description="Raw flags/keys passed through verbatim.")
+
+
+def backend_table_model(name: str) -> type[BackendExtra]:
+    """What a `[backend.<name>]` table may hold: `extra`, plus the adapter's own options (its `table_model`)."""
+    from rlctl.backends import get_backend
+
+    try:
+        return getattr(get_backend(name), "table_model", None) or BackendExtra
+    except Exception:  # a broken plugin: its table is validated as the plain escape hatch
+        return BackendExtra
 
 
 class BackendSection(Section):
@@ -57,7 +67,13 @@ class BackendSection(Section):
                 continue
             if not isinstance(value, dict):
                 raise ValueError(f"[backend.{key}] must be a table like `extra = {{...}}`")
-            self.model_extra[key] = BackendExtra.model_validate(value)
+            model = backend_table_model(key)
+            try:
+                self.model_extra[key] = model.model_validate(value)
+            except ValidationError as e:
+                problems = "; ".join(f"backend.{key}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                                     for err in e.errors())
+                raise ValueError(problems) from None
         return self
 
     def table(self, name: str | None = None) -> BackendExtra:
