@@ -26,11 +26,38 @@ def runs_root() -> Path:
     return Path(os.environ.get("RLCTL_RUNS_DIR", "runs"))
 
 
+# The type each well-known field must have; a damaged state.json (hand-edited, half-written, another tool's)
+# loses the fields that do not fit instead of breaking every command that reads it.
+_NUMBER = (int, float)
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "started_at": _NUMBER, "ended_at": _NUMBER, "pid_create_time": _NUMBER, "supervisor_create_time": _NUMBER,
+    "pid": (int,), "pgid": (int,), "supervisor_pid": (int,), "ray_head_pid": (int,), "total_steps": (int,),
+    "exit_code": (int,), "status": (str,), "backend": (str,), "executor": (str,), "name": (str,),
+    "version": (str,), "ray_job_id": (str,), "ray_address": (str,), "wandb_run_id": (str,),
+}
+
+
+def _sane(data: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in data.items():
+        want = FIELD_TYPES.get(k)
+        if want is not None and v is not None and (isinstance(v, bool) or not isinstance(v, want)):
+            continue
+        if isinstance(v, float) and v != v:  # NaN
+            continue
+        out[k] = v
+    return out
+
+
 def read_state(run_dir: Path) -> dict[str, Any]:
     try:
-        data = json.loads((run_dir / STATE).read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
+        path = run_dir / STATE
+        if not path.is_file():  # a FIFO or device named state.json would block or never end
+            return {}
+        with path.open("rb") as fh:
+            data = json.loads(fh.read(8 * 1024 * 1024))
+        return _sane(data) if isinstance(data, dict) else {}
+    except (OSError, ValueError, RecursionError):
         return {}
 
 
@@ -73,7 +100,12 @@ def list_runs(root: Path | None = None) -> list[Path]:
     if not root.is_dir():
         return []
     runs = [p for p in root.iterdir() if p.is_dir() and (p / STATE).is_file()]
-    return sorted(runs, key=lambda p: read_state(p).get("started_at") or 0)
+
+    def started(p: Path) -> float:  # a damaged state.json in one run must not break the listing of all
+        t = read_state(p).get("started_at")
+        return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+
+    return sorted(runs, key=started)
 
 
 def find_run(ref: str, root: Path | None = None) -> Path:
