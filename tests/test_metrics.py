@@ -9,14 +9,12 @@ import logging
 
 import pytest
 
-from rlctl.metrics.parsers import (
-    Malformed,
-    parse_openrlhf,
-    parse_prime_rl,
-    parse_trl,
-    parse_trl_state,
-    parse_verl,
-)
+from rlctl.backends.openrlhf.metrics import parse as parse_openrlhf
+from rlctl.backends.prime_rl.metrics import parse as parse_prime_rl
+from rlctl.backends.trl.metrics import parse as parse_trl
+from rlctl.backends.trl.metrics import parse_state as parse_trl_state
+from rlctl.backends.verl.metrics import parse as parse_verl
+from rlctl.metrics.parsers import Malformed
 from rlctl.metrics.stream import METRICS, by_step, ingest, ingest_stats, iter_metrics, tail_records
 from tests.conftest import FIXTURES
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from rlctl import patching
+from rlctl.backends.openrlhf.metrics import parse as parse_openrlhf
 from rlctl.errors import PatchError
-from rlctl.metrics.parsers import parse_openrlhf
 from rlctl.resources import patches_dir
 
 pytestmark = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")

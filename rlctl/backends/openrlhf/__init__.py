@@ -116,6 +116,7 @@ class OpenRLHFBackend(Backend):
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
     known_versions = ("0.9.3", "0.11.2")
+    metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "Eval at step")  # metrics.py
 
     # ---- version -------------------------------------------------------------------------------------------
     def target_version(self, recipe: Recipe) -> str:
@@ -363,10 +364,11 @@ class OpenRLHFBackend(Backend):
         return findings
 
     # ---- metrics and checkpoints -----------------------------------------------------------------------------
-    def parse(self, line: str) -> dict[str, Any] | None:
-        from rlctl.metrics.parsers import parse_openrlhf
+    def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
+        """A log line (or a W&B/TensorBoard row) in rlctl's unified names: see openrlhf/metrics.py."""
+        from rlctl.backends.openrlhf.metrics import parse
 
-        return parse_openrlhf(line)
+        return parse(line)
 
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe

@@ -56,6 +56,7 @@ class PrimeRLBackend(Backend):
     sharding = "fsdp"  # memory engine: FSDP2, fp32 sharded master parameters
     packages = ("prime-rl", "prime_rl")
     known_versions = ("0.3.0", "0.8.0")
+    metric_needles = ("Step ",)  # as in prime_rl/metrics.py NEEDLES
 
     def target_version(self, recipe: Recipe) -> str:
         return recipe.backend.version or installed_version("prime-rl") or self.known_versions[-1]
@@ -257,10 +258,11 @@ class PrimeRLBackend(Backend):
             ))
         return findings
 
-    def parse(self, line: str) -> dict[str, Any] | None:
-        from rlctl.metrics.parsers import parse_prime_rl
+    def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
+        """A log line (or a W&B/TensorBoard row) in rlctl's unified names: see prime_rl/metrics.py."""
+        from rlctl.backends.prime_rl.metrics import parse
 
-        return parse_prime_rl(line)
+        return parse(line)
 
     def prune_during_run(self, recipe: Recipe) -> bool:
         return True

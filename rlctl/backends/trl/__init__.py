@@ -31,6 +31,7 @@ class TRLBackend(Backend):
     runs_on_cpu = True
     install_hint = 'pip install "rlctl[trl]"'
     known_versions = ("1.16.0",)
+    metric_needles = ("{'", "'step'")  # as in trl/metrics.py NEEDLES
     logits_scope = "completion"  # TRL computes log-probs of the completion tokens only (logits_to_keep)
 
     def target_version(self, recipe: Recipe) -> str:
@@ -212,10 +213,11 @@ class TRLBackend(Backend):
             return [Finding("warn", "trl", f"no GRPOConfig definition for trl {version}; keys not checked")]
         return check_keys(self.name, plan.keys, known, version, source, kind="GRPOConfig field")
 
-    def parse(self, line: str) -> dict[str, Any] | None:
-        from rlctl.metrics.parsers import parse_trl
+    def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
+        """A log line (or a W&B/TensorBoard row) in rlctl's unified names: see trl/metrics.py."""
+        from rlctl.backends.trl.metrics import parse
 
-        return parse_trl(line)
+        return parse(line)
 
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         from rlctl.backends.trl.checkpoints import find

@@ -40,6 +40,7 @@ class VerlBackend(Backend):
     colocation = "sleep"  # hybrid engine: vLLM frees weights + KV cache while the actor trains
     packages = ("verl",)
     known_versions = ("0.9.1",)
+    metric_needles = ("step:",)  # as in verl/metrics.py NEEDLES
 
     def target_version(self, recipe: Recipe) -> str:
         return recipe.backend.version or installed_version("verl") or self.known_versions[-1]
@@ -215,10 +216,11 @@ class VerlBackend(Backend):
         # Hydra rejects an override of a key that is not in the config unless it is prefixed with `+`
         return check_keys(self.name, plan.keys, known, version, source, kind="key")
 
-    def parse(self, line: str) -> dict[str, Any] | None:
-        from rlctl.metrics.parsers import parse_verl
+    def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
+        """A log line (or a W&B/TensorBoard row) in rlctl's unified names: see verl/metrics.py."""
+        from rlctl.backends.verl.metrics import parse
 
-        return parse_verl(line)
+        return parse(line)
 
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe
