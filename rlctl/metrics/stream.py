@@ -28,6 +28,7 @@ LOG = "stdout.log"
 BACKEND_METRICS = "backend_metrics.jsonl"  # structured metrics a backend writes itself (e.g. through rlctl's patch)
 SOURCES = "logs"  # more logs of an attached run (symlinks to the backend's own files), each followed like LOG
 METRICS = "metrics.jsonl"
+STEP_FLOOR = ".step_floor"  # see step_floor()
 STATE = ".ingest.json"
 CHUNK = 8 * 1024 * 1024
 MAX_EXAMPLES = 5
@@ -141,6 +142,15 @@ def log_files(run_dir: Path) -> list[str]:
     return [n for n in names if (run_dir / n).exists()]
 
 
+def step_floor(run_dir: Path) -> int:
+    """The last step a restarted run had streamed before its restart (written by its supervisor at the restart):
+    the new attempt repeats the steps after its checkpoint, and those repeats are dropped. -1: none."""
+    try:
+        return int((run_dir / STEP_FLOOR).read_text().strip())
+    except (OSError, ValueError):
+        return -1
+
+
 def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | None:
     """Parse whatever complete lines the logs gained since last time. With final=True a last line without a
     newline is parsed too (the process has ended), and a record left unfinished is counted as not understood.
@@ -156,6 +166,7 @@ def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | No
             return None
         states = _load_states(run_dir)
         reader = _Reader(ad.parse, tuple(getattr(ad, "metric_needles", ()) or ()), run_dir / METRICS)
+        reader.floor = step_floor(run_dir)
         for name in files:
             states[name] = reader.file(run_dir / name, states.get(name, IngestState()), final)
         _save_states(run_dir, states)
@@ -165,6 +176,7 @@ def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | No
 class _Reader:
     def __init__(self, parser: Callable[[Any], dict[str, Any] | None], needles: tuple[str, ...], out: Path):
         self.parser, self.needles, self.out = parser, needles, out
+        self.floor = -1
 
     def file(self, log: Path, st: IngestState, final: bool) -> IngestState:
         try:
@@ -240,7 +252,7 @@ class _Reader:
                     continue
                 if rec is not None:
                     records.append(rec)
-        records = assign_steps(records, st)
+        records = [r for r in assign_steps(records, st) if r["step"] > self.floor]
         st.records += len(records)
         write_records(self.out, records)
 
