@@ -181,9 +181,18 @@ class ResourcesSection(Section):
     colocate: bool = Field(default=False, description="Trainer and inference share the same GPUs.")
     trainer_gpus: list[NonNegInt] | None = Field(default=None, description="GPU ids of the trainer (per node).")
     inference_gpus: list[NonNegInt] | None = Field(default=None, description="GPU ids of the inference engines.")
-    executor: Literal["local", "ray"] = "local"
+    executor: str = Field(default="local", description="Where the run's processes live: local, ray (or a plugin).")
     ray_address: str | None = Field(default=None, description="Ray dashboard address, e.g. http://head:8265.")
     pip: list[str] | None = Field(default=None, description="pip requirements for the Ray job's runtime env.")
+
+    @field_validator("executor")
+    @classmethod
+    def _known_executor(cls, v: str) -> str:
+        from rlctl.executors import available
+
+        if v not in available():
+            raise ValueError(f"unknown executor {v!r}; known: {', '.join(available())}")
+        return v
 
 
 class RewardEnvironment(Section):
@@ -210,6 +219,8 @@ class CheckpointSection(Section):
     keep_last: PosInt | None = None
     resume: str | int = "off"
     save_optimizer: bool = Field(default=True, description="Keep optimizer/DeepSpeed state (needed to resume).")
+    sync: str | None = Field(default=None, description="Upload complete checkpoints here (an fsspec URL, "
+                             "e.g. s3://bucket/prefix); a `latest` pointer is written last.")
 
     @field_validator("resume")
     @classmethod
@@ -223,6 +234,22 @@ class CheckpointSection(Section):
         if v.isdigit():
             return int(v)
         raise ValueError("checkpoint.resume must be off, latest, or a step number")
+
+
+class StallSection(Section):
+    k: Annotated[float, Field(gt=0.0)] = Field(default=5.0, description="Stalled after k x the median step time.")
+    floor_s: NonNegFloat = Field(default=600.0, description="Never stalled sooner than this without a new step.")
+    first_step_s: NonNegFloat = Field(default=1800.0, description="Grace for the first step (loading, warm-up).")
+    slow_step_s: NonNegFloat = Field(default=1800.0, description="Grace for a step with an eval or a save.")
+
+
+class RunSection(Section):
+    """Supervision: what rlctl does when the training process dies or stalls (docs/supervision.md)."""
+
+    restart: Literal["never", "on-failure", "on-stall", "always"] = Field(
+        default="never", description="Restart from the latest complete checkpoint on a failure, a stall, or both.")
+    max_restarts: NonNegInt = Field(default=3, description="Give up (status failed) after this many restarts.")
+    stall: StallSection = Field(default_factory=StallSection)
 
 
 class WandbSection(Section):
@@ -276,6 +303,7 @@ class Recipe(Section):
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
     reward: RewardSection = Field(default_factory=RewardSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    run: RunSection = Field(default_factory=RunSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     env: dict[str, str] = Field(default_factory=dict)
