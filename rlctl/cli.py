@@ -95,6 +95,11 @@ def preflight(
     from rlctl import preflight as pf
     from rlctl.recipe.planning import prepare
 
+    pf.check_only(only)
+    if plot is not None:
+        from rlctl.ui.plots import check_out
+
+        check_out(plot)
     prep = prepare(recipe, set_)
     results = pf.run(prep, only)
     if plot is not None:
@@ -164,6 +169,31 @@ def logs(
     from rlctl.runs.state import find_run
 
     show_logs(find_run(run), follow=follow, metrics=metrics, lines=lines)
+
+
+@app.command(epilog="Example: rlctl attach ~/openrlhf/train.log --backend auto --name gptoss-a --follow")
+def attach(
+    path: Annotated[str, typer.Argument(help="A log file, a directory (logs, checkpoints, TensorBoard, W&B offline "
+                                             "runs, trainer_state.json) or a Ray job id.")],
+    backend: Annotated[str, typer.Option("--backend", help="Which backend wrote it, or auto.")] = "auto",
+    name: Annotated[str | None, typer.Option("--name", help="Run name (default: from PATH).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep reading the log while it grows.")] = False,
+    address: Annotated[str | None, typer.Option("--address", help="Ray dashboard, for a Ray job id.")] = None,
+    idle_exit: Annotated[float, typer.Option("--idle-exit", help="With --follow: stop after this many seconds "
+                                                                 "without growth (0 = never).")] = 0.0,
+) -> None:
+    """Make a run directory for a run rlctl did not start: status, logs, doctor, metrics and ckpt then work on it.
+    Exit 1 when a non-empty log yields no metrics record."""
+    from rlctl.runs.attach import attach as do_attach
+    from rlctl.runs.attach import follow as do_follow
+    from rlctl.runs.attach import report
+
+    attached = do_attach(path, backend=backend, name=name, address=address)
+    text, code = report(attached)
+    _echo(text)
+    if follow and code == 0:
+        do_follow(attached.run_dir, attached.backend, idle_exit=idle_exit, echo=_echo)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -280,14 +310,28 @@ def metrics(
 
 
 @app.command()
-def doctor(run: RunArg, as_json: JsonOpt = False) -> None:
+def doctor(
+    run: RunArg, as_json: JsonOpt = False,
+    weights: Annotated[bool, typer.Option("--weights", help="Compare the run's oldest and newest checkpoints: the "
+                                          "fraction of tensors/values that changed (frozen-weights check).")] = False,
+    between: Annotated[list[Path] | None, typer.Option("--between", help="Two checkpoint directories (or "
+                                                       ".safetensors files) to compare instead; implies --weights.")]
+    = None,
+) -> None:
     """Diagnose a run with the tuning playbook: flat learning, instability, spikes, collapse, truncation,
-    zero-variance groups, train/eval divergence. Exit 1 when a critical finding is made."""
+    zero-variance groups, train/eval divergence; with --weights, whether its checkpoints change at all.
+    Exit 1 when a critical finding is made."""
     from rlctl.runs.doctor import diagnose, to_json
     from rlctl.runs.state import find_run
 
     run_dir = find_run(run)
     findings = diagnose(run_dir)
+    if weights or between:
+        from rlctl.runs.weights import weights_finding
+
+        if between and len(between) != 2:
+            raise typer.BadParameter("--between takes two checkpoints: --between A --between B")
+        findings.append(weights_finding(run_dir, pair=(between[0], between[1]) if between else None))
     if as_json:
         _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings)}, indent=2))
     elif not findings:

@@ -21,6 +21,10 @@ def load_series(run_dir: Path, keys: list[str]) -> dict[str, list[tuple[int, flo
 def compare(refs: list[str], keys: list[str], plot: Path | None, csv: bool) -> str:
     if not keys:
         raise RlctlError("--keys is empty; e.g. --keys reward/mean,kl")
+    if plot is not None:
+        from rlctl.ui.plots import check_out
+
+        check_out(plot)
     runs = [find_run(r) for r in refs]
     data = {r.name: load_series(r, keys) for r in runs}
     if plot is not None:

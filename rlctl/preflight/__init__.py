@@ -79,7 +79,24 @@ class Context:
         return self.backend.schedule(self.recipe, self.dataset_size)
 
 
+def families() -> list[str]:
+    _load_all()
+    return sorted({name.split(".")[0] for name in REGISTRY})
+
+
+def check_only(only: list[str] | None) -> None:
+    """`--only` names families or checks that exist; anything else is a usage error listing them."""
+    if not only:
+        return
+    _load_all()
+    unknown = [o for o in only if not any(n == o or n.startswith(o + ".") for n in REGISTRY)]
+    if unknown:
+        raise RlctlError(f"--only {', '.join(unknown)}: no such check or family.",
+                         hint=f"families: {', '.join(families())} (or a check, e.g. schedule.warmup)")
+
+
 def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
+    check_only(only)
     _load_all()
     ctx = Context(prepared)
     results: list[Result] = []

@@ -69,6 +69,35 @@ def _table(d: dict[str, Any]) -> Any:
 # reading one file
 
 
+MAX_RECIPE_BYTES = 4 * 1024 * 1024
+
+
+def read_regular_file(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes. A FIFO, a device (/dev/zero), a symlink loop, an
+    unreadable or huge file is a RecipeError naming the path — never a hang or a traceback."""
+    import stat as _stat
+
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise RecipeError(f"{path}: cannot be read ({e.strerror or e}).",
+                          hint="check the path, its symlinks and its permissions.") from None
+    except RuntimeError:  # older Pythons report symlink loops this way
+        raise RecipeError(f"{path}: a symlink loop.", hint="fix or remove the symlink.") from None
+    if not _stat.S_ISREG(st.st_mode):
+        raise RecipeError(f"{path}: not a regular file (a FIFO, socket or device), expected {what} file.",
+                          hint="point rlctl at the file itself.")
+    if st.st_size > limit:
+        raise RecipeError(f"{path}: {st.st_size} bytes is far too large for {what} file (limit {limit}).",
+                          hint="check that this is the right file.")
+    try:
+        with path.open("rb") as fh:
+            return fh.read(limit + 1)
+    except OSError as e:
+        raise RecipeError(f"{path}: cannot be read ({e.strerror or e}).",
+                          hint="check the permissions of the file and its directory.") from None
+
+
 def read_toml(path: Path) -> tuple[dict[str, Any], str]:
     """Read and parse one TOML file; every way it can fail becomes a RecipeError naming the file."""
     if not path.exists():
@@ -80,10 +109,7 @@ def read_toml(path: Path) -> tuple[dict[str, Any], str]:
     if path.is_dir():
         raise RecipeError(f"{path}: is a directory, expected a recipe .toml file.",
                           hint="name the .toml file inside it.")
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise RecipeError(f"{path}: cannot be read ({e.strerror}).") from None
+    raw = read_regular_file(path, MAX_RECIPE_BYTES, "a recipe")
     if not raw.strip():
         raise RecipeError(f"{path}: the file is empty; a recipe needs at least [backend], [model] and [data].")
     if b"\x00" in raw[:8192]:
@@ -147,7 +173,11 @@ def locate(text: str, dotted: str) -> int | None:
 
 
 def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[str, Path], list[Path], dict[Path, str]]:
-    path = path.resolve()
+    try:
+        path = path.resolve()
+    except (OSError, RuntimeError) as e:
+        raise RecipeError(f"{path}: cannot be resolved ({getattr(e, 'strerror', None) or e}).",
+                          hint="fix the symlink or shorten the path.") from None
     if path in seen:
         cycle = " -> ".join(str(p) for p in [*seen, path])
         raise RecipeError(f"{seen[-1]}: `extends` forms a cycle: {cycle}.", hint="remove one of the extends.")
@@ -187,8 +217,11 @@ def _resolve_paths(data: dict[str, Any], base: Path) -> None:
             if value.startswith("random:") or Path(value).is_absolute():
                 continue
             candidate = base / value
-            if candidate.exists() or value.startswith("./") or value.startswith("../"):
-                sect[name] = str(candidate.resolve())
+            try:
+                if candidate.exists() or value.startswith("./") or value.startswith("../"):
+                    sect[name] = str(candidate.resolve())
+            except (OSError, RuntimeError):  # too long, a symlink loop: left as written; preflight says why
+                continue
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,37 @@ def _pyplot():
     return plt
 
 
+FORMATS = ("png", "pdf", "svg", "svgz", "jpg", "jpeg", "eps", "ps", "webp", "tif", "tiff", "gif")
+
+
+def check_out(out: Path, option: str = "--plot") -> None:
+    """Refuse, before any work, a picture path that cannot be written: unknown extension, missing or non-directory
+    parent, a directory in its place."""
+    ext = out.suffix.lower().lstrip(".")
+    if ext not in FORMATS:
+        what = repr(out.suffix) if out.suffix else "(no extension)"
+        raise RlctlError(f"{option} {out}: unknown picture format {what}.",
+                         hint=f"end the name with one of: .{', .'.join(FORMATS[:6])}")
+    if out.is_dir():
+        raise RlctlError(f"{option} {out}: is a directory.", hint=f"name a file, e.g. {out / ('plot.' + 'png')}")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise RlctlError(f"{option} {out}: the directory {parent} does not exist (or is not a directory).",
+                         hint=f"mkdir -p {parent}")
+
+
+def _save(fig: Any, out: Path) -> None:
+    try:
+        fig.savefig(out, dpi=100)
+    except OSError as e:
+        raise RlctlError(f"--plot {out}: cannot be written ({e.strerror or e}).",
+                         hint="check the directory exists and is writable.") from None
+    except ValueError as e:  # matplotlib: unsupported format
+        raise RlctlError(f"--plot {out}: {e}.") from None
+
+
 def plot_lr(lrs: list[float], recipe: Any, out: Path) -> None:
+    check_out(out)
     if not lrs:
         raise RlctlError("no LR curve: the number of steps is unknown (see schedule.steps).")
     plt = _pyplot()
@@ -34,12 +64,15 @@ def plot_lr(lrs: list[float], recipe: Any, out: Path) -> None:
     ax.set_title(f"{recipe.name}: {recipe.backend.name} {recipe.optim.schedule}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        _save(fig, out)
+    finally:
+        plt.close(fig)
 
 
 def plot_runs(data: dict[str, dict[str, list[tuple[int, float]]]], keys: list[str], out: Path) -> None:
     """One panel per metric, every run overlaid (e.g. a multi-signal run against its naive baseline)."""
+    check_out(out)
     if not any(pts for by_key in data.values() for pts in by_key.values()):
         raise RlctlError(f"none of the runs has {', '.join(keys)}; see rlctl status RUN for the keys it logs.")
     plt = _pyplot()
@@ -53,5 +86,7 @@ def plot_runs(data: dict[str, dict[str, list[tuple[int, float]]]], keys: list[st
         ax.set_xlabel("step")
         ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        _save(fig, out)
+    finally:
+        plt.close(fig)
