@@ -122,6 +122,8 @@ class TRLBackend(Backend):
             cfg["save_strategy"] = "no"
         if r.checkpoint.keep_last:
             cfg["save_total_limit"] = r.checkpoint.keep_last
+        if isinstance(r.checkpoint.resume, int):  # "latest" is resolved to a step number by rlctl launch/restart
+            cfg["resume_from_checkpoint"] = f"{r.checkpoint.dir}/checkpoint-{r.checkpoint.resume}"
         if r.resources.gpus_per_node == 0:
             cfg["use_cpu"] = True
         if r.rollout.engines and r.resources.gpus_per_node > 0 and r.backend.extra().get("use_vllm"):
