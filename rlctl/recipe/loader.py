@@ -336,6 +336,8 @@ def _where(dotted: str, origins: dict[str, Path], texts: dict[Path, str], top: P
 def _expected(err: dict[str, Any]) -> str:
     ctx = err.get("ctx") or {}
     t = err["type"]
+    if t == "finite_number":
+        return "a finite number (inf and nan are not settings; write the value itself, e.g. 1.0)"
     if t == "literal_error":
         return f"one of {ctx.get('expected')}"
     if t in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):

@@ -17,7 +17,8 @@ Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 NonNegFloat = Annotated[float, Field(ge=0.0)]
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # inf and nan are never meaningful settings (a KL coefficient of inf, a temperature of nan): rejected everywhere
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class BackendExtra(Section):
