@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Regenerate rlctl/backends/snapshots/openrlhf-<version>.json from OpenRLHF's released wheels.
+
+    python scripts/snapshot_openrlhf.py                 # every release >= 0.9.3 that `pip index versions` lists
+    python scripts/snapshot_openrlhf.py 0.11.2 0.11.3   # just these
+
+Each snapshot holds facts about one release's interface, never its code: the `train_ppo_ray` flags (name, type,
+default, choices: read statically from the argparse calls) and the behaviours rlctl's adapter depends on, each found
+by a source pattern. When a release changes one of those behaviours no pattern matches and this script stops with
+the file and the fact it could not establish: read the new code, then teach the adapter and this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rlctl.backends._static import argparse_flags  # noqa: E402
+from rlctl.backends.base import version_key  # noqa: E402
+
+OUT = ROOT / "rlctl" / "backends" / "snapshots"
+CACHE = Path.home() / ".cache" / "rlctl-tests" / "wheels"
+FIRST = "0.9.3"
+# wheels are cp311 manylinux only: ask for that platform explicitly so any interpreter can fetch them
+PLATFORM = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+            "--platform", "manylinux1_x86_64"]
+
+
+def download(version: str, cache: Path = CACHE) -> Path:
+    cache.mkdir(parents=True, exist_ok=True)
+    found = sorted(cache.glob(f"openrlhf-{version}-*.whl"))
+    if found:
+        return found[0]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache), *PLATFORM,
+                    f"openrlhf=={version}"], check=True)
+    return sorted(cache.glob(f"openrlhf-{version}-*.whl"))[0]
+
+
+def released_versions() -> list[str]:
+    out = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "openrlhf"],
+                         capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if x.startswith("Available versions:"))
+    vs = [v.strip() for v in line.split(":", 1)[1].split(",")]
+    return sorted((v for v in vs if version_key(v) >= version_key(FIRST)), key=version_key)
+
+
+class Source:
+    """The openrlhf/ files of one wheel (purelib layout), by path relative to the package."""
+
+    def __init__(self, wheel: Path):
+        self.zf = zipfile.ZipFile(wheel)
+        self.names = {n.split("openrlhf/", 1)[1]: n for n in self.zf.namelist()
+                      if "/openrlhf/" in f"/{n}" and n.endswith(".py")}
+
+    def text(self, rel: str) -> str:
+        return self.zf.read(self.names[rel]).decode()
+
+
+def _fact(name: str, rel: str, text: str, table: list[tuple[str, object]]) -> object:
+    for pattern, value in table:
+        if re.search(pattern, text):
+            return value
+    raise SystemExit(f"cannot establish `{name}` from openrlhf/{rel}: none of its known forms matches; read the "
+                     f"release's code and extend scripts/snapshot_openrlhf.py and the adapter")
+
+
+def facts(src: Source) -> dict:
+    cli = src.text("cli/train_ppo_ray.py")
+    actor = src.text("trainer/ray/ppo_actor.py")
+    ds = src.text("utils/deepspeed/deepspeed.py")
+    trainer = src.text("trainer/ppo_trainer.py")
+    agent = src.text("utils/agent.py")
+    logging_utils = src.text("utils/logging_utils.py")
+    f: dict = {}
+    # how the actor's LR scheduler gets its floor (transformers' get_scheduler passes these kwargs through)
+    f["scheduler_kwargs"] = _fact("scheduler_kwargs", "trainer/ray/ppo_actor.py + utils/deepspeed/deepspeed.py",
+                                  actor + ds, [
+        (r'scheduler_specific_kwargs=\{"min_lr": args\.actor_learning_rate \* 0\.1\}', "min_lr=0.1*lr, always"),
+        (r'if scheduler_name in \{"cosine_with_min_lr", "cosine_warmup_with_min_lr"\}',
+         "min_lr_rate=min_lr_ratio, cosine_with_min_lr only"),
+        (r'scheduler_specific_kwargs=\{"min_lr_rate": cfg\.get\("min_lr_ratio", 0\.1\)\}',
+         "min_lr_rate=min_lr_ratio, always"),
+    ])
+    f["warmup"] = _fact("warmup", "trainer/ray/ppo_actor.py + utils/deepspeed/deepspeed.py", actor + ds, [
+        (r"num_warmup_steps=math\.ceil\(max_steps \* args\.lr_warmup_ratio\)", "ceil(max_steps * lr_warmup_ratio)"),
+        (r'num_warmup_steps=math\.ceil\(scheduler_steps \* cfg\.get\("lr_warmup_ratio", 0\.03\)\)',
+         "ceil(max_steps * lr_warmup_ratio)"),
+    ])
+    f["max_steps"] = _fact("max_steps", "trainer/ppo_trainer.py", trainer, [
+        (r"len\(prompts_dataset\) \* args\.n_samples_per_prompt // args\.train_batch_size \* args\.num_episodes "
+         r"\* args\.max_epochs", "len(prompts) * n_samples_per_prompt // train_batch_size * num_episodes * max_epochs"),
+        (r"len\(prompts_dataset\)\s*\*\s*args\.rollout\.n_samples_per_prompt\s*//\s*args\.train\.batch_size\s*\*\s*"
+         r"args\.train\.num_episodes\s*\*\s*args\.train\.max_epochs",
+         "len(prompts) * n_samples_per_prompt // train_batch_size * num_episodes * max_epochs"),
+    ])
+    f["ds_rotation"] = _fact("ds_rotation", "utils/deepspeed/deepspeed.py", ds, [
+        (r'is_best = tag is not None and tag\.startswith\("best"\)', "max_num regular + best kept apart"),
+        (r"if len\(subdirs\) >= max_num or total_size > MAX_SIZE:", "max_num, oldest by mtime"),
+    ])
+    f["hf_export"] = _fact("hf_export", "trainer/ray/ppo_actor.py", actor, [
+        (r'os\.path\.join\(args\.(ckpt_path|ckpt\.path), f"\{tag\}_hf"\)', "{ckpt_path}/{tag}_hf, never pruned"),
+    ])
+    f["ds_dir"] = _fact("ds_dir", "trainer/ray/ppo_actor.py", actor, [
+        (r'os\.path\.join\(args\.(ckpt_path|ckpt\.path), "_actor"\)', "{ckpt_path}/_actor/{tag}"),
+    ])
+    f["best_checkpoints"] = _fact("best_checkpoints", "trainer/ppo_trainer.py", trainer, [
+        (r'tag = f"best_global_step\{global_step\}"', True),
+        (r".", False),
+    ])
+    f["reward_file"] = _fact("reward_file", "utils/agent.py", agent, [
+        (r'self\.reward_endpoints\[0\]\.endswith\("\.py"\)(.|\n)*?self\.reward_func = reward_module\.reward_func',
+         "remote_rm_url ending in .py: the file's `reward_func`"),
+    ])
+    f["wandb_login"] = _fact("wandb_login", "utils/logging_utils.py", logging_utils, [
+        (r"if not wandb\.api\.api_key:\s*wandb\.login\(key=args\.use_wandb\)", "--use_wandb"),
+        (r"if not wandb\.api\.api_key:\s*wandb\.login\(key=args\.logger\.wandb\.key\)", "--logger.wandb.key"),
+    ])
+    f["wandb_gate"] = _fact("wandb_gate", "trainer/ppo_trainer.py", trainer, [
+        (r"WandbLogger\(self\.args\) if self\.args\.use_wandb else None", "--use_wandb"),
+        (r"WandbLogger\(self\.args\) if self\.args\.logger\.wandb\.key else None", "--logger.wandb.key"),
+    ])
+    m = re.search(r'ray\.init\(\s*runtime_env=\{\s*"env_vars":\s*\{(.*?)\}\s*\}', cli, re.S)
+    if not m:
+        raise SystemExit("cannot find train()'s ray.init(runtime_env=...) in openrlhf/cli/train_ppo_ray.py")
+    fixed = dict(re.findall(r'"([A-Z_]+)":\s*"([^"]*)"', m.group(1)))
+    from_env = dict(re.findall(r'"([A-Z_]+)":\s*os\.environ\.get\("[A-Z_]+",\s*"([^"]*)"\)', m.group(1)))
+    # Ray merges the driver's ray.init env_vars with the job's runtime_env and fails on a conflicting value
+    f["ray_init_env_fixed"] = fixed
+    f["ray_init_env_from_environ"] = from_env
+    return f
+
+
+def snapshot(version: str) -> dict:
+    src = Source(download(version))
+    return {"backend": "openrlhf", "version": version,
+            "source": f"openrlhf=={version} openrlhf/cli/train_ppo_ray.py (+ facts from the files named in them)",
+            "flags": argparse_flags(src.text("cli/train_ppo_ray.py")), "facts": facts(src)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("versions", nargs="*")
+    a = ap.parse_args()
+    for v in a.versions or released_versions():
+        snap = snapshot(v)
+        path = OUT / f"openrlhf-{v}.json"
+        path.write_text(json.dumps(snap, indent=1, sort_keys=True, default=str) + "\n")
+        print(f"wrote {path.relative_to(ROOT)} ({len(snap['flags'])} flags)")
+
+
+if __name__ == "__main__":
+    main()
