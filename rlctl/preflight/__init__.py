@@ -8,6 +8,7 @@ torch, vllm, ray or deepspeed.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -107,6 +108,11 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
             out = fn(ctx)
         except RlctlError as e:
             out = Result(name, FAIL, e.message, e.hint)
+        except Exception as e:  # a bug in one check must not hide the others' answers, nor print a traceback
+            if os.environ.get("RLCTL_DEBUG"):
+                raise
+            out = Result(name, FAIL, f"internal error in this check: {type(e).__name__}: {e}",
+                         "a bug in rlctl: report it (RLCTL_DEBUG=1 shows the traceback)")
         if out is None:
             continue
         results.extend(out if isinstance(out, list) else [out])

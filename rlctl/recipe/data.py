@@ -12,19 +12,51 @@ from rlctl.errors import RecipeError
 FORMATS = (".jsonl", ".json", ".parquet")
 
 
+MAX_JSON_BYTES = 2 * 1024**3  # a .json dataset is read whole; past this, JSONL or Parquet is the format to use
+
+
 def is_local(path: str) -> bool:
-    return Path(path).exists()
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):  # a name too long, an embedded NUL: not a local file (preflight says why)
+        return False
+
+
+def _regular(p: Path) -> None:
+    """A dataset file must be a readable regular file: a FIFO or device (/dev/zero) would hang the count."""
+    import stat as _stat
+
+    try:
+        st = p.stat()
+    except OSError as e:
+        raise RecipeError(f"{p}: cannot be read ({e.strerror or e}).",
+                          hint="check the path, its symlinks and its permissions.") from None
+    if not _stat.S_ISREG(st.st_mode):
+        raise RecipeError(f"{p}: not a regular file (a FIFO, socket or device); expected a dataset file.",
+                          hint="point data.train/data.eval at a JSONL, JSON or Parquet file.")
 
 
 def count_records(path: str | Path) -> int:
     """Number of records in a local dataset file, as the backends' loaders would see it."""
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix in FORMATS)
+        try:
+            files = sorted(f for f in p.iterdir() if f.suffix.lower() in FORMATS and f.is_file())
+        except OSError as e:
+            raise RecipeError(f"{p}: cannot list the directory ({e.strerror or e}).") from None
         if not files:
             raise RecipeError(f"{p}: a directory with no .jsonl/.json/.parquet files.")
         return sum(count_records(f) for f in files)
+    _regular(p)
     suffix = p.suffix.lower()
+    try:
+        return _count(p, suffix)
+    except OSError as e:
+        raise RecipeError(f"{p}: cannot be read ({e.strerror or e}).",
+                          hint="check the permissions of the file and its directory.") from None
+
+
+def _count(p: Path, suffix: str) -> int:
     if suffix == ".jsonl":
         n = 0
         with p.open("rb") as fh:
@@ -33,10 +65,14 @@ def count_records(path: str | Path) -> int:
                     n += 1
         return n
     if suffix == ".json":
+        if p.stat().st_size > MAX_JSON_BYTES:
+            raise RecipeError(f"{p}: a {p.stat().st_size / 1e9:.1f} GB JSON file is too large to read whole.",
+                              hint="convert it to JSONL (one record per line) or Parquet.")
         try:
-            data = json.loads(p.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RecipeError(f"{p}: not valid JSON ({e}).") from None
+            data = json.loads(p.read_bytes())
+        except (ValueError, RecursionError) as e:
+            raise RecipeError(f"{p}: not valid JSON ({e}).",
+                              hint="check the file; JSON lines want a .jsonl name.") from None
         if isinstance(data, list):
             return len(data)
         if isinstance(data, dict):  # {"train": [...]} or column-oriented {"input": [...], ...}
@@ -51,12 +87,29 @@ def count_records(path: str | Path) -> int:
             raise RecipeError(
                 f"{p}: counting Parquet records needs pyarrow.", hint='pip install "rlctl[parquet]"'
             ) from None
-        return pq.ParquetFile(p).metadata.num_rows
+        try:
+            return pq.ParquetFile(p).metadata.num_rows
+        except OSError:
+            raise
+        except Exception as e:  # pyarrow's ArrowInvalid and friends: truncated or not Parquet at all
+            raise RecipeError(f"{p}: not a readable Parquet file ({str(e).splitlines()[0][:200]}).",
+                              hint="the file may be truncated; re-download or re-export it.") from None
     raise RecipeError(f"{p}: unknown dataset format {suffix!r}; expected one of {', '.join(FORMATS)}.")
 
 
 def iter_records(path: str | Path, limit: int | None = None) -> Iterator[dict[str, Any]]:
+    """Records of a dataset file; one that cannot be read yields nothing (counting it already said why)."""
     p = Path(path)
+    try:
+        _regular(p)
+        yield from _iter_records(p, limit)
+    except (RecipeError, OSError, ValueError, RecursionError):
+        return
+    except Exception:  # pyarrow on a damaged Parquet file
+        return
+
+
+def _iter_records(p: Path, limit: int | None) -> Iterator[dict[str, Any]]:
     suffix = p.suffix.lower()
     n = 0
     if suffix == ".jsonl":
@@ -74,7 +127,9 @@ def iter_records(path: str | Path, limit: int | None = None) -> Iterator[dict[st
                     if limit and n >= limit:
                         return
     elif suffix == ".json":
-        data = json.loads(p.read_text())
+        if p.stat().st_size > MAX_JSON_BYTES:
+            return
+        data = json.loads(p.read_bytes())
         for rec in data if isinstance(data, list) else []:
             if isinstance(rec, dict):
                 yield rec

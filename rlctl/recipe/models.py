@@ -107,7 +107,36 @@ KNOWN.setdefault("meta-llama/llama-3.1-8b-instruct", KNOWN["meta-llama/llama-3.1
 
 
 def from_config(cfg: dict, name: str) -> Arch:
+    if not isinstance(cfg, dict):
+        raise RecipeError(f"{name}: config.json holds a {type(cfg).__name__}, expected a JSON object of model "
+                          "settings (hidden_size, num_hidden_layers, ...).",
+                          hint="re-download the model's config.json.")
     text = cfg.get("text_config") or cfg
+    if not isinstance(text, dict):
+        raise RecipeError(f"{name}: config.json's text_config is not a JSON object.",
+                          hint="re-download the model's config.json.")
+    arch = _arch_from(text, name)
+    for field_name, key in (("hidden", "hidden_size"), ("layers", "num_hidden_layers"),
+                            ("heads", "num_attention_heads"), ("kv_heads", "num_key_value_heads"),
+                            ("vocab", "vocab_size")):
+        if getattr(arch, field_name) < 1:
+            raise RecipeError(f"{name}: config.json has {key} = {getattr(arch, field_name)}; it must be >= 1.",
+                              hint="the config is damaged: re-download the model's config.json.")
+    for field_name, key in (("hidden", "hidden_size"), ("layers", "num_hidden_layers"), ("vocab", "vocab_size"),
+                            ("intermediate", "intermediate_size"), ("heads", "num_attention_heads")):
+        if getattr(arch, field_name) > 10**8:
+            raise RecipeError(f"{name}: config.json has {key} = {getattr(arch, field_name)}, which no model has.",
+                              hint="the config is damaged: re-download the model's config.json.")
+    if arch.head_dim is not None and arch.head_dim < 1:
+        raise RecipeError(f"{name}: config.json has head_dim = {arch.head_dim}; it must be >= 1.",
+                          hint="re-download the model's config.json.")
+    if arch.heads % arch.kv_heads:
+        raise RecipeError(f"{name}: config.json has {arch.heads} attention heads, not a multiple of "
+                          f"{arch.kv_heads} key/value heads.", hint="re-download the model's config.json.")
+    return arch
+
+
+def _arch_from(text: dict, name: str) -> Arch:
     try:
         experts = int(text.get("num_local_experts") or text.get("num_experts") or 0)
         return Arch(
@@ -119,15 +148,19 @@ def from_config(cfg: dict, name: str) -> Arch:
             intermediate=int(text.get("intermediate_size") or 4 * text["hidden_size"]),
             vocab=int(text["vocab_size"]),
             tie_embeddings=bool(text.get("tie_word_embeddings", False)),
-            head_dim=text.get("head_dim"),
+            head_dim=int(text["head_dim"]) if text.get("head_dim") is not None else None,
             qkv_bias=bool(text.get("attention_bias", text.get("model_type") in ("qwen2",))),
             experts=experts,
             experts_per_token=int(text.get("num_experts_per_tok") or 0),
             expert_intermediate=int(text.get("moe_intermediate_size") or text.get("intermediate_size") or 0),
             max_positions=int(text.get("max_position_embeddings") or 32768),
         )
-    except (KeyError, TypeError, ValueError) as e:
-        raise RecipeError(f"{name}: config.json lacks a field rlctl needs ({e}).") from None
+    except KeyError as e:
+        raise RecipeError(f"{name}: config.json lacks {e}, a field rlctl needs.",
+                          hint="re-download the model's config.json.") from None
+    except (TypeError, ValueError, OverflowError, AttributeError) as e:
+        raise RecipeError(f"{name}: config.json has a field of the wrong type ({e}).",
+                          hint="re-download the model's config.json.") from None
 
 
 def resolve_arch(path: str) -> Arch:
@@ -139,14 +172,23 @@ def resolve_arch(path: str) -> Arch:
         return Arch(path, p["hidden"], p["layers"], p["heads"], p["kv_heads"], p["intermediate"], 257, True,
                     qkv_bias=arch == "qwen2", max_positions=p["max_positions"])
     local = Path(path)
-    if local.is_dir():
+    try:
+        is_dir = local.is_dir()
+    except (OSError, ValueError):
+        is_dir = False
+    if is_dir:
         cfg_file = local / "config.json"
         if not cfg_file.is_file():
             raise RecipeError(f"{path}: a local model directory without config.json.")
+        from rlctl.recipe.loader import read_regular_file
+
+        raw = read_regular_file(cfg_file, 16 * 1024 * 1024, "a model config.json")
         try:
-            return from_config(json.loads(cfg_file.read_text()), path)
-        except json.JSONDecodeError as e:
-            raise RecipeError(f"{cfg_file}: not valid JSON ({e}).") from None
+            cfg = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise RecipeError(f"{cfg_file}: not valid JSON ({e}).",
+                              hint="re-download the model's config.json.") from None
+        return from_config(cfg, path)
     arch = KNOWN.get(path.lower())
     if arch is None:
         raise RecipeError(
