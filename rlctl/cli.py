@@ -131,18 +131,50 @@ def launch(
     executor: Annotated[str | None, typer.Option("--executor", help="local (default) or ray.")] = None,
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (with --executor ray).")] = None,
     grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL on stop.")] = 30.0,
+    restart: Annotated[str | None, typer.Option(
+        "--restart", help="never | on-failure | on-stall | always: restart from the latest complete checkpoint "
+        "(default: the recipe's [run] restart).")] = None,
+    max_restarts: Annotated[int | None, typer.Option(
+        "--max-restarts", min=0, help="Give up after this many restarts (default: [run] max_restarts).")] = None,
 ) -> None:
     """Preflight, patch, create the run directory and start training; stream progress unless --detach."""
+    from rlctl.executors import available
     from rlctl.runs.launch import LaunchOptions
     from rlctl.runs.launch import launch as do_launch
+    from rlctl.runs.supervisor import POLICIES
 
-    if executor not in (None, "local", "ray"):
-        raise RlctlError(f"--executor {executor!r}: expected local or ray.")
-    opts = LaunchOptions(recipe, set_ or [], detach, smoke, name, force, resume, executor, address, grace)
+    if executor is not None and executor not in available():
+        raise RlctlError(f"--executor {executor!r}: expected one of {', '.join(available())}.")
+    if restart is not None and restart not in POLICIES:
+        raise RlctlError(f"--restart {restart!r}: expected one of {', '.join(POLICIES)}.")
+    opts = LaunchOptions(recipe, set_ or [], detach, smoke, name, force, resume, executor, address, grace,
+                         restart, max_restarts)
     run_dir, code = do_launch(opts)
     if detach:
         _echo(run_dir.name)
     raise typer.Exit(0 if code == 0 else (130 if code in (-2, -15, 130, 143) else 1))
+
+
+@app.command()
+def resume(run: Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")]) -> None:
+    """Pick a run up after a reboot or a killed rlctl, in the background: adopt its live processes, or start the next
+    attempt from the latest complete checkpoint. A finished run is left as it is."""
+    from rlctl.runs.state import find_run
+    from rlctl.runs.supervisor import resume_detached
+
+    _echo(resume_detached(find_run(run)))
+
+
+@app.command()
+def supervise(run: Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")]) -> None:
+    """Like resume, but in the foreground until the run ends (for systemd: ExecStart=rlctl supervise RUN)."""
+    from rlctl.runs.state import find_run, read_state
+    from rlctl.runs.supervisor import supervise_foreground
+
+    run_dir = find_run(run)
+    code = supervise_foreground(run_dir)
+    _echo(f"{run_dir.name}: {read_state(run_dir).get('status')}")
+    raise typer.Exit(0 if code == 0 else 1)
 
 
 @app.command()

@@ -1,33 +1,33 @@
-"""The supervisor: starts the backend as its own process group, follows its log into the metrics stream,
-forwards stop signals to the whole group, and records how the run ended in state.json.
+"""The local executor: each attempt is its own process group on this machine.
 
-The child writes straight into stdout.log (a file, not a pipe), so however fast it prints it never waits on
-rlctl; the supervisor reads the file behind it. Attached launches run this loop in the CLI process; detached
-ones run `python -m rlctl.executors.local RUN_DIR` in a new session.
+The backend writes straight into stdout.log (a file, not a pipe), so however fast it prints it never waits on
+rlctl. Between the supervisor and the backend sits `wrap.py`, which records the backend's exit code in
+`attempts/<n>/exit.json` when it ends: after a SIGKILLed supervisor, status/logs/stop read the real outcome there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from rlctl.metrics.sinks import SinkPump
-from rlctl.metrics.stream import LOG, ingest
-from rlctl.runs.state import process_create_time, write_state
+from rlctl.executors.base import EXIT_RECORD, Executor, RunHandle, attempt_dir, read_exit_record
+from rlctl.metrics.stream import LOG
+from rlctl.runs.state import ACTIVE, process_alive, process_create_time, read_state, write_state
 
-SPEC = ".launch.json"
-POLL = 0.5
+WRAP = str(Path(__file__).resolve().with_name("wrap.py"))
+EXIT_UNKNOWN = None
 
 
-def _signal_group(pgid: int, sig: int) -> bool:
+def _signal_group(pgid: int | None, sig: int) -> bool:
+    if not pgid:
+        return False
     try:
         os.killpg(pgid, sig)
         return True
@@ -35,127 +35,174 @@ def _signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def _group_alive(pgid: int) -> bool:
+def _group_alive(pgid: int | None) -> bool:
+    """True while a non-zombie process of the group exists."""
+    if not pgid:
+        return False
     try:
         os.killpg(pgid, 0)
-        return True
     except (ProcessLookupError, PermissionError):
         return False
+    try:
+        import psutil
+    except ImportError:
+        return True
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, psutil.Error, OSError):
+            continue
+    return False
+
+
+def _resolvable(cmd: str, cwd: Path) -> bool:
+    if os.sep in cmd:
+        p = Path(cmd) if os.path.isabs(cmd) else cwd / cmd
+        return p.is_file() and os.access(p, os.X_OK)
+    return shutil.which(cmd) is not None
+
+
+def _outcome(code: int | None, stop_requested: bool) -> str:
+    if stop_requested:
+        return "stopped"
+    return "finished" if code == 0 else "failed"
+
+
+class LocalExecutor(Executor):
+    name: ClassVar[str] = "local"
+
+    def __init__(self) -> None:
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    # ---- one attempt ---------------------------------------------------------------------------------------------
+    def start(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], attempt: int) -> RunHandle:
+        argv = list(spec["argv"])
+        if not argv or not _resolvable(argv[0], run_dir):
+            msg = f"rlctl: could not start {argv[0] if argv else ''!r}: no such executable\n"
+            with contextlib.suppress(OSError), open(run_dir / LOG, "ab") as fh:
+                fh.write(msg.encode())
+            raise FileNotFoundError(2, "No such file or directory", argv[0] if argv else "")
+        adir = attempt_dir(run_dir, attempt)
+        adir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            (adir / EXIT_RECORD).unlink()
+        log = open(run_dir / LOG, "ab", buffering=0)  # noqa: SIM115 - handed to the child
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, WRAP, str(adir / EXIT_RECORD), "--", *argv], cwd=run_dir, env=env,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        finally:
+            log.close()
+        self.procs[attempt] = proc
+        return RunHandle(self.name, {"pid": proc.pid, "pgid": proc.pid, "create_time": process_create_time(proc.pid)},
+                         attempt)
+
+    def poll(self, run_dir: Path, handle: RunHandle) -> int | None:
+        proc = self.procs.get(handle.attempt)
+        if proc is not None:
+            return proc.poll()
+        # adopted from a dead supervisor: not our child, so its exit record tells
+        if process_alive(handle.ref.get("pid"), handle.ref.get("create_time")):
+            return None
+        rec = read_exit_record(run_dir, handle.attempt)
+        return int(rec["exit_code"]) if rec and rec.get("exit_code") is not None else -signal.SIGKILL
+
+    def signal_stop(self, run_dir: Path, handle: RunHandle) -> None:
+        _signal_group(handle.ref.get("pgid"), signal.SIGTERM)
+
+    def kill(self, run_dir: Path, handle: RunHandle) -> None:
+        _signal_group(handle.ref.get("pgid"), signal.SIGKILL)
+
+    def cleanup(self, run_dir: Path, handle: RunHandle, grace: float) -> None:
+        pgid = handle.ref.get("pgid")
+        if _group_alive(pgid):
+            _signal_group(pgid, signal.SIGTERM)
+            deadline = time.time() + min(grace, 10)
+            while _group_alive(pgid) and time.time() < deadline:
+                time.sleep(0.1)
+            _signal_group(pgid, signal.SIGKILL)
+
+    def pids(self, run_dir: Path, handle: RunHandle) -> list[int]:
+        import psutil
+
+        pgid = handle.ref.get("pgid")
+        out = []
+        for p in psutil.process_iter(["status"]):
+            try:
+                if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE and p.pid != pgid:
+                    out.append(p.pid)
+            except (ProcessLookupError, psutil.Error, OSError):
+                continue
+        return out
+
+    # ---- any process -----------------------------------------------------------------------------------------------
+    def status(self, run_dir: Path, state: dict[str, Any]) -> str:
+        """Recorded status, corrected by the processes and the exit record: a run whose supervisor died is shown
+        as it really ended (and that is written down), or `lost` only when nothing can tell."""
+        status = state.get("status", "unknown")
+        if status not in ACTIVE:
+            return status
+        handle = RunHandle.from_state(state)
+        pid = handle.ref.get("pid") if handle else state.get("pid")
+        ctime = handle.ref.get("create_time") if handle else state.get("pid_create_time")
+        if process_alive(pid, ctime):
+            return status
+        if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
+            return status  # the supervisor is about to record the end, or restarting
+        rec = read_exit_record(run_dir, handle.attempt if handle else int(state.get("attempt") or 1))
+        if rec is None:
+            return "lost"
+        outcome = _outcome(rec.get("exit_code"), bool(state.get("stop_requested_at")) or status == "stopping")
+        with contextlib.suppress(OSError):
+            write_state(run_dir, status=outcome, exit_code=rec.get("exit_code"), ended_at=rec.get("ended_at"),
+                        settled_by="exit record (the supervisor was gone)")
+        return outcome
+
+    def stop(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
+        sup_alive = process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time"))
+        if sup_alive:
+            os.kill(state["supervisor_pid"], signal.SIGTERM)
+            deadline = time.time() + grace + 15
+            while time.time() < deadline and read_state(run_dir).get("status") in ACTIVE:
+                time.sleep(0.1)
+            return f"{run_dir.name}: {read_state(run_dir).get('status')}"
+        # the supervisor is gone (killed): do its job
+        write_state(run_dir, status="stopping", stop_requested_at=time.time())
+        handle = RunHandle.from_state(state)
+        pgid = (handle.ref.get("pgid") if handle else None) or state.get("pgid") or state.get("pid")
+        _signal_group(pgid, signal.SIGTERM)
+        deadline = time.time() + grace
+        while time.time() < deadline and _group_alive(pgid):
+            time.sleep(0.1)
+        _signal_group(pgid, signal.SIGKILL)
+        deadline = time.time() + 5
+        attempt = handle.attempt if handle else int(state.get("attempt") or 1)
+        rec = read_exit_record(run_dir, attempt)
+        while rec is None and time.time() < deadline and _group_alive(pgid):
+            time.sleep(0.1)
+            rec = read_exit_record(run_dir, attempt)
+        code = rec.get("exit_code") if rec else None
+        write_state(run_dir, status="stopped", ended_at=time.time(), exit_code=code)
+        return f"{run_dir.name}: stopped" + (f" (exit code {code})" if code is not None else "")
 
 
 class Supervisor:
-    def __init__(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str],
-                 on_tick: Callable[[Path], None] | None = None):
-        self.run_dir = run_dir
-        self.spec = spec
-        self.env = env
-        self.on_tick = on_tick
-        self.stop_requested_at: float | None = None
-        self.grace = float(spec.get("grace_seconds", 30))
-        self.proc: subprocess.Popen | None = None
-        self.sinks = SinkPump(run_dir, spec.get("sinks"))
+    """The supervisor with the local executor: `Supervisor(run_dir, spec, env).run()` (kept for callers and tests
+    that drive one attempt directly: start(), loop(), proc, request_stop())."""
 
-    def request_stop(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:  # noqa: ARG002
-        if self.stop_requested_at is None:
-            self.stop_requested_at = time.time()
-            write_state(self.run_dir, status="stopping", stop_requested_at=self.stop_requested_at)
-            if self.proc is not None:
-                _signal_group(self.proc.pid, signal.SIGTERM)
+    def __new__(cls, run_dir: Path, spec: dict[str, Any], env: dict[str, str], on_tick: Any = None) -> Any:
+        from rlctl.runs.supervisor import Supervisor as Generic
 
-    def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
-        if hasattr(signal, "SIGHUP"):
-            signal.signal(signal.SIGHUP, self.request_stop)
-
-    def start(self) -> None:
-        log = open(self.run_dir / LOG, "ab", buffering=0)  # noqa: SIM115 - handed to the child
-        try:
-            self.proc = subprocess.Popen(
-                self.spec["argv"], cwd=self.run_dir, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        except OSError as e:
-            log.write(f"rlctl: could not start {self.spec['argv'][0]!r}: {e}\n".encode())
-            log.close()
-            write_state(self.run_dir, status="failed", exit_code=127, ended_at=time.time(),
-                        error=f"could not start {self.spec['argv'][0]!r}: {e.strerror or e}")
-            raise
-        log.close()
-        write_state(self.run_dir, status="running", pid=self.proc.pid, pgid=self.proc.pid,
-                    pid_create_time=process_create_time(self.proc.pid),
-                    supervisor_pid=os.getpid(), supervisor_create_time=process_create_time(os.getpid()))
-
-    def loop(self) -> int:
-        assert self.proc is not None
-        backend = self.spec["backend"]
-        while True:
-            code = self.proc.poll()
-            ingest(self.run_dir, backend)
-            self.sinks.pump()
-            self._housekeeping()
-            if self.on_tick:
-                self.on_tick(self.run_dir)
-            if code is not None:
-                break
-            if self.stop_requested_at and time.time() - self.stop_requested_at > self.grace:
-                _signal_group(self.proc.pid, signal.SIGKILL)
-            time.sleep(POLL)
-        return self.finish(code)
-
-    def _housekeeping(self) -> None:
-        from rlctl.runs.checkpoints import disk_watch, prune_during_run
-
-        now = time.time()
-        if now - getattr(self, "_last_housekeeping", 0.0) < float(self.spec.get("housekeeping_seconds", 10)):
-            return
-        self._last_housekeeping = now
-        keep = self.spec.get("keep_last")
-        if keep:
-            prune_during_run(self.run_dir, self.spec, keep)
-        with contextlib.suppress(OSError):
-            disk_watch(self.run_dir, self.spec)
-
-    def finish(self, code: int) -> int:
-        assert self.proc is not None
-        # nothing of the run may outlive it: whatever the child left in its group goes too
-        if _group_alive(self.proc.pid):
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            deadline = time.time() + min(self.grace, 10)
-            while _group_alive(self.proc.pid) and time.time() < deadline:
-                time.sleep(0.1)
-            _signal_group(self.proc.pid, signal.SIGKILL)
-        ingest(self.run_dir, self.spec["backend"], final=True)
-        self.sinks.pump(close=True)
-        if self.on_tick:
-            self.on_tick(self.run_dir)
-        if self.stop_requested_at is not None:
-            status = "stopped"
-        else:
-            status = "finished" if code == 0 else "failed"
-        write_state(self.run_dir, status=status, exit_code=code, ended_at=time.time())
-        return code
-
-    def run(self) -> int:
-        self.install_signal_handlers()
-        self.start()
-        return self.loop()
-
-
-def write_spec(run_dir: Path, spec: dict[str, Any]) -> None:
-    (run_dir / SPEC).write_text(json.dumps(spec, indent=2) + "\n")
+        return Generic(run_dir, spec, env, executor=LocalExecutor(), on_tick=on_tick)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Detached mode: `python -m rlctl.executors.local RUN_DIR`; the child's environment is ours."""
-    args = argv if argv is not None else sys.argv[1:]
-    run_dir = Path(args[0])
-    spec = json.loads((run_dir / SPEC).read_text())
-    sup = Supervisor(run_dir, spec, dict(os.environ))
-    try:
-        return sup.run()
-    except OSError:
-        return 127
+    """`python -m rlctl.executors.local RUN_DIR`: the generic supervisor entry point."""
+    from rlctl.runs.supervisor import main as supervise
+
+    return supervise(argv)
 
 
 if __name__ == "__main__":

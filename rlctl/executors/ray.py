@@ -23,17 +23,15 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rlctl.errors import RlctlError
+from rlctl.executors.base import Executor, RunHandle
 from rlctl.executors.local import _group_alive
-from rlctl.metrics.sinks import SinkPump
-from rlctl.metrics.stream import LOG, ingest
+from rlctl.metrics.stream import LOG
 from rlctl.runs.state import ACTIVE, process_alive, process_create_time, read_state, write_state
 
-SPEC = ".launch.json"
 TERMINAL = {"SUCCEEDED": "finished", "FAILED": "failed", "STOPPED": "stopped"}
 EXCLUDES = ["stdout.log", "metrics.jsonl", "backend_metrics.jsonl", "supervisor.log", "ray-head.log",
             "checkpoints", ".ingest.*", "state.json", "*.tmp"]
@@ -101,35 +99,26 @@ def stop_job_rest(address: str, job_id: str) -> bool:
 
 
 def catch_up_logs(run_dir: Path, state: dict[str, Any]) -> None:
-    """Nobody follows the job (rlctl was killed): copy what the job logged since into stdout.log."""
-    logs = job_logs(state["ray_address"], state["ray_job_id"])
+    """Nobody follows the job (rlctl was killed): copy what the job logged since into stdout.log. The job's log
+    starts at `log_base` bytes into stdout.log (a restarted run's earlier attempts come first)."""
+    handle = RunHandle.from_state(state)
+    ref = handle.ref if handle is not None and handle.executor == "ray" else {}
+    address, job_id = ref.get("address") or state.get("ray_address"), ref.get("job_id") or state.get("ray_job_id")
+    if not address or not job_id:
+        return
+    logs = job_logs(address, job_id)
     if logs is None:
         return
     data = logs.encode("utf-8", errors="replace")
     log = run_dir / LOG
-    have = log.stat().st_size if log.exists() else 0
-    if len(data) > have:
+    have = (log.stat().st_size if log.exists() else 0) - int(ref.get("log_base") or 0)
+    if len(data) > have >= 0:
         with log.open("ab") as fh:
             fh.write(data[have:])
 
 
 def true_ray_status(run_dir: Path, state: dict[str, Any]) -> str:
-    status = state.get("status", "unknown")
-    if status not in ACTIVE:
-        return status
-    if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
-        return status
-    if not state.get("ray_job_id"):
-        return "lost"
-    js = job_status(state["ray_address"], state["ray_job_id"])
-    if js is None:
-        return "lost"
-    if js in TERMINAL:
-        catch_up_logs(run_dir, state)
-        write_state(run_dir, status=TERMINAL[js], ended_at=time.time(), ray_job_status=js)
-        return TERMINAL[js]
-    catch_up_logs(run_dir, state)
-    return "running"
+    return RayExecutor().status(run_dir, state)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -251,67 +240,92 @@ def _kill_by_temp_dir(temp_dir: str) -> None:
 # the run
 
 
-class RayRun:
-    def __init__(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str],
-                 on_tick: Callable[[Path], None] | None = None):
-        self.run_dir = run_dir
-        self.spec = spec
-        self.env = env
-        self.on_tick = on_tick
+class RayExecutor(Executor):
+    """Each attempt is a Ray job (job submission API); with no address, the run owns a head on loopback for all
+    its attempts."""
+
+    name: ClassVar[str] = "ray"
+    copies_working_dir: ClassVar[bool] = True
+
+    def __init__(self) -> None:
         self.head: LocalHead | None = None
         self.client: Any = None
-        self.job_id: str | None = None
-        self.stop_requested = False
+        self.address: str | None = None
+        self.tails: dict[int, threading.Thread] = {}
         self.tail_error: str | None = None
-        self.sinks = SinkPump(run_dir, spec.get("sinks"))
 
-    def request_stop(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:  # noqa: ARG002
-        if not self.stop_requested:
-            self.stop_requested = True
-            write_state(self.run_dir, status="stopping", stop_requested_at=time.time())
-            if self.client is not None and self.job_id:
-                with contextlib.suppress(Exception):
-                    self.client.stop_job(self.job_id)
+    # ---- launch ------------------------------------------------------------------------------------------------
+    def command(self, plan: Any, backend: Any, spec: dict[str, Any]) -> list[str]:
+        argv = list(plan.argv)
+        if "--" in argv and argv[:3] == ["ray", "job", "submit"]:
+            argv = argv[argv.index("--") + 1:]  # rlctl submits itself; the entrypoint is what follows `--`
+        if not spec.get("address") and argv and argv[0] in ("python3", "python"):
+            argv[0] = sys.executable  # a head rlctl starts runs on this machine, in this environment
+        return argv
 
-    def install_signal_handlers(self) -> None:
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
+    def prepare(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], plan: Any, recipe: Any,
+                opts: Any) -> dict[str, Any]:
+        address = getattr(opts, "address", None) or recipe.resources.ray_address or os.environ.get("RAY_ADDRESS")
+        env_keys = sorted(set(plan.env) | {k for k in env if k.startswith(("RLCTL_", "WANDB_RUN_ID", "WANDB_RESUME"))}
+                          | {"PYTHONUNBUFFERED"})
+        spec = {**spec, "address": address, "env_keys": env_keys, "pip": recipe.resources.pip,
+                "num_gpus": recipe.resources.gpus_per_node if address is None else None}
+        spec["argv"] = self.command(plan, None, spec)
+        write_state(run_dir, executor="ray", ray_started_head=address is None)
+        return spec
 
-    def start(self) -> None:
+    # ---- attempts ----------------------------------------------------------------------------------------------
+    def open(self, run_dir: Path, spec: dict[str, Any]) -> None:
         from ray.job_submission import JobSubmissionClient
 
-        write_state(self.run_dir, supervisor_pid=os.getpid(), supervisor_create_time=process_create_time(os.getpid()))
-        address = self.spec.get("address")
+        state = read_state(run_dir)
+        address = spec.get("address")
+        if address is None and state.get("ray_started_head") and not state.get("ray_head_stopped") and \
+                process_alive(state.get("ray_head_pid"), state.get("ray_head_create_time")):
+            address = state.get("ray_address")  # `rlctl resume`: the run's own head outlived its supervisor
         if address is None:
-            self.head = LocalHead(self.run_dir, self.spec.get("num_gpus"))
+            self.head = LocalHead(run_dir, spec.get("num_gpus"))
             address = self.head.start()
-        address = normalize_address(address)
-        self.client = JobSubmissionClient(address)
-        job_env = {k: self.env[k] for k in self.spec.get("env_keys", []) if k in self.env}
-        runtime_env: dict[str, Any] = {"working_dir": str(self.run_dir), "excludes": EXCLUDES, "env_vars": job_env}
-        if self.spec.get("pip"):
-            runtime_env["pip"] = list(self.spec["pip"])
-        submission_id = f"rlctl-{self.run_dir.name}-{uuid.uuid4().hex[:6]}"
+        self.address = normalize_address(address)
+        self.client = JobSubmissionClient(self.address)
+        write_state(run_dir, ray_address=self.address)
+
+    def close(self) -> None:
+        if self.head is not None:
+            self.head.stop()
+            write_state(self.head.run_dir, ray_head_stopped=True)
+            self.head = None
+
+    def start(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], attempt: int) -> RunHandle:
+        job_env = {k: env[k] for k in spec.get("env_keys", []) if k in env}
+        runtime_env: dict[str, Any] = {"working_dir": str(run_dir), "excludes": EXCLUDES, "env_vars": job_env}
+        if spec.get("pip"):
+            runtime_env["pip"] = list(spec["pip"])
+        submission_id = f"rlctl-{run_dir.name}-{attempt}-{uuid.uuid4().hex[:6]}"
+        log_base = (run_dir / LOG).stat().st_size if (run_dir / LOG).exists() else 0
         deadline = time.time() + 90
         while True:
             try:
-                self.job_id = self.client.submit_job(entrypoint=shlex.join(self.spec["argv"]),
-                                                     runtime_env=runtime_env, submission_id=submission_id)
+                job_id = self.client.submit_job(entrypoint=shlex.join(spec["argv"]), runtime_env=runtime_env,
+                                                submission_id=submission_id)
                 break
             except Exception as e:
                 # a fresh head answers before its job agent is up: "No available agent to submit job"
                 if "No available agent" in str(e) and time.time() < deadline:
                     time.sleep(1.0)
                     continue
-                self._cleanup_head()
-                write_state(self.run_dir, status="failed", ended_at=time.time(), error=f"job submission failed: {e}")
-                raise RlctlError(f"Ray job submission to {address} failed: {e}") from None
-        write_state(self.run_dir, status="running", ray_job_id=self.job_id, ray_address=address)
+                raise RlctlError(f"Ray job submission to {self.address} failed: {e}") from None
+        write_state(run_dir, ray_job_id=job_id, ray_address=self.address)
+        handle = RunHandle(self.name, {"address": self.address, "job_id": job_id, "log_base": log_base}, attempt)
+        tail = threading.Thread(target=self._tail, args=(run_dir, job_id), daemon=True)
+        tail.start()
+        self.tails[attempt] = tail
+        return handle
 
-    def _tail(self) -> None:
+    def _tail(self, run_dir: Path, job_id: str) -> None:
         async def run() -> None:
-            with open(self.run_dir / LOG, "ab") as fh:
-                async for chunk in self.client.tail_job_logs(self.job_id):
+            with open(run_dir / LOG, "ab") as fh:
+                async for chunk in self.client.tail_job_logs(job_id):
                     fh.write(chunk.encode("utf-8", errors="replace"))
                     fh.flush()
 
@@ -320,123 +334,98 @@ class RayRun:
         except Exception as e:  # the websocket can drop; the final catch-up fetches the rest
             self.tail_error = str(e)
 
-    def loop(self) -> int:
-        tail = threading.Thread(target=self._tail, daemon=True)
-        tail.start()
-        status = None
-        while True:
+    def poll(self, run_dir: Path, handle: RunHandle) -> int | None:
+        js = self._job_status(handle)
+        if js not in TERMINAL:
+            return None
+        tail = self.tails.get(handle.attempt)
+        if tail is not None and tail.is_alive():
+            tail.join(timeout=15)
+        catch_up_logs(run_dir, {"handle": handle.to_dict()})
+        write_state(run_dir, ray_job_status=js)
+        return {"SUCCEEDED": 0, "STOPPED": -signal.SIGTERM}.get(js, 1)
+
+    def _job_status(self, handle: RunHandle) -> str | None:
+        if self.client is not None:
             try:
-                status = str(self.client.get_job_status(self.job_id))
+                return str(self.client.get_job_status(handle.ref["job_id"]))
             except Exception:
-                status = None
-            ingest(self.run_dir, self.spec["backend"])
-            self.sinks.pump()
-            if self.on_tick:
-                self.on_tick(self.run_dir)
-            if status in TERMINAL:
-                break
-            time.sleep(1.0)
-        tail.join(timeout=15)
-        state = read_state(self.run_dir)
-        catch_up_logs(self.run_dir, {**state, "ray_job_id": self.job_id})
-        ingest(self.run_dir, self.spec["backend"], final=True)
-        self.sinks.pump(close=True)
-        if self.on_tick:
-            self.on_tick(self.run_dir)
-        outcome = "stopped" if self.stop_requested else TERMINAL[status]
-        code = {"finished": 0, "stopped": 143}.get(outcome, 1)
-        write_state(self.run_dir, status=outcome, exit_code=code, ray_job_status=status, ended_at=time.time())
-        self._cleanup_head()
-        return code
+                return None
+        return job_status(handle.ref["address"], handle.ref["job_id"])
 
-    def _cleanup_head(self) -> None:
-        if self.head is not None:
-            self.head.stop()
-            write_state(self.run_dir, ray_head_stopped=True)
+    def signal_stop(self, run_dir: Path, handle: RunHandle) -> None:
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.stop_job(handle.ref["job_id"])
+                return
+        stop_job_rest(handle.ref["address"], handle.ref["job_id"])
 
-    def run(self) -> int:
-        self.install_signal_handlers()
-        self.start()
-        return self.loop()
+    def kill(self, run_dir: Path, handle: RunHandle) -> None:
+        self.signal_stop(run_dir, handle)  # Ray escalates to SIGKILL itself after its stop wait
 
+    def pump_logs(self, run_dir: Path, handle: RunHandle) -> None:
+        if handle is not None and handle.attempt not in self.tails:
+            catch_up_logs(run_dir, {"handle": handle.to_dict()})
 
-def launch_ray(run_dir: Path, prep: Any, child_env: dict[str, str], opts: Any, out: Any) -> int:
-    from rlctl.executors.local import write_spec
-    from rlctl.ui.progress import Progress
+    # ---- any process -------------------------------------------------------------------------------------------
+    def status(self, run_dir: Path, state: dict[str, Any]) -> str:
+        status = state.get("status", "unknown")
+        if status not in ACTIVE:
+            return status
+        if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
+            return status
+        handle = RunHandle.from_state(state)
+        address = handle.ref.get("address") if handle else state.get("ray_address")
+        job_id = handle.ref.get("job_id") if handle else state.get("ray_job_id")
+        if not job_id or not address:
+            return "lost"
+        js = job_status(address, job_id)
+        if js is None:
+            return "lost"
+        catch_up_logs(run_dir, state)
+        if js in TERMINAL:
+            outcome = "stopped" if state.get("stop_requested_at") else TERMINAL[js]
+            write_state(run_dir, status=outcome, ended_at=time.time(), ray_job_status=js,
+                        exit_code={"finished": 0}.get(TERMINAL[js], state.get("exit_code")))
+            return outcome
+        return "running"
 
-    recipe = prep.recipe
-    address = opts.address or recipe.resources.ray_address or os.environ.get("RAY_ADDRESS")
-    plan = prep.plan
-    argv = list(plan.argv)
-    if "--" in argv and argv[:3] == ["ray", "job", "submit"]:
-        argv = argv[argv.index("--") + 1:]  # rlctl submits itself; the entrypoint is what follows `--`
-    if address is None and argv and argv[0] in ("python3", "python"):
-        argv[0] = sys.executable  # a head rlctl starts runs on this machine, in this environment
-    env_keys = sorted(set(plan.env) | {k for k in child_env if k.startswith(("RLCTL_", "WANDB_RUN_ID", "WANDB_RESUME"))}
-                      | {"PYTHONUNBUFFERED"})
-    from rlctl.runs.launch import sink_spec
+    def stop(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
+        if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
+            os.kill(state["supervisor_pid"], signal.SIGTERM)
+            deadline = time.time() + grace + 60
+            while time.time() < deadline and read_state(run_dir).get("status") in ACTIVE:
+                time.sleep(0.2)
+            return f"{run_dir.name}: {read_state(run_dir).get('status')}"
+        handle = RunHandle.from_state(state)
+        address = handle.ref.get("address") if handle else state.get("ray_address")
+        job_id = handle.ref.get("job_id") if handle else state.get("ray_job_id")
+        if job_id and address:
+            write_state(run_dir, status="stopping", stop_requested_at=time.time())
+            stop_job_rest(address, job_id)
+            deadline = time.time() + grace
+            while time.time() < deadline and job_status(address, job_id) not in TERMINAL:
+                time.sleep(0.5)
+            catch_up_logs(run_dir, state)
+        if state.get("ray_started_head") and not state.get("ray_head_stopped"):
+            stop_head(state.get("ray_head_pid"), state.get("ray_head_temp_dir"))
+            write_state(run_dir, ray_head_stopped=True)
+        write_state(run_dir, status="stopped", ended_at=time.time())
+        return f"{run_dir.name}: stopped"
 
-    spec = {"argv": argv, "backend": plan.backend, "address": address, "env_keys": env_keys,
-            "sinks": sink_spec(recipe, run_dir, read_state(run_dir).get("wandb_run_id")),
-            "num_gpus": recipe.resources.gpus_per_node if address is None else None,
-            "pip": recipe.resources.pip, "executor": "ray"}
-    write_spec(run_dir, spec)
-    write_state(run_dir, executor="ray", ray_started_head=address is None)
-    if opts.detach:
-        with open(run_dir / "supervisor.log", "ab") as log:
-            subprocess.Popen([sys.executable, "-m", "rlctl.executors.ray", str(run_dir)], env=child_env,
-                             cwd=run_dir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            st = read_state(run_dir)
-            if st.get("ray_job_id") or st.get("status") == "failed":
-                break
-            time.sleep(0.2)
-        st = read_state(run_dir)
-        if st.get("status") == "failed":
-            raise RlctlError(f"the Ray run failed to start: {st.get('error', 'see supervisor.log')}")
-        return 0
-    progress = Progress(out, plan.total_steps)
-    run = RayRun(run_dir, spec, child_env, on_tick=progress.tick)
-    run.install_signal_handlers()
-    run.start()
-    code = run.loop()
-    progress.done(run_dir)
-    return code
+    def catch_up_logs(self, run_dir: Path, state: dict[str, Any]) -> None:
+        catch_up_logs(run_dir, state)
 
 
 def stop_ray_job(run_dir: Path, state: dict[str, Any], grace: float = 60.0) -> str:
-    if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
-        os.kill(state["supervisor_pid"], signal.SIGTERM)
-        deadline = time.time() + grace + 60
-        while time.time() < deadline and read_state(run_dir).get("status") in ACTIVE:
-            time.sleep(0.2)
-        return f"{run_dir.name}: {read_state(run_dir).get('status')}"
-    if state.get("ray_job_id"):
-        stop_job_rest(state["ray_address"], state["ray_job_id"])
-        deadline = time.time() + grace
-        while time.time() < deadline and job_status(state["ray_address"], state["ray_job_id"]) not in TERMINAL:
-            time.sleep(0.5)
-        catch_up_logs(run_dir, state)
-    if state.get("ray_started_head") and not state.get("ray_head_stopped"):
-        stop_head(state.get("ray_head_pid"), state.get("ray_head_temp_dir"))
-        write_state(run_dir, ray_head_stopped=True)
-    write_state(run_dir, status="stopped", ended_at=time.time())
-    return f"{run_dir.name}: stopped"
+    return RayExecutor().stop(run_dir, state, grace)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Detached: `python -m rlctl.executors.ray RUN_DIR` (our environment is the job's)."""
-    args = argv if argv is not None else sys.argv[1:]
-    run_dir = Path(args[0])
-    spec = json.loads((run_dir / SPEC).read_text())
-    run = RayRun(run_dir, spec, dict(os.environ))
-    try:
-        return run.run()
-    except RlctlError as e:
-        write_state(run_dir, status="failed", ended_at=time.time(), error=str(e))
-        return 1
+    """`python -m rlctl.executors.ray RUN_DIR`: the generic supervisor entry point."""
+    from rlctl.runs.supervisor import main as supervise
+
+    return supervise(argv)
 
 
 if __name__ == "__main__":

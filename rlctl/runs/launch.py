@@ -1,10 +1,10 @@
-"""`rlctl launch`: preflight, patch, run directory, start the backend (attached or detached), resume."""
+"""`rlctl launch`: preflight, patch, run directory, then `executors.get(name).submit(...)` (attached or detached);
+`--resume PARENT` starts from a copy of the parent's newest complete checkpoint, never writing into the parent."""
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import CheckFailed, RlctlError
-
-SECRET_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+from rlctl.runs.rundir import SECRET_REF, child_environment  # noqa: F401 - re-exported for callers
 
 
 @dataclass
@@ -28,6 +27,8 @@ class LaunchOptions:
     executor: str | None = None
     address: str | None = None
     grace_seconds: float = 30.0
+    restart: str | None = None  # never | on-failure | on-stall | always (default: the recipe's [run] restart)
+    max_restarts: int | None = None
 
 
 def smoke(recipe: Any) -> None:
@@ -44,26 +45,6 @@ def smoke(recipe: Any) -> None:
     r.eval.every = None
     if r.logging.wandb:
         r.logging.wandb.offline = True
-
-
-def child_environment(plan_env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
-    """The backend's environment: ours, the recipe's, rlctl's; `${NAME}` references resolved from ours."""
-    env = dict(os.environ)
-    missing = []
-    for k, v in plan_env.items():
-        m = SECRET_REF.match(v)
-        if m:
-            if m.group(1) not in os.environ:
-                missing.append(m.group(1))
-                continue
-            env[k] = os.environ[m.group(1)]
-        else:
-            env[k] = v
-    if missing:
-        raise RlctlError(f"the run needs {', '.join(missing)} in the environment and it is not set.",
-                         hint=f"export {missing[0]}=... (rlctl never writes it to disk)")
-    env.update(extra)
-    return env
 
 
 def wandb_run_id(run_dir: Path, resumed_from: Path | None) -> str:
@@ -102,35 +83,38 @@ def _model_cache() -> str:
     return str(Path(base) / "rlctl" / "models")
 
 
-def _argv(plan: Any) -> list[str]:
-    argv = list(plan.argv)
-    if plan.backend == "trl" and argv and argv[0] == "python3":
-        argv[0] = sys.executable  # the TRL runner lives in rlctl's own environment
-    return argv
-
-
 def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     """Start a run. Returns (run directory, exit code); detached runs return at once with code 0."""
+    import json
+
+    from rlctl import executors
     from rlctl import preflight as pf
-    from rlctl.runs.rundir import create_run_dir, environment_record, masked_recipe_data
-    from rlctl.executors.local import Supervisor, write_spec
-    from rlctl.recipe.planning import prepare
     from rlctl.recipe.loader import dump_toml
+    from rlctl.recipe.planning import prepare
+    from rlctl.runs.rundir import create_run_dir, environment_record, masked_recipe_data
     from rlctl.runs.state import find_run, runs_root, write_state
+    from rlctl.runs.supervisor import RestartPolicy, write_spec
 
     out = out or sys.stderr
     prep = prepare(opts.recipe, opts.sets)
     recipe = prep.recipe
-    resumed_from = None
+    resumed_from = parent_ckpt = None
     if opts.smoke:
         smoke(recipe)
     if opts.executor:
         recipe.resources.executor = opts.executor
     if opts.address:
         recipe.resources.ray_address = opts.address
+    if opts.restart is not None:
+        recipe.run.restart = opts.restart
+    if opts.max_restarts is not None:
+        recipe.run.max_restarts = opts.max_restarts
+    policy = RestartPolicy.from_dict({"mode": recipe.run.restart, "max_restarts": recipe.run.max_restarts})
+    executor = executors.get(recipe.resources.executor)
     if opts.resume:
         resumed_from = find_run(opts.resume)
-        _resume_from(recipe, prep.backend, resumed_from)
+        parent_ckpt = _parent_checkpoint(prep.backend, resumed_from)
+        recipe.checkpoint.resume = parent_ckpt.step
     prep.plan = prep.backend.render(recipe, prep.dataset_size)
 
     results = pf.run(prep)
@@ -156,9 +140,17 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     child_env = child_environment(prep.plan.env, extra)  # fails before anything is written if a secret is missing
 
     run_dir = create_run_dir(runs_root(), name).resolve()
-    if recipe.resources.executor == "ray" and not Path(recipe.checkpoint.dir).is_absolute():
-        # a Ray job runs in a copy of the run directory: checkpoints must name the real one
-        recipe.checkpoint.dir = str(run_dir / recipe.checkpoint.dir)
+    rerender = False
+    if resumed_from is not None:
+        # the new run resumes from its own copy: nothing is ever written into the parent's directory
+        own = _own_checkpoint_dir(recipe, run_dir, resumed_from)
+        if own != recipe.checkpoint.dir:
+            recipe.checkpoint.dir, rerender = own, True
+        stage_checkpoint(parent_ckpt, _ckpt_root(resumed_from), _abs(run_dir, recipe.checkpoint.dir))
+    if executor.copies_working_dir and not Path(recipe.checkpoint.dir).is_absolute():
+        # the job runs in a copy of the run directory: checkpoints must name the real one
+        recipe.checkpoint.dir, rerender = str(run_dir / recipe.checkpoint.dir), True
+    if rerender:
         prep.plan = prep.backend.render(recipe, prep.dataset_size)
     child_env["RLCTL_RUN_DIR"] = str(run_dir)
     child_env["RLCTL_METRICS_FILE"] = str(run_dir / "backend_metrics.jsonl")  # read by rlctl's OpenRLHF patch
@@ -169,72 +161,107 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         child_env["WANDB_RESUME"] = "allow"
     data = masked_recipe_data(recipe.model_dump(mode="json", exclude_none=True))
     (run_dir / "recipe.toml").write_text(dump_toml(data))
-    prep.plan.write(run_dir)
-    import json
+    plan = prep.backend.prepare_launch(prep.plan, run_dir)
+    plan.write(run_dir)
 
     (run_dir / "env.json").write_text(json.dumps(environment_record(Path.cwd(), prep.backend.packages), indent=2))
     spec = {
-        "argv": _argv(prep.plan), "backend": prep.plan.backend, "grace_seconds": opts.grace_seconds,
+        "argv": executor.command(plan, prep.backend, {}), "backend": plan.backend, "executor": executor.name,
+        "grace_seconds": opts.grace_seconds,
         "keep_last": recipe.checkpoint.keep_last, "checkpoint_dir": recipe.checkpoint.dir,
         "disk_headroom": recipe.preflight.disk_headroom,
         "prune_during_run": bool(recipe.checkpoint.keep_last) and prep.backend.prune_during_run(recipe),
         "sinks": sink_spec(recipe, run_dir, wandb_id),
+        "total_steps": plan.total_steps, "checkpoint_every": recipe.checkpoint.every, "eval_every": recipe.eval.every,
+        "restart": {"mode": policy.mode, "max_restarts": policy.max_restarts},
+        "stall": recipe.run.stall.model_dump(), "sync": recipe.checkpoint.sync,
+        # what a supervisor started later (`rlctl resume`) adds to its own environment for the backend
+        "env_extra": {k: child_env[k] for k in ("RLCTL_RUN_DIR", "RLCTL_METRICS_FILE", "RLCTL_MODEL_CACHE",
+                                                "PYTHONUNBUFFERED", "WANDB_RUN_ID", "WANDB_RESUME") if k in child_env},
     }
+    spec = executor.prepare(run_dir, spec, child_env, plan, recipe, opts)
     write_spec(run_dir, spec)
-    write_state(run_dir, name=run_dir.name, status="starting", backend=prep.plan.backend,
-                version=prep.plan.version, total_steps=prep.plan.total_steps, recipe=str(prep.resolved.path),
-                executor=recipe.resources.executor, started_at=time.time(),
-                resumed_from=str(resumed_from) if resumed_from else None, wandb_run_id=wandb_id,
+    write_state(run_dir, name=run_dir.name, status="starting", backend=plan.backend,
+                version=plan.version, total_steps=plan.total_steps, recipe=str(prep.resolved.path),
+                executor=executor.name, started_at=time.time(),
+                resumed_from=str(resumed_from) if resumed_from else None,
+                resumed_from_checkpoint=str(parent_ckpt.path) if parent_ckpt else None, wandb_run_id=wandb_id,
+                restart=spec["restart"],
                 preflight={r.verdict: sum(1 for x in results if x.verdict == r.verdict) for r in results})
     if resumed_from:
         (run_dir / "parent").symlink_to(resumed_from.resolve())
 
-    if recipe.resources.executor == "ray":
-        from rlctl.executors.ray import launch_ray
-
-        return run_dir, launch_ray(run_dir, prep, child_env, opts, out)
-
     if opts.detach:
-        with open(run_dir / "supervisor.log", "ab") as log:
-            subprocess.Popen([sys.executable, "-m", "rlctl.executors.local", str(run_dir)], env=child_env,
-                             cwd=run_dir, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-        _wait_started(run_dir)
+        executor.submit(run_dir, spec, child_env, detach=True)
         return run_dir, 0
 
     from rlctl.ui.progress import Progress
 
-    progress = Progress(out, prep.plan.total_steps)
-    sup = Supervisor(run_dir, spec, child_env, on_tick=progress.tick)
-    sup.install_signal_handlers()
+    progress = Progress(out, plan.total_steps)
     try:
-        sup.start()
+        code = executor.submit(run_dir, spec, child_env, detach=False, on_tick=progress.tick)
     except OSError:
         raise RlctlError(f"could not start {spec['argv'][0]!r}; see {run_dir / 'stdout.log'}.") from None
-    code = sup.loop()
     progress.done(run_dir)
     return run_dir, code
 
 
-def _wait_started(run_dir: Path, timeout: float = 20.0) -> None:
-    from rlctl.runs.state import read_state
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if read_state(run_dir).get("status") != "starting":
-            return
-        time.sleep(0.05)
+def _abs(run_dir: Path, d: str) -> Path:
+    return Path(d) if Path(d).is_absolute() else run_dir / d
 
 
-def _resume_from(recipe: Any, backend: Any, old_run: Path) -> None:
-    """Point the recipe at the old run's newest complete checkpoint, with the backend's own resume flags."""
+def _ckpt_root(run: Path) -> Path:
+    from rlctl.runs.checkpoints import checkpoint_dir
+
+    return checkpoint_dir(run)
+
+
+def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
+    """The parent run's newest complete checkpoint, or a clear error."""
     from rlctl.runs.checkpoints import latest_complete
 
     ckpt = latest_complete(backend.name, old_run)
     if ckpt is None:
         raise RlctlError(f"{old_run.name} has no complete checkpoint to resume from.",
                          hint="rlctl ckpt list " + old_run.name)
-    recipe.checkpoint.dir = str(ckpt.path.parent.resolve())
-    recipe.checkpoint.resume = ckpt.step
-    if backend.name == "trl":
-        recipe.backend.trl.extra["resume_from_checkpoint"] = str(ckpt.path.resolve())
+    return ckpt
+
+
+def _own_checkpoint_dir(recipe: Any, run_dir: Path, parent: Path) -> str:
+    """The new run's checkpoint directory: as the recipe says, unless that is the parent's (a shared absolute
+    path) — then the new run's own `checkpoints/`."""
+    mine = _abs(run_dir, recipe.checkpoint.dir).resolve()
+    theirs = _ckpt_root(parent).resolve()
+    if mine == theirs or theirs in mine.parents or mine in theirs.parents:
+        return "checkpoints"
+    return recipe.checkpoint.dir
+
+
+def stage_checkpoint(ckpt: Any, parent_root: Path, dest_root: Path) -> list[Path]:
+    """Copy what resuming needs from the parent — the checkpoint, the paths that belong to it, and the small
+    marker files at the top of its checkpoint root (e.g. a `latest` pointer) — into the new run's checkpoint root,
+    at the same relative places. Copies, never links: the new run may write and prune freely; the parent is only
+    read."""
+    import shutil
+
+    dest_root.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for src in [ckpt.path, *getattr(ckpt, "extra_paths", [])]:
+        try:
+            rel = src.resolve().relative_to(parent_root.resolve())
+        except ValueError:
+            rel = Path(src.name)
+        dst = dest_root / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=False)
+        else:
+            shutil.copy2(src, dst)
+        copied.append(dst)
+    if parent_root.is_dir():
+        for p in parent_root.iterdir():
+            small = p.is_file() and not p.is_symlink() and p.stat().st_size < (1 << 20)
+            if small and not (dest_root / p.name).exists():
+                shutil.copy2(p, dest_root / p.name)
+                copied.append(dest_root / p.name)
+    return copied

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from rlctl.metrics.stream import LOG, METRICS, ingest
-from rlctl.runs.state import ACTIVE, read_state
+from rlctl.runs.state import ACTIVE, read_state, settled_status
 
 
 def _tail_start(path: Path, lines: int) -> int:
@@ -54,7 +54,8 @@ def show_logs(run_dir: Path, follow: bool = False, metrics: bool = False, lines:
         if not follow:
             return
         state = read_state(run_dir)
-        if state.get("status") not in ACTIVE:
+        if settled_status(run_dir, state) not in ACTIVE:  # ends with the run, even when its supervisor is gone
+            state = read_state(run_dir)
             if metrics and state.get("backend"):
                 ingest(run_dir, state["backend"], final=True)
             if path.exists() and path.stat().st_size > pos:

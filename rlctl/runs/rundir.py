@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -15,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.backends.base import is_secret_name
+from rlctl.errors import RlctlError
+
+SECRET_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 RECORDED_PACKAGES = ("rlctl", "torch", "transformers", "trl", "peft", "accelerate", "vllm", "ray", "deepspeed",
                      "openrlhf", "verl", "prime-rl", "flash-attn", "wandb")
@@ -98,3 +102,23 @@ def environment_record(cwd: Path, backend_packages: tuple[str, ...]) -> dict[str
         "gpus": gpus(),
         "argv": [a if not any(s in a for s in ("KEY=", "TOKEN=", "SECRET=")) else "<masked>" for a in sys.argv],
     }
+
+
+def child_environment(plan_env: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    """The backend's environment: ours, the recipe's, rlctl's; `${NAME}` references resolved from ours."""
+    env = dict(os.environ)
+    missing = []
+    for k, v in plan_env.items():
+        m = SECRET_REF.match(v)
+        if m:
+            if m.group(1) not in os.environ:
+                missing.append(m.group(1))
+                continue
+            env[k] = os.environ[m.group(1)]
+        else:
+            env[k] = v
+    if missing:
+        raise RlctlError(f"the run needs {', '.join(missing)} in the environment and it is not set.",
+                         hint=f"export {missing[0]}=... (rlctl never writes it to disk)")
+    env.update(extra)
+    return env

@@ -11,14 +11,50 @@ import contextlib
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError
 
 STATE = "state.json"
-ACTIVE = ("starting", "running", "stopping")
+ACTIVE = ("starting", "running", "stopping", "restarting")
+
+
+ATTEMPTS = "attempts"
+EXIT_RECORD = "exit.json"
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    """Lives in state.json under "handle": enough for a new process to find the attempt again."""
+
+    executor: str  # registry key
+    ref: dict[str, Any] = field(default_factory=dict)  # {pid, pgid, create_time} or {address, job_id}
+    attempt: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> RunHandle | None:
+        h = state.get("handle")
+        if not isinstance(h, dict) or not isinstance(h.get("executor"), str):
+            return None
+        return cls(h["executor"], dict(h.get("ref") or {}), int(h.get("attempt") or 1))
+
+
+def attempt_dir(run_dir: Path, attempt: int) -> Path:
+    return run_dir / ATTEMPTS / str(attempt)
+
+
+def read_exit_record(run_dir: Path, attempt: int) -> dict[str, Any] | None:
+    """What the wrapper around the child wrote when the child ended: {"exit_code", "ended_at"}, or None."""
+    try:
+        rec = json.loads((attempt_dir(run_dir, attempt) / EXIT_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and "exit_code" in rec else None
 
 
 def runs_root() -> Path:
@@ -34,6 +70,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "pid": (int,), "pgid": (int,), "supervisor_pid": (int,), "ray_head_pid": (int,), "total_steps": (int,),
     "exit_code": (int,), "status": (str,), "backend": (str,), "executor": (str,), "name": (str,),
     "version": (str,), "ray_job_id": (str,), "ray_address": (str,), "wandb_run_id": (str,),
+    "attempt": (int,), "attempts": (list,), "handle": (dict,), "restart": (dict,),
 }
 
 
@@ -66,8 +103,13 @@ def write_state(run_dir: Path, **updates: Any) -> dict[str, Any]:
     state = read_state(run_dir)
     state.update(updates)
     tmp = run_dir / f".{STATE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
-    os.replace(tmp, run_dir / STATE)
+    try:
+        tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
+        os.replace(tmp, run_dir / STATE)
+    except OSError:  # a full disk: state.json stays as it was, no half-written temp file is left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
     return state
 
 
@@ -155,19 +197,24 @@ class RunStatus:
         return self.elapsed / self.step * max(self.total - self.step, 0)
 
 
-def true_status(run_dir: Path, state: dict[str, Any], last_step_time: float | None,
-                stall_after: float) -> str:
+def settled_status(run_dir: Path, state: dict[str, Any] | None = None) -> str:
+    """The run's true status, as its executor tells from the processes or job behind it (and the exit record the
+    wrapper left where the child ended). Never imports an executor's runtime."""
+    state = read_state(run_dir) if state is None else state
     status = state.get("status", "unknown")
     if status not in ACTIVE:
         return status
-    if state.get("executor") == "ray":
-        return state.get("ray_true_status", status)  # set by run_status through the job API
-    child_alive = process_alive(state.get("pid"), state.get("pid_create_time"))
-    sup_alive = process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time"))
-    if not child_alive:
-        if sup_alive:
-            return status  # the supervisor is about to record the end
-        return "lost"
+    from rlctl import executors
+
+    name = state.get("executor")
+    if name not in executors.registry():
+        name = "local"  # e.g. a run rlctl follows but did not start: its processes still tell
+    return executors.get(name).status(run_dir, state)
+
+
+def true_status(run_dir: Path, state: dict[str, Any], last_step_time: float | None,
+                stall_after: float) -> str:
+    status = settled_status(run_dir, state)
     reference = last_step_time or state.get("started_at")
     if status == "running" and reference and time.time() - reference > stall_after:
         return "stalled"
@@ -179,12 +226,12 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     from rlctl.metrics.stream import ingest as do_ingest
 
     state = read_state(run_dir)
-    if state.get("executor") == "ray" and state.get("status") in ACTIVE:
-        from rlctl.executors.ray import true_ray_status  # REST only: no ray import
-
+    if state.get("status") in ACTIVE:
         with contextlib.suppress(Exception):
-            # copies the job's new logs first when nobody follows it, so the ingest below sees them
-            state = {**read_state(run_dir), "ray_true_status": true_ray_status(run_dir, state)}
+            # the executor settles the outcome (and copies a remote job's new logs when nobody follows it), so
+            # the ingest below sees everything and true_status reads the settled state
+            settled_status(run_dir, state)
+            state = read_state(run_dir)
     if ingest and state.get("backend"):
         with contextlib.suppress(Exception):  # status must answer even on a damaged run directory
             do_ingest(run_dir, state["backend"], final=state.get("status") not in ACTIVE)

@@ -73,6 +73,10 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
                         for c in ckpts],
         "ingest": {"lines": ing.lines, "records": ing.records, "skipped": ing.skipped, "restarts": ing.restarts},
         "gpus": gpu_stats(),
+        "attempts": rs.state.get("attempts") or [],
+        "restart": rs.state.get("restart"),
+        "gave_up": rs.state.get("gave_up"),
+        "disk_full": rs.state.get("disk_full"),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
     }
 
@@ -96,6 +100,7 @@ def _detail_text(d: dict[str, Any]) -> str:
              + (f"  exit code {d['exit_code']}" if d["exit_code"] is not None else ""),
              f"step {d['step'] if d['step'] is not None else '-'}{total}   elapsed {fmt_duration(d['elapsed_s'])}"
              f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
+    lines += _attempt_lines(d)
     if d["metrics"]:
         lines.append("")
         width = max(len(k) for k in d["metrics"])
@@ -119,6 +124,33 @@ def _detail_text(d: dict[str, Any]) -> str:
         lines.append(f"  log: {ing['lines']} lines, {ing['records']} metric records, {ing['skipped']} unreadable "
                      "metric lines skipped")
     return "\n".join(lines)
+
+
+def _attempt_lines(d: dict[str, Any]) -> list[str]:
+    """The attempts of a supervised run: when, why, from which checkpoint, how each ended."""
+    out = []
+    if d.get("disk_full"):
+        out.append(f"  ! disk full: {d['disk_full']} (the run stays supervised; free space to let rlctl write)")
+    attempts = d.get("attempts") or []
+    pol = d.get("restart") or {}
+    if len(attempts) > 1 or pol.get("mode", "never") != "never":
+        out.append(f"  attempts: {len(attempts)} (restart {pol.get('mode', 'never')}, max "
+                   f"{pol.get('max_restarts', '-')} restarts)")
+        for a in attempts:
+            when = time.strftime("%H:%M:%S", time.localtime(a["started_at"])) if a.get("started_at") else "-"
+            frm = f"from step {a['from_step']}" if a.get("from_step") is not None else "from the start"
+            end = a.get("outcome") or "running"
+            if a.get("exit_code") is not None:
+                end += f", exit code {a['exit_code']}"
+            out.append(f"    #{a.get('attempt')} {when} {a.get('reason', '-')}, {frm} -> {end}"
+                       + (f" (last step {a['last_step']})" if a.get("last_step") is not None else ""))
+            if a.get("stall"):
+                out.append(f"       stalled: {a['stall']}")
+            if a.get("evidence"):
+                out.append(f"       evidence: {a['evidence']}")
+    if d.get("gave_up"):
+        out.append(f"  gave up: {d['gave_up']}")
+    return out
 
 
 def render(run: str | None, as_json: bool, stall_after: float) -> str:

@@ -1,0 +1,124 @@
+"""The executor protocol: the same verbs for a local process group and a Ray job (SkyPilot's Backend, Ray's
+job-id-keyed verbs).
+
+One *attempt* is one start of the backend's command; a run may have several (restarts). The supervisor
+(`rlctl.runs.supervisor`) drives attempts through `start` / `poll` / `signal_stop` / `kill`; any other process —
+`rlctl status`, `stop`, `logs -f`, possibly after the supervisor died — reattaches through the `RunHandle`
+persisted in state.json and calls `status` / `stop` / `catch_up_logs`. None of these import a heavy library.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rlctl.runs.state import ATTEMPTS, EXIT_RECORD, RunHandle, attempt_dir, read_exit_record
+
+__all__ = ["ATTEMPTS", "EXIT_RECORD", "Executor", "RunHandle", "attempt_dir", "local_argv", "read_exit_record"]
+
+def local_argv(plan: Any, backend: Any) -> list[str]:
+    """A runtime that must be installed where rlctl runs is started with rlctl's own interpreter."""
+    import sys
+
+    argv = list(plan.argv)
+    if getattr(backend, "needs_local_install", False) and argv and argv[0] in ("python3", "python"):
+        argv[0] = sys.executable
+    return argv
+
+
+class Executor:
+    """Base class of executors. Subclasses set `name` and implement the attempt verbs and the reattach verbs."""
+
+    name: ClassVar[str]
+    copies_working_dir: ClassVar[bool] = False  # the job runs in a copy of the run directory (paths must be absolute)
+
+    # ---- launch ------------------------------------------------------------------------------------------------
+    def prepare(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], plan: Any, recipe: Any,
+                opts: Any) -> dict[str, Any]:
+        """Executor-specific additions to the supervisor spec (e.g. a cluster address). Default: none."""
+        del run_dir, env, plan, recipe, opts  # Unused
+        return spec
+
+    def submit(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], detach: bool = False,
+               on_tick: Any = None) -> int:
+        """Start the run under a supervisor: in this process (returns the exit code) or detached (returns 0 once
+        the first attempt runs)."""
+        from rlctl.runs.supervisor import Supervisor, start_detached
+
+        if detach:
+            start_detached(run_dir, env)
+            return 0
+        sup = Supervisor(run_dir, spec, env, executor=self, on_tick=on_tick)
+        sup.install_signal_handlers()
+        return sup.run()
+
+    # ---- one attempt (the supervisor's side) ----------------------------------------------------------------------
+    def open(self, run_dir: Path, spec: dict[str, Any]) -> None:
+        """Acquire what the run needs for all its attempts (e.g. a Ray head). Default: nothing."""
+
+    def close(self) -> None:
+        """Release what open() acquired."""
+
+    def start(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], attempt: int) -> RunHandle:
+        raise NotImplementedError
+
+    def attach(self, run_dir: Path, handle: RunHandle) -> None:
+        """Adopt an attempt another (dead) supervisor started. Default: nothing to do."""
+
+    def poll(self, run_dir: Path, handle: RunHandle) -> int | None:
+        """None while the attempt runs; its exit code once it ended (-N: killed by signal N)."""
+        raise NotImplementedError
+
+    def signal_stop(self, run_dir: Path, handle: RunHandle) -> None:
+        """Ask the attempt to stop (checkpoint and exit where the backend can)."""
+        raise NotImplementedError
+
+    def kill(self, run_dir: Path, handle: RunHandle) -> None:
+        """Stop the attempt now, with everything it started."""
+        raise NotImplementedError
+
+    def terminate(self, run_dir: Path, handle: RunHandle, grace: float) -> int | None:
+        """signal_stop, wait up to `grace` seconds, then kill. Returns the exit code if known."""
+        self.signal_stop(run_dir, handle)
+        deadline = time.time() + grace
+        while time.time() < deadline:
+            code = self.poll(run_dir, handle)
+            if code is not None:
+                return code
+            time.sleep(0.1)
+        self.kill(run_dir, handle)
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            code = self.poll(run_dir, handle)
+            if code is not None:
+                return code
+            time.sleep(0.1)
+        return None
+
+    def cleanup(self, run_dir: Path, handle: RunHandle, grace: float) -> None:
+        """After an attempt ended: nothing it started may outlive it. Default: nothing to do."""
+
+    def command(self, plan: Any, backend: Any, spec: dict[str, Any]) -> list[str]:
+        """The argv this executor runs for a rendered plan."""
+        del spec  # Unused
+        return local_argv(plan, backend)
+
+    def pids(self, run_dir: Path, handle: RunHandle) -> list[int]:
+        """Local processes of the attempt (for py-spy evidence). Default: none known."""
+        return []
+
+    def pump_logs(self, run_dir: Path, handle: RunHandle) -> None:
+        """Bring what the attempt printed into stdout.log (when the executor does not write there itself)."""
+
+    # ---- any process (reattach through the handle) ------------------------------------------------------------
+    def status(self, run_dir: Path, state: dict[str, Any]) -> str:
+        """The run's true status from its recorded state and the processes or job behind it."""
+        raise NotImplementedError
+
+    def stop(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
+        """Stop a run from another shell; returns a line for the user."""
+        raise NotImplementedError
+
+    def catch_up_logs(self, run_dir: Path, state: dict[str, Any]) -> None:
+        """Nobody follows the run: copy what it printed since into stdout.log. Default: the child writes there."""

@@ -1,0 +1,581 @@
+"""The supervisor of a run, the same for every executor: starts attempts through the executor, follows the log into
+the metrics stream, watches for stalls, restarts from the latest complete checkpoint as the restart policy says,
+syncs complete checkpoints, forwards stop signals, and records every attempt and the outcome in state.json.
+
+Attached launches run it in the CLI process; detached ones, `rlctl resume` and `rlctl supervise` run
+`python -m rlctl.runs.supervisor RUN_DIR [--resume]`. A full disk never crashes it: writes that fail are retried,
+the run stays supervised, and metrics.jsonl is cut back to its last complete record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rlctl.errors import RlctlError
+from rlctl.metrics.sinks import SinkPump
+from rlctl.metrics.stream import LOG, METRICS, STEP_FLOOR, ingest
+from rlctl.runs.stall import StallConfig, StallDetector, gpus_busy, save_evidence, visible_gpus
+from rlctl.runs.state import (
+    ACTIVE,
+    RunHandle,
+    attempt_dir,
+    process_alive,
+    process_create_time,
+    read_exit_record,
+    read_state,
+    write_state,
+)
+
+if TYPE_CHECKING:
+    from rlctl.executors.base import Executor
+
+SPEC = ".launch.json"
+
+POLL = 0.5
+POLICIES = ("never", "on-failure", "on-stall", "always")
+
+
+@dataclass
+class RestartPolicy:
+    """never | on-failure (non-zero exit) | on-stall (stalled) | always (both, and a clean exit before the last
+    step); at most `max_restarts` restarts."""
+
+    mode: str = "never"
+    max_restarts: int = 3
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> RestartPolicy:
+        d = d or {}
+        p = cls(str(d.get("mode") or "never"), int(d.get("max_restarts", 3)))
+        if p.mode not in POLICIES:
+            raise RlctlError(f"restart policy {p.mode!r}: expected one of {', '.join(POLICIES)}.")
+        return p
+
+    def wants(self, why: str) -> bool:
+        if self.mode == "always":
+            return why in ("failed", "stalled", "exited early", "lost")
+        if self.mode == "on-failure":
+            return why in ("failed", "lost")
+        if self.mode == "on-stall":
+            return why == "stalled"
+        return False
+
+
+def write_spec(run_dir: Path, spec: dict[str, Any]) -> None:
+    (run_dir / SPEC).write_text(json.dumps(spec, indent=2) + "\n")
+
+
+def read_spec(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / SPEC).read_text())
+    except (OSError, ValueError):
+        raise RlctlError(f"{run_dir.name}: no readable {SPEC}; it was not started by this rlctl.") from None
+
+
+def _max_step(run_dir: Path) -> int | None:
+    from rlctl.metrics.stream import tail_records
+
+    recs = tail_records(run_dir / METRICS, max_bytes=1 << 20)
+    return max((r["step"] for r in recs), default=None)
+
+
+def _is_disk_full(e: OSError) -> bool:
+    return e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+class Supervisor:
+    def __init__(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], executor: Executor | None = None,
+                 on_tick: Callable[[Path], None] | None = None):
+        from rlctl import executors
+
+        self.run_dir = run_dir
+        self.spec = spec
+        self.env = env
+        self.executor = executor or executors.get(spec.get("executor"))
+        self.on_tick = on_tick
+        self.grace = float(spec.get("grace_seconds", 30))
+        self.policy = RestartPolicy.from_dict(spec.get("restart"))
+        self.stall_cfg = StallConfig.from_dict(spec.get("stall"))
+        self.watch_stalls = self.policy.mode in ("on-stall", "always")
+        self.sinks = SinkPump(run_dir, spec.get("sinks"))
+        self.handle: RunHandle | None = None
+        self.stop_requested_at: float | None = None
+        self.pending: dict[str, Any] = {}  # state updates a full disk refused, retried every tick
+        self.disk_full: str | None = None
+        self.detector: StallDetector | None = None
+        self.log_pos = 0
+        self.syncer: Any = None
+        state = read_state(run_dir)
+        self.attempt = int(state.get("attempt") or 0)
+        self.attempts: list[dict[str, Any]] = list(state.get("attempts") or [])
+        self._last_housekeeping = 0.0
+        self.gpu: Any = None  # rlctl.metrics.gpu.GpuSampler: per-GPU memory peaks (NVML), made at the first start
+
+    # ---- compatibility: the local executor's process of the current attempt ---------------------------------------
+    @property
+    def proc(self) -> Any:
+        return getattr(self.executor, "procs", {}).get(self.attempt)
+
+    # ---- state that survives a full disk ----------------------------------------------------------------------------
+    def state(self, **updates: Any) -> None:
+        self.pending.update(updates)
+        try:
+            write_state(self.run_dir, **self.pending)
+        except OSError as e:
+            if not _is_disk_full(e):
+                raise
+            self._disk_full(f"state.json: {e.strerror}")
+            return
+        self.pending = {}
+        if self.disk_full:
+            self.disk_full = None
+            with contextlib.suppress(OSError):
+                write_state(self.run_dir, disk_full=None, disk_full_cleared_at=time.time())
+
+    def _disk_full(self, what: str) -> None:
+        if self.disk_full is None:
+            sys.stderr.write(f"rlctl: disk full ({what}); the run stays supervised and writes are retried\n")
+            sys.stderr.flush()
+        self.disk_full = what
+        self.pending.setdefault("disk_full", what)
+        self.pending.setdefault("disk_full_at", time.time())
+
+    def event(self, **rec: Any) -> None:
+        with contextlib.suppress(OSError), (self.run_dir / "rlctl-events.jsonl").open("a") as fh:
+            fh.write(json.dumps({"time": time.time(), **rec}) + "\n")
+
+    # ---- signals ---------------------------------------------------------------------------------------------------
+    def request_stop(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:  # noqa: ARG002
+        """SIGTERM/SIGINT/SIGHUP: ask the backend to checkpoint and exit; SIGKILL after the grace period."""
+        if self.stop_requested_at is None:
+            self.stop_requested_at = time.time()
+            self.state(status="stopping", stop_requested_at=self.stop_requested_at)
+            if self.handle is not None:
+                with contextlib.suppress(Exception):
+                    self.executor.signal_stop(self.run_dir, self.handle)
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        if hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, self.request_stop)
+
+    # ---- attempts --------------------------------------------------------------------------------------------------
+    def start(self, reason: str = "launch", checkpoint: Any = None, restart: bool = False) -> RunHandle:
+        self.attempt += 1
+        entry: dict[str, Any] = {"attempt": self.attempt, "started_at": time.time(), "reason": reason,
+                                 "restart": restart,
+                                 "from_checkpoint": str(checkpoint.path) if checkpoint is not None else None,
+                                 "from_step": checkpoint.step if checkpoint is not None else None}
+        self.attempts.append(entry)
+        with contextlib.suppress(OSError):
+            attempt_dir(self.run_dir, self.attempt).mkdir(parents=True, exist_ok=True)
+        try:
+            self.handle = self.executor.start(self.run_dir, self.spec, self.env, self.attempt)
+        except OSError as e:
+            entry.update(ended_at=time.time(), exit_code=127, outcome="failed")
+            self.state(status="failed", exit_code=127, ended_at=time.time(), attempts=self.attempts,
+                       attempt=self.attempt, error=f"could not start {self.spec['argv'][0]!r}: {e.strerror or e}")
+            raise
+        except RlctlError as e:
+            entry.update(ended_at=time.time(), exit_code=None, outcome="failed")
+            self.state(status="failed", ended_at=time.time(), attempts=self.attempts, attempt=self.attempt,
+                       error=str(e))
+            raise
+        self._new_detector()
+        if self.gpu is None:
+            with contextlib.suppress(Exception):
+                from rlctl.metrics.gpu import GpuSampler
+
+                self.gpu = GpuSampler(self.run_dir, self.env)
+        ref = self.handle.ref
+        self.state(status="stopping" if self.stop_requested_at else "running", attempt=self.attempt,
+                   attempts=self.attempts, handle=self.handle.to_dict(), executor=self.executor.name,
+                   restart={"mode": self.policy.mode, "max_restarts": self.policy.max_restarts},
+                   pid=ref.get("pid"), pgid=ref.get("pgid"), pid_create_time=ref.get("create_time"),
+                   supervisor_pid=os.getpid(), supervisor_create_time=process_create_time(os.getpid()))
+        return self.handle
+
+    def _new_detector(self) -> None:
+        patterns: list[str] = []
+        with contextlib.suppress(Exception):
+            from rlctl.backends import get_backend
+
+            patterns = list(get_backend(self.spec["backend"]).stall_patterns())
+        self.detector = StallDetector(self.stall_cfg, patterns, time.time(),
+                                      (self.spec.get("checkpoint_every") or 0, self.spec.get("eval_every") or 0))
+        with contextlib.suppress(OSError):
+            self.log_pos = (self.run_dir / LOG).stat().st_size
+
+    def _prepare_restart(self, checkpoint: Any, from_plan_env: bool = False) -> None:
+        """Render the command again, resuming from `checkpoint` (the backend's own resume keys), into the run
+        directory; the recipe stays as launched."""
+        from rlctl.recipe.planning import prepare
+
+        sets = [f"checkpoint.resume={checkpoint.step}"] if checkpoint is not None else []
+        prep = prepare(self.run_dir / "recipe.toml", sets)
+        plan = prep.backend.prepare_launch(prep.plan, self.run_dir)
+        for name, content in plan.files.items():
+            p = self.run_dir / name
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(content)
+        (self.run_dir / "launch.sh").write_text(plan.script())
+        self.spec["argv"] = self.executor.command(plan, prep.backend, self.spec)
+        if from_plan_env:
+            from rlctl.runs.rundir import child_environment
+
+            self.env = child_environment(plan.env, dict(self.spec.get("env_extra") or {}))
+        with contextlib.suppress(OSError):
+            write_spec(self.run_dir, self.spec)
+
+    def _set_floor(self) -> None:
+        step = _max_step(self.run_dir)
+        if step is not None:
+            with contextlib.suppress(OSError):
+                tmp = self.run_dir / (STEP_FLOOR + ".tmp")
+                tmp.write_text(str(step))
+                os.replace(tmp, self.run_dir / STEP_FLOOR)
+
+    def _mark_log(self, text: str) -> None:
+        with contextlib.suppress(OSError), (self.run_dir / LOG).open("ab") as fh:
+            if fh.tell() > 0:
+                with (self.run_dir / LOG).open("rb") as rd:
+                    rd.seek(-1, 2)
+                    if rd.read(1) != b"\n":
+                        fh.write(b"\n")
+            fh.write(f"rlctl: {text}\n".encode())
+
+    # ---- the loop --------------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.executor.open(self.run_dir, self.spec)
+        try:
+            self.start()
+            return self.loop()
+        finally:
+            self.executor.close()
+
+    def resume(self) -> int:
+        """Pick a run up after its supervisor died (a reboot, a kill): adopt a live attempt, or start the next one
+        from the latest complete checkpoint. A finished run stays as it is."""
+        from rlctl.runs.state import settled_status
+
+        state = read_state(self.run_dir)
+        if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")) and \
+                state.get("supervisor_pid") != os.getpid():
+            raise RlctlError(f"{self.run_dir.name} is supervised already (pid {state['supervisor_pid']}).")
+        status = settled_status(self.run_dir, state)
+        if status == "finished":
+            return 0
+        self.executor.open(self.run_dir, self.spec)
+        try:
+            handle = RunHandle.from_state(state)
+            if status in ACTIVE and handle is not None:
+                self.handle = handle
+                self.attempt = handle.attempt
+                self.executor.attach(self.run_dir, handle)
+                self._new_detector()
+                self.state(status="running", supervisor_pid=os.getpid(),
+                           supervisor_create_time=process_create_time(os.getpid()))
+                self.event(event="adopted", attempt=self.attempt)
+            else:
+                ckpt = self._latest_complete()
+                self._prepare_restart(ckpt, from_plan_env=True)
+                self._before_restart(f"resumed after the run was {status}", ckpt)
+                self.start(reason=f"resume ({status})", checkpoint=ckpt)
+            return self.loop()
+        finally:
+            self.executor.close()
+
+    def _latest_complete(self) -> Any:
+        from rlctl.runs.checkpoints import latest_complete
+
+        try:
+            return latest_complete(self.spec["backend"], self.run_dir)
+        except Exception:
+            return None
+
+    def _before_restart(self, why: str, ckpt: Any) -> None:
+        self._ingest(final=True, wait=True)
+        self._set_floor()
+        frm = f"checkpoint step {ckpt.step}" if ckpt is not None else "the start (no complete checkpoint yet)"
+        self._mark_log(f"attempt {self.attempt + 1}: {why}; restarting from {frm}")
+        self.state(status="restarting")
+
+    def loop(self) -> int:
+        assert self.handle is not None
+        while True:
+            code = self.executor.poll(self.run_dir, self.handle)
+            self.tick()
+            stalled = None
+            if code is None and self.stop_requested_at is None and self.watch_stalls:
+                stalled = self._check_stall()
+                if stalled:
+                    evidence = self._evidence(stalled)
+                    self.attempts[-1].update(stall=stalled, evidence=evidence)
+                    self.event(event="stalled", attempt=self.attempt, reason=stalled)
+                    code = self.executor.terminate(self.run_dir, self.handle, min(self.grace, 30))
+                    if code is None:
+                        code = -signal.SIGKILL
+            if code is None:
+                if self.stop_requested_at and time.time() - self.stop_requested_at > self.grace:
+                    with contextlib.suppress(Exception):
+                        self.executor.kill(self.run_dir, self.handle)
+                time.sleep(POLL)
+                continue
+            why = self._end_attempt(code, stalled)
+            if why != "stopped" and self.policy.wants(why):
+                restarts = sum(1 for a in self.attempts if a.get("restart"))
+                if restarts < self.policy.max_restarts:
+                    ckpt = self._latest_complete()
+                    try:
+                        self._prepare_restart(ckpt)
+                    except Exception as e:  # the recipe no longer renders: give up, say why
+                        self.attempts[-1]["restart_error"] = str(e)
+                        return self.finish(code, why, gave_up=f"could not prepare a restart: {e}")
+                    self._before_restart(why, ckpt)
+                    self.start(reason=why, checkpoint=ckpt, restart=True)
+                    continue
+                return self.finish(code, why, gave_up=f"{why} after {restarts} restart(s) (--max-restarts "
+                                                      f"{self.policy.max_restarts})")
+            return self.finish(code, why)
+
+    def _end_attempt(self, code: int, stalled: str | None) -> str:
+        with contextlib.suppress(Exception):
+            self.executor.cleanup(self.run_dir, self.handle, self.grace)
+        self._ingest(final=True, wait=True)
+        self.sink_pump()
+        rec = read_exit_record(self.run_dir, self.attempt)
+        if self.stop_requested_at is not None:
+            why = "stopped"
+        elif stalled:
+            why = "stalled"
+        elif code != 0:
+            why = "failed"
+        else:
+            total = self.spec.get("total_steps")
+            step = _max_step(self.run_dir)
+            why = "exited early" if (total and step is not None and step < total) else "finished"
+        entry = self.attempts[-1]
+        entry.update(ended_at=time.time(), exit_code=code, outcome=why,
+                     exit_recorded=rec is not None, last_step=_max_step(self.run_dir))
+        if why in ("failed", "exited early") and "evidence" not in entry:
+            entry["evidence"] = self._evidence(f"attempt {self.attempt} {why} (exit code {code})", live=False)
+        self.state(attempts=self.attempts)
+        return why
+
+    def _evidence(self, reason: str, live: bool = True) -> str | None:
+        pids = []
+        if live:
+            with contextlib.suppress(Exception):
+                pids = self.executor.pids(self.run_dir, self.handle)
+        with contextlib.suppress(Exception):
+            self.executor.pump_logs(self.run_dir, self.handle)
+        path = save_evidence(attempt_dir(self.run_dir, self.attempt), self.run_dir / LOG, reason, pids)
+        return str(path) if path else None
+
+    def _check_stall(self) -> str | None:
+        det = self.detector
+        if det is None:
+            return None
+        now = time.time()
+        det.observe_step(_max_step(self.run_dir), now)
+        try:
+            with (self.run_dir / LOG).open("rb") as fh:
+                fh.seek(self.log_pos)
+                data = fh.read(4 << 20)
+            self.log_pos += len(data)
+            det.observe_log(data.decode("utf-8", errors="replace"), now)
+        except OSError:
+            pass
+        limit, _ = det.threshold()
+        if now - (det.last_step_at or det.started_at) < min(limit, det.cfg.floor_s):
+            return None
+        return det.check(now, gpus_busy(det.cfg.gpu_busy_pct, visible_gpus(self.env)))
+
+    # ---- each tick -------------------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        with contextlib.suppress(Exception):
+            self.executor.pump_logs(self.run_dir, self.handle)
+        self._ingest()
+        if self.gpu is not None:
+            with contextlib.suppress(Exception):
+                self.gpu.tick()
+        self.sink_pump()
+        self._housekeeping()
+        if self.pending:
+            self.state()
+        if self.on_tick:
+            with contextlib.suppress(OSError):
+                self.on_tick(self.run_dir)
+
+    def sink_pump(self, close: bool = False) -> None:
+        try:
+            self.sinks.pump(close=close)
+        except OSError as e:
+            self._disk_full(f"sinks: {e.strerror}")
+
+    def _ingest(self, final: bool = False, wait: bool = False) -> None:
+        """Ingest the log; on a write error (a full disk) metrics.jsonl is cut back to where this call began — the
+        ingest offsets were not saved either, so the same lines are parsed again once there is room."""
+        path = self.run_dir / METRICS
+        deadline = time.time() + (10 if wait else 0)
+        while True:
+            try:
+                size = path.stat().st_size
+            except OSError:
+                size = None
+            try:
+                done = ingest(self.run_dir, self.spec["backend"], final=final)
+            except OSError as e:
+                if size is not None:
+                    with contextlib.suppress(OSError), path.open("r+b") as fh:
+                        fh.truncate(size)
+                elif path.exists():
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                if _is_disk_full(e):
+                    self._disk_full(f"metrics.jsonl: {e.strerror}")
+                    return
+                raise
+            if done is not None or time.time() >= deadline:
+                return
+            time.sleep(0.1)
+
+    def _housekeeping(self) -> None:
+        now = time.time()
+        if now - self._last_housekeeping < float(self.spec.get("housekeeping_seconds", 10)):
+            return
+        self._last_housekeeping = now
+        from rlctl.runs.checkpoints import disk_watch, prune_during_run
+
+        keep = self.spec.get("keep_last")
+        with contextlib.suppress(Exception):
+            if keep:
+                prune_during_run(self.run_dir, self.spec, keep)
+        with contextlib.suppress(Exception):
+            disk_watch(self.run_dir, self.spec)
+        if self.spec.get("sync"):
+            self._sync()
+
+    def _sync(self, final: bool = False) -> None:
+        from rlctl.runs.sync import CheckpointSync
+
+        try:
+            if self.syncer is None:
+                self.syncer = CheckpointSync(self.run_dir, self.spec["backend"], self.spec["sync"])
+            self.syncer.tick(final=final)
+        except Exception as e:  # a sync problem never stops the run; it is recorded
+            self.event(event="sync_error", error=str(e))
+
+    def finish(self, code: int, why: str, gave_up: str | None = None) -> int:
+        self._ingest(final=True, wait=True)
+        if self.gpu is not None:
+            with contextlib.suppress(Exception):
+                self.gpu.close()
+        self.sink_pump(close=True)
+        if self.spec.get("sync"):
+            self._sync(final=True)
+        if self.on_tick:
+            with contextlib.suppress(OSError):
+                self.on_tick(self.run_dir)
+        status = {"stopped": "stopped", "finished": "finished", "exited early": "finished"}.get(why, "failed")
+        updates: dict[str, Any] = {"status": status, "exit_code": code, "ended_at": time.time(),
+                                   "attempts": self.attempts, "outcome": why}
+        if gave_up:
+            updates["gave_up"] = gave_up
+        self.state(**updates)
+        deadline = time.time() + 60
+        while self.pending and time.time() < deadline:  # a full disk: keep trying to record the outcome
+            time.sleep(1.0)
+            self.state()
+        return code
+
+
+def start_detached(run_dir: Path, env: dict[str, str], resume: bool = False, timeout: float = 180.0) -> None:
+    """A supervisor in its own session (`python -m rlctl.runs.supervisor RUN_DIR`); returns once it runs an
+    attempt (or failed to)."""
+    args = [sys.executable, "-m", "rlctl.runs.supervisor", str(run_dir)] + (["--resume"] if resume else [])
+    with open(run_dir / "supervisor.log", "ab") as log:
+        p = subprocess.Popen(args, env=env, cwd=run_dir, stdin=subprocess.DEVNULL, stdout=log,
+                             stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = read_state(run_dir)
+        if st.get("supervisor_pid") == p.pid and st.get("status") not in ("starting", "restarting"):
+            return
+        if p.poll() is not None:
+            break
+        time.sleep(0.1)
+    st = read_state(run_dir)
+    if st.get("status") == "failed" and st.get("error"):
+        raise RlctlError(f"{run_dir.name} failed to start: {st['error']} (see {run_dir / 'supervisor.log'})")
+
+
+def _pick_up_check(run_dir: Path) -> str | None:
+    """Why a run cannot be picked up (supervised already, finished), or None."""
+    from rlctl.runs.state import settled_status
+
+    state = read_state(run_dir)
+    if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
+        return f"{run_dir.name}: supervised already (pid {state['supervisor_pid']}), {state.get('status')}"
+    status = settled_status(run_dir, state)
+    if status == "finished":
+        return f"{run_dir.name}: finished (exit code {read_state(run_dir).get('exit_code')}); nothing to resume"
+    read_spec(run_dir)
+    return None
+
+
+def resume_detached(run_dir: Path) -> str:
+    """`rlctl resume RUN`: a new supervisor in the background adopts the run or restarts it."""
+    why_not = _pick_up_check(run_dir)
+    if why_not:
+        return why_not
+    start_detached(run_dir, dict(os.environ), resume=True)
+    st = read_state(run_dir)
+    return f"{run_dir.name}: {st.get('status')} (attempt {st.get('attempt')})"
+
+
+def supervise_foreground(run_dir: Path) -> int:
+    """`rlctl supervise RUN`: the same in this process, until the run ends."""
+    why_not = _pick_up_check(run_dir)
+    if why_not:
+        sys.stderr.write(why_not + "\n")
+        return 0 if "finished" in why_not else 1
+    sup = Supervisor(run_dir, read_spec(run_dir), dict(os.environ))
+    sup.install_signal_handlers()
+    return sup.resume()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rlctl.runs.supervisor RUN_DIR [--resume]`: the child's environment is ours."""
+    args = argv if argv is not None else sys.argv[1:]
+    run_dir = Path(args[0]).resolve()
+    spec = read_spec(run_dir)
+    sup = Supervisor(run_dir, spec, dict(os.environ))
+    sup.install_signal_handlers()
+    try:
+        return sup.resume() if "--resume" in args else sup.run()
+    except OSError as e:
+        sys.stderr.write(f"rlctl: {e}\n")
+        return 127
+    except RlctlError as e:
+        sys.stderr.write(f"rlctl: {e}\n")
+        with contextlib.suppress(OSError):
+            if read_state(run_dir).get("status") in ACTIVE:
+                write_state(run_dir, status="failed", ended_at=time.time(), error=str(e))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
