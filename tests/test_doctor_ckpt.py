@@ -111,7 +111,8 @@ def test_list_and_prune_keep_newest_complete_and_in_progress(tmp_path, cli):
     found = ck.find_checkpoints("trl", run)
     assert [(c.step, c.complete) for c in found] == [(10, True), (20, True), (30, True), (40, True), (50, False)]
     res = cli("ckpt", "prune", str(run), "--keep-last", "2", "--dry-run")
-    assert "would delete 2: step 10, step 20" in res.out
+    assert "would delete 2 checkpoint(s)" in res.out and "step 10, step 20" in res.out
+    assert str(run / "checkpoints" / "checkpoint-10") in res.out  # says exactly what it will delete
     assert len(ck.find_checkpoints("trl", run)) == 5
     cli("ckpt", "prune", str(run), "--keep-last", "2")
     assert [c.step for c in ck.find_checkpoints("trl", run)] == [30, 40, 50]  # 50 is being written: kept
@@ -143,6 +144,71 @@ def test_prune_never_follows_or_counts_symlinks(tmp_path):
     assert [c.step for c in doomed] == [20]  # 30 stays the newest complete one, whatever the links say
     assert outside.exists() and (run / "checkpoints" / "checkpoint-30").is_dir()
     assert (run / "checkpoints" / "checkpoint-10").is_symlink()
+
+
+def test_prune_never_leaves_the_run_directory(tmp_path, cli):
+    """A shared absolute checkpoint.dir (or a resumed run pointing at its parent's) is not the run's to prune."""
+    shared = tmp_path / "shared-ckpts"
+    trl_ckpts(shared, [10, 20, 30])
+    run = make_run(tmp_path, ckdir=str(shared))
+    for dry in (True, False):
+        with pytest.raises(RlctlError, match="outside the run directory"):
+            ck.prune("trl", run, 1, dry_run=dry)
+    res = cli("ckpt", "prune", str(run), "--keep-last", "1", "--dry-run")
+    assert res.code == 2 and "Traceback" not in res.err and "outside the run directory" in res.err
+    res = cli("ckpt", "prune", str(run), "--keep-last", "1")
+    assert res.code == 2
+    assert sorted(p.name for p in shared.iterdir()) == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
+    # the disk watcher refuses too, and says so in the events
+    Usage = namedtuple("Usage", "total used free")
+    import unittest.mock as um
+
+    with um.patch.object(shutil, "disk_usage", lambda p: Usage(100, 99, 1)):
+        msg = ck.disk_watch(run, {"backend": "trl", "keep_last": 1, "checkpoint_dir": str(shared)})
+    assert "outside the run directory" in msg
+    assert len(list(shared.iterdir())) == 3
+
+
+def test_prune_in_a_shared_root_named_for_the_run(tmp_path):
+    run = make_run(tmp_path)
+    root = tmp_path / "big-disk" / run.name / "ckpts"
+    trl_ckpts(root, [10, 20, 30])
+    (run / "recipe.toml").write_text(f'[checkpoint]\ndir = "{root}"\n')
+    assert [c.step for c in ck.prune("trl", run, 1)] == [10, 20]
+    assert [p.name for p in root.iterdir()] == ["checkpoint-30"]
+
+
+def test_prune_refuses_a_checkpoints_symlink_out_of_the_run(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    trl_ckpts(elsewhere, [10, 20])
+    run = make_run(tmp_path)
+    (run / "checkpoints").symlink_to(elsewhere)
+    with pytest.raises(RlctlError, match="outside the run directory"):
+        ck.prune("trl", run, 1)
+    assert len(list(elsewhere.iterdir())) == 2
+
+
+def test_prune_of_a_resumed_run_never_touches_the_parent(tmp_path):
+    parent = make_run(tmp_path)
+    trl_ckpts(parent / "checkpoints", [10, 20])
+    child = tmp_path / "child"
+    child.mkdir()
+    (child / "state.json").write_text(json.dumps({"backend": "trl", "status": "running"}))
+    (child / "recipe.toml").write_text(f'[checkpoint]\ndir = "{parent / "checkpoints"}"\n')
+    with pytest.raises(RlctlError, match="outside the run directory"):
+        ck.prune("trl", child, 1)
+    assert len(list((parent / "checkpoints").iterdir())) == 2
+
+
+def test_prune_keeps_the_newest_complete_whatever_is_newer(tmp_path):
+    run = make_run(tmp_path)
+    trl_ckpts(run / "checkpoints", [10, 20, 30, 40], incomplete=[30, 40])
+    assert [c.step for c in ck.prune("trl", run, 1)] == [10]
+    assert [c.step for c in ck.find_checkpoints("trl", run)] == [20, 30, 40]
+    assert ck.plan_prune([], 1) == []
+    # a damaged recipe.toml in the run never makes pruning look elsewhere
+    (run / "recipe.toml").write_text("checkpoint = 3\n")
+    assert ck.checkpoint_dir(run) == run / "checkpoints"
 
 
 def test_backend_layouts(tmp_path):

@@ -22,9 +22,12 @@ def checkpoint_dir(run_dir: Path, configured: str | None = None) -> Path:
         try:
             import tomllib
 
-            configured = tomllib.loads((run_dir / "recipe.toml").read_text()).get("checkpoint", {}).get("dir")
-        except (OSError, ValueError):
+            section = tomllib.loads((run_dir / "recipe.toml").read_text()).get("checkpoint")
+            configured = section.get("dir") if isinstance(section, dict) else None
+        except (OSError, ValueError, RecursionError):
             configured = None
+    if not isinstance(configured, str) or not configured or "\x00" in configured:
+        configured = None
     p = Path(configured or "checkpoints")
     return p if p.is_absolute() else run_dir / p
 
@@ -58,13 +61,42 @@ def best_checkpoint(run_dir: Path, metric_prefix: str = "eval/") -> tuple[int, s
     return best
 
 
+def _real(p: Path) -> Path:
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError) as e:
+        raise RlctlError(f"refusing to prune: {p} cannot be resolved ({e}).",
+                         hint="fix the symlink loop or the path; nothing was deleted.") from None
+
+
+def prunable_root(run_dir: Path, root: Path) -> Path:
+    """The checkpoint root pruning may delete in: inside the run directory, or a shared root explicitly named for
+    this run (a path component equal to the run's unique name, e.g. /mnt/ckpt/<run-name>/). Anything else — a
+    shared `checkpoint.dir` used by several runs, a resumed run's parent, a `checkpoints` symlink leading out of
+    the run — is refused: rlctl never deletes what another run may own."""
+    run_real = _real(run_dir)
+    root_real = _real(root)
+    if root_real == run_real or run_real in root_real.parents:
+        return root_real
+    if run_dir.name and run_dir.name in root_real.parts:
+        return root_real
+    raise RlctlError(
+        f"refusing to prune {root}: it is outside the run directory {run_dir} (resolves to {root_real}) and not "
+        f"named for the run; other runs may keep checkpoints there. Nothing was deleted.",
+        hint=f"give each run its own checkpoint directory (relative checkpoint.dir, or one ending in "
+             f"/{run_dir.name}), or delete by hand after checking `rlctl ckpt list {run_dir.name}`.")
+
+
 def _safe_to_delete(path: Path, root: Path) -> None:
+    """`path` is a real directory (or file) strictly inside `root` (already resolved), reached without symlinks."""
     if path.is_symlink():
         raise RlctlError(f"refusing to delete {path}: it is a symlink.")
-    resolved = path.resolve()
-    root_resolved = root.resolve()
+    resolved = _real(path)
+    root_resolved = _real(root)
     if resolved == root_resolved or root_resolved not in resolved.parents:
         raise RlctlError(f"refusing to delete {path}: it is not inside the checkpoint directory {root}.")
+    if _real(path.parent) != resolved.parent:  # a symlinked directory on the way
+        raise RlctlError(f"refusing to delete {path}: a symlink lies on its path.")
 
 
 def plan_prune(ckpts: list[Checkpoint], keep_last: int, keep_steps: set[int] | None = None) -> list[Checkpoint]:
@@ -75,7 +107,7 @@ def plan_prune(ckpts: list[Checkpoint], keep_last: int, keep_steps: set[int] | N
     if not complete:
         return []
     newest_complete = complete[-1].step
-    keep = {c.step for c in complete[-keep_last:]} | (keep_steps or set())
+    keep = {c.step for c in complete[-keep_last:]} | (keep_steps or set()) | {newest_complete}
     # anything newer than the newest complete one is being written: leave it alone
     return [c for c in ckpts if c.step not in keep and c.step < newest_complete]
 
@@ -83,6 +115,11 @@ def plan_prune(ckpts: list[Checkpoint], keep_last: int, keep_steps: set[int] | N
 def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = False, dry_run: bool = False,
           root: Path | None = None) -> list[Checkpoint]:
     root = root or checkpoint_dir(run_dir)
+    if keep_last < 1:
+        plan_prune([], keep_last)  # the same message, before anything is looked at
+    if not root.is_dir():
+        return []
+    root = prunable_root(run_dir, root)
     ckpts = find_checkpoints(backend, run_dir, root)
     keep_steps: set[int] = set()
     if keep_best:
@@ -98,7 +135,11 @@ def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = False, 
     if not dry_run:
         for c in doomed:
             for p in c.paths():
-                shutil.rmtree(p)
+                _safe_to_delete(p, root)  # again, just before: nothing swapped in since the plan
+                if p.is_dir():
+                    shutil.rmtree(p)
+                elif p.exists():
+                    p.unlink()
     return doomed
 
 
