@@ -409,9 +409,17 @@ def ckpt_prune(
     from rlctl.runs.state import find_run, read_state
 
     run_dir = find_run(run)
-    doomed = prune(read_state(run_dir).get("backend", ""), run_dir, keep_last, keep_best, dry_run)
+    backend = read_state(run_dir).get("backend", "")
+    doomed = prune(backend, run_dir, keep_last, keep_best, dry_run=True)
+    sizes = {c.step: c.size() for c in doomed}
+    for c in doomed:
+        _echo(f"{'would delete' if dry_run else 'deleting'} step {c.step:>7}  {sizes[c.step] / 1e9:8.2f} GB  "
+              + "  ".join(str(p) for p in c.paths()))
+    if not dry_run and doomed:
+        doomed = prune(backend, run_dir, keep_last, keep_best, dry_run=False)
     verb = "would delete" if dry_run else "deleted"
-    _echo(f"{verb} {len(doomed)}: " + (", ".join(f"step {c.step}" for c in doomed) or "nothing"))
+    _echo(f"{verb} {len(doomed)} checkpoint(s), {sum(sizes.values()) / 1e9:.2f} GB: "
+          + (", ".join(f"step {c.step}" for c in doomed) or "nothing"))
 
 
 @model_app.command("tiny")
