@@ -238,6 +238,7 @@ class _Reader:
             if needles and not any(n in line for n in needles):
                 continue
             segments = split_segments(line)
+            counted: dict[str, Any] | None = None  # CR frames redraw one display: its last step-less record stands
             for i, seg in enumerate(segments):
                 try:
                     rec = self.parser(seg)
@@ -250,8 +251,14 @@ class _Reader:
                 except Exception:  # Malformed, or a parser bug: count the line, never stop ingestion
                     self.not_understood(st, seg, st.lines)
                     continue
-                if rec is not None:
+                if rec is None:
+                    continue
+                if "step" in rec or len(segments) == 1:
                     records.append(rec)
+                else:
+                    counted = rec
+            if counted is not None:
+                records.append(counted)
         records = [r for r in assign_steps(records, st) if r["step"] > self.floor]
         st.records += len(records)
         write_records(self.out, records)

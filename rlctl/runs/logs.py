@@ -6,7 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from rlctl.metrics.stream import LOG, METRICS, ingest
+from rlctl.errors import CheckFailed
+from rlctl.metrics.stream import LOG, METRICS, ingest, ingest_stats, unparsed_report
 from rlctl.runs.state import ACTIVE, read_state, settled_status
 
 
@@ -37,6 +38,7 @@ def show_logs(run_dir: Path, follow: bool = False, metrics: bool = False, lines:
     state = read_state(run_dir)
     if metrics and state.get("backend"):
         ingest(run_dir, state["backend"], final=state.get("status") not in ACTIVE)
+        _report_unparsed(run_dir, state)
     path = run_dir / (METRICS if metrics else LOG)
     out = sys.stdout.buffer
     pos = _tail_start(path, lines)
@@ -64,3 +66,16 @@ def show_logs(run_dir: Path, follow: bool = False, metrics: bool = False, lines:
         if metrics and state.get("backend"):
             ingest(run_dir, state["backend"])
         time.sleep(0.5)
+
+
+def _report_unparsed(run_dir: Path, state: dict) -> None:
+    """Lines that looked like metrics but were not understood go to stderr; a finished run whose non-empty log gave
+    no record at all is an error (exit 1), never an empty stream in silence."""
+    st = ingest_stats(run_dir)
+    msg = unparsed_report(st)
+    if msg:
+        sys.stderr.write(f"rlctl: {run_dir.name}: {msg}\n")
+    has_records = (run_dir / METRICS).exists() and (run_dir / METRICS).stat().st_size > 0
+    if st.lines and not has_records and state.get("status") not in ACTIVE:
+        raise CheckFailed(f"{run_dir.name}: {st.lines} log lines gave no metrics record.",
+                          hint=f"is it a {state.get('backend')} log? docs/metrics.md lists the formats rlctl reads")

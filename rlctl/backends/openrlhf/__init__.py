@@ -116,7 +116,7 @@ class OpenRLHFBackend(Backend):
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
     known_versions = ("0.9.3", "0.11.2")
-    metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "Eval at step")  # metrics.py
+    metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 
     # ---- version -------------------------------------------------------------------------------------------
     def target_version(self, recipe: Recipe) -> str:

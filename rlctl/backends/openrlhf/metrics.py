@@ -7,8 +7,12 @@ What OpenRLHF prints, read from its released sources (0.9.3 and 0.11.2; older re
   - evaluation: `✨ Evaluation completed in 0:01:02, global_step 10, eval_metrics: {...}` and (async, 0.11)
     `Eval at step 10: {...}`, keys `eval_<datasource>_pass1`, `eval_<datasource>_pass<k>`, ...
   - the actor's tqdm bar `Train epoch [1/1]: 100%|...| 8/8 [.., act_loss=.., reward=.., return=.., gen_len=..,
-    tot_len=.., kl=.., act_lr=.., grad_norm=..]` (0.11 adds grad_norm; releases before 0.6 printed `pg=, rm=, ret=,
-    glen=, tlen=, kl=, act_lr=`): the final frame of a bar is the last micro-batch of the step being trained.
+    tot_len=.., kl=.., act_lr=.., grad_norm=..]` (0.11 adds grad_norm; 0.6 and before printed `pg=, rm=, ret=,
+    glen=, tlen=, kl=, act_lr=`): the final frame of a bar is the last micro-batch of the step being trained, and
+    gets a counted step (the step after the last one seen).
+  - up to 0.6, the `Episode [e/E]` bar's postfix is the step's whole status dict (`policy_loss=.., reward=..`),
+    printed by `set_postfix` before `update()`: a frame showing n of N batches is step (e-1)*N + n + 1 (the closing
+    frame, n = N, repeats step e*N).
   - its W&B/TensorBoard loggers: `train/<key>` with `train/global_step`, `eval/<key>` with `eval/global_step`.
   - rlctl's own patch: JSON lines with `global_step` (backend_metrics.jsonl).
 """
@@ -42,11 +46,12 @@ POSTFIX_MAP = {
 }
 POSTFIX_RENAME = {"return": "return", "ret": "return", "tot_len": "total_length", "tlen": "total_length"}
 
-NEEDLES = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "Eval at step")
+NEEDLES = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 
 _GLOBAL_STEP = re.compile(r"Global step (\d+):\s*(.*?)\s*$", re.DOTALL)
 _EVAL_DONE = re.compile(r"global_step (\d+), eval_metrics:\s*(.*?)\s*$", re.DOTALL)
 _EVAL_ASYNC = re.compile(r"Eval at step (\d+):\s*(.*?)\s*$", re.DOTALL)
+_EPISODE = re.compile(r"Episode \[(\d+)/\d+\][^|]*\|[^|]*\|\s*(\d+)/(\d+) \[[^\]]*?,\s*([A-Za-z_]+=.*?)\]?\s*$")
 _BAR = re.compile(r"(\d+)/(\d+) \[[^\]]*?,\s*([A-Za-z_]+=.*?)\]?\s*$")
 _EVAL_KEY = re.compile(r"^eval_(.+)_(pass\d+|response_length_mean|truncated_rate)$")
 _LOG_PREFIX = re.compile(r"^(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] ")
@@ -91,6 +96,15 @@ def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _bar(s: str) -> dict[str, Any] | None:
+    e = _EPISODE.search(s)
+    if e:
+        fields = key_values(e.group(4))
+        if "policy_loss" not in fields and "reward" not in fields:
+            return None
+        episode, n, total = int(e.group(1)), int(e.group(2)), int(e.group(3))
+        rec: dict[str, Any] = {"step": (episode - 1) * total + min(n + 1, total)}
+        rec.update(unify(NAME, {k: number(v) for k, v in fields.items()}, MAP))
+        return rec
     m = _BAR.search(s)
     if not m:
         return None

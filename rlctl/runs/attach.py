@@ -1,0 +1,513 @@
+"""`rlctl attach`: make a run directory for a run rlctl did not start, so status, logs, doctor, metrics and ckpt work
+on it like on a launched run.
+
+PATH is a log file, a directory (of logs, or a backend's output: checkpoints, trainer_state.json, TensorBoard event
+files, W&B offline runs), or a Ray job id (with --address). The run directory links to the logs (stdout.log and
+logs/<name>, symlinks: a growing log is followed with --follow) and to the checkpoint directory (recipe.toml's
+checkpoint.dir); what the second sources hold (TensorBoard scalars, W&B history rows, trainer_state.json's
+log_history) is read once, exactly, and written to metrics.jsonl after the console's records. Which backend wrote
+it is asked of each installed adapter (`--backend auto`): the one whose parser understands most wins. This module
+names no backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import EXIT_CHECK_FAILED, RlctlError
+from rlctl.metrics.stream import (
+    LOG,
+    METRICS,
+    SOURCES,
+    IngestState,
+    adapter,
+    assign_steps,
+    ingest,
+    unparsed_report,
+    write_records,
+)
+from rlctl.runs.rundir import create_run_dir
+from rlctl.runs.state import ACTIVE, read_state, runs_root, write_state
+
+LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".stdout", ".stderr")
+TB_PREFIX = "events.out.tfevents."
+TRAINER_STATE = "trainer_state.json"  # transformers' Trainer state: log_history with steps
+MAX_DEPTH = 6
+SAMPLE_BYTES = 2 * 1024 * 1024
+RAY_JOB = re.compile(r"^(raysubmit_[A-Za-z0-9]+|[0-9a-f]{8,}(?:-[0-9a-f]{4,})*)$")
+
+
+class AttachFailed(RlctlError):
+    exit_code = EXIT_CHECK_FAILED
+
+
+@dataclass
+class Sources:
+    """What was found under PATH."""
+
+    logs: list[Path] = field(default_factory=list)
+    tensorboard: list[Path] = field(default_factory=list)
+    wandb: list[Path] = field(default_factory=list)
+    trainer_state: Path | None = None
+    dirs: list[Path] = field(default_factory=list)  # candidate checkpoint roots
+
+    def empty(self) -> bool:
+        return not (self.logs or self.tensorboard or self.wandb or self.trainer_state)
+
+
+def find_sources(path: Path) -> Sources:
+    src = Sources()
+    if path.is_file():
+        _classify(path, src)
+        if not (src.tensorboard or src.wandb or src.trainer_state):
+            src.logs.append(path)
+        return src
+    states: list[Path] = []
+    src.dirs.append(path)
+    for p, depth in _walk(path):
+        if p.is_dir():
+            if depth <= 2:
+                src.dirs.append(p)
+            continue
+        if p.name == TRAINER_STATE:
+            states.append(p)
+        else:
+            _classify(p, src)
+    if states:  # the newest checkpoint's state holds the whole log_history
+        src.trainer_state = max(states, key=lambda p: (len(_read_json(p).get("log_history", [])), p.stat().st_mtime))
+    return src
+
+
+def _classify(p: Path, src: Sources) -> None:
+    if p.name.startswith(TB_PREFIX):
+        src.tensorboard.append(p)
+    elif p.suffix == ".wandb":
+        src.wandb.append(p)
+    elif p.name == TRAINER_STATE:
+        src.trainer_state = p
+    elif p.suffix in LOG_SUFFIXES and "debug" not in p.name:  # W&B's own debug logs are not the run's
+        src.logs.append(p)
+
+
+def _walk(root: Path, depth: int = 0) -> Iterator[tuple[Path, int]]:
+    try:
+        entries = sorted(root.iterdir())
+    except OSError:
+        return
+    for p in entries:
+        if p.is_symlink() and p.is_dir():
+            continue
+        yield p, depth
+        if p.is_dir() and depth < MAX_DEPTH and not p.name.startswith("."):
+            yield from _walk(p, depth + 1)
+
+
+def _read_json(p: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(p.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+# ---- second sources -------------------------------------------------------------------------------------------
+
+
+def tensorboard_rows(path: Path) -> list[dict[str, Any]]:
+    """Scalars of one TensorBoard event file, one row per step: {tag: value, ..., "_step": step}, read with
+    tensorboard's own event reader (no TensorFlow needed)."""
+    try:
+        import numpy as np
+        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard.util import tensor_util
+    except ImportError as e:
+        raise RlctlError(f"reading {path} needs tensorboard ({e.name} is missing).",
+                         hint='pip install "rlctl[tensorboard]"') from None
+    rows: dict[int, dict[str, Any]] = {}
+    for event in EventFileLoader(str(path)).Load():
+        if not event.HasField("summary"):
+            continue
+        for v in event.summary.value:
+            kind = v.WhichOneof("value")
+            if kind == "simple_value":
+                value: Any = float(str(np.float32(v.simple_value)))  # the float32 TensorBoard holds, shortest form
+            elif kind == "tensor":
+                arr = tensor_util.make_ndarray(v.tensor)
+                if arr.size != 1 or arr.dtype.kind not in "fiub":
+                    continue
+                item = arr.reshape(()).item()
+                value = float(str(np.float32(item))) if arr.dtype == np.float32 else item
+            else:
+                continue
+            rows.setdefault(int(event.step), {})[v.tag] = value
+    return [{**row, "_step": step} for step, row in sorted(rows.items())]
+
+
+_WB_BLOCK = 32768
+_WB_HEADER = b":W&B"
+
+
+def wandb_rows(path: Path) -> list[dict[str, Any]]:
+    """History rows of a W&B offline run file (run-<id>.wandb): {key: value, ..., "_step": n}. The records are
+    wandb's own protobuf (`wandb.proto.wandb_internal_pb2.Record`); the file's framing (LevelDB-log blocks of 32 KiB
+    after a 7-byte `:W&B` header) is read here, as wandb has no Python reader of it."""
+    try:
+        from wandb.proto import wandb_internal_pb2 as pb
+    except ImportError as e:
+        raise RlctlError(f"reading {path} needs wandb ({e.name} is missing).",
+                         hint='pip install "rlctl[wandb]"') from None
+    data = path.read_bytes()
+    if not data.startswith(_WB_HEADER):
+        raise RlctlError(f"{path} is not a W&B run file (no :W&B header).")
+    rows = []
+    for payload in _wandb_records(data):
+        rec = pb.Record()
+        try:
+            rec.ParseFromString(payload)
+        except Exception:
+            continue
+        if rec.WhichOneof("record_type") != "history":
+            continue
+        row: dict[str, Any] = {}
+        for item in rec.history.item:
+            key = item.key or "/".join(item.nested_key)
+            try:
+                row[key] = json.loads(item.value_json)
+            except ValueError:
+                continue
+        if rec.history.HasField("step"):
+            row.setdefault("_step", rec.history.step.num)
+        rows.append({k: v for k, v in row.items() if not isinstance(v, (dict, list))})
+    return rows
+
+
+def _wandb_records(data: bytes) -> Iterator[bytes]:
+    import struct
+
+    pos, buf = 7, b""
+    while pos + 7 <= len(data):
+        room = _WB_BLOCK - pos % _WB_BLOCK
+        if room < 7:
+            pos += room
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and length == 0:  # padding to the end of the block
+            pos += room
+            continue
+        payload = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            yield payload
+        elif kind == 2:
+            buf = payload
+        elif kind == 3:
+            buf += payload
+        elif kind == 4:
+            yield buf + payload
+            buf = b""
+
+
+def structured_rows(src: Sources) -> dict[str, list[dict[str, Any]]]:
+    """Rows of every second source, by source path."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for p in src.tensorboard:
+        out[str(p)] = tensorboard_rows(p)
+    for p in src.wandb:
+        out[str(p)] = wandb_rows(p)
+    if src.trainer_state is not None:
+        out[str(src.trainer_state)] = [e for e in _read_json(src.trainer_state).get("log_history", [])
+                                       if isinstance(e, dict)]
+    return out
+
+
+def rows_to_records(parse: Callable[[Any], dict[str, Any] | None], rows: list[dict[str, Any]]) -> tuple[list, int]:
+    """(records, rows not understood) of one source's rows."""
+    records, bad = [], 0
+    for row in rows:
+        try:
+            rec = parse(row)
+        except Exception:
+            bad += 1
+            continue
+        if rec is None and row:
+            bad += 1
+        elif rec is not None:
+            records.append(rec)
+    return assign_steps(records, IngestState()), bad
+
+
+# ---- backend detection ------------------------------------------------------------------------------------------
+
+
+def _sample_lines(p: Path) -> list[str]:
+    try:
+        with p.open("rb") as fh:
+            data = fh.read(SAMPLE_BYTES)
+    except OSError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()
+
+
+def detect_backend(src: Sources, rows: dict[str, list[dict[str, Any]]]) -> tuple[str | None, dict[str, int]]:
+    """Ask every installed adapter how much of the sources it understands; the best one wins."""
+    from rlctl.backends import available
+    from rlctl.metrics.stream import split_segments
+
+    lines = [line for p in src.logs for line in _sample_lines(p)]
+    scores: dict[str, int] = {}
+    for name in sorted(available()):
+        ad = adapter(name)
+        if ad is None:
+            continue
+        needles = tuple(getattr(ad, "metric_needles", ()) or ())
+        score = 0
+        for line in lines:
+            if needles and not any(n in line for n in needles):
+                continue
+            for seg in split_segments(line):
+                try:
+                    rec = ad.parse(seg)
+                except Exception:
+                    continue
+                if rec:
+                    score += _understood(rec) + 1
+        for rs in rows.values():
+            for row in rs[:200]:
+                try:
+                    rec = ad.parse(row)
+                except Exception:
+                    continue
+                if rec:
+                    score += _understood(rec)
+        for d in src.dirs:
+            try:
+                score += 5 * len(ad.checkpoints(d))
+            except Exception:
+                continue
+        scores[name] = score
+    best = max(scores, key=lambda n: scores[n], default=None)
+    if best is None or scores[best] == 0:
+        return None, scores
+    return best, scores
+
+
+def _understood(rec: dict[str, Any]) -> int:
+    from rlctl.metrics import UNIFIED
+
+    return sum(1 for k in rec if k in UNIFIED or k.startswith("eval/"))
+
+
+def checkpoint_root(backend: str, src: Sources) -> Path | None:
+    ad = adapter(backend)
+    best, found = None, 0
+    for d in src.dirs:
+        try:
+            n = len(ad.checkpoints(d))
+        except Exception:
+            continue
+        if n > found:
+            best, found = d, n
+    return best
+
+
+# ---- the command ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Attached:
+    run_dir: Path
+    backend: str
+    state: IngestState
+    structured: int  # records from second sources
+    structured_bad: int
+    lines: int  # log lines read
+
+    @property
+    def records(self) -> int:
+        return self.state.records + self.structured
+
+
+def attach(path: str, backend: str = "auto", name: str | None = None, address: str | None = None,
+           root: Path | None = None) -> Attached:
+    p = Path(path).expanduser()
+    if not p.exists():
+        if address or RAY_JOB.match(path):
+            return _attach_ray_job(path, backend, name, address, root)
+        raise RlctlError(f"{path}: no such file or directory.",
+                         hint="give a log file, a directory of logs or a backend's output, or a Ray job id "
+                              "with --address")
+    p = p.resolve()
+    src = find_sources(p)
+    if src.empty() and not src.dirs:
+        raise RlctlError(f"{p}: no logs, TensorBoard event files, W&B runs or trainer_state.json found.")
+    rows = structured_rows(src)
+    if backend == "auto":
+        found, scores = detect_backend(src, rows)
+        if found is None:
+            tried = ", ".join(sorted(scores)) or "none installed"
+            raise AttachFailed(f"{p}: no installed backend adapter understands it (tried {tried}).",
+                               hint="give --backend NAME if you know which backend wrote it")
+        backend = found
+    ad = adapter(backend)
+    if ad is None:
+        from rlctl.backends import available
+
+        raise RlctlError(f"unknown backend {backend!r}; installed backends: {', '.join(sorted(available()))}.")
+    run_dir = create_run_dir(root or runs_root(), name or _default_name(p))
+    ckpt = checkpoint_root(backend, src)
+    _write_recipe(run_dir, backend, ckpt)
+    _link_logs(run_dir, src.logs)
+    mtimes = [q.stat().st_mtime for q in [*src.logs, *src.tensorboard, *src.wandb] if q.exists()]
+    write_state(run_dir, backend=backend, status="attached", executor="attached", attached_from=str(p),
+                started_at=min(mtimes) if mtimes else time.time(), ended_at=max(mtimes) if mtimes else None,
+                sources={"logs": [str(q) for q in src.logs], "tensorboard": [str(q) for q in src.tensorboard],
+                         "wandb": [str(q) for q in src.wandb],
+                         "trainer_state": str(src.trainer_state) if src.trainer_state else None,
+                         "checkpoints": str(ckpt) if ckpt else None})
+    st = ingest(run_dir, backend, final=True) or IngestState()
+    structured, bad = 0, 0
+    for rs in rows.values():
+        recs, nbad = rows_to_records(ad.parse, rs)
+        write_records(run_dir / METRICS, recs)
+        structured += len(recs)
+        bad += nbad
+    return Attached(run_dir, backend, st, structured, bad, st.lines)
+
+
+def _attach_ray_job(job_id: str, backend: str, name: str | None, address: str | None, root: Path | None) -> Attached:
+    from rlctl.executors.ray import catch_up_logs, job_status, normalize_address
+
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise RlctlError(f"{job_id}: not a file; as a Ray job id it needs the cluster's dashboard address.",
+                         hint="rlctl attach JOB_ID --address http://HEAD:8265 (or set RAY_ADDRESS)")
+    address = normalize_address(address)
+    js = job_status(address, job_id)
+    if js is None:
+        raise RlctlError(f"Ray job {job_id} not found at {address} (or the cluster is not reachable).")
+    run_dir = create_run_dir(root or runs_root(), name or job_id)
+    state = {"executor": "ray", "ray_address": address, "ray_job_id": job_id, "status": "running",
+             "started_at": time.time(), "attached_from": f"ray:{job_id}"}
+    write_state(run_dir, **state)
+    catch_up_logs(run_dir, state)
+    if backend == "auto":
+        found, scores = detect_backend(find_sources(run_dir / LOG), {})
+        if found is None:
+            raise AttachFailed(f"Ray job {job_id}: no installed backend adapter understands its log.",
+                               hint="give --backend NAME")
+        backend = found
+    if adapter(backend) is None:
+        raise RlctlError(f"unknown backend {backend!r}.")
+    _write_recipe(run_dir, backend, None)
+    terminal = {"SUCCEEDED": "finished", "FAILED": "failed", "STOPPED": "stopped"}
+    write_state(run_dir, backend=backend, ray_job_status=js,
+                **({"status": terminal[js], "ended_at": time.time()} if js in terminal else {}))
+    st = ingest(run_dir, backend, final=js in terminal) or IngestState()
+    return Attached(run_dir, backend, st, 0, 0, st.lines)
+
+
+def _default_name(p: Path) -> str:
+    stem = p.stem if p.is_file() else p.name
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "attached"
+
+
+def _write_recipe(run_dir: Path, backend: str, ckpt: Path | None) -> None:
+    lines = ["# attached by `rlctl attach`: a record of where the run lives, not a launchable recipe",
+             "[backend]", f"name = {json.dumps(backend)}"]
+    if ckpt is not None:
+        lines += ["", "[checkpoint]", f"dir = {json.dumps(str(ckpt))}"]
+    (run_dir / "recipe.toml").write_text("\n".join(lines) + "\n")
+
+
+def _link_logs(run_dir: Path, logs: list[Path]) -> None:
+    """stdout.log -> the biggest log; every other log under logs/ (symlinks: they keep growing)."""
+    if not logs:
+        return
+    main = max(logs, key=lambda q: q.stat().st_size if q.exists() else 0)
+    (run_dir / LOG).symlink_to(main)
+    rest = [q for q in logs if q != main]
+    if rest:
+        (run_dir / SOURCES).mkdir()
+        for i, q in enumerate(rest):
+            (run_dir / SOURCES / f"{i:02d}-{q.name}").symlink_to(q)
+
+
+def follow(run_dir: Path, backend: str, idle_exit: float = 0.0, interval: float = 1.0,
+           echo: Callable[[str], None] = print) -> IngestState:
+    """Keep ingesting the attached logs while they grow; stop on Ctrl-C, or after `idle_exit` seconds without
+    growth (0 = never). The run shows as running meanwhile."""
+    import contextlib
+
+    write_state(run_dir, status="running", supervisor_pid=os.getpid(), supervisor_create_time=_create_time(),
+                ended_at=None)
+    st = IngestState()
+    last_size, last_change = -1, time.time()
+    try:
+        while True:
+            st = ingest(run_dir, backend) or st
+            size = sum(q.stat().st_size for q in _followed(run_dir))
+            if size != last_size:
+                if last_size >= 0:
+                    echo(f"{run_dir.name}: {st.records} records, step {_last_step(run_dir)}")
+                last_size, last_change = size, time.time()
+            elif idle_exit and time.time() - last_change >= idle_exit:
+                break
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            st = ingest(run_dir, backend, final=True) or st
+        if read_state(run_dir).get("status") in ACTIVE:
+            write_state(run_dir, status="attached", ended_at=time.time(), supervisor_pid=None)
+    return st
+
+
+def _followed(run_dir: Path) -> list[Path]:
+    from rlctl.metrics.stream import log_files
+
+    out = []
+    for n in log_files(run_dir):
+        try:
+            (run_dir / n).stat()
+            out.append(run_dir / n)
+        except OSError:
+            continue
+    return out
+
+
+def _create_time() -> float | None:
+    from rlctl.runs.state import process_create_time
+
+    return process_create_time(os.getpid())
+
+
+def _last_step(run_dir: Path) -> int | None:
+    from rlctl.metrics.stream import tail_records
+
+    recs = tail_records(run_dir / METRICS, 64 * 1024)
+    return recs[-1]["step"] if recs else None
+
+
+def report(a: Attached) -> tuple[str, int]:
+    """The summary printed by `rlctl attach` and its exit code: non-zero when a non-empty log gave no record."""
+    parts = [f"attached {a.run_dir} ({a.backend}): {a.records} records"
+             f" ({a.state.records} from {a.state.lines} log lines" + (f", {a.structured} from TensorBoard/W&B/trainer "
+                                                                 f"state" if a.structured else "") + ")"]
+    msg = unparsed_report(a.state)
+    if msg:
+        parts.append(msg)
+    if a.structured_bad:
+        parts.append(f"{a.structured_bad} TensorBoard/W&B/trainer-state rows were not understood")
+    code = 0
+    if a.records == 0 and (a.state.lines or a.structured_bad):
+        parts.append(f"no metrics record could be read: is it a {a.backend} log? (see docs/metrics.md)")
+        code = EXIT_CHECK_FAILED
+    return "\n".join(parts), code

@@ -1,0 +1,348 @@
+"""`rlctl attach` on runs rlctl did not start, with logs made by each backend's own logging/printing code.
+
+OpenRLHF's and verl's released wheels are fetched with `pip download --no-deps` (cached under
+$RLCTL_TEST_WHEELS, default ~/.cache/rlctl-test-wheels) and their logging code is run on CPU with heavy imports
+stubbed; TRL's console comes from the installed transformers' ProgressCallback, as TRL's trainer uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import importlib.util
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import types
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from rlctl.metrics.stream import METRICS, by_step, iter_metrics
+from tests.conftest import FIXTURES, run_cli
+
+WHEELS = Path(os.environ.get("RLCTL_TEST_WHEELS", Path.home() / ".cache" / "rlctl-test-wheels"))
+
+
+def released(dist: str, version: str) -> Path:
+    """The purelib root of a released wheel, downloaded once and kept."""
+    out = WHEELS / f"{dist}-{version}"
+    if not (out / ".done").exists():
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(WHEELS),
+                            f"{dist}=={version}"], capture_output=True, text=True, timeout=300)
+        wheels = list(WHEELS.glob(f"{dist.replace('-', '_')}-{version}-*.whl"))
+        if r.returncode != 0 or not wheels:
+            pytest.skip(f"cannot download {dist}=={version}: {r.stderr.strip()[-200:]}")
+        with zipfile.ZipFile(wheels[0]) as zf:
+            zf.extractall(out)
+        (out / ".done").touch()
+    return next(out.glob("*.data/purelib"), out)
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    root = tmp_path / "runs"
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(root))
+    return root
+
+
+def attach(*args: str):
+    res = run_cli("attach", *args)
+    m = re.search(r"attached (\S+) \((\w+)\)", res.out)
+    return res, (Path(m.group(1)) if m else None), (m.group(2) if m else None)
+
+
+def rlctl(*args: str) -> subprocess.CompletedProcess:
+    """The real console script, for commands that write bytes to stdout (logs)."""
+    return subprocess.run([sys.executable, "-m", "rlctl.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def merged(run_dir: Path) -> dict[int, dict]:
+    return by_step(list(iter_metrics(run_dir / METRICS)))
+
+
+# ---- OpenRLHF -------------------------------------------------------------------------------------------------
+
+
+def openrlhf_output(version: str, out: Path, *extra: str) -> Path:
+    root = released("openrlhf", version)
+    r = subprocess.run([sys.executable, str(FIXTURES / "openrlhf/generate.py"), str(root), version, str(out), *extra],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("version", ["0.9.3", "0.11.2"])
+def test_openrlhf_console_from_its_own_logger(version, runs, tmp_path):
+    """Global step dicts (one wrapped over lines, one in colour, NaN/inf), tqdm bars with CR frames behind Ray
+    prefixes, the eval line and a cut line: every step read, the cut line reported, grad norm of 0.11 mapped."""
+    out = openrlhf_output(version, tmp_path / "out")
+    ckpt = out / "ckpt" / "_actor"
+    (ckpt / "global_step2").mkdir(parents=True)
+    (ckpt / "global_step4").mkdir()
+    (ckpt / "latest").write_text("global_step2")
+    res, run, backend = attach(str(out), "--backend", "auto", "--name", "orl")
+    assert res.code == 0, res.out + res.err
+    assert backend == "openrlhf"
+    assert "1 line(s) looked like metrics but were not understood" in res.out and "Global step 5" in res.out
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3, 4]
+    assert m[1]["policy_loss"] == pytest.approx(-0.01) and m[1]["lr"] == 5e-07 and m[1]["correctness"] == 0.25
+    assert m[2]["reward/mean"] == pytest.approx(0.3)  # behind ANSI colours
+    assert m[3]["response_length/mean"] == 1003.0 and m[3]["entropy"] == 0.47  # wrapped over five lines
+    assert m[4]["kl"] is None and m[4]["entropy"] is None  # nan, inf
+    assert m[4]["eval/aime/pass1"] == 0.3 and m[4]["eval/aime/pass8"] == 0.5
+    assert m[2]["openrlhf/total_length"] == 1502.0
+    if version == "0.11.2":
+        assert m[3]["grad_norm"] == 3.5 and m[3]["time/step_s"] == 33.0 and m[3]["time/generation_s"] == 23.0
+
+    # every command works on the attached run
+    st = run_cli("status", "orl", "--json")
+    assert st.code == 0 and json.loads(st.out)["step"] == 4, st.out + st.err
+    lg = rlctl("logs", "orl", "--metrics")
+    assert lg.returncode == 0 and len(lg.stdout.splitlines()) >= 4 and "not understood" in lg.stderr, lg.stderr
+    assert run_cli("doctor", "orl", "--json").code in (0, 1)
+    ck = run_cli("ckpt", "list", "orl", "--json")
+    steps = [(c["step"], c["complete"]) for c in json.loads(ck.out)["checkpoints"]]
+    assert steps == [(2, True), (4, False)], ck.out
+    pytest.importorskip("matplotlib")
+    pl = run_cli("metrics", "orl", "--plot", str(tmp_path / "c.png"), "--keys", "reward/mean,kl")
+    assert pl.code == 0 and (tmp_path / "c.png").stat().st_size > 0, pl.err
+
+
+def test_openrlhf_06_progress_bars_only(runs, tmp_path):
+    """Before the Global step line existed (0.6): the actor's `pg=, rm=, ret=, glen=, tlen=, kl=, act_lr=` bars
+    (counted steps) and the Episode bar's status postfix (its own step)."""
+    out = openrlhf_output("0.6.0", tmp_path / "out")
+    res, run, backend = attach(str(out / "train.log"))
+    assert res.code == 0 and backend == "openrlhf", res.out + res.err
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3, 4]
+    assert m[2]["policy_loss"] == pytest.approx(-0.02) and m[2]["reward/mean"] == pytest.approx(0.3)
+    assert m[3]["lr"] == 1.5e-06 and m[1]["openrlhf/return"] == 0.1 and m[4]["kl"] is None
+    assert m[3]["correctness"] == 0.75  # only the Episode bar has it
+
+
+def test_openrlhf_tensorboard_and_wandb_are_read_exactly(runs, tmp_path):
+    """OpenRLHF's own TensorboardLogger (torch's SummaryWriter) and WandbLogger (offline): values as logged."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    pytest.importorskip("torch")
+    out = openrlhf_output("0.11.2", tmp_path / "out", "--tensorboard", "--wandb")
+    (out / "train.log").unlink()  # only the second sources
+    assert list(out.rglob("events.out.tfevents.*")) and list(out.rglob("*.wandb"))
+    res, run, backend = attach(str(out))
+    assert res.code == 0 and backend == "openrlhf", res.out + res.err
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3, 4]
+    assert m[2]["reward/mean"] == pytest.approx(0.3) and m[3]["grad_norm"] == 3.5 and m[1]["lr"] == 5e-07
+    assert m[4]["kl"] is None  # NaN logged to W&B
+    assert m[4]["eval/aime/pass1"] == 0.3
+    for name in ("tensorboard", "wandb"):  # each source on its own
+        from rlctl.runs.attach import find_sources, structured_rows
+
+        src = find_sources(out)
+        if name == "tensorboard":
+            src.wandb = []
+        else:
+            src.tensorboard = []
+        rows = [r for rs in structured_rows(src).values() for r in rs]
+        assert any(r.get("train/reward") == 0.2 for r in rows), (name, rows[:2])
+
+
+# ---- verl -----------------------------------------------------------------------------------------------------
+
+
+def verl_console(version: str, data: list[tuple[int, dict]]) -> str:
+    """verl's LocalLogger (aggregate_logger.py of the release) printing each step; torch stubbed."""
+    path = released("verl", version) / "verl/utils/logger/aggregate_logger.py"
+    spec = importlib.util.spec_from_file_location(f"verl_aggregate_logger_{version.replace('.', '_')}", path)
+    mod = importlib.util.module_from_spec(spec)
+    saved = sys.modules.get("torch")
+    sys.modules["torch"] = types.ModuleType("torch")  # imported at the top, unused by the printer
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        if saved is None:
+            sys.modules.pop("torch", None)
+        else:
+            sys.modules["torch"] = saved
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        logger = mod.LocalLogger(print_to_console=True) if "print_to_console" in str(
+            mod.LocalLogger.__init__.__code__.co_varnames) else mod.LocalLogger()
+        for step, d in data:
+            logger.log(data=d, step=step)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("version", ["0.4.1", "0.9.1"])
+def test_verl_console_from_its_own_logger(version, runs, tmp_path):
+    np = pytest.importorskip("numpy")
+    data = [
+        (1, {"actor/pg_loss": np.float64(0.013), "actor/entropy_loss": np.float64(1.25), "critic/kl": 0.002,
+             "critic/score/mean": np.float32(0.5), "actor/grad_norm": 0.3, "timing_s/step": 41.5}),
+        (2, {"actor/pg_loss": -0.02, "actor/entropy": 1.1, "actor/entropy_loss": 1.2, "actor/kl_loss": 0.004,
+             "critic/kl": 0.001, "critic/score/mean": 0.625, "actor/grad_norm": float("nan"),
+             "val-core/openai/gsm8k/acc/mean@1": 0.51}),
+    ]
+    text = verl_console(version, data)
+    lines = ["(TaskRunner pid=9, ip=10.0.0.3) " + line for line in text.splitlines()]
+    lines[1] += " -"  # as pasted from a terminal
+    log = tmp_path / "verl.out"
+    log.write_text("\n".join(lines) + "\n")
+    res, run, backend = attach(str(log))
+    assert res.code == 0 and backend == "verl", res.out + res.err
+    m = merged(run)
+    assert m[1]["entropy"] == pytest.approx(1.25) and m[1]["kl"] == pytest.approx(0.002)  # older names
+    assert m[1]["reward/mean"] == pytest.approx(0.5) and m[1]["time/step_s"] == pytest.approx(41.5)
+    assert m[2]["entropy"] == pytest.approx(1.1) and m[2]["kl"] == pytest.approx(0.004)  # newer names win
+    assert m[2]["verl/actor/entropy_loss"] == pytest.approx(1.2) and m[2]["verl/critic/kl"] == pytest.approx(0.001)
+    assert m[2]["grad_norm"] is None and m[2]["eval/openai/gsm8k/acc/mean@1"] == pytest.approx(0.51)
+    assert all(isinstance(v, (int, float)) or v is None for v in m[2].values())  # no "0.625 -" strings
+
+
+# ---- TRL ------------------------------------------------------------------------------------------------------
+
+
+def trl_console(logs: list[dict], summary: dict) -> str:
+    """transformers' ProgressCallback (what TRL's GRPOTrainer prints through) for these log dicts."""
+    tc = pytest.importorskip("transformers.trainer_callback")
+    args = types.SimpleNamespace()
+    state = tc.TrainerState(max_steps=len(logs), is_world_process_zero=True, is_local_process_zero=True)
+    control = tc.TrainerControl()
+    cb = tc.ProgressCallback()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        cb.on_train_begin(args, state, control)
+        for i, logs_i in enumerate(logs, 1):
+            state.global_step = i
+            cb.on_step_end(args, state, control)
+            cb.on_log(args, state, control, logs=dict(logs_i))
+        cb.on_log(args, state, control, logs={"eval_loss": 0.5, "eval_reward": 0.75, "epoch": 1.0})
+        cb.on_log(args, state, control, logs=dict(summary))
+        cb.on_train_end(args, state, control)
+    return buf.getvalue()
+
+
+def test_trl_console_without_step_gets_counted_steps(runs, tmp_path):
+    logs = [{"loss": 0.01 * i, "grad_norm": 0.5, "learning_rate": 1e-05 * i, "num_tokens": 1000.0 * i,
+             "completions/mean_length": 12.5 + i, "completions/clipped_ratio": 0.0, "rewards/frac_a/mean": 0.1 * i,
+             "reward": 0.1 * i, "reward_std": 0.05, "frac_reward_zero_std": 0.0, "kl": 0.001 * i,
+             "entropy": 3.2, "clip_ratio/region_mean": 0.0, "epoch": 0.2 * i} for i in range(1, 6)]
+    logs[2]["loss"] = float("nan")
+    text = trl_console(logs, {"train_runtime": 12.5, "train_samples_per_second": 3.2, "train_loss": 0.02,
+                              "epoch": 1.0})
+    assert "'step'" not in text
+    log = tmp_path / "trl.log"
+    log.write_text(text)
+    res, run, backend = attach(str(log), "--backend", "trl")
+    assert res.code == 0 and backend == "trl", res.out + res.err
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3, 4, 5]
+    assert m[2]["reward/mean"] == pytest.approx(0.2) and m[5]["lr"] == pytest.approx(5e-05)
+    assert m[3]["policy_loss"] is None and m[4]["response_length/mean"] == 16.5
+    assert m[5]["eval/default/reward"] == 0.75 and m[5]["trl/train_runtime"] == 12.5  # the step in progress
+    auto, _, found = attach(str(log))
+    assert found == "trl", auto.out + auto.err
+
+
+def test_trl_output_dir_with_checkpoints_and_trainer_state(runs, tmp_path):
+    out = tmp_path / "trl-out"
+    state = json.loads((FIXTURES / "trl/trainer_state.json").read_text())
+    for step in (20, 40):
+        d = out / f"checkpoint-{step}"
+        d.mkdir(parents=True)
+        part = {**state, "log_history": [e for e in state["log_history"] if e.get("step", 0) <= step]}
+        (d / "trainer_state.json").write_text(json.dumps(part))
+    res, run, backend = attach(str(out), "--name", "trl-out")
+    assert res.code == 0 and backend == "trl", res.out + res.err
+    assert sorted(merged(run))[-1] == 40 and "40 from TensorBoard/W&B/trainer state" in res.out
+    ck = json.loads(run_cli("ckpt", "list", "trl-out", "--json").out)["checkpoints"]
+    assert [c["step"] for c in ck] == [20, 40] and all(c["complete"] for c in ck)
+
+
+# ---- nothing silent -------------------------------------------------------------------------------------------
+
+
+def test_a_log_with_no_record_fails_and_says_why(runs, tmp_path):
+    log = tmp_path / "broken.log"
+    log.write_text("step:1 - actor/pg_loss\nstep:2 - critic/score/mean\nsomething else\n")
+    res, run, _ = attach(str(log), "--backend", "verl", "--name", "broken")
+    assert res.code == 1
+    assert "2 line(s) looked like metrics but were not understood" in res.out and "line 1: step:1" in res.out
+    lg = rlctl("logs", "broken", "--metrics")
+    assert lg.returncode == 1 and "not understood" in lg.stderr and "gave no metrics record" in lg.stderr
+    unknown = tmp_path / "plain.log"
+    unknown.write_text("hello\nworld\n")
+    assert attach(str(unknown))[0].code == 1  # no adapter understands it: said, non-zero
+
+
+def test_unknown_path_is_a_clear_error(runs, tmp_path):
+    res, _, _ = attach(str(tmp_path / "nope.log"))
+    assert res.code == 2 and "no such file" in res.err
+
+
+# ---- following and Ray jobs -----------------------------------------------------------------------------------
+
+
+def test_follow_reads_a_growing_log(runs, tmp_path):
+    log = tmp_path / "grow.log"
+    log.write_text("step:1 - critic/score/mean:0.1\n")
+
+    def grow():
+        for i in range(2, 5):
+            time.sleep(0.4)
+            with log.open("a") as fh:
+                fh.write(f"step:{i} - critic/score/mean:0.{i}\n")
+
+    t = threading.Thread(target=grow)
+    t.start()
+    res, run, _ = attach(str(log), "--backend", "verl", "--follow", "--idle-exit", "1.5", "--name", "grow")
+    t.join()
+    assert res.code == 0, res.out + res.err
+    assert sorted(merged(run)) == [1, 2, 3, 4]
+    assert json.loads((run / "state.json").read_text())["status"] == "attached"
+
+
+class _FakeDashboard(http.server.BaseHTTPRequestHandler):
+    log_text = (FIXTURES / "verl/console.log").read_text()
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        if self.path.endswith("/logs"):
+            body = {"logs": self.log_text}
+        elif self.path.startswith("/api/jobs/raysubmit_abc"):
+            body = {"status": "SUCCEEDED", "submission_id": "raysubmit_abc"}
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_attach_a_ray_job_by_id(runs, tmp_path):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeDashboard)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"http://127.0.0.1:{server.server_address[1]}"
+        res, run, backend = attach("raysubmit_abc", "--address", address)
+    finally:
+        server.shutdown()
+    assert backend == "verl", res.out + res.err
+    state = json.loads((run / "state.json").read_text())
+    assert state["ray_job_id"] == "raysubmit_abc" and state["status"] == "finished"
+    assert sorted(merged(run)) == [0, 1, 2, 3, 4, 5]
