@@ -41,6 +41,16 @@ def _echo(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+def _seconds(option: str, value: float, *, positive: bool = False) -> float:
+    """A duration option: a finite number, >= 0 (or > 0); nan and inf are usage errors, not hangs."""
+    import math
+
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise RlctlError(f"{option} {value}: expected a finite number of seconds {'> 0' if positive else '>= 0'}.",
+                         hint=f"e.g. {option} 30")
+    return value
+
+
 @recipe_app.command("show")
 def recipe_show(recipe: RecipeArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Print the resolved recipe (extends and --set applied, defaults filled in)."""
@@ -143,6 +153,7 @@ def launch(
     from rlctl.runs.launch import launch as do_launch
     from rlctl.runs.supervisor import POLICIES
 
+    _seconds("--grace", grace)
     if executor is not None and executor not in available():
         raise RlctlError(f"--executor {executor!r}: expected one of {', '.join(available())}.")
     if restart is not None and restart not in POLICIES:
@@ -181,12 +192,34 @@ def supervise(run: Annotated[str, typer.Argument(help="Run name (or unique prefi
 def stop(
     run: Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")],
     grace: Annotated[float, typer.Option("--grace", help="Seconds to wait before SIGKILL.")] = 30.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be signalled; signal nothing.")] = False,
 ) -> None:
     """Stop a run cleanly: SIGTERM to its process group (or the Ray job), SIGKILL after the grace period."""
     from rlctl.runs.state import find_run
     from rlctl.runs.stopping import stop_run
 
-    _echo(stop_run(find_run(run), grace))
+    _seconds("--grace", grace)
+    run_dir = find_run(run)
+    if dry_run:
+        _echo(_stop_plan(run_dir, grace))
+        return
+    _echo(stop_run(run_dir, grace))
+
+
+def _stop_plan(run_dir: Path, grace: float) -> str:
+    """What `rlctl stop` would do to a run, from its recorded state; nothing is signalled."""
+    from rlctl.runs.state import ACTIVE, read_state
+
+    st = read_state(run_dir)
+    status = st.get("status", "unknown")
+    if status not in ACTIVE:
+        return f"{run_dir.name} is {status}: stop would do nothing."
+    if st.get("executor") == "ray":
+        return (f"would stop Ray job {st.get('ray_job_id', '?')} at {st.get('ray_address', '?')} "
+                f"({run_dir.name}), waiting up to {grace:g} s.")
+    target = f"process group {st['pgid']}" if st.get("pgid") else f"pid {st.get('pid', '?')}"
+    sup = f" (through its supervisor, pid {st['supervisor_pid']})" if st.get("supervisor_pid") else ""
+    return f"would send SIGTERM to {target} of {run_dir.name}{sup}, then SIGKILL after {grace:g} s."
 
 
 @app.command()
@@ -238,6 +271,9 @@ def status(
 ) -> None:
     """Runs at a glance, or one run's progress, metrics, health and disk."""
     from rlctl.runs.status import show_status
+
+    _seconds("--interval", interval, positive=True)
+    _seconds("--stall-after", stall_after, positive=True)
 
     show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after)
 
@@ -431,6 +467,12 @@ def model_tiny(
     from rlctl.recipe.tiny_model import make_tiny, parse_random_source
 
     parse_random_source(source)
+    if path.exists() and not path.is_dir():
+        raise RlctlError(f"{path}: exists and is not a directory.", hint="name a new directory for the model.")
+    if path.is_dir() and any(path.iterdir()) and not (path / "rlctl_tiny.json").is_file():
+        raise RlctlError(f"{path}: a non-empty directory that is not an rlctl tiny model; writing there would "
+                         "overwrite its config.json, weights and tokenizer. Nothing was written.",
+                         hint="name a new or empty directory.")
     try:
         out = make_tiny(path, source)
     except ImportError as e:
