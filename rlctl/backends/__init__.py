@@ -14,6 +14,7 @@ BUILTIN = {
     "prime_rl": "rlctl.backends.prime_rl:PrimeRLBackend",
     "verl": "rlctl.backends.verl:VerlBackend",
     "trl": "rlctl.backends.trl:TRLBackend",
+    "command": "rlctl.backends.command:CommandBackend",
 }
 
 

@@ -1,0 +1,332 @@
+"""command: a trainer rlctl does not know (seed 003's `torchrun ... rl_runner.py --cfg ...`), described by its recipe.
+
+The `[backend.command]` table gives the command, where its metrics are (regexes over its output with named groups, or
+a JSONL file it writes) and how its keys map to rlctl's names, the checkpoint folders it writes (a pattern with the
+step, a marker file written last) and how it resumes (arguments appended, or another command). See
+docs/backends/command.md.
+
+rlctl runs the command through a small runner rendered into the run directory (`command_runner.py`, standard
+library only): it resolves the resume request against the checkpoints on disk when the attempt starts (so a restart
+resumes from the newest complete one), turns the trainer's metrics into `{"rlctl_command": {...}}` lines of the run's
+backend_metrics.jsonl (which `parse` reads), and leaves a descriptor of the checkpoint layout in the checkpoint
+directory (which `checkpoints` reads). The adapter itself stays stateless.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import string
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import Field, field_validator, model_validator
+
+from rlctl.backends.base import Backend, Finding, LaunchPlan
+from rlctl.backends.command import runner as _runner
+from rlctl.errors import RlctlError
+from rlctl.recipe.schema import BackendExtra
+
+if TYPE_CHECKING:
+    from rlctl.backends.layout import Checkpoint
+    from rlctl.recipe.schema import Recipe
+
+CONFIG_FILE = "command.json"
+RUNNER_FILE = "command_runner.py"
+RESUME_FIELDS = ("step", "path", "dir")
+NAME = "command"
+
+
+def _argv(value: list[str] | str) -> list[str]:
+    return shlex.split(value) if isinstance(value, str) else list(value)
+
+
+def _fields(template: str) -> list[str]:
+    """The `{name}` placeholders of a template (`{{`/`}}` are literal braces)."""
+    try:
+        return [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    except ValueError as e:
+        raise ValueError(f"{template!r}: {e}") from None
+
+
+class CommandOptions(BackendExtra):
+    """`[backend.command]`: how to run, follow, checkpoint and resume a trainer rlctl does not know."""
+
+    command: list[str] | str = Field(
+        description="The trainer's command: an argv list, or a string split like a shell would (no shell features "
+        "unless `shell = true`). Placeholders from the recipe: {model} {train_data} {eval_data} {steps} {lr} {seed} "
+        "{group_size} {prompts_per_step} {max_tokens} {temperature} {train_batch_size} {micro_batch_size} {kl_coef} "
+        "{checkpoint_dir} {checkpoint_every} {keep_last} {metrics_file} {name}; `{{`/`}}` for literal braces.")
+    shell: bool = Field(default=False, description="Run the command string through /bin/sh -c.")
+    cwd: str | None = Field(default=None, description="Working directory of the command, relative to the run "
+                            "directory (default: the run directory).")
+    log_pattern: list[str] | str | None = Field(
+        default=None, description="Regex(es) searched in every output line; named groups are metrics, the group "
+        "`step` (or `step_key`) is the step (no step group: steps are counted).")
+    metrics_file: str | None = Field(
+        default=None, description="A JSONL file the trainer writes, one object per step (relative to the command's "
+        "working directory); nested objects are flattened with '/'.")
+    step_key: str = Field(default="step", description="The trainer's name for the step (group or JSON key).")
+    metrics_map: dict[str, str] = Field(
+        default_factory=dict, description="Trainer key -> rlctl's unified name (e.g. loss = \"policy_loss\"); keys "
+        "not mapped are kept as command/<key>.")
+    checkpoint_pattern: str | None = Field(
+        default=None, description="The name of one checkpoint folder inside checkpoint.dir, with {step} for the step "
+        "(`*`/`?` wildcards), or `re:<regex>` with a group for the step.")
+    checkpoint_marker: str | None = Field(
+        default=None, description="A file inside a checkpoint folder the trainer writes last (a checkpoint is "
+        "complete once it exists; {step} allowed).")
+    resume_args: list[str] | str | None = Field(
+        default=None, description="Arguments appended to resume, with {path} (the checkpoint folder), {step}, {dir} "
+        "(checkpoint.dir), e.g. [\"--resume\", \"{path}\"].")
+    resume_command: list[str] | str | None = Field(
+        default=None, description="A whole other command that resumes (instead of command + resume_args); same "
+        "placeholders as resume_args.")
+
+    @field_validator("log_pattern")
+    @classmethod
+    def _regexes(cls, v: list[str] | str | None) -> list[str] | str | None:
+        for p in [v] if isinstance(v, str) else (v or []):
+            try:
+                rx = re.compile(p)
+            except re.error as e:
+                raise ValueError(f"log_pattern {p!r} is not a regex: {e}") from None
+            if not rx.groupindex:
+                raise ValueError(f"log_pattern {p!r} has no named group: write (?P<loss>\\S+) for a metric")
+        return v
+
+    @field_validator("checkpoint_pattern")
+    @classmethod
+    def _pattern(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                _runner.checkpoint_regex(v)
+            except (ValueError, re.error) as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("metrics_map")
+    @classmethod
+    def _unified(cls, v: dict[str, str]) -> dict[str, str]:
+        import difflib
+
+        from rlctl.metrics import UNIFIED
+
+        for key, name in v.items():
+            if name not in UNIFIED and not name.startswith("eval/"):
+                close = difflib.get_close_matches(name, UNIFIED, n=1)
+                hint = f" Did you mean {close[0]}?" if close else f" Known: {', '.join(UNIFIED)}, eval/<set>/<metric>."
+                raise ValueError(f"metrics_map.{key} = {name!r} is not one of rlctl's metric names.{hint}")
+        return v
+
+    @field_validator("resume_args", "resume_command")
+    @classmethod
+    def _resume_fields(cls, v: list[str] | str | None) -> list[str] | str | None:
+        for arg in _argv(v) if v is not None else []:
+            bad = [f for f in _fields(arg) if f not in RESUME_FIELDS]
+            if bad:
+                raise ValueError(f"{arg!r}: unknown placeholder {{{bad[0]}}}; resume templates take "
+                                 + ", ".join(f"{{{f}}}" for f in RESUME_FIELDS))
+        return v
+
+    @model_validator(mode="after")
+    def _command(self) -> CommandOptions:
+        if not _argv(self.command):
+            raise ValueError("command is empty")
+        if self.checkpoint_marker and not self.checkpoint_pattern:
+            raise ValueError("checkpoint_marker needs checkpoint_pattern (which folders are checkpoints)")
+        if (self.resume_args or self.resume_command) and not self.checkpoint_pattern:
+            raise ValueError("resume_args/resume_command need checkpoint_pattern (which folder to resume from)")
+        return self
+
+
+class CommandBackend(Backend):
+    name = NAME
+    table_model: ClassVar[type] = CommandOptions
+    # The runtime is the user's command, which rlctl cannot name; the core expects a first package, so rlctl itself
+    # (whose adapter and runner run the command) stands in.
+    packages = ("rlctl",)
+    runs_on_cpu = True  # the command decides; rlctl does not ask for GPUs it knows nothing about
+    metric_needles = ('{"' + _runner.RECORD_KEY + '"',)
+
+    def target_version(self, recipe: Recipe) -> str | None:
+        return recipe.backend.version  # the trainer's own version, if the recipe says
+
+    def uses_vllm(self, recipe: Recipe) -> bool:
+        return False  # unknown: no vLLM rule applies to a command rlctl cannot see into
+
+    def options(self, recipe: Recipe) -> CommandOptions:
+        table = recipe.backend.table(self.name)
+        if not isinstance(table, CommandOptions):
+            raise RlctlError("the command backend needs a [backend.command] table with `command = [...]`.",
+                             hint='[backend.command]\ncommand = ["torchrun", "--nproc_per_node=2", "train.py"]')
+        return table
+
+    # ---- render ----------------------------------------------------------------------------------------------------
+    def placeholders(self, recipe: Recipe, dataset_size: int | None) -> dict[str, Any]:
+        r = recipe
+        opts = recipe.backend.table(self.name)
+        return {
+            "model": r.model.path, "train_data": r.data.train, "eval_data": r.data.eval,
+            "steps": self.total_steps(r, dataset_size), "lr": r.optim.lr, "seed": r.train.seed,
+            "group_size": r.rollout.group_size, "prompts_per_step": r.rollout.prompts_per_step,
+            "max_tokens": r.rollout.max_tokens, "temperature": r.rollout.temperature,
+            "train_batch_size": r.train.train_batch_size, "micro_batch_size": r.train.micro_batch_size,
+            "kl_coef": r.algorithm.kl_coef, "checkpoint_dir": r.checkpoint.dir, "checkpoint_every": r.checkpoint.every,
+            "keep_last": r.checkpoint.keep_last, "name": r.name,
+            "metrics_file": getattr(opts, "metrics_file", None),
+        }
+
+    def _fill(self, template: str, values: dict[str, Any], where: str) -> str:
+        for f in _fields(template):
+            if f not in values:
+                raise RlctlError(f"backend.command.{where}: unknown placeholder {{{f}}} in {template!r}.",
+                                 hint="known: " + ", ".join(f"{{{k}}}" for k in values)
+                                 + "; write {{ and }} for literal braces")
+            if values[f] is None:
+                raise RlctlError(f"backend.command.{where}: {{{f}}} is used in {template!r} but the recipe does "
+                                 "not set it.", hint=f"set the recipe key behind {{{f}}}, or drop it from the command")
+        return template.format(**{k: "" if v is None else v for k, v in values.items()})
+
+    def config(self, recipe: Recipe, dataset_size: int | None) -> dict[str, Any]:
+        opts = self.options(recipe)
+        values = self.placeholders(recipe, dataset_size)
+        if opts.metrics_file:
+            values["metrics_file"] = self._fill(opts.metrics_file, {**values, "metrics_file": None}, "metrics_file")
+        argv = [self._fill(a, values, "command") for a in _argv(opts.command)]
+        for key, value in opts.extra.items():  # the escape hatch: --key value
+            if value is False or value is None:
+                continue
+            argv += [f"--{key}"] if value is True else [f"--{key}", str(value)]
+        patterns = [opts.log_pattern] if isinstance(opts.log_pattern, str) else list(opts.log_pattern or [])
+        resume = recipe.checkpoint.resume
+        return {
+            "argv": argv,
+            "shell": opts.shell,
+            "cwd": opts.cwd or ".",
+            "resume_argv": _argv(opts.resume_command) if opts.resume_command else None,
+            "metrics": {"patterns": patterns, "file": values["metrics_file"], "step_key": opts.step_key,
+                        "map": dict(opts.metrics_map)},
+            "checkpoint": {"dir": recipe.checkpoint.dir, "pattern": opts.checkpoint_pattern,
+                           "marker": opts.checkpoint_marker,
+                           "resume_args": _argv(opts.resume_args) if opts.resume_args else [],
+                           "resume": resume if opts.checkpoint_pattern else "off"},
+        }
+
+    def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
+        cfg = self.config(recipe, dataset_size)
+        notes = self._resume_notes(recipe, cfg)
+        return LaunchPlan(
+            backend=self.name, version=self.target_version(recipe),
+            argv=["python3", RUNNER_FILE, CONFIG_FILE],
+            env={"PYTHONUNBUFFERED": "1", **recipe.env},
+            files={CONFIG_FILE: json.dumps(cfg, indent=2) + "\n",
+                   RUNNER_FILE: Path(_runner.__file__).read_text()},
+            total_steps=self.total_steps(recipe, dataset_size), notes=notes,
+        )
+
+    def _resume_notes(self, recipe: Recipe, cfg: dict[str, Any]) -> list[str]:
+        """What resuming will do, as far as it can be told before the run directory exists."""
+        ck = cfg["checkpoint"]
+        want = ck["resume"]
+        shown = " ".join(cfg["argv"])
+        if want == "off":
+            if recipe.checkpoint.resume != "off":
+                return [f"checkpoint.resume = {recipe.checkpoint.resume!r} ignored: backend.command has no "
+                        "checkpoint_pattern"]
+            return [f"command: {shown}"]
+        if not Path(ck["dir"]).is_absolute():
+            return [f"command: {shown}", f"resumes from {want} checkpoint in {ck['dir']} (looked up in the run "
+                    "directory when the run starts)"]
+        try:
+            found = _runner.pick_resume(cfg)
+        except LookupError as e:
+            raise RlctlError(f"checkpoint.resume = {want}: {e}.", hint=f"rlctl ckpt list, or look in {ck['dir']}") \
+                from None
+        if found is None:
+            return [f"command: {shown}", f"no complete checkpoint in {ck['dir']} yet: starts fresh"]
+        full = _runner.command_argv(cfg, found)
+        return [f"command: {' '.join(full)}", f"resumes from checkpoint step {found[0]} ({found[1]})"]
+
+    def prepare_launch(self, plan: LaunchPlan, run_dir: Path) -> LaunchPlan:
+        """The runner needs nothing of rlctl: run it with the Python rlctl runs in (python3 may be another)."""
+        del run_dir  # Unused
+        if plan.argv and plan.argv[0] == "python3":
+            plan.argv = [sys.executable, *plan.argv[1:]]
+        return plan
+
+    # ---- checks ----------------------------------------------------------------------------------------------------
+    def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
+        """The command can be found, and rlctl will see its metrics and checkpoints."""
+        del installed_version  # Unused: rlctl knows no releases of a command
+        try:
+            cfg = json.loads(plan.files[CONFIG_FILE])
+        except (KeyError, ValueError):
+            return [Finding("error", "command", "the command backend's plan has no command.json")]
+        out = []
+        prog = cfg["argv"][0] if cfg["argv"] and not cfg["shell"] else None
+        if prog and "/" not in prog and shutil.which(prog) is None:
+            out.append(Finding("error", "command", f"`{prog}` is not on PATH",
+                               "install it, or give its full path in backend.command.command"))
+        elif prog and "/" in prog and Path(prog).is_absolute() and not Path(prog).exists():
+            out.append(Finding("error", "command", f"{prog} does not exist", "fix backend.command.command"))
+        m = cfg["metrics"]
+        if not m["patterns"] and not m["file"]:
+            out.append(Finding("warn", "log_pattern", "rlctl will see no metrics of this command (no log_pattern, "
+                               "no metrics_file): status shows no steps, doctor has nothing to read",
+                               "set backend.command.log_pattern or metrics_file"))
+        ck = cfg["checkpoint"]
+        if not ck["pattern"]:
+            out.append(Finding("warn", "checkpoint_pattern", "rlctl cannot see this command's checkpoints: ckpt list, "
+                               "prune, resume and restarts need backend.command.checkpoint_pattern",
+                               'e.g. checkpoint_pattern = "step_{step}"'))
+        elif not ck["marker"]:
+            out.append(Finding("warn", "checkpoint_marker", "no checkpoint_marker: a half-written checkpoint counts as "
+                               "complete (resume and pruning may pick it)",
+                               "set backend.command.checkpoint_marker to a file the trainer writes last"))
+        elif not ck["resume_args"] and not cfg["resume_argv"]:
+            out.append(Finding("warn", "resume_args", "no resume_args: restarts and --resume start from scratch",
+                               'e.g. resume_args = ["--resume", "{path}"]'))
+        return out
+
+    # ---- metrics ---------------------------------------------------------------------------------------------------
+    def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
+        """A record the runner wrote (`{"rlctl_command": {...}}`), in rlctl's names already."""
+        from rlctl.metrics import clean_value
+        from rlctl.metrics.parsers import Malformed
+
+        if isinstance(line, dict):
+            inner = line.get(_runner.RECORD_KEY)
+        else:
+            s = line.strip()
+            if not s.startswith(self.metric_needles[0]):
+                return None
+            try:
+                inner = json.loads(s)[_runner.RECORD_KEY]
+            except (ValueError, KeyError, TypeError) as e:
+                raise Malformed(str(e)) from None
+        if not isinstance(inner, dict):
+            return None
+        rec = {k: clean_value(v) for k, v in inner.items() if k != "step"}
+        if "step" in inner:
+            rec["step"] = inner["step"] if isinstance(inner["step"], int) else None
+        return rec
+
+    # ---- checkpoints -----------------------------------------------------------------------------------------------
+    def checkpoints(self, root: Path) -> list[Checkpoint]:
+        """The checkpoint folders under root, as the runner described them in root/.rlctl-checkpoints.json."""
+        from rlctl.backends.layout import Checkpoint
+
+        try:
+            desc = json.loads((root / _runner.DESCRIPTOR).read_text())
+            pattern, marker = desc["pattern"], desc.get("marker")
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        try:
+            found = _runner.scan(str(root), pattern, marker)
+        except (ValueError, re.error):
+            return []
+        return [Checkpoint(step, Path(path), done) for step, path, done in found]

@@ -1,0 +1,313 @@
+"""The command backend's runner: starts the trainer's own command and turns what it logs into rlctl records.
+
+`python3 command_runner.py command.json` (rendered into the run directory, standard library only, so any Python 3
+where the trainer runs will do). It
+
+- resolves the resume request of the recipe (`latest` or a step) against the checkpoints on disk *now* and appends
+  the recipe's resume arguments for the newest complete one (so every restart picks up the latest checkpoint);
+- writes `.rlctl-checkpoints.json` into the checkpoint directory: the pattern and marker the adapter reads back when
+  `rlctl ckpt list`, `prune` or a restart look at that directory;
+- starts the command in the same process group with the same stdout (a file: the trainer never waits on rlctl), and
+  while it runs follows that output (log patterns) and the trainer's JSONL metrics file, appending one
+  `{"rlctl_command": {...}}` line per record to `$RLCTL_METRICS_FILE` (the run's backend_metrics.jsonl), which the
+  adapter's `parse` reads;
+- ignores SIGTERM/SIGINT itself (the group's signal reaches the trainer), reads what is left once the trainer ended,
+  and exits as the trainer did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+DESCRIPTOR = ".rlctl-checkpoints.json"
+RECORD_KEY = "rlctl_command"
+OUT_DEFAULT = "backend_metrics.jsonl"
+POLL = 0.25
+
+
+# ---- checkpoints ----------------------------------------------------------------------------------------------------
+def checkpoint_regex(pattern: str) -> re.Pattern[str]:
+    """`step_{step}` / `ckpt-*-{step}` (a glob over one folder name, `{step}` the step number) or `re:<regex>` (the
+    step is the group named `step`, else the first group)."""
+    if pattern.startswith("re:"):
+        rx = re.compile(pattern[3:])
+        if rx.groups < 1:
+            raise ValueError(f"checkpoint pattern {pattern!r} has no group for the step")
+        return rx
+    if "{step}" not in pattern:
+        raise ValueError(f"checkpoint pattern {pattern!r} has no {{step}}")
+    if "/" in pattern:
+        raise ValueError(f"checkpoint pattern {pattern!r} must name one folder inside checkpoint.dir (no '/')")
+    head, _, tail = pattern.partition("{step}")
+    return re.compile(f"^{_glob(head)}(?P<step>\\d+){_glob(tail)}$")
+
+
+def _glob(part: str) -> str:
+    return re.escape(part).replace(r"\*", ".*").replace(r"\?", ".")
+
+
+def step_of(rx: re.Pattern[str], name: str) -> int | None:
+    m = rx.match(name)
+    if not m:
+        return None
+    try:
+        return int(m.group("step") if "step" in rx.groupindex else m.group(1))
+    except (TypeError, ValueError):
+        return None
+
+
+def scan(root: str, pattern: str, marker: str | None) -> list[tuple[int, str, bool]]:
+    """(step, path, complete) of the checkpoint folders under root, oldest first. Symlinks are never checkpoints;
+    a folder is complete once its marker file exists (no marker configured: every folder counts as complete)."""
+    rx = checkpoint_regex(pattern)
+    out = []
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    for name in names:
+        path = os.path.join(root, name)
+        step = step_of(rx, name)
+        if step is None or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        done = os.path.isfile(os.path.join(path, marker.replace("{step}", str(step)))) if marker else True
+        out.append((step, path, done))
+    out.sort(key=lambda t: t[0])
+    return out
+
+
+def pick_resume(cfg: dict) -> tuple[int, str] | None:
+    """The checkpoint the recipe resumes from: (step, absolute path), or None for a fresh start."""
+    ck = cfg.get("checkpoint") or {}
+    want = ck.get("resume", "off")
+    if want in (None, "off") or not ck.get("pattern"):
+        return None
+    done = [(s, p) for s, p, ok in scan(ck["dir"], ck["pattern"], ck.get("marker")) if ok]
+    if want == "latest":
+        return (done[-1][0], os.path.abspath(done[-1][1])) if done else None
+    for s, p in done:
+        if s == int(want):
+            return s, os.path.abspath(p)
+    raise LookupError(f"no complete checkpoint of step {want} in {os.path.abspath(ck['dir'])}")
+
+
+def fill(template: list[str], values: dict[str, str]) -> list[str]:
+    return [a.format(**values) for a in template]
+
+
+def command_argv(cfg: dict, resume: tuple[int, str] | None) -> list[str]:
+    ck = cfg.get("checkpoint") or {}
+    if resume is None:
+        argv = list(cfg["argv"])
+    else:
+        values = {"step": str(resume[0]), "path": resume[1], "dir": os.path.abspath(ck["dir"])}
+        if cfg.get("resume_argv"):
+            argv = fill(cfg["resume_argv"], values)
+        else:
+            argv = list(cfg["argv"]) + fill(ck.get("resume_args") or [], values)
+    if cfg.get("shell"):
+        return ["/bin/sh", "-c", " ".join(argv) if len(argv) > 1 else argv[0]]
+    return argv
+
+
+def write_descriptor(cfg: dict) -> None:
+    ck = cfg.get("checkpoint") or {}
+    if not ck.get("pattern"):
+        return
+    try:
+        os.makedirs(ck["dir"], exist_ok=True)
+        path = os.path.join(ck["dir"], DESCRIPTOR)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump({"backend": "command", "pattern": ck["pattern"], "marker": ck.get("marker")}, fh)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        print(f"rlctl-command: could not write {DESCRIPTOR} into {ck['dir']}: {e}", flush=True)
+
+
+# ---- metrics --------------------------------------------------------------------------------------------------------
+def flat(obj: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in obj.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flat(v, key + "/"))
+        elif not isinstance(v, (list, tuple)):
+            out[key] = v
+    return out
+
+
+def to_record(raw: dict, mapping: dict[str, str], step_key: str, prefix: str = "command") -> dict | None:
+    """Trainer keys -> rlctl names (mapped, else `<prefix>/<key>`); the step under `step` (absent: counted)."""
+    rec: dict = {}
+    for k, v in raw.items():
+        if v is None or v == "":
+            continue
+        if k == step_key:
+            try:
+                rec["step"] = int(float(v))
+            except (TypeError, ValueError):
+                return None
+            continue
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                v = v.strip()
+        rec[mapping.get(k) or f"{prefix}/{k}"] = v
+    return rec if len(rec) > ("step" in rec) else None
+
+
+class Translator:
+    def __init__(self, metrics: dict):
+        self.patterns = [re.compile(p) for p in metrics.get("patterns") or []]
+        self.map = dict(metrics.get("map") or {})
+        self.step_key = metrics.get("step_key") or "step"
+
+    def line(self, line: str) -> dict | None:
+        for rx in self.patterns:
+            m = rx.search(line)
+            if m:
+                return to_record({k: v for k, v in m.groupdict().items() if v is not None}, self.map, self.step_key)
+        return None
+
+    def json_line(self, line: str) -> dict | None:
+        line = line.strip()
+        if not line.startswith("{"):
+            return None
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            return None
+        return to_record(flat(obj), self.map, self.step_key) if isinstance(obj, dict) else None
+
+
+class Follower:
+    """New complete lines of a file, from where it was when we started (an earlier attempt's lines are done)."""
+
+    def __init__(self, path: str, handle):
+        self.path, self.handle = path, handle
+        try:
+            self.offset = os.path.getsize(path)
+        except OSError:
+            self.offset = 0
+        self.carry = b""
+
+    def poll(self, final: bool = False) -> None:
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            return
+        if size < self.offset:  # truncated or rewritten
+            self.offset, self.carry = 0, b""
+        if size == self.offset and not (final and self.carry):
+            return
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        self.offset += len(data)
+        data = self.carry + data
+        lines = data.split(b"\n")
+        self.carry = lines.pop()
+        if final and self.carry:
+            lines.append(self.carry)
+            self.carry = b""
+        for raw in lines:
+            text = raw.decode("utf-8", errors="replace")
+            for seg in text.split("\r"):
+                self.handle(seg)
+
+
+def own_stdout_path() -> str | None:
+    """The file our stdout is (the run's stdout.log), to follow the trainer's output without a pipe."""
+    try:
+        import stat
+
+        if not stat.S_ISREG(os.fstat(1).st_mode):
+            return None
+    except OSError:
+        return None
+    if os.path.exists("/proc/self/fd/1"):
+        return os.path.realpath("/proc/self/fd/1")
+    run_dir = os.environ.get("RLCTL_RUN_DIR")
+    guess = os.path.join(run_dir, "stdout.log") if run_dir else "stdout.log"
+    return guess if os.path.isfile(guess) else None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: command_runner.py command.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as fh:
+        cfg = json.load(fh)
+    base = os.getcwd()
+    try:
+        resume = pick_resume(cfg)
+    except LookupError as e:
+        print(f"rlctl-command: {e}", flush=True)
+        return 2
+    write_descriptor(cfg)
+    cmd = command_argv(cfg, resume)
+    cwd = os.path.join(base, cfg.get("cwd") or ".")
+    if resume is not None:
+        print(f"rlctl-command: resuming from checkpoint step {resume[0]} ({resume[1]})", flush=True)
+    print("rlctl-command: " + " ".join(shlex.quote(a) for a in cmd), flush=True)
+
+    metrics = cfg.get("metrics") or {}
+    tr = Translator(metrics)
+    out_path = os.environ.get("RLCTL_METRICS_FILE") or os.path.join(base, OUT_DEFAULT)
+    pending: list[str] = []
+
+    def emit(rec: dict | None) -> None:
+        if rec is not None:
+            pending.append(json.dumps({RECORD_KEY: rec}, default=str))
+
+    followers = []
+    log = own_stdout_path() if tr.patterns else None
+    if log:
+        followers.append(Follower(log, lambda s: emit(tr.line(s))))
+    if metrics.get("file"):
+        mfile = os.path.join(cwd, metrics["file"])
+        followers.append(Follower(mfile, lambda s: emit(tr.json_line(s))))
+
+    def flush() -> None:
+        if pending:
+            try:
+                with open(out_path, "a", encoding="utf-8") as fh:
+                    fh.write("\n".join(pending) + "\n")
+                pending.clear()
+            except OSError:  # a full disk: keep them and retry
+                pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: None)
+    try:
+        child = subprocess.Popen(cmd, cwd=cwd)
+    except OSError as e:
+        print(f"rlctl-command: could not start {cmd[0]!r}: {e.strerror or e}", flush=True)
+        return 127
+    while True:
+        code = child.poll()
+        for f in followers:
+            f.poll(final=code is not None)
+        flush()
+        if code is not None:
+            break
+        time.sleep(POLL)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,322 @@
+"""The command backend: a trainer rlctl does not know, run from the recipe's own command.
+
+The end-to-end tests launch a real torchrun trainer (tests/fixtures/command/tiny_trainer.py: torch.distributed with
+gloo on the CPU, 2 processes) through the CLI, then status, logs, doctor, ckpt list/prune, --resume and a restart
+after a crash work on it through the adapter alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlctl.backends import get_backend
+from rlctl.backends.command import runner
+from rlctl.errors import RlctlError
+from rlctl.recipe.loader import load
+from tests.conftest import ROOT
+
+TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "command" / "tiny_trainer.py"
+LOG_PATTERN = r"step (?P<step>\d+) \| loss (?P<loss>\S+) \| reward (?P<reward>\S+) \| lr (?P<lr>\S+)"
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+
+
+def recipe_text(*, metrics: str = "log", extra_args: tuple[str, ...] = (), steps: int = 6, every: int = 2) -> str:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(TRAINER),
+           "--steps", "{steps}", "--save-every", "{checkpoint_every}", "--out", "{checkpoint_dir}", "--lr", "{lr}",
+           *extra_args]
+    if metrics == "log":
+        source = f"log_pattern = '{LOG_PATTERN}'\n"
+        mapping = 'metrics_map = {loss = "policy_loss", reward = "reward/mean", lr = "lr"}\n'
+    else:
+        cmd += ["--metrics", "{metrics_file}"]
+        source = 'metrics_file = "train_log.jsonl"\n'
+        mapping = 'metrics_map = {loss = "policy_loss", reward = "reward/mean", "optim/lr" = "lr"}\n'
+    return f"""
+name = "tiny-torchrun"
+[backend]
+name = "command"
+[backend.command]
+command = {json.dumps(cmd)}
+{source}{mapping}checkpoint_pattern = "step_{{step}}"
+checkpoint_marker = "training_info.json"
+resume_args = ["--resume", "{{path}}"]
+
+[model]
+path = "random:qwen2?hidden=64&layers=2"
+dtype = "float32"
+max_model_len = 128
+[data]
+train = "prompts.jsonl"
+max_prompt_tokens = 32
+[rollout]
+group_size = 4
+prompts_per_step = 2
+max_tokens = 16
+[train]
+steps = {steps}
+train_batch_size = 8
+micro_batch_size = 4
+[optim]
+lr = 0.05
+[resources]
+gpus_per_node = 0
+gpu = "cpu"
+[checkpoint]
+dir = "training_state"
+every = {every}
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    (tmp_path / "prompts.jsonl").write_text('{"input": "a"}\n{"input": "b"}\n')
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(runs))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    yield {"dir": tmp_path, "runs": runs, "env": env}
+    _kill_runs(runs)
+
+
+def _kill_runs(runs: Path) -> None:
+    """Whatever a failed test left running goes (each run's process group and supervisor)."""
+    if not runs.is_dir():
+        return
+    for run in runs.iterdir():
+        try:
+            state = json.loads((run / "state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        pids = [state.get("pgid"), state.get("supervisor_pid"), (state.get("handle") or {}).get("ref", {}).get("pgid")]
+        for pid in filter(None, pids):
+            for kill in (os.killpg, os.kill):
+                with contextlib.suppress(OSError):
+                    kill(pid, signal.SIGKILL)
+
+
+def rlctl(w, *args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "rlctl.cli", *args], cwd=w["dir"], env=w["env"],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def write_recipe(w, name="r.toml", **kw) -> Path:
+    p = w["dir"] / name
+    p.write_text(recipe_text(**kw))
+    return p
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def ckpt_list(w, run: str) -> list[dict]:
+    data = json.loads(rlctl(w, "ckpt", "list", run, "--json").stdout)
+    return data["checkpoints"] if isinstance(data, dict) else data
+
+
+def run_named(w, prefix: str) -> Path:
+    found = [d for d in w["runs"].iterdir() if d.name.startswith(prefix + "-")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+# ---- render, options, parse, checkpoints (no process) -------------------------------------------------------------
+def test_render_fills_the_command_from_the_recipe(workdir):
+    recipe = write_recipe(workdir)
+    rec = load(recipe, ["train.steps=9", "checkpoint.every=3"]).recipe
+    plan = get_backend("command").render(rec)
+    assert plan.argv == ["python3", "command_runner.py", "command.json"] and plan.total_steps == 9
+    cfg = json.loads(plan.files["command.json"])
+    argv = cfg["argv"]
+    assert argv[argv.index("--steps") + 1] == "9" and argv[argv.index("--save-every") + 1] == "3"
+    assert argv[argv.index("--out") + 1] == "training_state" and argv[argv.index("--lr") + 1] == "0.05"
+    assert cfg["checkpoint"] == {"dir": "training_state", "pattern": "step_{step}", "marker": "training_info.json",
+                                 "resume_args": ["--resume", "{path}"], "resume": "off"}
+    assert cfg["metrics"]["map"]["loss"] == "policy_loss"
+    assert plan.files["command_runner.py"] == Path(runner.__file__).read_text()  # the run directory is self-contained
+    assert get_backend("command").validate(plan, None) == []
+    # the CLI shows the same, with the command spelled out
+    r = rlctl(workdir, "render", str(recipe))
+    assert r.returncode == 0, r.stderr
+    assert "command_runner.py command.json" in r.stdout and "tiny_trainer.py --steps 6" in r.stdout
+
+
+def test_render_applies_the_resume_template(workdir, tmp_path):
+    root = tmp_path / "ckpts"
+    for step, marker in ((2, True), (4, True), (6, False)):
+        (root / f"step_{step}").mkdir(parents=True)
+        if marker:
+            (root / f"step_{step}" / "training_info.json").write_text("{}")
+    recipe = write_recipe(workdir)
+    backend = get_backend("command")
+    rec = load(recipe, [f'checkpoint.dir="{root}"', "checkpoint.resume=latest"]).recipe
+    plan = backend.render(rec)
+    # the newest *complete* checkpoint: step_6 has no marker yet
+    assert any(n.endswith(f"--resume {root / 'step_4'}") for n in plan.notes), plan.notes
+    assert "resumes from checkpoint step 4" in " ".join(plan.notes)
+    cfg = json.loads(plan.files["command.json"])
+    assert runner.command_argv(cfg, runner.pick_resume(cfg))[-2:] == ["--resume", str(root / "step_4")]
+    rec = load(recipe, [f'checkpoint.dir="{root}"', "checkpoint.resume=2"]).recipe
+    assert "step 2" in " ".join(backend.render(rec).notes)
+    rec = load(recipe, [f'checkpoint.dir="{root}"', "checkpoint.resume=6"]).recipe
+    with pytest.raises(RlctlError, match="no complete checkpoint of step 6"):
+        backend.render(rec)
+    # a whole other command to resume with
+    cfg["resume_argv"] = ["resume.py", "--from-step", "{step}", "--dir", "{dir}"]
+    assert runner.command_argv(cfg, (4, str(root / "step_4"))) == ["resume.py", "--from-step", "4", "--dir",
+                                                                    str(root)]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("log_pattern", "'step (?P<step>\\d+'", "is not a regex"),
+    ("log_pattern", "'step (\\d+)'", "no named group"),
+    ("metrics_map", '{loss = "policy-loss"}', "Did you mean policy_loss"),
+    ("checkpoint_pattern", '"ckpt/step_{step}"', "one folder"),
+    ("resume_args", '["--resume", "{where}"]', "unknown placeholder {where}"),
+    ("comand", '["x"]', "unknown key `backend.command.comand`"),
+])
+def test_bad_options_are_reported_with_the_file(workdir, key, value, message):
+    text = "\n".join(line for line in recipe_text().splitlines() if not line.startswith(f"{key} ="))
+    text = text.replace("[backend.command]\n", f"[backend.command]\n{key} = {value}\n", 1)
+    (workdir["dir"] / "bad.toml").write_text(text)
+    r = rlctl(workdir, "render", "bad.toml")
+    assert r.returncode == 2 and "bad.toml" in r.stderr and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_unknown_placeholder_and_missing_value(workdir):
+    text = recipe_text().replace('"{lr}"', '"{learning_rate}"')
+    (workdir["dir"] / "p.toml").write_text(text)
+    r = rlctl(workdir, "render", "p.toml")
+    assert r.returncode == 2 and "unknown placeholder {learning_rate}" in r.stderr and "{lr}" in r.stderr
+    text = recipe_text().replace("every = 2\n", "")
+    (workdir["dir"] / "q.toml").write_text(text)
+    r = rlctl(workdir, "render", "q.toml")
+    assert r.returncode == 2 and "{checkpoint_every} is used" in r.stderr
+
+
+def test_validate_says_what_rlctl_cannot_see(workdir):
+    text = recipe_text()
+    for key in ("log_pattern", "metrics_map", "checkpoint_pattern", "checkpoint_marker", "resume_args"):
+        text = "\n".join(line for line in text.splitlines() if not line.startswith(key))
+    text = text.replace(json.dumps(sys.executable), '"no-such-trainer-xyz"')
+    (workdir["dir"] / "blind.toml").write_text(text)
+    r = rlctl(workdir, "preflight", "blind.toml", "--json")
+    findings = {(x["verdict"], x["figure"].split(":")[0]) for x in json.loads(r.stdout)["results"]
+                if x["check"] == "env.flags"}
+    assert ("fail", "`no-such-trainer-xyz` is not on PATH") in findings
+    assert any(v == "warn" and "no metrics" in f for v, f in findings)
+    assert any(v == "warn" and "cannot see this command's checkpoints" in f for v, f in findings)
+    assert r.returncode == 1
+
+
+def test_parse_reads_the_runners_records_only():
+    b = get_backend("command")
+    assert b.parse('{"rlctl_command": {"step": 3, "policy_loss": 0.5, "command/x": "nan"}}') == \
+        {"step": 3, "policy_loss": 0.5, "command/x": None}
+    assert b.parse('{"rlctl_command": {"reward/mean": 1}}') == {"reward/mean": 1}  # no step: counted
+    assert b.parse('{"step": 3, "loss": 0.5}') is None  # the trainer's own JSON on stdout is not ours
+    assert b.parse("step 3 | loss 0.5") is None
+    tr = runner.Translator({"patterns": [LOG_PATTERN], "map": {"loss": "policy_loss"}, "step_key": "step"})
+    assert tr.line("step 7 | loss 0.25 | reward 0.5 | lr 0.01 | grad_norm 1") == \
+        {"step": 7, "policy_loss": 0.25, "command/reward": 0.5, "command/lr": 0.01}
+    assert tr.line("warming up") is None
+    assert tr.json_line('{"step": 2, "loss": 1.5, "optim": {"lr": 0.1}, "tags": [1]}') == \
+        {"step": 2, "policy_loss": 1.5, "command/optim/lr": 0.1}
+
+
+def test_checkpoints_follow_the_descriptor(tmp_path):
+    root = tmp_path / "ck"
+    runner.write_descriptor({"checkpoint": {"dir": str(root), "pattern": "re:^ckpt-(\\d+)$", "marker": "done"}})
+    for step in (10, 20, 30):
+        (root / f"ckpt-{step}").mkdir()
+    (root / "ckpt-10" / "done").write_text("")
+    (root / "ckpt-20" / "done").write_text("")
+    (root / "ckpt-99").symlink_to(root / "ckpt-20")  # a link is never a checkpoint
+    (root / "other-5").mkdir()
+    found = get_backend("command").checkpoints(root)
+    assert [(c.step, c.path.name, c.complete) for c in found] == [(10, "ckpt-10", True), (20, "ckpt-20", True),
+                                                                  (30, "ckpt-30", False)]
+    assert get_backend("command").checkpoints(tmp_path) == []  # no descriptor: nothing claimed
+
+
+# ---- a real torchrun trainer through the CLI ----------------------------------------------------------------------
+@needs_torch
+@pytest.mark.slow
+def test_launch_status_ckpt_prune_resume(workdir):
+    recipe = write_recipe(workdir)
+    r = rlctl(workdir, "launch", str(recipe), "--name", "first")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    first = run_named(workdir, "first")
+    assert [m["step"] for m in metrics(first)] == [1, 2, 3, 4, 5, 6]
+    assert all("policy_loss" in m and "reward/mean" in m and m["lr"] == 0.05 for m in metrics(first))
+    for f in ("command.json", "command_runner.py", "launch.sh", "stdout.log", "state.json"):
+        assert (first / f).is_file(), f
+
+    st = json.loads(rlctl(workdir, "status", first.name, "--json").stdout)
+    assert st["status"] == "finished" and st["step"] == 6 and st["total_steps"] == 6
+    assert st["metrics"]["reward/mean"]["latest"] is not None
+    rows = json.loads(rlctl(workdir, "status", "--json").stdout)
+    assert rows[0]["backend"] == "command" and rows[0]["step"] == 6
+    logs = rlctl(workdir, "logs", first.name, "--metrics")
+    assert [json.loads(line)["step"] for line in logs.stdout.splitlines()] == [1, 2, 3, 4, 5, 6]
+    assert rlctl(workdir, "doctor", first.name).returncode in (0, 1)
+
+    # a checkpoint being written (no marker yet) shows as incomplete and is never resumed from nor pruned
+    (first / "training_state" / "step_8").mkdir()
+    (first / "training_state" / "step_8" / "model.pt").write_text("half")
+    listed = ckpt_list(workdir, first.name)
+    assert [(c["step"], c["complete"]) for c in listed] == [(2, True), (4, True), (6, True), (8, False)]
+    dry = rlctl(workdir, "ckpt", "prune", first.name, "--keep-last", "1", "--dry-run")
+    assert dry.returncode == 0 and (first / "training_state" / "step_2").is_dir()
+    pr = rlctl(workdir, "ckpt", "prune", first.name, "--keep-last", "1")
+    assert pr.returncode == 0, pr.stderr
+    left = sorted(p.name for p in (first / "training_state").iterdir() if p.is_dir())
+    assert left == ["step_6", "step_8"]
+
+    r = rlctl(workdir, "launch", str(recipe), "--name", "second", "--resume", first.name, "--set", "train.steps=8")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    second = run_named(workdir, "second")
+    assert [m["step"] for m in metrics(second)] == [7, 8]  # continued after the last complete checkpoint
+    log = (second / "stdout.log").read_text()
+    assert "resuming from checkpoint step 6" in log and "resumed from" in log and "at step 7" in log
+    assert (first / "training_state" / "step_6").is_dir()  # the parent is only read
+    done = ckpt_list(workdir, second.name)
+    assert [(c["step"], c["complete"]) for c in done if c["complete"]][-1] == (8, True)
+
+
+@needs_torch
+@pytest.mark.slow
+def test_restart_after_a_crash_resumes_from_the_checkpoint(workdir):
+    """JSONL metrics file as the source; the trainer dies at step 5 and the supervisor restarts it from step 4."""
+    recipe = write_recipe(workdir, metrics="jsonl", extra_args=("--fail-at", "5"))
+    r = rlctl(workdir, "launch", str(recipe), "--name", "crashy", "--restart", "on-failure")
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    run = run_named(workdir, "crashy")
+    recs = metrics(run)
+    assert [m["step"] for m in recs] == [1, 2, 3, 4, 5, 6]  # each step once: the repeat after the restart dropped
+    assert all(m["lr"] == 0.05 and "policy_loss" in m for m in recs)
+    log = (run / "stdout.log").read_text()
+    assert "simulated crash at step 5" in log and "resuming from checkpoint step 4" in log
+    state = json.loads((run / "state.json").read_text())
+    assert state["status"] == "finished" and len(state["attempts"]) == 2
+
+
+def test_example_recipe_renders(workdir):
+    example = ROOT / "recipes" / "command-torchrun-dr-grpo.toml"
+    if not example.is_file():
+        pytest.skip("no example recipe")
+    shutil.copy(example, workdir["dir"] / "ex.toml")
+    r = rlctl(workdir, "render", "ex.toml")
+    assert r.returncode == 0, r.stderr
+    assert "rl_runner.py" in r.stdout
