@@ -1,113 +1,78 @@
 """OpenRLHF: `openrlhf.cli.train_ppo_ray`, submitted as a Ray job.
 
-Two flag dialects exist: flat flags up to 0.10.1 (`--n_samples_per_prompt`, the seeds' 0.9.3) and dotted flags
-from 0.10.2 on (`--rollout.n_samples_per_prompt`, `--actor.adam.lr`). The mapping below names both; which one is
-rendered follows the recipe's pinned version (else the installed one, else the newest known).
+Every release from 0.9.3 to 0.11.2 renders its own dialect, read from its snapshot (releases.py): flat flags up to
+0.10.1.post2 (`--n_samples_per_prompt`; lengths `--prompt_max_len/--generate_max_len` up to 0.9.7, `--max_len/
+--max_new_tokens` from 0.9.8), dotted flags from 0.10.2 (`--rollout.n_samples_per_prompt`, `--actor.adam.lr`).
+An unknown release is an error, never a neighbour's dialect. docs/backends/openrlhf.md lists every concept per
+release and what cannot be mapped; `unhonoured()` says it for a given recipe.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlctl.backends._static import argparse_flags, installed_version, package_file
-from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_snapshot, nearest_snapshot, version_key
+from rlctl.backends._static import argparse_flags, package_file
+from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys
+from rlctl.backends.openrlhf.releases import KNOWN_VERSIONS, Release, release
+from rlctl.backends.openrlhf.steps import DEFAULT_WARMUP_RATIO, Steps, plan_steps, warmup_ratio_for
 from rlctl.estimate.schedules import hf_schedule
 
 if TYPE_CHECKING:
     from rlctl.backends.layout import Checkpoint
     from rlctl.recipe.schema import Recipe
 
-DOTTED_SINCE = "0.10.2"
 CLI_MODULE = "openrlhf.cli.train_ppo_ray"
 CLI_FILE = "cli/train_ppo_ray.py"
 DEFAULT_RAY_ADDRESS = "http://127.0.0.1:8265"
+REWARD_FUNC = "reward_func"  # utils/agent.py loads `reward_module.reward_func` from a --remote_rm_url ending in .py
+# --use_wandb / --logger.wandb.key: truthy turns W&B on; it is the key only when the job has none (wandb.api.api_key
+# empty). The flag's value is printed in the job log and sent as W&B config, so it is never the key: the key reaches
+# the job as WANDB_API_KEY in the Ray runtime env, and this placeholder names where it must come from.
+WANDB_FLAG_VALUE = "env:WANDB_API_KEY"
 
 ADVANTAGE = {"grpo": "group_norm", "dr_grpo": "dr_grpo", "reinforce_baseline": "reinforce_baseline", "ppo": "gae"}
+GROUP_ESTIMATORS = {"group_norm", "reinforce_baseline", "dr_grpo", "rloo"}
 PARAM_DTYPE = {"bfloat16": "bf16", "float16": "fp16"}
-
-# concept -> (flat flag, dotted flag)
-FLAGS: dict[str, tuple[str, str]] = {
-    "ref_num_nodes": ("--ref_num_nodes", "--ref.num_nodes"),
-    "ref_num_gpus_per_node": ("--ref_num_gpus_per_node", "--ref.num_gpus_per_node"),
-    "actor_num_nodes": ("--actor_num_nodes", "--actor.num_nodes"),
-    "actor_num_gpus_per_node": ("--actor_num_gpus_per_node", "--actor.num_gpus_per_node"),
-    "colocate_actor_ref": ("--colocate_actor_ref", "--train.colocate_actor_ref"),
-    "colocate_all": ("--colocate_all_models", "--train.colocate_all"),
-    "vllm_num_engines": ("--vllm_num_engines", "--vllm.num_engines"),
-    "vllm_tp": ("--vllm_tensor_parallel_size", "--vllm.tensor_parallel_size"),
-    "vllm_mem": ("--vllm_gpu_memory_utilization", "--vllm.gpu_memory_utilization"),
-    "enforce_eager": ("--enforce_eager", "--vllm.enforce_eager"),
-    "pretrain": ("--pretrain", "--actor.model_name_or_path"),
-    "remote_rm_url": ("--remote_rm_url", "--reward.remote_url"),
-    "save_path": ("--save_path", "--ckpt.output_dir"),
-    "ckpt_path": ("--ckpt_path", "--ckpt.path"),
-    "save_hf_ckpt": ("--save_hf_ckpt", "--ckpt.save_hf"),
-    "max_ckpt_num": ("--max_ckpt_num", "--ckpt.max_num"),
-    "disable_ds_ckpt": ("--disable_ds_ckpt", "--ckpt.disable_ds"),
-    "save_steps": ("--save_steps", "--ckpt.save_steps"),
-    "load_checkpoint": ("--load_checkpoint", "--ckpt.load_enable"),
-    "micro_train_batch_size": ("--micro_train_batch_size", "--train.micro_batch_size"),
-    "train_batch_size": ("--train_batch_size", "--train.batch_size"),
-    "micro_rollout_batch_size": ("--micro_rollout_batch_size", "--rollout.micro_batch_size"),
-    "rollout_batch_size": ("--rollout_batch_size", "--rollout.batch_size"),
-    "n_samples_per_prompt": ("--n_samples_per_prompt", "--rollout.n_samples_per_prompt"),
-    "num_episodes": ("--num_episodes", "--train.num_episodes"),
-    "max_epochs": ("--max_epochs", "--train.max_epochs"),
-    "prompt_max_len": ("--prompt_max_len", ""),
-    "generate_max_len": ("--generate_max_len", "--rollout.max_new_tokens"),
-    "max_len": ("", "--data.max_len"),
-    "zero_stage": ("--zero_stage", "--ds.zero_stage"),
-    "gradient_checkpointing": ("--gradient_checkpointing", "--actor.gradient_checkpointing_enable"),
-    "param_dtype": ("--param_dtype", "--ds.param_dtype"),
-    "adam_offload": ("--adam_offload", "--ds.adam_offload"),
-    "actor_learning_rate": ("--actor_learning_rate", "--actor.adam.lr"),
-    "lr_warmup_ratio": ("--lr_warmup_ratio", "--actor.lr_warmup_ratio"),
-    "lr_scheduler": ("--lr_scheduler", "--actor.lr_scheduler"),
-    "min_lr_ratio": ("", "--actor.min_lr_ratio"),
-    "max_norm": ("--max_norm", "--actor.max_norm"),
-    "l2": ("--l2", "--actor.adam.weight_decay"),
-    "init_kl_coef": ("--init_kl_coef", "--algo.kl.init_coef"),
-    "kl_estimator": ("--kl_estimator", "--algo.kl.estimator"),
-    "use_kl_loss": ("--use_kl_loss", "--algo.kl.use_loss"),
-    "eps_clip": ("--eps_clip", "--actor.eps_clip"),
-    "entropy_loss_coef": ("--entropy_loss_coef", "--actor.entropy_coef"),
-    "advantage_estimator": ("--advantage_estimator", "--algo.advantage.estimator"),
-    "lora_rank": ("--lora_rank", "--ds.lora.rank"),
-    "lora_alpha": ("--lora_alpha", "--ds.lora.alpha"),
-    "target_modules": ("--target_modules", "--ds.lora.target_modules"),
-    "lora_dropout": ("--lora_dropout", "--ds.lora.dropout"),
-    "prompt_data": ("--prompt_data", "--data.prompt_dataset"),
-    "input_key": ("--input_key", "--data.input_key"),
-    "label_key": ("--label_key", "--data.label_key"),
-    "apply_chat_template": ("--apply_chat_template", "--data.apply_chat_template"),
-    "eval_dataset": ("--eval_dataset", "--eval.dataset"),
-    "eval_steps": ("--eval_steps", "--eval.steps"),
-    "eval_temperature": ("--eval_temperature", "--eval.temperature"),
-    "eval_n_samples_per_prompt": ("--eval_n_samples_per_prompt", "--eval.n_samples_per_prompt"),
-    "temperature": ("--temperature", "--rollout.temperature"),
-    "top_p": ("--top_p", "--rollout.top_p"),
-    "seed": ("--seed", "--train.seed"),
-    "use_wandb": ("--use_wandb", ""),
-    "wandb_project": ("--wandb_project", "--logger.wandb.project"),
-    "wandb_org": ("--wandb_org", "--logger.wandb.org"),
-    "wandb_run_name": ("--wandb_run_name", "--logger.wandb.run_name"),
-    "use_tensorboard": ("--use_tensorboard", "--logger.tensorboard_dir"),
-}
-
-
-def dialect(version: str | None) -> str:
-    if version is None:
-        return "dotted"
-    return "dotted" if version_key(version) >= version_key(DOTTED_SINCE) else "flat"
+RUNTIME_ENV_VAR = "RLCTL_RUNTIME_ENV_JSON"
 
 
 def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return repr(v) if abs(v) >= 1e-3 or v == 0 else f"{v:g}"
-    return str(v)
+    return repr(v) if isinstance(v, float) else str(v)  # repr: the shortest text that parses back to the same float
+
+
+@dataclass
+class RayJobPlan(LaunchPlan):
+    """A `ray job submit` plan. Its launch.sh builds `--runtime-env-json` when it runs, from the shell's environment
+    (a submitted job does not inherit that shell's environment): secrets reach the job without being written."""
+
+    runtime_env: dict[str, Any] = field(default_factory=dict)  # everything but env_vars (working_dir, pip)
+    job_env: list[str] = field(default_factory=list)  # variables the job gets, values read at launch time
+
+    def script(self) -> str:
+        argv = []
+        for a in self.argv:
+            if a.startswith("--runtime-env-json"):
+                argv += ["--runtime-env-json", f"${{{RUNTIME_ENV_VAR}}}"]
+            else:
+                argv.append(a)
+        plain = LaunchPlan(self.backend, self.version, argv, self.env, self.files, self.cwd, self.total_steps,
+                           self.keys, self.notes)
+        lines = LaunchPlan.script(plain).splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith("ray job submit"))
+        code = ('import json, os, sys; env = json.loads(sys.argv[1]); '
+                'env["env_vars"] = {k: os.environ[k] for k in sys.argv[2:] if k in os.environ}; print(json.dumps(env))')
+        build = [
+            "# the job's environment, read from this shell now (a Ray job does not inherit it; nothing is written):",
+            f'{RUNTIME_ENV_VAR}="$(python3 -c {shlex.quote(code)} \\',
+            f"  {shlex.quote(json.dumps(self.runtime_env, sort_keys=True))} {' '.join(self.job_env)})\"",
+        ]
+        return "\n".join(lines[:at] + build + lines[at:]) + "\n"
 
 
 class OpenRLHFBackend(Backend):
@@ -115,52 +80,86 @@ class OpenRLHFBackend(Backend):
     sharding = "deepspeed"  # memory engine: ZeRO stage from train.zero_stage
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
-    known_versions = ("0.9.3", "0.11.2")
-    metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
+    known_versions = KNOWN_VERSIONS
+    metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "Eval at step")  # metrics.py
 
-    # ---- version -------------------------------------------------------------------------------------------
-    def target_version(self, recipe: Recipe) -> str:
-        return recipe.backend.version or installed_version("openrlhf") or self.known_versions[-1]
+    def release(self, recipe: Recipe) -> Release:
+        version = self.target_version(recipe)
+        assert version is not None
+        return release(version)
 
     # ---- steps and schedule ----------------------------------------------------------------------------------
+    def steps(self, recipe: Recipe, dataset_size: int | None) -> Steps:
+        return plan_steps(recipe, dataset_size)
+
     def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
-        """trainer/ppo_trainer.py prepare_datasets(): len(prompts) * n // train_batch_size * episodes * max_epochs."""
-        if recipe.train.steps is not None and dataset_size is None:
-            return recipe.train.steps
-        if dataset_size is None:
+        """Optimizer steps that really run (steps.py): rollouts x optimizer steps per rollout."""
+        return plan_steps(recipe, dataset_size).total
+
+    def steps_formula(self, recipe: Recipe, dataset_size: int) -> str:
+        r, s = recipe, plan_steps(recipe, dataset_size)
+        text = (f"{s.rollouts} rollouts ({s.prompts} prompts // {r.rollout.prompts_per_step} per rollout x "
+                f"{s.episodes} episodes) x {s.per_rollout:g} optimizer steps each "
+                f"({r.rollout.prompts_per_step} x {r.rollout.group_size} samples x {r.train.epochs_per_rollout} "
+                f"epochs / {r.train.train_batch_size} per step)")
+        if s.horizon != s.total:
+            text += f"; the LR schedule is laid over {s.horizon} (OpenRLHF's max_steps)"
+        return text
+
+    def optimizer_steps_per_logged_step(self, recipe: Recipe) -> int:
+        """OpenRLHF logs `global_step`, one per rollout: that many optimizer steps each (rounded when fractional)."""
+        return max(1, round(plan_steps(recipe, None).per_rollout))
+
+    def _dataset_size(self, recipe: Recipe) -> int | None:
+        from rlctl.recipe.data import count_records, is_local
+
+        try:
+            return count_records(recipe.data.train) if is_local(recipe.data.train) else None
+        except Exception:  # noqa: BLE001 - an unreadable dataset is reported by its own check
             return None
-        steps = (
-            dataset_size * recipe.rollout.group_size // recipe.train.train_batch_size
-            * (recipe.train.episodes or 1) * recipe.train.epochs_per_rollout
-        )
-        return steps
+
+    def _warmup(self, recipe: Recipe, s: Steps) -> tuple[float, int | None]:
+        """(the --lr_warmup_ratio to render, warmup steps it gives over the scheduler's horizon)."""
+        o = recipe.optim
+        if o.warmup_steps is not None:
+            if not s.horizon:
+                return DEFAULT_WARMUP_RATIO, None
+            w = min(o.warmup_steps, s.horizon)
+            return warmup_ratio_for(w, s.horizon), w
+        ratio = o.warmup_ratio if o.warmup_ratio is not None else DEFAULT_WARMUP_RATIO
+        return ratio, (math.ceil(s.horizon * float(_fmt(ratio))) if s.horizon is not None else None)
 
     def warmup_steps(self, recipe: Recipe, total: int) -> int:
-        # ppo_actor.py: math.ceil(max_steps * args.lr_warmup_ratio); there is no warmup-steps flag
-        return math.ceil(total * self._warmup_ratio(recipe, total))
+        s = plan_steps(recipe, self._dataset_size(recipe))
+        if s.horizon is None:  # no dataset: `total` is all there is
+            s = Steps(s.episodes, None, None, total, total, None, s.per_rollout)
+        return self._warmup(recipe, s)[1] or 0
 
-    def _warmup_ratio(self, recipe: Recipe, total: int | None) -> float:
-        if recipe.optim.warmup_ratio is not None:
-            return recipe.optim.warmup_ratio
-        if recipe.optim.warmup_steps is not None and total:
-            return recipe.optim.warmup_steps / total
-        return 0.03  # OpenRLHF's default
+    def _scheduler(self, recipe: Recipe, rel: Release) -> tuple[str, float | None]:
+        """(the --lr_scheduler to render, the min_lr_ratio to render on dotted releases)."""
+        o = recipe.optim
+        if o.schedule == "constant":
+            return "constant_with_warmup", (o.min_lr_ratio if rel.dotted else None)
+        if o.schedule == "cosine" and rel.floor_kwargs == "always_min_lr_rate":
+            return "cosine_with_min_lr", 0.0  # the same curve: cosine_with_min_lr with a floor of 0 is cosine
+        return o.schedule, (o.min_lr_ratio if rel.dotted else None)
 
     def schedule(self, recipe: Recipe, dataset_size: int | None) -> list[float]:
-        total = self.total_steps(recipe, dataset_size)
-        if not total:
+        """The LR at each optimizer step that really runs, over the scheduler's horizon (max_steps)."""
+        s = plan_steps(recipe, dataset_size)
+        if not s.horizon or not s.total:
             return []
-        name = "cosine_with_min_lr" if recipe.optim.schedule == "cosine_with_min_lr" else recipe.optim.schedule
-        if name == "constant" and self.warmup_steps(recipe, total) > 0:
-            name = "constant_with_warmup"
-        # 0.9.x passes min_lr = lr * 0.1 (fixed); >= 0.10.2 passes min_lr_rate = --actor.min_lr_ratio
-        ratio = recipe.optim.min_lr_ratio if dialect(self.target_version(recipe)) == "dotted" else 0.1
-        return hf_schedule(name, recipe.optim.lr, self.warmup_steps(recipe, total), total, ratio)
+        rel = self.release(recipe)
+        name, ratio = self._scheduler(recipe, rel)
+        floor = 0.1 if rel.floor_kwargs == "always_min_lr" else (ratio or 0.0)
+        warmup = self._warmup(recipe, s)[1] or 0
+        return hf_schedule(name, recipe.optim.lr, warmup, s.horizon, floor)[: s.total]
 
     # ---- render ----------------------------------------------------------------------------------------------
     def concepts(self, recipe: Recipe, dataset_size: int | None) -> list[tuple[str, Any]]:
         r = recipe
-        style = dialect(self.target_version(r))
+        rel = self.release(r)
+        s = plan_steps(r, dataset_size)
         res = r.resources
         trainer_per_node = (
             len(res.trainer_gpus) if res.trainer_gpus is not None
@@ -171,8 +170,10 @@ class OpenRLHFBackend(Backend):
             ("ref_num_gpus_per_node", trainer_per_node),
             ("actor_num_nodes", res.nodes),
             ("actor_num_gpus_per_node", trainer_per_node),
-            ("colocate_actor_ref", True),
         ]
+        if r.algorithm.name == "ppo":
+            c += [("critic_num_nodes", res.nodes), ("critic_num_gpus_per_node", trainer_per_node)]
+        c.append(("colocate_actor_ref", True))
         if res.colocate:
             c.append(("colocate_all", True))
         c += [
@@ -193,6 +194,8 @@ class OpenRLHFBackend(Backend):
         ]
         if ck.keep_last:
             c.append(("max_ckpt_num", ck.keep_last))
+            if rel.best_checkpoints and r.data.eval:
+                c.append(("best_metric_key", "none"))  # best_global_stepN_hf exports would pile up past keep_last
         if not ck.save_optimizer:
             c.append(("disable_ds_ckpt", True))
         if ck.every:
@@ -205,14 +208,16 @@ class OpenRLHFBackend(Backend):
             ("micro_rollout_batch_size", r.rollout.micro_batch_size or r.train.micro_batch_size),
             ("rollout_batch_size", r.rollout.prompts_per_step),
             ("n_samples_per_prompt", r.rollout.group_size),
-            ("num_episodes", self._episodes(r, dataset_size)),
+            ("num_episodes", s.episodes),
             ("max_epochs", r.train.epochs_per_rollout),
         ]
-        if style == "flat":
+        if s.max_samples is not None:
+            c.append(("max_samples", s.max_samples))
+        if rel.flag("prompt_max_len"):  # 0.9.3-0.9.7: vLLM's context is prompt_max_len + generate_max_len
             c += [("prompt_max_len", r.data.max_prompt_tokens), ("generate_max_len", r.rollout.max_tokens)]
-        else:
+        else:  # 0.9.8 on: the context is --max_len, prompts are cut to max_len - max_new_tokens
             c += [("max_len", r.data.max_prompt_tokens + r.rollout.max_tokens),
-                  ("generate_max_len", r.rollout.max_tokens)]
+                  ("max_new_tokens", r.rollout.max_tokens)]
         c.append(("zero_stage", r.train.zero_stage))
         if r.train.gradient_checkpointing:
             c.append(("gradient_checkpointing", True))
@@ -220,13 +225,14 @@ class OpenRLHFBackend(Backend):
             c.append(("param_dtype", PARAM_DTYPE[r.model.dtype]))
         if r.train.offload:
             c.append(("adam_offload", True))
+        scheduler, min_ratio = self._scheduler(r, rel)
         c += [
             ("actor_learning_rate", r.optim.lr),
-            ("lr_warmup_ratio", round(self._warmup_ratio(r, self.total_steps(r, dataset_size)), 6)),
-            ("lr_scheduler", r.optim.schedule if r.optim.schedule != "constant" else "constant_with_warmup"),
+            ("lr_warmup_ratio", self._warmup(r, s)[0]),
+            ("lr_scheduler", scheduler),
         ]
-        if style == "dotted":
-            c.append(("min_lr_ratio", r.optim.min_lr_ratio))
+        if min_ratio is not None:
+            c.append(("min_lr_ratio", min_ratio))
         c += [("max_norm", r.optim.max_grad_norm)]
         if r.optim.weight_decay:
             c.append(("l2", r.optim.weight_decay))
@@ -240,12 +246,9 @@ class OpenRLHFBackend(Backend):
             ("advantage_estimator", ADVANTAGE[r.algorithm.name]),
         ]
         if r.lora:
-            targets = r.lora.target_modules
-            c += [
-                ("lora_rank", r.lora.rank),
-                ("lora_alpha", r.lora.alpha),
-                ("target_modules", targets if isinstance(targets, list) else [targets]),
-            ]
+            c += [("lora_rank", r.lora.rank), ("lora_alpha", r.lora.alpha)]
+            if r.lora.target_modules != "all-linear":  # the flag's default is the string; a list of it is a module
+                c.append(("target_modules", list(r.lora.target_modules)))
             if r.lora.dropout:
                 c.append(("lora_dropout", r.lora.dropout))
         c += [("prompt_data", r.data.train), ("input_key", r.data.input_key)]
@@ -264,31 +267,42 @@ class OpenRLHFBackend(Backend):
         c.append(("seed", r.train.seed))
         wb = r.logging.wandb
         if wb:
-            if style == "flat":
-                c.append(("use_wandb", "True"))  # the key itself comes from WANDB_API_KEY in the environment
+            c.append(("wandb_key", WANDB_FLAG_VALUE))
             c.append(("wandb_project", wb.project))
             if wb.entity:
                 c.append(("wandb_org", wb.entity))
             c.append(("wandb_run_name", wb.name or r.name))
         if r.logging.tensorboard:
-            c.append(("use_tensorboard", r.logging.tensorboard))
+            c.append(("tensorboard", r.logging.tensorboard))
         return c
 
-    def _episodes(self, r: Recipe, dataset_size: int | None) -> int:
-        if r.train.steps is None or dataset_size is None:
-            return r.train.episodes or 1
-        per_episode = dataset_size * r.rollout.group_size // r.train.train_batch_size * r.train.epochs_per_rollout
-        return max(1, math.ceil(r.train.steps / max(per_episode, 1)))
+    def job_env(self, recipe: Recipe) -> dict[str, str]:
+        """The Ray job's environment: the recipe's, W&B's mode, and secrets as `${NAME}` references (resolved from the
+        launching environment at launch time, passed in the job's runtime env, never written)."""
+        env = dict(recipe.env)
+        facts = self.release(recipe).facts
+        driver = {**facts.get("ray_init_env_fixed", {}), **facts.get("ray_init_env_from_environ", {})}
+        if set(env) & set(driver):
+            # train() calls ray.init(runtime_env={"env_vars": {...}}) with these names; Ray (>= 2.8, worker.py
+            # _merge_runtime_env) refuses a driver runtime env that names a variable the job's already has, unless:
+            env["RAY_OVERRIDE_JOB_RUNTIME_ENV"] = "1"
+        wb = recipe.logging.wandb
+        if wb:
+            if wb.offline:
+                env["WANDB_MODE"] = "offline"
+            else:
+                env["WANDB_API_KEY"] = "${WANDB_API_KEY}"
+        return env
 
     def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
         version = self.target_version(recipe)
-        style = dialect(version)
+        rel = release(version)
         args: list[str] = []
         keys: list[str] = []
         for concept, value in self.concepts(recipe, dataset_size):
-            flag = FLAGS[concept][0 if style == "flat" else 1]
+            flag = rel.flag(concept)
             if not flag:
-                continue
+                continue  # unhonoured() names it
             keys.append(flag)
             if value is True:
                 args.append(flag)
@@ -310,25 +324,28 @@ class OpenRLHFBackend(Backend):
             else:
                 args += [flag, _fmt(v)]
         address = recipe.resources.ray_address or DEFAULT_RAY_ADDRESS
-        runtime_env = {"working_dir": ".", "env_vars": {k: v for k, v in recipe.env.items()}}
+        env = self.job_env(recipe)
+        runtime_env: dict[str, Any] = {"working_dir": "."}
+        if recipe.resources.pip:
+            runtime_env["pip"] = list(recipe.resources.pip)
+        shown = {k: v for k, v in env.items() if not v.startswith("${")}
         argv = [
             "ray", "job", "submit", f"--address={address}",
-            f"--runtime-env-json={json.dumps(runtime_env, sort_keys=True)}",
+            f"--runtime-env-json={json.dumps({**runtime_env, 'env_vars': shown}, sort_keys=True)}",
             "--", "python3", "-m", CLI_MODULE, *args,
         ]
-        env = dict(recipe.env)
-        if recipe.logging.wandb:
-            env["WANDB_API_KEY"] = "${WANDB_API_KEY}"
-            if recipe.logging.wandb.offline:
-                env["WANDB_MODE"] = "offline"
-        plan = LaunchPlan(
-            backend=self.name, version=version, argv=argv, env=env, keys=keys,
-            total_steps=self.total_steps(recipe, dataset_size),
-        )
-        if style == "dotted" and recipe.data.max_prompt_tokens:
-            plan.notes.append(
-                f"OpenRLHF >= {DOTTED_SINCE} has no prompt limit flag: --data.max_len = prompt + response tokens"
-            )
+        s = plan_steps(recipe, dataset_size)
+        plan = RayJobPlan(backend=self.name, version=version, argv=argv, env=env, keys=keys, total_steps=s.total,
+                          runtime_env=runtime_env, job_env=sorted(env))
+        if rel.dotted and recipe.data.max_prompt_tokens:
+            plan.notes.append(f"OpenRLHF {version} has no prompt limit flag: --data.max_len = prompt + response "
+                              "tokens, prompts are cut to max_len - max_new_tokens")
+        if s.max_samples is not None:
+            plan.notes.append(f"train.steps = {recipe.train.steps}: {s.episodes} episode(s) over the first "
+                              f"{s.max_samples} prompts (--max_samples) = {s.total} optimizer steps")
+        if s.rollouts is not None and s.per_rollout != 1:
+            plan.notes.append(f"OpenRLHF logs one global_step per rollout = {s.per_rollout:g} optimizer steps "
+                              f"({s.rollouts} global steps)")
         return plan
 
     @staticmethod
@@ -338,22 +355,18 @@ class OpenRLHFBackend(Backend):
 
     # ---- validation ------------------------------------------------------------------------------------------
     def definitions(self, installed: str | None, wanted: str) -> tuple[set[str], str, str]:
-        """(known flags, version, where they came from): the installed source when it is the wanted version."""
+        """(known flags, version, where they came from): the installed source when it is the wanted version, else the
+        wanted release's own snapshot (never a neighbour's)."""
         if installed and installed == wanted:
             path = package_file("openrlhf", CLI_FILE)
             if path is not None:
                 return set(argparse_flags(path.read_text())), installed, f"installed {path}"
-        snap_version = nearest_snapshot(self.name, wanted)
-        snap = load_snapshot(self.name, snap_version) if snap_version else None
-        if snap is None:
-            return set(), wanted, "no snapshot"
-        exact = "" if snap_version == wanted else f", nearest to {wanted}"
-        return set(snap["flags"]), snap_version, f"snapshot of {snap['source']}{exact}"
+        self.require_known(wanted)
+        rel = release(wanted)
+        return set(rel.flags), wanted, f"snapshot of {rel.source.split(' ')[0]}"
 
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
         known, version, source = self.definitions(installed_version, plan.version or self.known_versions[-1])
-        if not known:
-            return [Finding("warn", "openrlhf", f"no flag definitions for openrlhf {version}; flags not checked")]
         findings = check_keys(self.name, plan.keys, known, version, source)
         if installed_version and plan.version and installed_version != plan.version:
             findings.append(Finding(
@@ -362,6 +375,11 @@ class OpenRLHFBackend(Backend):
                 f"pip install openrlhf=={plan.version}, or set backend.version = \"{installed_version}\"",
             ))
         return findings
+
+    def unhonoured(self, recipe: Recipe) -> list[Finding]:
+        from rlctl.backends.openrlhf.honour import unhonoured
+
+        return unhonoured(self, recipe)
 
     # ---- metrics and checkpoints -----------------------------------------------------------------------------
     def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
@@ -379,24 +397,32 @@ class OpenRLHFBackend(Backend):
         ds = (P * 2 + T * 12) if keep_opt else 0
         return hf + ds, ("HF " + ("adapter" if r.lora else "weights")) + (" + DeepSpeed states" if keep_opt else "")
 
-    def preflight(self, ctx: Any, family: str) -> list[Any]:
-        from rlctl.preflight import WARN, Result
+    def prune_during_run(self, recipe: Recipe) -> bool:
+        """OpenRLHF's --max_ckpt_num rotates only the DeepSpeed states under `_actor/` (utils/deepspeed/deepspeed.py
+        save_ckpt); the HF exports `global_stepN_hf` are never deleted, in any release. With HF exports on (rlctl always
+        asks for them), rlctl prunes to keep_last while the run goes."""
+        return bool(recipe.checkpoint.keep_last)
 
-        r = ctx.recipe
-        out = []
-        if family != "disk":
-            return out
-        if r.checkpoint.save_optimizer:
-            out.append(Result("disk.deepspeed", WARN,
-                              "DeepSpeed checkpoints are on (OpenRLHF's default): optimizer + model states every save",
-                              "set checkpoint.save_optimizer = false (--disable_ds_ckpt) if HF checkpoints suffice"))
-        if r.lora and r.train.zero_stage == 3 and (r.patches.set or "") != f"openrlhf/{r.backend.version}":
-            out.append(Result("disk.lora_zero3", WARN,
-                              "OpenRLHF LoRA + ZeRO-3 saves full-model shards next to the adapter (~200 GB for 20B)",
-                              "apply the openrlhf save_model patch set (patches.set) or use ZeRO-2"))
-        return out
+    def kept_checkpoints(self, recipe: Recipe) -> int | None:
+        """keep_last when set (OpenRLHF rotates the DeepSpeed states, rlctl the HF exports; best_global_stepN exports
+        are switched off with --best_metric_key none); None (all) otherwise: every HF export stays."""
+        return recipe.checkpoint.keep_last
+
+    def preflight(self, ctx: Any, family: str) -> list[Any]:
+        from rlctl.backends.openrlhf.honour import preflight
+
+        return preflight(self, ctx, family)
 
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         from rlctl.backends.openrlhf.checkpoints import find
 
         return find(root)
+
+
+def secret_env_names(recipe: Recipe) -> list[str]:
+    """Names of the secrets the job needs in its environment (values never leave the launching process's env)."""
+    return sorted(k for k, v in OpenRLHFBackend().job_env(recipe).items() if v == f"${{{k}}}")
+
+
+def key_reaches_job() -> bool:
+    return bool(os.environ.get("WANDB_API_KEY"))

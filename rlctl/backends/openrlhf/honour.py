@@ -1,0 +1,179 @@
+"""What OpenRLHF (per release) cannot honour in a recipe, and OpenRLHF's own preflight rules.
+
+Each finding names the recipe key, the release, and what OpenRLHF would do instead. `error`: the run would crash or
+silently do something else than the recipe says; `warn`: it runs, with the difference stated.
+The facts behind each rule are cited from OpenRLHF's released code (the same in every release unless a range is named).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from rlctl.backends.base import Finding
+from rlctl.backends.openrlhf.releases import NO_FLOOR_SCHEDULERS
+from rlctl.backends.openrlhf.steps import plan_steps
+
+if TYPE_CHECKING:
+    from rlctl.recipe.schema import Recipe
+
+
+def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
+    r = recipe
+    version = backend.target_version(r)
+    rel = backend.release(r)
+    out: list[Finding] = []
+
+    def add(level: str, key: str, message: str, fix: str | None = None) -> None:
+        out.append(Finding(level, key, f"{message} (openrlhf {version})", fix))
+
+    extra = {k.lstrip("-") for k in r.backend.extra()}
+    # reward: utils/agent.py SingleTurnAgentExecutor loads `reward_func` from a --remote_rm_url ending in .py;
+    # anything else is an HTTP reward server; without either OpenRLHF needs a reward model
+    if r.reward.environment is not None:
+        add("error", "reward.environment", "OpenRLHF has no environments: the reward must be a Python file",
+            "set reward.function to a .py file defining reward_func(queries, prompts, labels)")
+    elif r.reward.function is None:
+        if not extra & {"reward_pretrain", "reward.model_name_or_path", "remote_rm_url", "reward.remote_url"}:
+            add("error", "reward.function", "no reward: OpenRLHF would look for a reward model (--reward_pretrain)",
+                "set reward.function to a .py file defining reward_func(queries, prompts, labels)")
+    else:
+        if not r.reward.function.endswith(".py"):
+            add("error", "reward.function", f"{r.reward.function!r} does not end in .py: OpenRLHF would call it as an "
+                "HTTP reward server", "point reward.function at the .py file")
+        if r.reward.function_name != "reward_func":
+            add("error", "reward.function_name", f"OpenRLHF always calls `reward_func` in the reward file, not "
+                f"`{r.reward.function_name}`", "rename the function to reward_func (or add `reward_func = "
+                f"{r.reward.function_name}` to the file) and drop reward.function_name")
+    if r.data.eval and r.reward.function is None:
+        add("error", "data.eval", "evaluation needs a reward file: train_ppo_ray asserts `--eval_dataset` is only "
+            "supported with `--remote_rm_url`", "set reward.function, or remove data.eval")
+
+    # algorithm
+    if r.algorithm.name in ("grpo", "dr_grpo", "reinforce_baseline") and r.rollout.group_size < 2:
+        add("error", "rollout.group_size", f"{r.algorithm.name} normalises within a group: with group_size 1 every "
+            "advantage is 0 (OpenRLHF asserts n_samples_per_prompt > 1)", "set rollout.group_size >= 2")
+    if r.algorithm.name == "ppo":
+        add("warn", "algorithm.name", "ppo (gae): the critic starts from model.path, on the trainer's GPUs, with "
+            "OpenRLHF's default critic learning rate 9e-6 (the recipe has no critic settings)",
+            "set the critic's LR through backend.openrlhf.extra (critic_learning_rate / critic.adam.lr)")
+    if r.algorithm.kl_estimator == "low_var_kl":
+        add("warn", "algorithm.kl_estimator", "low_var_kl is rendered as OpenRLHF's k3 (same estimator, no clamp)")
+
+    # schedule: the floor the actor's scheduler gets (releases.py, Release.floor_kwargs)
+    floor = rel.floor_kwargs
+    s = r.optim.schedule
+    if s in NO_FLOOR_SCHEDULERS and (floor == "always_min_lr" or (floor == "always_min_lr_rate" and s == "linear")):
+        arg = "min_lr" if floor == "always_min_lr" else "min_lr_rate"
+        add("error", "optim.schedule", f"{s!r} crashes at start: this release passes {arg} to every scheduler and "
+            f"transformers' {s} schedule takes none (TypeError)",
+            "use cosine_with_min_lr or constant, or openrlhf >= 0.10.4")
+    if s == "cosine_with_min_lr" and floor == "always_min_lr" and abs(r.optim.min_lr_ratio - 0.1) > 1e-12:
+        add("warn", "optim.min_lr_ratio", f"min_lr is fixed at 0.1 x lr in this release; {r.optim.min_lr_ratio} "
+            "cannot be set", "openrlhf >= 0.10.2 has --actor.min_lr_ratio")
+
+    # steps and warmup
+    steps = plan_steps(r, backend._dataset_size(r))
+    for level, key, message in steps.problems:
+        add(level, key, message)
+    if r.optim.warmup_steps is not None and steps.horizon is None:
+        add("error", "optim.warmup_steps", "OpenRLHF takes a warmup ratio of its step count, which needs the dataset "
+            "size", "point data.train at a local file, or set optim.warmup_ratio")
+    spr = steps.per_rollout
+    if abs(spr - round(spr)) > 1e-9 or spr < 1:
+        add("warn", "train.train_batch_size", f"a rollout ({r.rollout.prompts_per_step} x {r.rollout.group_size} "
+            f"samples x {r.train.epochs_per_rollout} epochs) is {spr:g} optimizer steps: updates straddle rollouts",
+            "make prompts_per_step x group_size x epochs_per_rollout a multiple of train_batch_size")
+
+    # lengths: vLLM's context is prompt + response tokens in every release (0.9.3-0.9.7 prompt_max_len +
+    # generate_max_len; later --max_len, which rlctl sets to the same sum)
+    context = r.data.max_prompt_tokens + r.rollout.max_tokens
+    if r.model.max_model_len != context:
+        add("warn", "model.max_model_len", f"vLLM's context will be data.max_prompt_tokens + rollout.max_tokens = "
+            f"{context}, not {r.model.max_model_len}", "make model.max_model_len = max_prompt_tokens + max_tokens")
+    if r.train.seq_len is not None and r.train.seq_len != context:
+        add("warn", "train.seq_len", f"OpenRLHF has no trainer sequence length: it trains on the rollouts (at most "
+            f"{context} tokens)")
+    if r.rollout.max_num_batched_tokens is not None:
+        add("warn", "rollout.max_num_batched_tokens", "train_ppo_ray has no flag for vLLM's max_num_batched_tokens")
+
+    # precision
+    if r.model.dtype not in ("bfloat16", "float16", "auto"):
+        add("warn", "model.dtype", f"OpenRLHF trains in bf16 or fp16 only (--param_dtype); {r.model.dtype} becomes "
+            "bf16")
+    if r.model.precision == "pure":
+        add("warn", "model.precision", "OpenRLHF has no pure-precision switch: DeepSpeed keeps fp32 master weights")
+    if r.train.offload:
+        add("warn", "train.offload", "rendered as --adam_offload: only optimizer states go to CPU, parameters stay")
+
+    # placement
+    res = r.resources
+    if res.trainer_gpus is not None or res.inference_gpus is not None:
+        add("warn", "resources.trainer_gpus", "OpenRLHF's actors and vLLM engines are placed by Ray: GPU ids cannot be "
+            "chosen, only their counts are honoured")
+    trainer = r.trainer_gpu_count
+    if res.colocate and trainer != r.inference_gpu_count:
+        add("error", "resources.colocate", f"colocated, train() asserts actor GPUs ({trainer}) == vLLM engines x TP "
+            f"({r.inference_gpu_count})", "set rollout.engines x rollout.tensor_parallel to the trainer's GPU count")
+    micro = r.rollout.micro_batch_size or r.train.micro_batch_size
+    if r.rollout.group_size * r.rollout.prompts_per_step // micro < trainer:
+        add("error", "rollout.prompts_per_step", "train_ppo_ray asserts the sample batches of a rollout "
+            f"({r.rollout.group_size} x {r.rollout.prompts_per_step} // {micro}) >= actor processes ({trainer})")
+
+    # checkpoints
+    ck = r.checkpoint
+    if isinstance(ck.resume, int):
+        add("error", "checkpoint.resume",
+            f"OpenRLHF resumes from the DeepSpeed `latest` tag only, not step {ck.resume}",
+            "set checkpoint.resume = \"latest\" (or `rlctl launch --resume RUN`)")
+    if ck.resume != "off" and not ck.save_optimizer:
+        add("error", "checkpoint.resume", "resuming needs the DeepSpeed states (_actor/global_stepN), which "
+            "checkpoint.save_optimizer = false turns off: OpenRLHF would silently start from scratch",
+            "set checkpoint.save_optimizer = true")
+    if ck.keep_last and rel.best_checkpoints and r.data.eval:
+        add("warn", "checkpoint.keep_last", "best-eval checkpoints (best_global_stepN, whose HF exports OpenRLHF never "
+            "deletes) are switched off (--best_metric_key none) so that keep_last holds on disk")
+
+    # the Ray job's environment: train() starts Ray with its own env_vars (TOKENIZERS_PARALLELISM, NCCL_DEBUG, ...);
+    # rlctl adds RAY_OVERRIDE_JOB_RUNTIME_ENV=1 so that Ray merges instead of refusing, and then train()'s value wins
+    for k, v in rel.facts.get("ray_init_env_fixed", {}).items():
+        if k in r.env and r.env[k] != v:
+            add("warn", f"env.{k}", f"train() starts Ray with {k}={v}, which replaces the recipe's {r.env[k]!r} for "
+                "the trainer's actors", f"openrlhf >= 0.10.2 keeps the job's {k}")
+    return out
+
+
+def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
+    from rlctl.preflight import FAIL, OK, WARN, Result
+
+    r = ctx.recipe
+    out = []
+    if family == "env" and r.logging.wandb is not None:
+        if r.logging.wandb.offline:
+            out.append(Result("env.wandb_job", OK, "W&B offline in the Ray job (WANDB_MODE=offline): no key needed"))
+        elif os.environ.get("WANDB_API_KEY"):
+            out.append(Result("env.wandb_job", OK, "WANDB_API_KEY reaches the Ray job through its runtime env "
+                              "(visible to whoever can read the Ray dashboard's job details)"))
+        else:
+            out.append(Result(
+                "env.wandb_job", FAIL,
+                "W&B is on but WANDB_API_KEY is not set here: a Ray job does not inherit this shell's environment or "
+                "read this machine's ~/.netrc, so OpenRLHF would log in with the placeholder key and die",
+                "export WANDB_API_KEY=... (passed in the job's runtime env, never written), or keep the key on the "
+                "cluster and pass W&B flags through backend.openrlhf.extra instead of [logging.wandb] "
+                "(docs/backends/openrlhf.md)"))
+    if family == "disk":
+        if r.checkpoint.save_optimizer:
+            out.append(Result("disk.deepspeed", WARN,
+                              "DeepSpeed checkpoints are on (OpenRLHF's default): optimizer + model states every save",
+                              "set checkpoint.save_optimizer = false (--disable_ds_ckpt) if HF checkpoints suffice"))
+        if r.lora and r.train.zero_stage == 3 and (r.patches.set or "") != f"openrlhf/{r.backend.version}":
+            out.append(Result("disk.lora_zero3", WARN,
+                              "OpenRLHF LoRA + ZeRO-3 saves full-model shards next to the adapter (~200 GB for 20B)",
+                              "apply the openrlhf save_model patch set (patches.set) or use ZeRO-2"))
+        if r.checkpoint.every and not r.checkpoint.keep_last:
+            out.append(Result("disk.hf_exports", WARN,
+                              "OpenRLHF never deletes its HF exports (global_stepN_hf): one per checkpoint.every "
+                              "steps stays on disk for the whole run", "set checkpoint.keep_last (rlctl then prunes "
+                              "them during the run)"))
+    return out
