@@ -51,6 +51,15 @@ def _seconds(option: str, value: float, *, positive: bool = False) -> float:
     return value
 
 
+@app.command()
+def backends(as_json: JsonOpt = False) -> None:
+    """List the registered backends, bundled and plugins: name, source distribution, known versions, runtime."""
+    from rlctl.backends import listing, listing_text
+
+    rows = listing()
+    _echo(json.dumps(rows, indent=2) if as_json else listing_text(rows))
+
+
 @recipe_app.command("show")
 def recipe_show(recipe: RecipeArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
     """Print the resolved recipe (extends and --set applied, defaults filled in)."""
