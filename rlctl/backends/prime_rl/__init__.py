@@ -1,20 +1,28 @@
-"""prime-rl: one combined `rl` TOML (trainer, orchestrator, inference) run with `uv run rl @ rl.toml`.
+"""prime-rl: one `rl` TOML (trainer, orchestrator, inference) run as `uv run --project <checkout> rl @ rl.toml`.
 
-prime-rl is not on PyPI and its schema moved: the seeds ran the early-2026 layout (v0.3: `inference_gpu_ids`,
-`orchestrator.rollouts_per_example`, `[orchestrator.sampling] max_tokens`, `[[orchestrator.env]]`); from v0.8 it is
-`[deployment]`, `orchestrator.group_size`, `[orchestrator.train.sampling] max_completion_tokens` and
-`[[orchestrator.train.source]]`. Both are rendered; keys are checked against the pydantic config of that version.
+prime-rl is not on PyPI and its schema moved between releases; rlctl knows exactly the tags in `known_versions`:
+- v0.3.0 (the seeds' layout): `inference_gpu_ids`/`trainer_gpu_ids`, `orchestrator.rollouts_per_example`,
+  `[orchestrator.sampling] max_tokens`, `[[orchestrator.env]] id/args`, `trainer.loss.kl_tau` defaulting to 0.
+- v0.8.0: `[deployment]` GPU counts (no GPU sharing), `orchestrator.group_size`,
+  `[orchestrator.train.sampling] max_completion_tokens`, `[[orchestrator.train.source]]` with a v1 `env.taskset` or
+  a classic (v0) `legacy = {id, args}` environment, `kl_tau` defaulting to 1e-3, no shared offline W&B.
+Each render is validated against the JSON Schema of that tag's `RLConfig` (schemas/<version>.json, generated from
+the real sources by scripts/prime_rl_schema.py) and against its cross-field validators, re-encoded in rules.py.
+docs/backends/prime_rl.md maps every recipe concept per tag.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlctl.backends._static import installed_version, package_file, pydantic_key_paths
-from rlctl.backends.base import Backend, Finding, LaunchPlan, load_snapshot, nearest_snapshot, version_key
+from pydantic import Field
+
+from rlctl.backends.base import Backend, Finding, LaunchPlan
 from rlctl.estimate.schedules import prime_rl_schedule
 from rlctl.recipe.loader import dump_toml
+from rlctl.recipe.schema import BackendExtra
 
 if TYPE_CHECKING:
     from rlctl.backends.layout import Checkpoint
@@ -22,9 +30,19 @@ if TYPE_CHECKING:
 
 NEW_LAYOUT_SINCE = "0.8.0"
 CONFIG_FILE = "rl.toml"
+CHECKOUT_ENV = "PRIME_RL_DIR"
+
+
+class PrimeRLTable(BackendExtra):
+    """`[backend.prime_rl]`: the escape hatch plus where prime-rl is checked out."""
+
+    checkout: str | None = Field(
+        default=None, description="The prime-rl checkout (a uv project) that runs the job; default: $PRIME_RL_DIR.")
 
 
 def layout(version: str | None) -> str:
+    from rlctl.backends.base import version_key
+
     if version is None:
         return "v0.8"
     return "v0.8" if version_key(version) >= version_key(NEW_LAYOUT_SINCE) else "v0.3"
@@ -44,11 +62,21 @@ def flatten(data: dict[str, Any], prefix: str = "") -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _set(d: dict[str, Any], dotted: str, value: Any) -> None:
-    keys = dotted.split(".")
+def deep_merge(base: dict[str, Any], key: str, value: Any) -> None:
+    """Set `key` (dotted or not) in `base`; a table merges into the table already there, key by key, instead of
+    replacing it (`extra = {inference = {model = {x = 1}}}` keeps the rendered inference.model keys)."""
+    keys = key.split(".")
+    d = base
     for k in keys[:-1]:
-        d = d.setdefault(k, {})
-    d[keys[-1]] = value
+        if not isinstance(d.get(k), dict):
+            d[k] = {}
+        d = d[k]
+    last = keys[-1]
+    if isinstance(value, dict) and isinstance(d.get(last), dict):
+        for k, v in value.items():
+            deep_merge(d[last], k, v)
+    else:
+        d[last] = copy.deepcopy(value)
 
 
 class PrimeRLBackend(Backend):
@@ -57,9 +85,9 @@ class PrimeRLBackend(Backend):
     packages = ("prime-rl", "prime_rl")
     known_versions = ("0.3.0", "0.8.0")
     metric_needles = ("Step ",)  # as in prime_rl/metrics.py NEEDLES
-
-    def target_version(self, recipe: Recipe) -> str:
-        return recipe.backend.version or installed_version("prime-rl") or self.known_versions[-1]
+    table_model = PrimeRLTable
+    install_hint = ("prime-rl is not on PyPI: git clone https://github.com/PrimeIntellect-ai/prime-rl, check out the "
+                    "tag (e.g. v0.8.0), `uv sync`, and set backend.prime_rl.checkout (or $PRIME_RL_DIR) to it")
 
     # ---- steps and schedule ----------------------------------------------------------------------------------
     def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
@@ -77,7 +105,8 @@ class PrimeRLBackend(Backend):
             return int(recipe.optim.warmup_ratio * total)
         return 0
 
-    def _scheduler(self, recipe: Recipe, total: int) -> tuple[str, dict[str, Any]]:
+    def scheduler(self, recipe: Recipe, total: int) -> tuple[str, dict[str, Any]]:
+        """prime-rl's `trainer.scheduler` table for the recipe's schedule (trainer/scheduler.py, same at both tags)."""
         warm = self.warmup_steps(recipe, total)
         min_lr = recipe.optim.lr * recipe.optim.min_lr_ratio
         if recipe.optim.schedule in ("cosine", "cosine_with_min_lr"):
@@ -92,39 +121,55 @@ class PrimeRLBackend(Backend):
         total = self.total_steps(recipe, dataset_size)
         if not total:
             return []
-        kind, kw = self._scheduler(recipe, total)
+        kind, kw = self.scheduler(recipe, total)
         return prime_rl_schedule(kind, recipe.optim.lr, kw.get("warmup_steps", 0), total, kw.get("min_lr", 0.0),
                                  kw.get("decay_steps", 0))
 
-    # ---- render ----------------------------------------------------------------------------------------------
-    def config(self, recipe: Recipe, dataset_size: int | None) -> dict[str, Any]:
-        r = recipe
-        style = layout(self.target_version(r))
-        cfg: dict[str, Any] = {}
-        total = self.total_steps(r, dataset_size)
-        res = r.resources
-        n_inf = r.inference_gpu_count
-        inf_ids = res.inference_gpus if res.inference_gpus is not None else list(range(n_inf))
+    # ---- placement -------------------------------------------------------------------------------------------
+    def gpu_ids(self, recipe: Recipe) -> tuple[list[int], list[int]]:
+        res = recipe.resources
+        inf_ids = res.inference_gpus if res.inference_gpus is not None else list(range(recipe.inference_gpu_count))
         if res.trainer_gpus is not None:
             trn_ids = res.trainer_gpus
         elif res.colocate:
             trn_ids = list(inf_ids)
         else:
             trn_ids = [g for g in range(res.gpus_per_node) if g not in inf_ids]
+        return inf_ids, trn_ids
+
+    # ---- render ----------------------------------------------------------------------------------------------
+    def config(self, recipe: Recipe, dataset_size: int | None, version: str | None = None) -> dict[str, Any]:
+        r = recipe
+        style = layout(version or self.target_version(r))
+        cfg: dict[str, Any] = {}
+        total = self.total_steps(r, dataset_size)
+        inf_ids, trn_ids = self.gpu_ids(r)
         if style == "v0.3":
             cfg["inference_gpu_ids"] = inf_ids
             cfg["trainer_gpu_ids"] = trn_ids
         if total:
             cfg["max_steps"] = total
+        # everything prime-rl writes (checkpoints/, weights/, run_default/ with the orchestrator's checkpoints and
+        # broadcasts, logs) lives under output_dir: it is the recipe's checkpoint.dir
+        cfg["output_dir"] = r.checkpoint.dir
         if style == "v0.8":
-            cfg["deployment"] = {"num_train_gpus": len(trn_ids), "num_infer_gpus": n_inf,
-                                 "gpus_per_node": res.gpus_per_node}
+            cfg["deployment"] = {"type": "single_node", "num_train_gpus": len(trn_ids),
+                                 "num_infer_gpus": len(inf_ids), "gpus_per_node": r.resources.gpus_per_node}
         cfg["model"] = {"name": r.model.path}
-        if r.logging.wandb:
-            wb: dict[str, Any] = {"project": r.logging.wandb.project, "name": r.logging.wandb.name or r.name}
-            if r.logging.wandb.offline:
-                wb["offline"] = True
-            cfg["wandb"] = wb
+        wb = r.logging.wandb
+        if wb:
+            table: dict[str, Any] = {"project": wb.project, "name": wb.name or r.name}
+            if wb.entity and style == "v0.8":
+                table["entity"] = wb.entity
+            if wb.offline and style == "v0.8":
+                # v0.8.0 rejects a shared offline W&B (configs/rl.py:84-93): offline goes to each component
+                table["offline"] = True
+                cfg.setdefault("trainer", {})["wandb"] = dict(table)
+                cfg.setdefault("orchestrator", {})["wandb"] = dict(table)
+            else:
+                if wb.offline:
+                    table["offline"] = True
+                cfg["wandb"] = table
         ck = r.checkpoint
         if ck.every or ck.resume != "off" or ck.keep_last:
             ckpt: dict[str, Any] = {}
@@ -136,51 +181,52 @@ class PrimeRLBackend(Backend):
                 ckpt["resume_step"] = ck.resume
             cfg["ckpt"] = ckpt
         # trainer
-        kind, kw = self._scheduler(r, total or 0)
-        trainer: dict[str, Any] = {
-            "optim": {"lr": r.optim.lr, "max_norm": r.optim.max_grad_norm, "weight_decay": r.optim.weight_decay},
-            "model": {"seq_len": r.train_seq_len},
-        }
-        if kind != "constant":
-            trainer["scheduler"] = {"type": kind, **kw}
+        kind, kw = self.scheduler(r, total or 0)
+        trainer = cfg.setdefault("trainer", {})
+        trainer["optim"] = {"type": "adamw", "lr": r.optim.lr, "max_norm": r.optim.max_grad_norm,
+                            "weight_decay": r.optim.weight_decay}
+        trainer["model"] = {"seq_len": r.train_seq_len}
+        trainer["scheduler"] = {"type": kind, **kw}
         if r.train.gradient_checkpointing:
             trainer["model"]["ac"] = {"freq": 1}
         if r.train.offload:
             trainer["model"]["fsdp_cpu_offload"] = True
+            if style == "v0.8":  # optim_cpu_offload defaults to true and excludes fsdp_cpu_offload (trainer.py:277)
+                trainer["model"]["optim_cpu_offload"] = False
         if r.lora:
-            lora: dict[str, Any] = {"rank": r.lora.rank, "alpha": r.lora.alpha}
-            if r.lora.dropout:
-                lora["dropout"] = r.lora.dropout
+            lora: dict[str, Any] = {"rank": r.lora.rank, "alpha": r.lora.alpha, "dropout": r.lora.dropout}
             if isinstance(r.lora.target_modules, list):
                 lora["target_modules"] = r.lora.target_modules
             trainer["model"]["lora"] = lora
-        if r.algorithm.kl_coef:
-            trainer["loss"] = {"kl_tau": r.algorithm.kl_coef}
-        cfg["trainer"] = trainer
+        # KL: v0.3.0 defaults kl_tau to 0, v0.8.0 to 1e-3 (configs/trainer.py:468): always say it
+        trainer["loss"] = {"kl_tau": r.algorithm.kl_coef}
+        if style == "v0.8":
+            trainer["loss"] = {"type": "default", **trainer["loss"]}
         # orchestrator
-        orch: dict[str, Any] = {"batch_size": r.train.train_batch_size, "seq_len": r.train_seq_len}
+        orch = cfg.setdefault("orchestrator", {})
+        orch.update({"batch_size": r.train.train_batch_size, "seq_len": r.train_seq_len})
         sampling: dict[str, Any] = {"temperature": r.rollout.temperature}
-        env_entry: dict[str, Any] | None = None
-        if r.reward.environment:
-            env_entry = {"id": r.reward.environment.id}
-            if r.reward.environment.args:
-                env_entry["args"] = dict(r.reward.environment.args)
+        env = r.reward.environment
         if style == "v0.3":
             orch["rollouts_per_example"] = r.rollout.group_size
             sampling["max_tokens"] = r.rollout.max_tokens
             orch["sampling"] = sampling
-            if env_entry:
-                orch["env"] = [env_entry]
+            if env:
+                entry: dict[str, Any] = {"id": env.id}
+                if env.args:
+                    entry["args"] = dict(env.args)
+                orch["env"] = [entry]
         else:
             orch["group_size"] = r.rollout.group_size
             sampling["max_completion_tokens"] = r.rollout.max_tokens
             orch["train"] = {"sampling": sampling}
-            if env_entry:
-                src: dict[str, Any] = {"name": env_entry["id"], "env": {"taskset": {"id": env_entry["id"]}}}
-                if "args" in env_entry:
-                    src["env"]["taskset"]["args"] = env_entry["args"]
-                orch["train"]["source"] = [src]
-        cfg["orchestrator"] = orch
+            if env:
+                # a verifiers environment with load_environment(**args) (the seeds' kind) is a classic (v0) env:
+                # v0.8 runs it through `legacy`; a v1 taskset has no `args` (verifiers configs/taskset.py)
+                legacy: dict[str, Any] = {"id": env.id}
+                if env.args:
+                    legacy["args"] = dict(env.args)
+                orch["train"]["source"] = [{"legacy": legacy}]
         # inference
         inference: dict[str, Any] = {"gpu_memory_utilization": r.rollout.gpu_memory_utilization}
         model: dict[str, Any] = {"max_model_len": r.model.max_model_len}
@@ -191,72 +237,72 @@ class PrimeRLBackend(Backend):
         inference["model"] = model
         if r.rollout.tensor_parallel > 1:
             inference["parallel"] = {"tp": r.rollout.tensor_parallel}
-        if r.lora:
-            inference["enable_lora"] = True
-            inference["max_lora_rank"] = r.lora.rank
         cfg["inference"] = inference
         for k, v in r.backend.extra().items():
-            _set(cfg, k, v)
+            deep_merge(cfg, k, v)
         return cfg
+
+    def checkout(self, recipe: Recipe) -> str:
+        """The prime-rl checkout the job runs in: backend.prime_rl.checkout, else `${PRIME_RL_DIR}` (filled in from
+        the environment by prepare_launch)."""
+        table = recipe.backend.table()
+        return getattr(table, "checkout", None) or f"${{{CHECKOUT_ENV}}}"
+
+    def prepare_launch(self, plan: LaunchPlan, run_dir: Path) -> LaunchPlan:
+        import os
+
+        where = os.environ.get(CHECKOUT_ENV)
+        if where:
+            plan.argv = [where if a == f"${{{CHECKOUT_ENV}}}" else a for a in plan.argv]
+        return plan
 
     def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
         version = self.target_version(recipe)
-        cfg = self.config(recipe, dataset_size)
+        cfg = self.config(recipe, dataset_size, version)
         env = dict(recipe.env)
-        if recipe.logging.wandb and not recipe.logging.wandb.offline:
+        wb = recipe.logging.wandb
+        if wb and not wb.offline:
             env["WANDB_API_KEY"] = "${WANDB_API_KEY}"
+        checkout = self.checkout(recipe)
+        # `uv run --project` runs prime-rl's own environment from any directory; the cwd (the run directory) stays,
+        # so rl.toml and the relative output_dir resolve there
+        argv = ["uv", "run", "--project", checkout, "rl", "@", CONFIG_FILE]
         plan = LaunchPlan(
-            backend=self.name, version=version, argv=["uv", "run", "rl", "@", CONFIG_FILE], env=env,
+            backend=self.name, version=version, argv=argv, env=env,
             files={CONFIG_FILE: dump_toml(cfg)}, keys=flatten(cfg), total_steps=self.total_steps(recipe, dataset_size),
         )
         if recipe.checkpoint.resume == "latest":
             plan.notes.append("checkpoint.resume = latest: rlctl launch sets ckpt.resume_step to the newest "
                               "complete step")
         if recipe.checkpoint.keep_last:
-            plan.notes.append("prime-rl's ckpt.keep_last does not delete old checkpoints; rlctl prunes them itself")
+            plan.notes.append(f"prime-rl's ckpt.keep_last prunes checkpoints/ and weights/ itself; rlctl prunes the "
+                              f"orchestrator checkpoints and kept broadcasts (run_default/) to "
+                              f"{recipe.checkpoint.keep_last}")
         return plan
 
     # ---- validation ------------------------------------------------------------------------------------------
-    def definitions(self, installed: str | None, wanted: str) -> tuple[dict[str, str], str, str]:
-        if installed and installed == wanted:
-            root = package_file("prime_rl", "rl.py")
-            if root is not None:
-                base = root.parent.parent
-                sources = {}
-                for f in base.rglob("*.py"):
-                    if f.name.endswith("config.py") or f.name == "rl.py" or "configs" in f.parts:
-                        mod = ".".join(f.relative_to(base).with_suffix("").parts).removesuffix(".__init__")
-                        sources[mod] = f.read_text()
-                return pydantic_key_paths(sources, "RLConfig"), installed, f"installed {base}"
-        snap_version = nearest_snapshot(self.name, wanted)
-        snap = load_snapshot(self.name, snap_version) if snap_version else None
-        if snap is None:
-            return {}, wanted, "no snapshot"
-        exact = "" if snap_version == wanted else f", nearest to {wanted}"
-        return snap["keys"], snap_version, f"snapshot of {snap['source']}{exact}"
-
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
-        import difflib
+        from rlctl.backends.prime_rl import rules
+        from rlctl.backends.prime_rl.schema import check_config, load_schema
 
-        known, version, source = self.definitions(installed_version, plan.version or self.known_versions[-1])
-        if not known:
-            return [Finding("warn", "prime_rl", f"no config definitions for prime-rl {version}; keys not checked")]
-        findings = []
-        for key in plan.keys:
-            if key in known:
-                continue
-            # below a key typed as a plain value (dict/list/any) everything is accepted
-            parts = key.split(".")
-            if any(known.get(".".join(parts[:i])) == "value" for i in range(1, len(parts))):
-                continue
-            leaf = parts[-1]
-            elsewhere = [k for k in known if k.split(".")[-1] == leaf]
-            close = elsewhere or difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-            findings.append(Finding(
-                "error", key, f"key `{key}` does not exist in prime-rl {version} ({source})",
-                f"did you mean `{close[0]}`?" if close else "remove it",
-            ))
+        version = plan.version or self.known_versions[-1]
+        self.require_known(version)
+        schema = load_schema(version)
+        import tomllib
+
+        cfg = tomllib.loads(plan.files[CONFIG_FILE])
+        findings = check_config(cfg, schema, version)
+        findings += rules.check(cfg, version, schema)
+        if installed_version and installed_version != version:
+            findings.append(Finding("warn", "backend.version",
+                                    f"prime-rl {installed_version} is installed here but the recipe renders for "
+                                    f"{version}", "install the pinned tag or set backend.version to the installed one"))
         return findings
+
+    def unhonoured(self, recipe: Recipe) -> list[Finding]:
+        from rlctl.backends.prime_rl.rules import unhonoured
+
+        return unhonoured(self, recipe)
 
     def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
         """A log line (or a W&B/TensorBoard row) in rlctl's unified names: see prime_rl/metrics.py."""
@@ -264,33 +310,30 @@ class PrimeRLBackend(Backend):
 
         return parse(line)
 
+    # ---- checkpoints and disk --------------------------------------------------------------------------------
     def prune_during_run(self, recipe: Recipe) -> bool:
-        return True
+        """prime-rl prunes checkpoints/step_N and weights/step_N to keep_last itself (trainer/ckpt.py maybe_clean),
+        but never the orchestrator's run_default/checkpoints/step_N nor the broadcasts it keeps at checkpoint steps:
+        rlctl prunes those while the run goes."""
+        return bool(recipe.checkpoint.keep_last)
+
+    def kept_checkpoints(self, recipe: Recipe) -> int | None:
+        return recipe.checkpoint.keep_last
 
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe
         P = arch.params
         T = arch.lora_params(r.lora.rank, r.lora.target_modules) if r.lora else P
-        # trainer: fp32 FSDP shards + optimizer; plus bf16 weights for inference
-        return P * 4 + (T * 8 if r.checkpoint.save_optimizer else 0) + P * 2, \
-            "fp32 model shards + optimizer + bf16 weights/"
+        # trainer: fp32 FSDP shards + optimizer; plus bf16 weights/ (and the filesystem broadcast kept at each
+        # checkpoint step: bf16 weights, or the adapter with LoRA)
+        broadcast = T * 2
+        return P * 4 + (T * 8 if r.checkpoint.save_optimizer else 0) + P * 2 + broadcast, \
+            "fp32 model shards + optimizer + bf16 weights/ + kept broadcast"
 
     def preflight(self, ctx: Any, family: str) -> list[Any]:
-        from rlctl.preflight import WARN, Result
+        from rlctl.backends.prime_rl.rules import preflight
 
-        r = ctx.recipe
-        out = []
-        if family == "disk" and r.checkpoint.keep_last:
-            out.append(Result("disk.keep_last", WARN,
-                              "prime-rl's ckpt.keep_last does not delete old checkpoints (seen in the seeds)",
-                              "rlctl launch prunes to checkpoint.keep_last itself while the run goes"))
-        if family == "placement":
-            tbs, samples = r.train.train_batch_size, r.rollout.prompts_per_step * r.rollout.group_size
-            if tbs != samples:
-                out.append(Result("placement.batch", WARN,
-                                  f"prime-rl trains once per orchestrator batch: train_batch_size {tbs} != prompts x "
-                                  f"group {samples}", f"set train.train_batch_size = {samples}"))
-        return out
+        return preflight(self, ctx, family)
 
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         from rlctl.backends.prime_rl.checkpoints import find
