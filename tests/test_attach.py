@@ -183,7 +183,7 @@ def verl_console(version: str, data: list[tuple[int, dict]]) -> str:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("version", ["0.4.1", "0.9.1"])
+@pytest.mark.parametrize("version", ["0.2.0.post2", "0.4.1", "0.9.1"])
 def test_verl_console_from_its_own_logger(version, runs, tmp_path):
     np = pytest.importorskip("numpy")
     data = [

@@ -202,3 +202,72 @@ def test_backend_metrics_file_is_a_second_source(tmp_path):
     with (d / "backend_metrics.jsonl").open("a") as fh:
         fh.write('{"global_step": 3, "reward": 0.5}\n')
     assert ingest(d, "openrlhf").records == 4  # each source continues where it stopped
+
+
+# ---- formats added with the adapters' own metrics modules ------------------------------------------------------
+
+
+def test_wrapped_dict_with_prefixes_on_each_line_and_newline_formatter(tmp_path):
+    """A Global step dict wrapped over lines, the continuations behind Ray's prefix or OpenRLHF's NewLineFormatter
+    (`\\r\\n` + its prefix), an elided value; then a cut line followed by a new record: counted, not silent."""
+    log = ("(PPOTrainer pid=1, ip=10.0.0.1) INFO 01-06 09:20:11 ppo_trainer.py:323] ✨ Global step 1: {'reward': 0.5,\n"
+           "(PPOTrainer pid=1, ip=10.0.0.1) 'kl': 0.01, 'extra': ...,\n"
+           "(PPOTrainer pid=1, ip=10.0.0.1) 'policy_loss': 0.2}\n"
+           "INFO 01-06 09:20:12 ppo_trainer.py:323] ✨ Global step 2: {'reward': 0.6,\r\n"
+           "INFO 01-06 09:20:12 ppo_trainer.py:323] 'kl': 0.02}\n"
+           "✨ Global step 3: {'reward': 0.7, 'kl\n"
+           "✨ Global step 4: {'reward': 0.8}\n")
+    d = _run_dir(tmp_path, log.encode())
+    st = ingest(d, "openrlhf", final=True)
+    m = by_step(list(iter_metrics(d / METRICS)))
+    assert m[1] == {**m[1], "reward/mean": 0.5, "kl": 0.01, "policy_loss": 0.2} and "openrlhf/extra" not in m[1]
+    assert m[2]["kl"] == 0.02 and m[4]["reward/mean"] == 0.8 and 3 not in m
+    assert st.skipped == 1 and st.examples == ["line 6: ✨ Global step 3: {'reward': 0.7, 'kl"]
+
+
+def test_verl_line_ending_in_dash_and_numpy_reprs():
+    rec = parse_verl("step:7 - actor/pg_loss:np.float64(0.0123) - critic/score/mean:0.625 -")
+    assert rec == {"step": 7, "policy_loss": 0.0123, "reward/mean": 0.625}
+    assert parse_verl("step:8 - actor/entropy_loss:1.5 - critic/kl:0.2")["entropy"] == 1.5
+
+
+def test_trl_dicts_without_step_are_counted(tmp_path):
+    log = ("{'loss': '0.01', 'grad_norm': '0.5', 'learning_rate': '1e-05', 'reward': '0.25', 'epoch': '0.5'}\n"
+           " 50%|#####     | 1/2 [00:01<00:01]\r{'loss': 0.02, 'reward': 0.5, 'epoch': 1.0}\n"
+           "{'eval_loss': 0.3, 'eval_reward': 0.4, 'epoch': 1.0}\n"
+           "{'train_runtime': 2.5, 'train_loss': 0.015, 'epoch': 1.0}\n")
+    d = _run_dir(tmp_path, log.encode())
+    ingest(d, "trl", final=True)
+    m = by_step(list(iter_metrics(d / METRICS)))
+    assert sorted(m) == [1, 2]
+    assert m[1]["reward/mean"] == 0.25 and m[1]["lr"] == 1e-05 and m[2]["policy_loss"] == 0.02
+    assert m[2]["eval/default/reward"] == 0.4 and m[2]["trl/train_runtime"] == 2.5
+
+
+def test_openrlhf_011_names():
+    rec = parse_openrlhf("Global step 9: {'actor_grad_norm': 1.5, 'timing/step_total': 30.0, "
+                         "'timing/generation': 20.0, 'timing/ppo_train': 9.5}")
+    assert rec == {"step": 9, "grad_norm": 1.5, "time/step_s": 30.0, "time/generation_s": 20.0, "time/train_s": 9.5}
+    rec = parse_openrlhf("✨ Evaluation completed in 0:00:42, global_step 10, eval_metrics: "
+                         "{'eval_math_500_pass1': 0.5, 'eval_response_length_mean': 900.0}")
+    assert rec == {"step": 10, "eval/math_500/pass1": 0.5, "eval/default/response_length_mean": 900.0}
+
+
+def test_every_mapping_is_in_the_docs():
+    """docs/metrics.md lists every key each adapter maps to a unified name."""
+    from importlib import import_module
+    from importlib.util import find_spec
+
+    from rlctl.backends import BUILTIN
+
+    doc = (FIXTURES.parents[1] / "docs/metrics.md").read_text()
+    missing = []
+    for name in BUILTIN:
+        if find_spec(f"rlctl.backends.{name}.metrics") is None:
+            continue  # an adapter whose formats come from the recipe (e.g. a command backend)
+        mod = import_module(f"rlctl.backends.{name}.metrics")
+        for attr in dir(mod):
+            table = getattr(mod, attr)
+            if attr.endswith("MAP") and isinstance(table, dict):
+                missing += [f"{name}.{attr}: {k}" for k in table if f"`{k}" not in doc and f"{k}=" not in doc]
+    assert not missing

@@ -81,7 +81,7 @@ class OpenRLHFBackend(Backend):
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
     known_versions = KNOWN_VERSIONS
-    metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "Eval at step")  # metrics.py
+    metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 
     def release(self, recipe: Recipe) -> Release:
         version = self.target_version(recipe)

@@ -9,8 +9,9 @@ TRL logs through transformers' Trainer: every `logging_steps` optimizer steps th
   - `trainer_state.json` (`log_history`, each entry with its `step`), the W&B run (`train/<key>` with
     `train/global_step`) and TensorBoard (`train/<key>` tags at the global step).
 GRPOTrainer's keys: `reward`, `reward_std`, `rewards/<func>/mean`, `kl`, `entropy`, `completions/mean_length`,
-`completions/clipped_ratio`, `clip_ratio/region_mean`, ...; releases before 0.17 logged `completion_length` and
-`clip_ratio`.
+`completions/clipped_ratio`, `clip_ratio/region_mean`, ...; 0.14 - 0.16 logged `completion_length`, 0.16 - 0.18
+`clip_ratio` (0.18 next to `clip_ratio/region_mean`, which then is the unified one). Checked in the released wheels
+0.14.0, 0.16.0, 0.18.0 and 1.16.0.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ NAME = "trl"
 
 MAP = {
     "reward": "reward/mean", "reward_std": "reward/std", "completions/mean_length": "response_length/mean",
-    "completion_length": "response_length/mean",  # before 0.17
+    "completion_length": "response_length/mean",  # 0.14 - 0.16
     "completions/clipped_ratio": "response_length/clip_ratio", "kl": "kl", "entropy": "entropy",
     "loss": "policy_loss", "grad_norm": "grad_norm", "clip_ratio/region_mean": "clip_ratio",
-    "clip_ratio": "clip_ratio",  # before 0.18
+    "clip_ratio": "clip_ratio",  # 0.16 - 0.18
     "learning_rate": "lr", "step_time": "time/step_s",
 }
 TRAIN_KEYS = ("'loss'", "'reward'", "'learning_rate'", "'grad_norm'")
@@ -71,7 +72,8 @@ def record(raw: dict[str, Any], counted: bool = True) -> dict[str, Any] | None:
     elif evals or "train_runtime" in raw:
         rec["step"] = None  # an eval or the final summary: the step in progress
     # else: no step key, the stream counts the step
-    rec.update(unify(NAME, {k: number(v) for k, v in rest.items()}, MAP))
+    mapping = MAP if "clip_ratio/region_mean" not in rest else {k: v for k, v in MAP.items() if k != "clip_ratio"}
+    rec.update(unify(NAME, {k: number(v) for k, v in rest.items()}, mapping))
     for k, v in evals.items():
         rec[f"eval/default/{k[5:]}"] = number(v)
     return rec

@@ -5,8 +5,9 @@ verl's console logger (`verl/utils/logger/aggregate_logger.py`, `LocalLogger.log
 value is `f"{v:.3f}"`; from 0.5 it is `pprint.pformat(v)`, which writes numpy scalars as `np.float64(0.0123)`
 under numpy 2. Lines can come behind Ray's `(TaskRunner pid=.., ip=..)` prefix, with ANSI colours, and pasted ones
 often end in ` -`. Its W&B and TensorBoard trackers log the same keys at the same step.
-Keys: `actor/entropy` (older releases and the new engine's losses: `actor/entropy_loss`), `actor/kl_loss` (with
-use_kl_loss; `critic/kl` when the KL is applied in the reward, older recipes), `critic/score/mean`, ...
+Keys: `actor/entropy` (0.2: `actor/entropy_loss`, which 0.9's new engine logs again), `actor/kl_loss` (with
+use_kl_loss), the KL applied in the reward: `critic/kl` (0.2), `actor/reward_kl_penalty` (0.4 on),
+`critic/score/mean`, ...
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ NAME = "verl"
 MAP = {
     "critic/score/mean": "reward/mean", "critic/score/std": "reward/std", "actor/pg_loss": "policy_loss",
     "actor/entropy": "entropy", "actor/entropy_loss": "entropy", "actor/kl_loss": "kl", "critic/kl": "kl",
+    "actor/reward_kl_penalty": "kl",
     "actor/grad_norm": "grad_norm", "actor/pg_clipfrac": "clip_ratio", "actor/lr": "lr",
     "critic/advantages/mean": "advantage/mean", "critic/advantages/std": "advantage/std",
     "response_length/mean": "response_length/mean", "response_length/clip_ratio": "response_length/clip_ratio",
@@ -28,7 +30,8 @@ MAP = {
     "timing_s/update_actor": "time/train_s",
 }
 # when both are printed, the first of each pair is the unified one; the other passes through as verl/<key>
-PREFERRED = {"actor/entropy_loss": "actor/entropy", "critic/kl": "actor/kl_loss"}
+PREFERRED = {"actor/entropy_loss": "actor/entropy", "critic/kl": "actor/kl_loss",
+             "actor/reward_kl_penalty": "actor/kl_loss"}
 EVAL_PREFIXES = ("val-core/", "val-aux/", "val/")
 NEEDLES = ("step:",)
 
