@@ -271,3 +271,12 @@ def test_every_mapping_is_in_the_docs():
             if attr.endswith("MAP") and isinstance(table, dict):
                 missing += [f"{name}.{attr}: {k}" for k in table if f"`{k}" not in doc and f"{k}=" not in doc]
     assert not missing
+
+
+def test_prime_rl_later_trainer_line():
+    """prime-rl's trainer `step_message` of later releases: `Peak Mem.: {peak:.1f}/{max:.1f} GiB ({pct:.1f}%)`."""
+    rec = parse_prime_rl("12:00:01 SUCCESS Step 7 | Time: 40.12s | Loss: 0.0123 | Grad. Norm: 0.2764 | LR: 1.00e-05 | "
+                         "Throughput: 5077 tokens/s | MFU: 12.3% | Peak Mem.: 71.2/80.0 GiB (89.0%)")
+    assert rec["step"] == 7 and rec["grad_norm"] == 0.2764 and rec["prime_rl/trainer_peak_mem"] == 71.2
+    rec = parse_prime_rl("Step 8 | Time: 70.00s | Reward: 0.5000 | Val. Reward: 0.4000 | Throughput: 100.0 tokens/s")
+    assert rec["reward/mean"] == 0.5 and rec["eval/default/reward"] == 0.4

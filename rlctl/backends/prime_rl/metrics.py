@@ -3,7 +3,8 @@
 prime-rl's orchestrator and trainer log one loguru line per step (`HH:MM:SS SUCCESS Step 5 | Time: 12.34s | ...`),
 the orchestrator's with `Reward`, `Throughput`, `Seq. Length`, the trainer's with `Loss`, `Entropy`,
 `Mismatch KL`, `Grad. Norm`, `LR`, `Peak Mem.`; both for the same step are merged. Values carry units (`s`, `%`,
-`GiB`, `tokens/s`), which are dropped. Its W&B run logs the same quantities under its own keys at the same step.
+`GiB`, `tokens/s`), which are dropped; `Peak Mem.: 71.2/80.0 GiB (89.0%)` (later releases) keeps its first
+number. Its W&B run logs the same quantities under its own keys at the same step.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ ROW_MAP: dict[str, str] = {}
 NEEDLES = ("Step ",)
 
 _STEP = re.compile(r"(?:^|\s)Step (\d+) \| (.*)$")
+_LEADING = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)(?=[/ ])")
 _UNITS = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)\s*(s|%|GiB|tokens/s|tokens/sample)?$", re.IGNORECASE)
 
 
@@ -49,7 +51,7 @@ def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
         key, sep, value = part.partition(": ")
         if not sep:
             raise Malformed(f"bad field {part!r}")
-        vm = _UNITS.match(value.strip())
+        vm = _UNITS.match(value.strip()) or _LEADING.match(value.strip())  # `71.2/80.0 GiB (89.0%)`: the first
         fields[key.strip()] = vm.group(1) if vm else value.strip()
     trainer = "Loss" in fields or "Grad. Norm" in fields
     mapping = TRAINER_MAP if trainer else ORCH_MAP
