@@ -29,10 +29,16 @@ class WandbSink:
         except ImportError:
             raise RlctlError("logging.rlctl_sinks has wandb but wandb is not installed.",
                              hint='pip install "rlctl[wandb]"') from None
+        import sys
+
+        from rlctl.runs.rundir import mask_argv, masked_recipe_data
+
         self.wandb = wandb
+        config = masked_recipe_data(cfg.get("config") or {})  # the one secret rule, again at the sink's door
+        sys.argv = mask_argv(sys.argv)  # W&B records this process's argv (`rlctl launch --set env.X_TOKEN=...`)
         self.run = wandb.init(project=cfg.get("project"), entity=cfg.get("entity"), name=cfg.get("name"),
                               id=cfg["id"], resume="allow", dir=str(run_dir),
-                              mode="offline" if cfg.get("offline") else "online", config=cfg.get("config") or {})
+                              mode="offline" if cfg.get("offline") else "online", config=config)
         self.last_step = -1
 
     def write(self, rec: dict[str, Any]) -> None:

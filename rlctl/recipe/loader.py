@@ -347,10 +347,42 @@ def _expected(err: dict[str, Any]) -> str:
     return err["msg"].lower()
 
 
+def literal_secrets(data: dict[str, Any]) -> list[str]:
+    """Dotted keys outside [env] whose name says they hold a secret (is_secret_name) and that hold a value.
+    rlctl passes secrets to a run only through its environment, never through argv or config files it writes."""
+    from rlctl.backends.base import is_secret_name
+
+    found: list[str] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                dotted = f"{prefix}.{k}" if prefix else str(k)
+                if dotted == "env":
+                    continue
+                if is_secret_name(str(k)) and v not in (None, "", True, False) and not isinstance(v, dict):
+                    found.append(dotted)
+                else:
+                    walk(v, dotted)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, prefix)
+
+    walk(data, "")
+    return found
+
+
 def validate(
     data: dict[str, Any], origins: dict[str, Path], texts: dict[Path, str], top: Path
 ) -> Recipe:
     problems: list[str] = []
+    for dotted in literal_secrets(data):
+        name = re.sub(r"[^A-Za-z0-9_]", "_", dotted.rsplit(".", 1)[-1]).upper()
+        problems.append(
+            f"{_where(dotted, origins, texts, top)}: `{dotted}` holds a secret; rlctl never writes secrets into a "
+            f"run's argv or files. Remove it and put the credential in the environment under the name the backend "
+            f"reads (e.g. [env] {name} = \"${{{name}}}\" and `export {name}=...`): environment secrets reach the run "
+            "without being written anywhere.")
     for dotted in _unknown_keys(data):
         where = _where(dotted, origins, texts, top)
         hint = suggest(dotted)

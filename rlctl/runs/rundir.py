@@ -39,13 +39,56 @@ def create_run_dir(root: Path, name: str, now: float | None = None) -> Path:
     raise RuntimeError(f"could not create a unique run directory under {root}")
 
 
+MASK = "<masked>"
+
+
 def masked_recipe_data(data: dict[str, Any]) -> dict[str, Any]:
-    """The resolved recipe as written into the run directory: secret-named env values become ${NAME}."""
-    out = json.loads(json.dumps(data))
-    env = out.get("env") or {}
-    for k in list(env):
-        if is_secret_name(k):
-            env[k] = f"${{{k}}}"
+    """The resolved recipe as written into the run directory and sent to sinks: the value under every secret-named
+    key (is_secret_name, at any depth) is replaced — `${NAME}` for [env], so the record says where it comes from."""
+    out = json.loads(json.dumps(data, default=str))
+
+    def walk(node: Any, in_env: bool) -> None:
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for k, v in list(items):
+            if isinstance(k, str) and is_secret_name(k) and v not in (None, "", True, False):
+                node[k] = f"${{{k}}}" if in_env else MASK
+            elif node is out and k == "env" and isinstance(v, dict):
+                walk(v, True)
+            else:
+                walk(v, False)
+
+    walk(out, False)
+    return out
+
+
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_.\-]*)=")
+
+
+def mask_argv(argv: list[str], environ: dict[str, str] | None = None) -> list[str]:
+    """A command line as recorded (env.json, logs): values given to secret-named flags or keys are masked —
+    `--set env.DB_PASSWORD=x`, `HF_TOKEN=x`, `--api-key x`, `--api-key=x` — and so is any text equal to the value of
+    a secret-named variable of the environment."""
+    env = os.environ if environ is None else environ
+    values = sorted({v for k, v in env.items() if is_secret_name(k) and len(v) >= 4}, key=len, reverse=True)
+    out: list[str] = []
+    hide_next = False
+    for a in argv:
+        a = str(a)
+        if hide_next:
+            out.append(MASK)
+            hide_next = False
+            continue
+        if a.startswith("-") and "=" not in a and is_secret_name(a):
+            out.append(a)
+            hide_next = True
+            continue
+        for m in _ASSIGN.finditer(a):
+            if is_secret_name(m.group(1)):
+                a = a[: m.end()] + MASK
+                break
+        for v in values:
+            a = a.replace(v, MASK)
+        out.append(a)
     return out
 
 
@@ -100,7 +143,7 @@ def environment_record(cwd: Path, backend_packages: tuple[str, ...]) -> dict[str
         "git": git_info(cwd),
         "host": {"name": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count()},
         "gpus": gpus(),
-        "argv": [a if not any(s in a for s in ("KEY=", "TOKEN=", "SECRET=")) else "<masked>" for a in sys.argv],
+        "argv": mask_argv(sys.argv),
     }
 
 
