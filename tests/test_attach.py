@@ -209,6 +209,35 @@ def test_verl_console_from_its_own_logger(version, runs, tmp_path):
     assert all(isinstance(v, (int, float)) or v is None for v in m[2].values())  # no "0.625 -" strings
 
 
+def test_verl_file_logger_and_tensorboard(runs, tmp_path, monkeypatch):
+    """verl's own FileLogger (JSON lines) and _TensorboardAdapter (torch's SummaryWriter) from the 0.9.1 wheel."""
+    pytest.importorskip("orjson")
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("torch")
+    path = released("verl", "0.9.1") / "verl/utils/tracking.py"
+    spec = importlib.util.spec_from_file_location("verl_tracking_0_9_1", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "verl-out"
+    out.mkdir()
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(out / "metrics.jsonl"))
+    monkeypatch.setenv("TENSORBOARD_DIR", str(out / "tb"))
+    loggers = [mod.FileLogger("p", "e"), mod._TensorboardAdapter("p", "e")]
+    for step in (1, 2, 3):
+        data = {"actor/pg_loss": 0.01 * step, "critic/score/mean": 0.25 * step, "actor/entropy": 1.5 - 0.1 * step,
+                "timing_s/step": 40.0 + step}
+        for lg in loggers:
+            lg.log(data, step)
+    for lg in loggers:
+        lg.finish()
+    res, run, backend = attach(str(out))
+    assert res.code == 0 and backend == "verl", res.out + res.err
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3]
+    assert m[2]["reward/mean"] == 0.5 and m[3]["policy_loss"] == pytest.approx(0.03) and m[1]["time/step_s"] == 41.0
+    assert "3 from TensorBoard" in res.out and "3 from 3 log lines" in res.out
+
+
 # ---- TRL ------------------------------------------------------------------------------------------------------
 
 
@@ -252,6 +281,33 @@ def test_trl_console_without_step_gets_counted_steps(runs, tmp_path):
     assert m[5]["eval/default/reward"] == 0.75 and m[5]["trl/train_runtime"] == 12.5  # the step in progress
     auto, _, found = attach(str(log))
     assert found == "trl", auto.out + auto.err
+
+
+def test_trl_tensorboard_from_transformers_callback(runs, tmp_path, monkeypatch):
+    """transformers' TensorBoardCallback (what a TRL run with report_to=tensorboard uses): `train/<key>` tags at
+    the global step, `eval/<key>` for evals."""
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("torch")
+    integ = pytest.importorskip("transformers.integrations.integration_utils")
+    tc = pytest.importorskip("transformers.trainer_callback")
+    out = tmp_path / "trl-tb"
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(out / "runs"))
+    args = types.SimpleNamespace(output_dir=str(out), to_json_string=lambda: "{}")
+    state = tc.TrainerState(max_steps=3, is_world_process_zero=True, is_local_process_zero=True)
+    cb = integ.TensorBoardCallback()
+    cb.on_train_begin(args, state, tc.TrainerControl())
+    for step in (1, 2, 3):
+        state.global_step = step
+        cb.on_log(args, state, tc.TrainerControl(), logs={"loss": 0.5 / step, "reward": 0.25 * step,
+                                                          "learning_rate": 1e-05, "kl": 0.001 * step, "epoch": step})
+    cb.on_log(args, state, tc.TrainerControl(), logs={"eval_reward": 0.625})
+    cb.on_train_end(args, state, tc.TrainerControl())
+    res, run, backend = attach(str(out))
+    assert res.code == 0 and backend == "trl", res.out + res.err
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3]
+    assert m[2]["reward/mean"] == 0.5 and m[3]["kl"] == 0.003 and m[1]["policy_loss"] == 0.5 and m[1]["lr"] == 1e-05
+    assert m[3]["eval/default/reward"] == 0.625
 
 
 def test_trl_output_dir_with_checkpoints_and_trainer_state(runs, tmp_path):

@@ -36,7 +36,7 @@ from rlctl.metrics.stream import (
 from rlctl.runs.rundir import create_run_dir
 from rlctl.runs.state import ACTIVE, read_state, runs_root, write_state
 
-LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".stdout", ".stderr")
+LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".stdout", ".stderr", ".jsonl")  # JSON lines: read like a log
 TB_PREFIX = "events.out.tfevents."
 TRAINER_STATE = "trainer_state.json"  # transformers' Trainer state: log_history with steps
 MAX_DEPTH = 6

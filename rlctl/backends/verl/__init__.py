@@ -40,7 +40,7 @@ class VerlBackend(Backend):
     colocation = "sleep"  # hybrid engine: vLLM frees weights + KV cache while the actor trains
     packages = ("verl",)
     known_versions = ("0.9.1",)
-    metric_needles = ("step:",)  # as in verl/metrics.py NEEDLES
+    metric_needles = ("step:", '{"step"')  # as in verl/metrics.py NEEDLES
 
     def target_version(self, recipe: Recipe) -> str:
         return recipe.backend.version or installed_version("verl") or self.known_versions[-1]

@@ -4,7 +4,8 @@ verl's console logger (`verl/utils/logger/aggregate_logger.py`, `LocalLogger.log
 `concat_dict_to_str(data, step)`: `step:12 - actor/pg_loss:0.013 - critic/score/mean:0.41 - ...`. Up to 0.4 each
 value is `f"{v:.3f}"`; from 0.5 it is `pprint.pformat(v)`, which writes numpy scalars as `np.float64(0.0123)`
 under numpy 2. Lines can come behind Ray's `(TaskRunner pid=.., ip=..)` prefix, with ANSI colours, and pasted ones
-often end in ` -`. Its W&B and TensorBoard trackers log the same keys at the same step.
+often end in ` -`. Its W&B and TensorBoard trackers log the same keys at the same step; its file logger
+(`trainer.logger=[file]`, tracking.py `FileLogger`) writes JSON lines `{"step": N, "data": {...}}`.
 Keys: `actor/entropy` (0.2: `actor/entropy_loss`, which 0.9's new engine logs again), `actor/kl_loss` (with
 use_kl_loss), the KL applied in the reward: `critic/kl` (0.2), `actor/reward_kl_penalty` (0.4 on),
 `critic/score/mean`, ...
@@ -12,10 +13,11 @@ use_kl_loss), the KL applied in the reward: `critic/kl` (0.2), `actor/reward_kl_
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
-from rlctl.metrics.parsers import Malformed, number, strip_prefixes, unify
+from rlctl.metrics.parsers import Incomplete, Malformed, number, strip_prefixes, unify
 
 NAME = "verl"
 
@@ -33,18 +35,26 @@ MAP = {
 PREFERRED = {"actor/entropy_loss": "actor/entropy", "critic/kl": "actor/kl_loss",
              "actor/reward_kl_penalty": "actor/kl_loss"}
 EVAL_PREFIXES = ("val-core/", "val-aux/", "val/")
-NEEDLES = ("step:",)
+NEEDLES = ("step:", '{"step"')
 
 _STEP = re.compile(r"(?:^|\s|\))step:(\d+)(?:\s+-\s+(.*))?$")
 
 
 def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
-    """One console line, or one W&B/TensorBoard row (its keys are the console's)."""
+    """One console line, one line of its file logger (`{"step": N, "data": {...}}`), or one W&B/TensorBoard row
+    (its keys are the console's)."""
     if isinstance(line, dict):
-        raw = {k: v for k, v in line.items() if not k.startswith("_") and k != "step"}
         step = line.get("step", line.get("_step"))
+        data = line["data"] if isinstance(line.get("data"), dict) else line
+        raw = {k: v for k, v in data.items() if not k.startswith("_") and k != "step"}
         return None if step is None else record(int(number(step)), raw)
     s = strip_prefixes(line).strip()
+    if s.startswith('{"step"'):
+        try:
+            obj = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise (Malformed if s.endswith("}") else Incomplete)(str(e)) from None
+        return parse(obj) if isinstance(obj, dict) else None
     m = _STEP.search(s)
     if not m:
         return None
