@@ -247,9 +247,14 @@ def rows_to_records(parse: Callable[[Any], dict[str, Any] | None], rows: list[di
 
 
 def _sample_lines(p: Path) -> list[str]:
+    """The first and the last SAMPLE_BYTES of a log (metrics may start after a long startup)."""
     try:
         with p.open("rb") as fh:
             data = fh.read(SAMPLE_BYTES)
+            size = p.stat().st_size
+            if size > 2 * SAMPLE_BYTES:
+                fh.seek(size - SAMPLE_BYTES)
+                data += b"\n" + fh.read(SAMPLE_BYTES)
     except OSError:
         return []
     return data.decode("utf-8", errors="replace").splitlines()
