@@ -280,3 +280,19 @@ def test_prime_rl_later_trainer_line():
     assert rec["step"] == 7 and rec["grad_norm"] == 0.2764 and rec["prime_rl/trainer_peak_mem"] == 71.2
     rec = parse_prime_rl("Step 8 | Time: 70.00s | Reward: 0.5000 | Val. Reward: 0.4000 | Throughput: 100.0 tokens/s")
     assert rec["reward/mean"] == 0.5 and rec["eval/default/reward"] == 0.4
+
+
+def test_adapters_expose_their_metrics_module():
+    """Each bundled adapter's parse and metric_needles are its metrics module's (the stream asks only the adapter)."""
+    from importlib import import_module
+    from importlib.util import find_spec
+
+    from rlctl.backends import BUILTIN, get_backend
+
+    for name in BUILTIN:
+        if find_spec(f"rlctl.backends.{name}.metrics") is None:
+            continue
+        mod = import_module(f"rlctl.backends.{name}.metrics")
+        adapter = get_backend(name)
+        assert tuple(adapter.metric_needles) == tuple(mod.NEEDLES), name
+        assert adapter.parse("no metrics here") is None
