@@ -325,6 +325,23 @@ def test_trl_output_dir_with_checkpoints_and_trainer_state(runs, tmp_path):
     assert [c["step"] for c in ck] == [20, 40] and all(c["complete"] for c in ck)
 
 
+@pytest.mark.parametrize("fixture,backend,steps", [
+    ("openrlhf/console-0.6.0.log", "openrlhf", [1, 2, 3, 4]),
+    ("openrlhf/console-0.9.3.log", "openrlhf", [1, 2, 3, 4]),
+    ("openrlhf/console-0.11.2.log", "openrlhf", [1, 2, 3, 4]),
+    ("verl/console-0.2.0.post2.log", "verl", [1, 2]),
+    ("verl/console-0.4.1.log", "verl", [1, 2]),
+    ("verl/console-0.9.1.log", "verl", [1, 2]),
+    ("trl/console-no-step.log", "trl", [1, 2, 3, 4, 5]),
+])
+def test_committed_fixtures_attach_offline(fixture, backend, steps, runs):
+    """The same outputs, generated once by the backends' own code (tests/fixtures/openrlhf/generate.py and the
+    helpers above) and committed, so the formats stay covered without network."""
+    res, run, found = attach(str(FIXTURES / fixture))
+    assert res.code == 0 and found == backend, res.out + res.err
+    assert sorted(merged(run)) == steps
+
+
 # ---- nothing silent -------------------------------------------------------------------------------------------
 
 
