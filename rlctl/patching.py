@@ -234,9 +234,13 @@ class PatchStatus:
 
 def status(ps: PatchSet, inst: Installed) -> tuple[list[PatchStatus], str | None]:
     """Per patch: its state; plus a set-level note (version mismatch, patches wiped by a reinstall)."""
-    note = None
+    notes = []
+    recovered = recover(inst)
+    if recovered:
+        notes.append(recovered)
     if inst.version != ps.version:
-        note = f"set is for {ps.package} {ps.version}, installed is {inst.version}"
+        notes.append(f"set is for {ps.package} {ps.version}, installed is {inst.version}")
+    note = "; ".join(notes) or None
     rec = read_record(inst).get(ps.name, {})
     out = []
     for e in ps.patches:
@@ -256,37 +260,190 @@ def status(ps: PatchSet, inst: Installed) -> tuple[list[PatchStatus], str | None
 # apply / revert, atomically
 
 
-class _Snapshot:
-    """Byte-for-byte backup of the target files (and which did not exist), restorable in full."""
+JOURNAL_SUFFIX = ".journal"
+SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 
-    def __init__(self, site: Path, targets: list[str]):
-        self.site = site
-        self.saved: dict[str, tuple[bytes, int] | None] = {}
-        for t in dict.fromkeys(targets):
-            p = site / t
-            if p.is_file():
-                self.saved[t] = (p.read_bytes(), p.stat().st_mode)
+
+def journal_path(inst: Installed) -> Path:
+    return inst.site / f"{RECORD_PREFIX}{inst.package}{JOURNAL_SUFFIX}"
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _pid_alive(pid: Any, create_time: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and (
+            not isinstance(create_time, (int, float)) or abs(proc.create_time() - create_time) < 1.0)
+    except Exception:
+        return False
+
+
+class _Journal:
+    """A transaction's undo log, on disk before any target is touched: every target's bytes and mode (or that it
+    did not exist) plus the applied-record, written to a temporary directory, fsynced, then renamed into place.
+    If rlctl dies mid-transaction (SIGKILL, power loss), the journal survives and the next `patch status`, `apply`
+    or `revert` restores every file from it (`recover`). Committing is removing it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def begin(cls, inst: Installed, ps: PatchSet, verb: str, targets: list[str]) -> _Journal:
+        final = journal_path(inst)
+        tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        (tmp / "files").mkdir(parents=True)
+        entries: dict[str, Any] = {}
+        names = list(dict.fromkeys([*targets, record_path(inst).name]))
+        for i, t in enumerate(names):
+            src = inst.site / t
+            if src.is_file() and not src.is_symlink():
+                dst = tmp / "files" / str(i)
+                dst.write_bytes(src.read_bytes())
+                with open(dst, "rb") as fh:
+                    os.fsync(fh.fileno())
+                entries[t] = {"saved": str(i), "mode": src.stat().st_mode & 0o7777}
             else:
-                self.saved[t] = None
+                entries[t] = {"saved": None}
+        created = None
+        try:
+            import psutil
 
-    def restore(self) -> None:
-        for t, saved in self.saved.items():
-            p = self.site / t
-            if saved is None:
-                if p.exists():
-                    p.unlink()
+            created = psutil.Process().create_time()
+        except Exception:
+            pass
+        meta = {"set": ps.name, "verb": verb, "pid": os.getpid(), "pid_create_time": created, "targets": entries}
+        (tmp / "journal.json").write_text(json.dumps(meta, indent=2) + "\n")
+        with open(tmp / "journal.json", "rb") as fh:
+            os.fsync(fh.fileno())
+        os.rename(tmp, final)  # the transaction exists from here on, complete
+        _fsync_dir(inst.site)
+        return cls(final)
+
+    def meta(self) -> dict[str, Any]:
+        try:
+            data = json.loads((self.path / "journal.json").read_text())
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def restore(self, site: Path) -> list[str]:
+        """Every target back to its journaled bytes (or absent); leftovers of `patch` removed."""
+        targets = self.meta().get("targets")
+        if not isinstance(targets, dict):
+            raise PatchError(f"{self.path}: the patch journal is damaged; cannot tell what to restore.",
+                             hint="reinstall the package (pip install --force-reinstall ...) and remove the journal")
+        restored = []
+        for t, info in targets.items():
+            p = site / t
+            if not isinstance(info, dict) or Path(t).is_absolute() or ".." in Path(t).parts:
                 continue
-            data, mode = saved
-            tmp = p.with_name(p.name + ".rlctl-restore")
-            tmp.write_bytes(data)
-            os.chmod(tmp, mode)
-            os.replace(tmp, p)
-        # patch may leave .rej/.orig files next to targets when it fails
-        for t in self.saved:
-            for suffix in (".rej", ".orig"):
-                extra = self.site / (t + suffix)
+            saved = info.get("saved")
+            if saved is None:
+                if p.exists() or p.is_symlink():
+                    p.unlink()
+                    restored.append(t)
+            else:
+                data = (self.path / "files" / str(saved)).read_bytes()
+                if not p.is_file() or p.read_bytes() != data:
+                    restored.append(t)
+                tmp = p.with_name(p.name + ".rlctl-restore")
+                tmp.write_bytes(data)
+                os.chmod(tmp, int(info.get("mode", 0o644)))
+                os.replace(tmp, p)
+            for suffix in (".rej", ".orig", ".rlctl-restore"):
+                extra = site / (t + suffix)
                 if extra.exists():
                     extra.unlink()
+        _fsync_dir(site)
+        return restored
+
+    def commit(self) -> None:
+        done = self.path.with_name(f"{self.path.name}.done-{os.getpid()}")
+        os.rename(self.path, done)  # atomic: from here the transaction is over
+        shutil.rmtree(done, ignore_errors=True)
+
+
+def recover(inst: Installed) -> str | None:
+    """Finish what an interrupted apply/revert left: restore every file from its journal. Returns what was done
+    (for `patch status` to say), or None when there was nothing to recover."""
+    for stale in inst.site.glob(f"{RECORD_PREFIX}{inst.package}{JOURNAL_SUFFIX}.*"):
+        if ".tmp-" in stale.name or ".done-" in stale.name:  # a journal never completed / already committed
+            pid = stale.name.rsplit("-", 1)[-1]
+            if not (pid.isdigit() and _pid_alive(int(pid), None)):
+                shutil.rmtree(stale, ignore_errors=True)
+    path = journal_path(inst)
+    if not path.is_dir():
+        return None
+    j = _Journal(path)
+    meta = j.meta()
+    if _pid_alive(meta.get("pid"), meta.get("pid_create_time")):
+        raise PatchError(f"another rlctl (pid {meta.get('pid')}) is changing {inst.package} right now "
+                         f"({meta.get('verb')} {meta.get('set')}); nothing was changed.",
+                         hint="wait for it to finish, then retry")
+    restored = j.restore(inst.site)
+    j.commit()
+    return (f"an interrupted {meta.get('verb', 'transaction')} of {meta.get('set', '?')} "
+            f"(pid {meta.get('pid', '?')}) was rolled back from its journal: "
+            f"{len(restored)} file(s) restored, nothing is half-patched")
+
+
+class _SignalGuard:
+    """While a transaction runs, SIGINT, SIGTERM and SIGHUP (a dropped SSH session) are caught and remembered
+    instead of killing the process; the transaction checks between steps and rolls back from its journal before
+    exiting. A handler only records the signal, so nothing — not a second Ctrl-C — can interrupt the rollback."""
+
+    def __init__(self) -> None:
+        import signal
+        import threading
+
+        self.signal = signal
+        self.active = threading.current_thread() is threading.main_thread()
+        self.old: dict[int, Any] = {}
+        self.pending: list[int] = []
+        self.nums = [getattr(signal, n) for n in SIGNALS if hasattr(signal, n)]
+
+    def _record(self, signum: int, frame: Any) -> None:
+        self.pending.append(signum)
+
+    def check(self) -> None:
+        if self.pending:
+            raise Interrupted(self.pending[0])
+
+    def __enter__(self) -> _SignalGuard:
+        if self.active:
+            for n in self.nums:
+                self.old[n] = self.signal.signal(n, self._record)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for n, h in self.old.items():
+            self.signal.signal(n, h)
+
+
+class Interrupted(BaseException):
+    """A signal arrived in the middle of a transaction."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _check_writable(inst: Installed, targets: list[str]) -> None:
@@ -321,6 +478,7 @@ class Outcome:
 
 
 def _states_or_refuse(ps: PatchSet, inst: Installed, verb: str) -> dict[str, str]:
+    recover(inst)
     states = {e.file.name: patch_state(e, inst.site) for e in ps.patches}
     bad = {k: v for k, v in states.items() if v in ("conflicting", "partly applied")}
     if bad:
@@ -331,24 +489,54 @@ def _states_or_refuse(ps: PatchSet, inst: Installed, verb: str) -> dict[str, str
 
 def _transaction(inst: Installed, ps: PatchSet, todo: list[PatchEntry], args: list[str], verb: str,
                  on_success: Any) -> None:
-    """Run `patch ARGS` for each entry; on any failure restore every target byte for byte."""
+    """Run `patch ARGS` for each entry, journaled: on any failure or signal, every target is restored byte for
+    byte; if rlctl is killed outright, the journal lets the next command restore them."""
     targets = [t for e in todo for t in e.targets]
     _check_writable(inst, targets)
-    snap = _Snapshot(inst.site, targets)
+    with _SignalGuard() as guard:
+        try:
+            journal = _Journal.begin(inst, ps, verb, targets)
+        except OSError as exc:
+            raise PatchError(f"cannot write the patch journal in {inst.site} ({exc.strerror or exc}); "
+                             "nothing was changed.", hint="free disk space or fix permissions") from None
+        try:
+            guard.check()
+            for e in todo:
+                r = _run_patch(args, inst.site, e.file)
+                guard.check()  # a signal that also hit `patch` (Ctrl-C reaches the whole group) wins over its error
+                if r.returncode != 0:
+                    raise PatchError(f"{e.file.name} failed to {verb}: {(r.stdout + r.stderr).strip()[-400:]}")
+                on_success(e)
+            _write_record(inst, ps, on_success(None))
+            guard.check()
+            journal.commit()
+        except BaseException as exc:
+            journal.restore(inst.site)
+            journal.commit()
+            signum = exc.signum if isinstance(exc, Interrupted) else 2 if isinstance(exc, KeyboardInterrupt) else 0
+            if signum:
+                raise _interrupted(signum, ps, verb) from None
+            if isinstance(exc, PatchError):
+                raise PatchError(f"{exc.message} Every file was restored; nothing is half-patched.") from None
+            if isinstance(exc, OSError):
+                raise PatchError(f"{verb} {ps.name} failed ({exc}); every file was restored.") from None
+            raise
+        if guard.pending:  # arrived after the commit: the transaction is complete; still exit as signalled
+            raise _interrupted(guard.pending[0], ps, verb, completed=True)
+
+
+def _interrupted(signum: int, ps: PatchSet, verb: str, completed: bool = False) -> PatchError:
+    import signal
+
     try:
-        for e in todo:
-            r = _run_patch(args, inst.site, e.file)
-            if r.returncode != 0:
-                raise PatchError(f"{e.file.name} failed to {verb}: {(r.stdout + r.stderr).strip()[-400:]}")
-            on_success(e)
-        _write_record(inst, ps, on_success(None))
-    except BaseException as exc:
-        snap.restore()
-        if isinstance(exc, PatchError):
-            raise PatchError(f"{exc.message} Every file was restored; nothing is half-patched.") from None
-        if isinstance(exc, OSError):
-            raise PatchError(f"{verb} {ps.name} failed ({exc}); every file was restored.") from None
-        raise
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    what = ("it had completed: every file is patched as recorded" if completed
+            else "every file was restored, nothing is half-patched")
+    err = PatchError(f"{verb} {ps.name} interrupted by {name}; {what}.")
+    err.exit_code = 128 + int(signum)
+    return err
 
 
 def apply(ps: PatchSet, inst: Installed, dry_run: bool = False, allow_version_mismatch: bool = False) -> Outcome:

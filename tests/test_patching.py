@@ -268,3 +268,122 @@ def test_cli_patch_commands(site, cli, tmp_path):
     assert res.code == 2 and "no patch set" in res.err
     res = cli("patch", "status", "--backend", "openrlhf", "--python", str(tmp_path / "no-python"))
     assert res.code == 2 and "cannot run" in res.err and "Traceback" not in res.err
+
+
+# ---- interrupted transactions: real signals to a real `rlctl patch` process ---------------------------------------
+
+FAKE_PATCH = """#!/bin/sh
+# GNU patch, then (for a real change) a mark and a pause: the test signals rlctl while it is mid-transaction
+"$REAL_PATCH" "$@"; rc=$?
+case " $* " in *" --dry-run "*) exit $rc;; esac
+n=$(ls "$MARKS" | wc -l)
+touch "$MARKS/changed-$n"
+sleep "$PAUSE"
+exit $rc
+"""
+
+
+def _slow_patch_env(tmp_path, pause="3"):
+    import shutil as _sh
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "patch").write_text(FAKE_PATCH)
+    (bindir / "patch").chmod(0o755)
+    marks = tmp_path / "marks"
+    if marks.exists():
+        _sh.rmtree(marks)
+    marks.mkdir()
+    env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", REAL_PATCH=_sh.which("patch"),
+               MARKS=str(marks), PAUSE=pause)
+    return env, marks
+
+
+def _start(verb, py, env, cwd):
+    import subprocess
+
+    return subprocess.Popen([sys.executable, "-m", "rlctl.cli", "patch", verb, "openrlhf/0.9.3", "--python", py],
+                            env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _wait_for_first_change(marks, proc, timeout=60):
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any(marks.iterdir()):
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    raise AssertionError("the transaction never started")
+
+
+@pytest.mark.parametrize("signame,group", [("SIGINT", True), ("SIGTERM", False), ("SIGHUP", False)])
+def test_signal_mid_apply_restores_every_file(site, tmp_path, signame, group):
+    import signal
+
+    sp, py = site
+    before = tree_hash(sp)
+    env, marks = _slow_patch_env(tmp_path)
+    proc = _start("apply", py, env, tmp_path)
+    _wait_for_first_change(marks, proc)
+    assert tree_hash(sp) != before  # the first patch is in: really mid-transaction
+    sig = getattr(signal, signame)
+    (os.killpg if group else os.kill)(proc.pid, sig)  # Ctrl-C reaches the whole group; TERM/HUP only rlctl
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err
+    assert f"interrupted by {signame}" in err and "restored" in err and "Traceback" not in err
+    assert tree_hash(sp) == before
+    assert not list(sp.glob(".rlctl-patches-openrlhf.journal*"))
+
+
+def test_signal_mid_revert_restores_the_applied_state(site, tmp_path):
+    import signal
+
+    sp, py = site
+    patching.apply(patching.load_set(SET), patching.locate("openrlhf", py))
+    applied = tree_hash(sp)
+    env, marks = _slow_patch_env(tmp_path)
+    proc = _start("revert", py, env, tmp_path)
+    _wait_for_first_change(marks, proc)
+    os.kill(proc.pid, signal.SIGHUP)  # a dropped SSH session
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert tree_hash(sp) == applied
+
+
+def test_sigkill_mid_apply_is_repaired_by_patch_status(site, tmp_path, cli):
+    import signal
+
+    sp, py = site
+    before = tree_hash(sp)
+    env, marks = _slow_patch_env(tmp_path, pause="30")
+    proc = _start("apply", py, env, tmp_path)
+    _wait_for_first_change(marks, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # no handler can run: only the journal is left
+    proc.communicate(timeout=30)
+    assert (sp / ".rlctl-patches-openrlhf.journal" / "journal.json").is_file()
+    assert tree_hash(sp) != before
+    res = cli("patch", "status", "openrlhf/0.9.3", "--python", py)
+    assert res.code == 0, res.err
+    assert "interrupted apply of openrlhf/0.9.3" in res.out and "rolled back" in res.out
+    assert {line.split()[0] for line in res.out.splitlines()[2:]} == {"not"}  # every patch: not applied
+    after = tree_hash(sp)
+    assert after == before
+    # and the set applies cleanly afterwards
+    assert cli("patch", "apply", "openrlhf/0.9.3", "--python", py).code == 0
+
+
+def test_a_journal_of_a_live_transaction_is_left_alone(site, tmp_path):
+    sp, py = site
+    inst = patching.locate("openrlhf", py)
+    ps = patching.load_set(SET)
+    j = patching._Journal.begin(inst, ps, "apply", [EM])
+    meta = json.loads((j.path / "journal.json").read_text())
+    meta["pid"] = os.getppid()  # a live process that is not us
+    meta["pid_create_time"] = None
+    (j.path / "journal.json").write_text(json.dumps(meta))
+    with pytest.raises(PatchError, match="another rlctl"):
+        patching.apply(ps, inst)
+    shutil.rmtree(j.path)
