@@ -34,6 +34,13 @@ class TRLBackend(Backend):
     metric_needles = ("{'", "'step'")  # as in trl/metrics.py NEEDLES
     logits_scope = "completion"  # TRL computes log-probs of the completion tokens only (logits_to_keep)
 
+    def uses_vllm(self, recipe: Recipe) -> bool:
+        """TRL generates with the trainer's own model unless `use_vllm` is set in its extras."""
+        return bool(recipe.backend.extra().get("use_vllm"))
+
+    def patch_locally(self, recipe: Recipe) -> bool:
+        return True  # the runner runs in rlctl's own Python, whichever executor starts it
+
     def target_version(self, recipe: Recipe) -> str:
         return recipe.backend.version or installed_version("trl") or self.known_versions[-1]
 
@@ -133,6 +140,11 @@ class TRLBackend(Backend):
             cfg["eval_steps"] = r.eval.every
         cfg.update(r.backend.extra())
         return cfg
+
+    def micro_tokens(self, recipe: Recipe, micro_batch: int) -> int:
+        """TRL pads each batch to its longest prompt + completion, at most max_prompt_tokens + max_tokens."""
+        r = recipe
+        return micro_batch * min(r.data.max_prompt_tokens + r.rollout.max_tokens, r.model.max_model_len)
 
     def precision_config(self, recipe: Recipe) -> dict[str, Any]:
         """model.precision rendered faithfully (docs/precision.md).
