@@ -164,7 +164,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     plan = prep.backend.prepare_launch(prep.plan, run_dir)
     plan.write(run_dir)
 
-    (run_dir / "env.json").write_text(json.dumps(environment_record(Path.cwd(), prep.backend.packages), indent=2))
+    (run_dir / "env.json").write_text(json.dumps(environment_record(Path.cwd(), (*prep.backend.packages, *prep.backend.recorded_packages)), indent=2))
     spec = {
         "argv": executor.command(plan, prep.backend, {}), "backend": plan.backend, "executor": executor.name,
         "grace_seconds": opts.grace_seconds,
@@ -203,6 +203,10 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     except OSError:
         raise RlctlError(f"could not start {spec['argv'][0]!r}; see {run_dir / 'stdout.log'}.") from None
     progress.done(run_dir)
+    from rlctl.metrics.gpu import verdict_line  # measured peak (NVML) vs the plan; says so when not measured
+
+    if (gpu_line := verdict_line(run_dir)) and (opts.smoke or recipe.resources.gpus_per_node > 0):
+        print(gpu_line, file=out)
     return run_dir, code
 
 

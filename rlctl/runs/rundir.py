@@ -20,8 +20,9 @@ from rlctl.errors import RlctlError
 
 SECRET_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
-RECORDED_PACKAGES = ("rlctl", "torch", "transformers", "trl", "peft", "accelerate", "vllm", "ray", "deepspeed",
-                     "openrlhf", "verl", "prime-rl", "flash-attn", "wandb")
+# The libraries every run's outcome depends on; the backend's own distributions come from its adapter.
+RECORDED_PACKAGES = ("rlctl", "torch", "transformers", "peft", "accelerate", "vllm", "ray", "deepspeed", "flash-attn",
+                     "wandb")
 
 
 def create_run_dir(root: Path, name: str, now: float | None = None) -> Path:
