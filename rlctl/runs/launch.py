@@ -164,7 +164,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     plan = prep.backend.prepare_launch(prep.plan, run_dir)
     plan.write(run_dir)
 
-    (run_dir / "env.json").write_text(json.dumps(environment_record(Path.cwd(), (*prep.backend.packages, *prep.backend.recorded_packages)), indent=2))
+    packages = (*prep.backend.packages, *prep.backend.recorded_packages)
+    (run_dir / "env.json").write_text(json.dumps(environment_record(Path.cwd(), packages), indent=2))
     spec = {
         "argv": executor.command(plan, prep.backend, {}), "backend": plan.backend, "executor": executor.name,
         "grace_seconds": opts.grace_seconds,
