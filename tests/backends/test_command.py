@@ -320,3 +320,75 @@ def test_example_recipe_renders(workdir):
     r = rlctl(workdir, "render", "ex.toml")
     assert r.returncode == 0, r.stderr
     assert "rl_runner.py" in r.stdout
+
+
+FAKE = """
+import json, os, sys, time
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+start = 1
+if "--resume" in args:
+    start = json.load(open(os.path.join(args["--resume"], "done.json")))["step"] + 1
+os.makedirs("runs_here/run_%d" % int(time.time() * 1000), exist_ok=True)
+log = sorted(os.listdir("runs_here"))[-1]
+for step in range(start, int(args["--steps"]) + 1):
+    with open(f"runs_here/{log}/log.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\\n")
+    ck = os.path.join(args["--save"], f"ckpt-{step}")
+    os.makedirs(ck, exist_ok=True)
+    json.dump({"step": step}, open(os.path.join(ck, "done.json"), "w"))
+print("trained", start, "to", args["--steps"], "in", os.getcwd(), flush=True)
+"""
+
+
+def test_runner_in_another_directory_with_a_glob_metrics_file(workdir, tmp_path):
+    """No torch: the runner itself, a command with its own cwd, checkpoints in the run directory, a metrics file
+    named after its start time, resume from the newest complete checkpoint, translated records."""
+    elsewhere = tmp_path / "project"
+    elsewhere.mkdir()
+    (elsewhere / "train.py").write_text(FAKE)
+    text = f"""
+[backend]
+name = "command"
+[backend.command]
+command = ["{sys.executable}", "train.py", "--steps", "{{steps}}", "--save", "{{checkpoint_dir}}"]
+cwd = "{elsewhere}"
+metrics_file = "runs_here/run_*/log.jsonl"
+metrics_map = {{loss = "policy_loss"}}
+checkpoint_pattern = "ckpt-{{step}}"
+checkpoint_marker = "done.json"
+resume_args = ["--resume", "{{path}}"]
+[model]
+path = "random:qwen2?hidden=64&layers=2"
+[data]
+train = "prompts.jsonl"
+[train]
+steps = 3
+[checkpoint]
+dir = "ck"
+resume = "latest"
+"""
+    (workdir["dir"] / "e.toml").write_text(text)
+    plan = get_backend("command").prepare_launch(get_backend("command").render(load(workdir["dir"] / "e.toml").recipe),
+                                                 tmp_path)
+    cfg = json.loads(plan.files["command.json"])
+    assert cfg["argv"][-1] == "${RLCTL_RUN_DIR}/ck" and plan.argv[0] == sys.executable
+    run = tmp_path / "run"
+    plan.write(run)
+    env = {**workdir["env"], "RLCTL_METRICS_FILE": str(run / "backend_metrics.jsonl")}
+
+    def attempt(steps: int) -> str:
+        cfg["argv"][cfg["argv"].index("--steps") + 1] = str(steps)
+        (run / "command.json").write_text(json.dumps(cfg))
+        with open(run / "stdout.log", "ab") as out:
+            code = subprocess.run(plan.argv, cwd=run, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=60)
+        assert code.returncode == 0, (run / "stdout.log").read_text()
+        return (run / "stdout.log").read_text()
+
+    log = attempt(3)
+    assert f"trained 1 to 3 in {elsewhere}" in log and (run / "ck" / "ckpt-3" / "done.json").is_file()
+    assert json.loads((run / "ck" / ".rlctl-checkpoints.json").read_text())["pattern"] == "ckpt-{step}"
+    assert [c.step for c in get_backend("command").checkpoints(run / "ck")] == [1, 2, 3]
+    log = attempt(5)  # restarted: resumes after the newest complete checkpoint
+    assert f"--resume {run / 'ck' / 'ckpt-3'}" in log and "trained 4 to 5" in log
+    recs = [get_backend("command").parse(line) for line in (run / "backend_metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["policy_loss"]) for r in recs] == [(s, 1.0 / s) for s in range(1, 6)]

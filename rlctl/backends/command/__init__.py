@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 CONFIG_FILE = "command.json"
 RUNNER_FILE = "command_runner.py"
 RESUME_FIELDS = ("step", "path", "dir")
+RUN_DIR = _runner.RUN_DIR_TOKEN  # the run directory, substituted by the runner when the attempt starts
 NAME = "command"
 
 
@@ -59,7 +60,7 @@ class CommandOptions(BackendExtra):
         description="The trainer's command: an argv list, or a string split like a shell would (no shell features "
         "unless `shell = true`). Placeholders from the recipe: {model} {train_data} {eval_data} {steps} {lr} {seed} "
         "{group_size} {prompts_per_step} {max_tokens} {temperature} {train_batch_size} {micro_batch_size} {kl_coef} "
-        "{checkpoint_dir} {checkpoint_every} {keep_last} {metrics_file} {name}; `{{`/`}}` for literal braces.")
+        "{checkpoint_dir} {checkpoint_every} {keep_last} {metrics_file} {name} {run_dir}; `{{`/`}}` are braces.")
     shell: bool = Field(default=False, description="Run the command string through /bin/sh -c.")
     cwd: str | None = Field(default=None, description="Working directory of the command, relative to the run "
                             "directory (default: the run directory).")
@@ -68,7 +69,8 @@ class CommandOptions(BackendExtra):
         "`step` (or `step_key`) is the step (no step group: steps are counted).")
     metrics_file: str | None = Field(
         default=None, description="A JSONL file the trainer writes, one object per step (relative to the command's "
-        "working directory); nested objects are flattened with '/'.")
+        "working directory; with `*`, the newest matching file that appears after the start); nested objects are "
+        "flattened with '/'.")
     step_key: str = Field(default="step", description="The trainer's name for the step (group or JSON key).")
     metrics_map: dict[str, str] = Field(
         default_factory=dict, description="Trainer key -> rlctl's unified name (e.g. loss = \"policy_loss\"); keys "
@@ -175,10 +177,20 @@ class CommandBackend(Backend):
             "group_size": r.rollout.group_size, "prompts_per_step": r.rollout.prompts_per_step,
             "max_tokens": r.rollout.max_tokens, "temperature": r.rollout.temperature,
             "train_batch_size": r.train.train_batch_size, "micro_batch_size": r.train.micro_batch_size,
-            "kl_coef": r.algorithm.kl_coef, "checkpoint_dir": r.checkpoint.dir, "checkpoint_every": r.checkpoint.every,
-            "keep_last": r.checkpoint.keep_last, "name": r.name,
+            "kl_coef": r.algorithm.kl_coef, "checkpoint_dir": self._checkpoint_dir(r, opts),
+            "checkpoint_every": r.checkpoint.every, "keep_last": r.checkpoint.keep_last, "name": r.name,
+            "run_dir": RUN_DIR,
             "metrics_file": getattr(opts, "metrics_file", None),
         }
+
+    @staticmethod
+    def _checkpoint_dir(recipe: Recipe, opts: Any) -> str:
+        """checkpoint.dir as the command sees it: relative paths are inside the run directory, so a command that runs
+        elsewhere (`cwd`) gets the run directory spelled out when the attempt starts."""
+        d = recipe.checkpoint.dir
+        if Path(d).is_absolute() or not getattr(opts, "cwd", None):
+            return d
+        return f"{RUN_DIR}/{d}"
 
     def _fill(self, template: str, values: dict[str, Any], where: str) -> str:
         for f in _fields(template):
@@ -312,7 +324,7 @@ class CommandBackend(Backend):
             return None
         rec = {k: clean_value(v) for k, v in inner.items() if k != "step"}
         if "step" in inner:
-            rec["step"] = inner["step"] if isinstance(inner["step"], int) else None
+            rec["step"] = inner["step"] if type(inner["step"]) is int else None
         return rec
 
     # ---- checkpoints -----------------------------------------------------------------------------------------------

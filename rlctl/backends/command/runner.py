@@ -29,6 +29,7 @@ import time
 DESCRIPTOR = ".rlctl-checkpoints.json"
 RECORD_KEY = "rlctl_command"
 OUT_DEFAULT = "backend_metrics.jsonl"
+RUN_DIR_TOKEN = "${RLCTL_RUN_DIR}"  # in the rendered command: the run directory (this process's working directory)
 POLL = 0.25
 
 
@@ -102,7 +103,7 @@ def fill(template: list[str], values: dict[str, str]) -> list[str]:
     return [a.format(**values) for a in template]
 
 
-def command_argv(cfg: dict, resume: tuple[int, str] | None) -> list[str]:
+def command_argv(cfg: dict, resume: tuple[int, str] | None, run_dir: str | None = None) -> list[str]:
     ck = cfg.get("checkpoint") or {}
     if resume is None:
         argv = list(cfg["argv"])
@@ -112,6 +113,8 @@ def command_argv(cfg: dict, resume: tuple[int, str] | None) -> list[str]:
             argv = fill(cfg["resume_argv"], values)
         else:
             argv = list(cfg["argv"]) + fill(ck.get("resume_args") or [], values)
+    if run_dir is not None:
+        argv = [a.replace(RUN_DIR_TOKEN, run_dir) for a in argv]
     if cfg.get("shell"):
         return ["/bin/sh", "-c", " ".join(argv) if len(argv) > 1 else argv[0]]
     return argv
@@ -191,17 +194,50 @@ class Translator:
 
 
 class Follower:
-    """New complete lines of a file, from where it was when we started (an earlier attempt's lines are done)."""
+    """New complete lines of a file, from where it was when we started (an earlier attempt's lines are done).
+
+    A path with `*`/`?` (a trainer that names its log after the time it started: `training_runs/run_*/logs/x.jsonl`)
+    is the newest matching file that appeared, or grew, after we started; read from where it was then."""
 
     def __init__(self, path: str, handle):
-        self.path, self.handle = path, handle
+        self.handle, self.carry = handle, b""
+        self.pattern = path if any(c in path for c in "*?[") else None
+        self.path = None if self.pattern else path
+        self.before = self._sizes() if self.pattern else {}
         try:
-            self.offset = os.path.getsize(path)
+            self.offset = os.path.getsize(path) if self.path else 0
         except OSError:
             self.offset = 0
-        self.carry = b""
+
+    def _sizes(self) -> dict[str, int]:
+        import glob
+
+        out = {}
+        for p in glob.glob(self.pattern):
+            try:
+                if os.path.isfile(p):
+                    out[p] = os.path.getsize(p)
+            except OSError:
+                continue
+        return out
+
+    def _resolve(self) -> bool:
+        if self.path is None:
+            fresh = []
+            for p, size in self._sizes().items():
+                if size > self.before.get(p, -1):
+                    try:
+                        fresh.append((os.path.getmtime(p), p))
+                    except OSError:
+                        continue
+            if fresh:
+                self.path = max(fresh)[1]
+                self.offset = self.before.get(self.path, 0)
+        return self.path is not None
 
     def poll(self, final: bool = False) -> None:
+        if not self._resolve():
+            return
         try:
             size = os.path.getsize(self.path)
         except OSError:
@@ -255,7 +291,7 @@ def main(argv: list[str]) -> int:
         print(f"rlctl-command: {e}", flush=True)
         return 2
     write_descriptor(cfg)
-    cmd = command_argv(cfg, resume)
+    cmd = command_argv(cfg, resume, base)
     cwd = os.path.join(base, cfg.get("cwd") or ".")
     if resume is not None:
         print(f"rlctl-command: resuming from checkpoint step {resume[0]} ({resume[1]})", flush=True)
@@ -275,7 +311,7 @@ def main(argv: list[str]) -> int:
     if log:
         followers.append(Follower(log, lambda s: emit(tr.line(s))))
     if metrics.get("file"):
-        mfile = os.path.join(cwd, metrics["file"])
+        mfile = os.path.join(cwd, metrics["file"].replace(RUN_DIR_TOKEN, base))
         followers.append(Follower(mfile, lambda s: emit(tr.json_line(s))))
 
     def flush() -> None:
