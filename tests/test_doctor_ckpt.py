@@ -222,8 +222,9 @@ def test_backend_layouts(tmp_path):
     assert [(x.step, x.complete, len(x.extra_paths)) for x in c] == [(5, True, 1), (10, False, 1)]
     # verl: global_step_N complete up to latest_checkpointed_iteration.txt
     root = tmp_path / "verl"
-    for s in (50, 100):
+    for s in (50, 100):  # the real layout: tests/conformance/test_verl.py
         (root / f"global_step_{s}" / "actor").mkdir(parents=True)
+        (root / f"global_step_{s}" / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"m")
     (root / "latest_checkpointed_iteration.txt").write_text("50")
     assert [(x.step, x.complete) for x in ck.find_checkpoints("verl", tmp_path, root)] == [(50, True), (100, False)]
     # OpenRLHF: DeepSpeed _actor/global_stepN + HF global_stepN_hf

@@ -28,7 +28,7 @@ class Prepared:
         return installed_version(self.backend.packages[0])
 
     def validate(self) -> list[Finding]:
-        return self.backend.validate(self.plan, self.installed_version())
+        return self.backend.validate(self.plan, self.installed_version()) + self.backend.unhonoured(self.recipe)
 
 
 def dataset_size(path: str) -> int | None:

@@ -1,19 +1,33 @@
-"""verl: `python3 -m verl.trainer.main_ppo` with Hydra overrides, checked against verl's generated ppo_trainer.yaml."""
+"""verl: `python3 -m verl.trainer.main_ppo` with Hydra overrides, per release, checked against that release's config.
+
+Everything rlctl knows about verl lives here; docs/backends/verl.md is the human version (mapping per release, what
+cannot be mapped) and tests/conformance/test_verl.py proves it with verl's own code (Hydra compose of the packaged
+ppo_trainer config, validate_config, the trainer's step/epoch loop, its LR schedulers and checkpoint manager).
+
+Units. verl's trainer counts *iterations* (`global_steps`: one rollout of data.train_batch_size prompts, then
+ppo_epochs passes over it in mini-batches of ppo_mini_batch_size prompts, one optimizer step each). rlctl counts
+optimizer steps. One logged verl step = `optimizer_steps_per_logged_step()` optimizer steps, and verl's LR scheduler
+steps once per iteration (engine_workers.py: `update_lr_scheduler=batch_idx == total_num_iterations - 1`).
+"""
 
 from __future__ import annotations
 
 import json
+import math
+import os
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import installed_version, package_file, yaml_key_paths
-from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_snapshot, nearest_snapshot
+from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys
 from rlctl.estimate.schedules import verl_schedule
 
 if TYPE_CHECKING:
     from rlctl.backends.layout import Checkpoint
     from rlctl.recipe.schema import Recipe
 
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 ADV = {"grpo": "grpo", "dr_grpo": "grpo", "reinforce_baseline": "reinforce_plus_plus_baseline", "ppo": "gae"}
 KL_TYPE = {"k1": "kl", "k2": "mse", "k3": "low_var_kl", "low_var_kl": "low_var_kl"}
 CONFIG_FILE = "trainer/config/_generated_ppo_trainer.yaml"
@@ -34,59 +48,99 @@ def _val(v: Any) -> str:
     return str(v)
 
 
+@cache
+def snapshot(version: str) -> dict[str, Any]:
+    """Facts about one verl release, generated from its wheel by scripts/snapshot_verl.py."""
+    return json.loads((SNAPSHOTS / f"{version}.json").read_text())
+
+
 class VerlBackend(Backend):
     name = "verl"
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
     colocation = "sleep"  # hybrid engine: vLLM frees weights + KV cache while the actor trains
     packages = ("verl",)
-    known_versions = ("0.9.1",)
+    known_versions = ("0.9.0", "0.9.1")  # each has a snapshot and passes tests/conformance/test_verl.py
     metric_needles = ("step:", '{"step"')  # as in verl/metrics.py NEEDLES
 
-    def target_version(self, recipe: Recipe) -> str:
-        return recipe.backend.version or installed_version("verl") or self.known_versions[-1]
-
     # ---- steps and schedule ----------------------------------------------------------------------------------
-    def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
-        """ray_trainer.py: len(train_dataloader) * total_epochs (drop_last=True), unless total_training_steps."""
+    @staticmethod
+    def mini_batch_prompts(recipe: Recipe) -> int:
+        """actor.ppo_mini_batch_size: verl counts it in prompts (x rollout.n samples); rlctl's train_batch_size
+        counts samples."""
+        return max(recipe.train.train_batch_size // recipe.rollout.group_size, 1)
+
+    def optimizer_steps_per_logged_step(self, recipe: Recipe) -> int:
+        """Optimizer steps per verl iteration: ppo_epochs x (train_batch_size // ppo_mini_batch_size) mini-batches
+        (engine_workers.py update_actor: `total_num_iterations = data.shape[0] // mini_batch_size_per_gpu * epochs`)."""
+        per_rollout = max(recipe.rollout.prompts_per_step // self.mini_batch_prompts(recipe), 1)
+        return per_rollout * recipe.train.epochs_per_rollout
+
+    def iterations(self, recipe: Recipe, dataset_size: int | None) -> int | None:
+        """verl's total_training_steps (iterations): train.steps optimizer steps rounded up to whole iterations, else
+        trainer_base.py `steps_per_epoch * total_epochs` with steps_per_epoch = len(dataset) // train_batch_size."""
+        k = self.optimizer_steps_per_logged_step(recipe)
         if recipe.train.steps is not None:
-            return recipe.train.steps
+            return math.ceil(recipe.train.steps / k)
         if dataset_size is None:
             return None
         return dataset_size // recipe.rollout.prompts_per_step * (recipe.train.episodes or 1)
 
+    def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
+        it = self.iterations(recipe, dataset_size)
+        return None if it is None else it * self.optimizer_steps_per_logged_step(recipe)
+
     def steps_formula(self, recipe: Recipe, dataset_size: int) -> str:
-        return f"{dataset_size} prompts // {recipe.rollout.prompts_per_step} per step x {recipe.train.episodes}"
+        k = self.optimizer_steps_per_logged_step(recipe)
+        return (f"{dataset_size} prompts // {recipe.rollout.prompts_per_step} per iteration x "
+                f"{recipe.train.episodes or 1} epochs x {k} optimizer steps per iteration")
+
+    def warmup_iterations(self, recipe: Recipe, iterations: int) -> int:
+        # fsdp/transformer_impl.py: lr_warmup_steps if > 0 else int(lr_warmup_steps_ratio * total_training_steps),
+        # both counted in scheduler steps = iterations
+        if recipe.optim.warmup_steps:
+            return math.ceil(recipe.optim.warmup_steps / self.optimizer_steps_per_logged_step(recipe))
+        return int((recipe.optim.warmup_ratio or 0.0) * iterations)
 
     def warmup_steps(self, recipe: Recipe, total: int) -> int:
-        # transformer_impl.py: lr_warmup_steps if > 0 else int(lr_warmup_steps_ratio * total)
-        if recipe.optim.warmup_steps:
-            return recipe.optim.warmup_steps
-        return int((recipe.optim.warmup_ratio or 0.0) * total)
+        k = self.optimizer_steps_per_logged_step(recipe)
+        return self.warmup_iterations(recipe, total // k) * k
 
-    def _kind(self, recipe: Recipe) -> str:
+    @staticmethod
+    def _kind(recipe: Recipe) -> str:
         return "constant" if recipe.optim.schedule == "constant" else "cosine"
 
+    @staticmethod
+    def _min_lr_ratio(recipe: Recipe) -> float:
+        return recipe.optim.min_lr_ratio if recipe.optim.schedule == "cosine_with_min_lr" else 0.0
+
     def schedule(self, recipe: Recipe, dataset_size: int | None) -> list[float]:
-        total = self.total_steps(recipe, dataset_size)
-        if not total:
+        """The LR of each optimizer step: verl's per-iteration LR, held for the iteration's mini-batches."""
+        it = self.iterations(recipe, dataset_size)
+        if not it or recipe.optim.schedule == "linear":
             return []
-        kind = self._kind(recipe)
-        ratio = recipe.optim.min_lr_ratio if kind == "cosine" else 0.0
-        return verl_schedule(kind, recipe.optim.lr, self.warmup_steps(recipe, total), total, ratio)
+        k = self.optimizer_steps_per_logged_step(recipe)
+        per_iter = verl_schedule(self._kind(recipe), recipe.optim.lr, self.warmup_iterations(recipe, it), it,
+                                 self._min_lr_ratio(recipe))
+        return [lr for lr in per_iter for _ in range(k)]
 
     # ---- render ----------------------------------------------------------------------------------------------
-    def overrides(self, recipe: Recipe, dataset_size: int | None) -> list[tuple[str, Any]]:
+    def overrides(self, recipe: Recipe, dataset_size: int | None, version: str | None = None) -> list[tuple[str, Any]]:
         r = recipe
+        version = version or self.target_version(r) or self.known_versions[-1]
+        snap = snapshot(version)
         g = r.rollout.group_size
+        kl_on = r.algorithm.kl_coef > 0
+        kl_in_reward = kl_on and not r.algorithm.use_kl_loss
         o: list[tuple[str, Any]] = [
             ("algorithm.adv_estimator", ADV[r.algorithm.name]),
         ]
         if r.algorithm.name == "dr_grpo":
             o.append(("algorithm.norm_adv_by_std_in_grpo", False))
-        o += [
-            ("algorithm.use_kl_in_reward", False),
-            ("data.train_files", r.data.train),
-        ]
+        o.append(("algorithm.use_kl_in_reward", kl_in_reward))
+        if kl_in_reward:
+            o += [("algorithm.kl_penalty", KL_TYPE[r.algorithm.kl_estimator]),
+                  ("algorithm.kl_ctrl.kl_coef", r.algorithm.kl_coef)]
+        o.append(("data.train_files", r.data.train))
         if r.data.eval:
             o.append(("data.val_files", r.data.eval))
         o += [
@@ -98,28 +152,29 @@ class VerlBackend(Backend):
             (f"{A}.model.path", r.model.path),
             (f"{A}.model.enable_gradient_checkpointing", r.train.gradient_checkpointing),
         ]
+        if r.model.trust_remote_code:
+            o.append((f"{A}.model.trust_remote_code", True))
         if r.lora:
-            tm = r.lora.target_modules
             o += [(f"{A}.model.lora_rank", r.lora.rank), (f"{A}.model.lora_alpha", r.lora.alpha),
-                  (f"{A}.model.target_modules", tm)]
+                  (f"{A}.model.target_modules", r.lora.target_modules)]
         o += [
             (f"{A}.actor.optim.lr", r.optim.lr),
             (f"{A}.actor.optim.lr_scheduler_type", self._kind(r)),
         ]
         if r.optim.warmup_steps:
-            o.append((f"{A}.actor.optim.lr_warmup_steps", r.optim.warmup_steps))
+            o.append((f"{A}.actor.optim.lr_warmup_steps", self.warmup_iterations(r, 0)))
         elif r.optim.warmup_ratio:
             o.append((f"{A}.actor.optim.lr_warmup_steps_ratio", r.optim.warmup_ratio))
         if self._kind(r) == "cosine":
-            o.append((f"{A}.actor.optim.min_lr_ratio", r.optim.min_lr_ratio))
+            o.append((f"{A}.actor.optim.min_lr_ratio", self._min_lr_ratio(r)))
         o += [
             (f"{A}.actor.optim.weight_decay", r.optim.weight_decay),
             (f"{A}.actor.optim.clip_grad", r.optim.max_grad_norm),
             # verl counts the mini batch in prompts; rlctl's train_batch_size counts samples
-            (f"{A}.actor.ppo_mini_batch_size", max(r.train.train_batch_size // g, 1)),
+            (f"{A}.actor.ppo_mini_batch_size", self.mini_batch_prompts(r)),
             (f"{A}.actor.ppo_micro_batch_size_per_gpu", r.train.micro_batch_size),
             (f"{A}.actor.ppo_epochs", r.train.epochs_per_rollout),
-            (f"{A}.actor.use_kl_loss", r.algorithm.use_kl_loss and r.algorithm.kl_coef > 0),
+            (f"{A}.actor.use_kl_loss", kl_on and r.algorithm.use_kl_loss),
             (f"{A}.actor.kl_loss_coef", r.algorithm.kl_coef),
             (f"{A}.actor.kl_loss_type", KL_TYPE[r.algorithm.kl_estimator]),
             (f"{A}.actor.entropy_coeff", r.algorithm.entropy_coef),
@@ -127,6 +182,8 @@ class VerlBackend(Backend):
             (f"{A}.actor.fsdp_config.param_offload", r.train.offload),
             (f"{A}.actor.fsdp_config.optimizer_offload", r.train.offload),
         ]
+        if not r.checkpoint.save_optimizer:
+            o.append((f"{A}.actor.checkpoint.save_contents", ["model", "extra"]))
         if r.algorithm.name == "dr_grpo":
             o.append((f"{A}.actor.loss_agg_mode", "seq-mean-token-sum-norm"))
         o += [
@@ -149,11 +206,21 @@ class VerlBackend(Backend):
             o += [(f"{A}.rollout.val_kwargs.temperature", r.eval.temperature),
                   (f"{A}.rollout.val_kwargs.n", r.eval.n_samples),
                   (f"{A}.rollout.val_kwargs.do_sample", r.eval.temperature > 0)]
+        if r.algorithm.name == "ppo":
+            # the critic (GAE needs a value model): same base model, verl's own critic LR default
+            o += [("critic.model.path", r.model.path),
+                  ("critic.model.enable_gradient_checkpointing", r.train.gradient_checkpointing),
+                  ("critic.ppo_micro_batch_size_per_gpu", r.train.micro_batch_size),
+                  ("critic.ppo_epochs", r.train.epochs_per_rollout),
+                  ("critic.optim.clip_grad", r.optim.max_grad_norm),
+                  ("critic.fsdp.param_offload", r.train.offload),
+                  ("critic.fsdp.optimizer_offload", r.train.offload)]
         if r.reward.function:
-            o += [("custom_reward_function.path", r.reward.function),
-                  ("custom_reward_function.name", r.reward.function_name)]
+            key = snap["reward_function_key"]
+            o += [(f"{key}.path", r.reward.function), (f"{key}.name", r.reward.function_name)]
         loggers = ["console"] + (["wandb"] if r.logging.wandb else [])
         loggers += ["tensorboard"] if r.logging.tensorboard else []
+        it = self.iterations(r, dataset_size)
         o += [
             ("trainer.logger", loggers),
             ("trainer.project_name", r.logging.wandb.project if r.logging.wandb else r.name),
@@ -161,15 +228,21 @@ class VerlBackend(Backend):
             ("trainer.nnodes", r.resources.nodes),
             ("trainer.n_gpus_per_node", r.resources.gpus_per_node),
             ("trainer.default_local_dir", r.checkpoint.dir),
-            ("trainer.save_freq", r.checkpoint.every or -1),
-            ("trainer.test_freq", r.eval.every or -1),
+            ("trainer.save_freq", self._every(r.checkpoint.every, r)),
+            ("trainer.test_freq", self._every(r.eval.every, r)),
             ("trainer.val_before_train", bool(r.data.eval and r.eval.every)),
-            ("trainer.total_epochs", r.train.episodes or 1),
         ]
         if r.train.steps is not None:
-            o.append(("trainer.total_training_steps", r.train.steps))
+            # trainer_base.py fit(): `while current_epoch < total_epochs and global_steps <= total_training_steps`,
+            # so total_epochs must not stop the run first: every epoch has at least one iteration, hence
+            # total_epochs = iterations is an upper bound that never binds (a filtered dataset included)
+            o += [("trainer.total_epochs", it), ("trainer.total_training_steps", it)]
+        else:
+            o.append(("trainer.total_epochs", r.train.episodes or 1))
         if r.checkpoint.keep_last:
             o.append(("trainer.max_actor_ckpt_to_keep", r.checkpoint.keep_last))
+            if r.algorithm.name == "ppo":
+                o.append(("trainer.max_critic_ckpt_to_keep", r.checkpoint.keep_last))
         resume = r.checkpoint.resume
         if resume == "off":
             o.append(("trainer.resume_mode", "disable"))
@@ -183,36 +256,60 @@ class VerlBackend(Backend):
             o.append((k, v))
         return o
 
+    def _every(self, every: int | None, recipe: Recipe) -> int:
+        """save_freq / test_freq count iterations; the recipe counts optimizer steps."""
+        if not every:
+            return -1
+        return max(every // self.optimizer_steps_per_logged_step(recipe), 1)
+
     def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
-        overrides = self.overrides(recipe, dataset_size)
+        version = self.target_version(recipe) or self.known_versions[-1]
+        overrides = self.overrides(recipe, dataset_size, version)
         argv = ["python3", "-m", "verl.trainer.main_ppo", *[f"{k}={_val(v)}" for k, v in overrides]]
         env = dict(recipe.env)
-        if recipe.logging.wandb:
-            env["WANDB_API_KEY"] = "${WANDB_API_KEY}"
-            if recipe.logging.wandb.offline:
+        wb = recipe.logging.wandb
+        if wb:
+            if wb.offline:
                 env["WANDB_MODE"] = "offline"
+            else:
+                # verl's Tracking calls wandb.init(project, name) in its TaskRunner; the key comes from this
+                # variable (or that node's ~/.netrc), never from the config (main_ppo prints the config)
+                env["WANDB_API_KEY"] = "${WANDB_API_KEY}"
+            if wb.entity:
+                env["WANDB_ENTITY"] = wb.entity
+        if recipe.logging.tensorboard:
+            env["TENSORBOARD_DIR"] = recipe.logging.tensorboard  # verl/utils/tracking.py reads it
+        k = self.optimizer_steps_per_logged_step(recipe)
+        notes = []
+        if k > 1:
+            notes.append(f"one verl step (iteration) = {k} optimizer steps; verl logs iterations")
         return LaunchPlan(
-            backend=self.name, version=self.target_version(recipe), argv=argv, env=env,
+            backend=self.name, version=version, argv=argv, env=env,
             keys=[k.lstrip("+") for k, _ in overrides], total_steps=self.total_steps(recipe, dataset_size),
+            notes=notes,
         )
+
+    # ---- what cannot be honoured -----------------------------------------------------------------------------
+    def unhonoured(self, recipe: Recipe) -> list[Finding]:
+        from rlctl.backends.verl.mapping import unhonoured
+
+        version = recipe.backend.version or installed_version("verl") or self.known_versions[-1]
+        if version not in self.known_versions:
+            return []  # render reports the unknown version
+        return unhonoured(self, recipe, snapshot(version))
 
     # ---- validation ------------------------------------------------------------------------------------------
     def definitions(self, installed: str | None, wanted: str) -> tuple[set[str], str, str]:
+        self.require_known(wanted)
         if installed and installed == wanted:
             path = package_file("verl", CONFIG_FILE)
             if path is not None:
                 return set(yaml_key_paths(path.read_text())), installed, f"installed {path}"
-        snap_version = nearest_snapshot(self.name, wanted)
-        snap = load_snapshot(self.name, snap_version) if snap_version else None
-        if snap is None:
-            return set(), wanted, "no snapshot"
-        exact = "" if snap_version == wanted else f", nearest to {wanted}"
-        return set(snap["keys"]), snap_version, f"snapshot of {snap['source']}{exact}"
+        snap = snapshot(wanted)
+        return set(snap["keys"]), wanted, f"snapshot of {snap['source'].split(',')[0]}"
 
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
         known, version, source = self.definitions(installed_version, plan.version or self.known_versions[-1])
-        if not known:
-            return [Finding("warn", "verl", f"no config definitions for verl {version}; keys not checked")]
         # Hydra rejects an override of a key that is not in the config unless it is prefixed with `+`
         return check_keys(self.name, plan.keys, known, version, source, kind="key")
 
@@ -222,12 +319,31 @@ class VerlBackend(Backend):
 
         return parse(line)
 
+    # ---- checkpoints -----------------------------------------------------------------------------------------
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe
         P = arch.params
         T = arch.lora_params(r.lora.rank, r.lora.target_modules) if r.lora else P
-        return P * 4 + (T * 8 if r.checkpoint.save_optimizer else 0), "FSDP model + optimizer shards"
+        actor = P * 4 + (T * 8 if r.checkpoint.save_optimizer else 0)
+        critic = (P * 4 + (P * 8 if r.checkpoint.save_optimizer else 0)) if r.algorithm.name == "ppo" else 0
+        return actor + critic, "FSDP model + optimizer shards" + (" (actor and critic)" if critic else "")
 
+    def kept_checkpoints(self, recipe: Recipe) -> int | None:
+        # verl rotates actor/ (and critic/) dirs to max_*_ckpt_to_keep, and rlctl prunes what a restart leaves
+        return recipe.checkpoint.keep_last
+
+    def prune_during_run(self, recipe: Recipe) -> bool:
+        """verl's checkpoint manager remembers only the checkpoints saved by this process (previous_saved_paths,
+        checkpoint_manager.py register_checkpoint): after a resume or restart the older ones are never deleted, and
+        rotated steps keep their global_step_N/data.pt. rlctl prunes whole global_step_N dirs to keep_last."""
+        return bool(recipe.checkpoint.keep_last)
+
+    def checkpoints(self, root: Path) -> list[Checkpoint]:
+        from rlctl.backends.verl.checkpoints import find
+
+        return find(root)
+
+    # ---- checks ----------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any, family: str) -> list[Any]:
         from rlctl.preflight import FAIL, Result
 
@@ -237,9 +353,32 @@ class VerlBackend(Backend):
             return [Result("placement.batch", FAIL,
                            f"verl counts ppo_mini_batch_size in prompts: {tbs} samples is not whole groups of {g}",
                            "make train.train_batch_size a multiple of rollout.group_size")]
+        if family == "env":
+            return wandb_reaches_job(r, os.environ)
         return []
 
-    def checkpoints(self, root: Path) -> list[Checkpoint]:
-        from rlctl.backends.verl.checkpoints import find
 
-        return find(root)
+def wandb_reaches_job(recipe: Recipe, environ: Any) -> list[Any]:
+    """Can the W&B key reach verl's TaskRunner (the Ray actor that calls wandb.init)?"""
+    from rlctl.preflight import FAIL, OK, WARN, Result
+
+    wb = recipe.logging.wandb
+    if wb is None or wb.offline:
+        return []
+    has_env = bool(environ.get("WANDB_API_KEY"))
+    if recipe.resources.executor == "ray":
+        if has_env:
+            return [Result("env.wandb_job", OK, "WANDB_API_KEY goes to the Ray job's runtime_env (env_vars; "
+                           "visible to whoever can read the Ray dashboard)")]
+        return [Result("env.wandb_job", FAIL, "W&B is on and no WANDB_API_KEY is in the environment: a `ray job "
+                       "submit` job does not see this machine's shell or ~/.netrc, so verl's wandb.init fails",
+                       "export WANDB_API_KEY before launching (it is passed in the job's runtime_env), or put the "
+                       "key on the cluster (~/.netrc of the Ray nodes) and log offline here")]
+    ray_address = recipe.env.get("RAY_ADDRESS") or environ.get("RAY_ADDRESS")
+    if ray_address:
+        return [Result("env.wandb_job", WARN, f"RAY_ADDRESS={ray_address}: main_ppo joins that cluster and its "
+                       "TaskRunner does not inherit this shell's WANDB_API_KEY (verl's runtime_env forwards only "
+                       "its own variables, trainer/constants_ppo.py)",
+                       "use executor = \"ray\" (the key goes in the job's runtime_env) or configure the key on "
+                       "the cluster's nodes")]
+    return []

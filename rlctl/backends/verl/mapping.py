@@ -1,0 +1,102 @@
+"""Recipe keys verl (per release) cannot honour: each becomes a Finding, never a silent drop.
+
+Levels (docs/backends/verl.md): `error` when the run would train something other than the recipe says (the reward,
+the number of optimizer steps, the LR curve, the data); `warn` when only placement, speed or a minor knob differs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rlctl.backends.base import Finding
+
+if TYPE_CHECKING:
+    from rlctl.recipe.schema import Recipe
+
+
+def _set(section: Any, name: str) -> bool:
+    """Whether the recipe sets this key itself (not left at its default)."""
+    return name in getattr(section, "model_fields_set", set())
+
+
+def unhonoured(adapter: Any, recipe: Recipe, snap: dict[str, Any]) -> list[Finding]:
+    r = recipe
+    v = snap["version"]
+    out: list[Finding] = []
+
+    def add(level: str, key: str, message: str, fix: str | None = None) -> None:
+        out.append(Finding(level, key, f"verl {v}: {message}", fix))
+
+    k = adapter.optimizer_steps_per_logged_step(r)
+    mini = adapter.mini_batch_prompts(r)
+    # ---- steps and schedule
+    if r.rollout.prompts_per_step < mini:
+        add("error", "train.train_batch_size",
+            f"the mini-batch ({mini} prompts) is larger than a rollout ({r.rollout.prompts_per_step} prompts): "
+            "verl's ActorConfig.validate rejects it", "lower train.train_batch_size")
+    elif r.rollout.prompts_per_step % mini:
+        add("error", "train.train_batch_size",
+            f"a rollout of {r.rollout.prompts_per_step} prompts is not whole mini-batches of {mini} prompts "
+            f"(train_batch_size {r.train.train_batch_size} / group {r.rollout.group_size}); verl's "
+            "update_actor drops the remainder",
+            "make rollout.prompts_per_step a multiple of train.train_batch_size / rollout.group_size")
+    if r.train.steps is not None and r.train.steps % k:
+        add("error", "train.steps",
+            f"verl runs whole iterations of {k} optimizer steps: train.steps = {r.train.steps} becomes "
+            f"{adapter.iterations(r, None) * k}", f"make train.steps a multiple of {k}")
+    if r.optim.warmup_steps and r.optim.warmup_steps % k:
+        add("error", "optim.warmup_steps",
+            f"verl's LR scheduler steps once per iteration ({k} optimizer steps): warmup {r.optim.warmup_steps} "
+            f"becomes {adapter.warmup_iterations(r, 0) * k} optimizer steps", f"make it a multiple of {k}")
+    if r.optim.schedule == "linear":
+        add("error", "optim.schedule",
+            f"verl has no linear decay (lr_scheduler_type: {', '.join(snap['lr_scheduler_types'])})",
+            'use "cosine", "cosine_with_min_lr" or "constant"')
+    if r.optim.schedule == "constant" and _set(r.optim, "min_lr_ratio"):
+        add("warn", "optim.min_lr_ratio", "ignored with a constant schedule")
+    for key, every in (("checkpoint.every", r.checkpoint.every), ("eval.every", r.eval.every)):
+        if every and every % k:
+            add("warn", key, f"verl saves/evaluates every N iterations of {k} optimizer steps: {every} becomes "
+                f"{max(every // k, 1) * k}", f"make it a multiple of {k}")
+    # ---- model and LoRA
+    if r.lora and r.lora.dropout > 0:
+        add("warn", "lora.dropout", "the FSDP engine builds peft's LoraConfig without lora_dropout "
+            "(workers/engine/fsdp/transformer_impl.py): dropout is 0")
+    if _set(r.model, "dtype") and r.model.dtype not in ("bfloat16", "auto"):
+        add("warn", "model.dtype", f"not rendered: verl's FSDP actor trains in bf16 mixed precision and vLLM "
+            f"rolls out in bf16 ({r.model.dtype} asked)")
+    if r.model.precision == "pure":
+        add("warn", "model.precision", "not rendered: verl keeps fp32 master parameters (FSDP mixed precision)")
+    # ---- data
+    if r.data.label_key not in (None, "ground_truth"):
+        add("warn", "data.label_key", f"verl's reward managers read the answer from the dataset's "
+            f"reward_model.ground_truth column, not {r.data.label_key!r}", 'store it there; set label_key = '
+            '"ground_truth"')
+    if _set(r.data, "apply_chat_template") and not r.data.apply_chat_template:
+        add("warn", "data.apply_chat_template", "verl's RLHFDataset always applies the chat template to the "
+            "prompt messages")
+    # ---- rollout and placement
+    engines = r.resources.nodes * r.resources.gpus_per_node // max(r.rollout.tensor_parallel, 1)
+    if _set(r.rollout, "engines") and r.rollout.engines != engines:
+        add("warn", "rollout.engines", f"verl starts one vLLM engine per {r.rollout.tensor_parallel} GPU(s) of "
+            f"the trainer: {engines}, not {r.rollout.engines}")
+    if not r.resources.colocate:
+        add("warn", "resources.colocate", "verl's synchronous trainer always colocates the actor and vLLM "
+            "(hybrid engine) on every GPU: colocate = false is not honoured", "set resources.colocate = true")
+    if r.resources.trainer_gpus or r.resources.inference_gpus:
+        add("warn", "resources.trainer_gpus", "verl places actor and vLLM itself (hybrid engine on all GPUs); "
+            "trainer_gpus/inference_gpus are not honoured")
+    if _set(r.train, "zero_stage"):
+        add("warn", "train.zero_stage", "verl trains with FSDP, not DeepSpeed ZeRO: not rendered")
+    # ---- reward
+    if r.reward.environment:
+        add("error", "reward.environment", "verl has no verifiers environments; the run would use verl's default "
+            "reward for the data source", "give reward.function (a Python file) instead")
+    # ---- checkpoints and logging
+    if r.checkpoint.final_dir:
+        add("warn", "checkpoint.final_dir", "verl writes no final export: the last checkpoint is "
+            "global_step_N/actor under checkpoint.dir (save_freq saves the last step too)")
+    if r.algorithm.name == "ppo":
+        add("warn", "algorithm.name", "ppo: the critic starts from model.path with verl's own critic optimizer "
+            "defaults (critic.optim.lr 1e-5, no LoRA); set others with backend.verl.extra")
+    return out
