@@ -128,7 +128,7 @@ def key_values(text: str) -> dict[str, str]:
 
 def number(v: Any) -> Any:
     """A value as printed (`0.5`, `np.float64(0.5)`, `tensor(0.5)`, `1.2s`, `nan`) as a number where it is one."""
-    if isinstance(v, str):
-        s = _WRAPPED.sub(lambda m: m.group(1) if m.group(1) is not None else m.group(2), v.strip())
-        return clean_value(s)
-    return clean_value(v)
+    out = clean_value(v)
+    if type(out) is str and "(" in out:
+        return clean_value(_WRAPPED.sub(lambda m: m.group(1) if m.group(1) is not None else m.group(2), out))
+    return out

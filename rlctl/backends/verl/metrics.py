@@ -76,10 +76,10 @@ def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
 def record(step: int, raw: dict[str, Any]) -> dict[str, Any]:
     evals = {k: v for k, v in raw.items() if k.startswith(EVAL_PREFIXES)}
     train = {k: number(v) for k, v in raw.items() if k not in evals}
-    mapping = dict(MAP)
+    mapping = MAP
     for other, preferred in PREFERRED.items():
         if other in train and preferred in train:
-            del mapping[other]
+            mapping = {k: v for k, v in mapping.items() if k != other}
     rec: dict[str, Any] = {"step": step}
     rec.update(unify(NAME, train, mapping))
     for k, v in evals.items():
