@@ -7,11 +7,14 @@ import math
 
 import pytest
 
-from rlctl.estimate.schedules import hf_schedule, prime_rl_schedule, sparkline, verl_schedule
+from rlctl.backends.verl import VerlBackend
+from rlctl.backends.verl.schedule import verl_schedule
+from rlctl.estimate.schedules import hf_schedule, prime_rl_schedule, sparkline
 from rlctl.recipe.planning import prepare
 from tests.conftest import RECIPES
 
 torch = pytest.importorskip("torch")
+VERL_VERSIONS = VerlBackend.known_versions
 transformers = pytest.importorskip("transformers")
 
 
@@ -47,11 +50,19 @@ def test_hf_schedules_match_transformers(name, total, warmup):
     close(hf_schedule(name, lr, warmup, total, 0.1), _run(sched, opt, total))
 
 
+@pytest.mark.parametrize("version", VERL_VERSIONS)
 @pytest.mark.parametrize("kind", ["constant", "cosine"])
 @pytest.mark.parametrize("total,warmup,min_ratio", [(220, 0, 0.0), (100, 10, 0.1), (33, 5, 0.0)])
-def test_verl_schedules_match_verl_source(released_source, kind, total, warmup, min_ratio):
-    """Run verl's own scheduler functions, taken from the released wheel's source."""
-    src = (released_source("verl", "0.9.1") / "verl/utils/torch_functional.py").read_text()
+def test_verl_schedules_match_verl_source(version, kind, total, warmup, min_ratio):
+    """Run verl's own scheduler functions, taken from each known release's wheel (cached by the conformance suite,
+    which also runs them through the FSDP engine's _build_lr_scheduler: tests/conformance/test_verl.py)."""
+    from tests.conformance._verl_support import verl_root
+
+    try:
+        root = verl_root(version)
+    except RuntimeError as e:
+        pytest.skip(str(e))
+    src = (root / "verl/utils/torch_functional.py").read_text()
     tree = ast.parse(src)
     wanted = {"get_cosine_schedule_with_warmup", "get_constant_schedule_with_warmup"}
     funcs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in wanted]

@@ -2,7 +2,7 @@
 
 Convention: `lrs[i]` is the learning rate used by optimizer step i+1, i.e. base_lr * lambda(i), because every
 backend calls `scheduler.step()` after `optimizer.step()`. Tests compare these with the real implementations
-(transformers' `get_scheduler`, torch's LinearLR/CosineAnnealingLR, verl's LambdaLR) to 1e-9 relative.
+(transformers' `get_scheduler`, torch's LinearLR/CosineAnnealingLR) to 1e-9 relative. verl's lives in its adapter.
 """
 
 from __future__ import annotations
@@ -36,26 +36,6 @@ def hf_lambda(name: str, step: int, warmup: int, total: int, min_lr_rate: float 
 
 def hf_schedule(name: str, lr: float, warmup: int, total: int, min_lr_rate: float = 0.0) -> list[float]:
     return [lr * hf_lambda(name, i, warmup, total, min_lr_rate) for i in range(total)]
-
-
-def verl_schedule(kind: str, lr: float, warmup: int, total: int, min_lr_ratio: float = 0.0,
-                  num_cycles: float = 0.5) -> list[float]:
-    """verl.utils.torch_functional's get_constant/cosine_schedule_with_warmup (zero-indexed steps, init ratio 0)."""
-    out = []
-    for step in range(total):
-        if kind == "constant":
-            f = float(step) / float(max(1.0, warmup)) if step < warmup else 1.0
-        elif kind == "cosine":
-            if step < warmup:
-                f = float(step) / float(max(1, warmup))
-            else:
-                progress = float(step - warmup) / float(max(1, total - warmup))
-                x = math.cos(math.pi * float(num_cycles) * 2.0 * progress)
-                f = max(min_lr_ratio, x * (1 - min_lr_ratio) * 0.5 + (1 + min_lr_ratio) * 0.5)
-        else:
-            raise ValueError(f"verl has no lr_scheduler_type {kind!r} (constant or cosine)")
-        out.append(lr * f)
-    return out
 
 
 def _torch_linear_factor(t: int, start: float, end: float, total_iters: int) -> float:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import installed_version, package_file, yaml_key_paths
 from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys
-from rlctl.estimate.schedules import verl_schedule
+from rlctl.backends.verl.schedule import verl_schedule
 
 if TYPE_CHECKING:
     from rlctl.backends.layout import Checkpoint
