@@ -262,11 +262,14 @@ def attach(
     from rlctl.runs.attach import follow as do_follow
     from rlctl.runs.attach import report
 
+    _seconds("--idle-exit", idle_exit)
     attached = do_attach(path, backend=backend, name=name, address=address)
     text, code = report(attached)
     _echo(text)
-    if follow and code == 0:
-        do_follow(attached.run_dir, attached.backend, idle_exit=idle_exit, echo=_echo)
+    if follow:  # a log that has no record yet may still get some
+        attached.state = do_follow(attached.run_dir, attached.backend, idle_exit=idle_exit, echo=_echo)
+        text, code = report(attached)
+        _echo(text)
     raise typer.Exit(code)
 
 
