@@ -139,7 +139,7 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
     for k, v in rel.facts.get("ray_init_env_fixed", {}).items():
         if k in r.env and r.env[k] != v:
             add("warn", f"env.{k}", f"train() starts Ray with {k}={v}, which replaces the recipe's {r.env[k]!r} for "
-                "the trainer's actors", f"openrlhf >= 0.10.2 keeps the job's {k}")
+                "the trainer's actors", f"openrlhf >= 0.9.10 keeps the job's {k}")
     return out
 
 
