@@ -233,6 +233,7 @@ def test_backend_layouts(tmp_path):
     (root / "_actor" / "latest").write_text("global_step10")
     (root / "global_step10_hf").mkdir()
     (root / "global_step10_hf" / "adapter_config.json").write_text("{}")
+    (root / "global_step10_hf" / "tokenizer_config.json").write_text("{}")  # written last (tests/conformance)
     c = ck.find_checkpoints("openrlhf", tmp_path, root)
     assert [(x.step, x.complete, len(x.extra_paths)) for x in c] == [(10, True, 1)]
 
