@@ -342,6 +342,27 @@ def test_committed_fixtures_attach_offline(fixture, backend, steps, runs):
     assert sorted(merged(run)) == steps
 
 
+@pytest.mark.parametrize("release", ["v0.3.0", "v0.8.0", "v0.8.0-json"])
+def test_prime_rl_orchestrator_and_trainer_logs_of_a_directory(release, runs, tmp_path):
+    """prime-rl's two logs, printed by its own loguru logger and step-message f-strings of the tag
+    (tests/fixtures/prime_rl/generate.py; prime-rl is not on PyPI): one run, merged per step."""
+    out = tmp_path / "prime-out"
+    out.mkdir()
+    for part in ("orchestrator", "trainer"):
+        (out / f"{part}.log").write_bytes((FIXTURES / f"prime_rl/{part}-{release}.log").read_bytes())
+    res, run, backend = attach(str(out))
+    assert res.code == 0 and backend == "prime_rl", res.out + res.err
+    assert "not understood" not in res.out
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3]
+    assert m[2]["reward/mean"] == 0.35 and m[2]["policy_loss"] == 0.005 and m[2]["grad_norm"] == 0.27
+    assert m[3]["lr"] == 1e-05 and m[3]["entropy"] == 0.47 and m[1]["time/train_s"] == 41.5
+    if release.startswith("v0.8"):
+        assert m[1]["time/generation_s"] == 71.0 and m[1]["response_length/clip_ratio"] == pytest.approx(0.031)
+    else:
+        assert m[1]["time/generation_s"] == 71.0 and m[1]["throughput/tokens_per_s"] == 2401.5
+
+
 # ---- nothing silent -------------------------------------------------------------------------------------------
 
 

@@ -1,19 +1,27 @@
 """prime-rl's log and metric formats, mapped to rlctl's unified names (docs/metrics.md lists every mapping).
 
-prime-rl's orchestrator and trainer log one loguru line per step (`HH:MM:SS SUCCESS Step 5 | Time: 12.34s | ...`),
-the orchestrator's with `Reward`, `Throughput`, `Seq. Length`, the trainer's with `Loss`, `Entropy`,
-`Mismatch KL`, `Grad. Norm`, `LR`, `Peak Mem.`; both for the same step are merged. Values carry units (`s`, `%`,
-`GiB`, `tokens/s`), which are dropped; `Peak Mem.: 71.2/80.0 GiB (89.0%)` (later releases) keeps its first
-number. Its W&B run logs the same quantities under its own keys at the same step.
+prime-rl's orchestrator and trainer log one loguru line per step (`utils/logger.py`: `HH:MM:SS SUCCESS [tag] ...`,
+coloured), both for the same step merged here:
+  - v0.3: `Step 5 | Time: 12.34s | Reward: 0.2345 | Throughput: 2408.9 tokens/s | Seq. Length: 345.6 tokens/sample
+    | Async Level: 1 | Max. Off-Policy Level: 0` (orchestrator) and `Step 5 | Time: .. | Loss: .. | Entropy: .. |
+    Mismatch KL: .. | Grad. Norm: .. | LR: 1.00e-05 | Throughput: 5077 tokens/s | MFU: 12.3% | Peak Mem.: 71.2 GiB`
+    (trainer); some builds print `Peak Mem.: 71.2/80.0 GiB (89.0%)` (the first number is kept).
+  - v0.8: no colons, and the time as `format_time` writes it (`350ms`, `12.3s`, `1m 5s`, `1h 2m`):
+    `Step 5 |   12.3s | Reward 0.4567 | Trainable 30/32 (93.8%) | Turns 1.0 | Branches 1.0 | Max Off-Policy 1 |
+    Error 0.0% | Truncation 3.1%` and `Step 5 |   40.7s | Loss 0.0069 | Entropy 0.4720 | Mismatch KL 0.0010 |
+    Grad. Norm 0.2764 | LR 1.00e-05 | Throughput 5077 tokens/s | MFU 12.3% | Peak Mem. 71.2 GiB`; with
+    `json_logging` each line is a JSON object whose `message` is that text.
+Units are dropped; a percentage stays a percentage except `Truncation`, the unified clip ratio (a fraction).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 from rlctl.metrics import UNIFIED
-from rlctl.metrics.parsers import Malformed, number, strip_prefixes, unify
+from rlctl.metrics.parsers import Incomplete, Malformed, number, strip_prefixes, unify
 
 NAME = "prime_rl"
 
@@ -24,18 +32,31 @@ ORCH_MAP = {
 TRAINER_MAP = {
     "Loss": "policy_loss", "Entropy": "entropy", "Grad. Norm": "grad_norm", "LR": "lr", "Time": "time/train_s",
 }
+# fields whose percentage becomes a unified fraction
+FRACTIONS = {"Truncation": "response_length/clip_ratio"}
 # W&B/TensorBoard rows: their keys are not mapped yet (not checked against a release); they pass through as
 # prime_rl/<key>, except names that already are unified ones
 ROW_MAP: dict[str, str] = {}
 NEEDLES = ("Step ",)
 
 _STEP = re.compile(r"(?:^|\s)Step (\d+) \| (.*)$")
-_LEADING = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)(?=[/ ])")
 _UNITS = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)\s*(s|%|GiB|tokens/s|tokens/sample)?$", re.IGNORECASE)
+_LEADING = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)(?=[/ ])")
+_KEY_VALUE = re.compile(r"^([A-Za-z][A-Za-z .\-]*?)\s+(-?[\d.].*)$")  # v0.8: `Grad. Norm 0.2764`
+_DURATION = re.compile(r"^(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m(?!s))?\s*(?:([\d.]+)s)?\s*(?:([\d.]+)ms)?$")
+
+
+def duration(text: str) -> float | None:
+    """`350ms`, `12.3s`, `1m 5s`, `1h 2m`, `1d 2h` (prime-rl's format_time) in seconds."""
+    m = _DURATION.match(text.strip())
+    if not m or not any(m.groups()):
+        return None
+    d, h, mi, s, ms = (float(g) if g else 0.0 for g in m.groups())
+    return round(d * 86400 + h * 3600 + mi * 60 + s + ms / 1000, 6)
 
 
 def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
-    """A step line of the orchestrator or the trainer, or one W&B/TensorBoard row."""
+    """A step line of the orchestrator or the trainer (text or JSON logging), or one W&B/TensorBoard row."""
     if isinstance(line, dict):
         step = line.get("step", line.get("_step"))
         if step is None:
@@ -43,24 +64,47 @@ def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
         raw = {k: v for k, v in line.items() if not k.startswith("_") and k != "step"}
         mapping = {**{k: k for k in raw if k in UNIFIED}, **ROW_MAP}
         return {"step": int(number(step)), **unify(NAME, {k: number(v) for k, v in raw.items()}, mapping)}
-    m = _STEP.search(strip_prefixes(line).strip())
+    s = strip_prefixes(line).strip()
+    if s.startswith('{"timestamp"'):  # v0.8 json_logging
+        try:
+            entry = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise (Malformed if s.endswith("}") else Incomplete)(str(e)) from None
+        message = entry.get("message") if isinstance(entry, dict) else None
+        return parse(message.split("\n")[0]) if isinstance(message, str) else None
+    m = _STEP.search(s)
     if not m:
         return None
     fields: dict[str, Any] = {}
-    for part in m.group(2).split(" | "):
+    for i, part in enumerate(m.group(2).split(" | ")):
+        part = part.strip()
         key, sep, value = part.partition(": ")
-        if not sep:
-            raise Malformed(f"bad field {part!r}")
-        vm = _UNITS.match(value.strip()) or _LEADING.match(value.strip())  # `71.2/80.0 GiB (89.0%)`: the first
-        fields[key.strip()] = vm.group(1) if vm else value.strip()
+        if not sep:  # v0.8: `Key value`, or the bare time right after the step
+            kv = _KEY_VALUE.match(part)
+            if kv:
+                key, value = kv.group(1), kv.group(2)
+            elif i == 0 and duration(part) is not None:
+                key, value = "Time", part
+            else:
+                raise Malformed(f"bad field {part!r}")
+        key, value = key.strip(), value.strip()
+        if key == "Time":
+            secs = duration(value)
+            fields[key] = secs if secs is not None else value
+            continue
+        if key in FRACTIONS and value.endswith("%"):
+            fields[key] = number(value[:-1]) / 100 if isinstance(number(value[:-1]), float | int) else value
+            continue
+        vm = _UNITS.match(value) or _LEADING.match(value)
+        fields[key] = vm.group(1) if vm else value
     trainer = "Loss" in fields or "Grad. Norm" in fields
-    mapping = TRAINER_MAP if trainer else ORCH_MAP
-    renamed = {k.lower().replace(". ", "_").replace(" ", "_").replace(".", ""): v for k, v in fields.items()
-               if k not in mapping}
+    mapping = {**(TRAINER_MAP if trainer else ORCH_MAP), **FRACTIONS}
+    renamed = {k.lower().replace(". ", "_").replace(" ", "_").replace(".", "").replace("-", "_"): v
+               for k, v in fields.items() if k not in mapping}
     rec: dict[str, Any] = {"step": int(m.group(1))}
     for k, v in fields.items():
         if k in mapping:
             rec[mapping[k]] = number(v)
     prefix = "trainer_" if trainer else ""
-    rec.update(unify(NAME, {prefix + k: v for k, v in renamed.items()}, {}))
+    rec.update(unify(NAME, {prefix + k: number(v) for k, v in renamed.items()}, {}))
     return rec
