@@ -145,10 +145,68 @@ def snapshot(version: str) -> dict:
             "flags": argparse_flags(src.text("cli/train_ppo_ray.py")), "facts": facts(src)}
 
 
+RECIPE_KEYS = {
+    "ref_num_nodes": "resources.nodes", "ref_num_gpus_per_node": "trainer GPUs per node",
+    "actor_num_nodes": "resources.nodes", "actor_num_gpus_per_node": "trainer GPUs per node",
+    "critic_num_nodes": "resources.nodes (ppo)", "critic_num_gpus_per_node": "trainer GPUs per node (ppo)",
+    "colocate_actor_ref": "(always)", "colocate_all": "resources.colocate", "vllm_num_engines": "rollout.engines",
+    "vllm_tp": "rollout.tensor_parallel", "vllm_mem": "rollout.gpu_memory_utilization",
+    "enforce_eager": "rollout.enforce_eager", "pretrain": "model.path", "remote_rm_url": "reward.function",
+    "save_path": "checkpoint.final_dir", "ckpt_path": "checkpoint.dir", "save_hf_ckpt": "(always)",
+    "max_ckpt_num": "checkpoint.keep_last", "disable_ds_ckpt": "checkpoint.save_optimizer = false",
+    "save_steps": "checkpoint.every", "load_checkpoint": "checkpoint.resume", "best_metric_key":
+    "`none` with keep_last + data.eval", "micro_train_batch_size": "train.micro_batch_size",
+    "train_batch_size": "train.train_batch_size", "micro_rollout_batch_size": "rollout.micro_batch_size",
+    "rollout_batch_size": "rollout.prompts_per_step", "n_samples_per_prompt": "rollout.group_size",
+    "num_episodes": "train.episodes (or from train.steps)", "max_epochs": "train.epochs_per_rollout",
+    "max_samples": "from train.steps", "prompt_max_len": "data.max_prompt_tokens",
+    "generate_max_len": "rollout.max_tokens", "max_new_tokens": "rollout.max_tokens",
+    "max_len": "data.max_prompt_tokens + rollout.max_tokens", "zero_stage": "train.zero_stage",
+    "gradient_checkpointing": "train.gradient_checkpointing", "param_dtype": "model.dtype",
+    "adam_offload": "train.offload", "actor_learning_rate": "optim.lr",
+    "lr_warmup_ratio": "optim.warmup_ratio / warmup_steps", "lr_scheduler": "optim.schedule",
+    "min_lr_ratio": "optim.min_lr_ratio", "max_norm": "optim.max_grad_norm", "l2": "optim.weight_decay",
+    "init_kl_coef": "algorithm.kl_coef", "kl_estimator": "algorithm.kl_estimator",
+    "use_kl_loss": "algorithm.use_kl_loss", "eps_clip": "algorithm.eps_clip", "entropy_loss_coef":
+    "algorithm.entropy_coef", "advantage_estimator": "algorithm.name", "lora_rank": "lora.rank",
+    "lora_alpha": "lora.alpha", "target_modules": "lora.target_modules", "lora_dropout": "lora.dropout",
+    "prompt_data": "data.train", "input_key": "data.input_key", "label_key": "data.label_key",
+    "apply_chat_template": "data.apply_chat_template", "eval_dataset": "data.eval", "eval_steps": "eval.every",
+    "eval_temperature": "eval.temperature", "eval_n_samples_per_prompt": "eval.n_samples",
+    "temperature": "rollout.temperature", "top_p": "rollout.top_p", "seed": "train.seed",
+    "wandb_key": "logging.wandb (placeholder, never the key)", "wandb_project": "logging.wandb.project",
+    "wandb_org": "logging.wandb.entity", "wandb_run_name": "logging.wandb.name", "tensorboard": "logging.tensorboard",
+}
+
+
+def flag_table() -> str:
+    """The concept -> flag table of docs/backends/openrlhf.md, one column per group of releases with the same flags
+    (from the committed snapshots; `python scripts/snapshot_openrlhf.py --doc` prints it)."""
+    from rlctl.backends.openrlhf.releases import FLAGS, KNOWN_VERSIONS, release
+
+    groups: list[tuple[tuple[str, ...], list[str]]] = []
+    for v in KNOWN_VERSIONS:
+        col = tuple(release(v).flag(c) or "—" for c in FLAGS)
+        if groups and groups[-1][0] == col:
+            groups[-1][1].append(v)
+        else:
+            groups.append((col, [v]))
+    head = ["recipe"] + [vs[0] if len(vs) == 1 else f"{vs[0]} – {vs[-1]}" for _, vs in groups]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, concept in enumerate(FLAGS):
+        cells = [f"`{col[i]}`" if col[i] != "—" else "—" for col, _ in groups]
+        lines.append("| " + " | ".join([RECIPE_KEYS.get(concept, concept), *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("versions", nargs="*")
+    ap.add_argument("--doc", action="store_true", help="print the flag table of docs/backends/openrlhf.md")
     a = ap.parse_args()
+    if a.doc:
+        print(flag_table(), end="")
+        return
     for v in a.versions or released_versions():
         snap = snapshot(v)
         path = OUT / f"openrlhf-{v}.json"

@@ -586,3 +586,12 @@ def test_contexts_leave_no_stub_behind():
         o.parse(["--actor.model_name_or_path", "m", "--reward.remote_url", "r.py"])
     assert not [n for n, m in sys.modules.items() if isinstance(m, StubModule)]
     assert not [n for n in set(sys.modules) - before if n.split(".")[0] == "openrlhf"]
+
+
+def test_docs_flag_table_is_generated_from_the_snapshots():
+    from scripts.snapshot_openrlhf import flag_table
+
+    doc = (ROOT / "docs" / "backends" / "openrlhf.md").read_text()
+    assert flag_table() in doc, "docs/backends/openrlhf.md: paste `python scripts/snapshot_openrlhf.py --doc`"
+    for v in VERSIONS:
+        assert v in doc
