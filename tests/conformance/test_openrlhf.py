@@ -36,7 +36,7 @@ from tests.conformance._openrlhf_support import (
     max_steps_expr,
     wheel_root,
 )
-from tests.conftest import RECIPES
+from tests.conftest import RECIPES, ROOT
 
 BACKEND = OpenRLHFBackend()
 VERSIONS = BACKEND.known_versions
