@@ -440,3 +440,38 @@ def test_attach_a_ray_job_by_id(runs, tmp_path):
     state = json.loads((run / "state.json").read_text())
     assert state["ray_job_id"] == "raysubmit_abc" and state["status"] == "finished"
     assert sorted(merged(run)) == [0, 1, 2, 3, 4, 5]
+
+
+class _GrowingJob(_FakeDashboard):
+    """A job that runs for a few status calls, logging one more step each time, then succeeds."""
+
+    calls = 0
+
+    def do_GET(self):  # noqa: N802
+        if self.path.endswith("/logs"):
+            n = min(type(self).calls, 4)
+            body = {"logs": "".join(f"step:{i} - critic/score/mean:0.{i}\n" for i in range(1, n + 1))}
+        elif self.path.startswith("/api/jobs/raysubmit_run"):
+            type(self).calls += 1
+            body = {"status": "RUNNING" if type(self).calls < 5 else "SUCCEEDED"}
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_follow_a_running_ray_job_until_it_ends(runs):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _GrowingJob)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"http://127.0.0.1:{server.server_address[1]}"
+        res, run, backend = attach("raysubmit_run", "--address", address, "--backend", "verl", "--follow")
+    finally:
+        server.shutdown()
+    assert res.code == 0 and backend == "verl", res.out + res.err
+    assert sorted(merged(run)) == [1, 2, 3, 4]
+    assert json.loads((run / "state.json").read_text())["status"] == "finished"

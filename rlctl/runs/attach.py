@@ -411,7 +411,8 @@ def _attach_ray_job(job_id: str, backend: str, name: str | None, address: str | 
     if adapter(backend) is None:
         raise RlctlError(f"unknown backend {backend!r}.")
     _write_recipe(run_dir, backend, None)
-    terminal = {"SUCCEEDED": "finished", "FAILED": "failed", "STOPPED": "stopped"}
+    from rlctl.executors.ray import TERMINAL as terminal
+
     write_state(run_dir, backend=backend, ray_job_status=js,
                 **({"status": terminal[js], "ended_at": time.time()} if js in terminal else {}))
     st = ingest(run_dir, backend, final=js in terminal) or IngestState()
@@ -446,16 +447,22 @@ def _link_logs(run_dir: Path, logs: list[Path]) -> None:
 
 def follow(run_dir: Path, backend: str, idle_exit: float = 0.0, interval: float = 1.0,
            echo: Callable[[str], None] = print) -> IngestState:
-    """Keep ingesting the attached logs while they grow; stop on Ctrl-C, or after `idle_exit` seconds without
-    growth (0 = never). The run shows as running meanwhile."""
+    """Keep ingesting the attached logs while they grow (a Ray job's through the job API, until it ends); stop on
+    Ctrl-C, or after `idle_exit` seconds without growth (0 = never). The run shows as running meanwhile."""
     import contextlib
 
+    state = read_state(run_dir)
+    ray_job = state.get("executor") == "ray"
+    if ray_job and state.get("status") not in ACTIVE:
+        return ingest(run_dir, backend, final=True) or IngestState()
     write_state(run_dir, status="running", supervisor_pid=os.getpid(), supervisor_create_time=_create_time(),
                 ended_at=None)
     st = IngestState()
     last_size, last_change = -1, time.time()
     try:
         while True:
+            if ray_job and _ray_job_ended(run_dir, state):
+                break
             st = ingest(run_dir, backend) or st
             size = sum(q.stat().st_size for q in _followed(run_dir))
             if size != last_size:
@@ -471,8 +478,23 @@ def follow(run_dir: Path, backend: str, idle_exit: float = 0.0, interval: float 
         with contextlib.suppress(Exception):
             st = ingest(run_dir, backend, final=True) or st
         if read_state(run_dir).get("status") in ACTIVE:
-            write_state(run_dir, status="attached", ended_at=time.time(), supervisor_pid=None)
+            # a Ray job goes on without us: status asks the job API from now on
+            write_state(run_dir, supervisor_pid=None, **({} if ray_job else {"status": "attached",
+                                                                              "ended_at": time.time()}))
     return st
+
+
+def _ray_job_ended(run_dir: Path, state: dict[str, Any]) -> bool:
+    """Copy the job's new log into stdout.log; True (and the state recorded) once the job has ended."""
+    from rlctl.executors.ray import TERMINAL, catch_up_logs, job_status
+
+    catch_up_logs(run_dir, state)
+    js = job_status(state["ray_address"], state["ray_job_id"])
+    if js in TERMINAL:
+        catch_up_logs(run_dir, state)
+        write_state(run_dir, status=TERMINAL[js], ended_at=time.time(), ray_job_status=js, supervisor_pid=None)
+        return True
+    return False
 
 
 def _followed(run_dir: Path) -> list[Path]:
