@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,7 +24,7 @@ from rlctl.backends import get_backend
 from rlctl.backends.command import runner
 from rlctl.errors import RlctlError
 from rlctl.recipe.loader import load
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_cli
 
 TRAINER = Path(__file__).resolve().parents[1] / "fixtures" / "command" / "tiny_trainer.py"
 LOG_PATTERN = r"step (?P<step>\d+) \| loss (?P<loss>\S+) \| reward (?P<reward>\S+) \| lr (?P<lr>\S+)"
@@ -105,8 +106,15 @@ def _kill_runs(runs: Path) -> None:
 
 
 def rlctl(w, *args, timeout=120):
+    """A separate rlctl process (launch: it starts and supervises real processes)."""
     return subprocess.run([sys.executable, "-m", "rlctl.cli", *args], cwd=w["dir"], env=w["env"],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def cli(w, *args):
+    """rlctl in this process (status, logs, ckpt, render: cheaper than a new interpreter on a busy machine)."""
+    r = run_cli(*args, cwd=w["dir"])
+    return SimpleNamespace(returncode=r.code, stdout=r.out, stderr=r.err)
 
 
 def write_recipe(w, name="r.toml", **kw) -> Path:
@@ -120,7 +128,7 @@ def metrics(run: Path) -> list[dict]:
 
 
 def ckpt_list(w, run: str) -> list[dict]:
-    data = json.loads(rlctl(w, "ckpt", "list", run, "--json").stdout)
+    data = json.loads(cli(w, "ckpt", "list", run, "--json").stdout)
     return data["checkpoints"] if isinstance(data, dict) else data
 
 
@@ -145,8 +153,9 @@ def test_render_fills_the_command_from_the_recipe(workdir):
     assert cfg["metrics"]["map"]["loss"] == "policy_loss"
     assert plan.files["command_runner.py"] == Path(runner.__file__).read_text()  # the run directory is self-contained
     assert get_backend("command").validate(plan, None) == []
+    assert get_backend("command").prune_during_run(rec)  # the trainer may keep everything: rlctl prunes to keep_last
     # the CLI shows the same, with the command spelled out
-    r = rlctl(workdir, "render", str(recipe))
+    r = cli(workdir, "render", str(recipe))
     assert r.returncode == 0, r.stderr
     assert "command_runner.py command.json" in r.stdout and "tiny_trainer.py --steps 6" in r.stdout
 
@@ -189,7 +198,7 @@ def test_bad_options_are_reported_with_the_file(workdir, key, value, message):
     text = "\n".join(line for line in recipe_text().splitlines() if not line.startswith(f"{key} ="))
     text = text.replace("[backend.command]\n", f"[backend.command]\n{key} = {value}\n", 1)
     (workdir["dir"] / "bad.toml").write_text(text)
-    r = rlctl(workdir, "render", "bad.toml")
+    r = cli(workdir, "render", "bad.toml")
     assert r.returncode == 2 and "bad.toml" in r.stderr and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
@@ -197,11 +206,11 @@ def test_bad_options_are_reported_with_the_file(workdir, key, value, message):
 def test_unknown_placeholder_and_missing_value(workdir):
     text = recipe_text().replace('"{lr}"', '"{learning_rate}"')
     (workdir["dir"] / "p.toml").write_text(text)
-    r = rlctl(workdir, "render", "p.toml")
+    r = cli(workdir, "render", "p.toml")
     assert r.returncode == 2 and "unknown placeholder {learning_rate}" in r.stderr and "{lr}" in r.stderr
     text = recipe_text().replace("every = 2\n", "")
     (workdir["dir"] / "q.toml").write_text(text)
-    r = rlctl(workdir, "render", "q.toml")
+    r = cli(workdir, "render", "q.toml")
     assert r.returncode == 2 and "{checkpoint_every} is used" in r.stderr
 
 
@@ -211,7 +220,7 @@ def test_validate_says_what_rlctl_cannot_see(workdir):
         text = "\n".join(line for line in text.splitlines() if not line.startswith(key))
     text = text.replace(json.dumps(sys.executable), '"no-such-trainer-xyz"')
     (workdir["dir"] / "blind.toml").write_text(text)
-    r = rlctl(workdir, "preflight", "blind.toml", "--json")
+    r = cli(workdir, "preflight", "blind.toml", "--json")
     findings = {(x["verdict"], x["figure"].split(":")[0]) for x in json.loads(r.stdout)["results"]
                 if x["check"] == "env.flags"}
     assert ("fail", "`no-such-trainer-xyz` is not on PATH") in findings
@@ -263,23 +272,23 @@ def test_launch_status_ckpt_prune_resume(workdir):
     for f in ("command.json", "command_runner.py", "launch.sh", "stdout.log", "state.json"):
         assert (first / f).is_file(), f
 
-    st = json.loads(rlctl(workdir, "status", first.name, "--json").stdout)
+    st = json.loads(cli(workdir, "status", first.name, "--json").stdout)
     assert st["status"] == "finished" and st["step"] == 6 and st["total_steps"] == 6
     assert st["metrics"]["reward/mean"]["latest"] is not None
-    rows = json.loads(rlctl(workdir, "status", "--json").stdout)
+    rows = json.loads(cli(workdir, "status", "--json").stdout)
     assert rows[0]["backend"] == "command" and rows[0]["step"] == 6
-    logs = rlctl(workdir, "logs", first.name, "--metrics")
+    logs = rlctl(workdir, "logs", first.name, "--metrics")  # writes to the real stdout
     assert [json.loads(line)["step"] for line in logs.stdout.splitlines()] == [1, 2, 3, 4, 5, 6]
-    assert rlctl(workdir, "doctor", first.name).returncode in (0, 1)
+    assert cli(workdir, "doctor", first.name).returncode in (0, 1)
 
     # a checkpoint being written (no marker yet) shows as incomplete and is never resumed from nor pruned
     (first / "training_state" / "step_8").mkdir()
     (first / "training_state" / "step_8" / "model.pt").write_text("half")
     listed = ckpt_list(workdir, first.name)
     assert [(c["step"], c["complete"]) for c in listed] == [(2, True), (4, True), (6, True), (8, False)]
-    dry = rlctl(workdir, "ckpt", "prune", first.name, "--keep-last", "1", "--dry-run")
+    dry = cli(workdir, "ckpt", "prune", first.name, "--keep-last", "1", "--dry-run")
     assert dry.returncode == 0 and (first / "training_state" / "step_2").is_dir()
-    pr = rlctl(workdir, "ckpt", "prune", first.name, "--keep-last", "1")
+    pr = cli(workdir, "ckpt", "prune", first.name, "--keep-last", "1")
     assert pr.returncode == 0, pr.stderr
     left = sorted(p.name for p in (first / "training_state").iterdir() if p.is_dir())
     assert left == ["step_6", "step_8"]
@@ -317,7 +326,7 @@ def test_example_recipe_renders(workdir):
     if not example.is_file():
         pytest.skip("no example recipe")
     shutil.copy(example, workdir["dir"] / "ex.toml")
-    r = rlctl(workdir, "render", "ex.toml")
+    r = cli(workdir, "render", "ex.toml")
     assert r.returncode == 0, r.stderr
     assert "rl_runner.py" in r.stdout
 
@@ -392,3 +401,15 @@ resume = "latest"
     assert f"--resume {run / 'ck' / 'ckpt-3'}" in log and "trained 4 to 5" in log
     recs = [get_backend("command").parse(line) for line in (run / "backend_metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["policy_loss"]) for r in recs] == [(s, 1.0 / s) for s in range(1, 6)]
+
+
+def test_shell_commands_keep_their_quoting(workdir):
+    text = recipe_text().replace("[backend.command]\n", "[backend.command]\nshell = true\n", 1)
+    text = "\n".join(line for line in text.splitlines() if not line.startswith("command ="))
+    text = text.replace("shell = true\n", "shell = true\ncommand = \"python t.py --tag 'a b' --steps {steps} "
+                        "2>&1 | tee -a t.log\"\nresume_command = \"python t.py --from {path} | tee -a t.log\"\n")
+    (workdir["dir"] / "sh.toml").write_text(text)
+    cfg = json.loads(get_backend("command").render(load(workdir["dir"] / "sh.toml").recipe).files["command.json"])
+    assert runner.command_argv(cfg, None) == ["/bin/sh", "-c", "python t.py --tag 'a b' --steps 6 2>&1 | tee -a t.log"]
+    resumed = runner.command_argv(cfg, (4, "/c k/step_4"))
+    assert resumed == ["/bin/sh", "-c", "python t.py --from '/c k/step_4' | tee -a t.log"]

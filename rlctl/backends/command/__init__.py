@@ -208,7 +208,13 @@ class CommandBackend(Backend):
         values = self.placeholders(recipe, dataset_size)
         if opts.metrics_file:
             values["metrics_file"] = self._fill(opts.metrics_file, {**values, "metrics_file": None}, "metrics_file")
-        argv = [self._fill(a, values, "command") for a in _argv(opts.command)]
+        # with `shell`, a string stays one string (pipes, quoting); otherwise it is split like a shell would
+        as_given = [opts.command] if opts.shell and isinstance(opts.command, str) else _argv(opts.command)
+        if opts.shell and isinstance(opts.command, str):  # values are words of the script: quoted
+            argv = [self._fill(opts.command, {k: v if v is None else shlex.quote(str(v)) for k, v in values.items()},
+                               "command")]
+        else:
+            argv = [self._fill(a, values, "command") for a in as_given]
         for key, value in opts.extra.items():  # the escape hatch: --key value
             if value is False or value is None:
                 continue
@@ -219,7 +225,7 @@ class CommandBackend(Backend):
             "argv": argv,
             "shell": opts.shell,
             "cwd": opts.cwd or ".",
-            "resume_argv": _argv(opts.resume_command) if opts.resume_command else None,
+            "resume_argv": self._resume_argv(opts),
             "metrics": {"patterns": patterns, "file": values["metrics_file"], "step_key": opts.step_key,
                         "map": dict(opts.metrics_map)},
             "checkpoint": {"dir": recipe.checkpoint.dir, "pattern": opts.checkpoint_pattern,
@@ -227,6 +233,13 @@ class CommandBackend(Backend):
                            "resume_args": _argv(opts.resume_args) if opts.resume_args else [],
                            "resume": resume if opts.checkpoint_pattern else "off"},
         }
+
+    @staticmethod
+    def _resume_argv(opts: CommandOptions) -> list[str] | None:
+        if not opts.resume_command:
+            return None
+        rc = opts.resume_command
+        return [rc] if opts.shell and isinstance(rc, str) else _argv(rc)
 
     def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
         cfg = self.config(recipe, dataset_size)
@@ -269,6 +282,12 @@ class CommandBackend(Backend):
         if plan.argv and plan.argv[0] == "python3":
             plan.argv = [sys.executable, *plan.argv[1:]]
         return plan
+
+    def prune_during_run(self, recipe: Recipe) -> bool:
+        """rlctl cannot know whether the command honours {keep_last}: it prunes to keep_last itself (the newest
+        complete checkpoint and anything newer are never touched)."""
+        table = recipe.backend.table(self.name)
+        return bool(getattr(table, "checkpoint_pattern", None))
 
     # ---- checks ----------------------------------------------------------------------------------------------------
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:

@@ -104,20 +104,22 @@ def fill(template: list[str], values: dict[str, str]) -> list[str]:
 
 
 def command_argv(cfg: dict, resume: tuple[int, str] | None, run_dir: str | None = None) -> list[str]:
+    """The argv of one attempt: the command, or with the resume template applied. With `shell`, a command given
+    as one string stays that string (its quoting and pipes intact) and resume arguments are appended quoted."""
     ck = cfg.get("checkpoint") or {}
-    if resume is None:
-        argv = list(cfg["argv"])
+    values = {"step": str(resume[0]), "path": resume[1], "dir": os.path.abspath(ck["dir"])} if resume else {}
+    if resume is not None and cfg.get("resume_argv"):
+        quoted = {k: shlex.quote(v) for k, v in values.items()} if cfg.get("shell") else values
+        parts, extra = fill(cfg["resume_argv"], quoted), []
     else:
-        values = {"step": str(resume[0]), "path": resume[1], "dir": os.path.abspath(ck["dir"])}
-        if cfg.get("resume_argv"):
-            argv = fill(cfg["resume_argv"], values)
-        else:
-            argv = list(cfg["argv"]) + fill(ck.get("resume_args") or [], values)
+        parts = list(cfg["argv"])
+        extra = fill(ck.get("resume_args") or [], values) if resume is not None else []
     if run_dir is not None:
-        argv = [a.replace(RUN_DIR_TOKEN, run_dir) for a in argv]
-    if cfg.get("shell"):
-        return ["/bin/sh", "-c", " ".join(argv) if len(argv) > 1 else argv[0]]
-    return argv
+        parts = [a.replace(RUN_DIR_TOKEN, run_dir) for a in parts]
+    if not cfg.get("shell"):
+        return parts + extra
+    script = parts[0] if len(parts) == 1 else " ".join(shlex.quote(a) for a in parts)
+    return ["/bin/sh", "-c", " ".join([script, *(shlex.quote(a) for a in extra)])]
 
 
 def write_descriptor(cfg: dict) -> None:
