@@ -77,6 +77,7 @@ SELECT = [
     "reward.custom_reward_function.path", "reward.custom_reward_function.name",
 ]
 
+ODD_EXTRA = 'backend.verl.extra={"actor_rollout_ref.actor.use_dynamic_bsz"=false}'
 REWARD = '''
 def my_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     return {"score": float(solution_str == ground_truth), "probe": "rlctl"}
@@ -138,6 +139,9 @@ def verl_results(workdir):
         r = recipe_for(version, ["algorithm.name=ppo"], {})
         old = [a for a in VERL.render(r, DATASET).argv[3:] if not a.startswith("critic.")]
         jobs.append({"id": "old_ppo_no_critic", "overrides": old, "cwd": str(workdir)})
+        # a rollout that does not split over the GPUs (dynamic batch size off): verl refuses, so does rlctl
+        r = recipe_for(version, ["resources.gpus_per_node=3", ODD_EXTRA], {})
+        jobs.append({"id": "odd_gpus", "overrides": VERL.render(r, DATASET).argv[3:], "cwd": str(workdir)})
         # retention: saves every 10 iterations, keep 2, then a restart (a new process, a new checkpoint manager)
         r = recipe_for(version, ["checkpoint.every=10", "checkpoint.keep_last=2", "checkpoint.dir=ckpt-" + version],
                        {})
@@ -187,6 +191,21 @@ def test_what_rlctl_used_to_render(verl_results, version):
     assert len(old["loop"]["steps"]) == 2 and old["loop"]["total_training_steps"] == 220
     assert old["reward"] is None
     assert "validate_config" in verl_results[version]["old_ppo_no_critic"]["error"]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_placement_rules_agree_with_validate_config(verl_results, version):
+    """rlctl's placement rule fails where verl's validate_config fails (a rollout not divisible over the GPUs), and
+    catches what verl only asserts after the first rollout (engine_workers.py update_actor: mini-batch % dp)."""
+    from rlctl.backends.verl import placement_rules
+
+    assert "real_train_batch_size" in verl_results[version]["odd_gpus"]["error"]
+    assert [x.verdict for x in placement_rules(load(SEED, ["resources.gpus_per_node=3", ODD_EXTRA]).recipe)] == [
+        "fail", "fail"]
+    assert placement_rules(load(SEED, []).recipe) == []
+    late = placement_rules(load(SEED, ["resources.gpus_per_node=8", "train.train_batch_size=4",
+                                       "rollout.prompts_per_step=8"]).recipe)
+    assert [("update_actor" in x.figure) for x in late] == [True]
 
 
 # ---------------------------------------------------------------------------------------------------------------

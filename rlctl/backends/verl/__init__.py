@@ -345,17 +345,40 @@ class VerlBackend(Backend):
 
     # ---- checks ----------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any, family: str) -> list[Any]:
-        from rlctl.preflight import FAIL, Result
-
         r = ctx.recipe
-        tbs, g = r.train.train_batch_size, r.rollout.group_size
-        if family == "placement" and tbs % g:
-            return [Result("placement.batch", FAIL,
-                           f"verl counts ppo_mini_batch_size in prompts: {tbs} samples is not whole groups of {g}",
-                           "make train.train_batch_size a multiple of rollout.group_size")]
+        if family == "placement":
+            return placement_rules(r)
         if family == "env":
             return wandb_reaches_job(r, os.environ)
         return []
+
+
+def placement_rules(recipe: Recipe) -> list[Any]:
+    """verl's batch-size rules that would otherwise fail at start or, worse, after the first rollout."""
+    from rlctl.preflight import FAIL, Result
+
+    r = recipe
+    tbs, g = r.train.train_batch_size, r.rollout.group_size
+    n_gpus = r.resources.nodes * r.resources.gpus_per_node
+    out = []
+    if tbs % g:
+        out.append(Result("placement.batch", FAIL,
+                          f"verl counts ppo_mini_batch_size in prompts: {tbs} samples is not whole groups of {g}",
+                          "make train.train_batch_size a multiple of rollout.group_size"))
+    dynamic = bool(r.backend.extra().get(f"{A}.actor.use_dynamic_bsz"))
+    rollout_samples = r.rollout.prompts_per_step * g
+    if n_gpus and not dynamic and rollout_samples % n_gpus:
+        # verl/utils/config.py validate_config: real_train_batch_size % minimal_bsz (n_gpus) == 0
+        out.append(Result("placement.batch", FAIL,
+                          f"a rollout of {rollout_samples} samples does not split over {n_gpus} GPUs: verl's "
+                          "validate_config refuses it", "make prompts_per_step x group_size a multiple of the GPUs"))
+    if n_gpus and (tbs // g) * g % n_gpus:
+        # workers/engine_workers.py update_actor: `assert mini_batch_size % dp_size == 0` (after the first rollout)
+        out.append(Result("placement.batch", FAIL,
+                          f"a mini-batch of {(tbs // g) * g} samples does not split over {n_gpus} data-parallel "
+                          "ranks: verl asserts it in update_actor, after the first rollout",
+                          "make train.train_batch_size a multiple of the GPUs"))
+    return out
 
 
 def wandb_reaches_job(recipe: Recipe, environ: Any) -> list[Any]:
