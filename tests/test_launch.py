@@ -151,7 +151,8 @@ def test_process_tree_is_stopped_without_orphans(tmp_path):
     sup.start()
     import psutil
 
-    assert wait_for(lambda: len(psutil.Process(sup.proc.pid).children(recursive=True)) == 3, timeout=30)
+    # the wrapper that records the exit code -> the script -> its 3 children
+    assert wait_for(lambda: len(psutil.Process(sup.proc.pid).children(recursive=True)) == 4, timeout=30)
     kids = [c.pid for c in psutil.Process(sup.proc.pid).children(recursive=True)]
     sup.request_stop()
     code = sup.loop()
@@ -290,6 +291,7 @@ def test_resume_continues_from_the_latest_checkpoint(env):
     assert r.returncode == 0, r.stderr[-2000:]
     first = only_run(env["runs"])
     assert (first / "checkpoints" / "checkpoint-20" / "trainer_state.json").is_file()
+    before = tree_snapshot(first)
     r = rlctl(env, "launch", QUICK, "--name", "second", "--resume", first.name, "--set", "train.steps=30",
               "--set", "checkpoint.every=10")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -300,3 +302,18 @@ def test_resume_continues_from_the_latest_checkpoint(env):
     assert steps[0] == 21 and steps[-1] == 30  # picked up after step 20, not from scratch
     cfg = json.loads((second / "trl_config.json").read_text())
     assert cfg["grpo"]["resume_from_checkpoint"].endswith("checkpoint-20")
+    # the resumed run wrote only into its own directory: the parent is exactly as it was (issue 14.3)
+    assert tree_snapshot(first) == before
+    assert (second / "checkpoints" / "checkpoint-20" / "trainer_state.json").is_file()  # its own copy
+    assert (second / "checkpoints" / "checkpoint-30" / "trainer_state.json").is_file()
+    assert (second / "checkpoints" / "final").is_dir()
+
+
+def tree_snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under root (symlinks not followed) with its size and mtime."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            st = p.stat()
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out

@@ -8,6 +8,7 @@ reset to the default in the child by exec). It exits as the child did: same code
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -58,8 +59,9 @@ def main(argv: list[str]) -> int:
         write_record(exit_file, record)
     except OSError as e:  # a full disk: the supervisor (if alive) still sees our exit status
         print(f"rlctl: could not record the exit code in {exit_file}: {e}", file=sys.stderr, flush=True)
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+    if code < 0:  # die of the same signal (SIGKILL/SIGSTOP cannot be caught, so have no handler to reset)
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         return 128 - code
     return code

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.errors import RlctlError
 from rlctl.metrics.sinks import SinkPump
 from rlctl.metrics.stream import LOG, METRICS, STEP_FLOOR, ingest
+from rlctl.metrics.stream import STATE as INGEST_STATE
 from rlctl.runs.stall import StallConfig, StallDetector, gpus_busy, save_evidence, visible_gpus
 from rlctl.runs.state import (
     ACTIVE,
@@ -193,7 +194,10 @@ class Supervisor:
             self.state(status="failed", ended_at=time.time(), attempts=self.attempts, attempt=self.attempt,
                        error=str(e))
             raise
-        self._new_detector()
+        base = None
+        if restart or reason.startswith("resume"):
+            base = checkpoint.step if checkpoint is not None else 0
+        self._new_detector(base)
         if self.gpu is None:
             with contextlib.suppress(Exception):
                 from rlctl.metrics.gpu import GpuSampler
@@ -207,7 +211,38 @@ class Supervisor:
                    supervisor_pid=os.getpid(), supervisor_create_time=process_create_time(os.getpid()))
         return self.handle
 
-    def _new_detector(self) -> None:
+    def _ingested_step(self) -> int | None:
+        """The newest step the logs reported (before the restart floor drops repeats): progress of this attempt."""
+        try:
+            raw = json.loads((self.run_dir / INGEST_STATE).read_text())
+        except (OSError, ValueError):
+            return None
+        steps = [st.get("last_step") for st in raw.values() if isinstance(st, dict)]
+        return max((s for s in steps if isinstance(s, int)), default=None)
+
+    def _reset_ingested_step(self, base: int) -> None:
+        """At a restart: counting continues from the checkpoint's step (what the new attempt repeats from)."""
+        import fcntl
+
+        with contextlib.suppress(OSError, ValueError), open(self.run_dir / ".ingest.lock", "w") as lock:
+            deadline = time.time() + 10
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.time() > deadline:
+                        return
+                    time.sleep(0.05)
+            raw = json.loads((self.run_dir / INGEST_STATE).read_text())
+            for st in raw.values():
+                if isinstance(st, dict):
+                    st["last_step"] = base
+            tmp = self.run_dir / (INGEST_STATE + ".tmp")
+            tmp.write_text(json.dumps(raw))
+            os.replace(tmp, self.run_dir / INGEST_STATE)
+
+    def _new_detector(self, base_step: int | None = None) -> None:
         patterns: list[str] = []
         with contextlib.suppress(Exception):
             from rlctl.backends import get_backend
@@ -215,6 +250,7 @@ class Supervisor:
             patterns = list(get_backend(self.spec["backend"]).stall_patterns())
         self.detector = StallDetector(self.stall_cfg, patterns, time.time(),
                                       (self.spec.get("checkpoint_every") or 0, self.spec.get("eval_every") or 0))
+        self.detector.last_step = base_step  # steps up to it are repeats of an earlier attempt, not progress
         with contextlib.suppress(OSError):
             self.log_pos = (self.run_dir / LOG).stat().st_size
 
@@ -308,6 +344,7 @@ class Supervisor:
     def _before_restart(self, why: str, ckpt: Any) -> None:
         self._ingest(final=True, wait=True)
         self._set_floor()
+        self._reset_ingested_step(ckpt.step if ckpt is not None else 0)
         frm = f"checkpoint step {ckpt.step}" if ckpt is not None else "the start (no complete checkpoint yet)"
         self._mark_log(f"attempt {self.attempt + 1}: {why}; restarting from {frm}")
         self.state(status="restarting")
@@ -389,7 +426,7 @@ class Supervisor:
         if det is None:
             return None
         now = time.time()
-        det.observe_step(_max_step(self.run_dir), now)
+        det.observe_step(self._ingested_step(), now)
         try:
             with (self.run_dir / LOG).open("rb") as fh:
                 fh.seek(self.log_pos)

@@ -1,0 +1,225 @@
+"""Unattended runs, with real processes: a SIGKILLed trainer comes back from its last complete checkpoint and finishes,
+a hung reward function is detected, restarted and given up on with evidence, a run whose supervisor was SIGKILLed
+is told as it really ended (status, logs -f, stop), and `rlctl resume` picks a run up after a "reboot".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rlctl.runs.state import process_alive, read_state, run_status
+from tests.conftest import RECIPES
+from tests.test_launch import metrics, only_run, rlctl, wait_for
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("trl")
+QUICK = str(RECIPES / "quickstart.toml")
+
+HANGING_REWARD = '''
+import time
+
+calls = 0
+
+
+def reward_func(completions, **kwargs):
+    global calls
+    calls += 1
+    if calls > 3:
+        time.sleep(10**6)  # a verifier that never answers
+    return [c.count("a") / max(len(c), 1) for c in completions]
+'''
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture
+def env(tmp_path, model_cache, monkeypatch):
+    from tests.test_launch import cleanup_runs
+
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(runs))
+    monkeypatch.setenv("RLCTL_MODEL_CACHE", str(model_cache))
+    yield {"runs": runs, "env": dict(os.environ), "cwd": tmp_path}
+    cleanup_runs(runs)
+
+
+def reward_steps(run: Path) -> list[int]:
+    if not (run / "metrics.jsonl").is_file():
+        return []
+    return [m["step"] for m in metrics(run) if "reward/mean" in m]
+
+
+def trainer_pid(state: dict) -> int | None:
+    """The backend process: the child of the wrapper that records its exit code."""
+    import psutil
+
+    try:
+        kids = psutil.Process(state["pid"]).children()
+    except psutil.Error:
+        return None
+    return kids[0].pid if kids else None
+
+
+def complete_checkpoint(run: Path, step: int) -> bool:
+    return (run / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").is_file()
+
+
+@pytest.fixture
+def s3(tmp_path):
+    """A real S3-compatible server (moto in server mode) on a free loopback port, with one bucket."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto.server")
+    from rlctl.executors.ray import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+             "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+    old = {k: os.environ.get(k) for k in creds}
+    os.environ.update(creds)
+    try:
+        import s3fs
+
+        deadline = time.time() + 30
+        while True:
+            try:
+                fs = s3fs.S3FileSystem(skip_instance_cache=True)
+                fs.mkdir("rlctl-test")
+                break
+            except Exception:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.3)
+        yield {"url": "s3://rlctl-test", "env": creds, "fs": fs}
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_sigkilled_trainer_restarts_from_the_last_complete_checkpoint_and_finishes(env, s3):
+    env["env"].update(s3["env"])
+    url = f"{s3['url']}/quick"
+    r = rlctl(env, "launch", QUICK, "--detach", "--restart", "on-failure", "--max-restarts", "2", "--grace", "5",
+              "--set", "train.steps=16", "--set", "checkpoint.every=4", "--set", f'checkpoint.sync="{url}"')
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = env["runs"] / r.stdout.strip()
+    assert wait_for(lambda: complete_checkpoint(run, 4) and max(reward_steps(run), default=0) >= 6, timeout=180)
+    first = read_state(run)
+    os.kill(trainer_pid(first), signal.SIGKILL)  # the OOM killer, a crashed worker
+    assert wait_for(lambda: read_state(run).get("status") == "finished", timeout=240), read_state(run)
+    state = read_state(run)
+    a1, a2 = state["attempts"]
+    assert a1["exit_code"] == -signal.SIGKILL and a1["outcome"] == "failed" and a1["exit_recorded"]
+    assert a2["reason"] == "failed" and a2["restart"] and a2["from_step"] in (4, 8, 12)
+    assert a2["from_checkpoint"].endswith(f"checkpoint-{a2['from_step']}")
+    assert a2["exit_code"] == 0 and a2["outcome"] == "finished"
+    # one metrics stream across the attempts: every step once, none missing
+    steps = reward_steps(run)
+    assert sorted(steps) == list(range(1, 17)) and max(Counter(steps).values()) == 1, steps
+    assert "restarting from checkpoint step" in (run / "stdout.log").read_text()
+    assert Path(a1["evidence"]).is_file()
+    shown = rlctl(env, "status", run.name)
+    assert "attempts: 2 (restart on-failure" in shown.stdout and "#2" in shown.stdout, shown.stdout
+    # checkpoints went to object storage, `latest` last, and come back on another machine
+    from rlctl.runs.sync import fetch_latest, read_latest
+
+    latest = read_latest(url)
+    assert latest is not None and latest["step"] == 16
+    got = fetch_latest(url, env["cwd"] / "elsewhere")
+    assert (env["cwd"] / "elsewhere" / got["path"] / "trainer_state.json").is_file()
+
+
+def test_hung_reward_is_detected_restarted_and_given_up_with_evidence(env, tmp_path):
+    reward = tmp_path / "hang.py"
+    reward.write_text(HANGING_REWARD)
+    r = rlctl(env, "launch", QUICK, "--restart", "on-stall", "--max-restarts", "1", "--grace", "3",
+              "--set", "train.steps=50", "--set", f'reward.function="{reward}"',
+              "--set", "run.stall.floor_s=4", "--set", "run.stall.k=3", "--set", "run.stall.first_step_s=120",
+              timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    run = only_run(env["runs"])
+    state = read_state(run)
+    assert state["status"] == "failed" and "stalled after 1 restart" in state["gave_up"]
+    assert [a["outcome"] for a in state["attempts"]] == ["stalled", "stalled"]
+    for a in state["attempts"]:
+        assert "no new step for" in a["stall"]
+        text = Path(a["evidence"]).read_text()
+        assert "## last log lines" in text and "## GPUs" in text
+        if "py-spy is not installed" not in text:
+            assert "reward_func" in text or "sleep" in text, text[-2000:]  # where it hangs
+    steps = reward_steps(run)
+    assert sorted(steps) == [1, 2, 3], steps  # the second attempt's repeats were not streamed twice
+    assert not process_alive(state["pid"], state["pid_create_time"])
+    shown = rlctl(env, "status", run.name)
+    assert "gave up: stalled after 1 restart" in shown.stdout and "stalled: no new step" in shown.stdout
+
+
+def test_killed_supervisor_then_finished_run_is_shown_finished(env):
+    r = rlctl(env, "launch", QUICK, "--detach", "--set", "train.steps=14", "--grace", "5")
+    run = env["runs"] / r.stdout.strip()
+    assert wait_for(lambda: len(reward_steps(run)) >= 2, timeout=180)
+    state = read_state(run)
+    os.kill(state["supervisor_pid"], signal.SIGKILL)  # rlctl dies; the run goes on and ends on its own
+    follower = subprocess.Popen([sys.executable, "-m", "rlctl.cli", "logs", run.name, "-f"], env=env["env"],
+                                cwd=env["cwd"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, _ = follower.communicate(timeout=180)  # logs -f ends when the run ends, supervisor or not
+    assert follower.returncode == 0
+    assert wait_for(lambda: not process_alive(state["pid"], state["pid_create_time"]), timeout=30)
+    rs = run_status(run)
+    assert rs.status == "finished" and rs.state["exit_code"] == 0, rs.state
+    assert "exit record" in read_state(run)["settled_by"]
+    assert sorted(reward_steps(run)) == list(range(1, 15))  # status ingested what nobody followed
+    stop = rlctl(env, "stop", run.name)
+    assert "not running (finished, exit code 0)" in stop.stdout
+    assert read_state(run)["status"] == "finished"  # stop did not rewrite history
+    assert "'train_runtime'" in out or "train_runtime" in out
+
+
+def test_resume_after_everything_was_killed(env):
+    r = rlctl(env, "launch", QUICK, "--detach", "--set", "train.steps=12", "--set", "checkpoint.every=4",
+              "--grace", "5")
+    run = env["runs"] / r.stdout.strip()
+    assert wait_for(lambda: complete_checkpoint(run, 4) and max(reward_steps(run), default=0) >= 5, timeout=180)
+    state = read_state(run)
+    os.kill(state["supervisor_pid"], signal.SIGKILL)  # a reboot: everything dies at once, nothing records it
+    os.killpg(state["pgid"], signal.SIGKILL)
+    assert wait_for(lambda: run_status(run).status == "lost", timeout=30)
+    res = rlctl(env, "resume", run.name)
+    assert res.returncode == 0 and "attempt 2" in res.stdout, res.stdout + res.stderr
+    assert wait_for(lambda: read_state(run).get("status") == "finished", timeout=240), read_state(run)
+    state = read_state(run)
+    assert state["attempts"][1]["reason"] == "resume (lost)" and state["attempts"][1]["from_step"] in (4, 8)
+    steps = reward_steps(run)
+    assert sorted(steps) == list(range(1, 13)) and max(Counter(steps).values()) == 1, steps
+    again = rlctl(env, "resume", run.name)
+    assert "nothing to resume" in again.stdout
+
+
+def test_spec_records_what_a_later_supervisor_needs(env):
+    """The W&B run id and rlctl's variables travel in the spec: a restart or `rlctl resume` keeps the same W&B run."""
+    r = rlctl(env, "launch", QUICK, "--detach", "--set", "logging.wandb.project=p", "--grace", "2",
+              "--set", "logging.wandb.offline=true", "--restart", "always", "--max-restarts", "0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    run = env["runs"] / r.stdout.strip()
+    spec = json.loads((run / ".launch.json").read_text())
+    assert spec["env_extra"]["WANDB_RUN_ID"] == read_state(run)["wandb_run_id"] and spec["env_extra"]["RLCTL_RUN_DIR"]
+    assert spec["restart"] == {"mode": "always", "max_restarts": 0}
+    assert "stopped" in rlctl(env, "stop", run.name, "--grace", "2").stdout
