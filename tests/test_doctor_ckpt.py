@@ -235,7 +235,8 @@ def test_backend_layouts(tmp_path):
     (root / "global_step10_hf" / "adapter_config.json").write_text("{}")
     (root / "global_step10_hf" / "tokenizer_config.json").write_text("{}")  # written last (tests/conformance)
     c = ck.find_checkpoints("openrlhf", tmp_path, root)
-    assert [(x.step, x.complete, len(x.extra_paths)) for x in c] == [(10, True, 1)]
+    # extra paths: _actor/global_step10 and _actor/latest (resuming reads it: tests/conformance/test_openrlhf.py)
+    assert [(x.step, x.complete, len(x.extra_paths)) for x in c] == [(10, True, 2)]
 
 
 def test_prime_rl_keep_last_is_enforced_during_the_run(tmp_path):

@@ -562,6 +562,15 @@ def test_checkpoint_layout_and_retention_on_disk(version, save_optimizer, files,
         assert not (ckpt / "_actor").exists()
     found = BACKEND.checkpoints(ckpt)
     assert [c.step for c in found] == list(range(5, 35, 5)) and all(c.complete for c in found)
+    if save_optimizer:
+        # resuming reads _actor/latest: it belongs to the checkpoint it names, and a staged copy takes it along
+        from rlctl.runs.launch import stage_checkpoint
+
+        assert ckpt / "_actor" / "latest" in found[-1].paths()
+        staged = tmp_path / "new-run-ckpt"
+        stage_checkpoint(found[-1], ckpt, staged)
+        assert (staged / "_actor" / "latest").read_text() == "global_step30"
+        assert (staged / "_actor" / "global_step30").is_dir() and (staged / "global_step30_hf").is_dir()
     assert BACKEND.prune_during_run(prep.recipe)
     doomed = plan_prune(found, prep.recipe.checkpoint.keep_last)
     kept = [c.step for c in found if c not in doomed]

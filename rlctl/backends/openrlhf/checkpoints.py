@@ -37,4 +37,12 @@ def find(root: Path) -> list[Checkpoint]:
         bases = [root, *(d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and d.name.startswith("_"))]
     except OSError:
         return []
-    return ordered(scan(bases, PATTERN, _complete))
+    found = scan(bases, PATTERN, _complete)
+    # `_actor/latest` belongs to the checkpoint it names: resuming (DeepSpeed's load_checkpoint with no tag) reads it,
+    # so a copy of that checkpoint (rlctl launch --resume) must take it along
+    for base in bases[1:]:
+        latest = base / "latest"
+        step = read_int(latest)
+        if step in found and latest.is_file() and not latest.is_symlink():
+            found[step].extra_paths.append(latest)
+    return ordered(found)

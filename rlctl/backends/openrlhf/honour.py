@@ -123,9 +123,10 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
     # checkpoints
     ck = r.checkpoint
     if isinstance(ck.resume, int):
-        add("error", "checkpoint.resume",
-            f"OpenRLHF resumes from the DeepSpeed `latest` tag only, not step {ck.resume}",
-            "set checkpoint.resume = \"latest\" (or `rlctl launch --resume RUN`)")
+        add("warn", "checkpoint.resume",
+            f"OpenRLHF resumes from the tag in checkpoint.dir/_actor/latest, whatever it is, not step {ck.resume} "
+            "(`rlctl launch --resume RUN` stages that step with its `latest`)",
+            "set checkpoint.resume = \"latest\", or use `rlctl launch --resume RUN`")
     if ck.resume != "off" and not ck.save_optimizer:
         add("error", "checkpoint.resume", "resuming needs the DeepSpeed states (_actor/global_stepN), which "
             "checkpoint.save_optimizer = false turns off: OpenRLHF would silently start from scratch",
