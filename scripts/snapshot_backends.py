@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerate backends/snapshots/*.json from the backends' released sources.
 
-    python scripts/snapshot_backends.py openrlhf 0.9.3 0.11.2      # pip download --no-deps, read statically
+    (OpenRLHF: scripts/snapshot_openrlhf.py, which also records per-release behaviours)
     python scripts/snapshot_backends.py verl 0.9.1
     python scripts/snapshot_backends.py trl 1.16.0 --transformers 5.23.0
     python scripts/snapshot_backends.py prime_rl v0.3.0 --repo /path/to/prime-rl   # a git clone (not on PyPI)
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rlctl.backends._static import argparse_flags, dataclass_fields, pydantic_key_paths, yaml_key_paths  # noqa: E402
+from rlctl.backends._static import dataclass_fields, pydantic_key_paths, yaml_key_paths  # noqa: E402
 
 OUT = ROOT / "backends" / "snapshots"
 
@@ -38,13 +38,6 @@ def _wheel_member(dist: str, version: str, member_suffix: str, tmp: Path) -> str
             if name.endswith(member_suffix):
                 return zf.read(name).decode()
     raise SystemExit(f"{member_suffix} not found in {wheel.name}")
-
-
-def openrlhf(version: str) -> dict:
-    with tempfile.TemporaryDirectory() as d:
-        src = _wheel_member("openrlhf", version, "openrlhf/cli/train_ppo_ray.py", Path(d))
-    return {"backend": "openrlhf", "version": version,
-            "source": f"openrlhf=={version} openrlhf/cli/train_ppo_ray.py", "flags": argparse_flags(src)}
 
 
 def verl(version: str) -> dict:
@@ -91,16 +84,14 @@ def prime_rl(tag: str, repo: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("backend", choices=["openrlhf", "verl", "trl", "prime_rl"])
+    ap.add_argument("backend", choices=["verl", "trl", "prime_rl"])
     ap.add_argument("versions", nargs="+")
     ap.add_argument("--repo", type=Path, help="prime-rl git directory")
     ap.add_argument("--transformers", default="5.23.0")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     for v in a.versions:
-        if a.backend == "openrlhf":
-            snap = openrlhf(v)
-        elif a.backend == "verl":
+        if a.backend == "verl":
             snap = verl(v)
         elif a.backend == "trl":
             snap = trl(v, a.transformers)
