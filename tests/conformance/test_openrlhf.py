@@ -604,3 +604,29 @@ def test_docs_flag_table_is_generated_from_the_snapshots():
     assert flag_table() in doc, "docs/backends/openrlhf.md: paste `python scripts/snapshot_openrlhf.py --doc`"
     for v in VERSIONS:
         assert v in doc
+
+
+@pytest.mark.parametrize("version", ["0.9.3", "0.9.8", "0.10.1.post2", "0.10.2", "0.11.2"])
+@pytest.mark.parametrize("sets,key", [
+    (["rollout.group_size=1"], "rollout.group_size"),  # post-parse: group estimators need n_samples_per_prompt > 1
+    (["resources.colocate=true"], "resources.colocate"),  # train(): actor GPUs == engines x TP when colocated
+    (["rollout.prompts_per_step=1", "rollout.group_size=2", "train.train_batch_size=2", "rollout.micro_batch_size=1",
+      "resources.gpus_per_node=8", "rollout.engines=1"], "rollout.prompts_per_step"),  # sample batches >= actors
+])
+def test_error_findings_are_what_openrlhf_itself_rejects(version, sets, key, files):
+    prep = prepare(recipe_file(files, version), sets)
+    assert key in [f.key for f in BACKEND.unhonoured(prep.recipe) if f.level == "error"]
+    with OpenRLHF(version) as o, pytest.raises(AssertionError):
+        o.parse(entry(prep))
+
+
+@pytest.mark.parametrize("version", ["0.9.3", "0.10.2", "0.11.2"])
+def test_eval_without_a_reward_file_is_rejected_by_openrlhf_too(version, files):
+    prep = prepare(recipe_file(files, version), [f"data.eval={json.dumps(str(files['data']))}"])
+    prep.recipe.reward.function = None
+    rm_flag = "reward.model_name_or_path" if release(version).dotted else "reward_pretrain"
+    prep.recipe.backend.extra()[rm_flag] = "rm"
+    prep.plan = BACKEND.render(prep.recipe, prep.dataset_size)
+    assert "data.eval" in [f.key for f in BACKEND.unhonoured(prep.recipe) if f.level == "error"]
+    with OpenRLHF(version) as o, pytest.raises(AssertionError, match="eval_dataset"):
+        o.parse(entry(prep))
