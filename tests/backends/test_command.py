@@ -208,10 +208,21 @@ def test_unknown_placeholder_and_missing_value(workdir):
     (workdir["dir"] / "p.toml").write_text(text)
     r = cli(workdir, "render", "p.toml")
     assert r.returncode == 2 and "unknown placeholder {learning_rate}" in r.stderr and "{lr}" in r.stderr
-    text = recipe_text().replace("every = 2\n", "")
+    text = recipe_text().replace('"{lr}"', '"{eval_data}"')
     (workdir["dir"] / "q.toml").write_text(text)
     r = cli(workdir, "render", "q.toml")
-    assert r.returncode == 2 and "{checkpoint_every} is used" in r.stderr
+    assert r.returncode == 2 and "{eval_data} is used" in r.stderr
+    # a smoke run (no checkpoints) still renders: unset counts are 0
+    cfg = json.loads(get_backend("command").render(_smoke(workdir)).files["command.json"])
+    assert cfg["argv"][cfg["argv"].index("--save-every") + 1] == "0"
+
+
+def _smoke(w):
+    from rlctl.runs.launch import smoke
+
+    rec = load(write_recipe(w)).recipe
+    smoke(rec)
+    return rec
 
 
 def test_validate_says_what_rlctl_cannot_see(workdir):

@@ -60,7 +60,8 @@ class CommandOptions(BackendExtra):
         description="The trainer's command: an argv list, or a string split like a shell would (no shell features "
         "unless `shell = true`). Placeholders from the recipe: {model} {train_data} {eval_data} {steps} {lr} {seed} "
         "{group_size} {prompts_per_step} {max_tokens} {temperature} {train_batch_size} {micro_batch_size} {kl_coef} "
-        "{checkpoint_dir} {checkpoint_every} {keep_last} {metrics_file} {name} {run_dir}; `{{`/`}}` are braces.")
+        "{checkpoint_dir} {checkpoint_every} {keep_last} {metrics_file} {name} {run_dir} (counts left unset are 0); "
+        "`{{`/`}}` are braces.")
     shell: bool = Field(default=False, description="Run the command string through /bin/sh -c.")
     cwd: str | None = Field(default=None, description="Working directory of the command, relative to the run "
                             "directory (default: the run directory).")
@@ -178,7 +179,8 @@ class CommandBackend(Backend):
             "max_tokens": r.rollout.max_tokens, "temperature": r.rollout.temperature,
             "train_batch_size": r.train.train_batch_size, "micro_batch_size": r.train.micro_batch_size,
             "kl_coef": r.algorithm.kl_coef, "checkpoint_dir": self._checkpoint_dir(r, opts),
-            "checkpoint_every": r.checkpoint.every, "keep_last": r.checkpoint.keep_last, "name": r.name,
+            # counts a smoke run or a recipe leaves unset are 0 ("never" / "all" to most trainers), not an error
+            "checkpoint_every": r.checkpoint.every or 0, "keep_last": r.checkpoint.keep_last or 0, "name": r.name,
             "run_dir": RUN_DIR,
             "metrics_file": getattr(opts, "metrics_file", None),
         }
@@ -304,6 +306,9 @@ class CommandBackend(Backend):
                                "install it, or give its full path in backend.command.command"))
         elif prog and "/" in prog and Path(prog).is_absolute() and not Path(prog).exists():
             out.append(Finding("error", "command", f"{prog} does not exist", "fix backend.command.command"))
+        if Path(cfg["cwd"]).is_absolute() and not Path(cfg["cwd"]).is_dir():
+            out.append(Finding("warn", "cwd", f"backend.command.cwd {cfg['cwd']} is not a directory on this machine "
+                               "(the command runs there)", "fix the path, or launch where it exists"))
         m = cfg["metrics"]
         if not m["patterns"] and not m["file"]:
             out.append(Finding("warn", "log_pattern", "rlctl will see no metrics of this command (no log_pattern, "
@@ -314,6 +319,9 @@ class CommandBackend(Backend):
             out.append(Finding("warn", "checkpoint_pattern", "rlctl cannot see this command's checkpoints: ckpt list, "
                                "prune, resume and restarts need backend.command.checkpoint_pattern",
                                'e.g. checkpoint_pattern = "step_{step}"'))
+        elif not any(Path(ck["dir"]).name in a for a in [*cfg["argv"], *(cfg["resume_argv"] or [])]):
+            out.append(Finding("warn", "command", f"the command never mentions checkpoint.dir ({ck['dir']}): rlctl "
+                               "looks for checkpoints there only", "pass {checkpoint_dir} to the command"))
         elif not ck["marker"]:
             out.append(Finding("warn", "checkpoint_marker", "no checkpoint_marker: a half-written checkpoint counts as "
                                "complete (resume and pruning may pick it)",

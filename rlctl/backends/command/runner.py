@@ -31,6 +31,7 @@ RECORD_KEY = "rlctl_command"
 OUT_DEFAULT = "backend_metrics.jsonl"
 RUN_DIR_TOKEN = "${RLCTL_RUN_DIR}"  # in the rendered command: the run directory (this process's working directory)
 POLL = 0.25
+CHUNK = 4 * 1024 * 1024
 
 
 # ---- checkpoints ----------------------------------------------------------------------------------------------------
@@ -250,13 +251,20 @@ class Follower:
             return
         with open(self.path, "rb") as fh:
             fh.seek(self.offset)
-            data = fh.read()
-        self.offset += len(data)
-        data = self.carry + data
+            while True:
+                data = fh.read(CHUNK)
+                if not data:
+                    break
+                self.offset += len(data)
+                self._lines(self.carry + data)
+        if final and self.carry:
+            carry, self.carry = self.carry, b""
+            self._lines(carry + b"\n")
+
+    def _lines(self, data: bytes) -> None:
         lines = data.split(b"\n")
         self.carry = lines.pop()
-        if final and self.carry:
-            lines.append(self.carry)
+        if len(self.carry) > CHUNK:  # a "line" this long is no metrics line
             self.carry = b""
         for raw in lines:
             text = raw.decode("utf-8", errors="replace")
@@ -306,6 +314,7 @@ def main(argv: list[str]) -> int:
 
     def emit(rec: dict | None) -> None:
         if rec is not None:
+            rec.setdefault("time", round(time.time(), 3))  # when it was printed (within POLL), not when ingested
             pending.append(json.dumps({RECORD_KEY: rec}, default=str))
 
     followers = []
