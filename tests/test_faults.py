@@ -66,3 +66,94 @@ def test_parquet_and_json_records_are_counted(tmp_path):
     assert count_records(tmp_path / "d.json") == 7
     (tmp_path / "d.jsonl").write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
     assert count_records(tmp_path / "d.jsonl") == 2
+
+
+STEPS = ("import time\nfor i in range(1, 21):\n    print(f'step:{i} - critic/score/mean:0.5', flush=True)\n"
+         "    time.sleep(0.15)\n")
+
+
+def test_full_disk_keeps_the_run_supervised_and_metrics_valid(tmp_path, monkeypatch, capsys):
+    """ENOSPC while writing metrics and state: reported, the run stays supervised, no half record is left, and
+    once there is room again nothing is missing or doubled."""
+    import errno
+    import threading
+
+    import rlctl.metrics.stream as stream
+    import rlctl.runs.supervisor as supervisor
+    from tests.test_launch import wait_for
+
+    full = {"on": False}
+    real_records, real_state = stream.write_records, supervisor.write_state
+
+    def write_records(path, records, now=None):
+        if full["on"] and records:
+            with path.open("a") as fh:
+                fh.write('{"step": 99, "ti')  # what a full disk leaves: half a record
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_records(path, records, now)
+
+    def write_state(run_dir, **updates):
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_state(run_dir, **updates)
+
+    monkeypatch.setattr(stream, "write_records", write_records)
+    monkeypatch.setattr(supervisor, "write_state", write_state)
+    script = tmp_path / "steps.py"
+    script.write_text(STEPS)
+    run = create_run_dir(tmp_path / "runs", "full")
+    sup = Supervisor(run, {"argv": [sys.executable, str(script)], "backend": "verl", "grace_seconds": 5},
+                     dict(os.environ))
+    sup.start()
+
+    def disk_fills_then_frees() -> None:
+        wait_for(lambda: (run / "metrics.jsonl").is_file(), timeout=30, interval=0.05)
+        full["on"] = True
+        wait_for(lambda: sup.disk_full is not None, timeout=30, interval=0.05)
+        time.sleep(0.6)
+        full["on"] = False
+
+    t = threading.Thread(target=disk_fills_then_frees, daemon=True)
+    t.start()
+    assert sup.loop() == 0
+    t.join(timeout=5)
+    assert "disk full (metrics.jsonl" in capsys.readouterr().err
+    state = read_state(run)
+    assert state["status"] == "finished" and state["disk_full_at"] and state["disk_full"] is None
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    recs = [json.loads(line) for line in lines]  # valid JSONL: every line parses
+    steps = [r["step"] for r in recs if "reward/mean" in r]
+    assert steps == list(range(1, 21))
+
+
+def test_outcome_is_recorded_where_the_child_ends_when_the_supervisor_is_killed(tmp_path, monkeypatch):
+    """SIGKILL the supervisor; the child then exits 3 on its own: status says failed with exit code 3 (from the
+    wrapper's exit record), logs -f returns, stop does not rewrite it."""
+    from rlctl.runs.logs import show_logs
+    from rlctl.runs.stopping import stop_run
+    from rlctl.runs.supervisor import start_detached, write_spec
+    from tests.test_launch import wait_for
+
+    run = create_run_dir(tmp_path / "runs", "orphan")
+    code = "import time\nprint('step:1 - critic/score/mean:0.5', flush=True)\ntime.sleep(2)\nraise SystemExit(3)\n"
+    write_spec(run, {"argv": [sys.executable, "-c", code], "backend": "verl", "executor": "local"})
+    (run / "state.json").write_text(json.dumps({"status": "starting", "backend": "verl", "started_at": time.time()}))
+    start_detached(run, dict(os.environ))
+    state = read_state(run)
+    os.kill(state["supervisor_pid"], signal.SIGKILL)
+    assert wait_for(lambda: (run / "attempts" / "1" / "exit.json").is_file(), timeout=30)
+    show_logs(run, follow=True)  # returns: the run ended, though nobody supervised its end
+    rs = run_status(run)
+    assert rs.status == "failed" and rs.state["exit_code"] == 3 and rs.step == 1
+    assert "not running (failed, exit code 3)" in stop_run(run)
+    assert read_state(run)["status"] == "failed"
+
+    # everything killed at once (a reboot): nothing can tell, and status says so
+    run2 = create_run_dir(tmp_path / "runs", "gone")
+    write_spec(run2, {"argv": [sys.executable, "-c", "import time; time.sleep(60)"], "backend": "verl"})
+    (run2 / "state.json").write_text(json.dumps({"status": "starting", "backend": "verl"}))
+    start_detached(run2, dict(os.environ))
+    st = read_state(run2)
+    os.kill(st["supervisor_pid"], signal.SIGKILL)
+    os.killpg(st["pgid"], signal.SIGKILL)
+    assert wait_for(lambda: run_status(run2).status == "lost", timeout=30)

@@ -10,17 +10,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from rlctl.runs.state import process_alive, read_state, run_status
+from tests import test_sync
 from tests.conftest import RECIPES
 from tests.test_launch import metrics, only_run, rlctl, wait_for
 
 pytestmark = pytest.mark.slow
+s3 = test_sync.s3  # the fixture: a local S3 server
 pytest.importorskip("trl")
 QUICK = str(RECIPES / "quickstart.toml")
 
@@ -74,44 +75,6 @@ def trainer_pid(state: dict) -> int | None:
 
 def complete_checkpoint(run: Path, step: int) -> bool:
     return (run / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").is_file()
-
-
-@pytest.fixture
-def s3(tmp_path):
-    """A real S3-compatible server (moto in server mode) on a free loopback port, with one bucket."""
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
-    from rlctl.executors.ray import free_port
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-             "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    old = {k: os.environ.get(k) for k in creds}
-    os.environ.update(creds)
-    try:
-        import s3fs
-
-        deadline = time.time() + 30
-        while True:
-            try:
-                fs = s3fs.S3FileSystem(skip_instance_cache=True)
-                fs.mkdir("rlctl-test")
-                break
-            except Exception:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.3)
-        yield {"url": "s3://rlctl-test", "env": creds, "fs": fs}
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def test_sigkilled_trainer_restarts_from_the_last_complete_checkpoint_and_finishes(env, s3):

@@ -29,7 +29,7 @@ def _fs(url: str) -> tuple[Any, str]:
     except ImportError:
         raise RlctlError("checkpoint.sync needs fsspec (and s3fs for s3://).", hint='pip install fsspec s3fs') from None
     try:
-        fs, root = fsspec.core.url_to_fs(url)
+        fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True)  # credentials/endpoint as of now
     except (ImportError, ValueError) as e:
         raise RlctlError(f"checkpoint.sync = {url!r}: {e}", hint="e.g. pip install s3fs for s3:// URLs") from None
     return fs, root.rstrip("/")
