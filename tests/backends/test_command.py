@@ -251,6 +251,7 @@ def test_parse_reads_the_runners_records_only():
     assert tr.line("step 7 | loss 0.25 | reward 0.5 | lr 0.01 | grad_norm 1") == \
         {"step": 7, "policy_loss": 0.25, "command/reward": 0.5, "command/lr": 0.01}
     assert tr.line("warming up") is None
+    assert tr.json_line('{"step": "final", "loss": 0.1}') == {"step": None, "policy_loss": 0.1}  # the step in progress
     assert tr.json_line('{"step": 2, "loss": 1.5, "optim": {"lr": 0.1}, "tags": [1]}') == \
         {"step": 2, "policy_loss": 1.5, "command/optim/lr": 0.1}
 

@@ -161,7 +161,7 @@ def to_record(raw: dict, mapping: dict[str, str], step_key: str, prefix: str = "
             try:
                 rec["step"] = int(float(v))
             except (TypeError, ValueError):
-                return None
+                rec["step"] = None  # "final", "latest": the step in progress
             continue
         if isinstance(v, str):
             try:
