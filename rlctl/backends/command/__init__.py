@@ -210,13 +210,12 @@ class CommandBackend(Backend):
         values = self.placeholders(recipe, dataset_size)
         if opts.metrics_file:
             values["metrics_file"] = self._fill(opts.metrics_file, {**values, "metrics_file": None}, "metrics_file")
-        # with `shell`, a string stays one string (pipes, quoting); otherwise it is split like a shell would
-        as_given = [opts.command] if opts.shell and isinstance(opts.command, str) else _argv(opts.command)
-        if opts.shell and isinstance(opts.command, str):  # values are words of the script: quoted
+        if opts.shell and isinstance(opts.command, str):
+            # one script, its pipes and quoting intact; the values are words of it, so they are quoted
             argv = [self._fill(opts.command, {k: v if v is None else shlex.quote(str(v)) for k, v in values.items()},
                                "command")]
-        else:
-            argv = [self._fill(a, values, "command") for a in as_given]
+        else:  # an argv list, or a string split like a shell would
+            argv = [self._fill(a, values, "command") for a in _argv(opts.command)]
         for key, value in opts.extra.items():  # the escape hatch: --key value
             if value is False or value is None:
                 continue
