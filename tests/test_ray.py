@@ -124,3 +124,41 @@ def test_preflight_checks_the_cluster(env, tmp_path, cli):
         assert r["verdict"] == "fail" and "needs 1 node(s) with 8 GPU(s)" in r["figure"]
     finally:
         head.stop()
+
+
+def job_process(temp_dir: str, needle: str = "rlctl.backends.trl.runner") -> int | None:
+    """The trainer process of a job on the run's own head (its working directory lies in the head's temp dir)."""
+    import psutil
+
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            if any(needle in (a or "") for a in p.info["cmdline"] or []) and temp_dir in (p.info["cwd"] or ""):
+                return p.pid
+        except psutil.Error:
+            continue
+    return None
+
+
+def test_ray_job_killed_mid_run_is_restarted_from_its_checkpoint(env):
+    r = rlctl(env, "launch", QUICK, "--executor", "ray", "--detach", "--restart", "on-failure", "--max-restarts", "1",
+              "--set", "train.steps=12", "--set", "checkpoint.every=4", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = env["runs"] / r.stdout.strip()
+    ckpt4 = run / "checkpoints" / "checkpoint-4" / "trainer_state.json"
+
+    def steps() -> list[int]:
+        return [m["step"] for m in metrics(run) if "reward/mean" in m] if (run / "metrics.jsonl").is_file() else []
+
+    assert wait_for(lambda: ckpt4.is_file() and max(steps(), default=0) >= 5, timeout=240)
+    state = read_state(run)
+    pid = job_process(state["ray_head_temp_dir"])
+    assert pid, "the trainer of the Ray job was not found"
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(lambda: read_state(run).get("status") == "finished", timeout=300), read_state(run)
+    state = read_state(run)
+    a1, a2 = state["attempts"]
+    assert a1["outcome"] == "failed" and a2["reason"] == "failed" and a2["from_step"] in (4, 8)
+    assert a2["outcome"] == "finished" and state["ray_job_status"] == "SUCCEEDED"
+    got = steps()
+    assert sorted(got) == list(range(1, 13)) and len(got) == len(set(got)), got
+    assert wait_for(lambda: head_gone(state), timeout=30)  # one head for all attempts, stopped at the end

@@ -34,7 +34,8 @@ from rlctl.runs.state import ACTIVE, process_alive, process_create_time, read_st
 
 TERMINAL = {"SUCCEEDED": "finished", "FAILED": "failed", "STOPPED": "stopped"}
 EXCLUDES = ["stdout.log", "metrics.jsonl", "backend_metrics.jsonl", "supervisor.log", "ray-head.log",
-            "checkpoints", ".ingest.*", "state.json", "*.tmp"]
+            "checkpoints", ".ingest.*", "state.json", "*.tmp", "attempts", ".step_floor", ".sync.json",
+            "rlctl-events.jsonl"]
 
 
 # ---------------------------------------------------------------------------------------------------------------
