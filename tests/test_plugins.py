@@ -307,3 +307,19 @@ _Mine = _mine_class()
 def test_docs_show_the_entry_point_table():
     doc = (ROOT / "docs" / "plugins.md").read_text()
     assert '[project.entry-points."rlctl.backends"]' in doc and "rlctl backends" in doc
+
+
+def test_backends_lists_the_bundled_adapters(monkeypatch):
+    from tests.conftest import run_cli
+
+    monkeypatch.setenv("RLCTL_NO_PLUGINS", "1")
+    registry.reset()
+    try:
+        text = run_cli("backends").out
+        rows = {r["name"]: r for r in json.loads(run_cli("backends", "--json").out)}
+    finally:
+        registry.reset()
+    assert text.splitlines()[0].split() == ["backend", "from", "known", "versions", "runtime"]
+    assert set(rows) == set(registry.BUILTIN) and all(r["builtin"] and r["status"] == "ok" for r in rows.values())
+    assert rows["trl"]["known_versions"] and rows["command"]["known_versions"] == []
+    assert any(line.startswith("command ") and " any " in line for line in text.splitlines())
