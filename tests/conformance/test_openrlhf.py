@@ -475,6 +475,29 @@ def test_launch_sh_passes_the_key_in_the_runtime_env_built_at_launch(files, tmp_
     assert r.returncode != 0 and "WANDB_API_KEY must be set" in r.stderr
 
 
+def test_local_executor_runs_a_submit_that_carries_the_key(files, tmp_path):
+    # resources.executor = "local": rlctl's local process runs `ray job submit` itself; its argv (written into the run
+    # directory's spec) names the variables, the values come from the process environment when it runs
+    prep = prepare(recipe_file(files, "0.10.2"), ['logging.wandb={project="p"}', 'resources.executor="local"'])
+    plan = BACKEND.prepare_launch(prep.plan, tmp_path)
+    assert plan.argv[:2] == ["bash", "-c"] and "k-not-a-real-key-456" not in json.dumps(plan.argv)
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    (fakebin / "ray").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@" > "$RAY_ARGS_OUT"\n')
+    (fakebin / "ray").chmod(0o755)
+    env = {"PATH": f"{fakebin}:{os.environ['PATH']}", "RAY_ARGS_OUT": str(tmp_path / "args"),
+           "WANDB_API_KEY": "k-not-a-real-key-456", "PYTHONUNBUFFERED": "1"}
+    r = subprocess.run(plan.argv, env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    argv = (tmp_path / "args").read_text().splitlines()
+    runtime_env = json.loads(argv[argv.index("--runtime-env-json") + 1])
+    assert runtime_env["env_vars"]["WANDB_API_KEY"] == "k-not-a-real-key-456"
+    assert argv[argv.index("--logger.wandb.key") + 1] == WANDB_FLAG_VALUE
+    # rlctl's Ray executor submits the entrypoint itself: the plan stays as rendered
+    prep = prepare(recipe_file(files, "0.10.2"), ['logging.wandb={project="p"}'])
+    assert BACKEND.prepare_launch(prep.plan, tmp_path) is prep.plan
+
+
 def test_rlctl_ray_executor_gets_the_key_from_the_plan_env(files):
     # rlctl's own executor (rlctl/executors/ray.py) passes every plan.env name, resolved from the launching
     # environment, as the job's runtime_env env_vars

@@ -53,8 +53,10 @@ class RayJobPlan(LaunchPlan):
 
     runtime_env: dict[str, Any] = field(default_factory=dict)  # everything but env_vars (working_dir, pip)
     job_env: list[str] = field(default_factory=list)  # variables the job gets, values read at launch time
+    executor: str = "ray"  # who runs the plan: rlctl's Ray executor submits itself; `local` runs `ray job submit`
 
-    def script(self) -> str:
+    def _lines(self) -> tuple[list[str], list[str]]:
+        """(launch.sh up to the command, the commands that build the runtime env and submit the job)."""
         argv = []
         for a in self.argv:
             if a.startswith("--runtime-env-json"):
@@ -72,7 +74,15 @@ class RayJobPlan(LaunchPlan):
             f'{RUNTIME_ENV_VAR}="$(python3 -c {shlex.quote(code)} \\',
             f"  {shlex.quote(json.dumps(self.runtime_env, sort_keys=True))} {' '.join(self.job_env)})\"",
         ]
-        return "\n".join(lines[:at] + build + lines[at:]) + "\n"
+        return lines[:at], build + lines[at:]
+
+    def script(self) -> str:
+        head, submit = self._lines()
+        return "\n".join(head + submit) + "\n"
+
+    def submit_command(self) -> list[str]:
+        """An argv that builds the runtime env from its own environment and submits: what a local process runs."""
+        return ["bash", "-c", "set -euo pipefail\n" + "\n".join(self._lines()[1]) + "\n"]
 
 
 class OpenRLHFBackend(Backend):
@@ -336,7 +346,7 @@ class OpenRLHFBackend(Backend):
         ]
         s = plan_steps(recipe, dataset_size)
         plan = RayJobPlan(backend=self.name, version=version, argv=argv, env=env, keys=keys, total_steps=s.total,
-                          runtime_env=runtime_env, job_env=sorted(env))
+                          runtime_env=runtime_env, job_env=sorted(env), executor=recipe.resources.executor)
         if rel.dotted and recipe.data.max_prompt_tokens:
             plan.notes.append(f"OpenRLHF {version} has no prompt limit flag: --data.max_len = prompt + response "
                               "tokens, prompts are cut to max_len - max_new_tokens")
@@ -347,6 +357,15 @@ class OpenRLHFBackend(Backend):
             plan.notes.append(f"OpenRLHF logs one global_step per rollout = {s.per_rollout:g} optimizer steps "
                               f"({s.rollouts} global steps)")
         return plan
+
+    def prepare_launch(self, plan: LaunchPlan, run_dir: Path) -> LaunchPlan:
+        """Run by rlctl's local executor, `ray job submit` itself must carry the job's environment (secrets included),
+        built from the process environment when it runs: never from the argv rlctl writes into the run directory."""
+        del run_dir  # Unused
+        if not isinstance(plan, RayJobPlan) or plan.executor == "ray":
+            return plan
+        return LaunchPlan(plan.backend, plan.version, plan.submit_command(), plan.env, plan.files, plan.cwd,
+                          plan.total_steps, plan.keys, plan.notes)
 
     @staticmethod
     def entrypoint(plan: LaunchPlan) -> list[str]:
