@@ -93,6 +93,11 @@ class OpenRLHFBackend(Backend):
     known_versions = KNOWN_VERSIONS
     metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 
+    def colocation_mode(self, recipe: Recipe) -> str:
+        """Colocated vLLM sleeps while training with --vllm_enable_sleep (<= 0.10.1.post2) / --vllm.enable_sleep."""
+        extra = {k.lstrip("-") for k, v in recipe.backend.extra().items() if v}
+        return "sleep" if extra & {"vllm_enable_sleep", "vllm.enable_sleep"} else self.colocation
+
     def release(self, recipe: Recipe) -> Release:
         version = self.target_version(recipe)
         assert version is not None
