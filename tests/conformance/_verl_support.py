@@ -300,6 +300,30 @@ def _checkpoints(root: Path, cfg: Any, saves: list[list[int]]) -> None:
             save(t)
 
 
+def _resume(root: Path, cfg: Any) -> dict[str, Any]:
+    """trainer_base._load_checkpoint (the release's code): which global_step_N a restart loads."""
+    import torch
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    ns: dict[str, Any] = {"os": os, "torch": torch, "find_latest_ckpt_path": find_latest_ckpt_path,
+                          "Role": types.SimpleNamespace(Critic="critic"),
+                          "logger": types.SimpleNamespace(info=lambda *a: None, warning=lambda *a: None,
+                                                          exception=lambda *a: None)}
+    load = _functions(root / "verl/trainer/ppo/v1/trainer_base.py", {"_load_checkpoint"}, ns)["_load_checkpoint"]
+    loaded: dict[str, Any] = {}
+
+    class Trainer:
+        pass
+
+    t = Trainer()
+    t.config, t.trainer_mode, t.use_critic = cfg, "sync", False
+    t.actor_rollout_wg = types.SimpleNamespace(
+        load_checkpoint=lambda local_path, del_local_after_load=False: loaded.update(actor=local_path))
+    t.train_dataloader = types.SimpleNamespace(load_state_dict=lambda state: loaded.update(data=True))
+    load(t)
+    return {"global_steps": t.global_steps, **loaded}
+
+
 def _job(root: Path, job: dict[str, Any], compose: Any) -> dict[str, Any]:
     from omegaconf import open_dict
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -337,6 +361,13 @@ def _job(root: Path, job: dict[str, Any], compose: Any) -> dict[str, Any]:
         out["lrs"] = _lrs(root, cfg)
     if job.get("checkpoints"):
         _checkpoints(root, cfg, job["checkpoints"])
+    if job.get("prune_keep_last"):  # rlctl's own pruning, between verl's saves and verl's resume
+        from rlctl.runs.checkpoints import prune
+
+        ckpt_root = Path(cfg.trainer.default_local_dir).resolve()
+        out["pruned"] = [c.step for c in prune("verl", ckpt_root.parent, job["prune_keep_last"], root=ckpt_root)]
+    if job.get("resume"):
+        out["resume"] = _resume(root, cfg)
     return out
 
 

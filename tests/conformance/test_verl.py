@@ -147,6 +147,17 @@ def verl_results(workdir):
                        {})
         jobs.append({"id": "retention", "overrides": VERL.render(r, DATASET).argv[3:], "cwd": str(workdir),
                      "checkpoints": [[10, 20, 30, 40], [50, 60]]})
+        # the same, then rlctl prunes to keep_last, then verl resumes (resume = latest): it must find its step
+        r = recipe_for(version, ["checkpoint.every=10", "checkpoint.keep_last=2", "checkpoint.resume=latest",
+                                 f"checkpoint.dir=resume-{version}/ckpt"], {})
+        jobs.append({"id": "retention_resume", "overrides": VERL.render(r, DATASET).argv[3:], "cwd": str(workdir),
+                     "checkpoints": [[10, 20, 30, 40], [50, 60]], "prune_keep_last": 2, "resume": True})
+        r = recipe_for(version, ["checkpoint.resume=50", f"checkpoint.dir=resume-{version}/ckpt"], {})
+        jobs.append({"id": "resume_probe_step", "overrides": VERL.render(r, DATASET).argv[3:], "cwd": str(workdir),
+                     "resume": True})
+        r = recipe_for(version, ["checkpoint.resume=off", f"checkpoint.dir=resume-{version}/ckpt"], {})
+        jobs.append({"id": "resume_probe_off", "overrides": VERL.render(r, DATASET).argv[3:], "cwd": str(workdir),
+                     "resume": True})
         return jobs
 
     def run(version: str) -> dict[str, Any]:
@@ -456,6 +467,19 @@ def test_retention_on_verls_layout(verl_results, workdir, version, tmp_path):
     doomed = ck.prune("verl", tmp_path / "run", 2, root=root)
     assert [c.step for c in doomed] == [10, 20, 30, 40]
     assert [(c.step, c.complete) for c in VERL.checkpoints(root)] == [(50, True), (60, True)]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_resume_after_rlctl_pruning(verl_results, workdir, version):
+    """After verl's saves (with a restart) and rlctl's in-run pruning, verl's own _load_checkpoint resumes from the
+    newest step (resume = latest), from the step named (resume = N), or not at all (resume = off)."""
+    res = verl_results[version]["retention_resume"]
+    assert res["pruned"] == [10, 20, 30, 40]
+    root = workdir / f"resume-{version}" / "ckpt"
+    assert res["resume"] == {"global_steps": 60, "actor": str(root / "global_step_60" / "actor"), "data": True}
+    assert verl_results[version]["resume_probe_step"]["resume"]["global_steps"] == 50
+    assert verl_results[version]["resume_probe_step"]["resume"]["actor"] == str(root / "global_step_50" / "actor")
+    assert verl_results[version]["resume_probe_off"]["resume"] == {"global_steps": 0}
 
 
 def test_half_written_checkpoint_is_incomplete(tmp_path):
