@@ -128,3 +128,22 @@ def test_the_core_imports_no_executor_by_name():
     # the one allowed: a Ray-only helper (cluster reachability for a recipe that names ray, following a Ray job)
     allowed = {"rlctl.preflight.env", "rlctl.runs.attach"}
     assert {m for m in offenders if m not in allowed} == set(), offenders
+
+
+def test_executor_registry_is_lazy_and_checked():
+    import subprocess
+    import sys
+
+    import pytest
+
+    from rlctl import executors
+    from rlctl.errors import RlctlError
+
+    code = ("import sys, rlctl.executors as e; e.registry(); "
+            "print(sorted(m for m in sys.modules if m.startswith('rlctl.executors.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"  # names only: nothing imported until asked for
+    assert {"local", "ray"} <= set(executors.available())
+    assert executors.get("local").name == "local"
+    with pytest.raises(RlctlError, match="unknown executor 'nope'; known: local, ray"):
+        executors.get("nope")
