@@ -408,6 +408,7 @@ def test_lengths_flags_per_release():
     (['resources.trainer_gpus=[2,3]'], "resources.trainer_gpus", VERSIONS),
     (['resources.colocate=true'], "resources.colocate", VERSIONS),
     (['model.dtype="float32"'], "model.dtype", VERSIONS),
+    (['data.eval="x.jsonl"'], "eval.every", VERSIONS),
     (['env={NCCL_DEBUG="INFO"}'], "env.NCCL_DEBUG", VERSIONS[:VERSIONS.index("0.9.10")]),
 ])
 def test_unhonoured_keys_are_findings(sets, key, versions, files):

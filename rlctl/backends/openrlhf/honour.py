@@ -49,6 +49,12 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
         add("error", "data.eval", "evaluation needs a reward file: train_ppo_ray asserts `--eval_dataset` is only "
             "supported with `--remote_rm_url`", "set reward.function, or remove data.eval")
 
+    if r.data.eval and not r.eval.every:
+        add("warn", "eval.every", "data.eval without eval.every: OpenRLHF never evaluates (--eval_steps -1)",
+            "set eval.every")
+    if r.eval.every and not r.data.eval:
+        add("warn", "eval.every", "eval.every without data.eval: there is nothing to evaluate", "set data.eval")
+
     # algorithm
     if r.algorithm.name in ("grpo", "dr_grpo", "reinforce_baseline") and r.rollout.group_size < 2:
         add("error", "rollout.group_size", f"{r.algorithm.name} normalises within a group: with group_size 1 every "
