@@ -240,6 +240,10 @@ def check_meaning(o: OpenRLHF, v: str, prep, args: Any, train_locals: dict[str, 
     per_node = r.trainer_gpu_count // r.resources.nodes
     assert value(args, v, "actor_num_nodes") == r.resources.nodes
     assert value(args, v, "actor_num_gpus_per_node") == per_node
+    assert (value(args, v, "ref_num_nodes"), value(args, v, "ref_num_gpus_per_node")) == (r.resources.nodes, per_node)
+    if r.algorithm.name == "ppo":
+        assert value(args, v, "critic_num_nodes") == r.resources.nodes
+        assert value(args, v, "critic_num_gpus_per_node") == per_node
     assert value(args, v, "vllm_num_engines") == r.rollout.engines
     assert value(args, v, "vllm_tp") == r.rollout.tensor_parallel
     assert value(args, v, "vllm_mem") == r.rollout.gpu_memory_utilization
