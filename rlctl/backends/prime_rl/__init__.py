@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 NEW_LAYOUT_SINCE = "0.8.0"
 CONFIG_FILE = "rl.toml"
 CHECKOUT_ENV = "PRIME_RL_DIR"
+NONE = "None"  # TOML has no null: prime-rl's BaseConfig reads the string "None" as None (both tags)
 
 
 class PrimeRLTable(BackendExtra):
@@ -189,6 +190,11 @@ class PrimeRLBackend(Backend):
         trainer["scheduler"] = {"type": kind, **kw}
         if r.train.gradient_checkpointing:
             trainer["model"]["ac"] = {"freq": 1}
+        elif style == "v0.8":
+            # v0.8.0 turns full activation checkpointing on by default (configs/trainer.py:163), and turns it back on
+            # while activation offloading (on by default, :166) is on (ac_offloading_requires_ac, :262-267)
+            trainer["model"]["ac"] = NONE
+            trainer["model"]["ac_offloading"] = NONE
         if r.train.offload:
             trainer["model"]["fsdp_cpu_offload"] = True
             if style == "v0.8":  # optim_cpu_offload defaults to true and excludes fsdp_cpu_offload (trainer.py:277)

@@ -19,6 +19,9 @@ run_default/checkpoints/step_N nor the broadcasts kept at checkpoint steps: they
 (extra paths), so rlctl's pruning removes them with it, and `--resume` copies them (prime-rl resumes the orchestrator
 from its own step directory and, with the filesystem broadcast, the weights from the kept broadcast).
 
+What prime-rl already pruned leaves the step's orchestrator checkpoint and kept broadcast behind: such a step (no
+trainer checkpoint) is listed as an incomplete checkpoint made of what remains, so rlctl's pruning removes it too.
+
 A checkpoint is complete when the trainer's `.metadata` exists and the orchestrator's `progress.pt` exists: both are
 what `ckpt.resume_step` loads (trainer/ckpt.py `load`, orchestrator/ckpt.py `load`).
 """
@@ -46,14 +49,21 @@ def weights_complete(root: Path, step: int) -> bool:
     return (root / "weights" / f"step_{step}" / "STABLE").is_file()
 
 
+def parts(root: Path, step: int) -> list[Path]:
+    """What belongs to a step besides checkpoints/step_N, in prime-rl's layout."""
+    return [root / "weights" / f"step_{step}", root / ORCHESTRATOR / "checkpoints" / f"step_{step}",
+            root / ORCHESTRATOR / "broadcasts" / f"step_{step}"]
+
+
 def find(root: Path) -> list[Checkpoint]:
     """The checkpoints under prime-rl's output_dir `root`, oldest first."""
-    base = root / "checkpoints"
-    found = ordered(scan([base], PATTERN, lambda p, step: trainer_complete(p) and orchestrator_complete(root, step)))
-    for c in found:
-        for extra in (root / "weights" / f"step_{c.step}",
-                      root / ORCHESTRATOR / "checkpoints" / f"step_{c.step}",
-                      root / ORCHESTRATOR / "broadcasts" / f"step_{c.step}"):
-            if extra.is_dir() and not extra.is_symlink():
-                c.extra_paths.append(extra)
-    return found
+    found = scan([root / "checkpoints"], PATTERN,
+                 lambda p, step: trainer_complete(p) and orchestrator_complete(root, step))
+    # broadcasts alone are prime-rl's live hand-over to inference (it deletes them two steps on): never listed alone
+    leftovers = scan([root / "weights", root / ORCHESTRATOR / "checkpoints"], PATTERN, lambda p, step: False)
+    for step, c in leftovers.items():
+        if step not in found:  # the trainer checkpoint is gone (prime-rl's keep_last): what it left is incomplete
+            found[step] = Checkpoint(step, c.path, False)
+    for step, c in found.items():
+        c.extra_paths = [p for p in parts(root, step) if p != c.path and p.is_dir() and not p.is_symlink()]
+    return ordered(found)

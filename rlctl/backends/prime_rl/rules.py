@@ -35,6 +35,7 @@ class Rule:
     check: Callable[[dict[str, Any], dict[str, Any]], str | None]  # (rendered, with defaults) -> problem or None
     key: str
     fix: str
+    level: str = "error"  # "warn": prime-rl accepts it but changes its meaning
 
 
 def _gpu_count(cfg: dict, full: dict) -> str | None:
@@ -135,6 +136,14 @@ def _env_form(cfg: dict, full: dict) -> str | None:
     return None
 
 
+def _ac_back_on(cfg: dict, full: dict) -> str | None:
+    m = get(full, "trainer.model", {})
+    if "ac" in get(cfg, "trainer.model", {}) and m.get("ac") is None and m.get("ac_offloading") is not None:
+        return ("trainer.model.ac = None is overridden: activation offloading (on by default) turns activation "
+                "checkpointing back on")
+    return None
+
+
 def _linear_scheduler(cfg: dict, full: dict) -> str | None:
     s = get(full, "trainer.scheduler", {})
     if s.get("type") != "linear":
@@ -179,14 +188,18 @@ RULES = [
          "train.seq_len", "make train.seq_len >= the orchestrator's seq_len"),
     Rule(V08, "configs/orchestrator.py:182-204 (EnvConfig.validate_env)", _env_form,
          "reward.environment", "give reward.environment.id"),
+    Rule(V08, "configs/trainer.py:262-267 (ModelConfig.ac_offloading_requires_ac)", _ac_back_on,
+         "train.gradient_checkpointing", "also set trainer.model.ac_offloading = \"None\" (rlctl does when "
+         "train.gradient_checkpointing = false)", "warn"),
     Rule(BOTH, "trainer/scheduler.py:31-48 (setup_linear_scheduler asserts), src/prime_rl at the tag",
          _linear_scheduler, "optim", "fewer warmup steps, or more optimizer steps"),
 ]
 
 
 def check(cfg: dict[str, Any], version: str, schema: dict[str, Any]) -> list[Finding]:
-    from rlctl.backends.prime_rl.schema import with_defaults
+    from rlctl.backends.prime_rl.schema import nulls, with_defaults
 
+    cfg = nulls(cfg)
     full = with_defaults(schema, schema, cfg)
     rules = list(RULES)
     if version in V08:
@@ -200,8 +213,8 @@ def check(cfg: dict[str, Any], version: str, schema: dict[str, Any]) -> list[Fin
             continue
         problem = rule.check(cfg, full)
         if problem:
-            out.append(Finding("error", rule.key, f"prime-rl {version} rejects this: {problem} [{rule.cite}]",
-                               rule.fix))
+            what = "rejects this" if rule.level == "error" else "changes the meaning"
+            out.append(Finding(rule.level, rule.key, f"prime-rl {version} {what}: {problem} [{rule.cite}]", rule.fix))
     return out
 
 

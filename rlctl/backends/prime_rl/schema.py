@@ -107,9 +107,20 @@ def unknown_keys(schema: dict[str, Any], node: dict[str, Any], value: Any, path:
     return out
 
 
+def nulls(v: Any) -> Any:
+    """TOML has no null: prime-rl's BaseConfig turns the string "None" into None before validating (v0.3.0
+    utils/pydantic_config.py:18-28 `empty_str_to_none`; v0.8.0 prime-pydantic-config `_none_str_to_none`)."""
+    if isinstance(v, dict):
+        return {k: nulls(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [nulls(x) for x in v]
+    return None if v == "None" else v
+
+
 def check_config(cfg: dict[str, Any], schema: dict[str, Any], version: str) -> list[Finding]:
     """The rendered config against the tag's schema: unknown keys always; types and constraints with jsonschema
     (installed with rlctl's dev extra; CI always has it)."""
+    cfg = nulls(cfg)
     findings = []
     where = f"prime-rl {version} ({source(schema)})"
     bad = unknown_keys(schema, schema, cfg)
@@ -173,4 +184,4 @@ def copy_json(v: Any) -> Any:
 def resolved(cfg: dict[str, Any], version: str) -> dict[str, Any]:
     """The rendered config as prime-rl constructs it from TOML: the file plus every schema default."""
     schema = load_schema(version)
-    return with_defaults(schema, schema, cfg)
+    return with_defaults(schema, schema, nulls(cfg))
