@@ -658,3 +658,30 @@ def test_eval_without_a_reward_file_is_rejected_by_openrlhf_too(version, files):
     assert "data.eval" in [f.key for f in BACKEND.unhonoured(prep.recipe) if f.level == "error"]
     with OpenRLHF(version) as o, pytest.raises(AssertionError, match="eval_dataset"):
         o.parse(entry(prep))
+
+
+@pytest.mark.parametrize("version", ["0.9.3", "0.11.2"])
+def test_all_linear_reaches_peft_as_the_shorthand(version, files):
+    """lora.target_modules = "all-linear": rendered as no flag, parsed as the string peft expands; the old rendering
+    (`--target_modules all-linear`) parses as a one-element list, a module name peft does not find."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    prep = prepare(recipe_file(files, version), ["lora.rank=8"])
+    with OpenRLHF(version) as o:
+        args, _, _ = o.parse(entry(prep))
+        old = entry(prep) + [flag(version, "target_modules"), "all-linear"]
+        old_args, _, _ = o.parse(old)
+    cfg = transformers.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                   num_key_value_heads=1, vocab_size=64)
+
+    def peft_model(targets):  # models/actor.py: LoraConfig(task_type=CAUSAL_LM, r, lora_alpha, target_modules, ...)
+        config = peft.LoraConfig(task_type=peft.TaskType.CAUSAL_LM, r=8, lora_alpha=16, target_modules=targets,
+                                 lora_dropout=0.0, bias="none")
+        return peft.get_peft_model(transformers.Qwen2ForCausalLM(cfg), config)
+
+    assert value(args, version, "target_modules") == "all-linear"
+    assert peft_model(value(args, version, "target_modules")).peft_config["default"].target_modules
+    assert value(old_args, version, "target_modules") == ["all-linear"]
+    with pytest.raises(ValueError):
+        peft_model(value(old_args, version, "target_modules"))
