@@ -66,7 +66,8 @@ SELECT = [
     "data.max_response_length", "data.train_files", "data.val_files", "data.prompt_key",
     f"{A}.rollout.n", f"{A}.rollout.response_length", f"{A}.rollout.prompt_length", f"{A}.rollout.temperature",
     f"{A}.rollout.top_p", f"{A}.rollout.gpu_memory_utilization", f"{A}.rollout.tensor_model_parallel_size",
-    f"{A}.rollout.enforce_eager", f"{A}.model.path", f"{A}.model.lora_rank", f"{A}.model.lora_alpha",
+    f"{A}.rollout.enforce_eager", f"{A}.rollout.max_model_len", f"{A}.model.path", f"{A}.model.lora_rank",
+    f"{A}.model.lora_alpha",
     f"{A}.model.target_modules", f"{A}.actor.use_kl_loss", f"{A}.actor.kl_loss_coef", f"{A}.actor.kl_loss_type",
     f"{A}.actor.ppo_mini_batch_size", f"{A}.actor.ppo_epochs", f"{A}.actor.loss_agg_mode", f"{A}.actor.clip_ratio",
     f"{A}.actor.optim.lr", f"{A}.actor.fsdp_config.param_offload", f"{A}.actor.checkpoint.save_contents",
@@ -310,6 +311,7 @@ def test_meaning(verl_results, workdir, version, name):
     assert v[f"{A}.rollout.temperature"] == r.rollout.temperature and v[f"{A}.rollout.top_p"] == r.rollout.top_p
     assert v[f"{A}.rollout.gpu_memory_utilization"] == r.rollout.gpu_memory_utilization
     assert v[f"{A}.rollout.tensor_model_parallel_size"] == r.rollout.tensor_parallel
+    assert v[f"{A}.rollout.max_model_len"] == r.model.max_model_len
     assert v[f"{A}.actor.fsdp_config.param_offload"] == r.train.offload
     assert v[f"{A}.actor.clip_ratio"] == r.algorithm.eps_clip and v[f"{A}.actor.optim.lr"] == r.optim.lr
     assert (v["trainer.nnodes"], v["trainer.n_gpus_per_node"]) == (r.resources.nodes, r.resources.gpus_per_node)

@@ -192,6 +192,9 @@ class VerlBackend(Backend):
             (f"{A}.rollout.temperature", r.rollout.temperature),
             (f"{A}.rollout.gpu_memory_utilization", r.rollout.gpu_memory_utilization),
             (f"{A}.rollout.tensor_model_parallel_size", r.rollout.tensor_parallel),
+            # unset, the vLLM server takes the model's max_position_embeddings (vllm_async_server.py
+            # _validate_configs) and sizes its KV cache for that, not for the recipe's context
+            (f"{A}.rollout.max_model_len", r.model.max_model_len),
             (f"{A}.rollout.log_prob_micro_batch_size_per_gpu", r.rollout.micro_batch_size or r.train.micro_batch_size),
             (f"{A}.ref.log_prob_micro_batch_size_per_gpu", r.rollout.micro_batch_size or r.train.micro_batch_size),
         ]
