@@ -508,9 +508,9 @@ def test_rlctl_ray_executor_gets_the_key_from_the_plan_env(files):
     # environment, as the job's runtime_env env_vars
     prep = prepare(recipe_file(files, "0.11.2"), ['logging.wandb={project="p"}'])
     assert prep.plan.env["WANDB_API_KEY"] == "${WANDB_API_KEY}"
-    from rlctl.backends.openrlhf import secret_env_names
-
-    assert secret_env_names(prep.recipe) == ["WANDB_API_KEY"]
+    assert BACKEND.secret_env(prep.recipe) == ["WANDB_API_KEY"]
+    assert BACKEND.secret_env(prepare(recipe_file(files, "0.11.2"), ['logging.wandb={project="p", offline=true}'])
+                              .recipe) == []
 
 
 @pytest.mark.parametrize("offline,key,verdict", [(False, None, "fail"), (False, "k", "ok"), (True, None, "ok")])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,9 +103,6 @@ class OpenRLHFBackend(Backend):
         return release(version)
 
     # ---- steps and schedule ----------------------------------------------------------------------------------
-    def steps(self, recipe: Recipe, dataset_size: int | None) -> Steps:
-        return plan_steps(recipe, dataset_size)
-
     def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
         """Optimizer steps that really run (steps.py): rollouts x optimizer steps per rollout."""
         return plan_steps(recipe, dataset_size).total
@@ -309,6 +305,11 @@ class OpenRLHFBackend(Backend):
                 env["WANDB_API_KEY"] = "${WANDB_API_KEY}"
         return env
 
+    def secret_env(self, recipe: Recipe) -> list[str]:
+        """The secrets the job needs in its environment (as `${NAME}` in the plan's env: rlctl's Ray executor resolves
+        them into the job's runtime env at submission; launch.sh and the local executor read them when they run)."""
+        return sorted(k for k, v in self.job_env(recipe).items() if v == f"${{{k}}}")
+
     def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
         version = self.target_version(recipe)
         rel = release(version)
@@ -441,12 +442,3 @@ class OpenRLHFBackend(Backend):
         from rlctl.backends.openrlhf.checkpoints import find
 
         return find(root)
-
-
-def secret_env_names(recipe: Recipe) -> list[str]:
-    """Names of the secrets the job needs in its environment (values never leave the launching process's env)."""
-    return sorted(k for k, v in OpenRLHFBackend().job_env(recipe).items() if v == f"${{{k}}}")
-
-
-def key_reaches_job() -> bool:
-    return bool(os.environ.get("WANDB_API_KEY"))
