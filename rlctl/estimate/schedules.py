@@ -76,6 +76,7 @@ def prime_rl_schedule(kind: str, lr: float, warmup: int, total: int, min_lr: flo
 
 def sparkline(values: list[float], width: int = 40) -> str:
     """A one-line picture of a curve, resampled to `width` points."""
+    values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]  # a NaN/inf reward happens
     if not values:
         return ""
     blocks = "▁▂▃▄▅▆▇█"

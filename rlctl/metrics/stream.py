@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any
 
 from rlctl.metrics.parsers import Incomplete, strip_ansi
@@ -183,6 +184,8 @@ class _Reader:
             stat = log.stat()
         except OSError:
             return st
+        if not S_ISREG(stat.st_mode):  # a FIFO or device named like the log would block or never end
+            return st
         if stat.st_ino != st.inode or stat.st_size < st.offset:
             if st.inode:  # rotated or truncated while followed
                 st.restarts += 1
@@ -322,8 +325,17 @@ def ingest_stats(run_dir: Path) -> IngestState:
 # reading
 
 
+def _regular(path: Path) -> bool:
+    try:
+        return S_ISREG(path.stat().st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def iter_metrics(path: Path) -> Iterator[dict[str, Any]]:
     """Every record of a metrics.jsonl; a damaged line (e.g. a crash mid-write elsewhere) is skipped."""
+    if not _regular(path):  # absent, or a FIFO/device that would block
+        return
     with contextlib.suppress(FileNotFoundError), path.open("r", encoding="utf-8", errors="replace") as fh:
         for line in fh:
             try:
@@ -337,9 +349,12 @@ def iter_metrics(path: Path) -> Iterator[dict[str, Any]]:
 def tail_records(path: Path, max_bytes: int = 4 * 1024 * 1024) -> list[dict[str, Any]]:
     """The records in the last `max_bytes` of a metrics file: what status needs, read from the end."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
     except OSError:
         return []
+    if not S_ISREG(st.st_mode):
+        return []
+    size = st.st_size
     with path.open("rb") as fh:
         start = max(0, size - max_bytes)
         fh.seek(start)

@@ -6,7 +6,7 @@ import sys
 import time
 from pathlib import Path
 
-from rlctl.errors import CheckFailed
+from rlctl.errors import CheckFailed, RlctlError
 from rlctl.metrics.stream import LOG, METRICS, ingest, ingest_stats, unparsed_report
 from rlctl.runs.state import ACTIVE, read_state, settled_status
 
@@ -40,6 +40,9 @@ def show_logs(run_dir: Path, follow: bool = False, metrics: bool = False, lines:
         ingest(run_dir, state["backend"], final=state.get("status") not in ACTIVE)
         _report_unparsed(run_dir, state)
     path = run_dir / (METRICS if metrics else LOG)
+    if path.exists() and not path.is_file():  # a FIFO or device would block or never end
+        raise RlctlError(f"{path}: not a regular file; rlctl reads logs only from files.",
+                         hint="remove it; the run writes a plain file there")
     out = sys.stdout.buffer
     pos = _tail_start(path, lines)
     while True:
