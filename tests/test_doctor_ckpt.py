@@ -212,14 +212,17 @@ def test_prune_keeps_the_newest_complete_whatever_is_newer(tmp_path):
 
 
 def test_backend_layouts(tmp_path):
-    # prime-rl: checkpoints/step_N complete with optimizer state; weights/step_N beside it
+    # prime-rl: checkpoints/step_N/trainer (DCP, .metadata last) + run_default/checkpoints/step_N/orchestrator/
+    # progress.pt, weights/step_N beside it (the real layout: tests/conformance/test_prime_rl.py)
     root = tmp_path / "prime"
     for s in (5, 10):
-        (root / "checkpoints" / f"step_{s}").mkdir(parents=True)
+        (root / "checkpoints" / f"step_{s}" / "trainer").mkdir(parents=True)
+        (root / "run_default" / "checkpoints" / f"step_{s}" / "orchestrator").mkdir(parents=True)
+        (root / "run_default" / "checkpoints" / f"step_{s}" / "orchestrator" / "progress.pt").write_bytes(b"p")
         (root / "weights" / f"step_{s}").mkdir(parents=True)
-    (root / "checkpoints" / "step_5" / "optimizer.pt").write_bytes(b"o")
+    (root / "checkpoints" / "step_5" / "trainer" / ".metadata").write_bytes(b"m")
     c = ck.find_checkpoints("prime_rl", tmp_path, root)
-    assert [(x.step, x.complete, len(x.extra_paths)) for x in c] == [(5, True, 1), (10, False, 1)]
+    assert [(x.step, x.complete, len(x.extra_paths)) for x in c] == [(5, True, 2), (10, False, 2)]
     # verl: global_step_N complete up to latest_checkpointed_iteration.txt
     root = tmp_path / "verl"
     for s in (50, 100):  # the real layout: tests/conformance/test_verl.py
@@ -242,13 +245,19 @@ def test_backend_layouts(tmp_path):
 def test_prime_rl_keep_last_is_enforced_during_the_run(tmp_path):
     run = make_run(tmp_path, "prime_rl", "outputs")
     root = run / "outputs"
-    for s in (5, 10, 15, 20):
-        (root / "checkpoints" / f"step_{s}").mkdir(parents=True)
-        (root / "checkpoints" / f"step_{s}" / "optimizer.pt").write_bytes(b"o")
+    for s in (5, 10, 15, 20):  # prime-rl's layout (tests/conformance/test_prime_rl.py)
+        (root / "checkpoints" / f"step_{s}" / "trainer").mkdir(parents=True)
+        (root / "checkpoints" / f"step_{s}" / "trainer" / ".metadata").write_bytes(b"m")
+        (root / "run_default" / "checkpoints" / f"step_{s}" / "orchestrator").mkdir(parents=True)
+        (root / "run_default" / "checkpoints" / f"step_{s}" / "orchestrator" / "progress.pt").write_bytes(b"p")
         (root / "weights" / f"step_{s}").mkdir(parents=True)
+    # prime-rl's own keep_last already took step 5's trainer checkpoint and weights; its orchestrator state stays
+    shutil.rmtree(root / "checkpoints" / "step_5")
+    shutil.rmtree(root / "weights" / "step_5")
     ck.prune_during_run(run, {"backend": "prime_rl", "checkpoint_dir": "outputs", "prune_during_run": True}, 2)
     assert sorted(p.name for p in (root / "checkpoints").iterdir()) == ["step_15", "step_20"]
     assert sorted(p.name for p in (root / "weights").iterdir()) == ["step_15", "step_20"]
+    assert sorted(p.name for p in (root / "run_default" / "checkpoints").iterdir()) == ["step_15", "step_20"]
     assert "pruned" in (run / "rlctl-events.jsonl").read_text()
 
 

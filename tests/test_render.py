@@ -99,12 +99,15 @@ def test_flat_flag_on_dotted_version_is_reported():
 def test_prime_rl_v03_layout_matches_seed_config():
     prep = prepare(RECIPES / "prime-rl-qwen2.5-7b-1xh100-shared.toml")
     cfg = tomllib.loads(prep.plan.files["rl.toml"])
-    assert prep.plan.argv == ["uv", "run", "rl", "@", "rl.toml"]
+    # run in the prime-rl checkout's uv project from the run directory (tests/conformance/test_prime_rl.py)
+    assert prep.plan.argv == ["uv", "run", "--project", "${PRIME_RL_DIR}", "rl", "@", "rl.toml"]
     assert cfg["inference_gpu_ids"] == [0] and cfg["trainer_gpu_ids"] == [0]
     assert cfg["max_steps"] == 1000
+    assert cfg["output_dir"] == "outputs/checkpoints"  # checkpoint.dir: prime-rl writes everything under it
     assert cfg["trainer"]["model"]["seq_len"] == 2048
     assert cfg["trainer"]["model"]["ac"] == {"freq": 1}
-    assert cfg["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 32}
+    assert cfg["trainer"]["model"]["lora"] == {"rank": 8, "alpha": 32, "dropout": 0.0}
+    assert cfg["trainer"]["loss"] == {"kl_tau": 0.0}
     assert cfg["orchestrator"]["batch_size"] == 8 and cfg["orchestrator"]["rollouts_per_example"] == 2
     assert cfg["orchestrator"]["seq_len"] == 2048
     assert cfg["orchestrator"]["sampling"]["max_tokens"] == 2000
@@ -118,7 +121,9 @@ def test_prime_rl_new_layout_and_wrong_section_key():
     cfg = tomllib.loads(prep.plan.files["rl.toml"])
     assert cfg["orchestrator"]["group_size"] == 8
     assert cfg["orchestrator"]["train"]["sampling"]["max_completion_tokens"] == 4096
-    assert cfg["deployment"] == {"num_train_gpus": 1, "num_infer_gpus": 1, "gpus_per_node": 2}
+    assert cfg["deployment"] == {"type": "single_node", "num_train_gpus": 1, "num_infer_gpus": 1, "gpus_per_node": 2}
+    assert cfg["orchestrator"]["train"]["source"][0]["legacy"]["id"] == "seconds-0/beautiful-soup-env"
+    assert cfg["trainer"]["loss"] == {"type": "default", "kl_tau": 0.0}  # v0.8.0's default is 1e-3
     assert [f for f in prep.backend.validate(prep.plan, None) if f.level == "error"] == []
     # the seeds' mistake: seq_len at the top of the orchestrator vs where v0.3 wants it is fine, but
     # `orchestrator.lora_name` (an older layout) does not exist in v0.3.0
@@ -161,7 +166,7 @@ def test_render_out_writes_runnable_script_without_secrets(cli, tmp_path, monkey
     assert script.stat().st_mode & stat.S_IXUSR
     assert (out / "rl.toml").is_file()
     text = script.read_text()
-    assert "uv run rl @ rl.toml" in text
+    assert '--project "${PRIME_RL_DIR}" rl @ rl.toml' in text
     assert "${WANDB_API_KEY:?" in text
     for f in out.iterdir():
         assert "sk-very-secret-123" not in f.read_text()
