@@ -96,6 +96,9 @@ def _targets_of(patch_file: Path) -> list[str]:
 
 
 def discover(user_dir: Path | None = None) -> list[PatchSet]:
+    if user_dir is not None and not user_dir.is_dir():
+        raise PatchError(f"--dir {user_dir}: not a directory of patch sets.",
+                         hint="point --dir at a directory holding <backend>/<version>/manifest.toml")
     sets = []
     for base, source in ((patches_dir(), "bundled"), (user_dir, "user")):
         if base is None or not base.is_dir():
