@@ -157,3 +157,37 @@ def test_outcome_is_recorded_where_the_child_ends_when_the_supervisor_is_killed(
     os.kill(st["supervisor_pid"], signal.SIGKILL)
     os.killpg(st["pgid"], signal.SIGKILL)
     assert wait_for(lambda: run_status(run2).status == "lost", timeout=30)
+
+
+def test_stall_rule_fits_rl():
+    """max(k x median step time, floor); a longer grace for the first step and around evals/saves; a backend's
+    stall sign cuts the wait to the floor; busy GPUs are work, not a stall."""
+    from rlctl.runs.stall import StallConfig, StallDetector
+
+    cfg = StallConfig(k=3, floor_s=10, first_step_s=100, slow_step_s=100)
+    d = StallDetector(cfg, [r"Watchdog caught collective operation timeout"], started_at=0.0, every=(10,))
+    assert d.check(99.0) is None and "the first step" in d.check(101.0)
+    for i, t in enumerate([100.0, 120.0, 140.0, 160.0], start=1):  # 20 s a step
+        d.observe_step(i, t)
+    assert d.check(160.0 + 59) is None and "limit 60s" in d.check(160.0 + 61)  # 3 x 20 s
+    assert d.check(160.0 + 61, gpus_busy=True) is None
+    d.observe_step(9, 200.0)  # step 10 checkpoints: the save's grace
+    assert d.check(200.0 + 99) is None and "with an eval or a checkpoint save" in d.check(200.0 + 101)
+    d.observe_log("[rank0]: Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5) ran for 600000 ms", 210.0)
+    assert "after the log said: [rank0]: Watchdog" in d.check(221.0)
+
+
+def test_adapters_name_their_stall_signs():
+    import re
+
+    from rlctl.backends import get_backend
+
+    samples = {
+        "verl": "(WorkerDict pid=1) [rank3]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation timeout",
+        "openrlhf": "OSError: [Errno 24] Too many open files",
+        "prime_rl": "httpx.ConnectError: [Errno 111] Connection refused; retrying in 5s",
+    }
+    for name, line in samples.items():
+        pats = get_backend(name).stall_patterns()
+        assert any(re.search(p, line) for p in pats), (name, line)
+    assert get_backend("trl").stall_patterns() == []

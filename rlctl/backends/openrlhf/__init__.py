@@ -92,6 +92,16 @@ class OpenRLHFBackend(Backend):
     known_versions = KNOWN_VERSIONS
     metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 
+    def stall_patterns(self) -> list[str]:
+        """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""
+        return [
+            r"Watchdog caught collective operation timeout",
+            r"NCCL.*(timed out|[Tt]imeout)",
+            r"Too many open files",
+            r"(Async)?EngineDeadError|Engine loop has died",
+            r"RayActorError|ActorDiedError|The actor died unexpectedly",
+        ]
+
     def colocation_mode(self, recipe: Recipe) -> str:
         """Colocated vLLM sleeps while training with --vllm_enable_sleep (<= 0.10.1.post2) / --vllm.enable_sleep."""
         extra = {k.lstrip("-") for k, v in recipe.backend.extra().items() if v}

@@ -90,7 +90,20 @@ class PrimeRLBackend(Backend):
     install_hint = ("prime-rl is not on PyPI: git clone https://github.com/PrimeIntellect-ai/prime-rl, check out the "
                     "tag (e.g. v0.8.0), `uv sync`, and set backend.prime_rl.checkout (or $PRIME_RL_DIR) to it")
 
+    def stall_patterns(self) -> list[str]:
+        """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""
+        return [
+            r"Watchdog caught collective operation timeout",
+            r"NCCL.*(timed out|[Tt]imeout)",
+            r"Too many open files",
+            r"(Async)?EngineDeadError|Engine loop has died",
+            r"(ConnectError|APIConnectionError|Connection refused).*[Rr]etry",
+            r"[Rr]etrying.*(ConnectError|Connection refused)",
+            r"[Ii]nference server .*(died|not reachable|unreachable|exited)",
+        ]
+
     # ---- steps and schedule ----------------------------------------------------------------------------------
+
     def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
         """One optimizer step per orchestrator batch; prime-rl runs `max_steps` steps (it has no epochs)."""
         if recipe.train.steps is not None:

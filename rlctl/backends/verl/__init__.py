@@ -62,7 +62,18 @@ class VerlBackend(Backend):
     known_versions = ("0.9.0", "0.9.1")  # each has a snapshot and passes tests/conformance/test_verl.py
     metric_needles = ("step:", '{"step"')  # as in verl/metrics.py NEEDLES
 
+    def stall_patterns(self) -> list[str]:
+        """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""
+        return [
+            r"Watchdog caught collective operation timeout",
+            r"NCCL.*(timed out|[Tt]imeout)",
+            r"Too many open files",
+            r"(Async)?EngineDeadError|Engine loop has died",
+            r"RayActorError|ActorDiedError|The actor died unexpectedly",
+        ]
+
     # ---- steps and schedule ----------------------------------------------------------------------------------
+
     @staticmethod
     def mini_batch_prompts(recipe: Recipe) -> int:
         """actor.ppo_mini_batch_size: verl counts it in prompts (x rollout.n samples); rlctl's train_batch_size
