@@ -7,9 +7,10 @@ import math
 
 import pytest
 
+from rlctl.backends.prime_rl.schedule import prime_rl_schedule
 from rlctl.backends.verl import VerlBackend
 from rlctl.backends.verl.schedule import verl_schedule
-from rlctl.estimate.schedules import hf_schedule, prime_rl_schedule, sparkline
+from rlctl.estimate.schedules import hf_schedule, sparkline
 from rlctl.recipe.planning import prepare
 from tests.conftest import RECIPES
 
@@ -78,7 +79,7 @@ def test_verl_schedules_match_verl_source(version, kind, total, warmup, min_rati
 
 
 def _prime_rl_torch(kind, lr, warmup, total, min_lr, decay=0):
-    """prime-rl v0.3's trainer/scheduler.py composition of torch schedulers."""
+    """prime-rl's trainer/scheduler.py composition of torch schedulers (v0.3.0 and v0.8.0)."""
     from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, SequentialLR
 
     opt = _opt(lr)

@@ -2,7 +2,8 @@
 
 Convention: `lrs[i]` is the learning rate used by optimizer step i+1, i.e. base_lr * lambda(i), because every
 backend calls `scheduler.step()` after `optimizer.step()`. Tests compare these with the real implementations
-(transformers' `get_scheduler`, torch's LinearLR/CosineAnnealingLR) to 1e-9 relative. verl's lives in its adapter.
+(transformers' `get_scheduler`, torch's LinearLR/CosineAnnealingLR) to 1e-9 relative. verl's and prime-rl's live in
+their adapters.
 """
 
 from __future__ import annotations
@@ -36,42 +37,6 @@ def hf_lambda(name: str, step: int, warmup: int, total: int, min_lr_rate: float 
 
 def hf_schedule(name: str, lr: float, warmup: int, total: int, min_lr_rate: float = 0.0) -> list[float]:
     return [lr * hf_lambda(name, i, warmup, total, min_lr_rate) for i in range(total)]
-
-
-def _torch_linear_factor(t: int, start: float, end: float, total_iters: int) -> float:
-    # torch.optim.lr_scheduler.LinearLR in closed form
-    return start + (end - start) * min(t, total_iters) / total_iters if total_iters > 0 else end
-
-
-def prime_rl_schedule(kind: str, lr: float, warmup: int, total: int, min_lr: float = 0.0,
-                      decay_steps: int = 0) -> list[float]:
-    """prime_rl.trainer.scheduler (v0.3): constant, linear (WSD) and cosine, built from torch's LinearLR,
-    CosineAnnealingLR and SequentialLR."""
-    min_lr_factor = min_lr / lr if min_lr > 0 else 1e-8
-    out = []
-    for step in range(total):
-        if kind == "constant":
-            f = 1.0
-        elif kind == "cosine":
-            if warmup > 0 and step < warmup:
-                f = _torch_linear_factor(step, min_lr_factor, 1.0, warmup)
-            else:
-                t = step - warmup if warmup > 0 else step
-                t_max = total - warmup
-                eta = min_lr + (lr - min_lr) * (1 + math.cos(math.pi * t / t_max)) / 2 if t_max > 0 else lr
-                f = eta / lr
-        elif kind == "linear":
-            decay_start = total - decay_steps
-            if warmup > 0 and step < warmup:
-                f = _torch_linear_factor(step, min_lr_factor, 1.0, warmup)
-            elif decay_steps > 0 and step >= decay_start:
-                f = _torch_linear_factor(step - decay_start, 1.0, min_lr_factor, decay_steps - 1)
-            else:
-                f = 1.0
-        else:
-            raise ValueError(f"prime-rl has no scheduler {kind!r}")
-        out.append(lr * f)
-    return out
 
 
 def sparkline(values: list[float], width: int = 40) -> str:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from rlctl.backends.base import Backend, Finding, LaunchPlan
-from rlctl.estimate.schedules import prime_rl_schedule
 from rlctl.recipe.loader import dump_toml
 from rlctl.recipe.schema import BackendExtra
 
@@ -135,6 +134,8 @@ class PrimeRLBackend(Backend):
         total = self.total_steps(recipe, dataset_size)
         if not total:
             return []
+        from rlctl.backends.prime_rl.schedule import prime_rl_schedule
+
         kind, kw = self.scheduler(recipe, total)
         return prime_rl_schedule(kind, recipe.optim.lr, kw.get("warmup_steps", 0), total, kw.get("min_lr", 0.0),
                                  kw.get("decay_steps", 0))
