@@ -40,6 +40,12 @@ def flags(ctx: Context) -> list[Result]:
     return [Result("env.flags", FAIL if f.level == "error" else WARN, f.message, f.fix) for f in findings]
 
 
+@check("env.backend_rules")
+def backend_rules(ctx: Context) -> list[Result]:
+    """The backend's own environment rules (e.g. whether a W&B key can reach a job on a remote cluster)."""
+    return ctx.backend.preflight(ctx, "env")
+
+
 def _netrc_has_wandb() -> bool:
     path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
     try:

@@ -166,6 +166,9 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
 
     packages = (*prep.backend.packages, *prep.backend.recorded_packages)
     (run_dir / "env.json").write_text(json.dumps(environment_record(Path.cwd(), packages), indent=2))
+    # progress, ETA and stall rules count the step the backend logs, which may stand for several optimizer steps
+    per_logged = max(int(prep.backend.optimizer_steps_per_logged_step(recipe)), 1)
+    logged_total = -(-plan.total_steps // per_logged) if plan.total_steps else plan.total_steps
     spec = {
         "argv": executor.command(plan, prep.backend, {}), "backend": plan.backend, "executor": executor.name,
         "grace_seconds": opts.grace_seconds,
@@ -173,7 +176,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         "disk_headroom": recipe.preflight.disk_headroom,
         "prune_during_run": bool(recipe.checkpoint.keep_last) and prep.backend.prune_during_run(recipe),
         "sinks": sink_spec(recipe, run_dir, wandb_id),
-        "total_steps": plan.total_steps, "checkpoint_every": recipe.checkpoint.every, "eval_every": recipe.eval.every,
+        "total_steps": logged_total, "optimizer_steps": plan.total_steps,
+        "checkpoint_every": recipe.checkpoint.every, "eval_every": recipe.eval.every,
         "restart": {"mode": policy.mode, "max_restarts": policy.max_restarts},
         "stall": recipe.run.stall.model_dump(), "sync": recipe.checkpoint.sync,
         # what a supervisor started later (`rlctl resume`) adds to its own environment for the backend
@@ -183,7 +187,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     spec = executor.prepare(run_dir, spec, child_env, plan, recipe, opts)
     write_spec(run_dir, spec)
     write_state(run_dir, name=run_dir.name, status="starting", backend=plan.backend,
-                version=plan.version, total_steps=plan.total_steps, recipe=str(prep.resolved.path),
+                version=plan.version, total_steps=logged_total, optimizer_steps=plan.total_steps,
+                recipe=str(prep.resolved.path),
                 executor=executor.name, started_at=time.time(),
                 resumed_from=str(resumed_from) if resumed_from else None,
                 resumed_from_checkpoint=str(parent_ckpt.path) if parent_ckpt else None, wandb_run_id=wandb_id,
@@ -198,7 +203,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
 
     from rlctl.ui.progress import Progress
 
-    progress = Progress(out, plan.total_steps)
+    progress = Progress(out, logged_total)
     try:
         code = executor.submit(run_dir, spec, child_env, detach=False, on_tick=progress.tick)
     except OSError:
