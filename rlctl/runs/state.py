@@ -67,7 +67,8 @@ def runs_root() -> Path:
 _NUMBER = (int, float)
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "started_at": _NUMBER, "ended_at": _NUMBER, "pid_create_time": _NUMBER, "supervisor_create_time": _NUMBER,
-    "pid": (int,), "pgid": (int,), "supervisor_pid": (int,), "ray_head_pid": (int,), "total_steps": (int,), "optimizer_steps": (int,),
+    "pid": (int,), "pgid": (int,), "supervisor_pid": (int,), "ray_head_pid": (int,), "total_steps": (int,),
+    "optimizer_steps": (int,),
     "exit_code": (int,), "status": (str,), "backend": (str,), "executor": (str,), "name": (str,),
     "version": (str,), "ray_job_id": (str,), "ray_address": (str,), "wandb_run_id": (str,),
     "attempt": (int,), "attempts": (list,), "handle": (dict,), "restart": (dict,),
