@@ -440,6 +440,9 @@ def test_unhonoured_reaches_render_and_preflight(cli):
     res = cli("render", str(SEED), "--set", "lora.rank=8", "--set", "lora.dropout=0.1", "--json")
     assert res.code == 0, res.err
     assert any(f["key"] == "lora.dropout" for f in json.loads(res.out)["findings"])
+    res = cli("preflight", str(SEED), "--set", "optim.schedule=linear", "--only", "env.flags", "--json")
+    results = json.loads(res.out)["results"]
+    assert res.code == 1 and any(x["verdict"] == "fail" and "no linear decay" in x["figure"] for x in results)
 
 
 # ---------------------------------------------------------------------------------------------------------------
