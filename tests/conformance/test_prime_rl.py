@@ -564,3 +564,54 @@ def test_command_runs_from_any_directory(tmp_path, monkeypatch):
     (tmp_path / "pyproject.toml").write_text("[project]\nname='prime-rl'\n")
     r.backend.table().checkout = str(tmp_path)
     assert [x.verdict for x in PRIME.preflight(type("C", (), {"recipe": r})(), "env")] == ["ok"]
+
+
+# ---- rlctl's reading of rl.toml against prime-rl's own resolution ---------------------------------------------------
+# prime_rl_resolved_<tag>.json: for each variant, the rl.toml rlctl rendered and the concepts prime-rl's real RLConfig
+# resolved from it (`scripts/prime_rl_schema.py --repo <clone> --tag v<tag> --check rl.toml` prints the whole config).
+
+def _reader_concepts(cfg: dict, version: str) -> dict[str, Any]:
+    full = resolved(cfg, version)
+    t, o = full["trainer"], full["orchestrator"]
+    steps = effective(cfg, version, "max_steps")
+    outs = effective(cfg, version, "output_dir")
+    wb = effective(cfg, version, "wandb")
+    lora = t["model"].get("lora")
+    return {
+        "trainer.max_steps": steps[0], "orchestrator.max_steps": steps[1],
+        "trainer.loss.kl_tau": effective(cfg, version, "kl_tau"),
+        "trainer.output_dir": outs[0], "orchestrator.output_dir": outs[1],
+        "trainer.ckpt": effective(cfg, version, "ckpt"),
+        "trainer.wandb.offline": wb and wb["offline_trainer"], "orchestrator.wandb.offline": wb and wb[
+            "offline_orchestrator"], "trainer.wandb.project": wb and wb["project"],
+        "trainer.model.ac_enabled": t["model"].get("ac") is not None or t["model"].get("ac_offloading") is not None,
+        "trainer.scheduler": t["scheduler"], "trainer.optim.lr": t["optim"]["lr"],
+        "trainer.optim.weight_decay": t["optim"]["weight_decay"],
+        "trainer.model.fsdp_cpu_offload": t["model"]["fsdp_cpu_offload"],
+        "trainer.model.optim_cpu_offload": t["model"].get("optim_cpu_offload"),
+        "trainer.model.lora": None if lora is None else {k: lora[k] for k in ("rank", "alpha", "dropout")},
+        "group_size": effective(cfg, version, "group_size"),
+        "trainer.model.seq_len": t["model"]["seq_len"], "orchestrator.seq_len": o["seq_len"],
+        "orchestrator.batch_size": o["batch_size"], "max_tokens": effective(cfg, version, "max_tokens"),
+        "inference.model.max_model_len": full["inference"]["model"]["max_model_len"],
+        "env": list(effective(cfg, version, "env")),
+    }
+
+
+def _resolved_cases():
+    for version in VERSIONS:
+        data = __import__("json").loads((Path(__file__).parent / f"prime_rl_resolved_{version}.json").read_text())
+        for name in sorted(data):
+            yield pytest.param(version, name, data[name], id=f"{version}-{name}")
+
+
+@pytest.mark.parametrize("version,name,case", list(_resolved_cases()))
+def test_rlctl_reads_rl_toml_as_prime_rl_resolves_it(version, name, case):
+    cfg = tomllib.loads(case["rl.toml"])
+    assert _reader_concepts(cfg, version) == case["resolved by prime-rl"]
+    # and what rlctl renders today for that variant still means the same
+    placements = {"one-gpu": (ONE_GPU, {}), "one-gpu-full": (ONE_GPU, {"lora": None}), "split-full": (SPLIT,
+                                                                                                    {"lora": None})}
+    sets, mutations = VARIANTS[name] if name in VARIANTS else placements[name]
+    _, _, now = render(TWO_GPU, version, sets, mutations)
+    assert _reader_concepts(now, version) == case["resolved by prime-rl"]
