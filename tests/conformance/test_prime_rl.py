@@ -558,7 +558,7 @@ def test_command_runs_from_any_directory(tmp_path, monkeypatch):
     assert PRIME.prepare_launch(plan, tmp_path).argv[3] == "/opt/prime-rl"
     r = load(TWO_GPU, ['backend.prime_rl.checkout="/src/prime-rl"']).recipe
     assert PRIME.render(r).argv[:4] == ["uv", "run", "--project", "/src/prime-rl"]
-    # the checkout check, for the lead's env family
+    # preflight's env family: the checkout must exist where the job runs
     res = PRIME.preflight(type("C", (), {"recipe": r})(), "env")
     assert [x.verdict for x in res] == ["fail"]
     (tmp_path / "pyproject.toml").write_text("[project]\nname='prime-rl'\n")

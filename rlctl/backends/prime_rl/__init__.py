@@ -292,8 +292,8 @@ class PrimeRLBackend(Backend):
             files={CONFIG_FILE: dump_toml(cfg)}, keys=flatten(cfg), total_steps=self.total_steps(recipe, dataset_size),
         )
         if recipe.checkpoint.resume == "latest":
-            plan.notes.append("checkpoint.resume = latest: rlctl launch sets ckpt.resume_step to the newest "
-                              "complete step")
+            plan.notes.append("checkpoint.resume = latest: ckpt.resume_step is set to the newest complete step by "
+                              "`rlctl launch --resume RUN` and by restarts; a fresh run has nothing to resume")
         if recipe.checkpoint.keep_last:
             plan.notes.append(f"prime-rl's ckpt.keep_last prunes checkpoints/ and weights/ itself; rlctl prunes the "
                               f"orchestrator checkpoints and kept broadcasts (run_default/) to "
