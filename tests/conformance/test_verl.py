@@ -70,6 +70,7 @@ SELECT = [
     f"{A}.model.lora_alpha",
     f"{A}.model.target_modules", f"{A}.actor.use_kl_loss", f"{A}.actor.kl_loss_coef", f"{A}.actor.kl_loss_type",
     f"{A}.actor.ppo_mini_batch_size", f"{A}.actor.ppo_epochs", f"{A}.actor.loss_agg_mode", f"{A}.actor.clip_ratio",
+    f"{A}.actor.loss_scale_factor",
     f"{A}.actor.optim.lr", f"{A}.actor.fsdp_config.param_offload", f"{A}.actor.checkpoint.save_contents",
     "critic.model.path", "critic.ppo_mini_batch_size", "trainer.logger", "trainer.project_name",
     "trainer.experiment_name", "trainer.default_local_dir", "trainer.max_actor_ckpt_to_keep",
@@ -220,6 +221,17 @@ def test_placement_rules_agree_with_validate_config(verl_results, version):
     assert [("update_actor" in x.figure) for x in late] == [True]
 
 
+def test_multi_node_needs_a_cluster():
+    from rlctl.backends.verl import nodes_rule
+
+    two = load(SEED, ["resources.nodes=2", "resources.gpus_per_node=8"]).recipe
+    assert [x.verdict for x in nodes_rule(two, {})] == ["fail"]
+    assert nodes_rule(two, {"RAY_ADDRESS": "10.0.0.1:6379"}) == []
+    ray = load(SEED, ["resources.nodes=2", "resources.executor=ray", "resources.ray_address=http://h:8265"]).recipe
+    assert nodes_rule(ray, {}) == []
+    assert nodes_rule(load(SEED, []).recipe, {}) == []
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 2. meaning: each concept read back from what verl resolved
 
@@ -326,6 +338,9 @@ def test_meaning(verl_results, workdir, version, name):
     adv = {"grpo": "grpo", "dr_grpo": "grpo", "reinforce_baseline": "reinforce_plus_plus_baseline", "ppo": "gae"}
     assert v["algorithm.adv_estimator"] == adv[r.algorithm.name]
     assert v["algorithm.norm_adv_by_std_in_grpo"] == (r.algorithm.name != "dr_grpo")
+    if r.algorithm.name == "dr_grpo":  # Dr. GRPO: token sum over a constant (the generation budget)
+        assert v[f"{A}.actor.loss_agg_mode"] == "seq-mean-token-sum-norm"
+        assert v[f"{A}.actor.loss_scale_factor"] == r.rollout.max_tokens
     assert res["use_critic"] == (r.algorithm.name == "ppo")
     if r.algorithm.name == "ppo":
         assert v["critic.model.path"] == r.model.path

@@ -196,7 +196,9 @@ class VerlBackend(Backend):
         if not r.checkpoint.save_optimizer:
             o.append((f"{A}.actor.checkpoint.save_contents", ["model", "extra"]))
         if r.algorithm.name == "dr_grpo":
-            o.append((f"{A}.actor.loss_agg_mode", "seq-mean-token-sum-norm"))
+            # Dr. GRPO divides by a constant; unset, core_algos.agg_loss divides by the padded batch width
+            o += [(f"{A}.actor.loss_agg_mode", "seq-mean-token-sum-norm"),
+                  (f"{A}.actor.loss_scale_factor", r.rollout.max_tokens)]
         o += [
             (f"{A}.rollout.name", "vllm"),
             (f"{A}.rollout.n", g),
@@ -361,7 +363,7 @@ class VerlBackend(Backend):
     def preflight(self, ctx: Any, family: str) -> list[Any]:
         r = ctx.recipe
         if family == "placement":
-            return placement_rules(r)
+            return placement_rules(r) + nodes_rule(r, os.environ)
         if family == "env":
             return wandb_reaches_job(r, os.environ)
         return []
@@ -393,6 +395,21 @@ def placement_rules(recipe: Recipe) -> list[Any]:
                           "ranks: verl asserts it in update_actor, after the first rollout",
                           "make train.train_batch_size a multiple of the GPUs"))
     return out
+
+
+def nodes_rule(recipe: Recipe, environ: Any) -> list[Any]:
+    """main_ppo calls ray.init() when Ray is not initialised: without a cluster address that is a one-machine Ray,
+    and verl's resource pool (trainer.nnodes x n_gpus_per_node GPUs) never fits: the run waits forever."""
+    from rlctl.preflight import FAIL, Result
+
+    r = recipe
+    if r.resources.nodes <= 1 or r.resources.executor == "ray":
+        return []
+    if r.env.get("RAY_ADDRESS") or environ.get("RAY_ADDRESS"):
+        return []
+    return [Result("placement.nodes", FAIL, f"resources.nodes = {r.resources.nodes}, but main_ppo would start a "
+                   "Ray of this machine only: verl's resource pool never fits and the run waits for GPUs forever",
+                   'use executor = "ray" with the cluster\'s address, or export RAY_ADDRESS of a running cluster')]
 
 
 def wandb_reaches_job(recipe: Recipe, environ: Any) -> list[Any]:
