@@ -502,6 +502,18 @@ def test_resume_after_rlctl_pruning(verl_results, workdir, version):
     assert verl_results[version]["resume_probe_off"]["resume"] == {"global_steps": 0}
 
 
+def test_checkpoint_size_counts_what_verl_writes():
+    """Actor fp32 shards (+ Adam), the HF export when save_contents has hf_model, the critic's shards for ppo."""
+    from types import SimpleNamespace
+
+    arch = SimpleNamespace(params=1e9, lora_params=lambda rank, modules: 1e7)
+    size = lambda *sets: VERL.checkpoint_bytes(arch, load(SEED, list(sets)).recipe)[0]  # noqa: E731
+    assert size() == 12e9 and size("checkpoint.save_optimizer=false") == 4e9
+    assert size('backend.verl.extra={"actor_rollout_ref.actor.checkpoint.save_contents"=["model","hf_model"]}') == \
+        14e9
+    assert size("algorithm.name=ppo") == 24e9 and size("lora.rank=8") == 4e9 + 8e7
+
+
 def test_half_written_checkpoint_is_incomplete(tmp_path):
     """A step past the tracker, or with a rank's model shard missing, is not a checkpoint to resume from."""
     for step, ranks in ((10, (0, 1)), (20, (0,)), (30, (0, 1))):

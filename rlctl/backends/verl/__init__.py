@@ -340,9 +340,15 @@ class VerlBackend(Backend):
         r = recipe
         P = arch.params
         T = arch.lora_params(r.lora.rank, r.lora.target_modules) if r.lora else P
+        # fp32 FSDP model shards (+ Adam's two fp32 states of what trains); hf_model in save_contents (set through
+        # backend.verl.extra) adds a bf16 HF export under actor/huggingface
         actor = P * 4 + (T * 8 if r.checkpoint.save_optimizer else 0)
+        contents = r.backend.extra().get(f"{A}.actor.checkpoint.save_contents") or []
+        hf = P * 2 if "hf_model" in contents else 0
         critic = (P * 4 + (P * 8 if r.checkpoint.save_optimizer else 0)) if r.algorithm.name == "ppo" else 0
-        return actor + critic, "FSDP model + optimizer shards" + (" (actor and critic)" if critic else "")
+        what = "FSDP model + optimizer shards" + (" + HF export" if hf else "")
+        what += " (actor and critic)" if critic else ""
+        return actor + hf + critic, what
 
     def kept_checkpoints(self, recipe: Recipe) -> int | None:
         # verl rotates actor/ (and critic/) dirs to max_*_ckpt_to_keep, and rlctl prunes what a restart leaves
