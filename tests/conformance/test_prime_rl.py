@@ -418,6 +418,14 @@ def test_seq_len_rule(version, cite):
     assert any(cite in f.message for f in found)
 
 
+@pytest.mark.parametrize("version,cite", [("0.3.0", "orchestrator/config.py:776-780"),
+                                          ("0.8.0", "configs/orchestrator.py:664-683")])
+def test_batch_must_hold_whole_groups(version, cite):
+    found = _extra_errors(version, {}, ["train.train_batch_size=100", "rollout.group_size=8"])
+    assert any(cite in f.message for f in found)
+    assert _extra_errors(version, {}, ["train.train_batch_size=96", "rollout.group_size=8"]) == []
+
+
 def test_lora_needs_filesystem_broadcast():
     """v0.3.0 rl.py:417-420 (auto_setup_lora), v0.8.0 configs/rl.py:378-395 (auto_setup_weight_broadcast)."""
     assert any("rl.py:417-420" in f.message for f in _extra_errors("0.3.0", {"weight_broadcast.type": "nccl"}))

@@ -144,6 +144,26 @@ def _ac_back_on(cfg: dict, full: dict) -> str | None:
     return None
 
 
+def _batch_divisible(cfg: dict, full: dict) -> str | None:
+    o = full.get("orchestrator", {})
+    group = o.get("rollouts_per_example", o.get("group_size"))
+    batch = o.get("batch_size")
+    if batch is None and o.get("token_batch_size") is None:
+        batch = 128
+    if batch is not None and group and batch % group:
+        return f"orchestrator.batch_size {batch} is not a multiple of the group size {group}"
+    return None
+
+
+def _batching_v08(cfg: dict, full: dict) -> str | None:
+    o = get(cfg, "orchestrator", {})
+    if o.get("batch_size") is not None and o.get("token_batch_size") is not None:
+        return "set exactly one of orchestrator.batch_size or token_batch_size"
+    if o.get("token_batch_size") is not None and o.get("max_inflight_episodes") is None:
+        return "token_batch_size needs max_inflight_episodes"
+    return None
+
+
 def _linear_scheduler(cfg: dict, full: dict) -> str | None:
     s = get(full, "trainer.scheduler", {})
     if s.get("type") != "linear":
@@ -188,6 +208,12 @@ RULES = [
          "train.seq_len", "make train.seq_len >= the orchestrator's seq_len"),
     Rule(V08, "configs/orchestrator.py:182-204 (EnvConfig.validate_env)", _env_form,
          "reward.environment", "give reward.environment.id"),
+    Rule(V03, "orchestrator/config.py:776-780 (OrchestratorConfig.validate_batch_size)", _batch_divisible,
+         "train.train_batch_size", "make train.train_batch_size a multiple of rollout.group_size"),
+    Rule(V08, "configs/orchestrator.py:664-683 (OrchestratorConfig.resolve_batching)", _batch_divisible,
+         "train.train_batch_size", "make train.train_batch_size a multiple of rollout.group_size"),
+    Rule(V08, "configs/orchestrator.py:664-679 (OrchestratorConfig.resolve_batching)", _batching_v08,
+         "orchestrator.token_batch_size", "use train.train_batch_size, or set max_inflight_episodes"),
     Rule(V08, "configs/trainer.py:262-267 (ModelConfig.ac_offloading_requires_ac)", _ac_back_on,
          "train.gradient_checkpointing", "also set trainer.model.ac_offloading = \"None\" (rlctl does when "
          "train.gradient_checkpointing = false)", "warn"),
