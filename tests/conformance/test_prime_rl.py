@@ -426,6 +426,13 @@ def test_batch_must_hold_whole_groups(version, cite):
     assert _extra_errors(version, {}, ["train.train_batch_size=96", "rollout.group_size=8"]) == []
 
 
+@pytest.mark.parametrize("version,cite", [("0.3.0", "inference/config.py:203-220"),
+                                          ("0.8.0", "configs/inference.py:496-511")])
+def test_lora_rank_within_vllm(version, cite):
+    assert any(cite in f.message for f in _extra_errors(version, {}, ["lora.rank=1024"]))
+    assert _extra_errors(version, {}, ["lora.rank=512"]) == []
+
+
 def test_lora_needs_filesystem_broadcast():
     """v0.3.0 rl.py:417-420 (auto_setup_lora), v0.8.0 configs/rl.py:378-395 (auto_setup_weight_broadcast)."""
     assert any("rl.py:417-420" in f.message for f in _extra_errors("0.3.0", {"weight_broadcast.type": "nccl"}))

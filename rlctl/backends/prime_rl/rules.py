@@ -164,6 +164,14 @@ def _batching_v08(cfg: dict, full: dict) -> str | None:
     return None
 
 
+def _lora_rank(cfg: dict, full: dict) -> str | None:
+    rank = get(cfg, "trainer.model.lora.rank")
+    if rank is not None and rank > 512:  # prime-rl sets inference.max_lora_rank from it (auto_setup_lora)
+        return (f"LoRA rank {rank} exceeds vLLM's largest max_lora_rank, 512 (the rl entrypoint copies the rank into "
+                f"the inference config, whose validator raises when the inference server starts)")
+    return None
+
+
 def _linear_scheduler(cfg: dict, full: dict) -> str | None:
     s = get(full, "trainer.scheduler", {})
     if s.get("type") != "linear":
@@ -214,6 +222,10 @@ RULES = [
          "train.train_batch_size", "make train.train_batch_size a multiple of rollout.group_size"),
     Rule(V08, "configs/orchestrator.py:664-679 (OrchestratorConfig.resolve_batching)", _batching_v08,
          "orchestrator.token_batch_size", "use train.train_batch_size, or set max_inflight_episodes"),
+    Rule(V03, "inference/config.py:203-220 (InferenceConfig.round_up_max_lora_rank)", _lora_rank,
+         "lora.rank", "use lora.rank <= 512"),
+    Rule(V08, "configs/inference.py:496-511 (InferenceConfig.auto_setup_max_lora_rank)", _lora_rank,
+         "lora.rank", "use lora.rank <= 512"),
     Rule(V08, "configs/trainer.py:262-267 (ModelConfig.ac_offloading_requires_ac)", _ac_back_on,
          "train.gradient_checkpointing", "also set trainer.model.ac_offloading = \"None\" (rlctl does when "
          "train.gradient_checkpointing = false)", "warn"),
