@@ -344,11 +344,14 @@ class PrimeRLBackend(Backend):
         r = recipe
         P = arch.params
         T = arch.lora_params(r.lora.rank, r.lora.target_modules) if r.lora else P
-        # trainer: fp32 FSDP shards + optimizer; plus bf16 weights/ (and the filesystem broadcast kept at each
-        # checkpoint step: bf16 weights, or the adapter with LoRA)
-        broadcast = T * 2
-        return P * 4 + (T * 8 if r.checkpoint.save_optimizer else 0) + P * 2 + broadcast, \
-            "fp32 model shards + optimizer + bf16 weights/ + kept broadcast"
+        # trainer: fp32 FSDP shards + optimizer; plus bf16 weights/ (and, with the filesystem weight broadcast, the
+        # broadcast kept at each checkpoint step: bf16 weights, or the adapter with LoRA). v0.3.0 broadcasts through
+        # the filesystem by default; v0.8.0 only with LoRA (else NCCL, configs/rl.py:378-389)
+        default = "filesystem" if layout(self.target_version(r)) == "v0.3" or r.lora else "nccl"
+        kind = r.backend.extra().get("weight_broadcast.type", default)
+        broadcast = T * 2 if kind == "filesystem" else 0
+        what = "fp32 model shards + optimizer + bf16 weights/" + (" + kept broadcast" if broadcast else "")
+        return P * 4 + (T * 8 if r.checkpoint.save_optimizer else 0) + P * 2 + broadcast, what
 
     def preflight(self, ctx: Any, family: str) -> list[Any]:
         from rlctl.backends.prime_rl.rules import preflight
