@@ -123,6 +123,14 @@ def write_recipe(w, name="r.toml", **kw) -> Path:
     return p
 
 
+def logs_of(w) -> str:
+    """The end of every run's stdout.log, for an assertion message."""
+    out = []
+    for run in sorted(w["runs"].glob("*/stdout.log")):
+        out.append(f"--- {run.parent.name}\n" + run.read_text(errors="replace")[-2000:])
+    return "\n".join(out)
+
+
 def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -277,7 +285,7 @@ def test_checkpoints_follow_the_descriptor(tmp_path):
 def test_launch_status_ckpt_prune_resume(workdir):
     recipe = write_recipe(workdir)
     r = rlctl(workdir, "launch", str(recipe), "--name", "first")
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-1500:] + logs_of(workdir)
     first = run_named(workdir, "first")
     assert [m["step"] for m in metrics(first)] == [1, 2, 3, 4, 5, 6]
     assert all("policy_loss" in m and "reward/mean" in m and m["lr"] == 0.05 for m in metrics(first))
@@ -306,7 +314,7 @@ def test_launch_status_ckpt_prune_resume(workdir):
     assert left == ["step_6", "step_8"]
 
     r = rlctl(workdir, "launch", str(recipe), "--name", "second", "--resume", first.name, "--set", "train.steps=8")
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-1500:] + logs_of(workdir)
     second = run_named(workdir, "second")
     assert [m["step"] for m in metrics(second)] == [7, 8]  # continued after the last complete checkpoint
     log = (second / "stdout.log").read_text()
@@ -322,7 +330,7 @@ def test_restart_after_a_crash_resumes_from_the_checkpoint(workdir):
     """JSONL metrics file as the source; the trainer dies at step 5 and the supervisor restarts it from step 4."""
     recipe = write_recipe(workdir, metrics="jsonl", extra_args=("--fail-at", "5"))
     r = rlctl(workdir, "launch", str(recipe), "--name", "crashy", "--restart", "on-failure")
-    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert r.returncode == 0, r.stderr[-1500:] + logs_of(workdir)
     run = run_named(workdir, "crashy")
     recs = metrics(run)
     assert [m["step"] for m in recs] == [1, 2, 3, 4, 5, 6]  # each step once: the repeat after the restart dropped
