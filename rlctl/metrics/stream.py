@@ -332,6 +332,23 @@ def _regular(path: Path) -> bool:
         return False
 
 
+def _sane_record(rec: Any) -> dict[str, Any] | None:
+    """A record as readers may trust it: an integer step (not a bool), and `time` a finite number or absent — a
+    damaged or hand-edited metrics.jsonl must not break status, doctor or metrics."""
+    if not isinstance(rec, dict):
+        return None
+    step = rec.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None
+    t = rec.get("time")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t != t or t in (INF, -INF)):
+        rec = {k: v for k, v in rec.items() if k != "time"}
+    return rec
+
+
+INF = float("inf")
+
+
 def iter_metrics(path: Path) -> Iterator[dict[str, Any]]:
     """Every record of a metrics.jsonl; a damaged line (e.g. a crash mid-write elsewhere) is skipped."""
     if not _regular(path):  # absent, or a FIFO/device that would block
@@ -339,10 +356,10 @@ def iter_metrics(path: Path) -> Iterator[dict[str, Any]]:
     with contextlib.suppress(FileNotFoundError), path.open("r", encoding="utf-8", errors="replace") as fh:
         for line in fh:
             try:
-                rec = json.loads(line)
-            except ValueError:
+                rec = _sane_record(json.loads(line))
+            except (ValueError, RecursionError):
                 continue
-            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            if rec is not None:
                 yield rec
 
 
@@ -364,10 +381,10 @@ def tail_records(path: Path, max_bytes: int = 4 * 1024 * 1024) -> list[dict[str,
     out = []
     for line in data.decode("utf-8", errors="replace").splitlines():
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = _sane_record(json.loads(line))
+        except (ValueError, RecursionError):
             continue
-        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+        if rec is not None:
             out.append(rec)
     return out
 
