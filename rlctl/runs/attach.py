@@ -76,6 +76,8 @@ def find_sources(path: Path) -> Sources:
             if depth <= 2:
                 src.dirs.append(p)
             continue
+        if not p.is_file():  # a FIFO, socket or device named like a log would block the read
+            continue
         if p.name == TRAINER_STATE:
             states.append(p)
         else:
@@ -389,6 +391,10 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
 def _attach_ray_job(job_id: str, backend: str, name: str | None, address: str | None, root: Path | None) -> Attached:
     from rlctl.executors.ray import catch_up_logs, job_status, normalize_address
 
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,200}", job_id):
+        raise RlctlError(f"{job_id!r}: neither an existing path nor a Ray job id (letters, digits, '_', '-', '.').",
+                         hint="give a log file, a directory of logs or a backend's output, or a Ray job id "
+                              "with --address")
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         raise RlctlError(f"{job_id}: not a file; as a Ray job id it needs the cluster's dashboard address.",
