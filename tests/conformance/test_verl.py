@@ -55,6 +55,7 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "resume_step": (["checkpoint.resume=100"], {}),
     "wandb_offline": (["logging.wandb.offline=true", "logging.wandb.entity=team"], {}),
     "no_wandb": ([], {"wandb": None}),
+    "no_eval": ([], {"eval": None}),
     "tensorboard": (["logging.tensorboard=tb"], {}),
     "top_p_offload": (["rollout.top_p=0.9", "train.offload=true", "rollout.enforce_eager=true"], {}),
     "no_optimizer_state": (["checkpoint.save_optimizer=false"], {}),
@@ -63,7 +64,7 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
 SELECT = [
     "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo", "algorithm.use_kl_in_reward",
     "algorithm.kl_penalty", "algorithm.kl_ctrl.kl_coef", "data.train_batch_size", "data.max_prompt_length",
-    "data.max_response_length", "data.train_files", "data.val_files", "data.prompt_key",
+    "data.max_response_length", "data.train_files", "data.val_files", "data.prompt_key", "data.val_max_samples",
     f"{A}.rollout.n", f"{A}.rollout.response_length", f"{A}.rollout.prompt_length", f"{A}.rollout.temperature",
     f"{A}.rollout.top_p", f"{A}.rollout.gpu_memory_utilization", f"{A}.rollout.tensor_model_parallel_size",
     f"{A}.rollout.enforce_eager", f"{A}.rollout.max_model_len", f"{A}.model.path", f"{A}.model.lora_rank",
@@ -98,6 +99,8 @@ def recipe_for(version: str, sets: list[str], mutate: dict[str, Any], path: Path
         r.train.episodes = mutate["episodes"]
     if "wandb" in mutate:
         r.logging.wandb = mutate["wandb"]
+    if "eval" in mutate:
+        r.data.eval = mutate["eval"]
     if mutate.get("tiny_model"):  # verl's critic config loads the model's HF config: a local tiny model
         r.model.path = str(TINY)
     return r
@@ -327,7 +330,10 @@ def test_meaning(verl_results, workdir, version, name):
     assert v[f"{A}.actor.fsdp_config.param_offload"] == r.train.offload
     assert v[f"{A}.actor.clip_ratio"] == r.algorithm.eps_clip and v[f"{A}.actor.optim.lr"] == r.optim.lr
     assert (v["trainer.nnodes"], v["trainer.n_gpus_per_node"]) == (r.resources.nodes, r.resources.gpus_per_node)
-    assert v["data.train_files"] == r.data.train and v["data.val_files"] == r.data.eval
+    # without eval data verl still builds a validation set: never its gsm8k default, never run
+    assert v["data.train_files"] == r.data.train and v["data.val_files"] == (r.data.eval or r.data.train)
+    if not r.data.eval:
+        assert v["data.val_max_samples"] == 1 and loop["tests"] == [] and v["trainer.test_freq"] == -1
     # model, LoRA, algorithm
     assert v[f"{A}.model.path"] == r.model.path
     if r.lora:

@@ -154,6 +154,10 @@ class VerlBackend(Backend):
         o.append(("data.train_files", r.data.train))
         if r.data.eval:
             o.append(("data.val_files", r.data.eval))
+        else:
+            # the trainer builds a validation dataset whatever test_freq says (trainer_base._init_dataloader), from
+            # verl's default ~/data/rlhf/gsm8k/test.parquet unless told otherwise: one prompt of the train set
+            o += [("data.val_files", r.data.train), ("data.val_max_samples", 1)]
         o += [
             ("data.prompt_key", r.data.input_key),
             ("data.train_batch_size", r.rollout.prompts_per_step),
@@ -245,7 +249,7 @@ class VerlBackend(Backend):
             ("trainer.n_gpus_per_node", r.resources.gpus_per_node),
             ("trainer.default_local_dir", r.checkpoint.dir),
             ("trainer.save_freq", self._every(r.checkpoint.every, r)),
-            ("trainer.test_freq", self._every(r.eval.every, r)),
+            ("trainer.test_freq", self._every(r.eval.every, r) if r.data.eval else -1),
             ("trainer.val_before_train", bool(r.data.eval and r.eval.every)),
         ]
         if r.train.steps is not None:

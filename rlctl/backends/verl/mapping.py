@@ -58,6 +58,8 @@ def unhonoured(adapter: Any, recipe: Recipe, snap: dict[str, Any]) -> list[Findi
         if every and every % k:
             add("warn", key, f"verl saves/evaluates every N iterations of {k} optimizer steps: {every} becomes "
                 f"{max(every // k, 1) * k}", f"make it a multiple of {k}")
+    if r.eval.every and not r.data.eval:
+        add("warn", "eval.every", "no data.eval: nothing to evaluate, test_freq = -1")
     # ---- model and LoRA
     if r.lora and r.lora.dropout > 0:
         add("warn", "lora.dropout", "the FSDP engine builds peft's LoraConfig without lora_dropout "
