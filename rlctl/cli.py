@@ -411,7 +411,14 @@ def doctor(
 
         if between and len(between) != 2:
             raise typer.BadParameter("--between takes two checkpoints: --between A --between B")
-        findings.append(weights_finding(run_dir, pair=(between[0], between[1]) if between else None))
+        import struct
+
+        try:
+            findings.append(weights_finding(run_dir, pair=(between[0], between[1]) if between else None))
+        except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:  # damaged or not safetensors
+            where = f"--between {between[0]} {between[1]}" if between else f"{run_dir.name}'s checkpoints"
+            raise RlctlError(f"{where}: cannot read the weights ({e}).",
+                             hint="give two checkpoint directories or .safetensors files") from None
     if as_json:
         _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings)}, indent=2))
     elif not findings:
