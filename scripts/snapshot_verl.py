@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import subprocess
 import sys
@@ -32,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from rlctl.backends._static import yaml_key_paths  # noqa: E402
 
 OUT = ROOT / "rlctl" / "backends" / "verl" / "snapshots"
-CACHE = Path.home() / ".cache" / "rlctl-tests" / "wheels"
+CACHE = Path(os.environ.get("RLCTL_TEST_CACHE", Path.home() / ".cache" / "rlctl-tests")) / "wheels"
 CONFIG = "verl/trainer/config/_generated_ppo_trainer.yaml"
 DEFAULTS = [
     "trainer.use_v1", "trainer.total_epochs", "trainer.total_training_steps", "trainer.resume_mode",
