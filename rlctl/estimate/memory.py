@@ -1,13 +1,22 @@
-"""GPU memory plan for a recipe: the trainer per GPU and the vLLM engine per GPU, from first principles.
+"""GPU memory plan for a recipe: the trainer per GPU and the vLLM engine per GPU.
 
-Figures are estimates of *peak allocated* memory. The assumptions are spelled out next to each term so that a
-measured peak (docs/memory.md) can be compared term by term.
+The trainer figure is what NVML shows the trainer process using at its peak (what an OOM sees): torch's allocated
+peak (terms below) times the caching allocator's slack, plus the CUDA context. Each term follows what the backend
+really holds, asked of its adapter (`sharding`, `param_dtype`, `logits_scope`, `lora_base_master`, `micro_tokens`);
+the core names no backend. The per-token constants were measured on an H100 with rlctl launching TRL GRPO
+(bench/gpu_memory.py, docs/memory.md, raw figures in docs/gpu_memory_h100.json), some configurations held out.
+
+vLLM follows vLLM's own rule (vllm/v1/worker/gpu_worker.py, determine_available_memory): the engine may use
+`gpu_memory_utilization x total memory`; at startup it refuses when less than that is free; the KV cache gets that
+budget minus the weights, the profiled activation peak of a max_num_batched_tokens forward and non-torch memory;
+CUDA graphs are captured after the KV cache is allocated, out of the remaining headroom.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rlctl.recipe.models import Arch
 
@@ -20,19 +29,32 @@ GiB = 1024**3
 GPU_MEMORY_GIB = {
     "h100-80gb": 79.18, "h100": 79.18, "h100-pcie": 79.18, "h100-sxm": 79.18, "h100-94gb": 93.1,
     "h200": 139.8, "h200-141gb": 139.8, "a100-80gb": 79.15, "a100": 79.15, "a100-40gb": 39.4,
-    "a6000": 47.5, "rtx-a6000": 47.5, "l40s": 44.4, "rtx4090": 23.5, "4090": 23.5, "l4": 22.0, "b200": 178.4,
+    "a6000": 47.5, "rtx-a6000": 47.5, "a6000-48gb": 47.5, "l40s": 44.4, "rtx4090": 23.5, "4090": 23.5, "l4": 22.0,
+    "b200": 178.4,
 }
 
-CUDA_OVERHEAD = 1.0 * GiB  # CUDA context, cuBLAS workspace, allocator slack: per process
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
+# NVML-visible memory of a torch process besides its allocator: CUDA context, kernels, cuBLAS/NCCL handles
+# (measured on an H100, torch 2.11 / CUDA 13: NVML used - torch reserved = 0.77-0.81 GiB over 14 runs).
+CUDA_CONTEXT = 0.78 * GiB
+# reserved / allocated peak of the caching allocator, by memory engine (measured: one process 1.01-1.10, FSDP2
+# with per-layer all-gathers 1.09-1.36; DeepSpeed not measured)
+ALLOCATOR_SLACK = {"plain": 1.04, "fsdp": 1.15, "deepspeed": 1.10}
+
+# Activations of one decoder layer per token in bytes, bf16 compute: ACT_H * hidden + ACT_I * intermediate
+# (fitted on the 0.5B bf16 TRL run and checked on 7B LoRA TRL and FSDP runs: docs/memory.md). With checkpointing
+# each layer keeps its input (fp32 under autocast with fp32 parameters) and one layer is recomputed at a time.
+ACT_H = 12.0
+ACT_I = 10.0
+# Autocast with fp32 parameters keeps bf16 copies of the weights: saved for backward without checkpointing; with
+# checkpointing they live in the autocast cache to the end of each forward (peak: copies + AUTOCAST_EXTRA).
+AUTOCAST_EXTRA = 0.35 * GiB
 
 
 def gpu_memory_gib(name: str) -> float | None:
     key = name.strip().lower().replace(" ", "-").replace("_", "-")
     if key in GPU_MEMORY_GIB:
         return GPU_MEMORY_GIB[key]
-    import re
-
     m = re.search(r"(\d+)\s*gb", key)
     if m:
         return float(m.group(1)) * 0.99  # "80GB" cards expose ~79 GiB
@@ -41,10 +63,11 @@ def gpu_memory_gib(name: str) -> float | None:
 
 @dataclass
 class Breakdown:
-    """Bytes per term, in the order they are printed."""
+    """Bytes per term, in the order they are printed; `total` is the NVML-visible peak of one trainer process."""
 
     terms: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def total(self) -> float:
@@ -54,77 +77,124 @@ class Breakdown:
         return ", ".join(f"{k} {v / GiB:.1f}" for k, v in self.terms.items() if v >= 0.05 * GiB)
 
 
-def _engine(recipe: Recipe) -> str:
-    """How the trainer holds parameters: deepspeed (OpenRLHF), fsdp (verl, prime-rl) or plain (TRL, 1 process)."""
-    return {"openrlhf": "deepspeed", "verl": "fsdp", "prime_rl": "fsdp"}.get(recipe.backend.name, "plain")
+def _adapter(recipe: Recipe):
+    from rlctl.backends import get_backend
+
+    return get_backend(recipe.backend.name)
 
 
-def trainer_memory(recipe: Recipe, arch: Arch) -> Breakdown:
+def _per_token_layer(arch: Arch) -> float:
+    inter = arch.expert_intermediate * arch.experts_per_token if arch.experts else arch.intermediate
+    return ACT_H * arch.hidden + ACT_I * inter
+
+
+def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
+                   checkpointing: bool | None = None) -> Breakdown:
+    """The trainer's peak per GPU. micro_batch / checkpointing override the recipe's (for computing a fix)."""
     r = recipe
+    a = _adapter(r)
     b = Breakdown()
-    engine = _engine(r)
+    engine = a.sharding
     dp = max(r.trainer_gpu_count, 1)
     stage = 3 if engine == "fsdp" else (r.train.zero_stage if engine == "deepspeed" else 0)
     P = arch.params
-    compute_bytes = DTYPE_BYTES[r.model.dtype]
+    cb = DTYPE_BYTES[r.model.dtype]  # compute dtype
+    pdt = a.param_dtype(r)
+    pb = DTYPE_BYTES[pdt]  # master parameters / gradients / Adam states
     full = r.lora is None
     T = P if full else arch.lora_params(r.lora.rank, r.lora.target_modules)  # trainable parameters
+    mb = micro_batch or r.train.micro_batch_size
+    gc = r.train.gradient_checkpointing if checkpointing is None else checkpointing
 
-    if engine == "fsdp":  # fp32 sharded master parameters, bf16 compute (verl, prime-rl defaults)
-        w_bytes, g_bytes, o_bytes = (4, 4, 8) if full else (compute_bytes, 4, 8)
-        b.notes.append("FSDP: fp32 sharded parameters and gradients, Adam m+v in fp32")
-    elif engine == "deepspeed":  # bf16 weights+grads, fp32 master + m + v in the optimizer
-        w_bytes, g_bytes, o_bytes = compute_bytes, compute_bytes, 12
-        b.notes.append(f"DeepSpeed ZeRO-{stage}: bf16 weights/grads, fp32 master+m+v")
-    else:  # one process, torch AdamW: states in the parameter dtype
-        w_bytes, g_bytes, o_bytes = compute_bytes, compute_bytes, 2 * compute_bytes
-        b.notes.append("single process: AdamW states in the parameter dtype")
-    if not full:
-        w_bytes = compute_bytes  # frozen base in the compute dtype; adapters small
+    def shard(x: float, from_stage: int) -> float:
+        return x / dp if stage >= from_stage else x
 
-    b.terms["weights"] = P * w_bytes / (dp if stage >= 3 else 1)
+    if engine == "deepspeed":  # bf16 weights + grads; fp32 master + m + v inside the optimizer
+        w_b, g_b, o_b = cb, cb, 4 + 2 * pb
+        b.notes.append(f"DeepSpeed ZeRO-{stage}: {r.model.dtype} weights/grads, {pdt} master + Adam m, v")
+    else:
+        w_b, g_b, o_b = pb, pb, 2 * pb
+        b.notes.append(f"{engine}: {pdt} parameters, gradients and Adam m, v; compute in {r.model.dtype}")
+    base_b = w_b if full else (pb if a.lora_base_master else cb)
+    b.terms["weights"] = shard(P * base_b, 3)
     if not full:
-        b.terms["lora weights"] = T * 4
-    b.terms["gradients"] = T * g_bytes / (dp if stage >= 2 else 1)
+        b.terms["lora weights"] = T * pb
+    b.terms["gradients"] = shard(T * g_b, 2)
+    b.terms["optimizer"] = 0.0 if r.train.offload else shard(T * o_b, 1)
     if r.train.offload:
-        b.terms["optimizer"] = 0.0
         b.notes.append("optimizer states offloaded to CPU")
-    else:
-        b.terms["optimizer"] = T * o_bytes / (dp if stage >= 1 else 1)
     if r.algorithm.kl_coef > 0 and full:
-        b.terms["reference model"] = P * compute_bytes / (dp if stage >= 3 else 1)
+        # TRL loads the reference with the policy's model_init_kwargs (fp32 under mixed); FSDP/DeepSpeed: bf16 shards
+        b.terms["reference model"] = shard(P * (pb if engine == "plain" else cb), 3)
+    autocast_fp32 = engine == "plain" and pb > cb and base_b > cb
+    if engine == "fsdp":
+        per_layer_params = (P - arch.vocab * arch.hidden) / max(arch.layers, 1)
+        b.terms["gathered layers"] = 2 * per_layer_params * cb  # FSDP unshards one layer ahead (prefetch)
 
-    S = r.train_seq_len
-    mb = r.train.micro_batch_size
-    per_token_layer = 2 * (5 * arch.hidden + 3 * (arch.intermediate if not arch.experts else
-                                                  arch.expert_intermediate * arch.experts_per_token))
-    if r.train.gradient_checkpointing:
-        acts = mb * S * (arch.layers * arch.hidden * compute_bytes + per_token_layer)
-        b.notes.append("gradient checkpointing: layer inputs kept, one layer recomputed")
+    tokens = a.micro_tokens(r, mb)
+    resid = 4 if autocast_fp32 else cb
+    per_layer = _per_token_layer(arch) * cb / 2
+    if gc:
+        acts = tokens * (arch.layers * arch.hidden * resid + per_layer)
+        b.notes.append("activation checkpointing: each layer's input kept, one layer recomputed at a time")
     else:
-        acts = mb * S * arch.layers * per_token_layer
+        acts = tokens * arch.layers * per_layer
+    logit_tokens = mb * r.rollout.max_tokens if a.logits_scope == "completion" else tokens
+    logits = logit_tokens * arch.vocab * a.logit_bytes * cb / 2
+    transient = acts + logits
+    if autocast_fp32:
+        copies = P * cb
+        b.terms["autocast weight copies"] = copies if not gc else max(copies + AUTOCAST_EXTRA - transient, 0.0)
+        transient += b.terms["autocast weight copies"]
+        b.notes.append("autocast: bf16 copies of the fp32 weights (saved for backward, or cached per forward)")
+    # with gradient accumulation the gradients of earlier micro batches are there during every forward/backward;
+    # without it they appear as backward frees the activations (peak at the end of backward when they outweigh them)
+    grads = b.terms.pop("gradients")
+    accumulation = max(r.train.train_batch_size // max(mb * dp, 1), 1)
+    b.terms["gradients"] = grads if accumulation > 1 else max(grads - transient, 0.0)
     b.terms["activations"] = acts
-    if r.backend.name == "trl":
-        # TRL keeps only the completion's logits (logits_to_keep) in the compute dtype, log-softmax in fp32
-        b.terms["logits"] = mb * r.rollout.max_tokens * arch.vocab * (compute_bytes + 4)
-    else:
-        # full-sequence logits in fp32 for log-probs, and their gradient
-        b.terms["logits"] = mb * S * arch.vocab * 8
+    b.terms["logits"] = logits
     if not r.uses_vllm:
-        # TRL generates with the training model: KV cache for its generation batch
+        # TRL generates with the training model; generation is its own phase: weights (+ bf16 copies), optimizer
+        # states, the KV cache of the generation batch. Counted only where it exceeds the training step.
         per_device = r.samples_per_rollout / dp
-        b.terms["generation kv cache"] = per_device * (r.data.max_prompt_tokens + r.rollout.max_tokens) \
-            * arch.kv_bytes_per_token(compute_bytes)
-    b.terms["cuda overhead"] = CUDA_OVERHEAD
+        kv = per_device * (r.data.max_prompt_tokens + r.rollout.max_tokens) * arch.kv_bytes_per_token(cb)
+        gen = kv + (P * cb if autocast_fp32 else 0.0)
+        train_extra = b.terms["gradients"] + acts + logits + b.terms.get("autocast weight copies", 0.0)
+        b.terms["generation (beyond training)"] = max(gen - train_extra, 0.0)
+    allocated = sum(b.terms.values())
+    b.terms["allocator slack"] = allocated * (ALLOCATOR_SLACK.get(engine, 1.1) - 1)
+    b.terms["cuda context"] = CUDA_CONTEXT
+    b.facts = {"engine": engine, "param_dtype": pdt, "tokens_per_micro_batch": tokens, "micro_batch": mb,
+               "checkpointing": gc, "gradient_accumulation": accumulation, "allocated_peak": allocated}
     return b
 
 
 def trainer_resident(trainer: Breakdown, with_optimizer: bool = False) -> float:
     """What the trainer holds between steps: its weights (and, once it has stepped, its optimizer states)."""
-    keep = {"weights", "lora weights", "reference model", "cuda overhead"}
+    keep = {"weights", "lora weights", "reference model", "cuda context"}
     if with_optimizer:
         keep.add("optimizer")
     return sum(v for k, v in trainer.terms.items() if k in keep)
+
+
+def fitting_fix(recipe: Recipe, arch: Arch, limit: float) -> dict[str, Any]:
+    """What would make the trainer fit in `limit` bytes: the largest micro batch with the current checkpointing,
+    else with checkpointing on. {} when nothing in reach does."""
+    gc = recipe.train.gradient_checkpointing
+    for use_gc in ([gc] if gc else [False, True]):
+        best = 0
+        for mb in range(1, recipe.train.micro_batch_size + 1):
+            if trainer_memory(recipe, arch, micro_batch=mb, checkpointing=use_gc).total <= limit:
+                best = mb
+            else:
+                break
+        if best:
+            return {"micro_batch_size": best, "gradient_checkpointing": use_gc,
+                    "peak": trainer_memory(recipe, arch, micro_batch=best, checkpointing=use_gc).total}
+    if not gc:
+        return {}
+    return {}
 
 
 @dataclass
@@ -137,10 +207,15 @@ class EnginePlan:
     seqs_at_max_len: int  # sequences of max_model_len the KV cache holds (vLLM refuses to start below 1)
     seqs_at_rollout_len: int  # sequences of prompt + max_tokens, i.e. the concurrency a rollout gets
     concurrent_needed: int
+    cuda_graphs: float = 0.0  # captured after the KV cache: outside the budget, inside the GPU
 
     @property
     def fits_needed(self) -> bool:
         return self.seqs_at_rollout_len >= self.concurrent_needed
+
+
+VLLM_NON_TORCH = 0.3 * GiB  # NCCL/cuBLAS buffers vLLM finds outside torch during profiling (TP 1)
+VLLM_CUDA_GRAPHS = 0.6 * GiB  # graph pool of the default capture sizes, logged "Graph capturing finished ... GiB"
 
 
 def vllm_memory(recipe: Recipe, arch: Arch, gpu_total: float) -> EnginePlan:
@@ -149,10 +224,9 @@ def vllm_memory(recipe: Recipe, arch: Arch, gpu_total: float) -> EnginePlan:
     budget = r.rollout.gpu_memory_utilization * gpu_total
     weights = (arch.weight_bytes_on_disk or arch.params * DTYPE_BYTES[r.model.dtype]) / tp
     tokens = r.rollout.max_num_batched_tokens or 8192
-    # vLLM's profiling run: a forward of max_num_batched_tokens, plus CUDA graphs unless eager
-    acts = tokens * (4 * arch.hidden + 2 * (arch.intermediate or arch.hidden * 4)) * 2 / tp + 0.5 * GiB
-    if not r.rollout.enforce_eager:
-        acts += 0.5 * GiB
+    # the profiling forward of max_num_batched_tokens: hidden states, MLP intermediates, and the sampler's logits
+    inter = arch.expert_intermediate * arch.experts_per_token if arch.experts else arch.intermediate
+    acts = tokens * (4 * arch.hidden + 2 * inter) * 2 / tp + min(tokens, 256) * arch.vocab * 4 + VLLM_NON_TORCH
     kv = budget - weights - acts
     kv_heads_per_gpu = max(arch.kv_heads // tp, 1)
     per_token = 2 * arch.layers * kv_heads_per_gpu * arch.hd * 2
@@ -160,14 +234,11 @@ def vllm_memory(recipe: Recipe, arch: Arch, gpu_total: float) -> EnginePlan:
     rollout_len = min(r.data.max_prompt_tokens + r.rollout.max_tokens, r.model.max_model_len)
     seqs_rollout = int(max(kv, 0) // (per_token * rollout_len))
     needed = -(-r.samples_per_rollout // r.rollout.engines)
-    return EnginePlan(budget, weights, acts, kv, per_token, seqs, seqs_rollout, needed)
+    graphs = 0.0 if r.rollout.enforce_eager else VLLM_CUDA_GRAPHS
+    return EnginePlan(budget, weights, acts, kv, per_token, seqs, seqs_rollout, needed, graphs)
 
 
 def colocation_mode(recipe: Recipe) -> str:
     """`sleep`: the engine frees its memory while the trainer steps (verl's hybrid engine, OpenRLHF with
-    --vllm_enable_sleep); `resident`: both hold their memory all the time (prime-rl on one GPU)."""
-    if recipe.backend.name == "verl":
-        return "sleep"
-    if recipe.backend.name == "openrlhf" and recipe.backend.extra().get("vllm_enable_sleep"):
-        return "sleep"
-    return "resident"
+    --vllm_enable_sleep); `resident`: both hold their memory all the time (prime-rl on one GPU). The adapter says."""
+    return _adapter(recipe).colocation_mode(recipe)

@@ -57,6 +57,8 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
             metrics[key] = {"latest": vals[-1], "first": vals[0], "trend": sparkline(vals, width=min(window, 30))}
     ckpts = find_checkpoints(rs.state.get("backend", ""), rs.path)
     ing = ingest_stats(rs.path)
+    from rlctl.metrics.gpu import verdict_line as gpu_verdict  # measured peak (NVML) next to the plan
+
     doctor = None
     try:
         from rlctl.runs.doctor import headline
@@ -77,6 +79,7 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "restart": rs.state.get("restart"),
         "gave_up": rs.state.get("gave_up"),
         "disk_full": rs.state.get("disk_full"),
+        "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
     }
 
@@ -119,6 +122,8 @@ def _detail_text(d: dict[str, Any]) -> str:
     if d["gpus"]:
         lines.append("  gpus: " + ", ".join(f"{g['index']}: {g['memory_used_gib']:.0f}/{g['memory_total_gib']:.0f} "
                                             f"GiB {g['utilization']}%" for g in d["gpus"]))
+    if d.get("gpu_memory"):
+        lines.append(f"  {d['gpu_memory']}")
     ing = d["ingest"]
     if ing["skipped"]:
         lines.append(f"  log: {ing['lines']} lines, {ing['records']} metric records, {ing['skipped']} unreadable "

@@ -7,6 +7,7 @@ recipe checkpoints), then exits 143.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -39,6 +40,17 @@ def load_prompts(path: str, input_key: str):
             ds = ds.remove_columns("prompt")
         ds = ds.rename_column(input_key, "prompt")
     return ds
+
+
+def report_cuda_memory(torch) -> None:
+    """torch's own peak figures, next to the NVML samples rlctl takes (docs/memory.md compares them)."""
+    if not torch.cuda.is_available():
+        return
+    stats = {"torch_peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+             "torch_peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+    print("rlctl: cuda " + json.dumps(stats), flush=True)
+    with contextlib.suppress(OSError):
+        Path("torch_memory.json").write_text(json.dumps(stats) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,15 +104,24 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
 
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(cfg.get("dtype"))
-    model_kwargs = {"dtype": dtype} if dtype is not None and torch.cuda.is_available() else {}
-    if model_kwargs:
-        config.model_init_kwargs = {**(config.model_init_kwargs or {}), **model_kwargs}
+    # Precision is rendered into the config (model_init_kwargs.dtype + bf16/fp16, see TRLBackend.precision_config);
+    # a config rendered before that field existed keeps the old meaning: parameters in `dtype` on a GPU.
+    if "model_init_kwargs" not in cfg["grpo"] and cfg.get("dtype") in ("bfloat16", "float16", "float32") \
+            and torch.cuda.is_available():
+        config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": cfg["dtype"]}
     trainer = GRPOTrainer(
         model=model_path, reward_funcs=reward, args=config, train_dataset=train, eval_dataset=evald,
         processing_class=tokenizer, peft_config=peft_config, callbacks=[StepInLogs()],
     )
-    trainer.train(resume_from_checkpoint=resume)
+    if peft_config is not None and cfg.get("precision") == "pure" and cfg.get("dtype") in ("bfloat16", "float16"):
+        # PEFT upcasts adapters to fp32 (autocast_adapter_dtype); pure means the adapters too are in `dtype`
+        for p in trainer.model.parameters():
+            if p.requires_grad:
+                p.data = p.data.to(getattr(torch, cfg["dtype"]))
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    finally:
+        report_cuda_memory(torch)
     if config.save_strategy != "no":
         trainer.save_model(str(Path(config.output_dir) / "final"))
     if stop["requested"]:

@@ -57,6 +57,7 @@ def snapshot(version: str) -> dict[str, Any]:
 class VerlBackend(Backend):
     name = "verl"
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
+    lora_base_master = True  # the FSDP trainer loads the whole model in fp32, frozen base included
     colocation = "sleep"  # hybrid engine: vLLM frees weights + KV cache while the actor trains
     packages = ("verl",)
     known_versions = ("0.9.0", "0.9.1")  # each has a snapshot and passes tests/conformance/test_verl.py

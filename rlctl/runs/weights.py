@@ -1,0 +1,254 @@
+"""Did the weights move? Compare two checkpoints tensor by tensor, reading safetensors files directly (no torch).
+
+A run can log losses, rewards and grad norms while its weights never change (pure bf16 parameters with an lr below
+half a bf16 step: docs/precision.md). The only proof is the checkpoints: `compare(a, b)` reads both safetensors
+headers, and for each tensor present in both compares its values. Small tensors (LoRA adapters) are compared whole;
+a large tensor is compared on `sample` evenly spaced windows of elements, so a 7B full-weight checkpoint costs a few
+megabytes of reads. A tensor counts as changed when any compared element differs; `elements_changed` is the fraction
+of compared elements that differ. Values are compared as numbers (bf16 and fp32 checkpoints can be compared with each
+other), through numpy when it is installed and the standard library otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+WEIGHT_FILES = ("adapter_model.safetensors", "model.safetensors")
+DTYPE_SIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+              "F8_E4M3": 1, "F8_E5M2": 1}
+FLOAT = ("F64", "F32", "F16", "BF16")
+WHOLE_ELEMENTS = 1 << 20  # tensors up to 1M elements are compared entirely
+WINDOW = 256  # elements per sampled window
+
+
+@dataclass
+class Tensor:
+    name: str
+    dtype: str
+    shape: list[int]
+    file: Path
+    start: int  # absolute byte offset in the file
+    end: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape) if self.shape else 1
+
+
+@dataclass
+class Comparison:
+    a: str
+    b: str
+    tensors: int = 0  # tensors in both
+    tensors_changed: int = 0
+    elements_compared: int = 0
+    elements_changed: int = 0
+    only_in_a: list[str] = field(default_factory=list)
+    only_in_b: list[str] = field(default_factory=list)
+    sampled: bool = False
+    unchanged_names: list[str] = field(default_factory=list)
+
+    @property
+    def fraction_tensors_changed(self) -> float:
+        return self.tensors_changed / self.tensors if self.tensors else 0.0
+
+    @property
+    def fraction_elements_changed(self) -> float:
+        return self.elements_changed / self.elements_compared if self.elements_compared else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "tensors": self.tensors, "tensors_changed": self.tensors_changed,
+                "fraction_tensors_changed": self.fraction_tensors_changed,
+                "elements_compared": self.elements_compared, "elements_changed": self.elements_changed,
+                "fraction_elements_changed": self.fraction_elements_changed, "sampled": self.sampled,
+                "only_in_a": self.only_in_a[:20], "only_in_b": self.only_in_b[:20],
+                "unchanged": self.unchanged_names[:20]}
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint directory (or the file itself): adapter first, else the model
+    (sharded models: every shard)."""
+    if path.is_file():
+        return [path]
+    for name in WEIGHT_FILES:
+        if (path / name).is_file():
+            return [path / name]
+    shards = sorted(path.glob("model-*-of-*.safetensors"))
+    if shards:
+        return shards
+    return sorted(path.glob("*.safetensors")) or sorted(path.rglob("*.safetensors"))[:64]
+
+
+def read_header(file: Path) -> dict[str, Tensor]:
+    with file.open("rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        if n > 100 * 1024 * 1024:
+            raise ValueError(f"{file}: not a safetensors file (header of {n} bytes)")
+        header = json.loads(fh.read(n))
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        s, e = info["data_offsets"]
+        out[name] = Tensor(name, info["dtype"], list(info["shape"]), file, base + s, base + e)
+    return out
+
+
+def tensors(path: Path) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    for f in weight_files(path):
+        out.update(read_header(f))
+    return out
+
+
+def _canonical(name: str) -> str:
+    """PEFT names adapters `base_model.model.x.lora_A.weight` in the file and `...lora_A.default.weight` in memory;
+    compare by the file's form."""
+    return name.replace(".default.", ".")
+
+
+def _to_float(raw: bytes, dtype: str) -> list[float] | Any:
+    try:
+        import numpy as np
+
+        if dtype == "BF16":
+            u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            return u.view(np.float32)
+        return np.frombuffer(raw, dtype={"F64": "<f8", "F32": "<f4", "F16": "<f2"}[dtype]).astype(np.float32)
+    except ImportError:
+        if dtype == "BF16":
+            n = len(raw) // 2
+            return [struct.unpack("<f", b"\0\0" + raw[2 * i:2 * i + 2])[0] for i in range(n)]
+        fmt = {"F64": "d", "F32": "f", "F16": "e"}[dtype]
+        return list(struct.unpack(f"<{len(raw) // DTYPE_SIZE[dtype]}{fmt}", raw))
+
+
+def _count_diff(x: Any, y: Any) -> int:
+    try:
+        import numpy as np
+
+        return int(np.count_nonzero(np.asarray(x) != np.asarray(y)))
+    except ImportError:
+        return sum(1 for u, v in zip(x, y, strict=True) if u != v)
+
+
+def _windows(numel: int, sample: int) -> list[tuple[int, int]]:
+    """Element ranges to compare: everything for small tensors, else `sample` windows spread evenly."""
+    if numel <= WHOLE_ELEMENTS or sample <= 0:
+        return [(0, numel)]
+    n = min(sample, max(numel // WINDOW, 1))
+    stride = numel // n
+    return [(i * stride, min(i * stride + WINDOW, numel)) for i in range(n)]
+
+
+class _Reader:
+    def __init__(self) -> None:
+        self.maps: dict[Path, tuple[Any, Any]] = {}
+
+    def read(self, t: Tensor, lo: int, hi: int) -> bytes:
+        if t.file not in self.maps:
+            fh = t.file.open("rb")
+            self.maps[t.file] = (fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+        size = DTYPE_SIZE[t.dtype]
+        return self.maps[t.file][1][t.start + lo * size:t.start + hi * size]
+
+    def close(self) -> None:
+        for fh, mm in self.maps.values():
+            mm.close()
+            fh.close()
+
+
+def compare(a: Path, b: Path, sample: int = 64) -> Comparison:
+    """Fraction of tensors (and of compared elements) that differ between checkpoints a and b."""
+    ta = {_canonical(k): v for k, v in tensors(a).items()}
+    tb = {_canonical(k): v for k, v in tensors(b).items()}
+    if not ta or not tb:
+        raise FileNotFoundError(f"no safetensors weights in {a if not ta else b}")
+    c = Comparison(str(a), str(b))
+    c.only_in_a = sorted(set(ta) - set(tb))
+    c.only_in_b = sorted(set(tb) - set(ta))
+    reader_a, reader_b = _Reader(), _Reader()
+    try:
+        for name in sorted(set(ta) & set(tb)):
+            x, y = ta[name], tb[name]
+            if x.dtype not in FLOAT or y.dtype not in FLOAT or x.numel != y.numel:
+                continue
+            c.tensors += 1
+            changed = 0
+            wins = _windows(x.numel, sample)
+            c.sampled = c.sampled or len(wins) > 1 or wins[0] != (0, x.numel)
+            for lo, hi in wins:
+                xa = _to_float(reader_a.read(x, lo, hi), x.dtype)
+                yb = _to_float(reader_b.read(y, lo, hi), y.dtype)
+                changed += _count_diff(xa, yb)
+                c.elements_compared += hi - lo
+            c.elements_changed += changed
+            if changed:
+                c.tensors_changed += 1
+            else:
+                c.unchanged_names.append(name)
+    finally:
+        reader_a.close()
+        reader_b.close()
+    return c
+
+
+def verdict(c: Comparison) -> tuple[str, str]:
+    """(severity ok|warn|critical, one line) for doctor."""
+    line = (f"{c.tensors_changed}/{c.tensors} tensors changed ({c.fraction_tensors_changed:.1%}), "
+            f"{c.fraction_elements_changed:.2%} of {c.elements_compared:,} compared values"
+            + (" (sampled)" if c.sampled else "") + f" between {Path(c.a).name} and {Path(c.b).name}")
+    if c.tensors and c.tensors_changed == 0:
+        return "critical", line + ": the weights did not change at all"
+    if c.fraction_elements_changed < 0.1:
+        return "critical", line + ": almost no weight moved"
+    if c.fraction_elements_changed < 0.5:
+        return "warn", line + ": most weights did not move"
+    return "ok", line
+
+
+def run_pair(run_dir: Path) -> tuple[Path, Path] | None:
+    """The two checkpoints of a run to compare: its oldest and newest complete ones; with a single checkpoint, the
+    model it started from (model.path, when that is a local directory) and that checkpoint."""
+    import tomllib
+
+    from rlctl.runs.checkpoints import find_checkpoints
+    from rlctl.runs.state import read_state
+
+    backend = read_state(run_dir).get("backend") or ""
+    done = [c.path for c in find_checkpoints(backend, run_dir) if c.complete and weight_files(c.path)]
+    if len(done) >= 2:
+        return done[0], done[-1]
+    if len(done) == 1:
+        try:
+            model = tomllib.loads((run_dir / "recipe.toml").read_text())["model"]["path"]
+        except (OSError, ValueError, KeyError):
+            return None
+        if Path(model).is_dir() and weight_files(Path(model)):
+            return Path(model), done[0]
+    return None
+
+
+def weights_finding(run_dir: Path, sample: int = 64, pair: tuple[Path, Path] | None = None) -> Any:
+    """A doctor Finding on whether the run's weights move (None when there is nothing to compare)."""
+    from rlctl.runs.doctor import Finding
+
+    pair = pair or run_pair(run_dir)
+    if pair is None:
+        return Finding("weights_frozen", "warn", "no two checkpoints with safetensors weights to compare",
+                       "set checkpoint.every so that the run keeps at least two checkpoints", {})
+    c = compare(pair[0], pair[1], sample)
+    severity, line = verdict(c)
+    if severity == "ok":
+        return Finding("weights_frozen", "ok", line, "none: the weights move", c.to_json())
+    return Finding("weights_frozen", severity, line,
+                   "with pure bf16 parameters an update below half a bf16 step is rounded away: set "
+                   "model.precision = \"mixed\" (fp32 master weights), or raise optim.lr; check that the "
+                   "trainable parameters are the ones you meant (LoRA target_modules)", c.to_json())
