@@ -82,6 +82,7 @@ def deep_merge(base: dict[str, Any], key: str, value: Any) -> None:
 class PrimeRLBackend(Backend):
     name = "prime_rl"
     sharding = "fsdp"  # memory engine: FSDP2, fp32 sharded master parameters
+    lora_base_master = True  # the FSDP trainer loads the whole model in fp32, frozen base included
     packages = ("prime-rl", "prime_rl")
     known_versions = ("0.3.0", "0.8.0")
     metric_needles = ("Step ",)  # as in prime_rl/metrics.py NEEDLES
