@@ -65,6 +65,15 @@ GRIDS: dict[str, list[dict[str, Any]]] = {
         cfg("7b-lora8-gc-mb8-t384", "7b", lora=8, mb=8, group=8, pps=1, tokens=384),
         cfg("1.5b-lora16-nogc-mb16-t512", "1.5b", lora=16, gc=False, mb=16, group=16, pps=1, tokens=512),
     ],
+    # run after the constants were fixed (commit 4d2d066): held out
+    "memory-c": [
+        cfg("1.5b-pure-gc-mb16-t256", "1.5b", mb=16, group=16, pps=1, precision="pure"),
+        cfg("1.5b-full-nogc-mb2-t512", "1.5b", mb=2, group=4, pps=1, tokens=512, gc=False),
+        cfg("3b-pure-nogc-mb8-t256", "3b", gc=False, precision="pure"),
+        cfg("7b-lora8-gc-mb8-t384", "7b", lora=8, mb=8, group=8, pps=1, tokens=384),
+        cfg("1.5b-lora16-nogc-mb16-t512", "1.5b", lora=16, gc=False, mb=16, group=16, pps=1, tokens=512),
+        cfg("0.5b-full-gc-mb16-t512-kl", "0.5b", mb=16, group=16, pps=1, tokens=512, kl=0.04),
+    ],
 }
 # the learnable task: the quickstart's reward (fraction of 'a') on a small random model, on the GPU, 60 steps
 LEARN = [
