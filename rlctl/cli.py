@@ -146,8 +146,10 @@ def launch(
     smoke: Annotated[bool, typer.Option("--smoke", help="A few steps, short lengths, small groups.")] = False,
     name: Annotated[str | None, typer.Option("--name", help="Run name (default: the recipe's name).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Start even if preflight fails.")] = False,
-    resume: Annotated[str | None, typer.Option("--resume", help="Resume from this run's newest checkpoint.")] = None,
-    executor: Annotated[str | None, typer.Option("--executor", help="local (default) or ray.")] = None,
+    resume: Annotated[str | None, typer.Option(
+        "--resume", help="Resume from a run's newest complete checkpoint (copied), or a synced one (s3://...).",
+    )] = None,
+    executor: Annotated[str | None, typer.Option("--executor", help="local (default), ray, or a plugin's.")] = None,
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (with --executor ray).")] = None,
     grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL on stop.")] = 30.0,
     restart: Annotated[str | None, typer.Option(

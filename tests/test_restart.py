@@ -108,6 +108,11 @@ def test_sigkilled_trainer_restarts_from_the_last_complete_checkpoint_and_finish
     assert latest is not None and latest["step"] == 16
     got = fetch_latest(url, env["cwd"] / "elsewhere")
     assert (env["cwd"] / "elsewhere" / got["path"] / "trainer_state.json").is_file()
+    # and a new run (on any machine with the same storage) resumes from it
+    r = rlctl(env, "launch", QUICK, "--name", "from-s3", "--resume", url, "--set", "train.steps=18")
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = next(d for d in env["runs"].iterdir() if d.name.startswith("from-s3"))
+    assert reward_steps(again) == [17, 18] and read_state(again)["resumed_from"] == url
 
 
 def test_hung_reward_is_detected_restarted_and_given_up_with_evidence(env, tmp_path):
@@ -156,20 +161,32 @@ def test_killed_supervisor_then_finished_run_is_shown_finished(env):
     assert "'train_runtime'" in out or "train_runtime" in out
 
 
-def test_resume_after_everything_was_killed(env):
-    r = rlctl(env, "launch", QUICK, "--detach", "--set", "train.steps=12", "--set", "checkpoint.every=4",
-              "--grace", "5")
+def test_preemption_then_reboot_and_resume_picks_up_each_time(env):
+    """SIGTERM to the supervisor (a spot notice): the backend saves a checkpoint and exits, the run is stopped;
+    `rlctl resume` continues from that checkpoint. Then everything is SIGKILLed (a reboot): lost; resume again."""
+    r = rlctl(env, "launch", QUICK, "--detach", "--set", "train.steps=12", "--set", "checkpoint.every=100",
+              "--grace", "30")
     run = env["runs"] / r.stdout.strip()
-    assert wait_for(lambda: complete_checkpoint(run, 4) and max(reward_steps(run), default=0) >= 5, timeout=180)
+    assert wait_for(lambda: max(reward_steps(run), default=0) >= 3, timeout=180)
+    state = read_state(run)
+    os.kill(state["supervisor_pid"], signal.SIGTERM)
+    assert wait_for(lambda: read_state(run).get("status") == "stopped", timeout=60), read_state(run)
+    saved = [int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("checkpoint-*")
+             if (p / "trainer_state.json").is_file()]
+    assert saved and max(saved) >= 3, saved  # checkpointed on the way out, though checkpoint.every is 100
+    res = rlctl(env, "resume", run.name)
+    assert res.returncode == 0 and "attempt 2" in res.stdout, res.stdout + res.stderr
+    assert read_state(run)["attempts"][1]["from_step"] == max(saved)
+    assert wait_for(lambda: max(reward_steps(run), default=0) >= max(saved) + 2, timeout=180)
     state = read_state(run)
     os.kill(state["supervisor_pid"], signal.SIGKILL)  # a reboot: everything dies at once, nothing records it
     os.killpg(state["pgid"], signal.SIGKILL)
     assert wait_for(lambda: run_status(run).status == "lost", timeout=30)
     res = rlctl(env, "resume", run.name)
-    assert res.returncode == 0 and "attempt 2" in res.stdout, res.stdout + res.stderr
+    assert res.returncode == 0 and "attempt 3" in res.stdout, res.stdout + res.stderr
     assert wait_for(lambda: read_state(run).get("status") == "finished", timeout=240), read_state(run)
     state = read_state(run)
-    assert state["attempts"][1]["reason"] == "resume (lost)" and state["attempts"][1]["from_step"] in (4, 8)
+    assert [a["reason"] for a in state["attempts"]] == ["launch", "resume (stopped)", "resume (lost)"]
     steps = reward_steps(run)
     assert sorted(steps) == list(range(1, 13)) and max(Counter(steps).values()) == 1, steps
     again = rlctl(env, "resume", run.name)

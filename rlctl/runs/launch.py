@@ -111,7 +111,16 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         recipe.run.max_restarts = opts.max_restarts
     policy = RestartPolicy.from_dict({"mode": recipe.run.restart, "max_restarts": recipe.run.max_restarts})
     executor = executors.get(recipe.resources.executor)
-    if opts.resume:
+    remote = None  # --resume s3://...: a checkpoint synced by another run (checkpoint.sync), maybe elsewhere
+    if opts.resume and "://" in opts.resume:
+        from rlctl.runs.sync import read_latest
+
+        remote = read_latest(opts.resume)
+        if remote is None:
+            raise RlctlError(f"--resume {opts.resume}: no complete synced checkpoint there (no `latest`, or its "
+                             "files are missing).")
+        recipe.checkpoint.resume = remote["step"]
+    elif opts.resume:
         resumed_from = find_run(opts.resume)
         parent_ckpt = _parent_checkpoint(prep.backend, resumed_from)
         recipe.checkpoint.resume = parent_ckpt.step
@@ -147,6 +156,10 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         if own != recipe.checkpoint.dir:
             recipe.checkpoint.dir, rerender = own, True
         stage_checkpoint(parent_ckpt, _ckpt_root(resumed_from), _abs(run_dir, recipe.checkpoint.dir))
+    if remote is not None:
+        from rlctl.runs.sync import fetch_latest
+
+        fetch_latest(opts.resume, _abs(run_dir, recipe.checkpoint.dir))
     if executor.copies_working_dir and not Path(recipe.checkpoint.dir).is_absolute():
         # the job runs in a copy of the run directory: checkpoints must name the real one
         recipe.checkpoint.dir, rerender = str(run_dir / recipe.checkpoint.dir), True
@@ -190,7 +203,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
                 version=plan.version, total_steps=logged_total, optimizer_steps=plan.total_steps,
                 recipe=str(prep.resolved.path),
                 executor=executor.name, started_at=time.time(),
-                resumed_from=str(resumed_from) if resumed_from else None,
+                resumed_from=str(resumed_from) if resumed_from else (opts.resume if remote else None),
                 resumed_from_checkpoint=str(parent_ckpt.path) if parent_ckpt else None, wandb_run_id=wandb_id,
                 restart=spec["restart"],
                 preflight={r.verdict: sum(1 for x in results if x.verdict == r.verdict) for r in results})

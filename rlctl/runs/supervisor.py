@@ -205,6 +205,8 @@ class Supervisor:
                 self.gpu = GpuSampler(self.run_dir, self.env)
         ref = self.handle.ref
         self.state(status="stopping" if self.stop_requested_at else "running", attempt=self.attempt,
+                   stop_requested_at=self.stop_requested_at, exit_code=None, ended_at=None, gave_up=None,
+                   outcome=None, settled_by=None, error=None,
                    attempts=self.attempts, handle=self.handle.to_dict(), executor=self.executor.name,
                    restart={"mode": self.policy.mode, "max_restarts": self.policy.max_restarts},
                    pid=ref.get("pid"), pgid=ref.get("pgid"), pid_create_time=ref.get("create_time"),
@@ -325,6 +327,11 @@ class Supervisor:
                            supervisor_create_time=process_create_time(os.getpid()))
                 self.event(event="adopted", attempt=self.attempt)
             else:
+                last = self.attempts[-1] if self.attempts else None
+                if last is not None and last.get("ended_at") is None:  # it ended while nobody watched
+                    rec = read_exit_record(self.run_dir, self.attempt)
+                    last.update(outcome=status, ended_at=(rec or {}).get("ended_at"),
+                                exit_code=(rec or {}).get("exit_code"), exit_recorded=rec is not None)
                 ckpt = self._latest_complete()
                 self._prepare_restart(ckpt, from_plan_env=True)
                 self._before_restart(f"resumed after the run was {status}", ckpt)
