@@ -15,6 +15,8 @@ from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check, existi
 @check("env.backend")
 def backend_installed(ctx: Context) -> Result:
     r = ctx.recipe
+    if not ctx.backend.packages:
+        return Result("env.backend", OK, f"{r.backend.name} needs no Python package of its own")
     installed = ctx.prepared.installed_version()
     pkg = ctx.backend.packages[0]
     pinned = r.backend.version

@@ -25,7 +25,7 @@ class Prepared:
         return self.resolved.recipe
 
     def installed_version(self) -> str | None:
-        return installed_version(self.backend.packages[0])
+        return installed_version(self.backend.packages[0]) if self.backend.packages else None
 
     def validate(self) -> list[Finding]:
         return self.backend.validate(self.plan, self.installed_version()) + self.backend.unhonoured(self.recipe)
