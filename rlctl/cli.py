@@ -22,6 +22,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 recipe_app = typer.Typer(help="Inspect recipes.", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")

@@ -107,8 +107,10 @@ def read_toml(path: Path) -> tuple[dict[str, Any], str]:
             hint = f"a bundled recipe of that name exists: {bundled}"
         raise RecipeError(f"{path}: no such file.", hint=hint or "check the path (relative to the current directory).")
     if path.is_dir():
+        bundled = bundled_recipe(path.name) or bundled_recipe(path.name + ".toml")
         raise RecipeError(f"{path}: is a directory, expected a recipe .toml file.",
-                          hint="name the .toml file inside it.")
+                          hint="name the .toml file inside it"
+                               + (f" (or the bundled recipe: {bundled})." if bundled else "."))
     raw = read_regular_file(path, MAX_RECIPE_BYTES, "a recipe")
     if not raw.strip():
         raise RecipeError(f"{path}: the file is empty; a recipe needs at least [backend], [model] and [data].")

@@ -75,6 +75,9 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+_PIDS = ("pid", "pgid", "supervisor_pid", "ray_head_pid")
+
+
 def _sane(data: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for k, v in data.items():
@@ -82,6 +85,8 @@ def _sane(data: dict[str, Any]) -> dict[str, Any]:
         if want is not None and v is not None and (isinstance(v, bool) or not isinstance(v, want)):
             continue
         if isinstance(v, float) and v != v:  # NaN
+            continue
+        if k in _PIDS and v is not None and not 0 < v < 2**22:  # beyond any pid_max: not a process
             continue
         out[k] = v
     return out
