@@ -45,7 +45,8 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "seed": ([], {}),
     "full": ([], {"lora": None}),
     "lora-targets": (['lora.target_modules=["q_proj","v_proj"]', "lora.dropout=0.05"], {}),
-    "cosine-warmup": (['optim.schedule="cosine"', "optim.warmup_steps=20", "optim.min_lr_ratio=0.1"], {}),
+    "cosine-warmup": (['optim.schedule="cosine"', "optim.warmup_steps=20"], {}),
+    "cosine-min-lr": (['optim.schedule="cosine_with_min_lr"', "optim.warmup_steps=20", "optim.min_lr_ratio=0.2"], {}),
     "linear-ratio": (['optim.schedule="linear"', "optim.warmup_ratio=0.05"], {}),
     "constant-warmup": (["optim.warmup_steps=10"], {}),
     "kl": (["algorithm.kl_coef=0.02"], {}),
@@ -315,6 +316,8 @@ def test_lr_curve_and_warmup_are_what_preflight_reports(version, sets):
     assert sched.get("warmup_steps", 0) == want_warmup
     curve = _prime_rl_lr_curve(sched, full["trainer"]["optim"]["lr"], full["max_steps"])
     ours = PRIME.schedule(r, None)
+    floor = r.optim.lr * r.optim.min_lr_ratio if r.optim.schedule == "cosine_with_min_lr" else 0.0
+    assert sched.get("min_lr", 0.0) == pytest.approx(floor)  # cosine and linear end at 0, as in the other backends
     assert len(ours) == len(curve) == 120
     assert all(abs(a - b) <= 1e-12 + 1e-6 * abs(b) for a, b in zip(ours, curve, strict=True))
 

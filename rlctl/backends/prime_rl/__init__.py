@@ -122,7 +122,9 @@ class PrimeRLBackend(Backend):
     def scheduler(self, recipe: Recipe, total: int) -> tuple[str, dict[str, Any]]:
         """prime-rl's `trainer.scheduler` table for the recipe's schedule (trainer/scheduler.py, same at both tags)."""
         warm = self.warmup_steps(recipe, total)
-        min_lr = recipe.optim.lr * recipe.optim.min_lr_ratio
+        # the recipe's `cosine` and `linear` decay to 0 (as transformers' do); only `cosine_with_min_lr` has a floor
+        floor = recipe.optim.min_lr_ratio if recipe.optim.schedule == "cosine_with_min_lr" else 0.0
+        min_lr = recipe.optim.lr * floor
         if recipe.optim.schedule in ("cosine", "cosine_with_min_lr"):
             return "cosine", {"warmup_steps": warm, "min_lr": min_lr}
         if recipe.optim.schedule == "linear":

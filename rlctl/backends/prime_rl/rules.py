@@ -330,8 +330,8 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
         no("model.trust_remote_code", "not rendered (set it through backend.prime_rl.extra)")
     if r.model.precision != "mixed":
         no("model.precision", "prime-rl keeps fp32 master weights (FSDP2 mixed precision)")
-    if r.optim.schedule == "constant" and r.optim.min_lr_ratio != defaults["optim"].min_lr_ratio:
-        no("optim.min_lr_ratio", "a constant schedule has no minimum LR")
+    if r.optim.schedule != "cosine_with_min_lr" and r.optim.min_lr_ratio != defaults["optim"].min_lr_ratio:
+        no("optim.min_lr_ratio", f"only cosine_with_min_lr has a floor; {r.optim.schedule!r} ends at 0 (or stays)")
     if r.resources.nodes > 1:
         no("resources.nodes", "rlctl renders single-node prime-rl only (multi-node needs its SLURM launcher)", "error")
     if style == "v0.8":
