@@ -216,6 +216,11 @@ class Backend:
         w = 2 if r.model.dtype in ("bfloat16", "float16") else 4
         return (T * w if r.lora else P * w) + (T * 2 * 4 if r.checkpoint.save_optimizer else 0), "HF model + optimizer"
 
+    def saved_checkpoints(self, recipe: Recipe, total_steps: int) -> int:
+        """How many checkpoints a whole run writes (before any pruning): one every checkpoint.every steps."""
+        every = recipe.checkpoint.every
+        return max(total_steps // every, 1) if every else 1
+
     def kept_checkpoints(self, recipe: Recipe) -> int | None:
         """How many checkpoints will really stay on disk (after the backend's and rlctl's pruning); None = all."""
         return recipe.checkpoint.keep_last

@@ -30,7 +30,7 @@ def checkpoints(ctx: Context) -> list[Result]:
     elif kept:
         count = kept + 1  # the next one is written before the oldest goes
     elif total_steps:
-        count = max(total_steps // every, 1)
+        count = ctx.backend.saved_checkpoints(r, total_steps)
     else:
         count = None
     where = Path(r.checkpoint.dir)

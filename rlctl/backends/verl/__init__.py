@@ -341,6 +341,13 @@ class VerlBackend(Backend):
         return parse(line)
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
+    def saved_checkpoints(self, recipe: Recipe, total_steps: int) -> int:
+        """verl saves every save_freq steps and once more at the last step (ray_trainer.py: is_last_step)."""
+        every = recipe.checkpoint.every
+        if not every:
+            return 1
+        return total_steps // every + (1 if total_steps % every else 0)
+
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe
         P = arch.params
