@@ -332,6 +332,11 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
         no("model.precision", "prime-rl keeps fp32 master weights (FSDP2 mixed precision)")
     if r.optim.schedule != "cosine_with_min_lr" and r.optim.min_lr_ratio != defaults["optim"].min_lr_ratio:
         no("optim.min_lr_ratio", f"only cosine_with_min_lr has a floor; {r.optim.schedule!r} ends at 0 (or stays)")
+    if r.train.offload and style == "v0.3":
+        no("train.offload", "v0.3.0's fsdp_cpu_offload leaves the model's buffers on the CPU and the trainer dies with "
+           "'Attempted to set the storage of a tensor on device \"cpu\" to a storage on different device \"cuda:0\"' "
+           "(the seeds' run); fixed after the tag by commit 82a8241 (#1636, 2026-01-23)", "error",
+           "turn train.offload off (use train.gradient_checkpointing), or pin backend.version = \"0.8.0\"")
     if r.resources.nodes > 1:
         no("resources.nodes", "rlctl renders single-node prime-rl only (multi-node needs its SLURM launcher)", "error")
     if style == "v0.8":
