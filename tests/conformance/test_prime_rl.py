@@ -583,7 +583,39 @@ def test_command_runs_from_any_directory(tmp_path, monkeypatch):
     assert [x.verdict for x in res] == ["fail"]
     (tmp_path / "pyproject.toml").write_text("[project]\nname='prime-rl'\n")
     r.backend.table().checkout = str(tmp_path)
-    assert [x.verdict for x in PRIME.preflight(type("C", (), {"recipe": r})(), "env")] == ["ok"]
+    assert [x.verdict for x in PRIME.preflight(type("C", (), {"recipe": r})(), "env")] == ["warn"]  # not git
+
+
+def test_checkout_must_be_at_the_rendered_tag(tmp_path):
+    import subprocess
+
+    def git(*a):
+        subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "pyproject.toml").write_text("[project]\nname='prime-rl'\nversion='0.1.0'\n")
+    git("add", "pyproject.toml")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    git("tag", "v0.3.0")
+    r = load(TWO_GPU, [f'backend.prime_rl.checkout="{tmp_path}"']).recipe
+    ctx = type("C", (), {"recipe": r})()
+    assert [(x.verdict, x.figure.split(" at ")[-1]) for x in PRIME.preflight(ctx, "env")] == [("ok", "v0.3.0")]
+    r.backend.version = "0.8.0"
+    found = PRIME.preflight(ctx, "env")
+    assert found[0].verdict == "fail" and "renders for v0.8.0" in found[0].figure
+
+
+def test_installed_version_is_never_guessed(monkeypatch):
+    """v0.2, v0.3.0 and v0.4.0 all say version = "0.1.0" in pyproject.toml."""
+    import rlctl.backends._static as static
+
+    monkeypatch.setattr(static, "installed_version", lambda name: "0.1.0")
+    r = load(TWO_GPU).recipe
+    r.backend.version = None
+    with pytest.raises(UnknownVersion, match="cannot tell which"):
+        PRIME.render(r)
+    monkeypatch.setattr(static, "installed_version", lambda name: "0.8.0")
+    assert PRIME.render(r).version == "0.8.0"
 
 
 # ---- rlctl's reading of rl.toml against prime-rl's own resolution ---------------------------------------------------

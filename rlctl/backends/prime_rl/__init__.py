@@ -79,6 +79,10 @@ def deep_merge(base: dict[str, Any], key: str, value: Any) -> None:
         d[last] = copy.deepcopy(value)
 
 
+# pyproject versions that several tags share: an installed prime-rl reporting one of them does not say which tag it is
+AMBIGUOUS = {"0.1.0": ("v0.2", "v0.3.0", "v0.4.0")}
+
+
 class PrimeRLBackend(Backend):
     name = "prime_rl"
     sharding = "fsdp"  # memory engine: FSDP2, fp32 sharded master parameters
@@ -101,6 +105,20 @@ class PrimeRLBackend(Backend):
             r"[Rr]etrying.*(ConnectError|Connection refused)",
             r"[Ii]nference server .*(died|not reachable|unreachable|exited)",
         ]
+
+    def target_version(self, recipe: Recipe) -> str | None:
+        """backend.version, else the installed prime-rl's version (never guessed: v0.2 to v0.4.0 all call themselves
+        0.1.0 in pyproject.toml), else the newest known tag."""
+        from rlctl.backends._static import installed_version
+        from rlctl.backends.base import UnknownVersion
+
+        if recipe.backend.version is None:
+            installed = installed_version(self.packages[0])
+            if installed in AMBIGUOUS:
+                raise UnknownVersion(
+                    f"the installed prime-rl calls itself {installed}, as tags {', '.join(AMBIGUOUS[installed])} all "
+                    f"do: rlctl cannot tell which. Set backend.version (known: {', '.join(self.known_versions)}).")
+        return super().target_version(recipe)
 
     # ---- steps and schedule ----------------------------------------------------------------------------------
 
@@ -316,7 +334,8 @@ class PrimeRLBackend(Backend):
         cfg = tomllib.loads(plan.files[CONFIG_FILE])
         findings = check_config(cfg, schema, version)
         findings += rules.check(cfg, version, schema)
-        if installed_version and installed_version != version:
+        same = installed_version == version or f"v{version}" in AMBIGUOUS.get(installed_version or "", ())
+        if installed_version and not same:
             findings.append(Finding("warn", "backend.version",
                                     f"prime-rl {installed_version} is installed here but the recipe renders for "
                                     f"{version}", "install the pinned tag or set backend.version to the installed one"))

@@ -355,6 +355,33 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
 
 # ---- preflight ---------------------------------------------------------------------------------------------------
 
+def checkout_tag(checkout: Path, version: str) -> Any:
+    """The job runs the checkout's code: it must be at the tag the recipe renders for."""
+    import subprocess
+
+    from rlctl.preflight import FAIL, OK, WARN, Result
+
+    want = f"v{version}"
+    try:
+        res = subprocess.run(["git", "-C", str(checkout), "describe", "--tags", "--always", "--dirty"],
+                             capture_output=True, text=True, timeout=10)
+        described = res.stdout.strip() if res.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        described = None
+    if described is None:
+        return Result("env.prime_rl_checkout", WARN, f"prime-rl checkout {checkout}: not a git checkout, its tag is "
+                      f"unknown (the recipe renders for {want})", f"check out {want} there")
+    if described == want:
+        return Result("env.prime_rl_checkout", OK, f"prime-rl checkout {checkout} at {want}")
+    tag = described.split("-")[0]
+    if tag != want:
+        return Result("env.prime_rl_checkout", FAIL, f"prime-rl checkout {checkout} is at {described}, but the recipe "
+                      f"renders for {want}", f"git -C {checkout} checkout {want} (and uv sync), or set "
+                      f"backend.version to the checkout's tag")
+    return Result("env.prime_rl_checkout", WARN, f"prime-rl checkout {checkout} is at {described} (after or beside "
+                  f"{want}): rlctl checked the render against {want} only", f"git -C {checkout} checkout {want}")
+
+
 def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
     from rlctl.backends.prime_rl import CHECKOUT_ENV
     from rlctl.preflight import FAIL, OK, WARN, Result
@@ -385,5 +412,5 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
             out.append(Result("env.prime_rl_checkout", FAIL,
                               f"{checkout} is not a prime-rl checkout (no pyproject.toml)", backend.install_hint))
         else:
-            out.append(Result("env.prime_rl_checkout", OK, f"prime-rl checkout: {checkout}"))
+            out.append(checkout_tag(Path(checkout).expanduser(), backend.target_version(r)))
     return out
