@@ -578,7 +578,8 @@ def test_command_runs_from_any_directory(tmp_path, monkeypatch):
     assert PRIME.prepare_launch(plan, tmp_path).argv[3] == "/opt/prime-rl"
     r = load(TWO_GPU, ['backend.prime_rl.checkout="/src/prime-rl"']).recipe
     assert PRIME.render(r).argv[:4] == ["uv", "run", "--project", "/src/prime-rl"]
-    # preflight's env family: the checkout must exist where the job runs
+    # preflight's env family: the checkout must exist where the job runs (and uv)
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/uv")
     res = PRIME.preflight(type("C", (), {"recipe": r})(), "env")
     assert [x.verdict for x in res] == ["fail"]
     (tmp_path / "pyproject.toml").write_text("[project]\nname='prime-rl'\n")
@@ -586,7 +587,7 @@ def test_command_runs_from_any_directory(tmp_path, monkeypatch):
     assert [x.verdict for x in PRIME.preflight(type("C", (), {"recipe": r})(), "env")] == ["warn"]  # not git
 
 
-def test_checkout_must_be_at_the_rendered_tag(tmp_path):
+def test_checkout_must_be_at_the_rendered_tag(tmp_path, monkeypatch):
     import subprocess
 
     def git(*a):
@@ -599,10 +600,18 @@ def test_checkout_must_be_at_the_rendered_tag(tmp_path):
     git("tag", "v0.3.0")
     r = load(TWO_GPU, [f'backend.prime_rl.checkout="{tmp_path}"']).recipe
     ctx = type("C", (), {"recipe": r})()
+    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/uv")
     assert [(x.verdict, x.figure.split(" at ")[-1]) for x in PRIME.preflight(ctx, "env")] == [("ok", "v0.3.0")]
     r.backend.version = "0.8.0"
     found = PRIME.preflight(ctx, "env")
     assert found[0].verdict == "fail" and "renders for v0.8.0" in found[0].figure
+
+
+def test_uv_must_be_on_path(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    r = load(TWO_GPU).recipe
+    found = [x for x in PRIME.preflight(type("C", (), {"recipe": r})(), "env") if x.check == "env.uv"]
+    assert [x.verdict for x in found] == ["fail"]
 
 
 def test_installed_version_is_never_guessed(monkeypatch):

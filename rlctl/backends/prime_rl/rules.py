@@ -402,6 +402,12 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
                               f"prime-rl trains once per orchestrator batch: train_batch_size {tbs} != prompts x "
                               f"group {samples}", f"set train.train_batch_size = {samples}"))
     if family == "env":
+        import shutil
+
+        if shutil.which("uv") is None:
+            out.append(Result("env.uv", WARN if r.resources.executor != "local" else FAIL,
+                              "`uv` is not on PATH: the job runs `uv run --project <prime-rl checkout> rl`",
+                              "install uv (pip install uv), as prime-rl's README asks"))
         table = r.backend.table()
         checkout = getattr(table, "checkout", None) or os.environ.get(CHECKOUT_ENV)
         if not checkout:
