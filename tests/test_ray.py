@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -139,9 +140,26 @@ def job_process(temp_dir: str, needle: str = "rlctl.backends.trl.runner") -> int
     return None
 
 
-def test_ray_job_killed_mid_run_is_restarted_from_its_checkpoint(env):
-    r = rlctl(env, "launch", QUICK, "--executor", "ray", "--detach", "--restart", "on-failure", "--max-restarts", "1",
-              "--set", "train.steps=12", "--set", "checkpoint.every=4", timeout=300)
+FLAG_REWARD = """
+import os
+import time
+
+
+def reward_func(completions, **kwargs):
+    while os.path.exists({flag!r}):  # a verifier that hangs while the flag file exists
+        time.sleep(0.2)
+    return [c.count("a") / max(len(c), 1) for c in completions]
+"""
+
+
+def test_ray_job_killed_then_stalled_is_restarted_from_its_checkpoint_and_finishes(env, tmp_path):
+    flag = tmp_path / "hang"
+    reward = tmp_path / "reward.py"
+    reward.write_text(FLAG_REWARD.format(flag=str(flag)))
+    r = rlctl(env, "launch", QUICK, "--executor", "ray", "--detach", "--restart", "always", "--max-restarts", "2",
+              "--set", "train.steps=12", "--set", "checkpoint.every=4", "--set", f'reward.function="{reward}"',
+              "--set", "run.stall.floor_s=4", "--set", "run.stall.k=3", "--set", "run.stall.slow_step_s=8",
+              "--set", "run.stall.first_step_s=180", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     run = env["runs"] / r.stdout.strip()
     ckpt4 = run / "checkpoints" / "checkpoint-4" / "trainer_state.json"
@@ -153,12 +171,16 @@ def test_ray_job_killed_mid_run_is_restarted_from_its_checkpoint(env):
     state = read_state(run)
     pid = job_process(state["ray_head_temp_dir"])
     assert pid, "the trainer of the Ray job was not found"
-    os.kill(pid, signal.SIGKILL)
+    flag.write_text("")  # the next attempt's verifier will hang
+    os.kill(pid, signal.SIGKILL)  # the trainer dies: the job FAILED
+    assert wait_for(lambda: len(read_state(run).get("attempts") or []) >= 3, timeout=300), read_state(run)
+    flag.unlink()  # the third attempt runs through
     assert wait_for(lambda: read_state(run).get("status") == "finished", timeout=300), read_state(run)
     state = read_state(run)
-    a1, a2 = state["attempts"]
+    a1, a2, a3 = state["attempts"]
     assert a1["outcome"] == "failed" and a2["reason"] == "failed" and a2["from_step"] in (4, 8)
-    assert a2["outcome"] == "finished" and state["ray_job_status"] == "SUCCEEDED"
+    assert a2["outcome"] == "stalled" and "no new step" in a2["stall"] and Path(a2["evidence"]).is_file()
+    assert a3["reason"] == "stalled" and a3["outcome"] == "finished" and state["ray_job_status"] == "SUCCEEDED"
     got = steps()
     assert sorted(got) == list(range(1, 13)) and len(got) == len(set(got)), got
     assert wait_for(lambda: head_gone(state), timeout=30)  # one head for all attempts, stopped at the end
