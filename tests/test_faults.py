@@ -191,3 +191,14 @@ def test_adapters_name_their_stall_signs():
         pats = get_backend(name).stall_patterns()
         assert any(re.search(p, line) for p in pats), (name, line)
     assert get_backend("trl").stall_patterns() == []
+
+
+def test_status_says_when_the_disk_is_full(tmp_path, monkeypatch):
+    import shutil
+
+    from rlctl.runs.status import render
+
+    run = create_run_dir(tmp_path / "runs", "full")
+    (run / "state.json").write_text(json.dumps({"status": "finished", "backend": "verl", "exit_code": 0}))
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 0))
+    assert "! disk full: 0 bytes free" in render(str(run), as_json=False, stall_after=1800)

@@ -7,8 +7,8 @@ import sys
 import time
 from typing import Any
 
-from rlctl.ui.progress import fmt_duration, fmt_num
 from rlctl.runs.state import RunStatus, find_run, list_runs, run_status
+from rlctl.ui.progress import fmt_duration, fmt_num
 
 KEY_METRICS = ("reward/mean", "correctness", "kl", "entropy", "grad_norm", "policy_loss", "response_length/mean",
                "response_length/clip_ratio", "clip_ratio", "lr")
@@ -43,10 +43,10 @@ def gpu_stats() -> list[dict[str, Any]] | None:
 
 
 def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
+    from rlctl.estimate.schedules import sparkline
+    from rlctl.metrics.stream import by_step, ingest_stats
     from rlctl.runs.checkpoints import find_checkpoints
     from rlctl.runs.health import health_flags, series
-    from rlctl.metrics.stream import by_step, ingest_stats
-    from rlctl.estimate.schedules import sparkline
 
     merged = by_step(rs.records)  # the tail run_status already read: status never reads the whole stream
     metrics = {}
@@ -78,7 +78,7 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "attempts": rs.state.get("attempts") or [],
         "restart": rs.state.get("restart"),
         "gave_up": rs.state.get("gave_up"),
-        "disk_full": rs.state.get("disk_full"),
+        "disk_full": rs.state.get("disk_full") or _disk_full_now(rs),
         "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
     }
@@ -129,6 +129,17 @@ def _detail_text(d: dict[str, Any]) -> str:
         lines.append(f"  log: {ing['lines']} lines, {ing['records']} metric records, {ing['skipped']} unreadable "
                      "metric lines skipped")
     return "\n".join(lines)
+
+
+def _disk_full_now(rs: RunStatus) -> str | None:
+    """A run whose disk is full cannot record it: status looks for itself (less than 1 MiB free)."""
+    import shutil
+
+    try:
+        free = shutil.disk_usage(rs.path).free
+    except OSError:
+        return None
+    return f"{free} bytes free where {rs.name} writes" if free < (1 << 20) else None
 
 
 def _attempt_lines(d: dict[str, Any]) -> list[str]:
