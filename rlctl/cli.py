@@ -576,11 +576,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         code = 130
     except usage_types as e:  # usage errors: unknown command/option, missing argument, bad value
-        show = getattr(e, "show", None)
-        if callable(show):
-            show()
-        else:
-            typer.echo(f"rlctl: {e}", err=True)
+        try:
+            e.show()  # type: ignore[attr-defined]
+        except Exception:  # a typer/click pair that cannot format its own usage line: the message alone
+            fmt = getattr(e, "format_message", None)
+            typer.echo(f"rlctl: {fmt() if callable(fmt) else e}\n  fix: rlctl --help lists the commands and "
+                       "options.", err=True)
         code = EXIT_USAGE
     except BrokenPipeError:  # `rlctl ... | head`
         code = 0
