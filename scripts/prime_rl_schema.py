@@ -13,8 +13,12 @@ Nothing of prime-rl's code is written into rlctl; only the schema (data) is comm
     python scripts/prime_rl_schema.py --repo PATH/TO/prime-rl --tag v0.8.0 \
         [--verifiers-repo PATH/TO/verifiers] [--python python3.12] [--venv DIR]
 
-    # check a rendered rl.toml with the real RLConfig (its validators included), for development:
-    python scripts/prime_rl_schema.py --repo ... --tag v0.8.0 --check run/rl.toml
+    # build rendered rl.toml files with the real RLConfig (all its validators): one JSON line per file
+    python scripts/prime_rl_schema.py --repo ... --tag v0.8.0 --check run/rl.toml [more.toml ...]
+
+    # re-record tests/conformance/prime_rl_resolved_<v>.json: the conformance matrix rendered by rlctl, as
+    # prime-rl's RLConfig resolves it (the test compares rlctl's own reading of each file with it)
+    python scripts/prime_rl_schema.py --repo ... --tag v0.8.0 --verifiers-repo ... --record
 
 From v0.8 the config classes live in `packages/prime-rl-configs` and import `verifiers` (a git submodule, taken here
 at the commit the tag pins, from a clone given by --verifiers-repo) and `renderers` / `prime-pydantic-config`
@@ -147,7 +151,6 @@ def inner(args: argparse.Namespace) -> None:
     if args.check:
         import tomllib
 
-        data = tomllib.loads(Path(args.check).read_text())
         try:  # v0.8+: a v1 taskset id is installed from the hub to narrow its config class; not here (no network)
             import verifiers.v1 as vf
             from verifiers.v1.utils import loaders
@@ -156,15 +159,18 @@ def inner(args: argparse.Namespace) -> None:
             loaders.taskset_config_type = lambda *a, **k: vf.TasksetConfig
         except ImportError:
             pass
-        try:
-            cfg = RLConfig(**data)
-        except Exception as e:  # noqa: BLE001 - report whatever prime-rl raises
-            import traceback
+        for f in args.check:
+            data = tomllib.loads(Path(f).read_text())
+            try:
+                cfg = RLConfig(**data)
+            except Exception as e:  # noqa: BLE001 - report whatever prime-rl raises
+                if os.environ.get("PRIME_RL_SCHEMA_TRACE"):
+                    import traceback
 
-            traceback.print_exc() if os.environ.get("PRIME_RL_SCHEMA_TRACE") else None
-            print(f"REJECTED: {e}")
-            sys.exit(1)
-        print(json.dumps(cfg.model_dump(mode="json"), indent=1, default=str))
+                    traceback.print_exc()
+                print(json.dumps({"file": str(f), "rejected": str(e)}))
+                continue
+            print(json.dumps({"file": str(f), "resolved": cfg.model_dump(mode="json")}, default=str))
         return
 
     from pydantic.json_schema import GenerateJsonSchema
@@ -189,6 +195,64 @@ def inner(args: argparse.Namespace) -> None:
     print(json.dumps(schema, sort_keys=True))
 
 
+def concepts(real: dict, version: str) -> dict:
+    """The recipe concepts of a config as prime-rl's RLConfig resolved it (what the conformance test compares with
+    rlctl's own reading of the same rl.toml)."""
+    t, o = real["trainer"], real["orchestrator"]
+    v03 = version == "0.3.0"
+    sampling = o["sampling"] if v03 else o["train"]["sampling"]
+    env = o["env"][0] if v03 else o["train"]["source"][0]["legacy"]
+    lora = t["model"].get("lora")
+    return {
+        "trainer.max_steps": t["max_steps"], "orchestrator.max_steps": o["max_steps"],
+        "trainer.loss.kl_tau": t["loss"]["kl_tau"],
+        "trainer.output_dir": t["output_dir"], "orchestrator.output_dir": o["output_dir"],
+        "trainer.ckpt": {k: t["ckpt"][k] for k in ("interval", "keep_last", "resume_step")} if t.get("ckpt") else None,
+        "trainer.wandb.offline": t["wandb"]["offline"] if t.get("wandb") else None,
+        "orchestrator.wandb.offline": o["wandb"]["offline"] if o.get("wandb") else None,
+        "trainer.wandb.project": t["wandb"]["project"] if t.get("wandb") else None,
+        "trainer.model.ac_enabled": t["model"]["ac"] is not None,
+        "trainer.scheduler": t["scheduler"], "trainer.optim.lr": t["optim"]["lr"],
+        "trainer.optim.weight_decay": t["optim"]["weight_decay"],
+        "trainer.model.fsdp_cpu_offload": t["model"]["fsdp_cpu_offload"],
+        "trainer.model.optim_cpu_offload": t["model"].get("optim_cpu_offload"),
+        "trainer.model.lora": None if lora is None else {k: lora[k] for k in ("rank", "alpha", "dropout")},
+        "group_size": o.get("rollouts_per_example") or o.get("group_size"),
+        "trainer.model.seq_len": t["model"]["seq_len"], "orchestrator.seq_len": o["seq_len"],
+        "orchestrator.batch_size": o["batch_size"],
+        "max_tokens": sampling["max_tokens" if v03 else "max_completion_tokens"],
+        "inference.model.max_model_len": real["inference"]["model"]["max_model_len"],
+        "env": [env["id"], env["args"]],
+    }
+
+
+def record(version: str, cmd: list[str], tmp: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from tests.conformance import test_prime_rl as t  # the matrix the conformance test runs
+
+    cases = {name: (sets, muts) for name, (sets, muts) in t.VARIANTS.items()}
+    cases.update({"one-gpu": (t.ONE_GPU, {}), "one-gpu-full": (t.ONE_GPU, {"lora": None}),
+                  "split-full": (t.SPLIT, {"lora": None})})
+    files = {}
+    for name, (sets, muts) in cases.items():
+        _, plan, _ = t.render(t.TWO_GPU, version, sets, muts)
+        files[name] = tmp / f"{name}.toml"
+        files[name].write_text(plan.files["rl.toml"])
+    out = subprocess.run([*cmd, "--check", *map(str, files.values())], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    results = {Path(r["file"]).stem: r for r in map(json.loads, out.stdout.splitlines()) if r.get("file")}
+    data = {}
+    for name, f in files.items():
+        r = results[name]
+        if "rejected" in r:
+            print(f"{name}: rejected by prime-rl {version}: {r['rejected'].splitlines()[0]}")
+            continue
+        data[name] = {"rl.toml": f.read_text(), "resolved by prime-rl": concepts(r["resolved"], version)}
+    dest = ROOT / "tests" / "conformance" / f"prime_rl_resolved_{version}.json"
+    dest.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {dest.relative_to(ROOT)} ({len(data)} renders)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repo", type=Path, help="a git clone of PrimeIntellect-ai/prime-rl (with tags)")
@@ -196,7 +260,10 @@ def main() -> None:
     ap.add_argument("--verifiers-repo", type=Path, help="a git clone of PrimeIntellect-ai/verifiers (v0.8+)")
     ap.add_argument("--python", default="python3.12", help="interpreter for the venv (prime-rl wants 3.12)")
     ap.add_argument("--venv", type=Path, help="reuse this venv (default: a temporary one)")
-    ap.add_argument("--check", type=Path, help="validate a rendered rl.toml with the real RLConfig instead")
+    ap.add_argument("--check", type=Path, nargs="+", help="build the real RLConfig from rendered rl.toml files instead "
+                    "(all its validators): one JSON line per file, `resolved` (the whole config) or `rejected`")
+    ap.add_argument("--record", action="store_true", help="render tests/conformance/test_prime_rl.py's matrix for the "
+                    "tag, build each with the real RLConfig and write tests/conformance/prime_rl_resolved_<v>.json")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", action="append", default=[], help=argparse.SUPPRESS)
@@ -237,8 +304,11 @@ def main() -> None:
         venv = args.venv or Path(tmp) / "venv"
         py = build_venv(tree, args.python, venv, extra)
         cmd = [str(py), __file__, "--inner", *[f"--path={p}" for p in roots], *[f"--stub={s}" for s in stubs]]
+        if args.record:
+            record(args.tag.lstrip("v"), cmd, Path(tmp))
+            return
         if args.check:
-            cmd += ["--check", str(args.check.resolve())]
+            cmd += ["--check", *[str(p.resolve()) for p in args.check]]
             sys.exit(subprocess.run(cmd, env={**os.environ, "PYTHONWARNINGS": "ignore"}).returncode)
         schema = json.loads(sh(*cmd))
         freeze = sh(str(py), "-m", "pip", "freeze")

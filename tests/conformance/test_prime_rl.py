@@ -629,7 +629,8 @@ def test_installed_version_is_never_guessed(monkeypatch):
 
 # ---- rlctl's reading of rl.toml against prime-rl's own resolution ---------------------------------------------------
 # prime_rl_resolved_<tag>.json: for each variant, the rl.toml rlctl rendered and the concepts prime-rl's real RLConfig
-# resolved from it (`scripts/prime_rl_schema.py --repo <clone> --tag v<tag> --check rl.toml` prints the whole config).
+# resolved from it, recorded by `scripts/prime_rl_schema.py --repo <clone> --tag v<tag> --record` (the variants a tag
+# rejects are absent: v0.8.0's one-GPU placements).
 
 def _reader_concepts(cfg: dict, version: str) -> dict[str, Any]:
     full = resolved(cfg, version)
