@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import jsonschema  # the dev extra: CI must validate, never skip
 import pytest
 
 from rlctl.backends import get_backend
@@ -22,8 +23,6 @@ from rlctl.backends.prime_rl import CHECKOUT_ENV, deep_merge, layout
 from rlctl.backends.prime_rl import checkpoints as pck
 from rlctl.backends.prime_rl.schema import load_schema, nulls, resolved
 from rlctl.recipe.loader import load
-
-jsonschema = pytest.importorskip("jsonschema")
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = ROOT / "recipes"
