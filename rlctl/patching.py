@@ -141,8 +141,18 @@ def locate(package: str, python: str | None = None) -> Installed:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise PatchError(f"cannot run {exe}: {e}.") from None
     if r.returncode != 0:
-        raise PatchError(f"{exe} could not look up {package}: {r.stderr.strip()[-300:]}")
-    info = json.loads(r.stdout)
+        raise PatchError(f"{exe} could not look up {package} (exit {r.returncode}): "
+                         f"{r.stderr.strip()[-300:] or 'no output'}",
+                         hint="--python must name a Python interpreter, e.g. --python /path/to/venv/bin/python")
+    try:
+        info = json.loads(r.stdout.strip().splitlines()[-1])
+        locations = [str(x) for x in info["locations"]]
+        found_version = info.get("version")
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+        raise PatchError(f"{exe} did not answer like a Python interpreter (got {r.stdout.strip()[:100]!r}).",
+                         hint="--python must name a Python interpreter, e.g. --python /path/to/venv/bin/python"
+                         ) from None
+    info = {"locations": locations, "version": found_version if isinstance(found_version, str) else None}
     if not info["locations"]:
         raise PatchError(f"{package} is not installed for {exe}.", hint=f"pip install {package}")
     pkg_dir = Path(info["locations"][0])
