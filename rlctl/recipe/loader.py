@@ -410,7 +410,9 @@ def validate(
                     f" Add it under [{section}]." if "." in dotted else f" Add a [{dotted}] table."
                 ))
             elif err["type"] == "value_error":
-                problems.append(f"{where}: {err['msg'].removeprefix('Value error, ')}.")
+                msg = err["msg"].removeprefix("Value error, ")
+                key = f"`{dotted}`: " if "." in dotted and dotted not in msg else ""
+                problems.append(f"{where}: {key}{msg}.")
             else:
                 got = err.get("input")
                 got_s = json.dumps(got) if isinstance(got, (int, float, str, bool)) else type(got).__name__

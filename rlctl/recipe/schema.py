@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-PosInt = Annotated[int, Field(ge=1)]
-NonNegInt = Annotated[int, Field(ge=0)]
-Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
-NonNegFloat = Annotated[float, Field(ge=0.0)]
+
+def _not_bool(v: Any) -> Any:
+    """`group_size = true` is a mistake, not 1: pydantic would quietly take a bool as a number."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a number, got {str(v).lower()}")
+    return v
+
+
+NoBool = BeforeValidator(_not_bool)
+PosInt = Annotated[int, NoBool, Field(ge=1)]
+NonNegInt = Annotated[int, NoBool, Field(ge=0)]
+Fraction = Annotated[float, NoBool, Field(ge=0.0, le=1.0)]
+NonNegFloat = Annotated[float, NoBool, Field(ge=0.0)]
 
 class Section(BaseModel):
     # inf and nan are never meaningful settings (a KL coefficient of inf, a temperature of nan): rejected everywhere
