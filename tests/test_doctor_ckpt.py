@@ -171,11 +171,20 @@ def test_prune_never_leaves_the_run_directory(tmp_path, cli):
 
 def test_prune_in_a_shared_root_named_for_the_run(tmp_path):
     run = make_run(tmp_path)
+    run = run.rename(run.with_name("exp-20261123-051000"))  # a name create_run_dir made: unique
     root = tmp_path / "big-disk" / run.name / "ckpts"
     trl_ckpts(root, [10, 20, 30])
     (run / "recipe.toml").write_text(f'[checkpoint]\ndir = "{root}"\n')
     assert [c.step for c in ck.prune("trl", run, 1)] == [10, 20]
     assert [p.name for p in root.iterdir()] == ["checkpoint-30"]
+    # a hand-made run directory named like a common folder claims nothing
+    (tmp_path / "x").mkdir()
+    tmp_run = make_run(tmp_path / "x")
+    shared = tmp_path / "x" / "run-shared"
+    trl_ckpts(shared / "run", [1, 2])
+    (tmp_run / "recipe.toml").write_text(f'[checkpoint]\ndir = "{shared / "run"}"\n')
+    with pytest.raises(RlctlError, match="outside the run directory"):
+        ck.prune("trl", tmp_run, 1)
 
 
 def test_prune_refuses_a_checkpoints_symlink_out_of_the_run(tmp_path):

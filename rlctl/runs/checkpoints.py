@@ -8,6 +8,7 @@ elsewhere are refused.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,10 @@ def _real(p: Path) -> Path:
                          hint="fix the symlink loop or the path; nothing was deleted.") from None
 
 
+# what create_run_dir makes: <name>-<YYYYmmdd-HHMMSS>[-N], never reused — only such a name can claim a shared root
+UNIQUE_RUN_NAME = re.compile(r".+-\d{8}-\d{6}(-\d+)?")
+
+
 def prunable_root(run_dir: Path, root: Path) -> Path:
     """The checkpoint root pruning may delete in: inside the run directory, or a shared root explicitly named for
     this run (a path component equal to the run's unique name, e.g. /mnt/ckpt/<run-name>/). Anything else — a
@@ -78,7 +83,7 @@ def prunable_root(run_dir: Path, root: Path) -> Path:
     root_real = _real(root)
     if root_real == run_real or run_real in root_real.parents:
         return root_real
-    if run_dir.name and run_dir.name in root_real.parts:
+    if UNIQUE_RUN_NAME.fullmatch(run_dir.name) and run_dir.name in root_real.parts:
         return root_real
     raise RlctlError(
         f"refusing to prune {root}: it is outside the run directory {run_dir} (resolves to {root_real}) and not "
