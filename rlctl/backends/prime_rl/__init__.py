@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from rlctl.backends.base import Backend, Finding, LaunchPlan
+from rlctl.backends.prime_rl.tags import CHECKOUT_ENV, NEW_LAYOUT_SINCE, layout  # noqa: F401 (re-exported)
 from rlctl.recipe.loader import dump_toml
 from rlctl.recipe.schema import BackendExtra
 
@@ -27,9 +28,7 @@ if TYPE_CHECKING:
     from rlctl.backends.layout import Checkpoint
     from rlctl.recipe.schema import Recipe
 
-NEW_LAYOUT_SINCE = "0.8.0"
 CONFIG_FILE = "rl.toml"
-CHECKOUT_ENV = "PRIME_RL_DIR"
 NONE = "None"  # TOML has no null: prime-rl's BaseConfig reads the string "None" as None (both tags)
 
 
@@ -38,14 +37,6 @@ class PrimeRLTable(BackendExtra):
 
     checkout: str | None = Field(
         default=None, description="The prime-rl checkout (a uv project) that runs the job; default: $PRIME_RL_DIR.")
-
-
-def layout(version: str | None) -> str:
-    from rlctl.backends.base import version_key
-
-    if version is None:
-        return "v0.8"
-    return "v0.8" if version_key(version) >= version_key(NEW_LAYOUT_SINCE) else "v0.3"
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> list[str]:

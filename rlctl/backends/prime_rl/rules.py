@@ -259,8 +259,8 @@ def check(cfg: dict[str, Any], version: str, schema: dict[str, Any]) -> list[Fin
 # ---- what a recipe asks that prime-rl cannot do --------------------------------------------------------------
 
 def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
-    from rlctl.backends.prime_rl import layout
     from rlctl.backends.prime_rl.schema import has_key, load_schema
+    from rlctl.backends.prime_rl.tags import layout
 
     r = recipe
     version = backend.target_version(r)
@@ -383,7 +383,7 @@ def checkout_tag(checkout: Path, version: str) -> Any:
 
 
 def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
-    from rlctl.backends.prime_rl import CHECKOUT_ENV
+    from rlctl.backends.prime_rl.tags import CHECKOUT_ENV
     from rlctl.preflight import FAIL, OK, WARN, Result
 
     r = ctx.recipe
