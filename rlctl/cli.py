@@ -499,7 +499,7 @@ def model_tiny(
         out = make_tiny(path, source)
     except ImportError as e:
         raise RlctlError(f"making a model needs torch and transformers ({e.name} is missing).",
-                         hint='pip install "rlctl[trl]"') from None
+                         hint="pip install torch transformers") from None
     _echo(str(out))
 
 

@@ -590,7 +590,9 @@ def apply_for_launch(recipe: Any, out: IO[str]) -> None:
     """`rlctl launch`: the recipe's patch set must be applied (or already be); otherwise refuse to start."""
     user_dir = Path(recipe.patches.dir) if recipe.patches.dir else None
     ps = find_set(recipe.patches.set, user_dir)
-    if recipe.resources.executor == "ray" and recipe.backend.name != "trl":
+    from rlctl.backends import get_backend
+
+    if not get_backend(recipe.backend.name).patch_locally(recipe):
         try:
             inst = locate(ps.package)
         except PatchError:

@@ -62,7 +62,7 @@ def prompt_lengths(ctx: Context) -> Result | None:
             from tokenizers import Tokenizer
         except ImportError:
             return Result("context.prompt_lengths", SKIP, "the `tokenizers` package is not installed",
-                          'pip install "rlctl[trl]"')
+                          "pip install tokenizers")
         tokenizer = Tokenizer.from_file(str(tok_file))
 
         def encode(texts: list[str]) -> list[int]:
