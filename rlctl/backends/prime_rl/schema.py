@@ -130,10 +130,7 @@ def check_config(cfg: dict[str, Any], schema: dict[str, Any], version: str) -> l
         findings.append(Finding("error", path, f"key `{path}` does not exist in {where}",
                                 f"did you mean `{'.'.join(path.split('.')[:-1] + [close[0]])}`?" if close
                                 else "remove it (backend.prime_rl.extra) or pin a prime-rl tag that has it"))
-    try:
-        import jsonschema
-    except ImportError:
-        return findings
+    import jsonschema  # a core dependency: never skipped silently
     unknown = {p for p, _ in bad}
     validator = jsonschema.Draft202012Validator(schema)
     for err in sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path)):
