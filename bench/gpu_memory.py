@@ -334,10 +334,12 @@ def report(files: list[Path], held_out: set[str]) -> str:
     from rlctl.recipe.models import KNOWN
 
     rows = []
+    seen: set[str] = set()
     for f in files:
         for row in json.loads(f.read_text())["results"]:
-            if row.get("grid") in (None, "learn") or "nvml_peak_run_gib" not in row:
-                continue
+            if row.get("grid") in (None, "learn") or not row.get("torch") or row["config"] in seen:
+                continue  # learnable-task runs, runs cut off by the time budget, repeats
+            seen.add(row["config"])
             r = recipe_for(row)
             est = trainer_memory(r, KNOWN[SHAPES[row["params"]["shape"]].lower()])
             meas = row["nvml_peak_run_gib"]

@@ -37,9 +37,10 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
 # NVML-visible memory of a torch process besides its allocator: CUDA context, kernels, cuBLAS/NCCL handles
 # (measured on an H100, torch 2.11 / CUDA 13: NVML used - torch reserved = 0.77-0.81 GiB over 14 runs).
 CUDA_CONTEXT = 0.78 * GiB
-# reserved / allocated peak of the caching allocator, by memory engine (measured: one process 1.01-1.10, FSDP2
-# with per-layer all-gathers 1.09-1.36; DeepSpeed not measured)
-ALLOCATOR_SLACK = {"plain": 1.04, "fsdp": 1.15, "deepspeed": 1.10}
+# NVML-visible / allocated peak of the caching allocator (besides the context), by memory engine: one process
+# (TRL) 1.01-1.10; FSDP2 with per-layer all-gathers: LoRA 1.09-1.11, full fine-tune 1.33-1.36 (optimizer states and
+# gradients allocated between freed activation blocks). DeepSpeed not measured here: assumed.
+ALLOCATOR_SLACK = {"plain": 1.04, "fsdp": 1.35, "fsdp-lora": 1.11, "deepspeed": 1.10}
 
 # Activations of one decoder layer per token in bytes, bf16 compute: ACT_H * hidden + ACT_I * intermediate
 # (fitted on the 0.5B bf16 TRL run and checked on 7B LoRA TRL and FSDP runs: docs/memory.md). With checkpointing
@@ -163,7 +164,8 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         train_extra = b.terms["gradients"] + acts + logits + b.terms.get("autocast weight copies", 0.0)
         b.terms["generation (beyond training)"] = max(gen - train_extra, 0.0)
     allocated = sum(b.terms.values())
-    b.terms["allocator slack"] = allocated * (ALLOCATOR_SLACK.get(engine, 1.1) - 1)
+    slack = ALLOCATOR_SLACK.get(f"{engine}-lora" if not full else engine) or ALLOCATOR_SLACK.get(engine, 1.1)
+    b.terms["allocator slack"] = allocated * (slack - 1)
     b.terms["cuda context"] = CUDA_CONTEXT
     b.facts = {"engine": engine, "param_dtype": pdt, "tokens_per_micro_batch": tokens, "micro_batch": mb,
                "checkpointing": gc, "gradient_accumulation": accumulation, "allocated_peak": allocated}
@@ -179,22 +181,33 @@ def trainer_resident(trainer: Breakdown, with_optimizer: bool = False) -> float:
 
 
 def fitting_fix(recipe: Recipe, arch: Arch, limit: float) -> dict[str, Any]:
-    """What would make the trainer fit in `limit` bytes: the largest micro batch with the current checkpointing,
-    else with checkpointing on. {} when nothing in reach does."""
+    """What makes the trainer fit in `limit` bytes, computed: the largest micro batch with the recipe's checkpointing,
+    else checkpointing on and the largest micro batch with it. {} when even micro batch 1 with checkpointing does
+    not fit."""
     gc = recipe.train.gradient_checkpointing
-    for use_gc in ([gc] if gc else [False, True]):
+    for use_gc in ([True] if gc else [False, True]):
         best = 0
         for mb in range(1, recipe.train.micro_batch_size + 1):
-            if trainer_memory(recipe, arch, micro_batch=mb, checkpointing=use_gc).total <= limit:
-                best = mb
-            else:
+            if trainer_memory(recipe, arch, micro_batch=mb, checkpointing=use_gc).total > limit:
                 break
+            best = mb
         if best:
-            return {"micro_batch_size": best, "gradient_checkpointing": use_gc,
-                    "peak": trainer_memory(recipe, arch, micro_batch=best, checkpointing=use_gc).total}
-    if not gc:
-        return {}
+            peak = trainer_memory(recipe, arch, micro_batch=best, checkpointing=use_gc).total
+            return {"micro_batch_size": best, "gradient_checkpointing": use_gc, "peak": peak}
     return {}
+
+
+def fix_text(fix: dict[str, Any], recipe: Recipe) -> str | None:
+    if not fix:
+        return None
+    parts = []
+    if fix["gradient_checkpointing"] and not recipe.train.gradient_checkpointing:
+        parts.append("train.gradient_checkpointing = true")
+    if fix["micro_batch_size"] != recipe.train.micro_batch_size:
+        parts.append(f"train.micro_batch_size = {fix['micro_batch_size']}")
+    if not parts:
+        return None
+    return " and ".join(parts) + f" (trainer peak {fix['peak'] / GiB:.1f} GiB)"
 
 
 @dataclass

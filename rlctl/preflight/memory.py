@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from rlctl.estimate.memory import GiB, colocation_mode, gpu_memory_gib, trainer_memory, trainer_resident, vllm_memory
+from rlctl.estimate.memory import (
+    GiB,
+    colocation_mode,
+    fitting_fix,
+    fix_text,
+    gpu_memory_gib,
+    trainer_memory,
+    trainer_resident,
+    vllm_memory,
+)
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check, gib
 
 
@@ -28,9 +37,14 @@ def trainer(ctx: Context) -> Result:
     data = {"per_gpu_bytes": b.total, "terms": b.terms, "gpu_bytes": total, "params": arch.params}
     figure = f"{gib(b.total)} per trainer GPU of {gib(total)} ({b.table()} GiB; {arch.params / 1e9:.2f}B params)"
     if b.total > total:
-        return Result("memory.trainer", FAIL, figure,
-                      "enable train.gradient_checkpointing, lower train.micro_batch_size, use LoRA, raise "
-                      "train.zero_stage / more trainer GPUs, or train.offload", data)
+        fix = fix_text(fitting_fix(ctx.recipe, arch, total), ctx.recipe)
+        if not fix:
+            least = trainer_memory(ctx.recipe, arch, micro_batch=1, checkpointing=True).total
+            fix = (f"even train.micro_batch_size = 1 with train.gradient_checkpointing = true needs {gib(least)}: "
+                   "shorten train.seq_len, use LoRA, raise train.zero_stage / more trainer GPUs, or train.offload")
+        else:
+            fix = f"set {fix}"
+        return Result("memory.trainer", FAIL, figure, fix, data)
     if b.total > 0.9 * total:
         return Result("memory.trainer", WARN, figure, "less than 10% headroom: fragmentation can still OOM", data)
     return Result("memory.trainer", OK, figure, None, data)
@@ -39,7 +53,7 @@ def trainer(ctx: Context) -> Result:
 @check("memory.vllm")
 def engine(ctx: Context) -> Result:
     if not ctx.recipe.uses_vllm:
-        return Result("memory.vllm", SKIP, "no vLLM engine (TRL generates with the trainer's model)")
+        return Result("memory.vllm", SKIP, "no vLLM engine (the trainer's own model generates)")
     arch, total, skip = _setup(ctx, "memory.vllm")
     if skip:
         return skip
@@ -99,12 +113,21 @@ def colocation(ctx: Context) -> Result | None:
     if mode == "resident":
         peak = b.total + e.budget
         if peak > total:
+            fixes = []
+            # the lowest utilization that still leaves vLLM one max_model_len sequence of KV cache
+            need = (e.weights + e.activations + e.kv_per_token * r.model.max_model_len) / total
+            if max_util >= need:
+                fixes.append(f"rollout.gpu_memory_utilization = {max_util:.2f}")
+            trainer_fix = fix_text(fitting_fix(r, arch, total - e.budget), r)
+            if trainer_fix:
+                fixes.append(f"keep utilization {util} and set {trainer_fix}")
+            data["fixes"] = fixes
             return Result(
                 "memory.colocation", FAIL,
                 f"trainer step peak {gib(b.total)} + vLLM {gib(e.budget)} = {gib(peak)} > {gib(total)} "
                 "(both stay resident): CUDA OOM at the first training step",
-                f"lower rollout.gpu_memory_utilization to <= {max_util:.2f}, "
-                "enable train.gradient_checkpointing or lower train.micro_batch_size", data)
+                ("set " + ", or ".join(fixes)) if fixes else
+                "nothing within this GPU fits both: a second GPU for the trainer, LoRA, or a smaller model", data)
         return Result("memory.colocation", OK,
                       f"trainer peak {gib(b.total)} + vLLM {gib(e.budget)} = {gib(peak)} of {gib(total)}", None, data)
     peak = b.total + e.weights

@@ -72,6 +72,6 @@ def bf16_updates(ctx: Context) -> Result | None:
               f"{factor * lr:.2g}, {frac:.1%} {basis}")
     if frac < MIN_MOVING:
         return Result("precision.bf16_updates", WARN, figure + "; the rest never change while loss and rewards log",
-                      f'set model.precision = "mixed" (fp32 master weights, bf16 compute: what verl, prime-rl and '
+                      f'set model.precision = "mixed" (fp32 master weights, bf16 compute: what FSDP and '
                       f"DeepSpeed do), or optim.lr >= {needed:.1g}", data)
     return Result("precision.bf16_updates", OK, figure, None, data)

@@ -1,0 +1,37 @@
+"""TRL adapter: the memory engine it declares and what its runner reports."""
+
+from __future__ import annotations
+
+import json
+
+from rlctl.backends import get_backend
+from rlctl.backends.trl.runner import report_cuda_memory
+from rlctl.recipe.planning import prepare
+from tests.conftest import RECIPES
+
+
+def test_memory_questions():
+    trl = get_backend("trl")
+    prep = prepare(RECIPES / "quickstart.toml", ["data.max_prompt_tokens=32", "rollout.max_tokens=16"])
+    assert trl.sharding == "plain" and trl.logits_scope == "completion"
+    assert trl.micro_tokens(prep.recipe, 4) == 4 * 48  # padded to prompt + completion, not max_model_len
+    assert trl.param_dtype(prep.recipe) == "float32"
+
+
+def test_render_carries_precision():
+    prep = prepare(RECIPES / "quickstart.toml", ["resources.gpus_per_node=1", "model.precision=pure",
+                                                  "model.dtype=bfloat16"])
+    cfg = json.loads(prep.backend.render(prep.recipe, prep.dataset_size).files["trl_config.json"])
+    assert cfg["precision"] == "pure" and cfg["grpo"]["model_init_kwargs"]["dtype"] == "bfloat16"
+
+
+def test_runner_reports_nothing_without_cuda(tmp_path, monkeypatch, capsys):
+    class NoCuda:
+        class cuda:  # noqa: N801
+            @staticmethod
+            def is_available():
+                return False
+
+    monkeypatch.chdir(tmp_path)
+    report_cuda_memory(NoCuda)
+    assert capsys.readouterr().out == "" and not (tmp_path / "torch_memory.json").exists()
