@@ -374,8 +374,13 @@ def run_main(argv: list[str], cwd: Path) -> tuple[int | None, str, str, str | No
     return code, out.buffer.getvalue().decode("utf-8", "replace"), err.getvalue(), acted
 
 
+CASES = {"run": 0, "accepted": 0}  # how many cases ran, and how many reached a sentinel (input accepted)
+
+
 def check(argv: list[str], cwd: Path) -> None:
+    CASES["run"] += 1
     code, out, err, acted = run_main(argv, cwd)
+    CASES["accepted"] += acted is not None
     text = out + err
     assert "Traceback (most recent call last)" not in text, (argv, text[-3000:])
     assert "internal error" not in text, (argv, text[-3000:])
@@ -392,6 +397,8 @@ def world(tmp_path_factory, sandbox):
     os.environ["RLCTL_RUNS_DIR"] = str(root / "runs")
     yield root, pools
     os.environ.pop("RLCTL_RUNS_DIR", None)
+    sys.stderr.write(f"\ntest_cli_properties: {CASES['run']} in-process cases, {CASES['accepted']} reached a "
+                     "sentinel (input accepted, nothing real started)\n")
 
 
 SMALL = os.environ.get("RLCTL_PROPERTY_SMALL") == "1"  # a quick look while developing
@@ -403,9 +410,9 @@ def _examples(n: int) -> int:
 
 
 GROUPS = {  # commands not named here (added later) go with the last group
-    "recipes": (["preflight", "render", "recipe", "launch"], 500),
-    "runs": (["status", "logs", "doctor", "ckpt", "metrics", "stop", "resume", "supervise"], 500),
-    "rest": ([], 250),  # patch (each asks the interpreter where the package is: slower), model, attach, ...
+    "recipes": (["preflight", "render", "recipe", "launch"], 800),
+    "runs": (["status", "logs", "doctor", "ckpt", "metrics", "stop", "resume", "supervise"], 800),
+    "rest": ([], 400),  # patch (each asks the interpreter where the package is: slower), model, attach, ...
 }
 
 
@@ -424,7 +431,7 @@ def test_every_command_on_hostile_argv(world, group):
     prop()
 
 
-@settings(max_examples=_examples(400), **PROFILE)
+@settings(max_examples=_examples(700), **PROFILE)
 @given(text=recipe_texts(), cmd=st.sampled_from([["preflight"], ["render"], ["recipe", "show"], ["launch"]]),
        sets=st.lists(st.sampled_from(["rollout.group_size=4", "env.API_KEY=k", "train.steps=2"]), max_size=2))
 def test_generated_recipe_files(world, text, cmd, sets):
@@ -437,7 +444,7 @@ def test_generated_recipe_files(world, text, cmd, sets):
     check(argv, root)
 
 
-@settings(max_examples=_examples(200), **PROFILE)
+@settings(max_examples=_examples(300), **PROFILE)
 @given(state=st.one_of(states.map(lambda d: json.dumps(d, default=str).encode()), st.binary(max_size=200)),
        metrics=st.lists(st.one_of(st.binary(max_size=60),
                                   st.dictionaries(st.sampled_from(["step", "time", "reward/mean", "eval/x/acc", "kl"]),
