@@ -166,3 +166,12 @@ def test_doctor_weights_tells_frozen_from_learning(tmp_path, cli):
     res = cli("doctor", str(run), "--weights", "--json")
     found = [f for f in json.loads(res.out)["findings"] if f["rule"] == "weights_frozen"]
     assert found[0]["severity"] == "ok"
+
+
+def test_nothing_in_common_is_not_called_frozen(tmp_path):
+    from rlctl.runs.weights import compare, verdict
+
+    _bf16_file(tmp_path / "a", {"x": [0.1] * 10})
+    _bf16_file(tmp_path / "b", {"y": [0.1] * 10})
+    severity, line = verdict(compare(tmp_path / "a", tmp_path / "b"))
+    assert severity == "warn" and "no tensor in common" in line

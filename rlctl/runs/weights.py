@@ -205,7 +205,10 @@ def verdict(c: Comparison) -> tuple[str, str]:
     line = (f"{c.tensors_changed}/{c.tensors} tensors changed ({c.fraction_tensors_changed:.1%}), "
             f"{c.fraction_elements_changed:.2%} of {c.elements_compared:,} compared values"
             + (" (sampled)" if c.sampled else "") + f" between {Path(c.a).name} and {Path(c.b).name}")
-    if c.tensors and c.tensors_changed == 0:
+    if not c.tensors:
+        return "warn", (f"no tensor in common between {Path(c.a).name} and {Path(c.b).name} "
+                        f"({len(c.only_in_a)} vs {len(c.only_in_b)} names): nothing compared")
+    if c.tensors_changed == 0:
         return "critical", line + ": the weights did not change at all"
     if c.fraction_elements_changed < 0.1:
         return "critical", line + ": almost no weight moved"
@@ -226,7 +229,7 @@ def run_pair(run_dir: Path) -> tuple[Path, Path] | None:
     done = [c.path for c in find_checkpoints(backend, run_dir) if c.complete and weight_files(c.path)]
     if len(done) >= 2:
         return done[0], done[-1]
-    if len(done) == 1:
+    if len(done) == 1 and not (done[0] / "adapter_model.safetensors").is_file():  # an adapter has no "before"
         try:
             model = tomllib.loads((run_dir / "recipe.toml").read_text())["model"]["path"]
         except (OSError, ValueError, KeyError):
