@@ -364,7 +364,23 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=540.0, help="seconds for the whole grid")
     ap.add_argument("--report", type=Path, nargs="*")
     ap.add_argument("--held-out", default="")
+    ap.add_argument("--smoke", action="append", default=[], help="a configuration name: rlctl launch --smoke of it")
     a = ap.parse_args()
+    if a.smoke:
+        WORK.mkdir(parents=True, exist_ok=True)
+        data = WORK / "prompts.jsonl"
+        data.write_text("".join(json.dumps({"prompt": "x" * 60}) + "\n" for _ in range(64)))
+        every = {c["name"]: c for g in GRIDS.values() for c in g}
+        for name in a.smoke:
+            c = every[name]
+            rp = WORK / f"smoke-{name}.toml"
+            rp.write_text(recipe_text(c, str(make_model(c["shape"])), data))
+            p = subprocess.run([sys.executable, "-m", "rlctl.cli", "launch", str(rp), "--smoke", "--name",
+                                f"smoke-{name}", "--force"], cwd=WORK, capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"})
+            print(f"== rlctl launch --smoke {name}: exit {p.returncode}", flush=True)
+            print(p.stderr[-700:] + p.stdout[-300:], flush=True)
+        return
     if a.report:
         print(report(a.report, set(filter(None, a.held_out.split(",")))))
         return
