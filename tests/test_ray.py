@@ -148,6 +148,7 @@ import time
 def reward_func(completions, **kwargs):
     while os.path.exists({flag!r}):  # a verifier that hangs while the flag file exists
         time.sleep(0.2)
+    time.sleep(1.0)  # and is slow: the test's kill lands while the job still trains
     return [c.count("a") / max(len(c), 1) for c in completions]
 """
 
@@ -180,6 +181,8 @@ def test_ray_job_killed_then_stalled_is_restarted_from_its_checkpoint_and_finish
     a1, a2, a3 = state["attempts"]
     assert a1["outcome"] == "failed" and a2["reason"] == "failed" and a2["from_step"] in (4, 8)
     assert a2["outcome"] == "stalled" and "no new step" in a2["stall"] and Path(a2["evidence"]).is_file()
+    evidence = Path(a2["evidence"]).read_text()
+    assert "py-spy is not installed" in evidence or "reward_func" in evidence, evidence[-3000:]  # where it hung
     assert a3["reason"] == "stalled" and a3["outcome"] == "finished" and state["ray_job_status"] == "SUCCEEDED"
     got = steps()
     assert sorted(got) == list(range(1, 13)) and len(got) == len(set(got)), got

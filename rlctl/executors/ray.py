@@ -364,6 +364,24 @@ class RayExecutor(Executor):
     def kill(self, run_dir: Path, handle: RunHandle) -> None:
         self.signal_stop(run_dir, handle)  # Ray escalates to SIGKILL itself after its stop wait
 
+    def pids(self, run_dir: Path, handle: RunHandle) -> list[int]:
+        """On a head this run started (this machine): the job's processes, found by their working directory (the
+        job's copy of the run directory under the head's temp dir)."""
+        if self.head is None:
+            return []
+        import psutil
+
+        temp = str(self.head.temp_dir)
+        out = []
+        for p in psutil.process_iter(["cwd", "status"]):
+            try:
+                cwd = p.info["cwd"] or ""
+                if cwd.startswith(temp) and "runtime_resources" in cwd and p.info["status"] != psutil.STATUS_ZOMBIE:
+                    out.append(p.pid)
+            except psutil.Error:
+                continue
+        return out
+
     def pump_logs(self, run_dir: Path, handle: RunHandle) -> None:
         if handle is not None and handle.attempt not in self.tails:
             catch_up_logs(run_dir, {"handle": handle.to_dict()})
