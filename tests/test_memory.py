@@ -88,10 +88,12 @@ def test_every_measured_trl_point_within_15_percent():
 
 
 def test_fsdp_shaped_trainer_points_within_15_percent():
-    raw = json.loads((ROOT / "docs" / "gpu_fsdp_h100.json").read_text())["results"]
+    raw = [row for f in ("gpu_fsdp_h100.json", "gpu_fsdp_h100_heldout.json")
+           for row in json.loads((ROOT / "docs" / f).read_text())["results"]]
+    assert len(raw) == 7
     for row in raw:
         prep = prepare(PRIME_SHARED, [f"train.seq_len={row['seq']}", f"train.micro_batch_size={row['mb']}",
-                                      f"train.train_batch_size={row['mb']}",
+                                      f"train.train_batch_size={row['mb']}", f"lora.rank={row['lora'] or 8}",
                                       f"train.gradient_checkpointing={'true' if row['ac'] else 'false'}"])
         if not row["lora"]:
             prep.recipe.lora = None
