@@ -40,6 +40,24 @@ def reward_func(completions, **kwargs):
 '''
 
 
+SLOW_REWARD = '''
+import time
+
+
+def reward_func(completions, **kwargs):
+    time.sleep(0.4)  # a verifier that takes a moment: the test's kill lands while the run still trains
+    return [c.count("a") / max(len(c), 1) for c in completions]
+'''
+
+
+@pytest.fixture
+def slow(tmp_path) -> str:
+    """--set for a quickstart whose reward takes 0.4 s a step."""
+    p = tmp_path / "slow_reward.py"
+    p.write_text(SLOW_REWARD)
+    return f'reward.function="{p}"'
+
+
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("models")
@@ -77,10 +95,11 @@ def complete_checkpoint(run: Path, step: int) -> bool:
     return (run / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").is_file()
 
 
-def test_sigkilled_trainer_restarts_from_the_last_complete_checkpoint_and_finishes(env, s3):
+def test_sigkilled_trainer_restarts_from_the_last_complete_checkpoint_and_finishes(env, s3, slow):
     env["env"].update(s3["env"])
     url = f"{s3['url']}/quick"
     r = rlctl(env, "launch", QUICK, "--detach", "--restart", "on-failure", "--max-restarts", "2", "--grace", "5",
+              "--set", slow,
               "--set", "train.steps=16", "--set", "checkpoint.every=4", "--set", f'checkpoint.sync="{url}"')
     assert r.returncode == 0, r.stderr[-3000:]
     run = env["runs"] / r.stdout.strip()
@@ -140,8 +159,8 @@ def test_hung_reward_is_detected_restarted_and_given_up_with_evidence(env, tmp_p
     assert "gave up: stalled after 1 restart" in shown.stdout and "stalled: no new step" in shown.stdout
 
 
-def test_killed_supervisor_then_finished_run_is_shown_finished(env):
-    r = rlctl(env, "launch", QUICK, "--detach", "--set", "train.steps=14", "--grace", "5")
+def test_killed_supervisor_then_finished_run_is_shown_finished(env, slow):
+    r = rlctl(env, "launch", QUICK, "--detach", "--set", "train.steps=14", "--grace", "5", "--set", slow)
     run = env["runs"] / r.stdout.strip()
     assert wait_for(lambda: len(reward_steps(run)) >= 2, timeout=180)
     state = read_state(run)
@@ -161,11 +180,11 @@ def test_killed_supervisor_then_finished_run_is_shown_finished(env):
     assert "'train_runtime'" in out or "train_runtime" in out
 
 
-def test_preemption_then_reboot_and_resume_picks_up_each_time(env):
+def test_preemption_then_reboot_and_resume_picks_up_each_time(env, slow):
     """SIGTERM to the supervisor (a spot notice): the backend saves a checkpoint and exits, the run is stopped;
     `rlctl resume` continues from that checkpoint. Then everything is SIGKILLed (a reboot): lost; resume again."""
     r = rlctl(env, "launch", QUICK, "--detach", "--set", "train.steps=12", "--set", "checkpoint.every=100",
-              "--grace", "30")
+              "--grace", "30", "--set", slow)
     run = env["runs"] / r.stdout.strip()
     assert wait_for(lambda: max(reward_steps(run), default=0) >= 3, timeout=180)
     state = read_state(run)
