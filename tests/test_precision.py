@@ -56,9 +56,18 @@ def test_fp16_compute():
 
 
 def test_adapters_answer_param_dtype():
+    trl = prepare(QUICK, [*GPU, "model.precision=pure"])
+    assert get_backend("trl").param_dtype(trl.recipe) == "bfloat16"
+    assert get_backend("trl").param_dtype(prepare(QUICK, GPU).recipe) == "float32"
+
+
+def test_backend_that_does_not_render_pure_says_so():
     prep = prepare(VERL, ["model.precision=pure"])
-    assert get_backend("verl").param_dtype(prep.recipe) == "bfloat16"
-    assert get_backend("verl").param_dtype(prepare(VERL).recipe) == "float32"
+    assert get_backend("verl").param_dtype(prep.recipe) == "float32"  # what it really runs
+    res = {r.check: r for r in pf.run(prep, ["precision"])}
+    assert res["precision.supported"].verdict == "warn" and "not honoured" in res["precision.supported"].figure
+    assert res["precision.bf16_updates"].verdict == "ok"
+    assert "precision.supported" not in {r.check for r in pf.run(prepare(VERL), ["precision"])}
 
 
 def test_moving_fraction_matches_the_h100_measurement():
@@ -68,15 +77,15 @@ def test_moving_fraction_matches_the_h100_measurement():
 
 
 def test_pure_bf16_full_finetune_with_rl_lr_warns():
-    r = check(VERL, "model.precision=pure", "optim.lr=1e-6")
+    r = check(QUICK, *GPU, "model.path=Qwen/Qwen2.5-0.5B", "model.precision=pure", "optim.lr=1e-6")
     assert r.verdict == "warn" and 'model.precision = "mixed"' in r.fix
     assert r.data["moving_fraction"] < 0.05 and r.data["lr_for_90_percent"] > 1e-5
 
 
 def test_mixed_and_large_lr_and_lora_do_not_warn():
     assert check(VERL).verdict == "ok"
-    assert check(VERL, "model.precision=pure", "optim.lr=5e-4").verdict == "ok"
-    assert check(VERL, "model.precision=pure", "lora.rank=8") is None
+    assert check(QUICK, *GPU, "model.precision=pure", "optim.lr=5e-4").verdict == "ok"
+    assert check(QUICK, *GPU, "model.precision=pure", "lora.rank=8") is None
 
 
 def _safetensors(path, tensors):

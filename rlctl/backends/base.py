@@ -253,10 +253,12 @@ class Backend:
     colocation: ClassVar[str] = "resident"  # a colocated vLLM engine: resident | sleep (frees memory while training)
     sleep_switch: ClassVar[str | None] = None  # a backend extra that turns the engine's sleep mode on
 
+    precisions: ClassVar[tuple[str, ...]] = ("mixed",)  # model.precision values the adapter renders
+
     def param_dtype(self, recipe: Recipe) -> str:
         """The dtype of what the optimizer updates (master parameters, gradients, Adam states). model.precision
-        `mixed` (the default): float32; `pure`: model.dtype itself."""
-        if recipe.model.precision == "pure":
+        `mixed` (the default): float32; `pure` (where the adapter renders it): model.dtype itself."""
+        if recipe.model.precision == "pure" and "pure" in self.precisions:
             return "bfloat16" if recipe.model.dtype == "auto" else recipe.model.dtype
         return "float32"
 

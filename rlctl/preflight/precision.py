@@ -75,3 +75,14 @@ def bf16_updates(ctx: Context) -> Result | None:
                       f'set model.precision = "mixed" (fp32 master weights, bf16 compute: what FSDP and '
                       f"DeepSpeed do), or optim.lr >= {needed:.1g}", data)
     return Result("precision.bf16_updates", OK, figure, None, data)
+
+
+@check("precision.supported")
+def supported(ctx: Context) -> Result | None:
+    r = ctx.recipe
+    if r.model.precision in ctx.backend.precisions:
+        return None
+    return Result("precision.supported", WARN,
+                  f"{r.backend.name} renders model.precision = {', '.join(map(repr, ctx.backend.precisions))} only: "
+                  f"{r.model.precision!r} is not honoured (the trainer keeps fp32 master weights; the memory plan "
+                  "assumes them)", 'remove model.precision or set it to "mixed"', {"supported": ctx.backend.precisions})

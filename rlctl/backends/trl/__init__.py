@@ -33,6 +33,7 @@ class TRLBackend(Backend):
     known_versions = ("1.16.0",)
     metric_needles = ("{'", "'step'")  # as in trl/metrics.py NEEDLES
     logits_scope = "completion"  # TRL computes log-probs of the completion tokens only (logits_to_keep)
+    precisions = ("mixed", "pure")
     logit_bytes = 3.0  # bf16 completion logits, row-wise log-softmax (measured on an H100, docs/memory.md)
 
     def uses_vllm(self, recipe: Recipe) -> bool:
