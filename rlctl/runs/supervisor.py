@@ -387,8 +387,13 @@ class Supervisor:
                     except Exception as e:  # the recipe no longer renders: give up, say why
                         self.attempts[-1]["restart_error"] = str(e)
                         return self.finish(code, why, gave_up=f"could not prepare a restart: {e}")
+                    if self.stop_requested_at is not None:  # stopped while preparing: no new attempt
+                        return self.finish(code, "stopped")
                     self._before_restart(why, ckpt)
                     self.start(reason=why, checkpoint=ckpt, restart=True)
+                    if self.stop_requested_at is not None:
+                        with contextlib.suppress(Exception):
+                            self.executor.signal_stop(self.run_dir, self.handle)
                     continue
                 return self.finish(code, why, gave_up=f"{why} after {restarts} restart(s) (--max-restarts "
                                                       f"{self.policy.max_restarts})")
