@@ -307,19 +307,6 @@ def version_key(v: str) -> tuple:
     return tuple(parts)
 
 
-def nearest_snapshot(backend: str, version: str | None) -> str | None:
-    """The snapshot for `version`, else the newest one not newer than it, else the newest."""
-    versions = snapshot_versions(backend)
-    if not versions:
-        return None
-    if version is None:
-        return versions[-1]
-    if version in versions:
-        return version
-    older = [v for v in versions if version_key(v) <= version_key(version)]
-    return older[-1] if older else versions[0]
-
-
 def check_keys(
     backend: str, keys: list[str], known: set[str], version: str, source: str, kind: str = "flag"
 ) -> list[Finding]:

@@ -35,3 +35,12 @@ def test_runner_reports_nothing_without_cuda(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     report_cuda_memory(NoCuda)
     assert capsys.readouterr().out == "" and not (tmp_path / "torch_memory.json").exists()
+
+
+def test_an_unknown_trl_release_is_an_error_not_a_neighbour(cli):
+    from tests.conftest import RECIPES
+
+    r = cli("render", str(RECIPES / "quickstart.toml"), "--set", "backend.version=1.15.0")
+    assert r.code == 2
+    assert "trl 1.15.0 is not known to rlctl; known: 1.16.0" in r.err
+    assert "Traceback" not in r.err

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import dataclass_fields, installed_version, package_file
-from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_snapshot, nearest_snapshot
+from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_snapshot
 from rlctl.estimate.schedules import hf_schedule
 
 if TYPE_CHECKING:
@@ -44,7 +44,13 @@ class TRLBackend(Backend):
         return True  # the runner runs in rlctl's own Python, whichever executor starts it
 
     def target_version(self, recipe: Recipe) -> str:
-        return recipe.backend.version or installed_version("trl") or self.known_versions[-1]
+        """Pinned, else installed, else the newest snapshot. The runner runs in this Python, so an installed release
+        is read exactly from its own source; a pinned release that is neither installed nor snapshotted is an error."""
+        installed = installed_version("trl")
+        version = recipe.backend.version or installed or self.known_versions[-1]
+        if version != installed:
+            self.require_known(version)
+        return version
 
     def world_size(self, recipe: Recipe) -> int:
         return max(recipe.trainer_gpu_count, 1)
@@ -216,12 +222,12 @@ class TRLBackend(Backend):
                 if base:
                     sources["trl.trainer.base_config"] = base.read_text()
                 return set(dataclass_fields(sources, "GRPOConfig")), installed, f"installed {grpo}"
-        snap_version = nearest_snapshot(self.name, wanted)
-        snap = load_snapshot(self.name, snap_version) if snap_version else None
+        # not installed (or another release is): only an exact snapshot of the wanted release will do, never a neighbour
+        self.require_known(wanted)
+        snap = load_snapshot(self.name, wanted)
         if snap is None:
             return set(), wanted, "no snapshot"
-        exact = "" if snap_version == wanted else f", nearest to {wanted}"
-        return set(snap["keys"]), snap_version, f"snapshot of {snap['source']}{exact}"
+        return set(snap["keys"]), wanted, f"snapshot of {snap['source']}"
 
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
         known, version, source = self.definitions(installed_version, plan.version or self.known_versions[-1])
