@@ -247,9 +247,8 @@ def test_snapshots_match_what_the_script_would_read():
     assert "--n_samples_per_prompt" in snap["flags"] and "--offload" not in snap["flags"]
     snap = load_snapshot("openrlhf", "0.11.2")
     assert "--actor.adam.lr" in snap["flags"] and "--n_samples_per_prompt" not in snap["flags"]
-    snap = load_snapshot("prime_rl", "0.3.0")
-    assert snap["keys"]["orchestrator.sampling.max_tokens"] == "value"
-    assert "orchestrator.lora_name" not in snap["keys"]
+    snap = load_snapshot("trl", "1.16.0")
+    assert "num_generations" in snap["keys"] and "learning_rate" in snap["keys"]
 
 
 def test_backends_are_registered_as_entry_points():

@@ -21,8 +21,9 @@ def test_wheel_contents_and_lookup(tmp_path):
     wheel = next((tmp_path / "whl").glob("rlctl-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for must in ("rlctl/_data/recipes/quickstart.toml", "rlctl/_data/recipes/quickstart/reward.py",
-                 "rlctl/_data/patches/openrlhf/0.9.3/manifest.toml", "backends/snapshots/openrlhf-0.9.3.json",
-                 "backends/snapshots/prime_rl-0.3.0.json", "backends/trl/runner.py"):
+                 "rlctl/_data/patches/openrlhf/0.9.3/manifest.toml", "rlctl/backends/snapshots/openrlhf-0.9.3.json",
+                 "rlctl/backends/prime_rl/schemas/0.3.0.json", "rlctl/backends/verl/snapshots/0.9.1.json",
+                 "rlctl/backends/trl/runner.py", "rlctl/backends/command/runner.py"):
         assert must in names, must
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
