@@ -591,23 +591,17 @@ def main(argv: list[str] | None = None) -> None:
     except RecursionError:
         typer.echo("rlctl: input nested too deeply to read.", err=True)
         code = EXIT_USAGE
-    except ValueError as e:
-        if "null byte" not in str(e) and "null character" not in str(e):
-            if os.environ.get("RLCTL_DEBUG"):
-                raise
-            typer.echo(f"rlctl: internal error: ValueError: {e}\n  fix: this is a bug in rlctl; rerun with "
-                       "RLCTL_DEBUG=1 for the traceback and report it.", err=True)
-            code = EXIT_CHECK_FAILED
-        else:
+    except Exception as e:
+        if isinstance(e, ValueError) and ("null byte" in str(e) or "null character" in str(e)):
             typer.echo("rlctl: a path or name contains a NUL character (\\0), which no file name can hold.\n"
                        "  fix: check the value for stray escape sequences such as \\u0000.", err=True)
             code = EXIT_USAGE
-    except Exception as e:  # a bug in rlctl: still no traceback, but say so plainly
-        if os.environ.get("RLCTL_DEBUG"):
-            raise
-        typer.echo(f"rlctl: internal error: {type(e).__name__}: {e}\n  fix: this is a bug in rlctl; rerun with "
-                   "RLCTL_DEBUG=1 for the traceback and report it.", err=True)
-        code = EXIT_CHECK_FAILED
+        else:  # a bug in rlctl: still no traceback, but say so plainly
+            if os.environ.get("RLCTL_DEBUG"):
+                raise
+            typer.echo(f"rlctl: internal error: {type(e).__name__}: {e}\n  fix: this is a bug in rlctl; rerun "
+                       "with RLCTL_DEBUG=1 for the traceback and report it.", err=True)
+            code = EXIT_CHECK_FAILED
     sys.exit(code)
 
 
