@@ -394,9 +394,9 @@ def check(argv: list[str], cwd: Path) -> None:
 def world(tmp_path_factory, sandbox):
     root = tmp_path_factory.mktemp("world")
     pools = build_world(root)
-    os.environ["RLCTL_RUNS_DIR"] = str(root / "runs")
-    yield root, pools
-    os.environ.pop("RLCTL_RUNS_DIR", None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RLCTL_RUNS_DIR", str(root / "runs"))
+        yield root, pools
     sys.stderr.write(f"\ntest_cli_properties: {CASES['run']} in-process cases, {CASES['accepted']} reached a "
                      "sentinel (input accepted, nothing real started)\n")
 
