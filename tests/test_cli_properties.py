@@ -225,8 +225,8 @@ def build_world(root: Path) -> dict[str, list[str]]:
     return {"recipe": recipes + ["quickstart", "quickstart.toml", "/dev/null", "/nonexistent.toml", "x" * 300],
             "run": run_refs,
             "path": [str(root / "out"), str(root / "afile" / "x"), str(root / "afile"), "/dev/null", str(root),
-                     str(root / "loop-a.toml"), str(root / "p.png"), str(root / "p.xyz"), "/nonexistent/dir/p.png",
-                     str(root / ("y" * 300)), str(root / "out" / "sub")],
+                     str(root / "loop-a.toml"), str(root / "p.png"), str(root / "p.xyz"),
+                     str(root / "no" / "dir" / "p.png"), str(root / ("y" * 300)), str(root / "out" / "sub")],
             "set": ["rollout.group_size=16", "rollout.temperature=inf", "algorithm.kl_coef=nan", "env.DB_PASSWORD=x",
                     "train.steps=0", "x", "=", "a..b=1", "env=3", "backend.trl.extra.hub_token=t",
                     'model.path="/dev/zero"', "data.train=fifo.jsonl", "rollout=[1]", "a.b.c.d.e=1",
@@ -311,12 +311,14 @@ def pool_for(param) -> str:
 def argvs(draw, pools, only: list[str] | None = None):
     cmds = [c for c in COMMANDS if only is None or c[0][0] in only]
     path, params = draw(st.sampled_from(cmds))
-    mixed = st.one_of(*(st.sampled_from(v) for v in pools.values()), st.text(max_size=20))
+    # generated text stays relative: whatever a command writes lands in the world's temporary directory
+    text = st.text(max_size=20).map(lambda t: t.lstrip("/~"))
+    mixed = st.one_of(*(st.sampled_from(v) for v in pools.values()), text)
     argv = list(path)
     args = []
     for p in params:
         pool = pool_for(p)
-        strat = mixed if pool == "mixed" else st.one_of(st.sampled_from(pools[pool]), st.text(max_size=15))
+        strat = mixed if pool == "mixed" else st.one_of(st.sampled_from(pools[pool]), text)
         if p.param_type_name == "argument":
             if p.required or draw(st.booleans()):
                 n = draw(st.integers(1, 3)) if p.nargs == -1 else 1
@@ -471,7 +473,7 @@ SUBPROCESS_SAMPLE = [
     [], ["frobnicate"], ["status", "--bogus"], ["logs"], ["logs", "x", "-n", "abc"], ["render", "/nonexistent.toml"],
     ["preflight", "x" * 300 + ".toml"], ["preflight", "fifo.toml"], ["preflight", "dev.toml"],
     ["preflight", "loop-a.toml"], ["preflight", "good.toml", "--only", "nope"],
-    ["preflight", "good.toml", "--plot", "p.xyz"], ["preflight", "good.toml", "--plot", "/nonexistent/p.png"],
+    ["preflight", "good.toml", "--plot", "p.xyz"], ["preflight", "good.toml", "--plot", "nodir/p.png"],
     ["render", "good.toml", "--out", "afile/x"], ["status"], ["status", "binary"], ["doctor", "wrong-types"],
     ["ckpt", "prune", "outside-ckpt", "--keep-last", "1", "--dry-run"], ["metrics", "good", "bad-metrics"],
     ["preflight", "inf.toml"], ["preflight", "model-list.toml"], ["preflight", "data-trunc.toml"],
