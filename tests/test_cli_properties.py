@@ -396,9 +396,14 @@ def check(argv: list[str], cwd: Path) -> None:
 def world(tmp_path_factory, sandbox):
     root = tmp_path_factory.mktemp("world")
     pools = build_world(root)
+    top_before = set(os.listdir("/"))
+    repo_runs = Path(__file__).resolve().parents[1] / "runs"
+    runs_before = sorted(repo_runs.iterdir()) if repo_runs.is_dir() else None
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RLCTL_RUNS_DIR", str(root / "runs"))
         yield root, pools
+    assert set(os.listdir("/")) <= top_before, "the property test wrote outside its temporary world"
+    assert (sorted(repo_runs.iterdir()) if repo_runs.is_dir() else None) == runs_before, "it touched the repo's runs/"
     sys.stderr.write(f"\ntest_cli_properties: {CASES['run']} in-process cases, {CASES['accepted']} reached a "
                      "sentinel (input accepted, nothing real started)\n")
 
