@@ -558,10 +558,16 @@ def os_error_message(e: OSError) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every error becomes a message and an exit code (0 ok, 1 a check failed, 2 usage or input
     error), never a traceback. Set RLCTL_DEBUG=1 to see the traceback of an internal error."""
+    import contextlib
     import os
 
     usage_types = _usage_error_types()
     exit_types, abort_types = _exit_types()
+    for stream in (sys.stdout, sys.stderr):  # an ASCII-only terminal (LANG=C) gets '?' for a sparkline, not a crash
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure):
+            with contextlib.suppress(ValueError, OSError):
+                reconfigure(errors="replace")
     try:
         rc = app(args=argv, prog_name="rlctl", standalone_mode=False)
         code = rc if isinstance(rc, int) else 0
