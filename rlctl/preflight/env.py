@@ -51,8 +51,11 @@ def backend_rules(ctx: Context) -> list[Result]:
 def _netrc_has_wandb() -> bool:
     path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
     try:
-        return "api.wandb.ai" in path.read_text()
-    except OSError:
+        if not path.is_file():  # NETRC=/dev/zero or a FIFO would never end
+            return False
+        with path.open("rb") as fh:
+            return b"api.wandb.ai" in fh.read(1024 * 1024)
+    except (OSError, ValueError):
         return False
 
 
