@@ -154,3 +154,22 @@ def test_model_tiny_never_overwrites_a_real_model(cli, world):
     (m / "config.json").write_text("{}")
     ok_error(cli("model", "tiny", str(m), cwd=world), "not an rlctl tiny model", "Nothing was written")
     assert (m / "config.json").read_text() == "{}"
+
+
+def test_a_hostile_environment(world, tmp_path):
+    """An ASCII-only terminal, NETRC at /dev/zero, a runs root that is a file: answers, not crashes or hangs."""
+    base = dict(os.environ, RLCTL_RUNS_DIR=str(world / "runs"))
+    base.pop("RLCTL_DEBUG", None)
+    (world / "afile").write_text("x")
+    cases = [({"PYTHONIOENCODING": "ascii"}, ["preflight", "q.toml"], {0}),
+             ({"NETRC": "/dev/zero", "WANDB_API_KEY": ""}, ["preflight", "q.toml", "--set", "logging.wandb.project=p",
+                                                           "--only", "env.wandb"], {1}),
+             ({"RLCTL_RUNS_DIR": str(world / "afile")}, ["status"], {0}),
+             ({"COLUMNS": "abc"}, ["status"], {0})]
+    for extra, argv, codes in cases:
+        env = {**base, **extra}
+        r = subprocess.run([sys.executable, "-m", "rlctl.cli", *argv], capture_output=True, text=True, cwd=world,
+                           env=env, timeout=60, stdin=subprocess.DEVNULL)
+        text = r.stdout + r.stderr
+        assert "Traceback" not in text and "internal error" not in text, (extra, text[-2000:])
+        assert r.returncode in codes, (extra, r.returncode, text[-2000:])
