@@ -17,10 +17,12 @@ MAX_REWARD_BYTES = 16 * 1024 * 1024
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".txt", ".arrow")
 
 
-def missing_verdict(ctx: Context) -> str:
-    """A path that does not exist here fails a local run; a run on a cluster reads it there, so only a warning."""
+def verdict_for(ctx: Context, problem: str) -> str:
+    """A path that does not exist here fails a local run; a run on a remote cluster reads it there, so only a
+    warning. Any other problem (a FIFO, unreadable, a directory) fails."""
     res = ctx.recipe.resources
-    return FAIL if res.executor == "local" or not res.ray_address else WARN
+    remote = res.executor != "local" and bool(res.ray_address)
+    return WARN if remote and problem == "does not exist" else FAIL
 
 
 def where(ctx: Context, dotted: str) -> str:
@@ -49,6 +51,13 @@ def looks_local(value: str) -> bool:
 def _exists(p: Path) -> bool:
     try:
         return p.exists()
+    except (OSError, ValueError):  # a name too long, a NUL: not a usable path (the check says why)
+        return False
+
+
+def _is_dir(p: Path) -> bool:
+    try:
+        return p.is_dir()
     except (OSError, ValueError):
         return False
 
@@ -112,8 +121,7 @@ def reward(ctx: Context) -> Result | None:
     p = Path(r.function).expanduser()
     problem = _file_problem(p)
     if problem:
-        verdict = missing_verdict(ctx) if problem == "does not exist" else FAIL
-        return Result(name, verdict, f"{at}: reward.function {r.function} {problem}",
+        return Result(name, verdict_for(ctx, problem), f"{at}: reward.function {r.function} {problem}",
                       "point reward.function at the Python file that defines the reward (relative paths are "
                       "relative to the recipe file)")
     try:
@@ -154,15 +162,10 @@ def _data_result(ctx: Context, key: str, value: str) -> Result:
     if not looks_local(value):
         return Result(name, SKIP, f"{key} = {value!r} is not a local path (a dataset id?); the backend fetches it")
     p = Path(value).expanduser()
-    try:
-        is_dir = p.is_dir()
-    except (OSError, ValueError):
-        is_dir = False
-    if not is_dir:
+    if not _is_dir(p):
         problem = _file_problem(p)
         if problem:
-            verdict = missing_verdict(ctx) if problem == "does not exist" else FAIL
-            return Result(name, verdict, f"{at}: {key} {value} {problem}",
+            return Result(name, verdict_for(ctx, problem), f"{at}: {key} {value} {problem}",
                           f"point {key} at a JSONL, JSON or Parquet file (relative paths are relative to the recipe)")
     try:
         n = count_records(p)
@@ -207,14 +210,9 @@ def model(ctx: Context) -> Result:
         return Result(name, SKIP, f"model.path {value!r} is not a local directory (a Hub id?); not checked",
                       "point model.path at a local directory to have its config checked")
     p = Path(value).expanduser()
-    try:
-        is_dir = p.is_dir()
-    except (OSError, ValueError):
-        is_dir = False
-    if not is_dir:
+    if not _is_dir(p):
         problem = _file_problem(p) or "is a file, not a model directory"
-        verdict = missing_verdict(ctx) if problem == "does not exist" else FAIL
-        return Result(name, verdict, f"{at}: model.path {value} {problem}",
+        return Result(name, verdict_for(ctx, problem), f"{at}: model.path {value} {problem}",
                       "point model.path at the directory holding config.json and the weights (or a Hub id)")
     try:
         arch = resolve_arch(str(p))
@@ -240,11 +238,7 @@ def patches_dir(ctx: Context) -> Result | None:
     if not d:
         return None
     p = Path(d).expanduser()
-    try:
-        ok = p.is_dir()
-    except (OSError, ValueError):
-        ok = False
-    if not ok:
+    if not _is_dir(p):
         return Result("reference.patches", FAIL, f"{where(ctx, 'patches.dir')}: patches.dir {d} is not a directory",
                       "point patches.dir at a directory of <backend>/<version>/ patch sets")
     return Result("reference.patches", OK, f"patches.dir {p} exists")
