@@ -5,13 +5,12 @@ config.json, a user patch directory. A reference that cannot work fails with whe
 from __future__ import annotations
 
 import ast
-import os
 import re
-import stat
 from pathlib import Path
 
 from rlctl.errors import RlctlError
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
+from rlctl.recipe.loader import file_problem
 
 MAX_REWARD_BYTES = 16 * 1024 * 1024
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".txt", ".arrow")
@@ -62,24 +61,6 @@ def _is_dir(p: Path) -> bool:
         return False
 
 
-def _file_problem(p: Path) -> str | None:
-    """Why `p` cannot be read as a file, or None."""
-    try:
-        st = p.stat()
-    except ValueError:
-        return "is not a valid path (it contains a NUL character)"
-    except OSError as e:
-        return {2: "does not exist", 40: "is a symlink loop", 36: "has a name too long for the file system",
-                20: "has a file where a directory should be"}.get(e.errno or 0, f"cannot be read ({e.strerror})")
-    if stat.S_ISDIR(st.st_mode):
-        return "is a directory, not a file"
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file (a FIFO, socket or device)"
-    if not os.access(p, os.R_OK):
-        return "is not readable (permission denied)"
-    return None
-
-
 def defined_names(tree: ast.Module) -> tuple[set[str], bool]:
     """Top-level names a module defines (functions, classes, assignments, imports), and whether it has a
     `from x import *` that could define more."""
@@ -119,7 +100,7 @@ def reward(ctx: Context) -> Result | None:
     if re.match(r"^https?://", r.function):
         return Result(name, SKIP, f"reward.function is a URL ({r.function}); a remote reward is not checked")
     p = Path(r.function).expanduser()
-    problem = _file_problem(p)
+    problem = file_problem(p)
     if problem:
         return Result(name, verdict_for(ctx, problem), f"{at}: reward.function {r.function} {problem}",
                       "point reward.function at the Python file that defines the reward (relative paths are "
@@ -163,7 +144,7 @@ def _data_result(ctx: Context, key: str, value: str) -> Result:
         return Result(name, SKIP, f"{key} = {value!r} is not a local path (a dataset id?); the backend fetches it")
     p = Path(value).expanduser()
     if not _is_dir(p):
-        problem = _file_problem(p)
+        problem = file_problem(p)
         if problem:
             return Result(name, verdict_for(ctx, problem), f"{at}: {key} {value} {problem}",
                           f"point {key} at a JSONL, JSON or Parquet file (relative paths are relative to the recipe)")
@@ -211,7 +192,7 @@ def model(ctx: Context) -> Result:
                       "point model.path at a local directory to have its config checked")
     p = Path(value).expanduser()
     if not _is_dir(p):
-        problem = _file_problem(p) or "is a file, not a model directory"
+        problem = file_problem(p) or "is a file, not a model directory"
         return Result(name, verdict_for(ctx, problem), f"{at}: model.path {value} {problem}",
                       "point model.path at the directory holding config.json and the weights (or a Hub id)")
     try:

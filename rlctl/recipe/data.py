@@ -24,15 +24,11 @@ def is_local(path: str) -> bool:
 
 def _regular(p: Path) -> None:
     """A dataset file must be a readable regular file: a FIFO or device (/dev/zero) would hang the count."""
-    import stat as _stat
+    from rlctl.recipe.loader import file_problem
 
-    try:
-        st = p.stat()
-    except OSError as e:
-        raise RecipeError(f"{p}: cannot be read ({e.strerror or e}).",
-                          hint="check the path, its symlinks and its permissions.") from None
-    if not _stat.S_ISREG(st.st_mode):
-        raise RecipeError(f"{p}: not a regular file (a FIFO, socket or device); expected a dataset file.",
+    problem = file_problem(p)
+    if problem:
+        raise RecipeError(f"{p}: {problem}; expected a dataset file.",
                           hint="point data.train/data.eval at a JSONL, JSON or Parquet file.")
 
 

@@ -72,23 +72,43 @@ def _table(d: dict[str, Any]) -> Any:
 MAX_RECIPE_BYTES = 4 * 1024 * 1024
 
 
+def file_problem(p: Path) -> str | None:
+    """Why `p` cannot be read as a regular file ("does not exist", "is not a regular file (a FIFO, ...)"), or None.
+    One rule for recipes, datasets, model configs and reward files: a FIFO or device would hang a read."""
+    import errno
+    import os
+    import stat
+
+    try:
+        st = p.stat()
+    except ValueError:
+        return "is not a valid path (it contains a NUL character)"
+    except RuntimeError:  # older Pythons report symlink loops this way
+        return "is a symlink loop"
+    except OSError as e:
+        return {errno.ENOENT: "does not exist", errno.ELOOP: "is a symlink loop",
+                errno.ENAMETOOLONG: "has a name too long for the file system",
+                errno.ENOTDIR: "has a file where a directory should be"}.get(e.errno or 0,
+                                                                              f"cannot be read ({e.strerror})")
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory, not a file"
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file (a FIFO, socket or device)"
+    if not os.access(p, os.R_OK):
+        return "is not readable (permission denied)"
+    return None
+
+
 def read_regular_file(path: Path, limit: int, what: str) -> bytes:
     """The bytes of a regular file of at most `limit` bytes. A FIFO, a device (/dev/zero), a symlink loop, an
     unreadable or huge file is a RecipeError naming the path — never a hang or a traceback."""
-    import stat as _stat
-
-    try:
-        st = path.stat()
-    except OSError as e:
-        raise RecipeError(f"{path}: cannot be read ({e.strerror or e}).",
-                          hint="check the path, its symlinks and its permissions.") from None
-    except RuntimeError:  # older Pythons report symlink loops this way
-        raise RecipeError(f"{path}: a symlink loop.", hint="fix or remove the symlink.") from None
-    if not _stat.S_ISREG(st.st_mode):
-        raise RecipeError(f"{path}: not a regular file (a FIFO, socket or device), expected {what} file.",
-                          hint="point rlctl at the file itself.")
-    if st.st_size > limit:
-        raise RecipeError(f"{path}: {st.st_size} bytes is far too large for {what} file (limit {limit}).",
+    problem = file_problem(path)
+    if problem:
+        raise RecipeError(f"{path}: {problem}; expected {what} file.",
+                          hint="point rlctl at the file itself; check the path, its symlinks and permissions.")
+    size = path.stat().st_size
+    if size > limit:
+        raise RecipeError(f"{path}: {size} bytes is far too large for {what} file (limit {limit}).",
                           hint="check that this is the right file.")
     try:
         with path.open("rb") as fh:
