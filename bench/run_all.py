@@ -8,7 +8,7 @@
 - Log ingestion MB/s for each backend's format on a generated log, next to `wc -l` on the same file.
 - `rlctl status` latency against log size: it reads from the end, so it should stay flat.
 - Launch pass-through: a child printing N MB as fast as it can, under rlctl's supervisor vs redirected to a file.
-- Preflight's memory estimate vs the measured peaks kept in docs/gpu_memory_h100.json.
+- The memory plan vs the peaks measured on an H100 (docs/gpu_memory_h100_*.json, docs/memory.md).
 """
 
 from __future__ import annotations
@@ -169,9 +169,18 @@ def passthrough(mb: int) -> tuple[float, float]:
         return direct, child
 
 
-def memory_estimates() -> list[dict]:
-    p = ROOT / "docs" / "gpu_memory_h100.json"
-    return json.loads(p.read_text())["results"] if p.is_file() else []
+def memory_report() -> str:
+    """Today's plan next to the peaks measured on an H100 (raw data in docs/gpu_memory_h100_*.json); the configurations
+    held out from fitting are the ones docs/memory.md marks so."""
+    import re
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_memory import report
+
+    files = sorted((ROOT / "docs").glob("gpu_memory_h100_*.json"))
+    doc = (ROOT / "docs" / "memory.md").read_text()
+    held = set(re.findall(r"^\| ([\w.-]+) \|.*\| held out \|$", doc, flags=re.M))
+    return report(files, held) if files else ""
 
 
 def main() -> None:
@@ -211,11 +220,10 @@ def main() -> None:
     print(f"| redirected to a file | {direct:.2f} |\n| under rlctl's supervisor | {under:.2f} |\n"
           f"| ratio | {under / direct:.2f} |")
 
-    mem = memory_estimates()
+    mem = memory_report()
     if mem:
-        print("\n| config (H100, docs/memory.md) | measured peak GiB |\n|---|---|")
-        for r in mem:
-            print(f"| {r['config']} | {r.get('measured_gib', float('nan')):.2f} |")
+        print("\nTRL GRPO on an H100 80GB, the plan against the measured peak (docs/memory.md):\n")
+        print(mem)
     if a.json:
         a.json.write_text(json.dumps(out, indent=2))
 

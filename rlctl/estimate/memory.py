@@ -4,7 +4,7 @@ The trainer figure is what NVML shows the trainer process using at its peak (wha
 peak (terms below) times the caching allocator's slack, plus the CUDA context. Each term follows what the backend
 really holds, asked of its adapter (`sharding`, `param_dtype`, `logits_scope`, `lora_base_master`, `micro_tokens`);
 the core names no backend. The per-token constants were measured on an H100 with rlctl launching TRL GRPO
-(bench/gpu_memory.py, docs/memory.md, raw figures in docs/gpu_memory_h100.json), some configurations held out.
+(bench/gpu_memory.py, docs/memory.md, raw figures in docs/gpu_memory_h100_*.json), some configurations held out.
 
 vLLM follows vLLM's own rule (vllm/v1/worker/gpu_worker.py, determine_available_memory): the engine may use
 `gpu_memory_utilization x total memory`; at startup it refuses when less than that is free; the KV cache gets that
