@@ -88,6 +88,8 @@ def _sane(data: dict[str, Any]) -> dict[str, Any]:
             continue
         if k in _PIDS and v is not None and not 0 < v < 2**22:  # beyond any pid_max: not a process
             continue
+        if isinstance(v, list) and k == "attempts":  # a list of records: anything else in it is damage
+            v = [a for a in v if isinstance(a, dict)]
         out[k] = v
     return out
 
