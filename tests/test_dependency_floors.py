@@ -50,7 +50,8 @@ def test_light_commands_work_at_dependency_floors(tmp_path):
     quick = ROOT / "recipes" / "quickstart.toml"
     for args, codes in ((["--help"], {0}), (["render", str(quick)], {0}), (["preflight", str(quick)], {0, 1}),
                         (["recipe", "show", str(quick)], {0}), (["status"], {0}), ([], {2}), (["frobnicate"], {2}),
-                        (["status", "--bogus"], {2}), (["render", "/nonexistent.toml"], {2})):
+                        (["status", "--bogus"], {2}), (["render", "/nonexistent.toml"], {2}),
+                        (["logs"], {2}), (["render"], {2}), (["ckpt", "prune"], {2})):
         r = subprocess.run([str(rlctl), *args], env={**env, "RLCTL_RUNS_DIR": str(tmp_path / "runs")}, cwd=tmp_path,
                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
         assert "Traceback" not in r.stdout + r.stderr, (args, r.stderr[-2000:])
