@@ -226,12 +226,9 @@ def _stop_plan(run_dir: Path, grace: float) -> str:
     status = st.get("status", "unknown")
     if status not in ACTIVE:
         return f"{run_dir.name} is {status}: stop would do nothing."
-    if st.get("executor") == "ray":
-        return (f"would stop Ray job {st.get('ray_job_id', '?')} at {st.get('ray_address', '?')} "
-                f"({run_dir.name}), waiting up to {grace:g} s.")
-    target = f"process group {st['pgid']}" if st.get("pgid") else f"pid {st.get('pid', '?')}"
-    sup = f" (through its supervisor, pid {st['supervisor_pid']})" if st.get("supervisor_pid") else ""
-    return f"would send SIGTERM to {target} of {run_dir.name}{sup}, then SIGKILL after {grace:g} s."
+    from rlctl import executors
+
+    return executors.get(st.get("executor")).stop_plan(run_dir, st, grace)
 
 
 @app.command()

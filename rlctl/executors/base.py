@@ -120,5 +120,9 @@ class Executor:
         """Stop a run from another shell; returns a line for the user."""
         raise NotImplementedError
 
+    def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
+        """What stop() would do, for `rlctl stop --dry-run`; nothing is signalled."""
+        return f"would stop {run_dir.name} through the {self.name} executor, waiting up to {grace:g} s."
+
     def catch_up_logs(self, run_dir: Path, state: dict[str, Any]) -> None:
         """Nobody follows the run: copy what it printed since into stdout.log. Default: the child writes there."""

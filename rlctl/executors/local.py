@@ -160,6 +160,11 @@ class LocalExecutor(Executor):
                         settled_by="exit record (the supervisor was gone)")
         return outcome
 
+    def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
+        target = f"process group {state['pgid']}" if state.get("pgid") else f"pid {state.get('pid', '?')}"
+        sup = f" (through its supervisor, pid {state['supervisor_pid']})" if state.get("supervisor_pid") else ""
+        return f"would send SIGTERM to {target} of {run_dir.name}{sup}, then SIGKILL after {grace:g} s."
+
     def stop(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         sup_alive = process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time"))
         if sup_alive:

@@ -409,6 +409,10 @@ class RayExecutor(Executor):
             return outcome
         return "running"
 
+    def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
+        return (f"would stop Ray job {state.get('ray_job_id', '?')} at {state.get('ray_address', '?')} "
+                f"({run_dir.name}), waiting up to {grace:g} s.")
+
     def stop(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
             os.kill(state["supervisor_pid"], signal.SIGTERM)
