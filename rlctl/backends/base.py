@@ -325,3 +325,13 @@ def check_keys(
                 )
             )
     return findings
+
+
+# Signs of a stuck run shared by the backends that train with NCCL and generate with vLLM: a collective that timed
+# out, a process out of file descriptors, a dead vLLM engine. Adapters add their own (rlctl.runs.stall reads them).
+NCCL_VLLM_STALL_SIGNS = (
+    r"Watchdog caught collective operation timeout",
+    r"NCCL.*(timed out|[Tt]imeout)",
+    r"Too many open files",
+    r"(Async)?EngineDeadError|Engine loop has died",
+)

@@ -198,30 +198,15 @@ def stop_head(pid: int | None, temp_dir: str | None, grace: float = 5.0) -> None
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
             deadline = time.time() + grace
-            while time.time() < deadline and _live_members(pid):
+            while time.time() < deadline and _group_alive(pid):
                 time.sleep(0.2)
-            if not _live_members(pid):
+            if not _group_alive(pid):
                 break
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
     if temp_dir:
         _kill_by_temp_dir(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _live_members(pgid: int) -> bool:
-    """True while a non-zombie process of the group exists."""
-    try:
-        import psutil
-    except ImportError:
-        return _group_alive(pgid)
-    for p in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, psutil.Error, OSError):
-            continue
-    return False
 
 
 def _kill_by_temp_dir(temp_dir: str) -> None:

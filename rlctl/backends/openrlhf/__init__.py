@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import argparse_flags, package_file
-from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys
+from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, check_keys
 from rlctl.backends.openrlhf.releases import KNOWN_VERSIONS, Release, release
 from rlctl.backends.openrlhf.steps import DEFAULT_WARMUP_RATIO, Steps, plan_steps, warmup_ratio_for
 from rlctl.estimate.schedules import hf_schedule
@@ -95,10 +95,7 @@ class OpenRLHFBackend(Backend):
     def stall_patterns(self) -> list[str]:
         """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""
         return [
-            r"Watchdog caught collective operation timeout",
-            r"NCCL.*(timed out|[Tt]imeout)",
-            r"Too many open files",
-            r"(Async)?EngineDeadError|Engine loop has died",
+            *NCCL_VLLM_STALL_SIGNS,
             r"RayActorError|ActorDiedError|The actor died unexpectedly",
         ]
 

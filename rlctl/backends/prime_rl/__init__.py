@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from rlctl.backends.base import Backend, Finding, LaunchPlan
+from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan
 from rlctl.backends.prime_rl.tags import CHECKOUT_ENV, NEW_LAYOUT_SINCE, layout  # noqa: F401 (re-exported)
 from rlctl.recipe.loader import dump_toml
 from rlctl.recipe.schema import BackendExtra
@@ -88,10 +88,7 @@ class PrimeRLBackend(Backend):
     def stall_patterns(self) -> list[str]:
         """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""
         return [
-            r"Watchdog caught collective operation timeout",
-            r"NCCL.*(timed out|[Tt]imeout)",
-            r"Too many open files",
-            r"(Async)?EngineDeadError|Engine loop has died",
+            *NCCL_VLLM_STALL_SIGNS,
             r"(ConnectError|APIConnectionError|Connection refused).*[Rr]etry",
             r"[Rr]etrying.*(ConnectError|Connection refused)",
             r"[Ii]nference server .*(died|not reachable|unreachable|exited)",

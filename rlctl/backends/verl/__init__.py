@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import installed_version, package_file, yaml_key_paths
-from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys
+from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, check_keys
 from rlctl.backends.verl.schedule import verl_schedule
 
 if TYPE_CHECKING:
@@ -66,10 +66,7 @@ class VerlBackend(Backend):
     def stall_patterns(self) -> list[str]:
         """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""
         return [
-            r"Watchdog caught collective operation timeout",
-            r"NCCL.*(timed out|[Tt]imeout)",
-            r"Too many open files",
-            r"(Async)?EngineDeadError|Engine loop has died",
+            *NCCL_VLLM_STALL_SIGNS,
             r"RayActorError|ActorDiedError|The actor died unexpectedly",
         ]
 
