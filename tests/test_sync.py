@@ -15,16 +15,34 @@ import pytest
 
 from rlctl.runs.sync import CheckpointSync, fetch_latest, read_latest
 
+MOTO_VENV = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlctl-tests" / "moto-venv"
+
+
+def moto_python() -> str:
+    """A Python with moto's S3 server. moto pins the newest boto3/botocore while s3fs's aiobotocore pins an older
+    botocore, so the two cannot share rlctl's environment without pip backtracking for ages: the server gets a venv
+    of its own (made once, from the package index, and cached)."""
+    py = MOTO_VENV / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(MOTO_VENV)], check=True)
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "moto[server]"], capture_output=True, text=True)
+        if r.returncode != 0:
+            import shutil
+
+            shutil.rmtree(MOTO_VENV, ignore_errors=True)
+            raise RuntimeError(f"could not install moto[server] for the S3 test server:\n{r.stderr[-2000:]}")
+    return str(py)
+
 
 @pytest.fixture
 def s3(tmp_path):
     """A real S3-compatible server (moto in server mode) on a free loopback port, with one bucket."""
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto.server")
+    import s3fs  # noqa: F401 - the [sync] extra, part of the dev install: a missing one is a failure, not a skip
+
     from rlctl.executors.ray import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([moto_python(), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
              "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
