@@ -51,6 +51,57 @@ def test_seed_004_ooms_at_0_45_without_checkpointing_and_the_fix_is_computed():
     assert ok["memory.colocation"].verdict == "ok"
 
 
+# ---- seed 004: gpt-oss-20b on 2x A6000 48GB (prime-rl v0.3, inference on GPU 0, trainer on GPU 1) -------------------
+
+SEED_004_20B = """
+name = "bs4-rl-gpt-oss-20b"
+[backend]
+name = "prime_rl"
+version = "0.3.0"
+[model]
+path = "openai/gpt-oss-20b"
+max_model_len = 8192
+[lora]
+rank = 8
+alpha = 32
+[data]
+train = "seconds-0/beautiful-soup-env"
+[rollout]
+group_size = 8
+prompts_per_step = 4
+max_tokens = 4096
+gpu_memory_utilization = 0.90
+[train]
+steps = 100
+seq_len = 8192
+train_batch_size = 32
+gradient_checkpointing = true
+[resources]
+nodes = 1
+gpus_per_node = 2
+gpu = "A6000-48GB"
+colocate = false
+inference_gpus = [0]
+trainer_gpus = [1]
+[reward.environment]
+id = "seconds-0/beautiful-soup-env"
+"""
+
+
+def test_seed_004_gpt_oss_20b_on_a6000s(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(SEED_004_20B)
+    res = run(recipe)
+    # "inference server using 42.83GB on GPU 0": vLLM takes 0.90 of the 47.5 GiB card
+    assert res["memory.vllm"].verdict == "ok" and "42.8 GiB per GPU" in res["memory.vllm"].figure
+    # attempt 3: "CUDA out of memory" in the trainer (v0.3.0 holds the LoRA base in fp32: ~78 GiB of weights alone)
+    tr = res["memory.trainer"]
+    assert tr.verdict == "fail" and "train.offload" in tr.fix and "use LoRA" not in tr.fix
+    # the seed's fix, fsdp_cpu_offload, is what v0.3.0 cannot do (device-mismatch crash): said before the GPU is touched
+    flags = [r for r in pf.run(prepare(recipe, ["train.offload=true"]), ["env.flags"])]
+    assert any(r.verdict == "fail" and "cannot honour train.offload" in r.figure for r in flags)
+
+
 # ---- seed 000: verl, Qwen2.5-Math-1.5B full fine-tune on one H100 ---------------------------------------------------
 
 def test_seed_000_verl_fails_at_0_88_passes_at_0_65():

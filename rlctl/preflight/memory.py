@@ -40,8 +40,11 @@ def trainer(ctx: Context) -> Result:
         fix = fix_text(fitting_fix(ctx.recipe, arch, total), ctx.recipe)
         if not fix:
             least = trainer_memory(ctx.recipe, arch, micro_batch=1, checkpointing=True).total
+            r = ctx.recipe
+            options = ["shorten train.seq_len", *([] if r.lora else ["use LoRA"]),
+                       "raise train.zero_stage / more trainer GPUs", *([] if r.train.offload else ["train.offload"])]
             fix = (f"even train.micro_batch_size = 1 with train.gradient_checkpointing = true needs {gib(least)}: "
-                   "shorten train.seq_len, use LoRA, raise train.zero_stage / more trainer GPUs, or train.offload")
+                   + ", ".join(options[:-1]) + ", or " + options[-1])
         else:
             fix = f"set {fix}"
         return Result("memory.trainer", FAIL, figure, fix, data)
