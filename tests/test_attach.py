@@ -363,6 +363,33 @@ def test_prime_rl_orchestrator_and_trainer_logs_of_a_directory(release, runs, tm
         assert m[1]["time/generation_s"] == 71.0 and m[1]["throughput/tokens_per_s"] == 2401.5
 
 
+@pytest.mark.parametrize("variant", ["multienv", "multienv-json"])
+def test_prime_rl_per_environment_lines(variant, runs, tmp_path):
+    """A multi-environment v0.8.0 run: its orchestrator's `╰─ env | Ratio .. | Reward ..` lines, printed under each
+    step line by the release's own f-string and separator (generate.py), become env/<name>/<metric> of that step."""
+    out = tmp_path / "prime-out"
+    out.mkdir()
+    (out / "orchestrator.log").write_bytes((FIXTURES / f"prime_rl/orchestrator-v0.8.0-{variant}.log").read_bytes())
+    trainer = "trainer-v0.8.0-json.log" if variant.endswith("json") else "trainer-v0.8.0.log"
+    (out / "trainer.log").write_bytes((FIXTURES / f"prime_rl/{trainer}").read_bytes())
+    res, run, backend = attach(str(out))
+    assert res.code == 0 and backend == "prime_rl", res.out + res.err
+    assert "not understood" not in res.out
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3]
+    for step in (1, 2, 3):
+        assert m[step]["reward/mean"] == pytest.approx(0.25 + 0.05 * step)  # the step line still stands
+        assert m[step]["env/math/reward/mean"] == pytest.approx(0.1 + 0.05 * step)
+        assert m[step]["env/reverse-text/reward/mean"] == pytest.approx(0.2 + 0.05 * step)
+    assert m[2]["env/math/ratio"] == 40.0 and m[2]["env/reverse-text/ratio"] == 60.0  # percentages stay
+    assert m[2]["env/math/response_length/clip_ratio"] == pytest.approx(0.062)  # Truncation 6.2% -> a fraction
+    assert m[2]["env/reverse-text/response_length/clip_ratio"] == 0.0
+    assert m[3]["env/math/turns"] == 1.0 and m[3]["env/math/branches"] == 1.0
+    assert m[3]["env/math/max_off_policy"] == 1 and m[3]["env/math/error"] == 0.0
+    assert m[1]["policy_loss"] == 0.01  # the trainer's line of the same step
+    assert not [k for k in m[1] if k.startswith("prime_rl/") and "reverse" in k]  # no env line read as a step
+
+
 # ---- nothing silent -------------------------------------------------------------------------------------------
 
 

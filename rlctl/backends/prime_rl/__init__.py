@@ -80,7 +80,7 @@ class PrimeRLBackend(Backend):
     lora_base_master = True  # the FSDP trainer loads the whole model in fp32, frozen base included
     packages = ("prime-rl", "prime_rl")
     known_versions = ("0.3.0", "0.8.0")
-    metric_needles = ("Step ",)  # as in prime_rl/metrics.py NEEDLES
+    metric_needles = ("Step ", "╰─")  # as in prime_rl/metrics.py NEEDLES
     table_model = PrimeRLTable
     install_hint = ("prime-rl is not on PyPI: git clone https://github.com/PrimeIntellect-ai/prime-rl, check out the "
                     "tag (e.g. v0.8.0), `uv sync`, and set backend.prime_rl.checkout (or $PRIME_RL_DIR) to it")

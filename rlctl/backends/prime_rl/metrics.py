@@ -11,6 +11,10 @@ coloured), both for the same step merged here:
     Error 0.0% | Truncation 3.1%` and `Step 5 |   40.7s | Loss 0.0069 | Entropy 0.4720 | Mismatch KL 0.0010 |
     Grad. Norm 0.2764 | LR 1.00e-05 | Throughput 5077 tokens/s | MFU 12.3% | Peak Mem. 71.2 GiB`; with
     `json_logging` each line is a JSON object whose `message` is that text.
+    A multi-environment v0.8 run adds one line per environment to the orchestrator's message (joined with
+    `\n\t\t `): `╰─ math         | Ratio 40.0% | Reward 0.1500 | Turns 1.0 | Branches 1.0 | Max Off-Policy 1 |
+    Error 0.0% | Truncation 6.2%`, read as `env/<name>/<metric>` of the step in progress (unified metric names where
+    they are the same concept: `env/math/reward/mean`, `env/math/response_length/clip_ratio`).
 Units are dropped; a percentage stays a percentage except `Truncation`, the unified clip ratio (a fraction).
 """
 
@@ -20,7 +24,7 @@ import json
 import re
 from typing import Any
 
-from rlctl.metrics import UNIFIED
+from rlctl.metrics import UNIFIED, clean_value
 from rlctl.metrics.parsers import Incomplete, Malformed, number, strip_prefixes, unify
 
 NAME = "prime_rl"
@@ -32,17 +36,21 @@ ORCH_MAP = {
 TRAINER_MAP = {
     "Loss": "policy_loss", "Entropy": "entropy", "Grad. Norm": "grad_norm", "LR": "lr", "Time": "time/train_s",
 }
+# v0.8 per-environment lines: env/<name>/<this>; other fields lower-cased (env/<name>/ratio, /turns, ...)
+ENV_MAP = {"Reward": "reward/mean"}
 # fields whose percentage becomes a unified fraction
 FRACTIONS = {"Truncation": "response_length/clip_ratio"}
 # W&B/TensorBoard rows: their keys are not mapped yet (not checked against a release); they pass through as
 # prime_rl/<key>, except names that already are unified ones
 ROW_MAP: dict[str, str] = {}
-NEEDLES = ("Step ",)
+ENV_MARK = "╰─"
+NEEDLES = ("Step ", ENV_MARK)
 
 _STEP = re.compile(r"(?:^|\s)Step (\d+) \| (.*)$")
 _UNITS = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)\s*(s|%|GiB|tokens/s|tokens/sample)?$", re.IGNORECASE)
 _LEADING = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)(?=[/ ])")
 _KEY_VALUE = re.compile(r"^([A-Za-z][A-Za-z .\-]*?)\s+(-?[\d.].*)$")  # v0.8: `Grad. Norm 0.2764`
+_ENV = re.compile(r"^╰─ (\S.*?)\s*\| (.*)$")
 _DURATION = re.compile(r"^(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m(?!s))?\s*(?:([\d.]+)s)?\s*(?:([\d.]+)ms)?$")
 
 
@@ -71,12 +79,49 @@ def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
         except json.JSONDecodeError as e:
             raise (Malformed if s.endswith("}") else Incomplete)(str(e)) from None
         message = entry.get("message") if isinstance(entry, dict) else None
-        return parse(message.split("\n")[0]) if isinstance(message, str) else None
+        if not isinstance(message, str):
+            return None
+        first, *more = message.split("\n")
+        rec = parse(first)
+        for extra in more:  # a multi-env step: its per-environment lines are in the same message
+            if rec is not None and extra.strip().startswith(ENV_MARK):
+                rec.update(env_record(extra))
+        return rec
+    if s.startswith(ENV_MARK):
+        return {"step": None, **env_record(s)}
     m = _STEP.search(s)
     if not m:
         return None
+    fields = _fields(m.group(2))
+    trainer = "Loss" in fields or "Grad. Norm" in fields
+    mapping = {**(TRAINER_MAP if trainer else ORCH_MAP), **FRACTIONS}
+    rec: dict[str, Any] = {"step": int(m.group(1))}
+    for k, v in fields.items():
+        if k in mapping:
+            rec[mapping[k]] = number(v)
+    prefix = "trainer_" if trainer else ""
+    rec.update(unify(NAME, {prefix + _lower(k): number(v) for k, v in fields.items() if k not in mapping}, {}))
+    return rec
+
+
+def env_record(line: str) -> dict[str, Any]:
+    """A v0.8 per-environment line (`╰─ name | Ratio 40.0% | Reward 0.1500 | ...`) as `env/<name>/<metric>`."""
+    m = _ENV.match(line.strip())
+    if not m:
+        raise Malformed(f"bad environment line {line.strip()[:80]!r}")
+    mapping = {**ENV_MAP, **FRACTIONS}
+    return {f"env/{m.group(1)}/{mapping.get(k) or _lower(k)}": clean_value(number(v))
+            for k, v in _fields(m.group(2)).items()}
+
+
+def _lower(key: str) -> str:
+    return key.lower().replace(". ", "_").replace(" ", "_").replace(".", "").replace("-", "_")
+
+
+def _fields(body: str) -> dict[str, Any]:
+    """`Key: value | ...` (v0.3) or `Key value | ...` (v0.8) fields, units dropped, the time in seconds."""
     fields: dict[str, Any] = {}
-    for i, part in enumerate(m.group(2).split(" | ")):
+    for i, part in enumerate(body.split(" | ")):
         part = part.strip()
         key, sep, value = part.partition(": ")
         if not sep:  # v0.8: `Key value`, or the bare time right after the step
@@ -97,14 +142,4 @@ def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
             continue
         vm = _UNITS.match(value) or _LEADING.match(value)
         fields[key] = vm.group(1) if vm else value
-    trainer = "Loss" in fields or "Grad. Norm" in fields
-    mapping = {**(TRAINER_MAP if trainer else ORCH_MAP), **FRACTIONS}
-    renamed = {k.lower().replace(". ", "_").replace(" ", "_").replace(".", "").replace("-", "_"): v
-               for k, v in fields.items() if k not in mapping}
-    rec: dict[str, Any] = {"step": int(m.group(1))}
-    for k, v in fields.items():
-        if k in mapping:
-            rec[mapping[k]] = number(v)
-    prefix = "trainer_" if trainer else ""
-    rec.update(unify(NAME, {prefix + k: number(v) for k, v in renamed.items()}, {}))
-    return rec
+    return fields
