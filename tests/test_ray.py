@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -187,3 +189,51 @@ def test_ray_job_killed_then_stalled_is_restarted_from_its_checkpoint_and_finish
     got = steps()
     assert sorted(got) == list(range(1, 13)) and len(got) == len(set(got)), got
     assert wait_for(lambda: head_gone(state), timeout=30)  # one head for all attempts, stopped at the end
+
+
+VERL_JOB = """
+import time
+
+for step in range(1, 5):  # verl's console lines (LocalLogger, 0.4's f"{v:.3f}"), one every 1.5 s
+    print(f"step:{step} - actor/pg_loss:{0.01 * step:.3f} - critic/score/mean:{0.1 * step:.3f}", flush=True)
+    time.sleep(1.5)
+"""
+
+
+def test_attach_a_running_ray_job_by_id_and_follow_it_to_its_end(env, tmp_path):
+    """`rlctl attach <job id> --backend verl --follow` on a real head: the job's logs come through the job API while
+    it runs, and the run ends with it."""
+    import psutil
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    script = tmp_path / "verl_like_job.py"
+    script.write_text(VERL_JOB)
+    (tmp_path / "head").mkdir()
+    head = LocalHead(tmp_path / "head", num_gpus=0)
+    address = head.start()
+    try:
+        client = JobSubmissionClient(address)
+        job_id = client.submit_job(entrypoint=f"{sys.executable} -u {script}")
+        assert wait_for(lambda: client.get_job_status(job_id) == JobStatus.RUNNING, timeout=30)
+        r = rlctl(env, "attach", job_id, "--address", address, "--backend", "verl", "--follow", "--name", "rayjob",
+                  timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+        assert client.get_job_status(job_id) == JobStatus.SUCCEEDED
+        run = only_run(env["runs"])
+        assert f"attached {run} (verl)" in r.stdout and run.name.startswith("rayjob"), r.stdout
+        state = read_state(run)
+        assert state["status"] == "finished" and state["ray_job_status"] == "SUCCEEDED"
+        assert state["ray_job_id"] == job_id and state["ray_address"] == address and not state.get("supervisor_pid")
+        got = {m["step"]: m for m in metrics(run)}
+        assert sorted(got) == [1, 2, 3, 4]
+        assert got[2]["policy_loss"] == 0.02 and got[4]["reward/mean"] == 0.4
+        row = json.loads(rlctl(env, "status", "--json").stdout)[0]
+        assert row["status"] == "finished" and row["step"] == 4
+    finally:
+        with contextlib.suppress(Exception):
+            client.stop_job(job_id)
+        head.stop()
+        for p in psutil.process_iter(["cmdline"]):  # the job's own process, should the head have left it
+            with contextlib.suppress(psutil.Error):
+                if str(script) in (p.info["cmdline"] or []):
+                    p.kill()
