@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlctl.runs.health import series
 from rlctl.metrics.stream import METRICS, by_step, iter_metrics
+from rlctl.runs.health import series
 
 DEFAULTS: dict[str, float] = {
     "window": 10,  # steps looked at for "recent" behaviour
