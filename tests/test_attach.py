@@ -390,6 +390,32 @@ def test_prime_rl_per_environment_lines(variant, runs, tmp_path):
     assert not [k for k in m[1] if k.startswith("prime_rl/") and "reverse" in k]  # no env line read as a step
 
 
+@pytest.mark.parametrize("variant", ["eval", "eval-json"])
+def test_prime_rl_eval_lines(variant, runs, tmp_path):
+    """v0.8.0's online evals: `Evaluated <env> (Step N) | Policy vN | <time> | Reward .. | ...`, printed by the
+    release's own f-string (generate.py) after the next step's line, become eval/<env>/<metric> of step N."""
+    out = tmp_path / "prime-out"
+    out.mkdir()
+    (out / "orchestrator.log").write_bytes((FIXTURES / f"prime_rl/orchestrator-v0.8.0-{variant}.log").read_bytes())
+    trainer = "trainer-v0.8.0-json.log" if variant.endswith("json") else "trainer-v0.8.0.log"
+    (out / "trainer.log").write_bytes((FIXTURES / f"prime_rl/{trainer}").read_bytes())
+    res, run, backend = attach(str(out))
+    assert res.code == 0 and backend == "prime_rl", res.out + res.err
+    assert "not understood" not in res.out
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3]
+    for step in (1, 2):  # logged during step N+1, read at the step the line names
+        assert m[step]["eval/aime/reward"] == pytest.approx(0.5 + 0.1 * step)
+        assert m[step]["eval/gsm8k/reward"] == pytest.approx(0.7 + 0.1 * step)
+        assert m[step]["prime_rl/eval/aime/policy_version"] == step
+        assert m[step]["prime_rl/eval/gsm8k/time_s"] == 20.0 + step
+        assert m[step]["reward/mean"] == pytest.approx(0.25 + 0.05 * step)  # the step line still stands
+    assert not [k for k in m[3] if k.startswith("eval/")]
+    assert m[1]["eval/aime/response_length/clip_ratio"] == 0.125 and m[1]["eval/gsm8k/response_length/clip_ratio"] == 0
+    assert m[2]["eval/gsm8k/error"] == 6.2 and m[2]["eval/aime/turns"] == 1.0 and m[2]["eval/aime/branches"] == 1.0
+    assert m[2]["policy_loss"] == 0.005  # the trainer's line of the same step
+
+
 # ---- nothing silent -------------------------------------------------------------------------------------------
 
 

@@ -282,6 +282,20 @@ def test_prime_rl_later_trainer_line():
     assert rec["reward/mean"] == 0.5 and rec["eval/default/reward"] == 0.4
 
 
+def test_prime_rl_eval_line():
+    """v0.8's `Evaluated <env> (Step N) | Policy vN | ...` at step N; an env name with a slash; a broken one is said."""
+    rec = parse_prime_rl("12:00:01 SUCCESS Evaluated primeintellect/aime (Step 40) | Policy v38 |  1m 5s | "
+                         "Reward 0.2500 | Turns 2.0 | Branches 1.0 | Error 1.5% | Truncation 50.0%")
+    assert rec["step"] == 40 and next(k for k in rec if k.startswith("eval/")) == "eval/primeintellect/aime/reward"
+    assert rec["eval/primeintellect/aime/reward"] == 0.25 and rec["eval/primeintellect/aime/turns"] == 2.0
+    assert rec["eval/primeintellect/aime/response_length/clip_ratio"] == 0.5
+    assert rec["prime_rl/eval/primeintellect/aime/policy_version"] == 38
+    assert rec["prime_rl/eval/primeintellect/aime/time_s"] == 65.0
+    with pytest.raises(Malformed):
+        parse_prime_rl("Evaluated aime (Step 3) | Reward 0.2500")
+    assert parse_prime_rl("Eval aime step 3 had mixed policy versions: [2, 3]") is None
+
+
 def test_adapters_expose_their_metrics_module():
     """Each bundled adapter's parse and metric_needles are its metrics module's (the stream asks only the adapter)."""
     from importlib import import_module

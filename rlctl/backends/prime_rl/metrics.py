@@ -15,6 +15,11 @@ coloured), both for the same step merged here:
     `\n\t\t `): `╰─ math         | Ratio 40.0% | Reward 0.1500 | Turns 1.0 | Branches 1.0 | Max Off-Policy 1 |
     Error 0.0% | Truncation 6.2%`, read as `env/<name>/<metric>` of the step in progress (unified metric names where
     they are the same concept: `env/math/reward/mean`, `env/math/response_length/clip_ratio`).
+    Its online evals log `Evaluated aime (Step 5) | Policy v5 |   21.0s | Reward 0.6000 | Turns 1.0 | Branches 1.0 |
+    Error 0.0% | Truncation 12.5%` (orchestrator.py finalize_eval_batch), often after later step lines: read at the
+    step it names as `eval/<env>/reward`, `/turns`, `/branches`, `/error` (%), `/response_length/clip_ratio` (a
+    fraction); the policy version and the eval's time as `prime_rl/eval/<env>/policy_version`, `.../time_s` (kept out
+    of `eval/`, whose keys are read as eval quality: the doctor's eval rules, the best checkpoint).
 Units are dropped; a percentage stays a percentage except `Truncation`, the unified clip ratio (a fraction).
 """
 
@@ -44,13 +49,15 @@ FRACTIONS = {"Truncation": "response_length/clip_ratio"}
 # prime_rl/<key>, except names that already are unified ones
 ROW_MAP: dict[str, str] = {}
 ENV_MARK = "╰─"
-NEEDLES = ("Step ", ENV_MARK)
+NEEDLES = ("Step ", ENV_MARK)  # "Step " also passes the eval lines (`Evaluated aime (Step 5) | ..`)
 
 _STEP = re.compile(r"(?:^|\s)Step (\d+) \| (.*)$")
 _UNITS = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)\s*(s|%|GiB|tokens/s|tokens/sample)?$", re.IGNORECASE)
 _LEADING = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)(?=[/ ])")
 _KEY_VALUE = re.compile(r"^([A-Za-z][A-Za-z .\-]*?)\s+(-?[\d.].*)$")  # v0.8: `Grad. Norm 0.2764`
 _ENV = re.compile(r"^╰─ (\S.*?)\s*\| (.*)$")
+_EVAL = re.compile(r"(?:^|\s)Evaluated (\S.*?) \(Step (\d+)\) \| (.*)$")  # v0.8 online eval
+_POLICY = re.compile(r"^Policy v(\d+)$")
 _DURATION = re.compile(r"^(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m(?!s))?\s*(?:([\d.]+)s)?\s*(?:([\d.]+)ms)?$")
 
 
@@ -89,6 +96,9 @@ def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
         return rec
     if s.startswith(ENV_MARK):
         return {"step": None, **env_record(s)}
+    m = _EVAL.search(s)
+    if m:
+        return eval_record(m.group(1), int(m.group(2)), m.group(3))
     m = _STEP.search(s)
     if not m:
         return None
@@ -112,6 +122,25 @@ def env_record(line: str) -> dict[str, Any]:
     mapping = {**ENV_MAP, **FRACTIONS}
     return {f"env/{m.group(1)}/{mapping.get(k) or _lower(k)}": clean_value(number(v))
             for k, v in _fields(m.group(2)).items()}
+
+
+def eval_record(env: str, step: int, body: str) -> dict[str, Any]:
+    """A v0.8 eval line's fields (`Policy v5 |   21.0s | Reward 0.6000 | ...`) at the step it names."""
+    head, _, rest = body.partition(" | ")
+    pm = _POLICY.match(head.strip())
+    if not pm:
+        raise Malformed(f"bad eval line of {env!r}: {body[:80]!r}")
+    fields = _fields(rest)
+    rec: dict[str, Any] = {"step": step}
+    if "Reward" in fields:  # first: the doctor's eval rules take the first eval/ key
+        rec[f"eval/{env}/reward"] = clean_value(number(fields.pop("Reward")))
+    time_s = fields.pop("Time", None)
+    for k, v in fields.items():
+        rec[f"eval/{env}/{FRACTIONS.get(k) or _lower(k)}"] = clean_value(number(v))
+    rec[f"{NAME}/eval/{env}/policy_version"] = int(pm.group(1))
+    if time_s is not None:
+        rec[f"{NAME}/eval/{env}/time_s"] = clean_value(number(time_s))
+    return rec
 
 
 def _lower(key: str) -> str:
