@@ -348,3 +348,25 @@ def test_wandb_run_id_is_stable_across_resume(tmp_path):
     second = tmp_path / "second-20261122-111111"
     second.mkdir()
     assert wandb_run_id(second, first) == wid
+
+
+def test_keep_best_ranks_steps_by_a_quality_metric_not_by_any_eval_number(tmp_path):
+    # prime-rl v0.8 / OpenRLHF log costs under eval/ too (turns, error %, response length): the best step is the one
+    # with the best eval reward, not the one with the longest responses
+    run = make_run(tmp_path)
+    trl_ckpts(run / "checkpoints", [10, 20, 30, 40])
+    rows = ((10, 0.2, 900.0, 1.0), (20, 0.7, 300.0, 1.0), (30, 0.4, 1500.0, 1.0), (40, 0.3, 200.0, 1.0))
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "time": 0, "eval/gsm8k/response_length_mean": n, "eval/gsm8k/turns": turns,
+                    "eval/gsm8k/reward": r}) + "\n" for s, r, n, turns in rows))
+    assert ck.best_checkpoint(run) == (20, "eval/gsm8k/reward", 0.7)
+    ck.prune("trl", run, 1, keep_best=True)
+    assert [c.step for c in ck.find_checkpoints("trl", run)] == [20, 40]
+
+
+def test_quality_eval_key():
+    from rlctl.runs.health import quality_eval_key
+
+    assert quality_eval_key(["eval/a/response_length_mean", "eval/a/error", "eval/a/pass@1"]) == "eval/a/pass@1"
+    assert quality_eval_key(["eval/a/turns", "eval/a/error", "eval/a/mean"]) == "eval/a/mean"
+    assert quality_eval_key(["eval/a/error", "reward/mean"]) is None

@@ -51,14 +51,20 @@ def latest_complete(backend: str, run_dir: Path) -> Checkpoint | None:
 
 
 def best_checkpoint(run_dir: Path, metric_prefix: str = "eval/") -> tuple[int, str, float] | None:
-    """The step whose eval metric was highest, among steps that have one: (step, key, value)."""
+    """The step whose eval quality metric (one key, see quality_eval_key) was highest: (step, key, value)."""
     from rlctl.metrics.stream import METRICS, by_step, iter_metrics
+    from rlctl.runs.health import quality_eval_key
 
+    merged = by_step(list(iter_metrics(run_dir / METRICS)))
+    seen: dict[str, None] = {}
+    for rec in merged.values():
+        seen.update(dict.fromkeys(rec))
+    key = quality_eval_key(seen, metric_prefix)
     best = None
-    for step, rec in by_step(list(iter_metrics(run_dir / METRICS))).items():
-        for k, v in rec.items():
-            if k.startswith(metric_prefix) and isinstance(v, (int, float)) and (best is None or v > best[2]):
-                best = (step, k, float(v))
+    for step, rec in merged.items():
+        v = rec.get(key) if key else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and (best is None or v > best[2]):
+            best = (step, key, float(v))
     return best
 
 

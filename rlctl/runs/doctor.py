@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.metrics.stream import METRICS, by_step, iter_metrics
-from rlctl.runs.health import series
+from rlctl.runs.health import quality_eval_key, series
 
 DEFAULTS: dict[str, float] = {
     "window": 10,  # steps looked at for "recent" behaviour
@@ -166,7 +166,7 @@ def zero_variance(S: Series, t: dict[str, float]) -> Finding | None:
 @rule("eval_divergence")
 def eval_divergence(S: Series, t: dict[str, float]) -> Finding | None:
     """Training reward up while eval falls for N consecutive evals: stop and take the earlier checkpoint."""
-    eval_key = next((k for k in S if k.startswith("eval/")), None)
+    eval_key = quality_eval_key(S)
     if not eval_key:
         return None
     ev = S[eval_key]

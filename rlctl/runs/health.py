@@ -18,6 +18,24 @@ def series(merged: dict[int, dict[str, Any]], key: str) -> list[tuple[int, float
             and not isinstance(r.get(key), bool)]
 
 
+# Eval metrics that measure quality (higher is better) vs those that measure cost or failure; --keep-best and the
+# doctor's eval rule must compare steps on one quality metric, not on whichever eval number happens to be largest.
+_QUALITY = ("reward", "accuracy", "acc", "score", "pass", "correct", "success", "win")
+_NOT_QUALITY = ("length", "len", "error", "clip_ratio", "truncat", "time", "turns", "branches", "loss", "kl",
+                "entropy", "policy_version")
+
+
+def quality_eval_key(keys: Any, prefix: str = "eval/") -> str | None:
+    """The eval metric to rank steps by: the first quality-looking one (reward, accuracy, pass@k, ...), else the first
+    one that is not a cost (lengths, errors, truncation, time, turns)."""
+    evals = [k for k in keys if k.startswith(prefix)]
+    for k in evals:
+        leaf = k[len(prefix):].lower()
+        if any(q in leaf for q in _QUALITY) and not any(n in leaf for n in _NOT_QUALITY):
+            return k
+    return next((k for k in evals if not any(n in k[len(prefix):].lower() for n in _NOT_QUALITY)), None)
+
+
 def _find_key(merged: dict[int, dict[str, Any]], suffix: str) -> str | None:
     for rec in reversed(list(merged.values())):
         for k in rec:
