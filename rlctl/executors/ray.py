@@ -127,9 +127,22 @@ def true_ray_status(run_dir: Path, state: dict[str, Any]) -> str:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free loopback ports. The sockets stay bound until all are chosen: ports picked one at a time can
+    repeat (the kernel hands a just-released port out again), and Ray refuses two components on one port."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _ray_cli() -> list[str]:
@@ -145,8 +158,9 @@ class LocalHead:
         self.num_gpus = num_gpus
         self.proc: subprocess.Popen | None = None
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rlctl-ray-", dir="/tmp"))  # short: unix socket paths
-        self.port = free_port()
-        self.dashboard_port = free_port()
+        # the GCS, the dashboard and every component that would otherwise take a fixed default port (client server
+        # 10001, agent 52365, ...) and clash with a second head: all distinct
+        self.port, self.dashboard_port, *self.component_ports = free_ports(7)
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
 
     def start(self, timeout: float = 120.0) -> str:
@@ -156,10 +170,10 @@ class LocalHead:
         cmd = [*_ray_cli(), "start", "--head", f"--port={self.port}", "--dashboard-host=127.0.0.1",
                f"--dashboard-port={self.dashboard_port}", f"--temp-dir={self.temp_dir}", "--include-dashboard=true",
                "--disable-usage-stats", "--block"]
-        # every fixed default port (client server 10001, agent 52365, ...) would clash with a second head
-        for flag in ("--ray-client-server-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-                     "--metrics-export-port", "--runtime-env-agent-port"):
-            cmd.insert(-1, f"{flag}={free_port()}")
+        for flag, port in zip(("--ray-client-server-port", "--dashboard-agent-listen-port",
+                               "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port"),
+                              self.component_ports, strict=True):
+            cmd.insert(-1, f"{flag}={port}")
         if self.num_gpus is not None:
             cmd.append(f"--num-gpus={self.num_gpus}")
         with open(self.run_dir / "ray-head.log", "ab") as log:
