@@ -7,7 +7,16 @@ as both load it), LoRA adapters through PEFT, activation checkpointing of every 
 verl `enable_gradient_checkpointing`), and a log-prob loss over the full sequence in fp32. Each case runs in a fresh
 process (world size 1) for 3 steps; peaks from NVML (sampled every 20 ms) and torch.
 
-    python bench/gpu_fsdp.py --out gpu_fsdp.json
+Grid `fsdp-b` adds what prime-rl's trainer does besides (its own implementation is not installable on the GPU
+machine; these are rlctl's own implementations of the same behaviour): checkpointing every N-th layer
+(`checkpoint_wrapper` on layers with `layer_id % N == 0`), activation offloading through saved-tensor hooks that
+keep the last K saved tensors on the GPU (`ac_offloading.max_inflight_activations`), optimizer states on the CPU
+between steps (`optim_cpu_offload`), and a fused log-prob head that never materialises the logits: chunked over the
+vocabulary (v0.3.0, 2048 columns, all tokens) or over tokens and vocabulary (v0.8.0, 1024 tokens x 8192 columns),
+recomputing each chunk in backward.
+
+    python bench/gpu_fsdp.py --out gpu_fsdp.json                 # the first grid
+    RLCTL_FSDP_GRID=fsdp-b python bench/gpu_fsdp.py --out b.json
 """
 
 from __future__ import annotations
@@ -34,22 +43,140 @@ CASES = [
     ("fsdp-3b-full-ac-mb1-s4096", "Qwen/Qwen2.5-3B", 0, True, 1, 4096),
     ("fsdp-1.5b-lora8-noac-mb4-s1024", "Qwen/Qwen2.5-1.5B", 8, False, 4, 1024),
 ]
+# grid fsdp-b: name, shape, lora rank, checkpoint every N (0 = off), micro batch, seq, offload K (0 = off),
+# optimizer (gpu | step), head (full | v03 | v08)
+CASES_B = [
+    ("b-7b-lora8-ac1-s2048-v03", "Qwen/Qwen2.5-7B", 8, 1, 1, 2048, 0, "gpu", "v03"),  # seed 004 as it ran
+    ("b-7b-lora8-noac-s2048-v03", "Qwen/Qwen2.5-7B", 8, 0, 1, 2048, 0, "gpu", "v03"),
+    ("b-1.5b-full-ac2-s4096-v08", "Qwen/Qwen2.5-1.5B", 0, 2, 1, 4096, 0, "gpu", "v08"),
+    ("b-1.5b-full-ac1-s8192-off5-step-v08", "Qwen/Qwen2.5-1.5B", 0, 1, 1, 8192, 5, "step", "v08"),
+    ("b-1.5b-full-ac3-s4096-step-v08", "Qwen/Qwen2.5-1.5B", 0, 3, 1, 4096, 0, "step", "v08"),
+    # held out: predicted by the plan as committed before this grid ran
+    ("b-3b-full-ac1-s4096-off5-step-v08", "Qwen/Qwen2.5-3B", 0, 1, 1, 4096, 5, "step", "v08"),
+    ("b-7b-lora16-ac1-s8192-off5-step-v08", "Qwen/Qwen2.5-7B", 16, 1, 1, 8192, 5, "step", "v08"),
+    ("b-3b-full-noac-s2048-step-v08", "Qwen/Qwen2.5-3B", 0, 0, 1, 2048, 0, "step", "v08"),
+    ("b-7b-lora8-ac2-s4096-off5-v08", "Qwen/Qwen2.5-7B", 8, 2, 1, 4096, 5, "gpu", "v08"),
+]
+
+
+def case(name: str) -> dict:
+    for c in CASES:
+        if c[0] == name:
+            return {"name": c[0], "shape": c[1], "lora": c[2], "every": 1 if c[3] else 0, "ac": c[3], "mb": c[4],
+                    "seq": c[5], "offload": 0, "optim": "gpu", "head": "full", "hf_ac": True}
+    c = next(c for c in CASES_B if c[0] == name)
+    return {"name": c[0], "shape": c[1], "lora": c[2], "every": c[3], "ac": bool(c[3]), "mb": c[4], "seq": c[5],
+            "offload": c[6], "optim": c[7], "head": c[8], "hf_ac": False}
+
+
+def chunked_logprobs(hidden, weight, labels, token_chunk: int | None, vocab_chunk: int):
+    """log p(label) of every token without the [tokens, vocab] logits: an online log-sum-exp over vocabulary chunks
+    (and token chunks), recomputed chunk by chunk in backward."""
+    import torch
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, h, w, y):
+            n, v = h.shape[0], w.shape[0]
+            tc = token_chunk or n
+            logz = torch.empty(n, device=h.device, dtype=torch.float32)
+            target = torch.empty(n, device=h.device, dtype=torch.float32)
+            for t0 in range(0, n, tc):
+                hc, yc = h[t0:t0 + tc], y[t0:t0 + tc]
+                m = torch.full((hc.shape[0],), float("-inf"), device=h.device)
+                s = torch.zeros(hc.shape[0], device=h.device)
+                tgt = torch.zeros(hc.shape[0], device=h.device)
+                for v0 in range(0, v, vocab_chunk):
+                    lc = (hc @ w[v0:v0 + vocab_chunk].t()).float()
+                    m_new = torch.maximum(m, lc.amax(-1))
+                    s = s * torch.exp(m - m_new) + torch.exp(lc - m_new[:, None]).sum(-1)
+                    m = m_new
+                    hit = (yc >= v0) & (yc < v0 + lc.shape[1])
+                    idx = (yc - v0).clamp(0, lc.shape[1] - 1)
+                    tgt = torch.where(hit, lc.gather(1, idx[:, None]).squeeze(1), tgt)
+                logz[t0:t0 + tc] = m + torch.log(s)
+                target[t0:t0 + tc] = tgt
+            ctx.save_for_backward(h, w, y, logz)
+            return target - logz
+
+        @staticmethod
+        def backward(ctx, g):
+            h, w, y, logz = ctx.saved_tensors
+            n, v = h.shape[0], w.shape[0]
+            tc = token_chunk or n
+            gh = torch.zeros_like(h, dtype=torch.float32)
+            gw = torch.zeros_like(w, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+            for t0 in range(0, n, tc):
+                hc, yc, gc, lz = h[t0:t0 + tc], y[t0:t0 + tc], g[t0:t0 + tc].float(), logz[t0:t0 + tc]
+                for v0 in range(0, v, vocab_chunk):
+                    wc = w[v0:v0 + vocab_chunk]
+                    probs = torch.exp((hc @ wc.t()).float() - lz[:, None])
+                    gl = -gc[:, None] * probs
+                    hit = (yc >= v0) & (yc < v0 + wc.shape[0])
+                    idx = (yc - v0).clamp(0, wc.shape[0] - 1)
+                    gl.scatter_add_(1, idx[:, None], (gc * hit)[:, None])
+                    gh[t0:t0 + tc] += gl @ wc.float()
+                    if gw is not None:
+                        gw[v0:v0 + vocab_chunk] += gl.t() @ hc.float()
+            return gh.to(h.dtype), (gw.to(w.dtype) if gw is not None else None), None
+
+    return Fn.apply(hidden, weight, labels)
+
+
+class OffloadActivations:
+    """Saved tensors of 1 KiB or more go to pinned CPU memory as they are saved; the last `keep` stay alive on the
+    GPU meanwhile (the in-flight stash); backward brings each back when it is needed."""
+
+    def __init__(self, keep: int):
+        import collections
+
+        import torch
+
+        self.stash: collections.deque = collections.deque()
+        self.keep = keep
+
+        def pack(t):
+            if not t.is_cuda or t.numel() * t.element_size() < 1024 or isinstance(t, torch.nn.Parameter):
+                return t
+            cpu = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            cpu.copy_(t, non_blocking=True)
+            self.stash.append(t)
+            while len(self.stash) > self.keep:
+                self.stash.popleft()
+            return (cpu, t.device)
+
+        def unpack(x):
+            return x[0].to(x[1], non_blocking=True) if isinstance(x, tuple) else x
+
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def __enter__(self):
+        self.hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.stash.clear()
+        return self.hooks.__exit__(*exc)
 
 
 def child(name: str) -> dict:
+    import contextlib
+
     import torch
     import torch.distributed as dist
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     sys.path.insert(0, str(ROOT))
     from rlctl.recipe.models import KNOWN
 
-    _, shape, rank, ac, mb, seq = next(c for c in CASES if c[0] == name)
+    c = case(name)
+    rank, mb, seq = c["lora"], c["mb"], c["seq"]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29512", RANK="0", WORLD_SIZE="1")
     dist.init_process_group("nccl", rank=0, world_size=1)
     torch.cuda.set_device(0)
-    a = KNOWN[shape.lower()]
+    a = KNOWN[c["shape"].lower()]
     cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                       num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                       tie_word_embeddings=a.tie_embeddings, use_cache=False)
@@ -59,25 +186,62 @@ def child(name: str) -> dict:
         from peft import LoraConfig, get_peft_model
 
         model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear"))
-    if ac:
+    inner = model.base_model.model if rank else model
+    if c["hf_ac"] and c["ac"]:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif c["every"]:
+        for i, (n, block) in enumerate(list(inner.model.layers.named_children())):
+            if i % c["every"] == 0:
+                inner.model.layers.register_module(n, checkpoint_wrapper(block, preserve_rng_state=False))
+    if c["head"] != "full":
+        tok, voc = (None, 2048) if c["head"] == "v03" else (1024, 8192)
+
+        class FusedHead(torch.nn.Module):
+            """Replaces lm_head (same weight, tied or not): returns the labels' log-probs, never the logits."""
+
+            def __init__(self, weight):
+                super().__init__()
+                self.weight = weight
+                self.labels = None
+
+            def forward(self, hidden):
+                h = hidden[:, :-1].reshape(-1, hidden.shape[-1])
+                return chunked_logprobs(h, self.weight, self.labels, tok, voc)
+
+        head = FusedHead(inner.lm_head.weight)
+        inner.lm_head = head
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    layers = model.base_model.model.model.layers if rank else model.model.layers
-    for layer in layers:
+    for layer in inner.model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     torch.cuda.synchronize()
     after_load = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    for _ in range(3):
+    for step in range(3):
         ids = torch.randint(0, 256, (mb, seq), device="cuda")
-        logits = model(input_ids=ids).logits.float()  # fp32 log-probs over the sequence, as both trainers do
-        logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        loss = -(logp * torch.randn_like(logp)).mean()
-        del logits
+        ctx = OffloadActivations(c["offload"]) if c["offload"] else contextlib.nullcontext()
+        with ctx:
+            if c["head"] == "full":
+                logits = model(input_ids=ids).logits.float()  # fp32 log-probs over the sequence
+                logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+                del logits
+            else:
+                head.labels = ids[:, 1:].reshape(-1)
+                logp = model(input_ids=ids).logits
+            loss = -(logp * torch.randn_like(logp)).mean()
         loss.backward()
+        if c["optim"] == "step" and step:  # states on the GPU for the step only (after the first step)
+            for st in opt.state.values():
+                for k, v in st.items():
+                    if torch.is_tensor(v) and v.dim():
+                        st[k] = v.to("cuda", non_blocking=True)
         opt.step()
+        if c["optim"] == "step":
+            for st in opt.state.values():
+                for k, v in st.items():
+                    if torch.is_tensor(v) and v.dim():
+                        st[k] = v.to("cpu").pin_memory()
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     out = {"after_load_allocated_gib": after_load / GiB,
@@ -102,9 +266,11 @@ def main() -> None:
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     results = []
     only = set(filter(None, os.environ.get("RLCTL_FSDP_CASES", "").split(",")))
-    for case in CASES:
-        if only and case[0] not in only:
+    grid = CASES_B if os.environ.get("RLCTL_FSDP_GRID") == "fsdp-b" else CASES
+    for entry in grid:
+        if only and entry[0] not in only:
             continue
+        c = case(entry[0])
         before = pynvml.nvmlDeviceGetMemoryInfo(h).used / GiB
         peak = [before]
         stop = threading.Event()
@@ -117,12 +283,13 @@ def main() -> None:
         t = threading.Thread(target=sample, daemon=True)
         t.start()
         t0 = time.time()
-        p = subprocess.run([sys.executable, __file__, "--child", case[0]], capture_output=True, text=True,
+        p = subprocess.run([sys.executable, __file__, "--child", c["name"]], capture_output=True, text=True,
                            timeout=300)
         stop.set()
         t.join()
         line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
-        row = {"config": case[0], "shape": case[1], "lora": case[2], "ac": case[3], "mb": case[4], "seq": case[5],
+        row = {"config": c["name"], **{k: c[k] for k in ("shape", "lora", "ac", "mb", "seq", "every", "offload",
+                                                            "optim", "head")},
                "nvml_before_gib": before, "nvml_peak_run_gib": peak[0] - before, "wall_s": time.time() - t0,
                **(json.loads(line[7:]) if line else {"error": p.stderr[-1500:]})}
         row["oom"] = "out of memory" in p.stderr.lower()

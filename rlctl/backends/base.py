@@ -123,6 +123,19 @@ def _quote_arg(a: str) -> str:
     return shlex.quote(a)
 
 
+@dataclass
+class MemoryFeatures:
+    """What a backend's trainer does with memory beyond the recipe's plain fields, as the backend resolves it (its
+    defaults for the version, the recipe, and passthrough keys). rlctl.estimate.memory turns it into bytes."""
+
+    checkpoint_every: int | None = 1  # activation checkpointing of every N-th decoder layer; None: off
+    activation_offload: int | None = None  # saved activations go to CPU, this many kept on the GPU; None: off
+    optimizer: str = "gpu"  # Adam states: gpu | step (on the GPU for the optimizer step only) | cpu
+    logits_chunk: int | None = None  # elements (tokens x vocab) of a fused chunked log-prob head; None: materialized
+    token_budget: tuple[str, int] | None = None  # dynamic batching: (the key, tokens per micro batch per GPU)
+    notes: list[str] = field(default_factory=list)
+
+
 class UnknownVersion(RlctlError):
     """A backend release rlctl has no dialect for: never guessed from a neighbour."""
 
@@ -271,6 +284,12 @@ class Backend:
     # bytes per (token x vocab) of the log-prob computation at its peak, bf16 compute: fp32 logits + fp32
     # log-softmax kept for backward + the bf16 logits (14.5 measured on an FSDP2 trainer shaped like prime-rl/verl)
     logit_bytes: ClassVar[float] = 14.5
+
+    def memory_features(self, recipe: Recipe) -> MemoryFeatures:
+        """Checkpointing, offloading, fused log-prob heads and dynamic batching as this backend really runs them.
+        Default: the recipe's gradient checkpointing of every layer, everything else plain."""
+        return MemoryFeatures(checkpoint_every=1 if recipe.train.gradient_checkpointing else None,
+                              optimizer="cpu" if recipe.train.offload else "gpu")
 
     def micro_tokens(self, recipe: Recipe, micro_batch: int) -> int:
         """Tokens in one micro batch's forward/backward: micro batch x the trainer sequence length (padded or packed

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rlctl.backends.base import MemoryFeatures
 from rlctl.recipe.models import Arch
 
 if TYPE_CHECKING:
@@ -50,6 +51,11 @@ ACT_I = 10.0
 # Autocast with fp32 parameters keeps bf16 copies of the weights: saved for backward without checkpointing; with
 # checkpointing they live in the autocast cache to the end of each forward (peak: copies + AUTOCAST_EXTRA).
 AUTOCAST_EXTRA = 0.35 * GiB
+# A fused chunked log-prob head (logits never materialised) holds, per token x vocab element of one chunk: the bf16
+# logits, their fp32 scaled copy, exp and, in backward, the fp32 probabilities and their gradient.
+FUSED_LOGIT_BYTES = 18.0
+# Gradient bytes per trainable parameter under DeepSpeed ZeRO with bf16 (bench/gpu_deepspeed.py).
+DEEPSPEED_GRAD_BYTES = 2
 
 
 def gpu_memory_gib(name: str) -> float | None:
@@ -89,10 +95,28 @@ def _per_token_layer(arch: Arch) -> float:
     return ACT_H * arch.hidden + ACT_I * inter
 
 
-def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
-                   checkpointing: bool | None = None) -> Breakdown:
-    """The trainer's peak per GPU. micro_batch / checkpointing override the recipe's (for computing a fix)."""
+def _features(recipe: Recipe, micro_batch: int | None, checkpointing: bool | None):
+    """The recipe with the overrides applied, and the adapter's MemoryFeatures for it."""
     r = recipe
+    if checkpointing is not None and checkpointing != r.train.gradient_checkpointing:
+        r = r.model_copy(deep=True)
+        r.train.gradient_checkpointing = checkpointing
+    return r, _adapter(r).memory_features(r)
+
+
+def checkpointed_layers(layers: int, every: int | None) -> int:
+    """Layers with layer_id % every == 0 (how the trainers apply checkpointing every N-th layer)."""
+    return 0 if not every else -(-layers // every)
+
+
+def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
+                   checkpointing: bool | None = None, features: MemoryFeatures | None = None,
+                   token_budget: int | None = None) -> Breakdown:
+    """The trainer's peak per GPU. micro_batch / checkpointing / token_budget override the recipe's (for computing
+    a fix); `features` overrides what the adapter says (for a measured configuration)."""
+    r, f = _features(recipe, micro_batch, checkpointing)
+    if features is not None:
+        f = features
     a = _adapter(r)
     b = Breakdown()
     engine = a.sharding
@@ -105,14 +129,16 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     full = r.lora is None
     T = P if full else arch.lora_params(r.lora.rank, r.lora.target_modules)  # trainable parameters
     mb = micro_batch or r.train.micro_batch_size
-    gc = r.train.gradient_checkpointing if checkpointing is None else checkpointing
+    every = f.checkpoint_every
+    gc = every is not None
+    b.notes.extend(f.notes)
 
     def shard(x: float, from_stage: int) -> float:
         return x / dp if stage >= from_stage else x
 
     if engine == "deepspeed":  # bf16 weights + grads; fp32 master + m + v inside the optimizer
-        w_b, g_b, o_b = cb, cb, 4 + 2 * pb
-        b.notes.append(f"DeepSpeed ZeRO-{stage}: {r.model.dtype} weights/grads, {pdt} master + Adam m, v")
+        w_b, g_b, o_b = cb, DEEPSPEED_GRAD_BYTES, 4 + 2 * pb
+        b.notes.append(f"DeepSpeed ZeRO-{stage}: {r.model.dtype} weights and gradients, {pdt} master + Adam m, v")
     else:
         w_b, g_b, o_b = pb, pb, 2 * pb
         b.notes.append(f"{engine}: {pdt} parameters, gradients and Adam m, v; compute in {r.model.dtype}")
@@ -121,9 +147,10 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     if not full:
         b.terms["lora weights"] = T * pb
     b.terms["gradients"] = shard(T * g_b, 2)
-    b.terms["optimizer"] = 0.0 if r.train.offload else shard(T * o_b, 1)
-    if r.train.offload:
-        b.notes.append("optimizer states offloaded to CPU")
+    opt_states = shard(T * o_b, 1)
+    b.terms["optimizer"] = 0.0 if f.optimizer == "cpu" else opt_states
+    if f.optimizer == "cpu":
+        b.notes.append("optimizer states on the CPU")
     if r.algorithm.kl_coef > 0 and full:
         # TRL loads the reference with the policy's model_init_kwargs (fp32 under mixed); FSDP/DeepSpeed: bf16 shards
         b.terms["reference model"] = shard(P * (pb if engine == "plain" else cb), 3)
@@ -132,16 +159,37 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         per_layer_params = (P - arch.vocab * arch.hidden) / max(arch.layers, 1)
         b.terms["gathered layers"] = 2 * per_layer_params * cb  # FSDP unshards one layer ahead (prefetch)
 
-    tokens = a.micro_tokens(r, mb)
+    if token_budget is not None:
+        tokens = token_budget
+    elif f.token_budget is not None and micro_batch is None:
+        tokens = f.token_budget[1]
+        b.notes.append(f"dynamic batching: {tokens} tokens per micro batch ({f.token_budget[0]})")
+    else:
+        tokens = a.micro_tokens(r, mb)
     resid = 4 if autocast_fp32 else cb
     per_layer = _per_token_layer(arch) * cb / 2
+    L = arch.layers
+    n_ck = min(checkpointed_layers(L, every), L)
     if gc:
-        acts = tokens * (arch.layers * arch.hidden * resid + per_layer)
-        b.notes.append("activation checkpointing: each layer's input kept, one layer recomputed at a time")
+        # checkpointed layers keep their input; the others keep everything; one layer is recomputed at a time
+        if f.activation_offload is not None:
+            # every saved tensor goes to the CPU as it is saved (the kept inputs and the non-checkpointed layers'
+            # activations alike) but the last few in flight
+            kept = min(n_ck, f.activation_offload) * arch.hidden * resid
+            b.notes.append(f"activation offloading: {f.activation_offload} saved tensors stay on the GPU")
+            acts = tokens * (kept + per_layer)
+        else:
+            acts = tokens * (n_ck * arch.hidden * resid + (L - n_ck) * per_layer + per_layer)
+        b.notes.append("activation checkpointing: " + ("every layer" if n_ck == L else f"{n_ck} of {L} layers")
+                       + " (input kept, one layer recomputed at a time)")
     else:
-        acts = tokens * arch.layers * per_layer
-    logit_tokens = mb * r.rollout.max_tokens if a.logits_scope == "completion" else tokens
-    logits = logit_tokens * arch.vocab * a.logit_bytes * cb / 2
+        acts = tokens * L * per_layer
+    if f.logits_chunk is not None:
+        logits = f.logits_chunk * FUSED_LOGIT_BYTES
+        b.notes.append(f"fused log-prob head: {f.logits_chunk} token x vocab elements at a time")
+    else:
+        logit_tokens = mb * r.rollout.max_tokens if a.logits_scope == "completion" else tokens
+        logits = logit_tokens * arch.vocab * a.logit_bytes * cb / 2
     transient = acts + logits
     if autocast_fp32:
         copies = P * cb
@@ -155,6 +203,13 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     b.terms["gradients"] = grads if accumulation > 1 else max(grads - transient, 0.0)
     b.terms["activations"] = acts
     b.terms["logits"] = logits
+    if f.optimizer == "step":
+        # states come to the GPU for the optimizer step only, when activations and logits are gone: they count
+        # where the step (gradients + states) outweighs forward/backward
+        opt = b.terms.pop("optimizer")
+        step_extra = grads + opt - (b.terms["gradients"] + transient)
+        b.terms["optimizer (during the step)"] = max(step_extra, 0.0)
+        b.notes.append("optimizer states on the CPU between steps, on the GPU for the step")
     if not r.uses_vllm:
         # TRL generates with the training model; generation is its own phase: weights (+ bf16 copies), optimizer
         # states, the KV cache of the generation batch. Counted only where it exceeds the training step.
@@ -168,7 +223,8 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     b.terms["allocator slack"] = allocated * (slack - 1)
     b.terms["cuda context"] = CUDA_CONTEXT
     b.facts = {"engine": engine, "param_dtype": pdt, "tokens_per_micro_batch": tokens, "micro_batch": mb,
-               "checkpointing": gc, "gradient_accumulation": accumulation, "allocated_peak": allocated}
+               "checkpointing": gc, "checkpointed_layers": n_ck, "gradient_accumulation": accumulation,
+               "allocated_peak": allocated, "optimizer": f.optimizer, "token_budget": f.token_budget}
     return b
 
 
@@ -181,11 +237,26 @@ def trainer_resident(trainer: Breakdown, with_optimizer: bool = False) -> float:
 
 
 def fitting_fix(recipe: Recipe, arch: Arch, limit: float) -> dict[str, Any]:
-    """What makes the trainer fit in `limit` bytes, computed: the largest micro batch with the recipe's checkpointing,
-    else checkpointing on and the largest micro batch with it. {} when even micro batch 1 with checkpointing does
-    not fit."""
+    """What makes the trainer fit in `limit` bytes, computed: the largest micro batch (or, with dynamic batching,
+    the largest token budget) with the recipe's checkpointing, else checkpointing on and the largest with it. {}
+    when even the smallest with checkpointing does not fit."""
     gc = recipe.train.gradient_checkpointing
+    budget = _adapter(recipe).memory_features(recipe).token_budget
     for use_gc in ([True] if gc else [False, True]):
+        if budget is not None:
+            key, most = budget
+            least = recipe.train_seq_len  # one whole sequence must fit a micro batch
+            step = 256
+            best = 0
+            for tokens in range(least, most + 1, step):
+                if trainer_memory(recipe, arch, checkpointing=use_gc, token_budget=tokens).total > limit:
+                    break
+                best = tokens
+            if best:
+                peak = trainer_memory(recipe, arch, checkpointing=use_gc, token_budget=best).total
+                return {"token_budget": (key, best), "gradient_checkpointing": use_gc, "peak": peak,
+                        "micro_batch_size": recipe.train.micro_batch_size}
+            continue
         best = 0
         for mb in range(1, recipe.train.micro_batch_size + 1):
             if trainer_memory(recipe, arch, micro_batch=mb, checkpointing=use_gc).total > limit:
@@ -203,7 +274,11 @@ def fix_text(fix: dict[str, Any], recipe: Recipe) -> str | None:
     parts = []
     if fix["gradient_checkpointing"] and not recipe.train.gradient_checkpointing:
         parts.append("train.gradient_checkpointing = true")
-    if fix["micro_batch_size"] != recipe.train.micro_batch_size:
+    if "token_budget" in fix:
+        key, tokens = fix["token_budget"]
+        if tokens != _adapter(recipe).memory_features(recipe).token_budget[1]:
+            parts.append(f"{key} = {tokens}")
+    elif fix["micro_batch_size"] != recipe.train.micro_batch_size:
         parts.append(f"train.micro_batch_size = {fix['micro_batch_size']}")
     if not parts:
         return None

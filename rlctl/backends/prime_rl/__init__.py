@@ -309,6 +309,22 @@ class PrimeRLBackend(Backend):
                               f"{recipe.checkpoint.keep_last}")
         return plan
 
+    # ---- memory ------------------------------------------------------------------------------------------------
+    def memory_features(self, recipe: Recipe) -> Any:
+        """Checkpointing, offloading and the fused LM head as the rendered rl.toml resolves them (memory.py)."""
+        from rlctl.backends.base import UnknownVersion
+        from rlctl.backends.prime_rl import memory
+        from rlctl.backends.prime_rl.schema import resolved
+
+        try:
+            version = self.target_version(recipe)
+            self.require_known(version)
+            model = resolved(self.config(recipe, None, version), version).get("trainer", {}).get("model", {})
+        except UnknownVersion:
+            return super().memory_features(recipe)
+        return memory.features(recipe, model, layout(version),
+                               self.micro_tokens(recipe, recipe.train.micro_batch_size))
+
     # ---- validation ------------------------------------------------------------------------------------------
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
         from rlctl.backends.prime_rl import rules
