@@ -159,6 +159,26 @@ class OffloadActivations:
         return self.hooks.__exit__(*exc)
 
 
+def move_states(opt, device: str) -> None:
+    """Adam states to pinned CPU memory or back (the local shard of a DTensor state)."""
+    import copy
+
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    def move(t):
+        return t.to("cpu").pin_memory() if device == "cpu" else t.to(device, non_blocking=True)
+
+    for st in opt.state.values():
+        for k, v in st.items():
+            if isinstance(v, DTensor):
+                nv = copy.copy(v)
+                nv._local_tensor = move(v._local_tensor)
+                st[k] = nv
+            elif torch.is_tensor(v) and v.dim():
+                st[k] = move(v)
+
+
 def child(name: str) -> dict:
     import contextlib
 
@@ -232,16 +252,10 @@ def child(name: str) -> dict:
             loss = -(logp * torch.randn_like(logp)).mean()
         loss.backward()
         if c["optim"] == "step" and step:  # states on the GPU for the step only (after the first step)
-            for st in opt.state.values():
-                for k, v in st.items():
-                    if torch.is_tensor(v) and v.dim():
-                        st[k] = v.to("cuda", non_blocking=True)
+            move_states(opt, "cuda")
         opt.step()
         if c["optim"] == "step":
-            for st in opt.state.values():
-                for k, v in st.items():
-                    if torch.is_tensor(v) and v.dim():
-                        st[k] = v.to("cpu").pin_memory()
+            move_states(opt, "cpu")
         opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     out = {"after_load_allocated_gib": after_load / GiB,

@@ -40,8 +40,9 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
 CUDA_CONTEXT = 0.78 * GiB
 # NVML-visible / allocated peak of the caching allocator (besides the context), by memory engine: one process
 # (TRL) 1.01-1.10; FSDP2 with per-layer all-gathers: LoRA 1.09-1.11, full fine-tune 1.33-1.36 (optimizer states and
-# gradients allocated between freed activation blocks). DeepSpeed not measured here: assumed.
-ALLOCATOR_SLACK = {"plain": 1.04, "fsdp": 1.35, "fsdp-lora": 1.11, "deepspeed": 1.10}
+# gradients allocated between freed activation blocks); DeepSpeed ZeRO-2/3 (OpenRLHF-shaped): full fine-tune
+# 1.08-1.31 (median 1.14), LoRA 1.04-1.08.
+ALLOCATOR_SLACK = {"plain": 1.04, "fsdp": 1.35, "fsdp-lora": 1.11, "deepspeed": 1.15, "deepspeed-lora": 1.06}
 
 # Activations of one decoder layer per token in bytes, bf16 compute: ACT_H * hidden + ACT_I * intermediate
 # (fitted on the 0.5B bf16 TRL run and checked on 7B LoRA TRL and FSDP runs: docs/memory.md). With checkpointing
@@ -54,8 +55,15 @@ AUTOCAST_EXTRA = 0.35 * GiB
 # A fused chunked log-prob head (logits never materialised) holds, per token x vocab element of one chunk: the bf16
 # logits, their fp32 scaled copy, exp and, in backward, the fp32 probabilities and their gradient.
 FUSED_LOGIT_BYTES = 18.0
-# Gradient bytes per trainable parameter under DeepSpeed ZeRO with bf16 (bench/gpu_deepspeed.py).
+# DeepSpeed ZeRO with bf16 (bench/gpu_deepspeed.py, shaped like OpenRLHF's actor): gradients are bf16 (grad_accum_dtype
+# unset); ZeRO's reduce bucket (reduce_bucket_size, 5e8 elements by default) is allocated beside them; the optimizer
+# step flattens the bf16 gradient partition and casts it to fp32 next to the kept one (stage 1/2: 2 + 2 + 4 bytes per
+# trainable parameter), stage 3 casts per sub-group (sub_group_size, 1e9 elements). NCCL and DeepSpeed hold more
+# outside torch than one plain process: NVML - reserved measured 1.68 GiB (stage 1/2) and 1.30 GiB (stage 3).
 DEEPSPEED_GRAD_BYTES = 2
+DEEPSPEED_BUCKET = 5e8
+DEEPSPEED_SUB_GROUP = 1e9
+DEEPSPEED_CONTEXT = {2: 1.68 * GiB, 3: 1.30 * GiB}
 
 
 def gpu_memory_gib(name: str) -> float | None:
@@ -203,6 +211,15 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     b.terms["gradients"] = grads if accumulation > 1 else max(grads - transient, 0.0)
     b.terms["activations"] = acts
     b.terms["logits"] = logits
+    if engine == "deepspeed":
+        # ZeRO's reduce bucket is there through backward and the step; the step casts the flattened gradients to
+        # fp32 beside the bf16 ones: it counts where it outweighs forward/backward
+        b.terms["gradient bucket"] = min(DEEPSPEED_BUCKET, T) * cb
+        part = shard(T, 1)
+        cast = part * 4 if stage < 3 else min(part, DEEPSPEED_SUB_GROUP) * 4
+        step_extra = shard(T * g_b, 2) + part * cb + cast
+        b.terms["optimizer step (beyond forward/backward)"] = max(step_extra - (b.terms["gradients"] + transient),
+                                                                   0.0)
     if f.optimizer == "step":
         # states come to the GPU for the optimizer step only, when activations and logits are gone: they count
         # where the step (gradients + states) outweighs forward/backward
@@ -221,7 +238,7 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     allocated = sum(b.terms.values())
     slack = ALLOCATOR_SLACK.get(f"{engine}-lora" if not full else engine) or ALLOCATOR_SLACK.get(engine, 1.1)
     b.terms["allocator slack"] = allocated * (slack - 1)
-    b.terms["cuda context"] = CUDA_CONTEXT
+    b.terms["cuda context"] = DEEPSPEED_CONTEXT[3 if stage >= 3 else 2] if engine == "deepspeed" else CUDA_CONTEXT
     b.facts = {"engine": engine, "param_dtype": pdt, "tokens_per_micro_batch": tokens, "micro_batch": mb,
                "checkpointing": gc, "checkpointed_layers": n_ck, "gradient_accumulation": accumulation,
                "allocated_peak": allocated, "optimizer": f.optimizer, "token_budget": f.token_budget}
