@@ -133,6 +133,7 @@ class MemoryFeatures:
     optimizer: str = "gpu"  # Adam states: gpu | step (on the GPU for the optimizer step only) | cpu
     logits_chunk: int | None = None  # elements (tokens x vocab) of a fused chunked log-prob head; None: materialized
     token_budget: tuple[str, int] | None = None  # dynamic batching: (the key, tokens per micro batch per GPU)
+    logit_bytes: float | None = None  # bytes per token x vocab of materialised logits, when it depends on the recipe
     notes: list[str] = field(default_factory=list)
 
 

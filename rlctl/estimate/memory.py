@@ -197,7 +197,8 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         b.notes.append(f"fused log-prob head: {f.logits_chunk} token x vocab elements at a time")
     else:
         logit_tokens = mb * r.rollout.max_tokens if a.logits_scope == "completion" else tokens
-        logits = logit_tokens * arch.vocab * a.logit_bytes * cb / 2
+        logit_bytes = f.logit_bytes if f.logit_bytes is not None else a.logit_bytes
+        logits = logit_tokens * arch.vocab * logit_bytes * cb / 2
     transient = acts + logits
     if autocast_fp32:
         copies = P * cb

@@ -24,6 +24,7 @@ from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchP
 from rlctl.backends.verl.schedule import verl_schedule
 
 if TYPE_CHECKING:
+    from rlctl.backends.base import MemoryFeatures
     from rlctl.backends.layout import Checkpoint
     from rlctl.recipe.schema import Recipe
 
@@ -374,11 +375,77 @@ class VerlBackend(Backend):
 
         return find(root)
 
+    # ---- memory (verl/memory.py: what verl's FSDP actor holds during its update, read from verl's own code) -------
+    # Bytes per (token x vocab) of the log-prob head at its peak, bf16 compute (workers/engine/fsdp/transformer_impl.py
+    # prepare_model_outputs -> utils/torch_functional.py logprobs_from_logits): the bf16 logits (2) and their bf16 copy
+    # divided by the rollout temperature (2; 0.9.1 skips the copy at temperature 1, _scale_logits_by_temperature).
+    # flash-attn's Triton cross_entropy_loss reads them in place, in fp32 registers only, keeps no fp32 copy and writes
+    # the gradient into the saved logits (inplace_backward); the division's backward makes one more bf16 tensor while
+    # the original logits are already freed. Nothing fp32 is materialised, unlike the 14.5 of Backend. Measured on an
+    # H100 with that code path (8192 tokens x 151936 vocab, torch 2.11, flash-attn 2.8.3's cross_entropy.py): peak 4.0
+    # bytes per element at temperature 0.6 in both releases, 2.0 in 0.9.1 at temperature 1, 6.0 with entropy (a note
+    # says so where it applies); an fp32 log-softmax head measured 12.0 in the same harness.
+    logit_bytes = 4.0
+
+    def memory_settings(self, recipe: Recipe) -> tuple[dict[str, Any], str] | None:
+        """(the memory-relevant keys as verl resolves them for this recipe, the release), or None for a release rlctl
+        does not know."""
+        from rlctl.backends.base import UnknownVersion
+        from rlctl.backends.verl import memory
+
+        try:
+            version = self.target_version(recipe) or self.known_versions[-1]
+            self.require_known(version)
+        except UnknownVersion:
+            return None
+        rendered = [(k, _val(v)) for k, v in self.overrides(recipe, None, version)]
+        return memory.settings(version, rendered), version
+
+    def memory_features(self, recipe: Recipe) -> MemoryFeatures:
+        """Checkpointing, activation/optimizer offload, dynamic batching and the log-prob head as verl runs them."""
+        from rlctl.backends.verl import memory
+        from rlctl.errors import RlctlError
+
+        found = self.memory_settings(recipe)
+        if found is None:
+            return super().memory_features(recipe)
+        s, version = found
+        vocab = None
+        if s[f"{A}.model.use_fused_kernels"]:
+            from rlctl.recipe.models import resolve_arch
+
+            try:
+                vocab = resolve_arch(recipe.model.path).vocab
+            except RlctlError:
+                vocab = None
+        return memory.features(recipe, s, version, vocab)
+
+    def micro_tokens(self, recipe: Recipe, micro_batch: int) -> int:
+        """verl packs a micro batch's real tokens (use_remove_padding): at most micro_batch x (prompt + response),
+        shared by the GPUs of a sequence-parallel group."""
+        from rlctl.backends.verl import memory
+
+        found = self.memory_settings(recipe)
+        if found is None:
+            return super().micro_tokens(recipe, micro_batch)
+        return memory.micro_tokens(recipe, found[0], micro_batch)
+
+    def token_budget_rules(self, recipe: Recipe) -> list[Any]:
+        """Dynamic batching's token budgets that verl would reject only after the first rollout."""
+        from rlctl.backends.verl import memory
+        from rlctl.preflight import FAIL, Result
+
+        found = self.memory_settings(recipe)
+        if found is None:
+            return []
+        return [Result("placement.token_budget", FAIL, what, fix)
+                for _, what, fix in memory.budget_problems(recipe, found[0])]
+
     # ---- checks ----------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any, family: str) -> list[Any]:
         r = ctx.recipe
         if family == "placement":
-            return placement_rules(r) + nodes_rule(r, os.environ)
+            return placement_rules(r) + nodes_rule(r, os.environ) + self.token_budget_rules(r)
         if family == "env":
             return wandb_reaches_job(r, os.environ)
         return []
