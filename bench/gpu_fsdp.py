@@ -17,6 +17,7 @@ recomputing each chunk in backward.
 
     python bench/gpu_fsdp.py --out gpu_fsdp.json                 # the first grid
     RLCTL_FSDP_GRID=fsdp-b python bench/gpu_fsdp.py --out b.json
+    RLCTL_FSDP_GRID=fsdp1-verl python bench/gpu_fsdp.py --out v.json
 """
 
 from __future__ import annotations
@@ -59,7 +60,26 @@ CASES_B = [
 ]
 
 
+# grid fsdp1-verl: verl's default actor engine, FSDP1 (FullyShardedDataParallel wrapping each decoder layer,
+# MixedPrecision(bf16 params, fp32 reduce and buffers), the model loaded in fp32), HF gradient checkpointing, packed
+# micro batches (remove padding: one row of micro batch x sequence tokens) and verl's log-prob head: bf16 logits
+# divided by the temperature into a bf16 copy, a cross entropy that keeps no fp32 copy and writes its gradient into
+# the saved logits (flash-attn's Triton kernel, inplace_backward). name, shape, lora rank, checkpointing, micro
+# batch, sequence length
+CASES_V = [
+    ("v-1.5b-full-gc-mb4-s2048", "Qwen/Qwen2.5-1.5B", 0, True, 4, 2048),
+    ("v-1.5b-full-nogc-mb1-s4096", "Qwen/Qwen2.5-1.5B", 0, False, 1, 4096),
+    ("v-7b-lora16-gc-mb2-s4096", "Qwen/Qwen2.5-7B", 16, True, 2, 4096),
+    ("v-3b-full-gc-mb2-s4096", "Qwen/Qwen2.5-3B", 0, True, 2, 4096),
+    ("v-0.5b-full-gc-mb8-s4096", "Qwen/Qwen2.5-0.5B", 0, True, 8, 4096),
+]
+
+
 def case(name: str) -> dict:
+    for c in CASES_V:
+        if c[0] == name:
+            return {"name": c[0], "shape": c[1], "lora": c[2], "every": 1 if c[3] else 0, "ac": c[3], "mb": c[4],
+                    "seq": c[5], "offload": 0, "optim": "gpu", "head": "verl", "hf_ac": True, "engine": "fsdp1"}
     for c in CASES:
         if c[0] == name:
             return {"name": c[0], "shape": c[1], "lora": c[2], "every": 1 if c[3] else 0, "ac": c[3], "mb": c[4],
@@ -121,6 +141,37 @@ def chunked_logprobs(hidden, weight, labels, token_chunk: int | None, vocab_chun
             return gh.to(h.dtype), (gw.to(w.dtype) if gw is not None else None), None
 
     return Fn.apply(hidden, weight, labels)
+
+
+def inplace_logprobs(logits, labels, rows: int = 256):
+    """log p(label) from bf16 logits without an fp32 copy (fp32 only for `rows` rows at a time), the gradient written
+    into the saved logits in backward: what flash-attn's Triton cross entropy holds with inplace_backward."""
+    import torch
+
+    class Fn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y):
+            n = x.shape[0]
+            out = torch.empty(n, device=x.device, dtype=torch.float32)
+            lse = torch.empty(n, device=x.device, dtype=torch.float32)
+            for i in range(0, n, rows):
+                c = x[i:i + rows].float()
+                lse[i:i + rows] = torch.logsumexp(c, -1)
+                out[i:i + rows] = c.gather(1, y[i:i + rows, None]).squeeze(1) - lse[i:i + rows]
+            ctx.save_for_backward(x, y, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, g):
+            x, y, lse = ctx.saved_tensors
+            for i in range(0, x.shape[0], rows):
+                gi = g[i:i + rows].float()
+                grad = -gi[:, None] * torch.exp(x[i:i + rows].float() - lse[i:i + rows, None])
+                grad.scatter_add_(1, y[i:i + rows, None], gi[:, None])
+                x[i:i + rows].copy_(grad)
+            return x, None
+
+    return Fn.apply(logits, labels)
 
 
 class OffloadActivations:
@@ -230,10 +281,24 @@ def child(name: str) -> dict:
 
         head = FusedHead(inner.lm_head.weight)
         inner.lm_head = head
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in inner.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+    if c.get("engine") == "fsdp1":
+        import functools
+
+        from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
+        model = FullyShardedDataParallel(
+            model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
+                                                      transformer_layer_cls={Qwen2DecoderLayer}),
+            mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                           buffer_dtype=torch.float32),
+            sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=0, use_orig_params=bool(rank))
+    else:
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in inner.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     torch.cuda.synchronize()
     after_load = torch.cuda.memory_allocated()
@@ -242,7 +307,12 @@ def child(name: str) -> dict:
         ids = torch.randint(0, 256, (mb, seq), device="cuda")
         ctx = OffloadActivations(c["offload"]) if c["offload"] else contextlib.nullcontext()
         with ctx:
-            if c["head"] == "full":
+            if c["head"] == "verl":
+                logits = model(input_ids=ids.reshape(1, -1)).logits[0, :-1]  # packed: one row of every token
+                scaled = logits / 0.6  # the temperature copy (bf16)
+                logp = inplace_logprobs(scaled, ids.reshape(-1)[1:])
+                del logits, scaled
+            elif c["head"] == "full":
                 logits = model(input_ids=ids).logits.float()  # fp32 log-probs over the sequence
                 logp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
                 del logits
@@ -280,7 +350,7 @@ def main() -> None:
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     results = []
     only = set(filter(None, os.environ.get("RLCTL_FSDP_CASES", "").split(",")))
-    grid = CASES_B if os.environ.get("RLCTL_FSDP_GRID") == "fsdp-b" else CASES
+    grid = {"fsdp-b": CASES_B, "fsdp1-verl": CASES_V}.get(os.environ.get("RLCTL_FSDP_GRID", ""), CASES)
     for entry in grid:
         if only and entry[0] not in only:
             continue
@@ -303,7 +373,7 @@ def main() -> None:
         t.join()
         line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
         row = {"config": c["name"], **{k: c[k] for k in ("shape", "lora", "ac", "mb", "seq", "every", "offload",
-                                                            "optim", "head")},
+                                                            "optim", "head")}, "engine": c.get("engine", "fsdp2"),
                "nvml_before_gib": before, "nvml_peak_run_gib": peak[0] - before, "wall_s": time.time() - t0,
                **(json.loads(line[7:]) if line else {"error": p.stderr[-1500:]})}
         row["oom"] = "out of memory" in p.stderr.lower()
