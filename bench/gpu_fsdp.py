@@ -264,7 +264,7 @@ def child(name: str) -> dict:
         for i, (n, block) in enumerate(list(inner.model.layers.named_children())):
             if i % c["every"] == 0:
                 inner.model.layers.register_module(n, checkpoint_wrapper(block, preserve_rng_state=False))
-    if c["head"] != "full":
+    if c["head"] in ("v03", "v08"):
         tok, voc = (None, 2048) if c["head"] == "v03" else (1024, 8192)
 
         class FusedHead(torch.nn.Module):
