@@ -285,12 +285,16 @@ def child(name: str) -> dict:
         import functools
 
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
-        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+        from torch.distributed.fsdp.wrap import _or_policy, lambda_auto_wrap_policy, transformer_auto_wrap_policy
         from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
+        policies = [functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Qwen2DecoderLayer})]
+        if rank:  # verl's LoRA policy (utils/fsdp_utils.py get_fsdp_wrap_policy): each trainable leaf its own unit
+            policies.insert(0, functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: bool(
+                not list(m.named_children()) and getattr(m, "weight", None) is not None
+                and m.weight.requires_grad)))
         model = FullyShardedDataParallel(
-            model, auto_wrap_policy=functools.partial(transformer_auto_wrap_policy,
-                                                      transformer_layer_cls={Qwen2DecoderLayer}),
+            model, auto_wrap_policy=functools.partial(_or_policy, policies=policies),
             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                            buffer_dtype=torch.float32),
             sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=0, use_orig_params=bool(rank))
@@ -308,9 +312,10 @@ def child(name: str) -> dict:
         ctx = OffloadActivations(c["offload"]) if c["offload"] else contextlib.nullcontext()
         with ctx:
             if c["head"] == "verl":
-                logits = model(input_ids=ids.reshape(1, -1)).logits[0, :-1]  # packed: one row of every token
+                # packed: one row of every token; labels rolled by one (as verl rolls input_ids), no slicing
+                logits = model(input_ids=ids.reshape(1, -1)).logits.squeeze(0)
                 scaled = logits / 0.6  # the temperature copy (bf16)
-                logp = inplace_logprobs(scaled, ids.reshape(-1)[1:])
+                logp = inplace_logprobs(scaled, torch.roll(ids.reshape(-1), -1))
                 del logits, scaled
             elif c["head"] == "full":
                 logits = model(input_ids=ids).logits.float()  # fp32 log-probs over the sequence
