@@ -155,7 +155,10 @@ class Backend:
     needs_local_install: ClassVar[bool] = False  # True: the runtime must be importable where rlctl launches
     runs_on_cpu: ClassVar[bool] = False  # True: a run needs no GPU (resources.gpus_per_node = 0 is fine)
     install_hint: ClassVar[str] = ""  # how to get the runtime, besides `pip install <package>`
-    sharding: ClassVar[str] = "plain"  # memory engine of the trainer: plain | fsdp | deepspeed
+    sharding: ClassVar[str] = "plain"  # memory engine of the trainer: plain | fsdp (FSDP2) | fsdp1 | deepspeed
+    # the optimizer step's temporaries: torch's AdamW (foreach, its default on CUDA) makes one tensor the size of the
+    # trainable parameters (sqrt of exp_avg_sq); fused implementations (torch fused, DeepSpeed FusedAdam) none
+    foreach_adam: ClassVar[bool] = True
     table_model: ClassVar[type | None] = None  # pydantic model of `[backend.<name>]` (a BackendExtra subclass)
     metric_needles: ClassVar[tuple[str, ...]] = ()  # cheap substrings a metrics line contains (a pre-filter)
 
@@ -285,6 +288,10 @@ class Backend:
     # bytes per (token x vocab) of the log-prob computation at its peak, bf16 compute: fp32 logits + fp32
     # log-softmax kept for backward + the bf16 logits (14.5 measured on an FSDP2 trainer shaped like prime-rl/verl)
     logit_bytes: ClassVar[float] = 14.5
+
+    def memory_engine(self, recipe: Recipe) -> str:
+        """The trainer's memory engine for this recipe (a backend with several picks it from the recipe)."""
+        return self.sharding
 
     def memory_features(self, recipe: Recipe) -> MemoryFeatures:
         """Checkpointing, offloading, fused log-prob heads and dynamic batching as this backend really runs them.

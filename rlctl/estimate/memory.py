@@ -42,7 +42,8 @@ CUDA_CONTEXT = 0.78 * GiB
 # (TRL) 1.01-1.10; FSDP2 with per-layer all-gathers: LoRA 1.09-1.11, full fine-tune 1.33-1.36 (optimizer states and
 # gradients allocated between freed activation blocks); DeepSpeed ZeRO-2/3 (OpenRLHF-shaped): full fine-tune
 # 1.08-1.31 (median 1.14), LoRA 1.04-1.08.
-ALLOCATOR_SLACK = {"plain": 1.04, "fsdp": 1.35, "fsdp-lora": 1.11, "deepspeed": 1.15, "deepspeed-lora": 1.06}
+ALLOCATOR_SLACK = {"plain": 1.04, "fsdp": 1.35, "fsdp-lora": 1.11, "fsdp1": 1.45, "fsdp1-lora": 1.11,
+                   "deepspeed": 1.15, "deepspeed-lora": 1.06}
 
 # Activations of one decoder layer per token in bytes, bf16 compute: ACT_H * hidden + ACT_I * intermediate
 # (fitted on the 0.5B bf16 TRL run and checked on 7B LoRA TRL and FSDP runs: docs/memory.md). With checkpointing
@@ -127,9 +128,10 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         f = features
     a = _adapter(r)
     b = Breakdown()
-    engine = a.sharding
+    engine = a.memory_engine(r)
+    fsdp = engine in ("fsdp", "fsdp1")
     dp = max(r.trainer_gpu_count, 1)
-    stage = 3 if engine == "fsdp" else (r.train.zero_stage if engine == "deepspeed" else 0)
+    stage = 3 if fsdp else (r.train.zero_stage if engine == "deepspeed" else 0)
     P = arch.params
     cb = DTYPE_BYTES[r.model.dtype]  # compute dtype
     pdt = a.param_dtype(r)
@@ -163,7 +165,7 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         # TRL loads the reference with the policy's model_init_kwargs (fp32 under mixed); FSDP/DeepSpeed: bf16 shards
         b.terms["reference model"] = shard(P * (pb if engine == "plain" else cb), 3)
     autocast_fp32 = engine == "plain" and pb > cb and base_b > cb
-    if engine == "fsdp":
+    if fsdp:
         per_layer_params = (P - arch.vocab * arch.hidden) / max(arch.layers, 1)
         b.terms["gathered layers"] = 2 * per_layer_params * cb  # FSDP unshards one layer ahead (prefetch)
 
@@ -221,13 +223,16 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         step_extra = shard(T * g_b, 2) + part * cb + cast
         b.terms["optimizer step (beyond forward/backward)"] = max(step_extra - (b.terms["gradients"] + transient),
                                                                    0.0)
-    if f.optimizer == "step":
-        # states come to the GPU for the optimizer step only, when activations and logits are gone: they count
-        # where the step (gradients + states) outweighs forward/backward
-        opt = b.terms.pop("optimizer")
-        step_extra = grads + opt - (b.terms["gradients"] + transient)
-        b.terms["optimizer (during the step)"] = max(step_extra, 0.0)
-        b.notes.append("optimizer states on the CPU between steps, on the GPU for the step")
+    elif f.optimizer != "cpu":
+        # the step holds all gradients, the states (brought in for the step only where they live on the CPU between
+        # steps) and foreach AdamW's temporary; activations and logits are gone by then: it counts where it outweighs
+        # forward/backward
+        opt = b.terms.pop("optimizer") if f.optimizer == "step" else 0.0
+        temp = shard(T * pb, 1) if a.foreach_adam else 0.0
+        step_extra = grads + opt + temp - (b.terms["gradients"] + transient)
+        b.terms["optimizer step (beyond forward/backward)"] = max(step_extra, 0.0)
+        if f.optimizer == "step":
+            b.notes.append("optimizer states on the CPU between steps, on the GPU for the step")
     if not r.uses_vllm:
         # TRL generates with the training model; generation is its own phase: weights (+ bf16 copies), optimizer
         # states, the KV cache of the generation batch. Counted only where it exceeds the training step.
@@ -238,7 +243,14 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         b.terms["generation (beyond training)"] = max(gen - train_extra, 0.0)
     allocated = sum(b.terms.values())
     slack = ALLOCATOR_SLACK.get(f"{engine}-lora" if not full else engine) or ALLOCATOR_SLACK.get(engine, 1.1)
-    b.terms["allocator slack"] = allocated * (slack - 1)
+    step_beyond = b.terms.get("optimizer step (beyond forward/backward)", 0.0)
+    if engine == "fsdp" and step_beyond:
+        # FSDP2's optimizer step works on per-parameter shards that fit the blocks forward/backward freed: the
+        # caching allocator's slack is that of forward/backward; FSDP1's and DeepSpeed's flat buffers get their own
+        reserved = max((allocated - step_beyond) * slack, allocated)
+    else:
+        reserved = allocated * slack
+    b.terms["allocator slack"] = reserved - allocated
     b.terms["cuda context"] = DEEPSPEED_CONTEXT[3 if stage >= 3 else 2] if engine == "deepspeed" else CUDA_CONTEXT
     b.facts = {"engine": engine, "param_dtype": pdt, "tokens_per_micro_batch": tokens, "micro_batch": mb,
                "checkpointing": gc, "checkpointed_layers": n_ck, "gradient_accumulation": accumulation,

@@ -87,6 +87,7 @@ class RayJobPlan(LaunchPlan):
 class OpenRLHFBackend(Backend):
     name = "openrlhf"
     sharding = "deepspeed"  # memory engine: ZeRO stage from train.zero_stage
+    foreach_adam = False  # DeepSpeed's FusedAdam (strategy.create_optimizer)
     # bytes per (token x vocab) of the actor's log-probs: fp32 logits kept alive to the optimizer step (Actor.forward
     # casts the full-sequence logits) and flash-attn's cross-entropy gradient; 8.9 measured (bench/gpu_deepspeed.py)
     logit_bytes = 8.9

@@ -32,6 +32,7 @@ class TRLBackend(Backend):
     install_hint = 'pip install "rlctl[trl]"'
     known_versions = ("1.16.0",)
     metric_needles = ("{'", "'step'")  # as in trl/metrics.py NEEDLES
+    foreach_adam = False  # TrainingArguments.optim defaults to adamw_torch_fused (no step temporaries)
     logits_scope = "completion"  # TRL computes log-probs of the completion tokens only (logits_to_keep)
     precisions = ("mixed", "pure")
     logit_bytes = 3.0  # bf16 completion logits, row-wise log-softmax (measured on an H100, docs/memory.md)

@@ -401,6 +401,11 @@ class VerlBackend(Backend):
         rendered = [(k, _val(v)) for k, v in self.overrides(recipe, None, version)]
         return memory.settings(version, rendered), version
 
+    def memory_engine(self, recipe: Recipe) -> str:
+        """FSDP1 (verl's default actor strategy "fsdp") or FSDP2 ("fsdp2"), as the recipe resolves it."""
+        found = self.memory_settings(recipe)
+        return "fsdp1" if found is None or found[0][f"{A}.actor.strategy"] == "fsdp" else "fsdp"
+
     def memory_features(self, recipe: Recipe) -> MemoryFeatures:
         """Checkpointing, activation/optimizer offload, dynamic batching and the log-prob head as verl runs them."""
         from rlctl.backends.verl import memory
