@@ -254,8 +254,11 @@ def child(name: str) -> dict:
     cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                       num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                       tie_word_embeddings=a.tie_embeddings, use_cache=False)
-    with torch.device("cuda"):
-        model = Qwen2ForCausalLM(cfg)  # fp32: what prime-rl and verl load for training
+    # fp32: what prime-rl and verl load for training. verl's FSDP1 worker builds the model on the CPU and FSDP moves
+    # it to the GPU unit by unit (fsdp_workers.py: init on CPU/meta, FSDP(device_id=..., sync_module_states=True));
+    # building it on the GPU first would leave the pool fragmented by the freed unflattened parameters
+    with torch.device("cpu" if c.get("engine") == "fsdp1" else "cuda"):
+        model = Qwen2ForCausalLM(cfg)
     if rank:
         from peft import LoraConfig, get_peft_model
 
