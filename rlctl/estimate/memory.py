@@ -42,8 +42,11 @@ CUDA_CONTEXT = 0.78 * GiB
 # (TRL) 1.01-1.10; FSDP2 with per-layer all-gathers: LoRA 1.09-1.11, full fine-tune 1.33-1.36 (optimizer states and
 # gradients allocated between freed activation blocks); DeepSpeed ZeRO-2/3 (OpenRLHF-shaped): full fine-tune
 # 1.08-1.31 (median 1.14), LoRA 1.04-1.08.
-ALLOCATOR_SLACK = {"plain": 1.04, "fsdp": 1.35, "fsdp-lora": 1.11, "fsdp1": 1.45, "fsdp1-lora": 1.11,
+ALLOCATOR_SLACK = {"plain": 1.04, "fsdp": 1.35, "fsdp-lora": 1.11, "fsdp1": 1.40, "fsdp1-lora": 1.11,
                    "deepspeed": 1.15, "deepspeed-lora": 1.06}
+# ... and where the optimizer step is the peak: FSDP2's per-parameter shards fit the blocks forward/backward freed
+# (reserved = allocated); FSDP1's flat parameters 1.18-1.32 (verl-shaped, 3 full fine-tunes); others as above.
+STEP_SLACK = {"fsdp": 1.0, "fsdp1": 1.22}
 
 # Activations of one decoder layer per token in bytes, bf16 compute: ACT_H * hidden + ACT_I * intermediate
 # (fitted on the 0.5B bf16 TRL run and checked on 7B LoRA TRL and FSDP runs: docs/memory.md). With checkpointing
@@ -244,10 +247,8 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     allocated = sum(b.terms.values())
     slack = ALLOCATOR_SLACK.get(f"{engine}-lora" if not full else engine) or ALLOCATOR_SLACK.get(engine, 1.1)
     step_beyond = b.terms.get("optimizer step (beyond forward/backward)", 0.0)
-    if engine == "fsdp" and step_beyond:
-        # FSDP2's optimizer step works on per-parameter shards that fit the blocks forward/backward freed: the
-        # caching allocator's slack is that of forward/backward; FSDP1's and DeepSpeed's flat buffers get their own
-        reserved = max((allocated - step_beyond) * slack, allocated)
+    if step_beyond and full:
+        reserved = max((allocated - step_beyond) * slack, allocated * STEP_SLACK.get(engine, slack))
     else:
         reserved = allocated * slack
     b.terms["allocator slack"] = reserved - allocated
@@ -332,22 +333,53 @@ class EnginePlan:
         return self.seqs_at_rollout_len >= self.concurrent_needed
 
 
-VLLM_NON_TORCH = 0.3 * GiB  # NCCL/cuBLAS buffers vLLM finds outside torch during profiling (TP 1)
+# vLLM's profile run (v1/worker/gpu_model_runner.py profile_run; V0: worker/model_runner.py) is one forward of
+# max_num_batched_tokens tokens, then the sampler, top-k and top-p on, over one row per sequence (min(tokens,
+# max_num_seqs) rows). The forward's tensors are gone before the sampler's exist: the profiled torch peak is the larger
+# of the two. Checked against figures vLLM logged: docs/vllm_published_logs.json, tests/test_vllm_published_logs.py.
+VLLM_NON_TORCH = 0.25 * GiB  # NCCL/cuBLAS buffers vLLM finds outside torch during profiling, TP 1 (logged 0.13-0.46)
+# TP > 1 over NVLink adds the custom / symmetric-memory all-reduce buffers: logged 2.06-2.21 GiB per GPU on H100
+# (vLLM 0.19, TP 2 and 4; 3.58 in 0.6.5); PCIe cards all-reduce through NCCL alone (L40S, TP 2: 0.30)
+VLLM_NON_TORCH_NVLINK_TP = 2.1 * GiB
+VLLM_NVLINK_GPUS = ("h100", "h200", "h800", "a100", "a800", "b100", "b200", "gb200")
 VLLM_CUDA_GRAPHS = 0.6 * GiB  # graph pool of the default capture sizes, logged "Graph capturing finished ... GiB"
+# The forward, per token, in elements of the model dtype: the residual stream and the normed / MLP input and output
+# copies of the hidden state (4 x hidden, whole on every TP rank) and the gate/up projection plus the activation's
+# output (3 x intermediate, split by TP). Logged 0.77 GiB (CodeLlama-7B) and 0.85 (Granite-3.1-8B) at 8192 tokens.
+VLLM_FWD_HIDDEN = 4
+VLLM_FWD_INTER = 3
+# The sampler, per sequence x vocabulary entry: the logits in the model dtype and in fp32, the top-k/top-p sort of the
+# whole vocabulary (fp32 values, int64 indices and the sort's own int64 input and scratch), softmax and mask copies:
+# 39 bytes through vLLM 0.16 (Qwen3-14B, 1024 sequences: 5.64 GiB logged; V0 with 256: 1.26 GiB for a 128k vocabulary,
+# 1.42 for 152k), 15 from 0.17 on (Qwen3-14B: 2.23 GiB; 0.19: 1.89 for 128k, 3.65 for 256k).
+VLLM_SAMPLER_BYTES = 39
+VLLM_SAMPLER_BYTES_SINCE_0_17 = 15
 
 
-def vllm_memory(recipe: Recipe, arch: Arch, gpu_total: float) -> EnginePlan:
+def vllm_memory(recipe: Recipe, arch: Arch, gpu_total: float, vllm_version: str | None = None) -> EnginePlan:
+    """vLLM's KV cache rule for `recipe`'s engine. `vllm_version` ("0.19.0"; None: the 0.8.5-0.16 engines the backends
+    pin) picks the default max_num_seqs and the sampler's bytes, the only version-dependent terms."""
     r = recipe
     tp = r.rollout.tensor_parallel
+    dtype_bytes = DTYPE_BYTES[r.model.dtype]
+    version = tuple(int(x) for x in re.findall(r"\d+", vllm_version or "")[:3]) or None
+    gpu = r.resources.gpu.lower()
     budget = r.rollout.gpu_memory_utilization * gpu_total
-    weights = (arch.weight_bytes_on_disk or arch.params * DTYPE_BYTES[r.model.dtype]) / tp
+    weights = (arch.weight_bytes_on_disk or arch.params * dtype_bytes) / tp
     tokens = r.rollout.max_num_batched_tokens or 8192
-    # the profiling forward of max_num_batched_tokens: hidden states, MLP intermediates, and the sampler's logits
+    # max_num_seqs is no recipe field: vLLM's default (engine/arg_utils.py, 0.8.5 on) is 1024 on GPUs of >= 70 GiB but
+    # the A100, 256 elsewhere and before (verl's rollout config sets 1024 on every GPU)
+    big = gpu_total >= 70 * GiB and "a100" not in gpu and (version is None or version >= (0, 8, 5))
+    seqs_sampled = min(tokens, 1024 if big else 256)
     inter = arch.expert_intermediate * arch.experts_per_token if arch.experts else arch.intermediate
-    acts = tokens * (4 * arch.hidden + 2 * inter) * 2 / tp + min(tokens, 256) * arch.vocab * 4 + VLLM_NON_TORCH
+    forward = tokens * (VLLM_FWD_HIDDEN * arch.hidden + VLLM_FWD_INTER * inter / tp) * dtype_bytes
+    per_logit = VLLM_SAMPLER_BYTES_SINCE_0_17 if version is not None and version >= (0, 17) else VLLM_SAMPLER_BYTES
+    sampler = seqs_sampled * arch.vocab * per_logit
+    nvlink = tp > 1 and "pcie" not in gpu and any(name in gpu for name in VLLM_NVLINK_GPUS)
+    acts = max(forward, sampler) + (VLLM_NON_TORCH_NVLINK_TP if nvlink else VLLM_NON_TORCH)
     kv = budget - weights - acts
     kv_heads_per_gpu = max(arch.kv_heads // tp, 1)
-    per_token = 2 * arch.layers * kv_heads_per_gpu * arch.hd * 2
+    per_token = 2 * arch.layers * kv_heads_per_gpu * arch.hd * dtype_bytes  # kv_cache_dtype "auto": the model's
     seqs = int(max(kv, 0) // (per_token * r.model.max_model_len))
     rollout_len = min(r.data.max_prompt_tokens + r.rollout.max_tokens, r.model.max_model_len)
     seqs_rollout = int(max(kv, 0) // (per_token * rollout_len))
