@@ -215,6 +215,36 @@ def test_deepspeed_points_within_15_percent():
         assert abs(predicted[row["config"]]["plan_gib"] / row["nvml_peak_run_gib"] - 1) <= 0.15, row["config"]
 
 
+VERL_RAW = ["gpu_fsdp1_verl_h100.json", "gpu_fsdp1_verl_h100_heldout.json"]
+
+
+def verl_plan(row: dict):
+    """verl's recipe shaped like one measured FSDP1 configuration (bench/gpu_fsdp.py grid fsdp1-verl): the same
+    model, packed tokens (prompt + response = the bench's sequence), micro batch, checkpointing, temperature 0.6, no
+    dynamic batching, no reference model."""
+    seq, mb = row["seq"], row["mb"]
+    prep = prepare(VERL, [f"model.path={row['shape']}", f"data.max_prompt_tokens={seq // 2}",
+                          f"rollout.max_tokens={seq // 2}", f"model.max_model_len={max(seq, 4096)}",
+                          f"train.micro_batch_size={mb}", f"train.train_batch_size={mb}", "backend.verl.extra={}",
+                          f"train.gradient_checkpointing={'true' if row['ac'] else 'false'}", "algorithm.kl_coef=0",
+                          "algorithm.use_kl_loss=false", f"lora.rank={row['lora'] or 8}", "rollout.temperature=0.6"])
+    if not row["lora"]:
+        prep.recipe.lora = None
+    return trainer_memory(prep.recipe, KNOWN[row["shape"].lower()])
+
+
+def test_verl_fsdp1_points_within_15_percent():
+    raw = [row for f in VERL_RAW for row in json.loads((ROOT / "docs" / f).read_text())["results"]]
+    assert len(raw) == 10 and not any(r["oom"] or "error" in r for r in raw)
+    for row in raw:
+        plan = verl_plan(row)
+        assert plan.facts["engine"] == "fsdp1"
+        assert abs(plan.total / GiB / row["nvml_peak_run_gib"] - 1) <= 0.15, (row["config"], plan.total / GiB)
+    predicted = json.loads((ROOT / "docs" / "gpu_fsdp1_verl_h100_predicted.json").read_text())
+    for row in json.loads((ROOT / "docs" / "gpu_fsdp1_verl_h100_heldout.json").read_text())["results"]:
+        assert abs(predicted[row["config"]]["plan_gib"] / row["nvml_peak_run_gib"] - 1) <= 0.15, row["config"]
+
+
 # ---- what each backend really runs (MemoryFeatures) ----------------------------------------------------------------
 
 def _features(recipe, *sets):
