@@ -14,6 +14,21 @@ from rlctl.recipe.planning import prepare
 from tests.conftest import RECIPES
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _report():
+    """bench/memory_report.py: the recipe each measured configuration checks (shared with docs/memory.md)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memory_report", ROOT / "bench" / "memory_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+REPORT = _report()
+fsdp_plan, verl_plan, deepspeed_plan = REPORT.fsdp_plan, REPORT.verl_plan, REPORT.deepspeed_plan
+FSDP_RAW, VERL_RAW, DS_RAW = REPORT.FSDP_RAW, REPORT.VERL_RAW, REPORT.DS_RAW
 PRIME_SHARED = RECIPES / "prime-rl-qwen2.5-7b-1xh100-shared.toml"
 VERL = RECIPES / "verl-qwen2.5-math-1.5b-1xh100.toml"
 RAW = [ROOT / "docs" / f"gpu_memory_h100_{x}.json" for x in "abcd"]
@@ -144,27 +159,6 @@ def test_every_measured_trl_point_within_15_percent():
         assert abs(plan / row["nvml_peak_run_gib"] - 1) <= 0.15, (row["config"], plan, row["nvml_peak_run_gib"])
 
 
-def fsdp_plan(row: dict):
-    """The plan for one measured FSDP-shaped configuration: the prime-rl recipe with the same shape and the
-    features the bench ran (bench/gpu_fsdp.py), not what prime-rl's defaults would choose."""
-    from rlctl.backends.base import MemoryFeatures
-
-    every = row.get("every", 1 if row["ac"] else 0)
-    prep = prepare(PRIME_SHARED, [f"train.seq_len={row['seq']}", f"train.micro_batch_size={row['mb']}",
-                                  f"train.train_batch_size={row['mb']}", f"lora.rank={row['lora'] or 8}",
-                                  f"train.gradient_checkpointing={'true' if every else 'false'}"])
-    if not row["lora"]:
-        prep.recipe.lora = None
-    head = row.get("head", "full")
-    chunk = {"full": None, "v03": row["mb"] * row["seq"] * 2048, "v08": 1024 * 8192}[head]
-    f = MemoryFeatures(checkpoint_every=every or None, activation_offload=row.get("offload") or None,
-                       optimizer=row.get("optim", "gpu"), logits_chunk=chunk)
-    return trainer_memory(prep.recipe, KNOWN[row["shape"].lower()], features=f)
-
-
-FSDP_RAW = ["gpu_fsdp_h100.json", "gpu_fsdp_h100_heldout.json", "gpu_fsdp_h100_b.json"]
-
-
 def test_fsdp_shaped_trainer_points_within_15_percent():
     raw = [row for f in FSDP_RAW for row in json.loads((ROOT / "docs" / f).read_text())["results"]
            if "error" not in row]
@@ -185,24 +179,6 @@ def test_fsdp_b_held_out_predictions_were_committed_before_the_run():
         assert abs(predicted[name]["plan_gib"] / rows[name]["nvml_peak_run_gib"] - 1) <= 0.15, name
 
 
-OPENRLHF = RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"
-DS_RAW = ["gpu_deepspeed_h100.json", "gpu_deepspeed_h100_heldout.json"]
-
-
-def deepspeed_plan(row: dict):
-    """The OpenRLHF recipe shaped like one measured DeepSpeed configuration (bench/gpu_deepspeed.py): one trainer
-    GPU, the same model, ZeRO stage, checkpointing, micro batch and sequence length."""
-    prep = prepare(OPENRLHF, [f"model.path={row['shape']}", "model.dtype=bfloat16", f"train.seq_len={row['seq']}",
-                              f"train.micro_batch_size={row['mb']}", f"train.train_batch_size={row['mb']}",
-                              f"train.zero_stage={row['zero_stage']}", f"lora.rank={row['lora'] or 8}",
-                              f"train.gradient_checkpointing={'true' if row['ac'] else 'false'}",
-                              "resources.gpus_per_node=2", "resources.trainer_gpus=[1]",
-                              "resources.inference_gpus=[0]", "algorithm.kl_coef=0"])
-    if not row["lora"]:
-        prep.recipe.lora = None
-    return trainer_memory(prep.recipe, KNOWN[row["shape"].lower()])
-
-
 def test_deepspeed_points_within_15_percent():
     raw = [row for f in DS_RAW for row in json.loads((ROOT / "docs" / f).read_text())["results"]]
     assert len(raw) == 13 and not any(r.get("oom") or "error" in r for r in raw)
@@ -213,24 +189,6 @@ def test_deepspeed_points_within_15_percent():
     held = json.loads((ROOT / "docs" / "gpu_deepspeed_h100_heldout.json").read_text())["results"]
     for row in held:
         assert abs(predicted[row["config"]]["plan_gib"] / row["nvml_peak_run_gib"] - 1) <= 0.15, row["config"]
-
-
-VERL_RAW = ["gpu_fsdp1_verl_h100.json", "gpu_fsdp1_verl_h100_heldout.json"]
-
-
-def verl_plan(row: dict):
-    """verl's recipe shaped like one measured FSDP1 configuration (bench/gpu_fsdp.py grid fsdp1-verl): the same
-    model, packed tokens (prompt + response = the bench's sequence), micro batch, checkpointing, temperature 0.6, no
-    dynamic batching, no reference model."""
-    seq, mb = row["seq"], row["mb"]
-    prep = prepare(VERL, [f"model.path={row['shape']}", f"data.max_prompt_tokens={seq // 2}",
-                          f"rollout.max_tokens={seq // 2}", f"model.max_model_len={max(seq, 4096)}",
-                          f"train.micro_batch_size={mb}", f"train.train_batch_size={mb}", "backend.verl.extra={}",
-                          f"train.gradient_checkpointing={'true' if row['ac'] else 'false'}", "algorithm.kl_coef=0",
-                          "algorithm.use_kl_loss=false", f"lora.rank={row['lora'] or 8}", "rollout.temperature=0.6"])
-    if not row["lora"]:
-        prep.recipe.lora = None
-    return trainer_memory(prep.recipe, KNOWN[row["shape"].lower()])
 
 
 def test_verl_fsdp1_points_within_15_percent():
