@@ -1,10 +1,13 @@
 """GPU memory plan for a recipe: the trainer per GPU and the vLLM engine per GPU.
 
 The trainer figure is what NVML shows the trainer process using at its peak (what an OOM sees): torch's allocated
-peak (terms below) times the caching allocator's slack, plus the CUDA context. Each term follows what the backend
-really holds, asked of its adapter (`sharding`, `param_dtype`, `logits_scope`, `lora_base_master`, `micro_tokens`);
-the core names no backend. The per-token constants were measured on an H100 with rlctl launching TRL GRPO
-(bench/gpu_memory.py, docs/memory.md, raw figures in docs/gpu_memory_h100_*.json), some configurations held out.
+peak (terms below: the larger of forward/backward and the optimizer step) times the caching allocator's slack, plus
+the non-torch memory. Each term follows what the backend really holds, asked of its adapter (`memory_engine`,
+`param_dtype`, `logits_scope`, `logit_bytes`, `lora_base_master`, `foreach_adam`, `micro_tokens` and
+`memory_features`: checkpointing every N-th layer, activation offloading, optimizer states on the CPU, fused log-prob
+heads, dynamic token budgets); the core names no backend. The constants were measured on an H100 with rlctl launching
+TRL GRPO (bench/gpu_memory.py) and with trainers shaped like prime-rl's (FSDP2), verl's (FSDP1) and OpenRLHF's
+(DeepSpeed ZeRO) (bench/gpu_fsdp.py, bench/gpu_deepspeed.py); docs/memory.md has every point, some held out.
 
 vLLM follows vLLM's own rule (vllm/v1/worker/gpu_worker.py, determine_available_memory): the engine may use
 `gpu_memory_utilization x total memory`; at startup it refuses when less than that is free; the KV cache gets that
