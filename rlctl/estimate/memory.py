@@ -218,6 +218,8 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     grads = b.terms.pop("gradients")
     accumulation = max(r.train.train_batch_size // max(mb * dp, 1), 1)
     b.terms["gradients"] = grads if accumulation > 1 else max(grads - transient, 0.0)
+    if f.unsharded_grad_bytes and accumulation > 1:
+        b.terms["unsharded gradients (accumulation)"] = T * f.unsharded_grad_bytes
     b.terms["activations"] = acts
     b.terms["logits"] = logits
     if engine == "deepspeed":

@@ -356,6 +356,9 @@ def test_notes_say_what_the_plan_does_not_count():
     assert not any("defers FSDP's gradient" in n for n in notes)  # 0.9.1's fsdp.yaml: no_sync off
     assert any("defers FSDP's gradient" in n for n in VERL.memory_features(recipe("0.9.0", "seed")).notes)
     assert any("defers FSDP's gradient" in n for n in VERL.memory_features(recipe("0.9.1", "no_sync")).notes)
+    # ... and counts them: 2 bytes per trainable parameter, whatever the number of GPUs
+    assert VERL.memory_features(recipe("0.9.0", "seed")).unsharded_grad_bytes == 2.0
+    assert VERL.memory_features(r91).unsharded_grad_bytes == 0.0
     assert any("about 6 bytes" in n for n in VERL.memory_features(recipe("0.9.1", "entropy")).notes)
     # the temperature-scaled copy of the logits: 0.9.1 skips it at temperature 1, 0.9.0 never does
     assert not any("temperature 1" in n for n in notes)  # the seed samples at 0.6

@@ -235,10 +235,12 @@ def features(recipe: Recipe, s: dict[str, Any], version: str, vocab: int | None 
 
     # ---- gradients held unsharded across a mini-batch's micro batches (FSDP no_sync)
     deferred = version == "0.9.0" or bool(s.get(NO_SYNC))
+    unsharded = 0.0
     if deferred and _several_micro_batches(r, s, budget, sp):
+        unsharded = 2.0
         notes.append("verl defers FSDP's gradient reduce-scatter to a mini-batch's last micro batch "
-                     "(_gradient_sync_context, no_sync): unsharded bf16 gradients of all trainable parameters (about "
-                     "2 bytes each, not divided by the GPUs) stay on every GPU, not in this plan"
+                     "(_gradient_sync_context, no_sync): unsharded bf16 gradients of all trainable parameters (2 "
+                     "bytes each, not divided by the GPUs) stay on every GPU"
                      + (f"; 0.9.1: {NO_SYNC.rsplit('.', 1)[-1]} = false turns it off" if version != "0.9.0" else ""))
 
     # ---- log-probs
@@ -264,7 +266,8 @@ def features(recipe: Recipe, s: dict[str, Any], version: str, vocab: int | None 
         notes.append("verl's reference policy is a forward-only FSDP engine with CPUOffload(offload_params=True): its "
                      "weights stay on the CPU, so the plan's reference model term is an upper bound")
     return MemoryFeatures(checkpoint_every=1 if gc else None, activation_offload=act_offload, optimizer=optimizer,
-                          logits_chunk=chunk, token_budget=budget, logit_bytes=logit_bytes, notes=notes)
+                          logits_chunk=chunk, token_budget=budget, logit_bytes=logit_bytes,
+                          unsharded_grad_bytes=unsharded, notes=notes)
 
 
 def _several_micro_batches(recipe: Recipe, s: dict[str, Any], budget: tuple[str, int] | None, sp: int) -> bool:
