@@ -354,16 +354,16 @@ VLLM_CUDA_GRAPHS = 0.6 * GiB  # graph pool of the default capture sizes, logged 
 VLLM_FWD_HIDDEN = 4
 VLLM_FWD_INTER = 3
 # The sampler, per sequence x vocabulary entry: the logits in the model dtype and in fp32, the top-k/top-p sort of the
-# whole vocabulary (fp32 values, int64 indices and the sort's own int64 input and scratch), softmax and mask copies:
-# 39 bytes through vLLM 0.16 (Qwen3-14B, 1024 sequences: 5.64 GiB logged; V0 with 256: 1.26 GiB for a 128k vocabulary,
-# 1.42 for 152k), 15 from 0.17 on (Qwen3-14B: 2.23 GiB; 0.19: 1.89 for 128k, 3.65 for 256k).
+# whole vocabulary (fp32 values, int64 indices, the sort's scratch), softmax and mask copies: 39 bytes as logged
+# through vLLM 0.16 (Qwen3-14B, 1024 sequences: 5.64 GiB; V0 with 256: 1.26 GiB for a 128k vocabulary, 1.42 for 152k),
+# 15 from 0.17 on (Qwen3-14B: 2.23 GiB; 0.19: 1.89 for 128k, 3.65 for 256k).
 VLLM_SAMPLER_BYTES = 39
 VLLM_SAMPLER_BYTES_SINCE_0_17 = 15
 
 
 def vllm_memory(recipe: Recipe, arch: Arch, gpu_total: float, vllm_version: str | None = None) -> EnginePlan:
-    """vLLM's KV cache rule for `recipe`'s engine. `vllm_version` ("0.19.0"; None: the 0.8.5-0.16 engines the backends
-    pin) picks the default max_num_seqs and the sampler's bytes, the only version-dependent terms."""
+    """vLLM's KV cache rule for `recipe`'s engine. `vllm_version` ("0.19.0"; None: 0.8.5-0.16, the V1 engines the
+    seeds run) picks the default max_num_seqs and the sampler's bytes, the only version-dependent terms."""
     r = recipe
     tp = r.rollout.tensor_parallel
     dtype_bytes = DTYPE_BYTES[r.model.dtype]
