@@ -261,7 +261,9 @@ class Backend:
 
     def patch_locally(self, recipe: Recipe) -> bool:
         """Whether patches apply to this machine's site-packages (not when the backend runs on a remote cluster)."""
-        return recipe.resources.executor != "ray"
+        from rlctl.executors import get
+
+        return not get(recipe.resources.executor).remote
 
     def stall_patterns(self) -> list[str]:
         """Regexes of log lines that mean the run is stuck or a component it needs died."""

@@ -32,6 +32,14 @@ class Executor:
 
     name: ClassVar[str]
     copies_working_dir: ClassVar[bool] = False  # the job runs in a copy of the run directory (paths must be absolute)
+    remote: ClassVar[bool] = False  # the job runs on other machines: their packages and GPUs, not this one's
+    checks: ClassVar[tuple[str, ...]] = ()  # the preflight check names `preflight` reports (for --only)
+
+    # ---- checks ------------------------------------------------------------------------------------------------
+    def preflight(self, ctx: Any) -> list[Any]:
+        """This executor's own preflight checks (preflight Results), e.g. that its cluster answers. Default: none."""
+        del ctx  # Unused
+        return []
 
     # ---- launch ------------------------------------------------------------------------------------------------
     def prepare(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], plan: Any, recipe: Any,

@@ -246,6 +246,36 @@ class RayExecutor(Executor):
 
     name: ClassVar[str] = "ray"
     copies_working_dir: ClassVar[bool] = True
+    remote: ClassVar[bool] = True
+    checks: ClassVar[tuple[str, ...]] = ("env.ray",)
+
+    def preflight(self, ctx: Any) -> list[Any]:
+        """env.ray: the cluster answers and has the nodes and GPUs the recipe places work on."""
+        import importlib.util
+
+        from rlctl.preflight import FAIL, OK, Result
+
+        r = ctx.recipe
+        address = r.resources.ray_address or os.environ.get("RAY_ADDRESS")
+        if address is None:
+            if importlib.util.find_spec("ray") is None:
+                return [Result("env.ray", FAIL, "no Ray address and ray is not installed to start a local head",
+                               'pip install "rlctl[ray]", or set resources.ray_address / RAY_ADDRESS')]
+            return [Result("env.ray", OK,
+                           "no address: rlctl starts a Ray head on 127.0.0.1 for the run and stops it after")]
+        try:
+            info = cluster_info(address)
+        except RlctlError as e:
+            return [Result("env.ray", FAIL, e.message, e.hint)]
+        nodes = info["nodes"]
+        need = r.resources.gpus_per_node
+        fit = [n for n in nodes if n["gpus"] >= need]
+        figure = (f"Ray {info['ray_version']} at {address}: {len(nodes)} node(s), GPUs per node "
+                  f"{[n['gpus'] for n in nodes]}")
+        if len(fit) < r.resources.nodes:
+            return [Result("env.ray", FAIL, figure + f"; the recipe needs {r.resources.nodes} node(s) with {need} "
+                           "GPU(s)", "add nodes to the cluster or lower resources.nodes / gpus_per_node")]
+        return [Result("env.ray", OK, figure)]
 
     def __init__(self) -> None:
         self.head: LocalHead | None = None

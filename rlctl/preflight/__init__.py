@@ -85,12 +85,32 @@ def families() -> list[str]:
     return sorted({name.split(".")[0] for name in REGISTRY})
 
 
+def emitted() -> dict[str, str]:
+    """Checks that a plug-in runs inside one registered check: their name -> the registered check that runs them
+    (an executor's checks run inside env.executor)."""
+    from rlctl.executors import available, get
+
+    out: dict[str, str] = {}
+    for name in available():
+        try:
+            for c in get(name).checks:
+                out[c] = "env.executor"
+        except Exception:  # a broken third-party executor must not break preflight
+            continue
+    return out
+
+
+def _selects(name: str, o: str, aliases: dict[str, str]) -> bool:
+    return name == o or name.startswith(o + ".") or aliases.get(o) == name
+
+
 def check_only(only: list[str] | None) -> None:
     """`--only` names families or checks that exist; anything else is a usage error listing them."""
     if not only:
         return
     _load_all()
-    unknown = [o for o in only if not any(n == o or n.startswith(o + ".") for n in REGISTRY)]
+    aliases = emitted()
+    unknown = [o for o in only if not any(_selects(n, o, aliases) for n in REGISTRY)]
     if unknown:
         raise RlctlError(f"--only {', '.join(unknown)}: no such check or family.",
                          hint=f"families: {', '.join(families())} (or a check, e.g. schedule.warmup)")
@@ -101,8 +121,9 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
     _load_all()
     ctx = Context(prepared)
     results: list[Result] = []
+    aliases = emitted() if only else {}
     for name, fn in REGISTRY.items():
-        if only and not any(name == o or name.startswith(o + ".") for o in only):
+        if only and not any(_selects(name, o, aliases) for o in only):
             continue
         try:
             out = fn(ctx)
@@ -115,7 +136,11 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
                          "a bug in rlctl: report it (RLCTL_DEBUG=1 shows the traceback)")
         if out is None:
             continue
-        results.extend(out if isinstance(out, list) else [out])
+        out = out if isinstance(out, list) else [out]
+        if only:  # a check that runs others (env.executor) returns only those asked for
+            out = [r for r in out if any(_selects(name, o, aliases) and (o not in aliases or r.check == o)
+                                         for o in only)]
+        results.extend(out)
     return results
 
 

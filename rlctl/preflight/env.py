@@ -21,7 +21,7 @@ def backend_installed(ctx: Context) -> Result:
     pkg = ctx.backend.packages[0]
     pinned = r.backend.version
     if installed is None:
-        remote = r.resources.executor == "ray"
+        remote = _executor(ctx).remote
         local = ctx.backend.needs_local_install and not remote
         hint = f" (or {ctx.backend.install_hint})" if ctx.backend.install_hint else ""
         return Result("env.backend", FAIL if local else WARN,
@@ -106,8 +106,9 @@ def gpus(ctx: Context) -> Result | None:
     r = ctx.recipe
     if r.resources.gpus_per_node == 0:
         return None
-    if r.resources.executor == "ray":
-        return Result("env.gpus", SKIP, "GPUs are on the Ray cluster; checked when the job is submitted")
+    if _executor(ctx).remote:
+        return Result("env.gpus", SKIP, f"GPUs are on the {r.resources.executor} executor's machines; checked when "
+                      "the job is submitted")
     visible = sorted(Path("/dev").glob("nvidia[0-9]*"))
     if not visible and shutil.which("nvidia-smi") is None:
         return Result("env.gpus", SKIP, "no NVIDIA GPU visible on this machine (fine for a login node; launch "
@@ -134,33 +135,13 @@ def output_dirs(ctx: Context) -> Result:
     return Result("env.output_dirs", OK, f"runs go to {root}")
 
 
-@check("env.ray")
-def ray_cluster(ctx: Context) -> Result | None:
-    """With the Ray executor: the cluster answers and has the nodes and GPUs the recipe places work on."""
-    r = ctx.recipe
-    if r.resources.executor != "ray":
-        return None
-    address = r.resources.ray_address or os.environ.get("RAY_ADDRESS")
-    if address is None:
-        import importlib.util
+@check("env.executor")
+def executor_checks(ctx: Context) -> list[Result]:
+    """The executor's own checks (e.g. that its cluster answers and has the GPUs the recipe places work on)."""
+    return _executor(ctx).preflight(ctx)
 
-        if importlib.util.find_spec("ray") is None:
-            return Result("env.ray", FAIL, "no Ray address and ray is not installed to start a local head",
-                          'pip install "rlctl[ray]", or set resources.ray_address / RAY_ADDRESS')
-        return Result("env.ray", OK, "no address: rlctl starts a Ray head on 127.0.0.1 for the run and stops it after")
-    from rlctl.errors import RlctlError
-    from rlctl.executors.ray import cluster_info
 
-    try:
-        info = cluster_info(address)
-    except RlctlError as e:
-        return Result("env.ray", FAIL, e.message, e.hint)
-    nodes = info["nodes"]
-    need = r.resources.gpus_per_node
-    fit = [n for n in nodes if n["gpus"] >= need]
-    figure = (f"Ray {info['ray_version']} at {address}: {len(nodes)} node(s), GPUs per node "
-              f"{[n['gpus'] for n in nodes]}")
-    if len(fit) < r.resources.nodes:
-        return Result("env.ray", FAIL, figure + f"; the recipe needs {r.resources.nodes} node(s) with {need} GPU(s)",
-                      "add nodes to the cluster or lower resources.nodes / gpus_per_node")
-    return Result("env.ray", OK, figure)
+def _executor(ctx: Context):
+    from rlctl.executors import get
+
+    return get(ctx.recipe.resources.executor)
