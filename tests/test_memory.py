@@ -55,6 +55,15 @@ def test_seed_004_trainer_holds_about_30_gib():
     assert abs(b.total / GiB / measured - 1) < 0.15
 
 
+def test_seed_004_vllm_refuses_at_0_9_with_the_free_memory_it_logged():
+    # "ValueError: Free memory on device (48.97/79.18 GiB) on startup is less than desired GPU memory utilization
+    # (0.9, 71.26 GiB)" with the 7B trainer loaded first
+    r = run(PRIME_SHARED, "rollout.gpu_memory_utilization=0.9")["memory.colocation"]
+    assert r.verdict == "fail" and "(0.9, 71.26 GiB)" in r.figure
+    free = float(r.figure.split("(")[1].split("/")[0])
+    assert abs(free - 48.97) < 2.0
+
+
 def test_seed_004_fits_at_0_5_with_checkpointing():
     res = run(PRIME_SHARED, "rollout.gpu_memory_utilization=0.5", "train.gradient_checkpointing=true")
     assert res["memory.colocation"].verdict == "ok"

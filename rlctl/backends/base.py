@@ -134,6 +134,7 @@ class MemoryFeatures:
     logits_chunk: int | None = None  # elements (tokens x vocab) of a fused chunked log-prob head; None: materialized
     token_budget: tuple[str, int] | None = None  # dynamic batching: (the key, tokens per micro batch per GPU)
     logit_bytes: float | None = None  # bytes per token x vocab of materialised logits, when it depends on the recipe
+    reference_on_gpu: bool = True  # False: the reference model's weights stay on the CPU (forward-only offload)
     unsharded_grad_bytes: float = 0.0  # per trainable parameter, held unsharded on every GPU while micro batches
     # accumulate (FSDP no_sync): not divided by the GPUs
     notes: list[str] = field(default_factory=list)

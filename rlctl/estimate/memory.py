@@ -167,7 +167,7 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     b.terms["optimizer"] = 0.0 if f.optimizer == "cpu" else opt_states
     if f.optimizer == "cpu":
         b.notes.append("optimizer states on the CPU")
-    if r.algorithm.kl_coef > 0 and full:
+    if r.algorithm.kl_coef > 0 and full and f.reference_on_gpu:
         # TRL loads the reference with the policy's model_init_kwargs (fp32 under mixed); FSDP/DeepSpeed: bf16 shards
         b.terms["reference model"] = shard(P * (pb if engine == "plain" else cb), 3)
     autocast_fp32 = engine == "plain" and pb > cb and base_b > cb
@@ -260,7 +260,8 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     b.terms["cuda context"] = DEEPSPEED_CONTEXT[3 if stage >= 3 else 2] if engine == "deepspeed" else CUDA_CONTEXT
     b.facts = {"engine": engine, "param_dtype": pdt, "tokens_per_micro_batch": tokens, "micro_batch": mb,
                "checkpointing": gc, "checkpointed_layers": n_ck, "gradient_accumulation": accumulation,
-               "allocated_peak": allocated, "optimizer": f.optimizer, "token_budget": f.token_budget}
+               "allocated_peak": allocated, "optimizer": f.optimizer, "token_budget": f.token_budget,
+               "backend_notes": list(f.notes)}
     return b
 
 

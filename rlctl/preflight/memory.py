@@ -34,7 +34,9 @@ def trainer(ctx: Context) -> Result:
     if skip:
         return skip
     b = trainer_memory(ctx.recipe, arch)
-    data = {"per_gpu_bytes": b.total, "terms": b.terms, "gpu_bytes": total, "params": arch.params}
+    # the backend's own caveats (what it counts as an upper bound, what it leaves out) print under the figure
+    data = {"per_gpu_bytes": b.total, "terms": b.terms, "gpu_bytes": total, "params": arch.params,
+            "notes": list(b.facts.get("backend_notes", []))}
     figure = f"{gib(b.total)} per trainer GPU of {gib(total)} ({b.table()} GiB; {arch.params / 1e9:.2f}B params)"
     if b.total > total:
         fix = fix_text(fitting_fix(ctx.recipe, arch, total), ctx.recipe)

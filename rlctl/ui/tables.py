@@ -25,6 +25,8 @@ def preflight_table(results: list[Any], title: str) -> None:
             lines.append(f"{r.verdict.upper():<5} {r.check:<{width}}  {r.figure}")
             if r.fix:
                 lines.append(f"{'':<5} {'':<{width}}  fix: {r.fix}")
+            for note in r.data.get("notes", []) if isinstance(r.data, dict) else []:
+                lines.append(f"{'':<5} {'':<{width}}  note: {note}")
         lines.append(summary)
         sys.stdout.write("\n".join(lines) + "\n")
         return
@@ -34,7 +36,9 @@ def preflight_table(results: list[Any], title: str) -> None:
     t.add_column("figure")
     t.add_column("fix")
     for r in results:
-        t.add_row(r.check, f"[{VERDICT_STYLE.get(r.verdict, '')}]{r.verdict}[/]", r.figure, r.fix or "")
+        notes = r.data.get("notes", []) if isinstance(r.data, dict) else []
+        figure = "\n".join([r.figure, *(f"[dim]note: {n}[/]" for n in notes)])
+        t.add_row(r.check, f"[{VERDICT_STYLE.get(r.verdict, '')}]{r.verdict}[/]", figure, r.fix or "")
     c = console()
     c.print(t)
     c.print(summary)

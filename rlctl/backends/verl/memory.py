@@ -264,10 +264,10 @@ def features(recipe: Recipe, s: dict[str, Any], version: str, vocab: int | None 
     # ---- the reference policy
     if r.algorithm.kl_coef > 0 and r.lora is None:
         notes.append("verl's reference policy is a forward-only FSDP engine with CPUOffload(offload_params=True): its "
-                     "weights stay on the CPU, so the plan's reference model term is an upper bound")
+                     "weights stay on the CPU, not counted on the GPU")
     return MemoryFeatures(checkpoint_every=1 if gc else None, activation_offload=act_offload, optimizer=optimizer,
                           logits_chunk=chunk, token_budget=budget, logit_bytes=logit_bytes,
-                          unsharded_grad_bytes=unsharded, notes=notes)
+                          unsharded_grad_bytes=unsharded, reference_on_gpu=False, notes=notes)
 
 
 def _several_micro_batches(recipe: Recipe, s: dict[str, Any], budget: tuple[str, int] | None, sp: int) -> bool:
