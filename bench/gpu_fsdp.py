@@ -82,7 +82,25 @@ CASES_V = [
 ]
 
 
+# grid fsdp-dp2: the same trainers on 2 GPUs (RLCTL_BENCH_GPUS=2, torchrun), so that sharding across ranks is
+# measured, not only modelled. FSDP2 cases are built on the meta device, sharded, then materialised (each rank holds
+# only its shards, as prime-rl loads them); FSDP1 cases as above. name, shape, lora rank, checkpoint every N, micro
+# batch, sequence length, offload K, optimizer, head, engine
+CASES_D = [
+    ("d2-3b-full-ac1-s4096-v08", "Qwen/Qwen2.5-3B", 0, 1, 1, 4096, 0, "gpu", "v08", "fsdp2"),
+    ("d2-7b-full-ac1-s4096-v08", "Qwen/Qwen2.5-7B", 0, 1, 1, 4096, 0, "gpu", "v08", "fsdp2"),
+    ("d2-7b-lora16-noac-s4096-v03", "Qwen/Qwen2.5-7B", 16, 0, 1, 4096, 0, "gpu", "v03", "fsdp2"),
+    ("dv2-1.5b-full-gc-mb4-s2048", "Qwen/Qwen2.5-1.5B", 0, 1, 4, 2048, 0, "gpu", "verl", "fsdp1"),
+    ("dv2-3b-full-nogc-mb1-s4096", "Qwen/Qwen2.5-3B", 0, 0, 1, 4096, 0, "gpu", "verl", "fsdp1"),
+]
+
+
 def case(name: str) -> dict:
+    for c in CASES_D:
+        if c[0] == name:
+            return {"name": c[0], "shape": c[1], "lora": c[2], "every": c[3], "ac": bool(c[3]), "mb": c[4],
+                    "seq": c[5], "offload": c[6], "optim": c[7], "head": c[8], "hf_ac": c[9] == "fsdp1",
+                    "engine": c[9]}
     for c in CASES_V:
         if c[0] == name:
             return {"name": c[0], "shape": c[1], "lora": c[2], "every": 1 if c[3] else 0, "ac": c[3], "mb": c[4],
@@ -251,9 +269,12 @@ def child(name: str) -> dict:
 
     c = case(name)
     rank, mb, seq = c["lora"], c["mb"], c["seq"]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29512", RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    torch.cuda.set_device(0)
+    if "LOCAL_RANK" not in os.environ:  # one process; torchrun sets these for several
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29512", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    world, rid, local = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", rank=rid, world_size=world)
+    meta = world > 1 and c.get("engine", "fsdp2") == "fsdp2"
     a = KNOWN[c["shape"].lower()]
     cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                       num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
@@ -261,7 +282,7 @@ def child(name: str) -> dict:
     # fp32: what prime-rl and verl load for training. verl's FSDP1 worker builds the model on the CPU and FSDP moves
     # it to the GPU unit by unit (fsdp_workers.py: init on CPU/meta, FSDP(device_id=..., sync_module_states=True));
     # building it on the GPU first would leave the pool fragmented by the freed unflattened parameters
-    with torch.device("cpu" if c.get("engine") == "fsdp1" else "cuda"):
+    with torch.device("cpu" if c.get("engine") == "fsdp1" else "meta" if meta else "cuda"):
         model = Qwen2ForCausalLM(cfg)
     if rank:
         from peft import LoraConfig, get_peft_model
@@ -307,12 +328,19 @@ def child(name: str) -> dict:
             model, auto_wrap_policy=functools.partial(_or_policy, policies=policies),
             mixed_precision=MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                            buffer_dtype=torch.float32, cast_forward_inputs=bool(rank)),
-            sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=0, use_orig_params=bool(rank))
+            sharding_strategy=ShardingStrategy.FULL_SHARD, device_id=local, use_orig_params=bool(rank))
     else:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for layer in inner.model.layers:
             fully_shard(layer, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
+        if meta:  # each rank materialises its own shards only (random values: memory is what is measured)
+            model.to_empty(device="cuda")
+            with torch.no_grad():
+                for prm in model.parameters():
+                    prm.normal_(0, 0.02)
+                for buf in model.buffers():
+                    buf.fill_(1e-3)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     torch.cuda.synchronize()
     after_load = torch.cuda.memory_allocated()
@@ -357,39 +385,47 @@ def main() -> None:
     ap.add_argument("--child")
     a = ap.parse_args()
     if a.child:
-        print("RESULT " + json.dumps(child(a.child)), flush=True)
+        out = child(a.child)
+        if os.environ.get("RANK", "0") == "0":
+            print("RESULT " + json.dumps(out), flush=True)
         return
     import pynvml
 
     pynvml.nvmlInit()
-    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    gpus = int(os.environ.get("RLCTL_BENCH_GPUS", "1"))
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(gpus)]
     results = []
     only = set(filter(None, os.environ.get("RLCTL_FSDP_CASES", "").split(",")))
-    grid = {"fsdp-b": CASES_B, "fsdp1-verl": CASES_V}.get(os.environ.get("RLCTL_FSDP_GRID", ""), CASES)
+    grid = {"fsdp-b": CASES_B, "fsdp1-verl": CASES_V, "fsdp-dp2": CASES_D}.get(
+        os.environ.get("RLCTL_FSDP_GRID", ""), CASES)
     for entry in grid:
         if only and entry[0] not in only:
             continue
         c = case(entry[0])
-        before = pynvml.nvmlDeviceGetMemoryInfo(h).used / GiB
-        peak = [before]
+        befores = [pynvml.nvmlDeviceGetMemoryInfo(h).used / GiB for h in handles]
+        peak = list(befores)
         stop = threading.Event()
 
         def sample(peak=peak, stop=stop):
             while not stop.is_set():
-                peak[0] = max(peak[0], pynvml.nvmlDeviceGetMemoryInfo(h).used / GiB)
+                for i, h in enumerate(handles):
+                    peak[i] = max(peak[i], pynvml.nvmlDeviceGetMemoryInfo(h).used / GiB)
                 time.sleep(0.02)
 
         t = threading.Thread(target=sample, daemon=True)
         t.start()
         t0 = time.time()
-        p = subprocess.run([sys.executable, __file__, "--child", c["name"]], capture_output=True, text=True,
-                           timeout=300)
+        launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
+                    if gpus > 1 else [sys.executable])
+        p = subprocess.run([*launcher, __file__, "--child", c["name"]], capture_output=True, text=True, timeout=300)
         stop.set()
         t.join()
         line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
+        per_gpu = [x - b for x, b in zip(peak, befores, strict=True)]
         row = {"config": c["name"], **{k: c[k] for k in ("shape", "lora", "ac", "mb", "seq", "every", "offload",
                                                             "optim", "head")}, "engine": c.get("engine", "fsdp2"),
-               "nvml_before_gib": before, "nvml_peak_run_gib": peak[0] - before, "wall_s": time.time() - t0,
+               "gpus": gpus, "nvml_before_gib": befores[0], "nvml_peak_per_gpu_gib": per_gpu,
+               "nvml_peak_run_gib": max(per_gpu), "wall_s": time.time() - t0,
                **(json.loads(line[7:]) if line else {"error": p.stderr[-1500:]})}
         row["oom"] = "out of memory" in p.stderr.lower()
         results.append(row)

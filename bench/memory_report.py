@@ -24,6 +24,7 @@ VERL = RECIPES / "verl-qwen2.5-math-1.5b-1xh100.toml"
 OPENRLHF = RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"
 
 FSDP_RAW = ["gpu_fsdp_h100.json", "gpu_fsdp_h100_heldout.json", "gpu_fsdp_h100_b.json"]
+DP2_RAW = ["gpu_fsdp_h200x2_dp2.json"]  # 2 GPUs: FSDP2 (d2-*, the prime-rl recipe) and FSDP1 (dv2-*, verl's)
 VERL_RAW = ["gpu_fsdp1_verl_h100.json", "gpu_fsdp1_verl_h100_heldout.json"]
 DS_RAW = ["gpu_deepspeed_h100.json", "gpu_deepspeed_h100_heldout.json"]
 
@@ -51,18 +52,22 @@ def fsdp_plan(row: dict[str, Any]):
     chunk = {"full": None, "v03": row["mb"] * row["seq"] * 2048, "v08": 1024 * 8192}[row.get("head", "full")]
     f = MemoryFeatures(checkpoint_every=every or None, activation_offload=row.get("offload") or None,
                        optimizer=row.get("optim", "gpu"), logits_chunk=chunk)
+    dp = row.get("gpus", 1)
     return _plan(PRIME_SHARED, [f"train.seq_len={row['seq']}", f"train.micro_batch_size={row['mb']}",
-                                f"train.train_batch_size={row['mb']}", f"lora.rank={row['lora'] or 8}",
-                                f"train.gradient_checkpointing={'true' if every else 'false'}"], row, f)
+                                f"train.train_batch_size={row['mb'] * dp}", f"lora.rank={row['lora'] or 8}",
+                                f"train.gradient_checkpointing={'true' if every else 'false'}",
+                                f"resources.gpus_per_node={dp}", f"resources.trainer_gpus={list(range(dp))}",
+                                "resources.inference_gpus=[0]"], row, f)
 
 
 def verl_plan(row: dict[str, Any]):
     """verl's recipe: packed tokens (prompt + response = the bench's sequence), temperature 0.6, no dynamic
     batching, no reference model."""
-    seq, mb = row["seq"], row["mb"]
+    seq, mb, dp = row["seq"], row["mb"], row.get("gpus", 1)
     return _plan(VERL, [f"model.path={row['shape']}", f"data.max_prompt_tokens={seq // 2}",
                         f"rollout.max_tokens={seq // 2}", f"model.max_model_len={max(seq, 4096)}",
-                        f"train.micro_batch_size={mb}", f"train.train_batch_size={mb}", "backend.verl.extra={}",
+                        f"train.micro_batch_size={mb}", f"train.train_batch_size={mb * dp}", "backend.verl.extra={}",
+                        f"resources.gpus_per_node={dp}",
                         f"train.gradient_checkpointing={'true' if row['ac'] else 'false'}", "algorithm.kl_coef=0",
                         "algorithm.use_kl_loss=false", f"lora.rank={row['lora'] or 8}", "rollout.temperature=0.6"],
                  row)
