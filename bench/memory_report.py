@@ -114,6 +114,9 @@ def main() -> None:
     print(table(FSDP_RAW, fsdp_plan, FSDP_HELD, "gpu_fsdp_h100_b_predicted.json"))
     print("\n### FSDP1 (verl-shaped)\n")
     print(table(VERL_RAW, verl_plan, VERL_HELD, "gpu_fsdp1_verl_h100_predicted.json"))
+    print("\n### Two GPUs (H200): FSDP2 prime-rl-shaped (d2-*) and FSDP1 verl-shaped (dv2-*), all held out\n")
+    print(table(DP2_RAW, lambda r: (verl_plan if r["engine"] == "fsdp1" else fsdp_plan)(r),
+                {r["config"] for r in rows(DP2_RAW)}, "gpu_fsdp_h200x2_dp2_predicted.json"))
     print("\n### DeepSpeed ZeRO (OpenRLHF-shaped)\n")
     print(table(DS_RAW, deepspeed_plan, DS_HELD, "gpu_deepspeed_h100_heldout_predicted.json"))
 

@@ -188,6 +188,21 @@ def test_fsdp_b_held_out_predictions_were_committed_before_the_run():
         assert abs(predicted[name]["plan_gib"] / rows[name]["nvml_peak_run_gib"] - 1) <= 0.15, name
 
 
+def test_two_gpu_sharding_measured_within_15_percent_of_the_committed_predictions():
+    """FSDP2 (prime-rl recipe) and FSDP1 (verl recipe) on 2 GPUs: the plan divides by the trainer GPUs the way the
+    trainers shard; predicted before the run (docs/gpu_fsdp_h200x2_dp2_predicted.json)."""
+    rows = REPORT.rows(REPORT.DP2_RAW)
+    predicted = json.loads((ROOT / "docs" / "gpu_fsdp_h200x2_dp2_predicted.json").read_text())
+    assert len(rows) == 5 and all(r["gpus"] == 2 and not r["oom"] for r in rows)
+    for row in rows:
+        plan = (verl_plan if row["engine"] == "fsdp1" else fsdp_plan)(row)
+        assert plan.facts["engine"] == ("fsdp1" if row["engine"] == "fsdp1" else "fsdp")
+        for figure in (plan.total / GiB, predicted[row["config"]]["plan_gib"]):
+            assert abs(figure / row["nvml_peak_run_gib"] - 1) <= 0.15, (row["config"], figure)
+        # sharding: the allocated peak per GPU within 5%
+        assert abs(plan.facts["allocated_peak"] / GiB / row["torch_peak_allocated_gib"] - 1) <= 0.05, row["config"]
+
+
 def test_deepspeed_points_within_15_percent():
     raw = [row for f in DS_RAW for row in json.loads((ROOT / "docs" / f).read_text())["results"]]
     assert len(raw) == 13 and not any(r.get("oom") or "error" in r for r in raw)
