@@ -110,13 +110,13 @@ def _per_token_layer(arch: Arch) -> float:
     return ACT_H * arch.hidden + ACT_I * inter
 
 
-def _features(recipe: Recipe, micro_batch: int | None, checkpointing: bool | None):
-    """The recipe with the overrides applied, and the adapter's MemoryFeatures for it."""
+def _features(recipe: Recipe, checkpointing: bool | None) -> MemoryFeatures:
+    """The adapter's MemoryFeatures for the recipe with its gradient checkpointing overridden (for a fix)."""
     r = recipe
     if checkpointing is not None and checkpointing != r.train.gradient_checkpointing:
         r = r.model_copy(deep=True)
         r.train.gradient_checkpointing = checkpointing
-    return r, _adapter(r).memory_features(r)
+    return _adapter(r).memory_features(r)
 
 
 def checkpointed_layers(layers: int, every: int | None) -> int:
@@ -129,9 +129,8 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
                    token_budget: int | None = None) -> Breakdown:
     """The trainer's peak per GPU. micro_batch / checkpointing / token_budget override the recipe's (for computing
     a fix); `features` overrides what the adapter says (for a measured configuration)."""
-    r, f = _features(recipe, micro_batch, checkpointing)
-    if features is not None:
-        f = features
+    r = recipe
+    f = features if features is not None else _features(r, checkpointing)
     a = _adapter(r)
     b = Breakdown()
     engine = a.memory_engine(r)
@@ -185,7 +184,7 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     resid = 4 if autocast_fp32 else cb
     per_layer = _per_token_layer(arch) * cb / 2
     L = arch.layers
-    n_ck = min(checkpointed_layers(L, every), L)
+    n_ck = checkpointed_layers(L, every)
     if gc:
         # checkpointed layers keep their input; the others keep everything; one layer is recomputed at a time
         if f.activation_offload is not None:
