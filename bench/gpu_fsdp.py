@@ -33,8 +33,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 1024**3
-CASES = [
-    # name, shape, lora rank (0 = full), activation checkpointing, micro batch, sequence length
+def _case(name: str, shape: str, lora: int, every: int, mb: int, seq: int, offload: int = 0, optim: str = "gpu",
+          head: str = "full", engine: str = "fsdp2", hf_ac: bool | None = None) -> dict:
+    """One configuration: lora rank (0 = full fine-tune), checkpoint every N-th layer (0 = off), micro batch,
+    sequence length, activation offloading keeping K (0 = off), optimizer (gpu | step), log-prob head (full | v03 |
+    v08 | verl), engine (fsdp2 | fsdp1), and whether checkpointing goes through HF's gradient_checkpointing_enable
+    (default: FSDP1 does, as verl; FSDP2 wraps every N-th layer in checkpoint_wrapper, as prime-rl)."""
+    return {"name": name, "shape": shape, "lora": lora, "every": every, "ac": bool(every), "mb": mb, "seq": seq,
+            "offload": offload, "optim": optim, "head": head, "engine": engine,
+            "hf_ac": engine == "fsdp1" if hf_ac is None else hf_ac}
+
+
+# grid one: FSDP2 with HF checkpointing of every layer or none and a materialised fp32 log-softmax
+CASES = [_case(n, shape, lora, int(ac), mb, seq, hf_ac=True) for n, shape, lora, ac, mb, seq in [
     ("fsdp-7b-lora8-ac-mb1-s2048", "Qwen/Qwen2.5-7B", 8, True, 1, 2048),
     ("fsdp-7b-lora8-noac-mb1-s2048", "Qwen/Qwen2.5-7B", 8, False, 1, 2048),
     ("fsdp-1.5b-full-ac-mb2-s2560", "Qwen/Qwen2.5-1.5B", 0, True, 2, 2560),
@@ -43,20 +54,19 @@ CASES = [
     ("fsdp-7b-lora16-ac-mb2-s1536", "Qwen/Qwen2.5-7B", 16, True, 2, 1536),
     ("fsdp-3b-full-ac-mb1-s4096", "Qwen/Qwen2.5-3B", 0, True, 1, 4096),
     ("fsdp-1.5b-lora8-noac-mb4-s1024", "Qwen/Qwen2.5-1.5B", 8, False, 4, 1024),
-]
-# grid fsdp-b: name, shape, lora rank, checkpoint every N (0 = off), micro batch, seq, offload K (0 = off),
-# optimizer (gpu | step), head (full | v03 | v08)
+]]
+# grid fsdp-b: what prime-rl's trainer does besides (see the module docstring)
 CASES_B = [
-    ("b-7b-lora8-ac1-s2048-v03", "Qwen/Qwen2.5-7B", 8, 1, 1, 2048, 0, "gpu", "v03"),  # seed 004 as it ran
-    ("b-7b-lora8-noac-s2048-v03", "Qwen/Qwen2.5-7B", 8, 0, 1, 2048, 0, "gpu", "v03"),
-    ("b-1.5b-full-ac2-s4096-v08", "Qwen/Qwen2.5-1.5B", 0, 2, 1, 4096, 0, "gpu", "v08"),
-    ("b-1.5b-full-ac1-s8192-off5-step-v08", "Qwen/Qwen2.5-1.5B", 0, 1, 1, 8192, 5, "step", "v08"),
-    ("b-1.5b-full-ac3-s4096-step-v08", "Qwen/Qwen2.5-1.5B", 0, 3, 1, 4096, 0, "step", "v08"),
+    _case("b-7b-lora8-ac1-s2048-v03", "Qwen/Qwen2.5-7B", 8, 1, 1, 2048, head="v03"),  # seed 004 as it ran
+    _case("b-7b-lora8-noac-s2048-v03", "Qwen/Qwen2.5-7B", 8, 0, 1, 2048, head="v03"),
+    _case("b-1.5b-full-ac2-s4096-v08", "Qwen/Qwen2.5-1.5B", 0, 2, 1, 4096, head="v08"),
+    _case("b-1.5b-full-ac1-s8192-off5-step-v08", "Qwen/Qwen2.5-1.5B", 0, 1, 1, 8192, 5, "step", "v08"),
+    _case("b-1.5b-full-ac3-s4096-step-v08", "Qwen/Qwen2.5-1.5B", 0, 3, 1, 4096, 0, "step", "v08"),
     # held out: predicted by the plan as committed before this grid ran
-    ("b-3b-full-ac1-s4096-off5-step-v08", "Qwen/Qwen2.5-3B", 0, 1, 1, 4096, 5, "step", "v08"),
-    ("b-7b-lora16-ac1-s8192-off5-step-v08", "Qwen/Qwen2.5-7B", 16, 1, 1, 8192, 5, "step", "v08"),
-    ("b-3b-full-noac-s2048-step-v08", "Qwen/Qwen2.5-3B", 0, 0, 1, 2048, 0, "step", "v08"),
-    ("b-7b-lora8-ac2-s4096-off5-v08", "Qwen/Qwen2.5-7B", 8, 2, 1, 4096, 5, "gpu", "v08"),
+    _case("b-3b-full-ac1-s4096-off5-step-v08", "Qwen/Qwen2.5-3B", 0, 1, 1, 4096, 5, "step", "v08"),
+    _case("b-7b-lora16-ac1-s8192-off5-step-v08", "Qwen/Qwen2.5-7B", 16, 1, 1, 8192, 5, "step", "v08"),
+    _case("b-3b-full-noac-s2048-step-v08", "Qwen/Qwen2.5-3B", 0, 0, 1, 2048, 0, "step", "v08"),
+    _case("b-7b-lora8-ac2-s4096-off5-v08", "Qwen/Qwen2.5-7B", 8, 2, 1, 4096, 5, "gpu", "v08"),
 ]
 
 
@@ -64,54 +74,38 @@ CASES_B = [
 # MixedPrecision(bf16 params, fp32 reduce and buffers), the model loaded in fp32), HF gradient checkpointing, packed
 # micro batches (remove padding: one row of micro batch x sequence tokens) and verl's log-prob head: bf16 logits
 # divided by the temperature into a bf16 copy, a cross entropy that keeps no fp32 copy and writes its gradient into
-# the saved logits (flash-attn's Triton kernel, inplace_backward). name, shape, lora rank, checkpointing, micro
-# batch, sequence length
-CASES_V = [
-    ("v-1.5b-full-gc-mb4-s2048", "Qwen/Qwen2.5-1.5B", 0, True, 4, 2048),
-    ("v-1.5b-full-nogc-mb1-s4096", "Qwen/Qwen2.5-1.5B", 0, False, 1, 4096),
-    ("v-7b-lora16-gc-mb2-s4096", "Qwen/Qwen2.5-7B", 16, True, 2, 4096),
-    ("v-3b-full-gc-mb2-s4096", "Qwen/Qwen2.5-3B", 0, True, 2, 4096),
-    ("v-0.5b-full-gc-mb8-s4096", "Qwen/Qwen2.5-0.5B", 0, True, 8, 4096),
+# the saved logits (flash-attn's Triton kernel, inplace_backward)
+CASES_V = [_case(n, shape, lora, every, mb, seq, head="verl", engine="fsdp1") for n, shape, lora, every, mb, seq in [
+    ("v-1.5b-full-gc-mb4-s2048", "Qwen/Qwen2.5-1.5B", 0, 1, 4, 2048),
+    ("v-1.5b-full-nogc-mb1-s4096", "Qwen/Qwen2.5-1.5B", 0, 0, 1, 4096),
+    ("v-7b-lora16-gc-mb2-s4096", "Qwen/Qwen2.5-7B", 16, 1, 2, 4096),
+    ("v-3b-full-gc-mb2-s4096", "Qwen/Qwen2.5-3B", 0, 1, 2, 4096),
+    ("v-0.5b-full-gc-mb8-s4096", "Qwen/Qwen2.5-0.5B", 0, 1, 8, 4096),
     # held out: run after the FSDP1 slack (1.45) was fitted on the full fine-tunes above
-    ("v-3b-full-nogc-mb1-s2048", "Qwen/Qwen2.5-3B", 0, False, 1, 2048),
-    ("v-1.5b-lora32-nogc-mb2-s2048", "Qwen/Qwen2.5-1.5B", 32, False, 2, 2048),
+    ("v-3b-full-nogc-mb1-s2048", "Qwen/Qwen2.5-3B", 0, 0, 1, 2048),
+    ("v-1.5b-lora32-nogc-mb2-s2048", "Qwen/Qwen2.5-1.5B", 32, 0, 2, 2048),
     # held out: run after the FSDP1 slacks (1.40 forward/backward, 1.22 at the step) were fitted on the rows above
-    ("v-1.5b-full-gc-mb1-s16384", "Qwen/Qwen2.5-1.5B", 0, True, 1, 16384),
-    ("v-7b-lora8-nogc-mb1-s4096", "Qwen/Qwen2.5-7B", 8, False, 1, 4096),
-    ("v-0.5b-full-nogc-mb2-s4096", "Qwen/Qwen2.5-0.5B", 0, False, 2, 4096),
-]
+    ("v-1.5b-full-gc-mb1-s16384", "Qwen/Qwen2.5-1.5B", 0, 1, 1, 16384),
+    ("v-7b-lora8-nogc-mb1-s4096", "Qwen/Qwen2.5-7B", 8, 0, 1, 4096),
+    ("v-0.5b-full-nogc-mb2-s4096", "Qwen/Qwen2.5-0.5B", 0, 0, 2, 4096),
+]]
 
 
 # grid fsdp-dp2: the same trainers on 2 GPUs (RLCTL_BENCH_GPUS=2, torchrun), so that sharding across ranks is
 # measured, not only modelled. FSDP2 cases are built on the meta device, sharded, then materialised (each rank holds
-# only its shards, as prime-rl loads them); FSDP1 cases as above. name, shape, lora rank, checkpoint every N, micro
-# batch, sequence length, offload K, optimizer, head, engine
+# only its shards, as prime-rl loads them); FSDP1 cases as above
 CASES_D = [
-    ("d2-3b-full-ac1-s4096-v08", "Qwen/Qwen2.5-3B", 0, 1, 1, 4096, 0, "gpu", "v08", "fsdp2"),
-    ("d2-7b-full-ac1-s4096-v08", "Qwen/Qwen2.5-7B", 0, 1, 1, 4096, 0, "gpu", "v08", "fsdp2"),
-    ("d2-7b-lora16-noac-s4096-v03", "Qwen/Qwen2.5-7B", 16, 0, 1, 4096, 0, "gpu", "v03", "fsdp2"),
-    ("dv2-1.5b-full-gc-mb4-s2048", "Qwen/Qwen2.5-1.5B", 0, 1, 4, 2048, 0, "gpu", "verl", "fsdp1"),
-    ("dv2-3b-full-nogc-mb1-s4096", "Qwen/Qwen2.5-3B", 0, 0, 1, 4096, 0, "gpu", "verl", "fsdp1"),
+    _case("d2-3b-full-ac1-s4096-v08", "Qwen/Qwen2.5-3B", 0, 1, 1, 4096, head="v08"),
+    _case("d2-7b-full-ac1-s4096-v08", "Qwen/Qwen2.5-7B", 0, 1, 1, 4096, head="v08"),
+    _case("d2-7b-lora16-noac-s4096-v03", "Qwen/Qwen2.5-7B", 16, 0, 1, 4096, head="v03"),
+    _case("dv2-1.5b-full-gc-mb4-s2048", "Qwen/Qwen2.5-1.5B", 0, 1, 4, 2048, head="verl", engine="fsdp1"),
+    _case("dv2-3b-full-nogc-mb1-s4096", "Qwen/Qwen2.5-3B", 0, 0, 1, 4096, head="verl", engine="fsdp1"),
 ]
+GRIDS = {"": CASES, "fsdp-b": CASES_B, "fsdp1-verl": CASES_V, "fsdp-dp2": CASES_D}
 
 
 def case(name: str) -> dict:
-    for c in CASES_D:
-        if c[0] == name:
-            return {"name": c[0], "shape": c[1], "lora": c[2], "every": c[3], "ac": bool(c[3]), "mb": c[4],
-                    "seq": c[5], "offload": c[6], "optim": c[7], "head": c[8], "hf_ac": c[9] == "fsdp1",
-                    "engine": c[9]}
-    for c in CASES_V:
-        if c[0] == name:
-            return {"name": c[0], "shape": c[1], "lora": c[2], "every": 1 if c[3] else 0, "ac": c[3], "mb": c[4],
-                    "seq": c[5], "offload": 0, "optim": "gpu", "head": "verl", "hf_ac": True, "engine": "fsdp1"}
-    for c in CASES:
-        if c[0] == name:
-            return {"name": c[0], "shape": c[1], "lora": c[2], "every": 1 if c[3] else 0, "ac": c[3], "mb": c[4],
-                    "seq": c[5], "offload": 0, "optim": "gpu", "head": "full", "hf_ac": True}
-    c = next(c for c in CASES_B if c[0] == name)
-    return {"name": c[0], "shape": c[1], "lora": c[2], "every": c[3], "ac": bool(c[3]), "mb": c[4], "seq": c[5],
-            "offload": c[6], "optim": c[7], "head": c[8], "hf_ac": False}
+    return next(c for grid in GRIDS.values() for c in grid if c["name"] == name)
 
 
 def chunked_logprobs(hidden, weight, labels, token_chunk: int | None, vocab_chunk: int):
@@ -274,7 +268,7 @@ def child(name: str) -> dict:
     world, rid, local = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", rank=rid, world_size=world)
-    meta = world > 1 and c.get("engine", "fsdp2") == "fsdp2"
+    meta = world > 1 and c["engine"] == "fsdp2"
     a = KNOWN[c["shape"].lower()]
     cfg = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                       num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
@@ -282,7 +276,7 @@ def child(name: str) -> dict:
     # fp32: what prime-rl and verl load for training. verl's FSDP1 worker builds the model on the CPU and FSDP moves
     # it to the GPU unit by unit (fsdp_workers.py: init on CPU/meta, FSDP(device_id=..., sync_module_states=True));
     # building it on the GPU first would leave the pool fragmented by the freed unflattened parameters
-    with torch.device("cpu" if c.get("engine") == "fsdp1" else "meta" if meta else "cuda"):
+    with torch.device("cpu" if c["engine"] == "fsdp1" else "meta" if meta else "cuda"):
         model = Qwen2ForCausalLM(cfg)
     if rank:
         from peft import LoraConfig, get_peft_model
@@ -312,7 +306,7 @@ def child(name: str) -> dict:
 
         head = FusedHead(inner.lm_head.weight)
         inner.lm_head = head
-    if c.get("engine") == "fsdp1":
+    if c["engine"] == "fsdp1":
         import functools
 
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
@@ -396,12 +390,9 @@ def main() -> None:
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(gpus)]
     results = []
     only = set(filter(None, os.environ.get("RLCTL_FSDP_CASES", "").split(",")))
-    grid = {"fsdp-b": CASES_B, "fsdp1-verl": CASES_V, "fsdp-dp2": CASES_D}.get(
-        os.environ.get("RLCTL_FSDP_GRID", ""), CASES)
-    for entry in grid:
-        if only and entry[0] not in only:
+    for c in GRIDS.get(os.environ.get("RLCTL_FSDP_GRID", ""), CASES):
+        if only and c["name"] not in only:
             continue
-        c = case(entry[0])
         befores = [pynvml.nvmlDeviceGetMemoryInfo(h).used / GiB for h in handles]
         peak = list(befores)
         stop = threading.Event()
@@ -423,7 +414,7 @@ def main() -> None:
         line = next((x for x in p.stdout.splitlines() if x.startswith("RESULT ")), None)
         per_gpu = [x - b for x, b in zip(peak, befores, strict=True)]
         row = {"config": c["name"], **{k: c[k] for k in ("shape", "lora", "ac", "mb", "seq", "every", "offload",
-                                                            "optim", "head")}, "engine": c.get("engine", "fsdp2"),
+                                                            "optim", "head", "engine")},
                "gpus": gpus, "nvml_before_gib": befores[0], "nvml_peak_per_gpu_gib": per_gpu,
                "nvml_peak_run_gib": max(per_gpu), "wall_s": time.time() - t0,
                **(json.loads(line[7:]) if line else {"error": p.stderr[-1500:]})}
