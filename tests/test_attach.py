@@ -363,10 +363,9 @@ def test_prime_rl_orchestrator_and_trainer_logs_of_a_directory(release, runs, tm
         assert m[1]["time/generation_s"] == 71.0 and m[1]["throughput/tokens_per_s"] == 2401.5
 
 
-@pytest.mark.parametrize("variant", ["multienv", "multienv-json"])
-def test_prime_rl_per_environment_lines(variant, runs, tmp_path):
-    """A multi-environment v0.8.0 run: its orchestrator's `╰─ env | Ratio .. | Reward ..` lines, printed under each
-    step line by the release's own f-string and separator (generate.py), become env/<name>/<metric> of that step."""
+def _attach_v08_orchestrator(tmp_path, variant: str) -> dict:
+    """Attach an output directory holding the v0.8.0 orchestrator fixture `variant` and the matching trainer log
+    (JSON logging where the variant is); every line understood; the merged metrics by step."""
     out = tmp_path / "prime-out"
     out.mkdir()
     (out / "orchestrator.log").write_bytes((FIXTURES / f"prime_rl/orchestrator-v0.8.0-{variant}.log").read_bytes())
@@ -375,7 +374,14 @@ def test_prime_rl_per_environment_lines(variant, runs, tmp_path):
     res, run, backend = attach(str(out))
     assert res.code == 0 and backend == "prime_rl", res.out + res.err
     assert "not understood" not in res.out
-    m = merged(run)
+    return merged(run)
+
+
+@pytest.mark.parametrize("variant", ["multienv", "multienv-json"])
+def test_prime_rl_per_environment_lines(variant, runs, tmp_path):
+    """A multi-environment v0.8.0 run: its orchestrator's `╰─ env | Ratio .. | Reward ..` lines, printed under each
+    step line by the release's own f-string and separator (generate.py), become env/<name>/<metric> of that step."""
+    m = _attach_v08_orchestrator(tmp_path, variant)
     assert sorted(m) == [1, 2, 3]
     for step in (1, 2, 3):
         assert m[step]["reward/mean"] == pytest.approx(0.25 + 0.05 * step)  # the step line still stands
@@ -394,15 +400,7 @@ def test_prime_rl_per_environment_lines(variant, runs, tmp_path):
 def test_prime_rl_eval_lines(variant, runs, tmp_path):
     """v0.8.0's online evals: `Evaluated <env> (Step N) | Policy vN | <time> | Reward .. | ...`, printed by the
     release's own f-string (generate.py) after the next step's line, become eval/<env>/<metric> of step N."""
-    out = tmp_path / "prime-out"
-    out.mkdir()
-    (out / "orchestrator.log").write_bytes((FIXTURES / f"prime_rl/orchestrator-v0.8.0-{variant}.log").read_bytes())
-    trainer = "trainer-v0.8.0-json.log" if variant.endswith("json") else "trainer-v0.8.0.log"
-    (out / "trainer.log").write_bytes((FIXTURES / f"prime_rl/{trainer}").read_bytes())
-    res, run, backend = attach(str(out))
-    assert res.code == 0 and backend == "prime_rl", res.out + res.err
-    assert "not understood" not in res.out
-    m = merged(run)
+    m = _attach_v08_orchestrator(tmp_path, variant)
     assert sorted(m) == [1, 2, 3]
     for step in (1, 2):  # logged during step N+1, read at the step the line names
         assert m[step]["eval/aime/reward"] == pytest.approx(0.5 + 0.1 * step)
