@@ -147,3 +147,13 @@ def test_executor_registry_is_lazy_and_checked():
     assert executors.get("local").name == "local"
     with pytest.raises(RlctlError, match="unknown executor 'nope'; known: local, ray"):
         executors.get("nope")
+
+
+def test_the_shared_types_floor_imports_nothing_above_it():
+    """rlctl/core holds the types runs/, executors/ and backends/ share; it may import only itself and errors."""
+    known = set(modules())
+    allowed = ("rlctl.core", "rlctl.errors")
+    for name, path in modules().items():
+        if name == "rlctl.core" or name.startswith("rlctl.core."):
+            above = {m for m in imports(name, path, known) if not m.startswith(allowed)}
+            assert not above, f"{name} imports {sorted(above)}"

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rlctl.runs.state import ATTEMPTS, EXIT_RECORD, RunHandle, attempt_dir, read_exit_record
+from rlctl.core.state import ATTEMPTS, EXIT_RECORD, RunHandle, attempt_dir, read_exit_record
 
 __all__ = ["ATTEMPTS", "EXIT_RECORD", "Executor", "RunHandle", "attempt_dir", "local_argv", "read_exit_record"]
 

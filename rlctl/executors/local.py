@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rlctl.core.state import ACTIVE, process_alive, process_create_time, read_state, write_state
 from rlctl.executors.base import EXIT_RECORD, Executor, RunHandle, attempt_dir, read_exit_record
 from rlctl.metrics.stream import LOG
-from rlctl.runs.state import ACTIVE, process_alive, process_create_time, read_state, write_state
 
 WRAP = str(Path(__file__).resolve().with_name("wrap.py"))
 EXIT_UNKNOWN = None

@@ -26,11 +26,11 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rlctl.core.state import ACTIVE, process_alive, process_create_time, read_state, write_state
 from rlctl.errors import RlctlError
 from rlctl.executors.base import Executor, RunHandle
 from rlctl.executors.local import _group_alive
 from rlctl.metrics.stream import LOG
-from rlctl.runs.state import ACTIVE, process_alive, process_create_time, read_state, write_state
 
 TERMINAL = {"SUCCEEDED": "finished", "FAILED": "failed", "STOPPED": "stopped"}
 EXCLUDES = ["stdout.log", "metrics.jsonl", "backend_metrics.jsonl", "supervisor.log", "ray-head.log",

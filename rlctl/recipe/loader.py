@@ -372,7 +372,7 @@ def _expected(err: dict[str, Any]) -> str:
 def literal_secrets(data: dict[str, Any]) -> list[str]:
     """Dotted keys outside [env] whose name says they hold a secret (is_secret_name) and that hold a value.
     rlctl passes secrets to a run only through its environment, never through argv or config files it writes."""
-    from rlctl.backends.base import is_secret_name
+    from rlctl.core.secrets import is_secret_name
 
     found: list[str] = []
 

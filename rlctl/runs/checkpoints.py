@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from rlctl.backends.layout import Checkpoint
+from rlctl.core.checkpoint import Checkpoint
 from rlctl.errors import RlctlError
 
 

@@ -15,7 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from rlctl.backends.base import is_secret_name
+from rlctl.core.secrets import is_secret_name
 from rlctl.errors import RlctlError
 
 SECRET_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")

@@ -1,0 +1,5 @@
+"""python -m rlctl.cli"""
+
+from rlctl.cli import main
+
+main()

@@ -1,0 +1,57 @@
+"""The Typer app, its command groups and the options several command modules share.
+
+Heavy libraries (torch, ray, vllm, deepspeed, wandb) are never imported here: `rlctl --help`, render, preflight
+and status stay fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlctl.errors import RlctlError
+
+app = typer.Typer(
+    name="rlctl",
+    help="A control plane for RL fine-tuning of LLMs (OpenRLHF, prime-rl, verl, TRL).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+recipe_app = typer.Typer(help="Inspect recipes.", no_args_is_help=True)
+app.add_typer(recipe_app, name="recipe")
+patch_app = typer.Typer(help="Versioned patch sets for installed backends.", no_args_is_help=True)
+app.add_typer(patch_app, name="patch")
+ckpt_app = typer.Typer(help="A run's checkpoints.", no_args_is_help=True)
+app.add_typer(ckpt_app, name="ckpt")
+model_app = typer.Typer(help="Models for smoke tests.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
+
+RecipeArg = Annotated[str, typer.Argument(help="Recipe TOML file (or the name of a bundled recipe).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set rollout.group_size=16")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _echo(text: str) -> None:
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _seconds(option: str, value: float, *, positive: bool = False) -> float:
+    """A duration option: a finite number, >= 0 (or > 0); nan and inf are usage errors, not hangs."""
+    import math
+
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise RlctlError(f"{option} {value}: expected a finite number of seconds {'> 0' if positive else '>= 0'}.",
+                         hint=f"e.g. {option} 30")
+    return value
+
+DirOpt = Annotated[Path | None, typer.Option("--dir", help="Your own patch sets (<backend>/<version>/).")]
+PythonOpt = Annotated[str | None, typer.Option("--python", help="Interpreter whose site-packages to patch.")]
+SetArg = Annotated[str | None, typer.Argument(help="Patch set, e.g. openrlhf/0.9.3 (default: --backend's set).")]
+BackendOpt = Annotated[str | None, typer.Option("--backend", help="Pick the set for this backend's installed version.")]
+RunArg = Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")]

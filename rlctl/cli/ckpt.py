@@ -1,0 +1,57 @@
+"""A run's checkpoints: list, prune."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from rlctl.cli._app import JsonOpt, RunArg, _echo, ckpt_app
+
+
+@ckpt_app.command("list")
+def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
+    """Each checkpoint: step, size, complete or not, and which eval scored best."""
+    from rlctl.runs.checkpoints import best_checkpoint, find_checkpoints
+    from rlctl.runs.state import find_run, read_state
+
+    run_dir = find_run(run)
+    ckpts = find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
+    best = best_checkpoint(run_dir)
+    rows = [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)} for c in ckpts]
+    if as_json:
+        _echo(json.dumps({"checkpoints": rows, "best_eval": best}, indent=2))
+        return
+    if not rows:
+        _echo(f"{run_dir.name}: no checkpoints")
+    for r in rows:
+        _echo(f"step {r['step']:>7}  {'complete' if r['complete'] else 'INCOMPLETE':<10}  {r['bytes'] / 1e9:8.2f} GB  "
+              f"{r['path']}")
+    if best:
+        _echo(f"best eval: {best[1]} = {best[2]:.4g} at step {best[0]}")
+
+
+@ckpt_app.command("prune")
+def ckpt_prune(
+    run: RunArg,
+    keep_last: Annotated[int, typer.Option("--keep-last", help="Complete checkpoints to keep (>= 1).")],
+    keep_best: Annotated[bool, typer.Option("--keep-best", help="Also keep the one at the best eval.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be deleted.")] = False,
+) -> None:
+    """Delete old checkpoints; never the newest complete one, one being written, or anything outside the run."""
+    from rlctl.runs.checkpoints import prune
+    from rlctl.runs.state import find_run, read_state
+
+    run_dir = find_run(run)
+    backend = read_state(run_dir).get("backend", "")
+    doomed = prune(backend, run_dir, keep_last, keep_best, dry_run=True)
+    sizes = {c.step: c.size() for c in doomed}
+    for c in doomed:
+        _echo(f"{'would delete' if dry_run else 'deleting'} step {c.step:>7}  {sizes[c.step] / 1e9:8.2f} GB  "
+              + "  ".join(str(p) for p in c.paths()))
+    if not dry_run and doomed:
+        doomed = prune(backend, run_dir, keep_last, keep_best, dry_run=False)
+    verb = "would delete" if dry_run else "deleted"
+    _echo(f"{verb} {len(doomed)} checkpoint(s), {sum(sizes.values()) / 1e9:.2f} GB: "
+          + (", ".join(f"step {c.step}" for c in doomed) or "nothing"))

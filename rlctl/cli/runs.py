@@ -1,0 +1,219 @@
+"""Runs: launch, resume, supervise, stop, logs, attach, status, metrics, doctor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from rlctl.cli._app import JsonOpt, RecipeArg, RunArg, SetOpt, _echo, _seconds, app
+from rlctl.errors import EXIT_CHECK_FAILED, RlctlError
+
+
+@app.command()
+def launch(
+    recipe: RecipeArg,
+    set_: SetOpt = None,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return at once; follow with status/logs.")] = False,
+    smoke: Annotated[bool, typer.Option("--smoke", help="A few steps, short lengths, small groups.")] = False,
+    name: Annotated[str | None, typer.Option("--name", help="Run name (default: the recipe's name).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Start even if preflight fails.")] = False,
+    resume: Annotated[str | None, typer.Option(
+        "--resume", help="Resume from a run's newest complete checkpoint (copied), or a synced one (s3://...).",
+    )] = None,
+    executor: Annotated[str | None, typer.Option("--executor", help="local (default), ray, or a plugin's.")] = None,
+    address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (with --executor ray).")] = None,
+    grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL on stop.")] = 30.0,
+    restart: Annotated[str | None, typer.Option(
+        "--restart", help="never | on-failure | on-stall | always: restart from the latest complete checkpoint "
+        "(default: the recipe's [run] restart).")] = None,
+    max_restarts: Annotated[int | None, typer.Option(
+        "--max-restarts", min=0, help="Give up after this many restarts (default: [run] max_restarts).")] = None,
+) -> None:
+    """Preflight, patch, create the run directory and start training; stream progress unless --detach."""
+    from rlctl.executors import available
+    from rlctl.runs.launch import LaunchOptions
+    from rlctl.runs.launch import launch as do_launch
+    from rlctl.runs.supervisor import POLICIES
+
+    _seconds("--grace", grace)
+    if executor is not None and executor not in available():
+        raise RlctlError(f"--executor {executor!r}: expected one of {', '.join(available())}.")
+    if restart is not None and restart not in POLICIES:
+        raise RlctlError(f"--restart {restart!r}: expected one of {', '.join(POLICIES)}.")
+    opts = LaunchOptions(recipe, set_ or [], detach, smoke, name, force, resume, executor, address, grace,
+                         restart, max_restarts)
+    run_dir, code = do_launch(opts)
+    if detach:
+        _echo(run_dir.name)
+    raise typer.Exit(0 if code == 0 else (130 if code in (-2, -15, 130, 143) else 1))
+
+
+@app.command()
+def resume(run: Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")]) -> None:
+    """Pick a run up after a reboot or a killed rlctl, in the background: adopt its live processes, or start the next
+    attempt from the latest complete checkpoint. A finished run is left as it is."""
+    from rlctl.runs.state import find_run
+    from rlctl.runs.supervisor import resume_detached
+
+    _echo(resume_detached(find_run(run)))
+
+
+@app.command()
+def supervise(run: Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")]) -> None:
+    """Like resume, but in the foreground until the run ends (for systemd: ExecStart=rlctl supervise RUN)."""
+    from rlctl.runs.state import find_run, read_state
+    from rlctl.runs.supervisor import supervise_foreground
+
+    run_dir = find_run(run)
+    code = supervise_foreground(run_dir)
+    _echo(f"{run_dir.name}: {read_state(run_dir).get('status')}")
+    raise typer.Exit(0 if code == 0 else 1)
+
+
+@app.command()
+def stop(
+    run: Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")],
+    grace: Annotated[float, typer.Option("--grace", help="Seconds to wait before SIGKILL.")] = 30.0,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be signalled; signal nothing.")] = False,
+) -> None:
+    """Stop a run cleanly: SIGTERM to its process group (or the Ray job), SIGKILL after the grace period."""
+    from rlctl.runs.state import find_run
+    from rlctl.runs.stopping import stop_run
+
+    _seconds("--grace", grace)
+    run_dir = find_run(run)
+    if dry_run:
+        _echo(_stop_plan(run_dir, grace))
+        return
+    _echo(stop_run(run_dir, grace))
+
+
+def _stop_plan(run_dir: Path, grace: float) -> str:
+    """What `rlctl stop` would do to a run, from its recorded state; nothing is signalled."""
+    from rlctl.runs.state import ACTIVE, read_state
+
+    st = read_state(run_dir)
+    status = st.get("status", "unknown")
+    if status not in ACTIVE:
+        return f"{run_dir.name} is {status}: stop would do nothing."
+    from rlctl import executors
+
+    return executors.get(st.get("executor")).stop_plan(run_dir, st, grace)
+
+
+@app.command()
+def logs(
+    run: Annotated[str, typer.Argument(help="Run name (or unique prefix, or its directory).")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing as the run writes.")] = False,
+    metrics: Annotated[bool, typer.Option("--metrics", help="The unified metrics stream, not the raw log.")] = False,
+    lines: Annotated[int, typer.Option("--lines", "-n", help="Start this many lines from the end (0 = all).")] = 0,
+) -> None:
+    """Print a run's raw log or its unified metrics stream (JSON lines)."""
+    from rlctl.runs.logs import show_logs
+    from rlctl.runs.state import find_run
+
+    show_logs(find_run(run), follow=follow, metrics=metrics, lines=lines)
+
+
+@app.command(epilog="Example: rlctl attach ~/openrlhf/train.log --backend auto --name gptoss-a --follow")
+def attach(
+    path: Annotated[str, typer.Argument(help="A log file, a directory (logs, checkpoints, TensorBoard, W&B offline "
+                                             "runs, trainer_state.json) or a Ray job id.")],
+    backend: Annotated[str, typer.Option("--backend", help="Which backend wrote it, or auto.")] = "auto",
+    name: Annotated[str | None, typer.Option("--name", help="Run name (default: from PATH).")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep reading the log while it grows.")] = False,
+    address: Annotated[str | None, typer.Option("--address", help="Ray dashboard, for a Ray job id.")] = None,
+    idle_exit: Annotated[float, typer.Option("--idle-exit", help="With --follow: stop after this many seconds "
+                                                                 "without growth (0 = never).")] = 0.0,
+) -> None:
+    """Make a run directory for a run rlctl did not start: status, logs, doctor, metrics and ckpt then work on it.
+    Exit 1 when a non-empty log yields no metrics record."""
+    from rlctl.runs.attach import attach as do_attach
+    from rlctl.runs.attach import follow as do_follow
+    from rlctl.runs.attach import report
+
+    _seconds("--idle-exit", idle_exit)
+    attached = do_attach(path, backend=backend, name=name, address=address)
+    text, code = report(attached)
+    _echo(text)
+    if follow:  # a log that has no record yet may still get some
+        attached.state = do_follow(attached.run_dir, attached.backend, idle_exit=idle_exit, echo=_echo)
+        text, code = report(attached)
+        _echo(text)
+    raise typer.Exit(code)
+
+
+@app.command()
+def status(
+    run: Annotated[str | None, typer.Argument(help="A run for details; none for the table of runs.")] = None,
+    as_json: JsonOpt = False,
+    watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until interrupted.")] = False,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes with --watch.")] = 2.0,
+    stall_after: Annotated[float, typer.Option("--stall-after", help="Seconds without a new step = stalled.")] = 1800,
+) -> None:
+    """Runs at a glance, or one run's progress, metrics, health and disk."""
+    from rlctl.runs.status import show_status
+
+    _seconds("--interval", interval, positive=True)
+    _seconds("--stall-after", stall_after, positive=True)
+
+    show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after)
+
+
+
+
+@app.command()
+def metrics(
+    runs: Annotated[list[str], typer.Argument(help="One or more runs to compare.")],
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the curves (runs overlaid) to this PNG.")] = None,
+    keys: Annotated[str, typer.Option("--keys", help="Comma-separated metric names.")] = "reward/mean",
+    csv: Annotated[bool, typer.Option("--csv", help="Print step,run,key,value rows.")] = False,
+) -> None:
+    """Compare runs: overlaid curves (--plot), CSV, or the latest value of each key."""
+    from rlctl.metrics.compare import compare
+
+    _echo(compare(runs, [k.strip() for k in keys.split(",") if k.strip()], plot, csv))
+
+
+@app.command()
+def doctor(
+    run: RunArg, as_json: JsonOpt = False,
+    weights: Annotated[bool, typer.Option("--weights", help="Compare the run's oldest and newest checkpoints: the "
+                                          "fraction of tensors/values that changed (frozen-weights check).")] = False,
+    between: Annotated[list[Path] | None, typer.Option("--between", help="Two checkpoint directories (or "
+                                                       ".safetensors files) to compare instead; implies --weights.")]
+    = None,
+) -> None:
+    """Diagnose a run with the tuning playbook: flat learning, instability, spikes, collapse, truncation,
+    zero-variance groups, train/eval divergence; with --weights, whether its checkpoints change at all.
+    Exit 1 when a critical finding is made."""
+    from rlctl.runs.doctor import diagnose, to_json
+    from rlctl.runs.state import find_run
+
+    run_dir = find_run(run)
+    findings = diagnose(run_dir)
+    if weights or between:
+        from rlctl.runs.weights import weights_finding
+
+        if between and len(between) != 2:
+            raise typer.BadParameter("--between takes two checkpoints: --between A --between B")
+        import struct
+
+        try:
+            findings.append(weights_finding(run_dir, pair=(between[0], between[1]) if between else None))
+        except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:  # damaged or not safetensors
+            where = f"--between {between[0]} {between[1]}" if between else f"{run_dir.name}'s checkpoints"
+            raise RlctlError(f"{where}: cannot read the weights ({e}).",
+                             hint="give two checkpoint directories or .safetensors files") from None
+    if as_json:
+        _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings)}, indent=2))
+    elif not findings:
+        _echo(f"{run_dir.name}: no findings")
+    else:
+        for f in findings:
+            _echo(f"[{f.severity}] {f.rule}: {f.message}\n    -> {f.action}")
+    if any(f.severity == "critical" for f in findings):
+        raise typer.Exit(EXIT_CHECK_FAILED)

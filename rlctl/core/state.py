@@ -1,0 +1,177 @@
+"""Finding runs and knowing their true state (running, finished, failed, stopped, stalled, lost).
+
+state.json is written by whoever owns the run (the supervisor); if that owner dies, the state is recovered from
+the processes themselves: a run whose recorded processes are gone but whose state still says running is `lost`
+unless its log shows how it ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+
+STATE = "state.json"
+ACTIVE = ("starting", "running", "stopping", "restarting")
+
+
+ATTEMPTS = "attempts"
+EXIT_RECORD = "exit.json"
+
+
+@dataclass(frozen=True)
+class RunHandle:
+    """Lives in state.json under "handle": enough for a new process to find the attempt again."""
+
+    executor: str  # registry key
+    ref: dict[str, Any] = field(default_factory=dict)  # {pid, pgid, create_time} or {address, job_id}
+    attempt: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> RunHandle | None:
+        h = state.get("handle")
+        if not isinstance(h, dict) or not isinstance(h.get("executor"), str):
+            return None
+        return cls(h["executor"], dict(h.get("ref") or {}), int(h.get("attempt") or 1))
+
+
+def attempt_dir(run_dir: Path, attempt: int) -> Path:
+    return run_dir / ATTEMPTS / str(attempt)
+
+
+def read_exit_record(run_dir: Path, attempt: int) -> dict[str, Any] | None:
+    """What the wrapper around the child wrote when the child ended: {"exit_code", "ended_at"}, or None."""
+    try:
+        rec = json.loads((attempt_dir(run_dir, attempt) / EXIT_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and "exit_code" in rec else None
+
+
+def runs_root() -> Path:
+    """Where run directories live: $RLCTL_RUNS_DIR, else ./runs."""
+    return Path(os.environ.get("RLCTL_RUNS_DIR", "runs"))
+
+
+# The type each well-known field must have; a damaged state.json (hand-edited, half-written, another tool's)
+# loses the fields that do not fit instead of breaking every command that reads it.
+_NUMBER = (int, float)
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "started_at": _NUMBER, "ended_at": _NUMBER, "pid_create_time": _NUMBER, "supervisor_create_time": _NUMBER,
+    "pid": (int,), "pgid": (int,), "supervisor_pid": (int,), "ray_head_pid": (int,), "total_steps": (int,),
+    "optimizer_steps": (int,),
+    "exit_code": (int,), "status": (str,), "backend": (str,), "executor": (str,), "name": (str,),
+    "version": (str,), "ray_job_id": (str,), "ray_address": (str,), "wandb_run_id": (str,),
+    "attempt": (int,), "attempts": (list,), "handle": (dict,), "restart": (dict,),
+}
+
+
+_PIDS = ("pid", "pgid", "supervisor_pid", "ray_head_pid")
+
+
+def _sane(data: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in data.items():
+        want = FIELD_TYPES.get(k)
+        if want is not None and v is not None and (isinstance(v, bool) or not isinstance(v, want)):
+            continue
+        if isinstance(v, float) and v != v:  # NaN
+            continue
+        if k in _PIDS and v is not None and not 0 < v < 2**22:  # beyond any pid_max: not a process
+            continue
+        if isinstance(v, list) and k == "attempts":  # a list of records: anything else in it is damage
+            v = [a for a in v if isinstance(a, dict)]
+        out[k] = v
+    return out
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    try:
+        path = run_dir / STATE
+        if not path.is_file():  # a FIFO or device named state.json would block or never end
+            return {}
+        with path.open("rb") as fh:
+            data = json.loads(fh.read(8 * 1024 * 1024))
+        return _sane(data) if isinstance(data, dict) else {}
+    except (OSError, ValueError, RecursionError):
+        return {}
+
+
+def write_state(run_dir: Path, **updates: Any) -> dict[str, Any]:
+    """Merge updates into state.json atomically (write a temp file, then rename)."""
+    state = read_state(run_dir)
+    state.update(updates)
+    tmp = run_dir / f".{STATE}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
+        os.replace(tmp, run_dir / STATE)
+    except OSError:  # a full disk: state.json stays as it was, no half-written temp file is left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return state
+
+
+def process_alive(pid: int | None, create_time: float | None = None) -> bool:
+    """True if `pid` runs and (when known) is the same process as recorded, not a reused pid."""
+    if not pid:
+        return False
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return create_time is None or abs(p.create_time() - create_time) < 1.0
+    except Exception:
+        return False
+
+
+def process_create_time(pid: int) -> float | None:
+    try:
+        import psutil
+
+        return psutil.Process(pid).create_time()
+    except Exception:
+        return None
+
+
+def list_runs(root: Path | None = None) -> list[Path]:
+    root = root or runs_root()
+    if not root.is_dir():
+        return []
+    runs = [p for p in root.iterdir() if p.is_dir() and (p / STATE).is_file()]
+
+    def started(p: Path) -> float:  # a damaged state.json in one run must not break the listing of all
+        t = read_state(p).get("started_at")
+        return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0
+
+    return sorted(runs, key=started)
+
+
+def find_run(ref: str, root: Path | None = None) -> Path:
+    """A run by directory path, full name, or unique prefix of its name."""
+    p = Path(ref)
+    if p.is_dir() and (p / STATE).is_file():
+        return p
+    root = root or runs_root()
+    runs = list_runs(root)
+    exact = [r for r in runs if r.name == ref]
+    if exact:
+        return exact[0]
+    matches = [r for r in runs if r.name.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        known = ", ".join(r.name for r in runs[-5:]) or "none"
+        raise RlctlError(f"no run {ref!r} under {root}.", hint=f"recent runs: {known} (see rlctl status)")
+    raise RlctlError(f"{ref!r} matches {len(matches)} runs: {', '.join(r.name for r in matches[:5])}.",
+                     hint="give more of the name")
