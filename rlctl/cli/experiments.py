@@ -82,21 +82,20 @@ def _start(name: str, kind: str, arms: list[Any], seeds: int, parallel: int | No
            executor: str | None, address: str | None, force: bool, wait: bool, question: str | None) -> None:
     from rlctl.experiments import manifest as mf
     from rlctl.experiments import queue
-    from rlctl.experiments.variants import preflight_all, seeds_of, variants
+    from rlctl.experiments.variants import preflight_all, variants
 
     d = mf.exp_dir(name)
     if (d / mf.MANIFEST).is_file():
         raise RlctlError(f"experiment {name} exists with other settings.",
                          hint=f"rlctl experiment resume {name}, or choose another --name")
-    seed_list = seeds_of(arms[0].recipe, arms[0].sets, seeds)
-    vs = variants(name, arms, seed_list)
-    sys_err(f"preflight of {len(vs)} variants ({len(arms)} arms x {len(seed_list)} seeds) ...")
+    vs = variants(name, arms, seeds)
+    sys_err(f"preflight of {len(vs)} variants ({len(arms)} arms x {seeds} seeds) ...")
     problems, needs = preflight_all(arms, vs)
     if problems and not force:
         sys_err(_problems_text(problems))
         raise CheckFailed("fix the variants, or pass --force to launch anyway.")
     placement = _placement(parallel, on, executor, address, force, needs)
-    m = mf.new_manifest(name, kind, arms, seed_list, vs, placement, question)
+    m = mf.new_manifest(name, kind, arms, seeds, vs, placement, question)
     m["preflight"] = {p.variant: p.failures for p in problems}
     mf.write_manifest(d, m)
     pid = queue.start_detached(d)
@@ -110,26 +109,23 @@ def _extend_or_resume(d: Path, seeds: int | None, wait: bool, force: bool) -> No
     """`--name EXP` again: more seeds become new variants (preflighted), then the queue (re)starts."""
     from rlctl.experiments import manifest as mf
     from rlctl.experiments import queue
-    from rlctl.experiments.variants import Arm, Variant, preflight_all
+    from rlctl.experiments.variants import Arm, preflight_all, variants
 
     m = mf.read_manifest(d)
-    if seeds is not None and seeds > len(m["seeds"]):
-        start = m["seeds"][-1] + 1 if m["seeds"] else 0
-        new_seeds = list(range(start, start + seeds - len(m["seeds"])))
-        arms = [Arm(a["id"], a["recipe"], a["sets"], a["label"], a.get("diff") or {}, a.get("patches"))
-                for a in m["arms"]]
-        vs = [Variant(f"{a.id}-s{s}", a.id, s, f"{m['name']}-{a.id}-s{s}") for a in arms for s in new_seeds]
+    if seeds is not None and seeds > m["seeds"]:
+        arms = [Arm.from_dict(a) for a in m["arms"]]
+        vs = variants(m["name"], arms, seeds, first=m["seeds"])
         problems, needs = preflight_all(arms, vs)
         if problems and not (force or m["placement"].get("force")):
             sys_err(_problems_text(problems))
             raise CheckFailed("fix the variants, or pass --force to launch anyway.")
-        m["seeds"] += new_seeds
+        m["seeds"] = seeds
         m["variants"] += [v.to_dict() for v in vs]
         m["placement"].setdefault("needs", {}).update(needs)
         mf.write_manifest(d, m)
-        sys_err(f"{m['name']}: {len(vs)} runs added (seeds {new_seeds[0]}..{new_seeds[-1]})")
-    elif seeds is not None and seeds < len(m["seeds"]):
-        sys_err(f"{m['name']} has {len(m['seeds'])} seeds already; --seeds {seeds} removes none.")
+        sys_err(f"{m['name']}: {len(vs)} runs added ({seeds} seeds per arm now)")
+    elif seeds is not None and seeds < m["seeds"]:
+        sys_err(f"{m['name']} has {m['seeds']} seeds per arm already; --seeds {seeds} removes none.")
     pid = queue.start_detached(d)
     _echo(f"{m['name']}: queue running (pid {pid}); rlctl experiment show {m['name']}")
     if wait:
@@ -286,7 +282,7 @@ def list_(as_json: JsonOpt = False) -> None:
         for r in rows:
             counts[r["queue"]] = counts.get(r["queue"], 0) + 1
         m = mf.read_manifest(d)
-        out.append({"name": d.name, "kind": m.get("kind"), "arms": len(m.get("arms", [])), "seeds": len(m["seeds"]),
+        out.append({"name": d.name, "kind": m.get("kind"), "arms": len(m.get("arms", [])), "seeds": m["seeds"],
                     "queue": "running" if queue_alive(d) else mf.read_queue(d).get("state", "-"), "variants": counts})
     if as_json:
         _echo(json.dumps(out, indent=2))
@@ -312,7 +308,7 @@ def show(exp: ExpArg, as_json: JsonOpt = False) -> None:
         return
     git = m.get("git") or {}
     pid = queue_alive(d)
-    lines = [f"{m['name']}  ({m['kind']}, {len(m['arms'])} arms x {len(m['seeds'])} seeds)  queue "
+    lines = [f"{m['name']}  ({m['kind']}, {len(m['arms'])} arms x {m['seeds']} seeds)  queue "
              + (f"running (pid {pid})" if pid else mf.read_queue(d).get("state", "-")),
              f"commit {git.get('commit', 'unknown')}" + (" (dirty)" if git.get("dirty") else "")
              + (f"  patches {', '.join(m['patches'])}" if m.get("patches") else "")]

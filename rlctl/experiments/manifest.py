@@ -95,7 +95,7 @@ def list_experiments(runs: Path | None = None) -> list[Path]:
     return sorted((p for p in root.iterdir() if (p / MANIFEST).is_file()), key=lambda p: p.stat().st_mtime)
 
 
-def new_manifest(name: str, kind: str, arms: list[Any], seeds: list[int], vs: list[Any], placement: dict[str, Any],
+def new_manifest(name: str, kind: str, arms: list[Any], seeds: int, vs: list[Any], placement: dict[str, Any],
                  question: str | None = None) -> dict[str, Any]:
     from rlctl.runs.rundir import git_info
 

@@ -25,10 +25,16 @@ class Arm:
     label: str
     diff: dict[str, list[Any]] = field(default_factory=dict)  # key -> [base value, this arm's value]
     patches: str | None = None
+    base_seed: int = 0  # the arm's own train.seed: its runs use base_seed, base_seed + 1, ...
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "recipe": self.recipe, "sets": self.sets, "label": self.label, "diff": self.diff,
-                "patches": self.patches}
+                "patches": self.patches, "base_seed": self.base_seed}
+
+    @classmethod
+    def from_dict(cls, a: dict[str, Any]) -> Arm:
+        return cls(a["id"], a["recipe"], list(a["sets"]), a["label"], a.get("diff") or {}, a.get("patches"),
+                   int(a.get("base_seed") or 0))
 
 
 @dataclass
@@ -119,7 +125,8 @@ def grid_arms(recipe: str, grid: list[tuple[str, list[str]]], sets: list[str]) -
         extra = [f"{k}={v}" for k, v in combo]
         data = recipe_data(path, [*sets, *extra])
         label = " ".join(extra) or "base"
-        arms.append(Arm(f"a{i}", path, [*sets, *extra], label, diff(base, data), data.get("patches.set")))
+        arms.append(Arm(f"a{i}", path, [*sets, *extra], label, diff(base, data), data.get("patches.set"),
+                        int(data.get(SEED_KEY, 0))))
     return arms
 
 
@@ -127,20 +134,22 @@ def ab_arms(a: str, b: str, sets: list[str]) -> list[Arm]:
     """Two recipes as arms A and B; B's diff is against A."""
     pa, pb = (str(Path(x).resolve()) if Path(x).exists() else x for x in (a, b))
     da, db = recipe_data(pa, sets), recipe_data(pb, sets)
-    return [Arm("A", pa, list(sets), f"A: {Path(a).name}", {}, da.get("patches.set")),
-            Arm("B", pb, list(sets), f"B: {Path(b).name}", diff(da, db), db.get("patches.set"))]
+    return [Arm("A", pa, list(sets), f"A: {Path(a).name}", {}, da.get("patches.set"), int(da.get(SEED_KEY, 0))),
+            Arm("B", pb, list(sets), f"B: {Path(b).name}", diff(da, db), db.get("patches.set"),
+                int(db.get(SEED_KEY, 0)))]
 
 
-def seeds_of(recipe: str, sets: list[str], n: int) -> list[int]:
-    """n seeds starting at the recipe's own train.seed."""
+def variants(exp: str, arms: list[Arm], n: int, first: int = 0) -> list[Variant]:
+    """Seeds first..n-1 of every arm: train.seed = the arm's own seed + i (arms with the same train.seed share
+    seeds, so they can be compared pair by pair)."""
     if n < 1:
         raise RlctlError(f"--seeds {n}: expected at least 1.")
-    base = recipe_data(recipe, sets).get(SEED_KEY, 0)
-    return [int(base) + i for i in range(n)]
-
-
-def variants(exp: str, arms: list[Arm], seeds: list[int]) -> list[Variant]:
-    return [Variant(f"{arm.id}-s{s}", arm.id, s, f"{exp}-{arm.id}-s{s}") for arm in arms for s in seeds]
+    out = []
+    for arm in arms:
+        for i in range(first, n):
+            s = arm.base_seed + i
+            out.append(Variant(f"{arm.id}-s{s}", arm.id, s, f"{exp}-{arm.id}-s{s}"))
+    return out
 
 
 @dataclass
