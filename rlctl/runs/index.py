@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import stat
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ INDEX = ".index.json"
 VERSION = 1
 EXPERIMENT = "experiment.json"  # written into a run directory by the experiment queue
 METRICS = "metrics.jsonl"
-TAIL = 64 * 1024  # bytes of metrics.jsonl read for the latest step and reward
+TAIL = 16 * 1024  # bytes of metrics.jsonl read for the latest step and reward (many records of one step)
 
 
 def _sig(st: os.stat_result | None) -> list[int] | None:
@@ -44,34 +45,46 @@ def _stat(path: str) -> os.stat_result | None:
 
 
 def signature(run_dir: str) -> list[Any] | None:
-    """What a row depends on, from three stats; None when the directory is not a run."""
-    state = _stat(os.path.join(run_dir, STATE))
-    if state is None:
-        return None
+    """What a row depends on, from two stats: the directory (state.json and experiment.json are only ever
+    replaced by rename or created, which changes it) and metrics.jsonl (appended to). None: not a directory."""
     try:
-        dir_mtime = os.stat(run_dir).st_mtime_ns
+        st = os.stat(run_dir)
     except OSError:
         return None
-    return [dir_mtime, _sig(state), _sig(_stat(os.path.join(run_dir, METRICS))),
-            _sig(_stat(os.path.join(run_dir, EXPERIMENT)))]
+    if not stat.S_ISDIR(st.st_mode):
+        return None
+    return [st.st_mtime_ns, _sig(_stat(os.path.join(run_dir, METRICS)))]
 
 
-def _tail(path: Path) -> tuple[int | None, float | None, float | None]:
-    """(latest step, its reward/mean, time of the last record) from the end of metrics.jsonl."""
-    from rlctl.metrics.stream import tail_records
-
-    records = tail_records(path, TAIL)
-    if not records:
+def _tail(path: Path, max_lines: int = 64) -> tuple[int | None, float | None, float | None]:
+    """(latest step, the newest reward/mean, time of the last record) from the last lines of metrics.jsonl, read
+    backwards until a reward is found (status needs no more)."""
+    st = _stat(str(path))
+    if st is None or st.st_size == 0:
         return None, None, None
-    step = max(r["step"] for r in records)
-    reward = None
-    for r in records:
-        if r["step"] == step and isinstance(r.get("reward/mean"), (int, float)):
-            reward = r["reward/mean"]
-    if reward is None:  # the last step may carry other keys only: the newest reward logged
-        rewards = [r for r in records if isinstance(r.get("reward/mean"), (int, float))]
-        reward = rewards[-1]["reward/mean"] if rewards else None
-    last = max((r.get("time", 0) for r in records), default=None)
+    with path.open("rb") as fh:
+        fh.seek(max(0, st.st_size - TAIL))
+        data = fh.read()
+    lines = data.splitlines()
+    if st.st_size > TAIL:
+        lines = lines[1:]  # the first may be cut
+    step = reward = last = None
+    for raw in reversed(lines[-max_lines:]):
+        try:
+            rec = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        s = rec.get("step") if isinstance(rec, dict) else None
+        if not isinstance(s, int) or isinstance(s, bool):
+            continue
+        step = s if step is None else max(step, s)
+        t = rec.get("time")
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and (last is None or t > last):
+            last = float(t)
+        r = rec.get("reward/mean")
+        if isinstance(r, (int, float)) and not isinstance(r, bool) and r == r:
+            reward = r
+            break
     return step, reward, last
 
 
@@ -92,17 +105,18 @@ def build_row(run_dir: Path) -> dict[str, Any]:
 def _load(root: Path) -> dict[str, Any]:
     try:
         data = json.loads((root / INDEX).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("runs"), dict):
         return {}
-    return data["runs"]
+    return data
 
 
-def _save(root: Path, runs: dict[str, Any]) -> None:
+def _save(root: Path, runs: dict[str, Any], summary_key: str) -> None:
     tmp = root / f".{INDEX}.{os.getpid()}.tmp"
     try:
-        tmp.write_text(json.dumps({"version": VERSION, "runs": runs}, separators=(",", ":")))
+        tmp.write_text(json.dumps({"version": VERSION, "summary": summary_key, "runs": runs}, separators=(",", ":"),
+                                  default=str))
         os.replace(tmp, root / INDEX)
     except OSError:  # a read-only or full disk: the listing is still right, only slower next time
         with contextlib.suppress(OSError):
@@ -128,38 +142,78 @@ def _candidates(root: Path, experiment: str | None) -> list[str]:
         return []
 
 
+def _summary_key(summary: Callable[[Any], dict[str, Any]]) -> str:
+    """Which summary function made the cached rows (another rlctl's rows are made again)."""
+    code = getattr(summary, "__code__", None)
+    return f"{getattr(summary, '__module__', '')}.{getattr(summary, '__qualname__', '')}:" + (
+        str(zlib.crc32(code.co_code + repr(code.co_consts).encode())) if code else "")
+
+
 def rows(summary: Callable[[Any], dict[str, Any]], root: Path | None = None, experiment: str | None = None,
          stall_after: float = 1800.0) -> list[dict[str, Any]]:
     """The status rows (as `summary`, rlctl.runs.status's, makes them from a RunStatus; plus `experiment`), oldest
-    first."""
+    first. A run that ended is answered from the index alone when its directory did not change."""
     from rlctl.core.state import runs_root
 
     root = root or runs_root()
     if not root.is_dir():
         return []
-    cached = _load(root)
-    fresh: dict[str, Any] = {} if experiment is None else dict(cached)
-    changed = False
+    if experiment is not None:  # a few runs, named by the experiment's queue record: read them, no index
+        out = []
+        for name in _candidates(root, experiment):
+            dpath = root / name
+            if signature(str(dpath)) is not None and _stat(str(dpath / STATE)) is not None:
+                out.append(_summary(dpath, _safe_row(dpath), stall_after, summary))
+        return sorted(out, key=lambda r: (r.get("started_at") or 0.0, r["name"]))
+    data = _load(root)
+    key = _summary_key(summary)
+    cached: dict[str, Any] = data.get("runs", {})
+    same_summary = data.get("summary") == key
+    fresh: dict[str, Any] = {}
+    changed = not same_summary
     out = []
-    for name in _candidates(root, experiment):
-        path = root / name
-        sig = signature(str(path))
+    root_s = str(root)
+    for name in _candidates(root, None):
+        dpath = os.path.join(root_s, name)
+        sig = signature(dpath)
         if sig is None:
             continue
         entry = cached.get(name)
-        if not (isinstance(entry, dict) and entry.get("sig") == sig and isinstance(entry.get("row"), dict)):
-            try:
-                entry = {"sig": sig, "row": build_row(path)}
-            except Exception:  # whatever is in there, the listing goes on
-                entry = {"sig": sig, "row": {"name": name, "state": {"status": "unknown"}, "step": None,
-                                             "reward": None, "last_time": None, "experiment": None}}
+        hit = isinstance(entry, dict) and entry.get("sig") == sig
+        if hit and entry.get("foreign"):  # a folder that is not a run, unchanged
+            fresh[name] = entry
+            continue
+        if hit and same_summary and isinstance(entry.get("out"), dict):  # ended, unchanged: nothing to read
+            fresh[name] = entry
+            out.append(entry["out"])
+            continue
+        if hit and isinstance(entry.get("row"), dict):
+            row = entry["row"]
+        else:
             changed = True
-        fresh[name] = entry
-        out.append(_summary(path, entry["row"], stall_after, summary))
+            if _stat(os.path.join(dpath, STATE)) is None:
+                fresh[name] = {"sig": sig, "foreign": True}
+                continue
+            row = _safe_row(Path(dpath))
+        summ = _summary(Path(dpath), row, stall_after, summary)
+        if (row.get("state") or {}).get("status") in ACTIVE:
+            fresh[name] = {"sig": sig, "row": row}
+        else:  # an ended run's row does not change until its directory does
+            fresh[name] = {"sig": sig, "out": summ}
+            changed = True
+        out.append(summ)
     if changed or set(fresh) != set(cached):
-        _save(root, fresh)
+        _save(root, fresh, key)
     out.sort(key=lambda r: (r.get("started_at") or 0.0, r["name"]))
     return out
+
+
+def _safe_row(run_dir: Path) -> dict[str, Any]:
+    try:
+        return build_row(run_dir)
+    except Exception:  # whatever is in there, the listing goes on
+        return {"name": run_dir.name, "state": {"status": "unknown"}, "step": None, "reward": None,
+                "last_time": None, "experiment": None}
 
 
 def _summary(path: Path, row: dict[str, Any], stall_after: float, summary: Callable[[Any], dict[str, Any]]
