@@ -38,11 +38,11 @@ def make_runs(root: Path, n: int, steps: int = 200) -> None:
         (d / "state.json").write_text(json.dumps({
             "name": name, "status": "finished", "backend": "trl", "executor": "local", "started_at": start,
             "ended_at": start + 50, "exit_code": 0, "total_steps": steps, "attempts": [{"attempt": 1}]}))
-        with (d / "metrics.jsonl").open("w") as fh:
+        (d / "stdout.log").write_text("".join(f"step {s} loss 0.1 reward {s / steps}\n" for s in range(steps)))
+        with (d / "metrics.jsonl").open("w") as fh:  # ingested after the log, as the supervisor does
             for s in range(1, steps + 1):
                 fh.write(json.dumps({"step": s, "time": start + s * 0.2, "reward/mean": s / steps, "kl": 0.01,
                                      "entropy": 1.0, "grad_norm": 0.5, "lr": 1e-6}) + "\n")
-        (d / "stdout.log").write_text("".join(f"step {s} loss 0.1 reward {s / steps}\n" for s in range(steps)))
         if exp:
             (d / "experiment.json").write_text(json.dumps({"experiment": exp, "variant": name}))
     bad = root / "damaged-20261125-000000"

@@ -88,9 +88,26 @@ def _tail(path: Path, max_lines: int = 64) -> tuple[int | None, float | None, fl
     return step, reward, last
 
 
+def _final_ingest(run_dir: Path, state: dict[str, Any]) -> None:
+    """An ended run whose log is newer than its metrics (its supervisor died before the last ingest, or a run
+    attached from a log) is ingested once, here; the index then keeps the row until the directory changes. Running
+    runs are their supervisor's to ingest."""
+    if state.get("status") in ACTIVE or not isinstance(state.get("backend"), str):
+        return
+    log = _stat(str(run_dir / "stdout.log"))
+    metrics = _stat(str(run_dir / METRICS))
+    if log is None or (metrics is not None and metrics.st_mtime_ns >= log.st_mtime_ns):
+        return
+    from rlctl.metrics.stream import ingest
+
+    with contextlib.suppress(Exception):  # a log that cannot be read leaves the row without metrics, not broken
+        ingest(run_dir, state["backend"], final=True)
+
+
 def build_row(run_dir: Path) -> dict[str, Any]:
     """The row of one run, read from its directory (state.json, the tail of metrics.jsonl, experiment.json)."""
     state = read_state(run_dir)
+    _final_ingest(run_dir, state)
     step, reward, last = _tail(run_dir / METRICS)
     exp: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
@@ -195,6 +212,7 @@ def rows(summary: Callable[[Any], dict[str, Any]], root: Path | None = None, exp
                 fresh[name] = {"sig": sig, "foreign": True}
                 continue
             row = _safe_row(Path(dpath))
+            sig = signature(dpath) or sig  # reading may have ingested (and so changed the directory)
         summ = _summary(Path(dpath), row, stall_after, summary)
         if (row.get("state") or {}).get("status") in ACTIVE:
             fresh[name] = {"sig": sig, "row": row}
