@@ -78,7 +78,7 @@ def w(tmp_path, monkeypatch):
 def _kill_all(runs: Path) -> None:
     exps = runs / "_experiments"
     for q in exps.glob("*/queue.json") if exps.is_dir() else []:
-        with contextlib.suppress(OSError, ValueError, TypeError):
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
             os.kill(json.loads(q.read_text())["pid"], signal.SIGKILL)
     for run in runs.glob("*/state.json") if runs.is_dir() else []:
         st = read_state(run.parent)
@@ -319,3 +319,21 @@ def test_quickstart_2x2_grid_2_seeds_parallel_2_runs_to_completion(w, tmp_path_f
     assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) <= 2
     r = cli(w, "compare", "qs")
     assert r.code == 0 and "a3" in r.out, r.err
+
+
+def test_a_queue_killed_between_creating_a_run_and_recording_it_adopts_it(w):
+    from rlctl.experiments.manifest import write_json, write_manifest
+    from rlctl.experiments.queue import Queue
+
+    d = w["runs"] / "_experiments" / "e"
+    write_manifest(d, {"name": "e", "arms": [], "seeds": 1, "placement": {"runs_root": str(w["runs"])},
+                       "variants": [{"id": "a0-s42", "arm": "a0", "seed": 42, "run_name": "e-a0-s42"},
+                                    {"id": "a1-s42", "arm": "a1", "seed": 42, "run_name": "e-a1-s42"}]})
+    write_json(d / "queue.json", {"variants": {"a0-s42": {"state": "launching"}, "a1-s42": {"state": "launching"}}})
+    _fake_run(w["runs"], "e-a0-s42-20261125-000000")
+    q = Queue(d)
+    q.adopt()
+    q.settle()
+    v = q.queue["variants"]
+    assert v["a0-s42"]["state"] == "done" and v["a0-s42"]["run_dir"].endswith("e-a0-s42-20261125-000000")
+    assert v["a1-s42"]["state"] == "queued"  # never created: launched again, once
