@@ -76,16 +76,24 @@ def w(tmp_path, monkeypatch):
 
 
 def _kill_all(runs: Path) -> None:
+    """What a failed test left running goes: queues, supervisors, trainers (checked by start time, never a pid that
+    was reused by someone else's process)."""
+    from rlctl.runs.state import process_alive
+
     exps = runs / "_experiments"
     for q in exps.glob("*/queue.json") if exps.is_dir() else []:
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-            os.kill(json.loads(q.read_text())["pid"], signal.SIGKILL)
+            rec = json.loads(q.read_text())
+            if process_alive(rec["pid"], rec.get("create_time")):
+                os.kill(rec["pid"], signal.SIGKILL)
     for run in runs.glob("*/state.json") if runs.is_dir() else []:
         st = read_state(run.parent)
-        for pid in filter(None, [st.get("supervisor_pid"), (st.get("handle") or {}).get("ref", {}).get("pgid")]):
-            for kill in (os.killpg, os.kill):
-                with contextlib.suppress(OSError):
-                    kill(pid, signal.SIGKILL)
+        if process_alive(st.get("supervisor_pid"), st.get("supervisor_create_time")):
+            os.kill(st["supervisor_pid"], signal.SIGKILL)
+        ref = (st.get("handle") or {}).get("ref", {})
+        if process_alive(ref.get("pgid"), ref.get("create_time")):
+            with contextlib.suppress(OSError):
+                os.killpg(ref["pgid"], signal.SIGKILL)
 
 
 def rlctl(w, *args, timeout=600):
