@@ -43,9 +43,10 @@ class Slot:
     host: str | None = None
     gpus: tuple[int, ...] = ()
     busy: str | None = None  # the variant in it
+    index: int = 0  # which of the host's `parallel` places
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "host": self.host, "gpus": list(self.gpus)}
+        return {"name": self.name, "host": self.host, "gpus": list(self.gpus), "index": self.index}
 
 
 @dataclass
@@ -54,7 +55,8 @@ class Capacity:
 
     placement: dict[str, Any]
     gpu_ids: list[int] = field(default_factory=list)
-    used: dict[str, tuple[str | None, tuple[int, ...]]] = field(default_factory=dict)  # variant -> (host, gpus)
+    # variant -> (host, gpus, index of the place on the host)
+    used: dict[str, tuple[str | None, tuple[int, ...], int]] = field(default_factory=dict)
 
     @classmethod
     def from_placement(cls, placement: dict[str, Any]) -> Capacity:
@@ -66,23 +68,24 @@ class Capacity:
         hosts: list[str | None] = list(self.placement.get("hosts") or [None])
         for host in hosts:
             on_host = [u for u in self.used.values() if u[0] == host]
-            if len(on_host) >= parallel:
+            places = sorted(set(range(parallel)) - {u[2] for u in on_host})
+            if not places:
                 continue
             gpus: tuple[int, ...] = ()
             if gpus_needed and host is None and self.placement.get("executor", "local") == "local" and self.gpu_ids:
-                taken = {g for _, gs in on_host for g in gs}
+                taken = {g for _, gs, _ in on_host for g in gs}
                 free = [g for g in self.gpu_ids if g not in taken]
                 if len(free) < gpus_needed:
                     continue
                 gpus = tuple(free[:gpus_needed])
-            self.used[variant] = (host, gpus)
-            name = (host or "local") + (f":gpu{','.join(map(str, gpus))}" if gpus else f"#{len(on_host)}")
-            return Slot(name, host, gpus, variant)
+            self.used[variant] = (host, gpus, places[0])
+            name = (host or "local") + (f":gpu{','.join(map(str, gpus))}" if gpus else f"#{places[0]}")
+            return Slot(name, host, gpus, variant, places[0])
         return None
 
     def hold(self, variant: str, slot: dict[str, Any] | None) -> None:
         slot = slot or {}
-        self.used[variant] = (slot.get("host"), tuple(slot.get("gpus") or ()))
+        self.used[variant] = (slot.get("host"), tuple(slot.get("gpus") or ()), int(slot.get("index") or 0))
 
     def free(self, variant: str) -> None:
         self.used.pop(variant, None)
