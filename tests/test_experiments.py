@@ -311,6 +311,7 @@ def test_a_variant_killed_mid_run_restarts_and_stop_then_resume(w):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # 8 TRL runs, 2 at a time: ~10 min on a busy 2-core machine
 def test_quickstart_2x2_grid_2_seeds_parallel_2_runs_to_completion(w, tmp_path_factory):
     pytest.importorskip("trl")
     w["env"]["RLCTL_MODEL_CACHE"] = str(tmp_path_factory.mktemp("models"))
