@@ -76,7 +76,7 @@ def drop_caches() -> bool:
         return False
 
 
-def cli_time(runs: Path, *args: str, cold: bool = False, repeat: int = 3) -> float:
+def cli_time(runs: Path, *args: str, cold: bool = False, repeat: int = 5) -> float:
     env = {**os.environ, "RLCTL_RUNS_DIR": str(runs), "PYTHONPATH": str(ROOT)}
     best = float("inf")
     for _ in range(repeat):
@@ -114,6 +114,15 @@ def main() -> None:
     print(f"listing in-process, no index (built):   {build:.3f} s")
     print(f"listing in-process, with the index:     {warm:.3f} s")
     print(f"listing in-process, one experiment:     {one:.3f} s")
+    if drop_caches():
+        t = time.perf_counter()
+        rows(summary, runs)
+        cold_all = time.perf_counter() - t
+        drop_caches()
+        t = time.perf_counter()
+        rows(summary, runs, experiment="lr-sweep")
+        cold_one = time.perf_counter() - t
+        print(f"listing in-process, page cache dropped: {cold_all:.3f} s (one experiment: {cold_one:.3f} s)")
     startup = cli_time(empty)
     whole = cli_time(runs)
     exp = cli_time(runs, "--experiment", "lr-sweep")

@@ -208,8 +208,10 @@ def test_status_index_survives_damage_and_follows_changes(w):
     assert "experiment lr (1 runs)" in r.out and r.out.index("a-1") < r.out.index("experiment lr")
     assert (runs / ".index.json").is_file()
     # a run that grows is re-read; a corrupt index is rebuilt
-    with (runs / "a-1" / "metrics.jsonl").open("a") as fh:
+    with (runs / "a-1" / "metrics.jsonl").open("a") as fh:  # an ingest: records appended, its record renamed
         fh.write(json.dumps({"step": 9, "time": time.time(), "reward/mean": 0.77}) + "\n")
+    (runs / "a-1" / ".ingest.json.tmp").write_text("{}")
+    os.replace(runs / "a-1" / ".ingest.json.tmp", runs / "a-1" / ".ingest.json")
     rows = json.loads(cli(w, "status", "--json").out)
     assert next(x for x in rows if x["name"] == "a-1")["reward"] == 0.77
     (runs / ".index.json").write_text("{not json")

@@ -1,9 +1,10 @@
 """The index of run directories: what `rlctl status` lists without reading every run.
 
 `<runs root>/.index.json` keeps, per run directory, the row `status` shows and the stat signature it was made from
-(the directory's mtime — state.json is replaced by rename, which changes it — and metrics.jsonl's and
-experiment.json's size and mtime). A listing stats each directory and rebuilds only the rows whose signature
-changed, plus every run that may still be running (its executor settles it: processes, stalls). Nothing is ingested
+(the directory's mtime — state.json and experiment.json are only replaced by rename or created, which changes it —
+and metrics.jsonl's size and mtime). A run that ended costs one stat of its directory (its metrics change only
+through an ingest, which renames .ingest.json into the directory); a listing rebuilds only the rows whose signature
+changed, and settles every run that may still be running through its executor (processes, stalls). Nothing is ingested
 here: the metrics are the tail of metrics.jsonl the supervisor already wrote.
 
 The index is a cache, never the truth: written as a temp file renamed over the old one (a crash leaves the old or
@@ -192,18 +193,24 @@ def rows(summary: Callable[[Any], dict[str, Any]], root: Path | None = None, exp
     root_s = str(root)
     for name in _candidates(root, None):
         dpath = os.path.join(root_s, name)
+        entry = cached.get(name)
+        if isinstance(entry, dict) and (entry.get("foreign") or (same_summary and isinstance(entry.get("out"), dict))):
+            # ended (or not a run) and the directory unchanged: one stat, nothing read. An ended run's metrics
+            # change only through an ingest, which also renames .ingest.json into the directory.
+            try:
+                dir_mtime = os.stat(dpath).st_mtime_ns
+            except OSError:
+                continue
+            old = entry.get("sig")
+            if isinstance(old, list) and old and old[0] == dir_mtime:
+                fresh[name] = entry
+                if not entry.get("foreign"):
+                    out.append(entry["out"])
+                continue
         sig = signature(dpath)
         if sig is None:
             continue
-        entry = cached.get(name)
         hit = isinstance(entry, dict) and entry.get("sig") == sig
-        if hit and entry.get("foreign"):  # a folder that is not a run, unchanged
-            fresh[name] = entry
-            continue
-        if hit and same_summary and isinstance(entry.get("out"), dict):  # ended, unchanged: nothing to read
-            fresh[name] = entry
-            out.append(entry["out"])
-            continue
         if hit and isinstance(entry.get("row"), dict):
             row = entry["row"]
         else:
