@@ -132,7 +132,7 @@ def sample_sd(xs: list[float]) -> float:
     if len(xs) < 2:
         return math.nan
     m = mean(xs)
-    return math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    return math.sqrt(math.fsum((x - m) * (x - m) for x in xs) / (len(xs) - 1))  # x*x: inf, never OverflowError
 
 
 @dataclass
@@ -181,18 +181,19 @@ def welch(a: list[float], b: list[float], level: float = 0.95) -> TestResult:
     na, nb = len(a), len(b)
     if na < 2 or nb < 2:
         raise ValueError("Welch's t-test needs at least 2 values per arm")
-    va, vb = sample_sd(a) ** 2 / na, sample_sd(b) ** 2 / nb
+    sa, sb = sample_sd(a), sample_sd(b)
+    va, vb = sa * sa / na, sb * sb / nb
     diff = mean(b) - mean(a)
     se = math.sqrt(va + vb)
     if se == 0.0:
         t = 0.0 if diff == 0 else math.copysign(math.inf, diff)
         return TestResult("welch", diff, diff, diff, t, float(na + nb - 2), 1.0 if diff == 0 else 0.0,
                           0.0 if diff == 0 else math.inf, None)
-    df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1))
+    df = (va + vb) * (va + vb) / (va * va / (na - 1) + vb * vb / (nb - 1))
     t = diff / se
     p = min(1.0, 2.0 * t_sf(abs(t), df))
     half = t_ppf(0.5 + level / 2.0, df) * se
-    pooled = math.sqrt(((na - 1) * sample_sd(a) ** 2 + (nb - 1) * sample_sd(b) ** 2) / (na + nb - 2))
+    pooled = math.sqrt(((na - 1) * sa * sa + (nb - 1) * sb * sb) / (na + nb - 2))
     d = diff / pooled if pooled > 0 else math.inf
     return TestResult("welch", diff, diff - half, diff + half, t, df, p, d, seeds_needed(d, paired=False))
 
