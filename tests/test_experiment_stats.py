@@ -33,7 +33,7 @@ def test_t_quantiles_and_tails_match_scipy(df, q):
     assert close(S.t_sf(x, df), scipy_stats.t.sf(x, df), rel=1e-9, abs_=1e-14)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(values)
 def test_t_interval_matches_scipy(xs):
     assume(spread(xs))
@@ -42,7 +42,7 @@ def test_t_interval_matches_scipy(xs):
     assert close(iv.low, lo, abs_=1e-7) and close(iv.high, hi, abs_=1e-7)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(values, values)
 def test_welch_matches_scipy_ttest_ind(a, b):
     assume(spread(a) and spread(b))
@@ -55,7 +55,7 @@ def test_welch_matches_scipy_ttest_ind(a, b):
     assert close(mine.low, ci.low, rel=1e-7, abs_=1e-7) and close(mine.high, ci.high, rel=1e-7, abs_=1e-7)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.lists(st.tuples(st.floats(-1e3, 1e3), st.floats(-1e3, 1e3)), min_size=2, max_size=12))
 def test_paired_matches_scipy_ttest_rel(pairs):
     a, b = [x for x, _ in pairs], [y for _, y in pairs]
@@ -74,10 +74,7 @@ def scipy_power(effect: float, n: int, paired: bool) -> float:
     df = n - 1 if paired else 2 * n - 2
     nc = effect * math.sqrt(n if paired else n / 2)
     crit = scipy_stats.t.ppf(0.975, df)
-    lower = scipy_stats.nct.cdf(-crit, df, nc)
-    if math.isnan(lower):  # scipy 1.17's nct.cdf gives nan far in the left tail (df=1, nc=8.5): its sf does not
-        lower = 1.0 - scipy_stats.nct.sf(-crit, df, nc)
-    return scipy_stats.nct.sf(crit, df, nc) + lower
+    return scipy_stats.nct.sf(crit, df, nc) + scipy_nct_cdf(-crit, df, nc)
 
 
 @pytest.mark.parametrize("paired", [False, True])
@@ -87,10 +84,19 @@ def test_power_matches_the_noncentral_t(effect, n, paired):
     assert close(S.power(effect, n, paired), scipy_power(effect, n, paired), abs_=1e-7)
 
 
-@settings(max_examples=40, deadline=None)
+def scipy_nct_cdf(t: float, df: float, nc: float) -> float:
+    """scipy's noncentral t CDF; where scipy 1.17 answers nan far in the left tail, 1 - its survival function."""
+    v = scipy_stats.nct.cdf(t, df, nc)
+    return 1.0 - scipy_stats.nct.sf(t, df, nc) if math.isnan(v) else v
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
 @given(st.floats(min_value=-1e3, max_value=1e3), st.integers(1, 400), st.floats(min_value=-30, max_value=30))
 def test_noncentral_t_cdf_matches_scipy(t, df, nc):
-    assert close(S.nct_cdf(t, df, nc), scipy_stats.nct.cdf(t, df, nc), abs_=1e-7)
+    ref = scipy_nct_cdf(t, df, nc)
+    assume(not math.isnan(ref))
+    assert close(S.nct_cdf(t, df, nc), ref, abs_=1e-7)
+    assert close(S.nct_cdf(-2.0, 1, 9.0), scipy_nct_cdf(-2.0, 1, 9.0), abs_=1e-7)  # where scipy's cdf gives nan
 
 
 @pytest.mark.parametrize("paired", [False, True])
