@@ -153,14 +153,15 @@ def status(
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until interrupted.")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes with --watch.")] = 2.0,
     stall_after: Annotated[float, typer.Option("--stall-after", help="Seconds without a new step = stalled.")] = 1800,
+    experiment: Annotated[str | None, typer.Option("--experiment", "-e", help="Only this experiment's runs.")] = None,
 ) -> None:
-    """Runs at a glance, or one run's progress, metrics, health and disk."""
+    """Runs at a glance (grouped by experiment), or one run's progress, metrics, health and disk."""
     from rlctl.runs.status import show_status
 
     _seconds("--interval", interval, positive=True)
     _seconds("--stall-after", stall_after, positive=True)
 
-    show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after)
+    show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after, experiment=experiment)
 
 
 

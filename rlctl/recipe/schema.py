@@ -299,6 +299,15 @@ class DoctorSection(Section):
     model_config = ConfigDict(extra="allow")
 
 
+class SweepSection(Section):
+    """`rlctl sweep RECIPE` reads its variants from here when no --grid is given (docs/experiments.md)."""
+
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="Dotted key -> the values to try, e.g. "
+                                       "`\"optim.lr\" = [1e-6, 2e-6]`; every combination is one arm.")
+    seeds: PosInt = Field(default=1, description="Runs per arm, seeded train.seed, train.seed + 1, ...")
+    parallel: PosInt | None = Field(default=None, description="Runs at once (default: what the GPUs allow, or 1).")
+
+
 class Recipe(Section):
     name: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
@@ -320,6 +329,7 @@ class Recipe(Section):
     preflight: PreflightSection = Field(default_factory=PreflightSection)
     patches: PatchesSection = Field(default_factory=PatchesSection)
     doctor: DoctorSection = Field(default_factory=DoctorSection)
+    sweep: SweepSection | None = None
 
     @model_validator(mode="after")
     def _length(self) -> Recipe:

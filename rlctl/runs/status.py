@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from rlctl.runs.state import RunStatus, find_run, list_runs, run_status
+from rlctl.runs.state import RunStatus, find_run, run_status
 from rlctl.ui.progress import fmt_duration, fmt_num
 
 KEY_METRICS = ("reward/mean", "correctness", "kl", "entropy", "grad_norm", "policy_loss", "response_length/mean",
@@ -169,24 +169,29 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(run: str | None, as_json: bool, stall_after: float) -> str:
-    if run is None:
-        rows = [summary(run_status(p, stall_after)) for p in list_runs()]
+def render(run: str | None, as_json: bool, stall_after: float, experiment: str | None = None) -> str:
+    if run is None:  # the listing reads the index (rlctl.runs.index), never every run's logs
+        from rlctl.runs.index import grouped
+        from rlctl.runs.index import rows as index_rows
+
+        rows = index_rows(summary, experiment=experiment, stall_after=stall_after)
         if as_json:
             return json.dumps(rows, indent=2, default=str)
-        return _table(rows) if rows else "no runs yet (rlctl launch RECIPE)"
+        groups = [(f"experiment {e} ({len(g)} runs)" if e else None, _table(g)) for e, g in grouped(rows)]
+        text = "\n\n".join(f"{h}\n{t}" if h else t for h, t in groups)
+        return text if rows else "no runs yet (rlctl launch RECIPE)"
     d = detail(run_status(find_run(run), stall_after))
     return json.dumps(d, indent=2, default=str) if as_json else _detail_text(d)
 
 
 def show_status(run: str | None, as_json: bool = False, watch: bool = False, interval: float = 2.0,
-                stall_after: float = 1800) -> None:
+                stall_after: float = 1800, experiment: str | None = None) -> None:
     if not watch:
-        sys.stdout.write(render(run, as_json, stall_after) + "\n")
+        sys.stdout.write(render(run, as_json, stall_after, experiment) + "\n")
         return
     try:
         while True:
-            text = render(run, as_json, stall_after)
+            text = render(run, as_json, stall_after, experiment)
             if sys.stdout.isatty():
                 sys.stdout.write("\x1b[2J\x1b[H")
             sys.stdout.write(text + "\n")

@@ -1,0 +1,126 @@
+"""An experiment's directory, `<runs root>/_experiments/<EXP>/`: manifest.json (what was asked: arms, their
+recipe diffs, seeds, variants, git commit, patch sets, placement), written by the rlctl command only, and
+queue.json (what the queue did: each variant's run directory, slot and state), written by the queue process only.
+One writer per file, each write a temp file renamed over the old one: a crash leaves the old or the new file."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+
+EXPERIMENTS = "_experiments"
+MANIFEST = "manifest.json"
+QUEUE = "queue.json"
+LOG = "queue.log"
+NAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+
+
+def experiments_root(runs: Path | None = None) -> Path:
+    from rlctl.runs.state import runs_root
+
+    return (runs or runs_root()) / EXPERIMENTS
+
+
+def check_name(name: str) -> str:
+    if not re.fullmatch(NAME_RE, name) or len(name) > 100:
+        raise RlctlError(f"--name {name!r}: use letters, digits, '.', '_' and '-' (at most 100).")
+    return name
+
+
+def exp_dir(name: str, runs: Path | None = None) -> Path:
+    return experiments_root(runs) / check_name(name)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def read_manifest(d: Path) -> dict[str, Any]:
+    m = read_json(d / MANIFEST)
+    if not m:
+        raise RlctlError(f"{d}: no readable {MANIFEST}; not an experiment.",
+                         hint="rlctl experiment list shows the experiments")
+    return m
+
+
+def write_manifest(d: Path, manifest: dict[str, Any]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    write_json(d / MANIFEST, manifest)
+
+
+def read_queue(d: Path) -> dict[str, Any]:
+    q = read_json(d / QUEUE)
+    q.setdefault("variants", {})
+    return q
+
+
+def find_experiment(ref: str, runs: Path | None = None) -> Path:
+    p = Path(ref)
+    if p.is_dir() and (p / MANIFEST).is_file():
+        return p
+    root = experiments_root(runs)
+    if re.fullmatch(NAME_RE, ref) and (root / ref / MANIFEST).is_file():
+        return root / ref
+    known = sorted(x.name for x in root.iterdir() if (x / MANIFEST).is_file()) if root.is_dir() else []
+    raise RlctlError(f"no experiment {ref!r} under {root}.",
+                     hint=f"known: {', '.join(known[-8:]) or 'none'} (rlctl experiment list)")
+
+
+def list_experiments(runs: Path | None = None) -> list[Path]:
+    root = experiments_root(runs)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if (p / MANIFEST).is_file()), key=lambda p: p.stat().st_mtime)
+
+
+def new_manifest(name: str, kind: str, arms: list[Any], seeds: int, vs: list[Any], placement: dict[str, Any],
+                 question: str | None = None) -> dict[str, Any]:
+    from rlctl.runs.rundir import git_info
+
+    recipe_dir = Path(arms[0].recipe).parent if arms and Path(arms[0].recipe).exists() else Path.cwd()
+    return {
+        "name": name, "kind": kind, "created_at": time.time(), "question": question,
+        "arms": [a.to_dict() for a in arms], "seeds": seeds, "variants": [v.to_dict() for v in vs],
+        "git": git_info(recipe_dir) or git_info(Path.cwd()),
+        "patches": sorted({a.patches for a in arms if a.patches}),
+        "placement": placement,
+    }
+
+
+def variant_status(d: Path, manifest: dict[str, Any] | None = None,
+                   queue: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Each variant with its queue record and its run's recorded status (not settled: cheap)."""
+    from rlctl.runs.state import read_state
+
+    manifest = manifest or read_manifest(d)
+    queue = queue or read_queue(d)
+    rows = []
+    for v in manifest.get("variants", []):
+        q = queue["variants"].get(v["id"], {})
+        run_dir = q.get("run_dir")
+        st = read_state(Path(run_dir)) if run_dir else {}
+        rows.append({**v, "queue": q.get("state", "queued"), "run_dir": run_dir, "slot": q.get("slot"),
+                     "status": st.get("status"), "error": q.get("error")})
+    return rows

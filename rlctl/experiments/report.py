@@ -1,0 +1,318 @@
+"""`rlctl compare`: per arm, a metric over each run's final window, its mean and 95% t-interval across seeds; each
+arm against the first with the difference, its interval and a test (paired by seed where the arms share seeds and
+data order, else Welch's); "no significant difference at this n" said plainly, with the seeds that would show the
+observed effect at 80% power. Also the arm-mean plot with bands and the research-log entry (markdown)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+from rlctl.experiments import stats
+
+DEFAULT_METRIC = "reward/mean"
+# what changes the order prompts are drawn in besides the seed: arms differing here are not paired
+DATA_ORDER_KEYS = ("data.", "rollout.prompts_per_step", "backend.name")
+
+
+@dataclass
+class RunValue:
+    run: str
+    seed: int | None
+    value: float | None
+    points: int
+    curve: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class ArmResult:
+    id: str
+    label: str
+    runs: list[RunValue]
+    interval: stats.Interval | None = None
+
+    @property
+    def values(self) -> list[float]:
+        return [r.value for r in self.runs if r.value is not None]
+
+
+@dataclass
+class Comparison:
+    metric: str
+    window: int
+    arms: list[ArmResult]
+    tests: list[tuple[str, str, stats.TestResult | None, stats.TestResult | None, str]]  # base, other, main, welch, why
+    paired_reason: str
+    notes: list[str] = field(default_factory=list)
+
+
+def run_curve(run_dir: Path, metric: str) -> list[tuple[int, float]]:
+    from rlctl.metrics.stream import METRICS, by_step, iter_metrics
+    from rlctl.runs.health import series
+
+    return sorted(series(by_step(list(iter_metrics(run_dir / METRICS))), metric))
+
+
+def available_metrics(run_dirs: list[Path]) -> set[str]:
+    from rlctl.metrics.stream import METRICS, tail_records
+
+    keys: set[str] | None = None
+    for d in run_dirs:
+        ks = {k for r in tail_records(d / METRICS, 1 << 20) for k, v in r.items()
+              if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        keys = ks if keys is None else keys & ks
+    return keys or set()
+
+
+def default_metric(run_dirs: list[Path]) -> str:
+    """The primary eval (`eval/<set>/<metric>`) every run has, else reward/mean."""
+    from rlctl.runs.health import _NOT_QUALITY, _QUALITY
+
+    evals = sorted(k for k in available_metrics(run_dirs) if k.startswith("eval/"))
+    quality = [k for k in evals if any(q in k.split("/")[-1] for q in _QUALITY)
+               and not any(n in k.split("/")[-1] for n in _NOT_QUALITY)]
+    return (quality or evals or [DEFAULT_METRIC])[0]
+
+
+def final_value(curve: list[tuple[int, float]], window: int) -> float | None:
+    tail = [v for _, v in curve[-window:] if math.isfinite(v)]
+    return stats.mean(tail) if tail else None
+
+
+def arms_of_experiment(d: Path) -> tuple[list[dict[str, Any]], dict[str, list[tuple[Path, int | None]]]]:
+    from rlctl.experiments.manifest import read_manifest, read_queue
+
+    m, q = read_manifest(d), read_queue(d)
+    runs: dict[str, list[tuple[Path, int | None]]] = {a["id"]: [] for a in m["arms"]}
+    for v in m["variants"]:
+        rd = q["variants"].get(v["id"], {}).get("run_dir")
+        if rd and Path(rd).is_dir():
+            runs[v["arm"]].append((Path(rd), v["seed"]))
+    return m["arms"], runs
+
+
+def arms_of_runs(refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[tuple[Path, int | None]]]]:
+    """Runs given by name: those whose resolved recipes are equal but for the seed form one arm."""
+    from rlctl.experiments.variants import SEED_KEY, diff, flat
+    from rlctl.runs.state import find_run
+
+    groups: list[tuple[dict[str, Any], list[tuple[Path, int | None]]]] = []
+    for ref in refs:
+        rd = find_run(ref)
+        data = _run_recipe(rd)
+        seed = data.get(SEED_KEY)
+        key = {k: v for k, v in data.items() if k not in (SEED_KEY, "name")}
+        for g, members in groups:
+            if g == key:
+                members.append((rd, seed if isinstance(seed, int) else None))
+                break
+        else:
+            groups.append((key, [(rd, seed if isinstance(seed, int) else None)]))
+    del flat  # Unused
+    base = groups[0][0] if groups else {}
+    arms, runs = [], {}
+    for i, (g, members) in enumerate(groups):
+        d = diff(base, g)
+        label = " ".join(f"{k}={v[1]}" for k, v in d.items() if not k.startswith("name")) or members[0][0].name
+        arms.append({"id": f"a{i}", "label": label, "diff": d})
+        runs[f"a{i}"] = members
+    return arms, runs
+
+
+def _run_recipe(run_dir: Path) -> dict[str, Any]:
+    import tomllib
+
+    from rlctl.experiments.variants import flat
+
+    try:
+        return flat(tomllib.loads((run_dir / "recipe.toml").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def compare(arms: list[dict[str, Any]], runs: dict[str, list[tuple[Path, int | None]]], metric: str | None,
+            window: int) -> Comparison:
+    if window < 1:
+        raise RlctlError(f"--window {window}: expected at least 1 logged step.")
+    all_dirs = [rd for members in runs.values() for rd, _ in members]
+    if not all_dirs:
+        raise RlctlError("no runs to compare yet (none of the variants has a run directory).",
+                         hint="rlctl experiment show EXP tells where the queue is")
+    metric = metric or default_metric(all_dirs)
+    results = []
+    notes = []
+    for a in arms:
+        rvs = []
+        for rd, seed in runs.get(a["id"], []):
+            curve = run_curve(rd, metric)
+            rvs.append(RunValue(rd.name, seed, final_value(curve, window), len(curve), curve))
+            if not curve:
+                notes.append(f"{rd.name} has no {metric} values (left out)")
+        ar = ArmResult(a["id"], a.get("label", a["id"]), rvs)
+        if ar.values:
+            ar.interval = stats.t_interval(ar.values)
+        results.append(ar)
+    paired_ok, why = _pairable(arms, results)
+    tests = []
+    base = results[0]
+    for other in results[1:]:
+        main = welch = None
+        reason = ""
+        if len(base.values) >= 2 and len(other.values) >= 2:
+            welch = stats.welch(base.values, other.values)
+            if paired_ok:
+                a_vals, b_vals = _by_seed(base, other)
+                main = stats.paired(a_vals, b_vals) if len(a_vals) >= 2 else welch
+            else:
+                main = welch
+        else:
+            reason = "fewer than 2 seeds with values in an arm: no interval, no test"
+        tests.append((base.id, other.id, main, welch, reason))
+    if len(tests) > 1:
+        notes.append(f"{len(tests)} comparisons against {base.id}: with Bonferroni, call p < {0.05 / len(tests):.3g} "
+                     "significant")
+    return Comparison(metric, window, results, tests, why, notes)
+
+
+def _by_seed(a: ArmResult, b: ArmResult) -> tuple[list[float], list[float]]:
+    bs = {r.seed: r.value for r in b.runs if r.value is not None}
+    pairs = [(r.value, bs[r.seed]) for r in a.runs if r.value is not None and r.seed in bs]
+    return [x for x, _ in pairs], [y for _, y in pairs]
+
+
+def _pairable(arms: list[dict[str, Any]], results: list[ArmResult]) -> tuple[bool, str]:
+    seeds = [{r.seed for r in ar.runs if r.value is not None} for ar in results]
+    if any(None in s for s in seeds) or len({frozenset(s) for s in seeds}) != 1:
+        return False, "Welch's t-test (the arms do not share the same seeds)"
+    for a in arms:
+        touched = [k for k in (a.get("diff") or {}) if k.startswith(DATA_ORDER_KEYS)]
+        if touched:
+            return False, f"Welch's t-test (arm {a['id']} changes {touched[0]}, so data order differs)"
+    return True, "paired t-test by seed (same seeds and data order in every arm)"
+
+
+# -- text --------------------------------------------------------------------------------------------------------
+
+def fmt(x: float | None, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{digits}g}"
+
+
+def verdict(c: Comparison, base: str, other: str, t: stats.TestResult | None, reason: str) -> str:
+    if t is None:
+        return f"{other} vs {base}: {reason}."
+    n = min(len(next(a for a in c.arms if a.id == base).values), len(next(a for a in c.arms if a.id == other).values))
+    kind = "paired" if t.kind == "paired" else "Welch"
+    head = (f"{other} - {base} = {t.diff:+.4g} [{t.low:+.4g}, {t.high:+.4g}] ({kind} t = {t.t:.3g}, "
+            f"df = {t.df:.3g}, p = {t.p:.3g})")
+    if t.significant:
+        return f"{head}: significant at alpha 0.05 with {n} seeds per arm."
+    need = (f"{t.seeds_needed} seeds per arm would show an effect this size (d = {t.effect:.2g}) with 80% power"
+            if t.seeds_needed else "the observed effect is zero: no number of seeds would show it")
+    return f"{head}: no significant difference at this n ({n} seeds per arm); {need}."
+
+
+def text(c: Comparison) -> str:
+    lines = [f"metric {c.metric}, mean of the last {c.window} logged values of each run", ""]
+    head = ("arm", "seeds", "mean", "95% CI", "sd", "settings")
+    rows = []
+    for a in c.arms:
+        iv = a.interval
+        ci = f"[{fmt(iv.low)}, {fmt(iv.high)}]" if iv else "-"
+        rows.append((a.id, str(len(a.values)), fmt(iv.mean if iv else None), ci, fmt(iv.sd if iv else None), a.label))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+    lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)) for r in rows]
+    lines += ["", f"test: {c.paired_reason}"]
+    lines += [verdict(c, b, o, t, why) for b, o, t, _, why in c.tests]
+    lines += [f"note: {n}" for n in c.notes]
+    return "\n".join(lines)
+
+
+def to_json(c: Comparison) -> dict[str, Any]:
+    def test(t: stats.TestResult | None) -> dict[str, Any] | None:
+        return None if t is None else {**t.__dict__, "significant": t.significant}
+
+    return {
+        "metric": c.metric, "window": c.window, "test": c.paired_reason, "notes": c.notes,
+        "arms": [{"id": a.id, "label": a.label, "values": {r.run: r.value for r in a.runs},
+                  "mean": a.interval.mean if a.interval else None,
+                  "ci95": [a.interval.low, a.interval.high] if a.interval else None} for a in c.arms],
+        "comparisons": [{"base": b, "other": o, "test": test(t), "welch": test(w),
+                         "verdict": verdict(c, b, o, t, why)} for b, o, t, w, why in c.tests],
+    }
+
+
+def plot(c: Comparison, out: Path) -> Path:
+    """Each arm's mean curve across seeds with its 95% band (t-interval per step)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RlctlError("--plot needs matplotlib.", hint='pip install "rlctl[plot]"') from None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for a in c.arms:
+        steps = sorted({s for r in a.runs for s, _ in r.curve})
+        xs, ms, lo, hi = [], [], [], []
+        for s in steps:
+            vals = [v for r in a.runs for st, v in r.curve if st == s and math.isfinite(v)]
+            if not vals:
+                continue
+            iv = stats.t_interval(vals)
+            xs.append(s)
+            ms.append(iv.mean)
+            lo.append(iv.low if not math.isnan(iv.low) else iv.mean)
+            hi.append(iv.high if not math.isnan(iv.high) else iv.mean)
+        if xs:
+            ax.plot(xs, ms, label=f"{a.id}: {a.label} (n={len(a.runs)})")
+            ax.fill_between(xs, lo, hi, alpha=0.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel(c.metric)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{c.metric}: mean across seeds, 95% band")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def markdown(c: Comparison, manifest: dict[str, Any] | None, plot_path: Path | None, question: str | None) -> str:
+    """The research-log entry: question, variants, diffs, commits, results table, plot, verdict."""
+    m = manifest or {}
+    title = m.get("name") or "comparison"
+    q = question or m.get("question") or f"Does {' / '.join(a.label for a in c.arms[1:]) or 'the change'} change " \
+                                          f"{c.metric} against {c.arms[0].label}?"
+    git = m.get("git") or {}
+    lines = [f"## Experiment {title}", "", f"*{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}*", "",
+             f"**Question.** {q}", ""]
+    lines += ["**Variants.**", "", "| arm | settings | diff against the base | runs |", "|---|---|---|---|"]
+    arm_diffs = {a["id"]: a.get("diff") or {} for a in m.get("arms", [])}
+    for a in c.arms:
+        d = arm_diffs.get(a.id, {})
+        dtext = "; ".join(f"`{k}`: {v[0]} -> {v[1]}" for k, v in d.items()) or "(base)"
+        lines.append(f"| {a.id} | {a.label} | {dtext} | {', '.join(r.run for r in a.runs)} |")
+    lines += ["", f"**Code.** commit `{git.get('commit', 'unknown')}`"
+              + (" (uncommitted changes)" if git.get("dirty") else "")
+              + (f" on `{git['branch']}`" if git.get("branch") else "")
+              + (f"; patch sets: {', '.join(m['patches'])}" if m.get("patches") else "; no patch set"), ""]
+    lines += [f"**Results.** {c.metric}, mean of each run's last {c.window} logged values; 95% t-interval across "
+              "seeds.", "", "| arm | seeds | mean | 95% CI | per seed |", "|---|---|---|---|---|"]
+    for a in c.arms:
+        iv = a.interval
+        per = ", ".join(f"{r.seed}: {fmt(r.value)}" for r in a.runs)
+        lines.append(f"| {a.id} | {len(a.values)} | {fmt(iv.mean if iv else None)} | "
+                     f"{f'[{fmt(iv.low)}, {fmt(iv.high)}]' if iv else '-'} | {per} |")
+    if plot_path is not None:
+        lines += ["", f"![{c.metric}]({plot_path})"]
+    lines += ["", f"**Verdict** ({c.paired_reason}).", ""]
+    lines += [f"- {verdict(c, b, o, t, why)}" for b, o, t, _, why in c.tests]
+    lines += [f"- note: {n}" for n in c.notes]
+    return "\n".join(lines) + "\n"

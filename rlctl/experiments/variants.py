@@ -1,0 +1,187 @@
+"""Variants of a recipe: a grid of overrides (`--grid optim.lr=1e-6,2e-6`, or a recipe's `[sweep]` table) or two
+recipes (A/B), each repeated over seeds; their recipe diffs against the base; every one preflighted before any
+starts."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+
+SEED_KEY = "train.seed"
+
+
+@dataclass
+class Arm:
+    """One setting of the experiment: a recipe and the overrides that make it (without the seed)."""
+
+    id: str
+    recipe: str  # absolute path
+    sets: list[str]
+    label: str
+    diff: dict[str, list[Any]] = field(default_factory=dict)  # key -> [base value, this arm's value]
+    patches: str | None = None
+    base_seed: int = 0  # the arm's own train.seed: its runs use base_seed, base_seed + 1, ...
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "recipe": self.recipe, "sets": self.sets, "label": self.label, "diff": self.diff,
+                "patches": self.patches, "base_seed": self.base_seed}
+
+    @classmethod
+    def from_dict(cls, a: dict[str, Any]) -> Arm:
+        return cls(a["id"], a["recipe"], list(a["sets"]), a["label"], a.get("diff") or {}, a.get("patches"),
+                   int(a.get("base_seed") or 0))
+
+
+@dataclass
+class Variant:
+    """One run to make: an arm at one seed."""
+
+    id: str
+    arm: str
+    seed: int
+    run_name: str
+
+    def sets(self, arm: Arm) -> list[str]:
+        return [*arm.sets, f"{SEED_KEY}={self.seed}"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "arm": self.arm, "seed": self.seed, "run_name": self.run_name}
+
+
+def parse_grid(specs: list[str], where: str = "--grid") -> list[tuple[str, list[str]]]:
+    """`optim.lr=1e-6,2e-6` -> ("optim.lr", ["1e-6", "2e-6"]). Values are TOML values, as in --set; a value with a
+    comma inside (a list) is written in brackets: `--grid 'resources.trainer_gpus=[0,1],[2,3]'`."""
+    out: list[tuple[str, list[str]]] = []
+    for spec in specs:
+        key, sep, raw = spec.partition("=")
+        key = key.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key) or not raw.strip():
+            raise RlctlError(f"{where} {spec!r}: expected KEY=V1,V2,... with a dotted key.",
+                             hint=f"e.g. {where} optim.lr=1e-6,2e-6")
+        if key == SEED_KEY:
+            raise RlctlError(f"{where} {spec!r}: seeds are not a grid axis.", hint="use --seeds N")
+        values = _split_values(raw)
+        if len(set(values)) != len(values):
+            raise RlctlError(f"{where} {spec!r}: a value is repeated.")
+        if any(k == key for k, _ in out):
+            raise RlctlError(f"{where}: {key} is given twice.", hint="give all its values in one --grid")
+        out.append((key, values))
+    return out
+
+
+def _split_values(raw: str) -> list[str]:
+    values, depth, cur = [], 0, ""
+    for ch in raw:
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            values.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    values.append(cur.strip())
+    return [v for v in values if v]
+
+
+def flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        p = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict) and v:
+            out.update(flat(v, p))
+        else:
+            out[p] = v
+    return out
+
+
+def recipe_data(recipe: str, sets: list[str]) -> dict[str, Any]:
+    """The resolved recipe (extends, --set, defaults) as flat dotted keys, without the sweep table."""
+    from rlctl.recipe.loader import load
+
+    r = load(recipe, sets).recipe
+    data = flat(r.model_dump(mode="json", exclude_none=True))
+    return {k: v for k, v in data.items() if not k.startswith("sweep.")}
+
+
+def diff(base: dict[str, Any], other: dict[str, Any]) -> dict[str, list[Any]]:
+    keys = sorted(set(base) | set(other))
+    return {k: [base.get(k), other.get(k)] for k in keys if base.get(k) != other.get(k) and k != SEED_KEY}
+
+
+def grid_arms(recipe: str, grid: list[tuple[str, list[str]]], sets: list[str]) -> list[Arm]:
+    """Every combination of the grid's values, in order, as arms of one recipe."""
+    path = str(Path(recipe).resolve()) if Path(recipe).exists() else recipe
+    base = recipe_data(path, sets)
+    arms = []
+    combos = list(itertools.product(*[[(k, v) for v in vals] for k, vals in grid])) if grid else [()]
+    for i, combo in enumerate(combos):
+        extra = [f"{k}={v}" for k, v in combo]
+        data = recipe_data(path, [*sets, *extra])
+        label = " ".join(extra) or "base"
+        arms.append(Arm(f"a{i}", path, [*sets, *extra], label, diff(base, data), data.get("patches.set"),
+                        int(data.get(SEED_KEY, 0))))
+    return arms
+
+
+def ab_arms(a: str, b: str, sets: list[str]) -> list[Arm]:
+    """Two recipes as arms A and B; B's diff is against A."""
+    pa, pb = (str(Path(x).resolve()) if Path(x).exists() else x for x in (a, b))
+    da, db = recipe_data(pa, sets), recipe_data(pb, sets)
+    return [Arm("A", pa, list(sets), f"A: {Path(a).name}", {}, da.get("patches.set"), int(da.get(SEED_KEY, 0))),
+            Arm("B", pb, list(sets), f"B: {Path(b).name}", diff(da, db), db.get("patches.set"),
+                int(db.get(SEED_KEY, 0)))]
+
+
+def variants(exp: str, arms: list[Arm], n: int, first: int = 0) -> list[Variant]:
+    """Seeds first..n-1 of every arm: train.seed = the arm's own seed + i (arms with the same train.seed share
+    seeds, so they can be compared pair by pair)."""
+    if n < 1:
+        raise RlctlError(f"--seeds {n}: expected at least 1.")
+    out = []
+    for arm in arms:
+        for i in range(first, n):
+            s = arm.base_seed + i
+            out.append(Variant(f"{arm.id}-s{s}", arm.id, s, f"{exp}-{arm.id}-s{s}"))
+    return out
+
+
+@dataclass
+class PreflightProblem:
+    variant: str
+    settings: str
+    failures: list[str]
+
+
+def preflight_all(arms: list[Arm], vs: list[Variant]) -> tuple[list[PreflightProblem], dict[str, dict[str, Any]]]:
+    """Preflight every variant (render + every check that needs no GPU); returns the failures and, per variant,
+    what placement needs to know (GPUs, nodes, executor)."""
+    from rlctl import preflight as pf
+    from rlctl.errors import RlctlError as _Err
+    from rlctl.recipe.planning import prepare
+
+    by_id = {a.id: a for a in arms}
+    problems: list[PreflightProblem] = []
+    needs: dict[str, dict[str, Any]] = {}
+    for v in vs:
+        arm = by_id[v.arm]
+        settings = " ".join(v.sets(arm))
+        try:
+            prep = prepare(arm.recipe, v.sets(arm))
+            results = pf.run(prep)
+        except _Err as e:
+            problems.append(PreflightProblem(v.id, settings, [str(e)]))
+            continue
+        r = prep.recipe
+        needs[v.id] = {"gpus": r.resources.gpus_per_node, "nodes": r.resources.nodes,
+                       "executor": r.resources.executor}
+        if pf.failed(results):
+            problems.append(PreflightProblem(v.id, settings, [f"{x.check}: {x.figure}" for x in results
+                                                              if x.verdict == "fail"]))
+    return problems, needs

@@ -1,0 +1,350 @@
+"""Experiments with real processes: sweeps and A/B tests queued and placed, every variant preflighted first, the
+queue surviving kill -9 and resumed without relaunching what ran, a variant killed mid-run restarted by its own
+policy, `compare` finding a real learning-rate effect and no difference between identical arms; the status index
+never broken by damaged or foreign directories.
+
+The fast end-to-end runs use a real learner that needs no torch (tests/fixtures/experiments/bandit.py, REINFORCE on
+a 4-armed bandit, through the command backend); the 2x2x2 grid runs the CPU quickstart (TRL)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlctl.core.state import read_state
+from tests.conftest import RECIPES, ROOT, run_cli
+
+BANDIT = ROOT / "tests" / "fixtures" / "experiments" / "bandit.py"
+
+
+def bandit_recipe(steps: int = 30, lr: float = 0.5, seed: int = 42, sleep: float = 0.0, restart: str = "never") -> str:
+    cmd = [sys.executable, str(BANDIT), "--lr", "{lr}", "--seed", "{seed}", "--steps", "{steps}", "--sleep",
+           str(sleep)]
+    return f"""
+name = "bandit"
+[backend]
+name = "command"
+[backend.command]
+command = {json.dumps(cmd)}
+log_pattern = 'step (?P<step>\\d+) \\| reward (?P<reward>\\S+)'
+metrics_map = {{reward = "reward/mean"}}
+[model]
+path = "random:qwen2?hidden=64&layers=2"
+dtype = "float32"
+max_model_len = 128
+[data]
+train = "prompts.jsonl"
+max_prompt_tokens = 32
+[rollout]
+group_size = 4
+prompts_per_step = 2
+max_tokens = 16
+[train]
+steps = {steps}
+train_batch_size = 8
+micro_batch_size = 4
+seed = {seed}
+[optim]
+lr = {lr}
+[resources]
+gpus_per_node = 0
+gpu = "cpu"
+[run]
+restart = "{restart}"
+max_restarts = 2
+"""
+
+
+@pytest.fixture
+def w(tmp_path, monkeypatch):
+    (tmp_path / "prompts.jsonl").write_text('{"input": "a"}\n{"input": "b"}\n')
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(runs))
+    monkeypatch.chdir(tmp_path)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    yield {"dir": tmp_path, "runs": runs, "env": env}
+    _kill_all(runs)
+
+
+def _kill_all(runs: Path) -> None:
+    """What a failed test left running goes: queues, supervisors, trainers (checked by start time, never a pid that
+    was reused by someone else's process)."""
+    from rlctl.runs.state import process_alive
+
+    exps = runs / "_experiments"
+    for q in exps.glob("*/queue.json") if exps.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            rec = json.loads(q.read_text())
+            if process_alive(rec["pid"], rec.get("create_time")):
+                os.kill(rec["pid"], signal.SIGKILL)
+    for run in runs.glob("*/state.json") if runs.is_dir() else []:
+        st = read_state(run.parent)
+        if process_alive(st.get("supervisor_pid"), st.get("supervisor_create_time")):
+            os.kill(st["supervisor_pid"], signal.SIGKILL)
+        ref = (st.get("handle") or {}).get("ref", {})
+        if process_alive(ref.get("pgid"), ref.get("create_time")):
+            with contextlib.suppress(OSError):
+                os.killpg(ref["pgid"], signal.SIGKILL)
+
+
+def rlctl(w, *args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "rlctl.cli", *args], cwd=w["dir"], env=w["env"],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def cli(w, *args):
+    return run_cli(*args, cwd=w["dir"])
+
+
+def wait_for(pred, timeout=120.0, every=0.3) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(every)
+    return False
+
+
+def queue_record(w, exp: str) -> dict:
+    try:
+        return json.loads((w["runs"] / "_experiments" / exp / "queue.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def run_dirs(w, prefix: str) -> list[Path]:
+    return sorted(p for p in w["runs"].glob(f"{prefix}*") if (p / "state.json").is_file())
+
+
+# -- fast: declaring variants, refusing bad ones -------------------------------------------------------------------
+
+def test_a_variant_that_fails_preflight_is_reported_with_its_settings_and_nothing_launches(w):
+    (w["dir"] / "b.toml").write_text(bandit_recipe())
+    r = cli(w, "sweep", "b.toml", "--grid", "optim.lr=0.1,0.5", "--grid", "rollout.max_tokens=16,4096", "--name", "x")
+    assert r.code == 1, r.err
+    assert "variant(s) fail preflight; nothing launched" in r.err
+    assert "a1-s42  (optim.lr=0.1 rollout.max_tokens=4096 train.seed=42)" in r.err, r.err
+    assert not (w["runs"] / "_experiments" / "x").exists() and not run_dirs(w, "x-")
+
+
+def test_bad_grids_and_options_are_usage_errors(w):
+    (w["dir"] / "b.toml").write_text(bandit_recipe())
+    for args, msg in [(["--grid", "optim.lr"], "expected KEY=V1,V2"),
+                      (["--grid", "train.seed=1,2"], "seeds are not a grid axis"),
+                      (["--grid", "optim.lr=1,1"], "repeated"),
+                      (["--grid", "optim.lrr=0.1,0.2"], "optim.lrr"),
+                      ([], "nothing to sweep"),
+                      (["--grid", "optim.lr=0.1,0.2", "--on", "gpu-box-1,gpu-box-2"], "no ssh executor")]:
+        r = cli(w, "sweep", "b.toml", *args, "--name", "bad")
+        assert r.code == 2 and msg in r.err and "Traceback" not in r.err, (args, r.err)
+
+
+def test_sweep_table_in_the_recipe_and_the_manifest(w, monkeypatch):
+    text = bandit_recipe(steps=3) + '\n[sweep]\ngrid = { "optim.lr" = [0.1, 0.3], "algorithm.eps_clip" = [0.1, 0.2] }\n'
+    (w["dir"] / "s.toml").write_text(text)
+    monkeypatch.setattr("rlctl.experiments.queue.start_detached", lambda d: 12345)  # the manifest only
+    r = cli(w, "sweep", "s.toml", "--seeds", "2", "--name", "tbl")
+    assert r.code == 0, r.err
+    m = json.loads((w["runs"] / "_experiments" / "tbl" / "manifest.json").read_text())
+    assert [a["label"] for a in m["arms"]] == [f"optim.lr={lr} algorithm.eps_clip={c}" for lr in (0.1, 0.3)
+                                               for c in (0.1, 0.2)]
+    assert m["arms"][0]["diff"] == {"optim.lr": [0.5, 0.1], "algorithm.eps_clip": [0.2, 0.1]}
+    assert len(m["variants"]) == 8 and {v["seed"] for v in m["variants"]} == {42, 43}
+    assert m["placement"]["parallel"] == 1 and "git" in m
+
+
+def test_gpu_slots_never_share_a_gpu():
+    from rlctl.experiments.queue import Capacity
+
+    cap = Capacity.from_placement({"parallel": 4, "gpu_ids": [0, 1, 2, 3]})
+    a, b = cap.take("a", 2), cap.take("b", 1)
+    c = cap.take("c", 2)  # one GPU left: waits
+    assert a.gpus == (0, 1) and b.gpus == (2,) and c is None
+    cap.free("a")
+    c = cap.take("c", 2)
+    assert c.gpus == (0, 1) and cap.take("d", 1).gpus == (3,) and cap.take("e", 1) is None
+    hosts = Capacity.from_placement({"parallel": 1, "hosts": ["h1", "h2"], "executor": "ssh"})
+    assert [hosts.take(v, 8).host for v in "xy"] == ["h1", "h2"] and hosts.take("z", 8) is None
+
+
+# -- status: the index ------------------------------------------------------------------------------------------------
+
+def _fake_run(root: Path, name: str, status: str = "finished", exp: str | None = None, steps: int = 3) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "state.json").write_text(json.dumps({"name": name, "status": status, "backend": "trl",
+                                              "started_at": time.time(), "ended_at": time.time() + 5}))
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "time": time.time(), "reward/mean": s / 10})
+                                             + "\n" for s in range(1, steps + 1)))
+    if exp:
+        (d / "experiment.json").write_text(json.dumps({"experiment": exp}))
+    return d
+
+
+def test_status_index_survives_damage_and_follows_changes(w):
+    runs = w["runs"]
+    _fake_run(runs, "a-1")
+    _fake_run(runs, "b-1", exp="lr")
+    bad = runs / "damaged"
+    bad.mkdir()
+    (bad / "state.json").write_text('{"status": "runn')
+    (runs / "someones-folder").mkdir()
+    (runs / "a-file").write_text("x")
+    weird = runs / "fifo-run"
+    weird.mkdir()
+    os.mkfifo(weird / "state.json")
+    r = cli(w, "status")
+    assert r.code == 0, r.err
+    assert "a-1" in r.out and "damaged" in r.out and "unknown" in r.out and "someones-folder" not in r.out
+    assert "experiment lr (1 runs)" in r.out and r.out.index("a-1") < r.out.index("experiment lr")
+    assert (runs / ".index.json").is_file()
+    # a run that grows is re-read; a corrupt index is rebuilt
+    with (runs / "a-1" / "metrics.jsonl").open("a") as fh:  # an ingest: records appended, its record renamed
+        fh.write(json.dumps({"step": 9, "time": time.time(), "reward/mean": 0.77}) + "\n")
+    (runs / "a-1" / ".ingest.json.tmp").write_text("{}")
+    os.replace(runs / "a-1" / ".ingest.json.tmp", runs / "a-1" / ".ingest.json")
+    rows = json.loads(cli(w, "status", "--json").out)
+    assert next(x for x in rows if x["name"] == "a-1")["reward"] == 0.77
+    (runs / ".index.json").write_text("{not json")
+    rows = json.loads(cli(w, "status", "--json").out)
+    assert {x["name"] for x in rows} == {"a-1", "b-1", "damaged"}
+    # the state changes by rename (as every rlctl writer does): the row follows
+    from rlctl.runs.state import write_state
+
+    write_state(runs / "a-1", status="failed", exit_code=3)
+    rows = json.loads(cli(w, "status", "--json").out)
+    assert next(x for x in rows if x["name"] == "a-1")["status"] == "failed"
+
+
+# -- real runs ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_lr_effect_is_significant_and_identical_arms_are_not(w):
+    (w["dir"] / "b.toml").write_text(bandit_recipe())
+    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=1e-6,0.5", "--seeds", "3", "--parallel", "2", "--name", "lr",
+              "--wait")
+    assert r.returncode == 0, r.stderr[-3000:]
+    shown = cli(w, "experiment", "show", "lr")
+    assert shown.out.count(" done ") == 6 and "finished" in shown.out, shown.out
+    r = cli(w, "compare", "lr", "--report", "lr.md", "--json")
+    assert r.code == 0, r.err
+    c = json.loads(r.out)
+    (t,) = c["comparisons"]
+    assert c["metric"] == "reward/mean" and c["test"].startswith("paired t-test by seed")
+    assert t["test"]["significant"] and t["test"]["diff"] > 0.2 and "significant at alpha 0.05" in t["verdict"]
+    md = (w["dir"] / "lr.md").read_text()
+    assert "**Question.**" in md and "`optim.lr`: 0.5 -> 1e-06" in md and "**Verdict**" in md and "lr.png" in md
+    assert (w["dir"] / "lr.png").stat().st_size > 1000
+    # two identical arms, different seeds: Welch, and said plainly
+    (w["dir"] / "b2.toml").write_text(bandit_recipe(seed=1000))
+    r = rlctl(w, "ab", "b.toml", "b2.toml", "--seeds", "4", "--parallel", "2", "--name", "same", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = cli(w, "compare", "same")
+    assert r.code == 0, r.err
+    assert "Welch's t-test (the arms do not share the same seeds)" in r.out
+    assert "no significant difference at this n (4 seeds per arm)" in r.out, r.out
+    assert "seeds per arm would show an effect this size" in r.out
+    # status: grouped by experiment, one experiment alone
+    st = cli(w, "status")
+    assert "experiment lr (6 runs)" in st.out and "experiment same (8 runs)" in st.out
+    one = json.loads(cli(w, "status", "--experiment", "lr", "--json").out)
+    assert len(one) == 6 and {x["experiment"] for x in one} == {"lr"}
+
+
+@pytest.mark.slow
+def test_queue_survives_kill_9_and_resumes_without_relaunching_then_extends(w):
+    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=12, sleep=0.5))
+    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=0.1,0.5", "--seeds", "2", "--parallel", "2", "--name", "k")
+    assert r.returncode == 0, r.stderr[-3000:]
+    q = queue_record(w, "k")
+    assert wait_for(lambda: sum(v.get("state") == "running" for v in queue_record(w, "k")["variants"].values()) == 2)
+    os.kill(q["pid"], signal.SIGKILL)  # rlctl's queue dies; the runs (own sessions, own supervisors) go on
+    assert wait_for(lambda: all(read_state(p).get("status") == "finished" for p in run_dirs(w, "k-")), timeout=120)
+    assert len(run_dirs(w, "k-")) == 2
+    r = rlctl(w, "experiment", "resume", "k", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "k" / "queue.log").read_text()
+    dirs = run_dirs(w, "k-")
+    assert len(dirs) == 4, [d.name for d in dirs]  # the two that ran are not launched again
+    assert all(read_state(p)["status"] == "finished" for p in dirs)
+    # --seeds more: only the new seeds run
+    r = rlctl(w, "sweep", "b.toml", "--name", "k", "--seeds", "3", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:]
+    dirs = run_dirs(w, "k-")
+    assert len(dirs) == 6 and sorted({d.name.rsplit("-", 2)[0] for d in dirs}) == [
+        "k-a0-s42", "k-a0-s43", "k-a0-s44", "k-a1-s42", "k-a1-s43", "k-a1-s44"]
+
+
+@pytest.mark.slow
+def test_a_variant_killed_mid_run_restarts_and_stop_then_resume(w):
+    import psutil
+
+    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=10, sleep=0.5, restart="on-failure"))
+    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=0.1,0.5", "--parallel", "2", "--name", "r")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert wait_for(lambda: len(run_dirs(w, "r-a0")) == 1 and read_state(run_dirs(w, "r-a0")[0]).get("pid"))
+    run = run_dirs(w, "r-a0")[0]
+    assert wait_for(lambda: psutil.Process(read_state(run)["pid"]).children())
+    trainer = psutil.Process(read_state(run)["pid"]).children()[0]
+    trainer.kill()  # the OOM killer
+    assert wait_for(lambda: queue_record(w, "r").get("state") == "finished", timeout=180), queue_record(w, "r")
+    st = read_state(run)
+    assert st["status"] == "finished" and len(st["attempts"]) == 2 and st["attempts"][0]["outcome"] == "failed"
+    assert read_state(run_dirs(w, "r-a1")[0])["status"] == "finished"  # the other variant was never held up
+    # stop mid-way, resume: the stopped run continues (its own supervisor), nothing is launched twice
+    (w["dir"] / "slow.toml").write_text(bandit_recipe(steps=40, sleep=0.3))
+    r = rlctl(w, "sweep", "slow.toml", "--grid", "optim.lr=0.1,0.5", "--parallel", "1", "--name", "s")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert wait_for(lambda: run_dirs(w, "s-a0") and read_state(run_dirs(w, "s-a0")[0]).get("status") == "running")
+    r = cli(w, "experiment", "stop", "s", "--grace", "5")
+    assert r.code == 0 and "stopped" in r.out, r.err
+    assert read_state(run_dirs(w, "s-a0")[0])["status"] == "stopped" and not run_dirs(w, "s-a1")
+    r = rlctl(w, "experiment", "resume", "s", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "s" / "queue.log").read_text()
+    assert len(run_dirs(w, "s-")) == 2 and all(read_state(p)["status"] == "finished" for p in run_dirs(w, "s-"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # 8 TRL runs, 2 at a time: ~10 min on a busy 2-core machine
+def test_quickstart_2x2_grid_2_seeds_parallel_2_runs_to_completion(w, tmp_path_factory):
+    pytest.importorskip("trl")
+    w["env"]["RLCTL_MODEL_CACHE"] = str(tmp_path_factory.mktemp("models"))
+    r = rlctl(w, "sweep", str(RECIPES / "quickstart.toml"), "--set", "train.steps=2", "--grid",
+              "optim.lr=1e-6,5e-3", "--grid", "rollout.temperature=0.7,1.0", "--seeds", "2", "--parallel", "2",
+              "--name", "qs", "--wait", timeout=1800)
+    assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "qs" / "queue.log").read_text()
+    dirs = run_dirs(w, "qs-")
+    assert len(dirs) == 8 and all(read_state(p)["status"] == "finished" for p in dirs)
+    seeds = {json.loads((p / "experiment.json").read_text())["seed"] for p in dirs}
+    assert seeds == {42, 43}
+    # never more than 2 at once: each run's lifetime, overlapped
+    spans = [(read_state(p)["started_at"], read_state(p)["ended_at"]) for p in dirs]
+    assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) <= 2
+    r = cli(w, "compare", "qs")
+    assert r.code == 0 and "a3" in r.out, r.err
+
+
+def test_a_queue_killed_between_creating_a_run_and_recording_it_adopts_it(w):
+    from rlctl.experiments.manifest import write_json, write_manifest
+    from rlctl.experiments.queue import Queue
+
+    d = w["runs"] / "_experiments" / "e"
+    write_manifest(d, {"name": "e", "arms": [], "seeds": 1, "placement": {"runs_root": str(w["runs"])},
+                       "variants": [{"id": "a0-s42", "arm": "a0", "seed": 42, "run_name": "e-a0-s42"},
+                                    {"id": "a1-s42", "arm": "a1", "seed": 42, "run_name": "e-a1-s42"}]})
+    write_json(d / "queue.json", {"variants": {"a0-s42": {"state": "launching"}, "a1-s42": {"state": "launching"}}})
+    _fake_run(w["runs"], "e-a0-s42-20261125-000000")
+    q = Queue(d)
+    q.adopt()
+    q.settle()
+    v = q.queue["variants"]
+    assert v["a0-s42"]["state"] == "done" and v["a0-s42"]["run_dir"].endswith("e-a0-s42-20261125-000000")
+    assert v["a1-s42"]["state"] == "queued"  # never created: launched again, once
