@@ -20,12 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError
+from rlctl.evals.ledger import EVALS, read_ledger, write_ledger
 from rlctl.evals.sets import EvalSet
 from rlctl.metrics.stream import METRICS, write_records
-
-EVALS = "evals"
-LEDGER = "evals.json"
-
 
 # ---- the eval part of a launch spec ------------------------------------------------------------------------------
 
@@ -122,24 +119,6 @@ def append_metrics(run_dir: Path, step: int, metrics: dict[str, float]) -> None:
                     break  # a stuck ingester: append anyway (one write)
                 time.sleep(0.05)
         write_records(run_dir / METRICS, [{"step": step, **metrics}])
-
-
-# ---- the ledger -------------------------------------------------------------------------------------------------
-
-def read_ledger(run_dir: Path) -> dict[str, Any]:
-    try:
-        d = json.loads((run_dir / EVALS / LEDGER).read_text())
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def write_ledger(run_dir: Path, ledger: dict[str, Any]) -> None:
-    d = run_dir / EVALS
-    d.mkdir(exist_ok=True)
-    tmp = d / (LEDGER + ".tmp")
-    tmp.write_text(json.dumps(ledger, indent=2) + "\n")
-    os.replace(tmp, d / LEDGER)
 
 
 # ---- best checkpoint and stop rules -------------------------------------------------------------------------------

@@ -173,7 +173,7 @@ def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> Non
         return
     pending: set[int] = set()
     if (spec.get("evals") or {}).get("sets"):  # never delete one rlctl has still to evaluate (or is evaluating)
-        from rlctl.evals.loop import read_ledger
+        from rlctl.evals.ledger import read_ledger
 
         done = read_ledger(run_dir).get("done") or {}
         pending = {c.step for c in find_checkpoints(spec.get("backend", ""), run_dir) if str(c.step) not in done}
