@@ -106,6 +106,7 @@ def eval_cmd(
 
 
 def _run_jobs(run_dir: Path, backend: str, step: int | None, all_: bool) -> list[tuple[int, str]]:
+    from rlctl.evals.loop import model_dir
     from rlctl.runs.checkpoints import find_checkpoints
     from rlctl.runs.state import read_state
 
@@ -119,13 +120,13 @@ def _run_jobs(run_dir: Path, backend: str, step: int | None, all_: bool) -> list
             raise RlctlError(f"{run_dir.name} has no complete checkpoint at step {step}; complete: "
                              f"{', '.join(str(c.step) for c in ckpts) or 'none'}.",
                              hint=f"rlctl ckpt list {run_dir.name}")
-        return [(step, str(found[0].path))]
+        return [(step, model_dir(found[0]))]
     if all_:
-        return [(0, base)] + [(c.step, str(c.path)) for c in ckpts]
+        return [(0, base)] + [(c.step, model_dir(c)) for c in ckpts]
     if not ckpts:
         raise RlctlError(f"{run_dir.name} has no complete checkpoint.", hint=f"rlctl eval {run_dir.name} --step 0 "
                          "evaluates its base model")
-    return [(ckpts[-1].step, str(ckpts[-1].path))]
+    return [(ckpts[-1].step, model_dir(ckpts[-1]))]
 
 
 def _base_model(run_dir: Path) -> str:

@@ -85,19 +85,25 @@ def generate_hf(model: Any, tok: Any, prompts: list[str], n: int, temperature: f
     return texts, lengths
 
 
-def generate_vllm(path: str, base: str | None, prompts: list[str], n: int, temperature: float, max_tokens: int,
-                  seed: int, dtype: str) -> tuple[list[list[str]], list[list[int]]]:
-    from vllm import LLM, SamplingParams
+def load_vllm(path: str, base: str | None, seed: int, dtype: str) -> tuple[Any, Any]:
+    """(vLLM engine, LoRA request or None): an adapter directory is served on its base with enable_lora."""
+    from vllm import LLM
 
     adapter = adapter_base(path)
-    lora = None
-    if adapter is not None:
-        from vllm.lora.request import LoRARequest
+    if adapter is None:
+        return LLM(model=path, dtype=dtype, seed=seed), None
+    from peft import PeftConfig
+    from vllm.lora.request import LoRARequest
 
-        llm = LLM(model=base or adapter, dtype=dtype, enable_lora=True, seed=seed)
-        lora = LoRARequest("checkpoint", 1, path)
-    else:
-        llm = LLM(model=path, dtype=dtype, seed=seed)
+    rank = int(getattr(PeftConfig.from_pretrained(path), "r", 16) or 16)
+    llm = LLM(model=base or adapter, dtype=dtype, enable_lora=True, max_lora_rank=max(rank, 8), seed=seed)
+    return llm, LoRARequest("checkpoint", 1, path)
+
+
+def generate_vllm(llm: Any, lora: Any, prompts: list[str], n: int, temperature: float, max_tokens: int,
+                  seed: int) -> tuple[list[list[str]], list[list[int]]]:
+    from vllm import SamplingParams
+
     params = SamplingParams(n=n, temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
     outs = llm.generate(prompts, params, lora_request=lora)
     return ([[c.text for c in o.outputs] for o in outs], [[len(c.token_ids) for c in o.outputs] for o in outs])
@@ -110,12 +116,15 @@ class Generator:
         self.path, self.base, self.dtype, self.seed = path, base, dtype, seed
         self.engine = engine or engine_name()
         self._hf: tuple[Any, Any] | None = None
+        self._vllm: tuple[Any, Any] | None = None  # one engine for every set of the job
 
     def generate(self, prompts: list[str], n: int, temperature: float,
                  max_tokens: int) -> tuple[list[list[str]], list[list[int]]]:
         if self.engine == "vllm":
-            dtype = "bfloat16" if self.dtype == "float32" else self.dtype
-            return generate_vllm(self.path, self.base, prompts, n, temperature, max_tokens, self.seed, dtype)
+            if self._vllm is None:
+                dtype = "bfloat16" if self.dtype == "float32" else self.dtype
+                self._vllm = load_vllm(self.path, self.base, self.seed, dtype)
+            return generate_vllm(*self._vllm, prompts, n, temperature, max_tokens, self.seed)
         if self._hf is None:
             self._hf = load_hf(self.path, self.base, self.dtype)
         return generate_hf(*self._hf, prompts, n, temperature, max_tokens, self.seed)

@@ -21,7 +21,7 @@ from typing import Any
 
 from rlctl.errors import RlctlError
 from rlctl.evals.ledger import EVALS, read_ledger, write_ledger
-from rlctl.evals.sets import EvalSet
+from rlctl.evals.sets import EvalSet, resolve_key
 from rlctl.metrics.stream import METRICS, write_records
 
 # ---- the eval part of a launch spec ------------------------------------------------------------------------------
@@ -44,6 +44,15 @@ def evals_spec(recipe: Any, backend: Any) -> dict[str, Any] | None:
         "primary": primary.key if primary else None, "stop_when": list(r.run.stop_when),
         "lora": r.lora is not None,
     }
+
+
+def model_dir(ckpt: Any) -> str:
+    """What an evaluator loads for a checkpoint: of its paths (the layout the backend's adapter reports), the first
+    that is an HF model or adapter directory (e.g. OpenRLHF's global_stepN_hf next to the DeepSpeed state)."""
+    for p in ckpt.paths():
+        if (p / "config.json").is_file() or (p / "adapter_config.json").is_file():
+            return str(p)
+    return str(ckpt.path)
 
 
 # ---- the job ----------------------------------------------------------------------------------------------------
@@ -131,6 +140,9 @@ def best_mark(run_dir: Path, backend: str, primary: str | None) -> dict[str, Any
     if not primary:
         return None
     merged = by_step(list(iter_metrics(run_dir / METRICS)))
+    primary = resolve_key(primary, {k for rec in merged.values() for k in rec})
+    if not primary:
+        return None
     ckpts = {c.step: c for c in find_checkpoints(backend, run_dir) if c.complete}
     best: dict[str, Any] | None = None
     for step, rec in merged.items():
@@ -268,7 +280,7 @@ class CheckpointEvals:
             return
         c = self._next_checkpoint()
         if c is not None:
-            self._start(c.step, str(c.path))
+            self._start(c.step, model_dir(c))
 
     def drain(self, timeout: float) -> None:
         """At the end of a finished run: evaluate the checkpoints still waiting (bounded by `timeout`)."""
@@ -280,7 +292,7 @@ class CheckpointEvals:
             c = self._next_checkpoint()
             if c is None:
                 return
-            self._start(c.step, str(c.path))
+            self._start(c.step, model_dir(c))
         self.kill()
 
     def kill(self) -> None:

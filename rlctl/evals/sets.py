@@ -161,3 +161,18 @@ def primary_key_from_run(run_dir: Path) -> str | None:
         return None
     wanted = run_eval_config(run_dir)["eval"].get("primary")
     return next((s for s in sets if s.name == wanted), sets[0]).key
+
+
+def resolve_key(primary: str | None, keys: Any) -> str | None:
+    """The stream key a primary eval is judged by: itself when the stream has it; else, for a set the backend
+    evaluates in-loop under its own metric names (eval/default/pass1, ...), that set's first quality metric."""
+    from rlctl.runs.health import quality_eval_key
+
+    if not primary:
+        return None
+    keys = list(keys)
+    if primary in keys:
+        return primary
+    prefix = "/".join(primary.split("/")[:2]) + "/"
+    return quality_eval_key([k for k in keys if k.startswith(prefix)], prefix)
+

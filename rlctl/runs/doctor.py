@@ -168,8 +168,11 @@ def zero_variance(S: Series, t: dict[str, float]) -> Finding | None:
 def _eval_series(S: Series, t: dict[str, Any]) -> tuple[str | None, list[tuple[int, float]], float | None]:
     """(the eval key to judge: the recipe's primary eval when it is in the stream, else the first quality eval;
     its evals after step 0; its step-0 baseline or None)."""
+    from rlctl.evals.sets import resolve_key
+
     primary = t.get("primary")
-    eval_key = primary if isinstance(primary, str) and S.get(primary) else quality_eval_key(S)
+    eval_key = (resolve_key(primary, [k for k, v in S.items() if v]) if isinstance(primary, str) else None) \
+        or quality_eval_key(S)
     if not eval_key:
         return None, [], None
     ev = S[eval_key]
