@@ -43,6 +43,7 @@ def smoke(recipe: Any) -> None:
     r.train.micro_batch_size = min(r.train.micro_batch_size, r.train.train_batch_size)
     r.checkpoint.every = None
     r.eval.every = None
+    r.eval.baseline = False  # no step-0 eval either (docs/eval.md)
     if r.logging.wandb:
         r.logging.wandb.offline = True
 
