@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,59 @@ def test_eval_on_a_host_needs_ssh_hosts(cli, write):
         pytest.skip("an ssh executor is registered here")
     res = cli("eval", "some-run", "--on", "spare-box")
     assert res.code == 2 and "hosts not available" in res.err
+
+
+SCRIPT = '''import json, sys
+step, name, model, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+if name == "bad":
+    sys.exit(3)
+json.dump({"primary": 0.1 * step, "n_prompts": 64, "eval/custom/key": 1}, open(out, "w"))
+'''
+
+
+def command_recipe(write, tmp_path: Path) -> Path:
+    script = write("eval_posthoc.py", SCRIPT)
+    return write("cmd.toml", f'''extends = "{QUICK}"
+[eval]
+evaluator = "command"
+command = "{sys.executable} {script} {{step}} {{set}} {{checkpoint}} {{output}}"
+[eval.sets.probe]
+data = "{PROMPTS}"
+temperature = 0.6
+n = 4
+[eval.sets.bad]
+data = "{PROMPTS}"
+''')
+
+
+def test_rlctl_eval_by_hand_with_a_command(write, tmp_path, cli, monkeypatch):
+    from rlctl.core.state import write_state
+    from rlctl.recipe.loader import dump_toml
+
+    recipe = command_recipe(write, tmp_path)
+    # a base model: the baseline on the recipe's sets, nothing needed but the recipe
+    monkeypatch.chdir(tmp_path)
+    res = cli("eval", "my-base-model", "--recipe", str(recipe), "--set", "probe", "--json")
+    assert res.code == 0, res.err
+    (row,) = json.loads(res.out)["results"]
+    assert row["metrics"] == {"eval/probe/sampling_pass@4": 0.0, "eval/probe/sampling_pass@4/n_prompts": 64.0,
+                              "eval/custom/key": 1.0}
+    # a finished run: --all = the baseline and every complete checkpoint, into its stream at their steps
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(runs))
+    run = runs / "r-20261125-000000"
+    for step in (2, 4):
+        (run / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
+        (run / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (run / "checkpoints" / "checkpoint-6").mkdir()  # being written: not evaluated
+    (run / "recipe.toml").write_text(dump_toml(load(recipe).recipe.model_dump(mode="json", exclude_none=True)))
+    write_state(run, backend="trl", status="finished")
+    res = cli("eval", run.name, "--all")
+    assert res.code == 1 and "failed: set bad" in res.out  # the failing set is reported, exit 1
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"]: r["eval/probe/sampling_pass@4"] for r in recs} == {0: 0.0, 2: 0.2, 4: 0.4}
+    assert (run / "evals" / "step-4.json").is_file()
+    res = cli("eval", run.name, "--step", "6")
+    assert res.code == 2 and "no complete checkpoint at step 6" in res.err
+    res = cli("eval", run.name, "--set", "nope")
+    assert res.code == 2 and "no such eval set" in res.err
