@@ -179,6 +179,27 @@ class Backend:
     def uses_vllm(self, recipe: Recipe) -> bool:
         return True
 
+    # ---- held-out evaluation (rlctl.evals) -----------------------------------------------------------------------
+    # what the adapter renders into the backend's own in-loop eval: the single `data.eval` set (with eval.every,
+    # eval.temperature, eval.n_samples), or nothing; every other set goes to rlctl's checkpoint evaluator
+    in_loop_eval_single: ClassVar[bool] = False
+
+    def in_loop_eval(self, recipe: Recipe, sets: list[Any]) -> tuple[list[Any], list[tuple[Any, str]]]:
+        """(eval sets this release evaluates in-loop as rendered, [(set, why not)]): what it cannot run is handed to
+        rlctl's checkpoint evaluator, never dropped. Default: the single `data.eval` set when the adapter renders it
+        (`in_loop_eval_single`), named sets never (one in-loop eval slot, and rlctl keeps it for `data.eval`)."""
+        inside, outside = [], []
+        for s in sets:
+            if s.legacy and self.in_loop_eval_single:
+                inside.append(s)
+            elif not s.in_loop:
+                outside.append((s, "in_loop = false"))
+            elif self.in_loop_eval_single:
+                outside.append((s, "its one in-loop eval slot holds data.eval (named sets are not rendered in-loop)"))
+            else:
+                outside.append((s, "rlctl renders no in-loop eval for it"))
+        return inside, outside
+
     # ---- steps and schedule ------------------------------------------------------------------------------------
     def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
         return recipe.train.steps

@@ -163,6 +163,8 @@ def data(ctx: Context) -> list[Result]:
     out = [_data_result(ctx, "data.train", d.train)]
     if d.eval:
         out.append(_data_result(ctx, "data.eval", d.eval))
+    for name, s in ctx.recipe.eval.sets.items():
+        out.append(_data_result(ctx, f"eval.sets.{name}.data", s.data))
     return out
 
 

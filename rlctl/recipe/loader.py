@@ -231,9 +231,9 @@ def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[str,
 
 
 def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    for key in PATH_KEYS:
-        section, _, name = key.partition(".")
-        sect = data.get(section)
+    sets = data.get("eval", {}).get("sets") if isinstance(data.get("eval"), dict) else None
+    eval_sets = [(s, "data") for s in sets.values() if isinstance(s, dict)] if isinstance(sets, dict) else []
+    for sect, name in [(data.get(k.partition(".")[0]), k.partition(".")[2]) for k in PATH_KEYS] + eval_sets:
         if isinstance(sect, dict) and isinstance(sect.get(name), str):
             value = sect[name]
             if value.startswith("random:") or Path(value).is_absolute():
@@ -334,6 +334,10 @@ def _unknown_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
             out.extend(f"{p}.{inner}" for inner in (v if isinstance(v, dict) else {}) if inner not in allowed)
         elif k not in model.model_fields:
             out.append(p)
+        elif p == "eval.sets" and isinstance(v, dict):  # [eval.sets.<name>]: each table is one eval set
+            for name, table in v.items():
+                if isinstance(table, dict):
+                    out.extend(f"{p}.{name}.{inner[len(p) + 1:]}" for inner in _unknown_keys(table, p))
         elif isinstance(v, dict) and p in SECTIONS and not p.endswith(".extra") and p != "doctor":
             out.extend(_unknown_keys(v, p))
     return out

@@ -28,7 +28,10 @@ class Prepared:
         return installed_version(self.backend.packages[0]) if self.backend.packages else None
 
     def validate(self) -> list[Finding]:
-        return self.backend.validate(self.plan, self.installed_version()) + self.backend.unhonoured(self.recipe)
+        from rlctl.evals.sets import eval_findings
+
+        return (self.backend.validate(self.plan, self.installed_version()) + self.backend.unhonoured(self.recipe)
+                + eval_findings(self.recipe, self.backend, self.plan.version))
 
 
 def dataset_size(path: str) -> int | None:

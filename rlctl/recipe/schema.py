@@ -7,6 +7,7 @@ counts prompts, so `prompts_per_step * group_size` samples are generated per rol
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -260,6 +261,22 @@ class RunSection(Section):
         default="never", description="Restart from the latest complete checkpoint on a failure, a stall, or both.")
     max_restarts: NonNegInt = Field(default=3, description="Give up (status failed) after this many restarts.")
     stall: StallSection = Field(default_factory=StallSection)
+    stop_when: list[str] = Field(
+        default_factory=list, description="Doctor findings that stop the run cleanly, e.g. [\"eval_divergence:2\", "
+        "\"entropy_collapse\"] (`rule:N` sets the rule's count); the best checkpoint by the primary eval is marked.")
+
+    @field_validator("stop_when")
+    @classmethod
+    def _rules(cls, v: list[str]) -> list[str]:
+        from rlctl.runs.doctor import RULES
+
+        for item in v:
+            name, _, n = item.partition(":")
+            if name not in RULES:
+                raise ValueError(f"run.stop_when {item!r}: unknown doctor rule; known: {', '.join(sorted(RULES))}")
+            if n and not n.isdigit():
+                raise ValueError(f"run.stop_when {item!r}: the count after ':' must be a whole number")
+        return v
 
 
 class WandbSection(Section):
@@ -276,10 +293,62 @@ class LoggingSection(Section):
         default_factory=list, description="rlctl itself forwards the unified stream to these (besides metrics.jsonl).")
 
 
+class EvalSetSection(Section):
+    """One named held-out set and the mode it is evaluated in (docs/eval.md)."""
+
+    data: str = Field(description="Prompts with labels: a JSONL/JSON/Parquet file or a dataset id.")
+    temperature: NonNegFloat = Field(default=0.0, description="0 = greedy.")
+    n: PosInt = Field(default=1, description="Samples per prompt.")
+    k: PosInt | None = Field(default=None, description="pass@k reported (unbiased estimator); defaults to n.")
+    max_tokens: PosInt | None = Field(default=None, description="Max new tokens; defaults to rollout.max_tokens.")
+    mode: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.@-]+$",
+                             description="The mode's label in metric names (greedy_pass@1, sampling_pass@8, ...); "
+                             "derived from temperature, n and k when unset.")
+    every: PosInt | None = Field(default=None, description="Evaluate every N steps (at the checkpoints of those "
+                                 "steps); default: every complete checkpoint.")
+    grader: str | None = Field(default=None, description="exact_match | math | reward (the recipe's reward "
+                               "function, correct when >= 1); default: math when the set has labels, else reward.")
+    threshold: float = Field(default=1.0, description="grader = reward: a sample is correct when its reward "
+                             "reaches this.")
+    limit: PosInt | None = Field(default=None, description="Only the first N prompts.")
+    in_loop: bool = Field(default=True, description="Let the backend evaluate it in-loop when its release can; "
+                          "false: always rlctl's checkpoint evaluator.")
+
+
 class EvalSection(Section):
     every: PosInt | None = None
     temperature: NonNegFloat = 0.0
     n_samples: PosInt = 1
+    sets: dict[str, EvalSetSection] = Field(
+        default_factory=dict, description="Named eval sets, `[eval.sets.<name>]`; `data.eval` with this section's "
+        "every/temperature/n_samples is the set `default`.")
+    primary: str | None = Field(default=None, description="The set whose metric selects the best checkpoint and "
+                                "that stop_when watches; default: the first set.")
+    baseline: bool = Field(default=True, description="Evaluate the base model (step 0) before training starts.")
+    evaluator: Literal["rlctl", "command"] = Field(
+        default="rlctl", description="Who evaluates checkpoints: rlctl's own (vLLM, else transformers) or `command`.")
+    command: str | None = Field(default=None, description="The command evaluator's template: {checkpoint} {step} "
+                                "{output} {set} {data} {temperature} {n} {k} {max_tokens} {base_model} {run_dir}; "
+                                "it writes JSON metrics to {output}.")
+    gpu: str | None = Field(default=None, description="CUDA_VISIBLE_DEVICES for checkpoint evals (e.g. \"7\").")
+    timeout_s: Annotated[float, Field(gt=0.0)] = Field(default=3600.0, description="An eval job running longer "
+                                                       "is killed and recorded as failed.")
+
+    @field_validator("sets")
+    @classmethod
+    def _set_names(cls, v: dict[str, EvalSetSection]) -> dict[str, EvalSetSection]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+                raise ValueError(f"eval set name {name!r}: use letters, digits, '.', '_' and '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _command(self) -> EvalSection:
+        if self.evaluator == "command" and not self.command:
+            raise ValueError("eval.evaluator = \"command\" needs eval.command (a template writing JSON to {output})")
+        if self.primary is not None and self.sets and self.primary not in self.sets and self.primary != "default":
+            raise ValueError(f"eval.primary {self.primary!r} is not a set; sets: {', '.join(self.sets)}")
+        return self
 
 
 class PreflightSection(Section):

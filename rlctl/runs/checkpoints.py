@@ -123,8 +123,17 @@ def plan_prune(ckpts: list[Checkpoint], keep_last: int, keep_steps: set[int] | N
     return [c for c in ckpts if c.step not in keep and c.step < newest_complete]
 
 
+def marked_best(run_dir: Path) -> int | None:
+    """The step of the checkpoint rlctl marked best by the run's primary eval (state.json best_checkpoint)."""
+    from rlctl.core.state import read_state
+
+    mark = read_state(run_dir).get("best_checkpoint")
+    step = mark.get("step") if isinstance(mark, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None
+
+
 def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = False, dry_run: bool = False,
-          root: Path | None = None) -> list[Checkpoint]:
+          root: Path | None = None, keep_steps: set[int] | None = None) -> list[Checkpoint]:
     root = root or checkpoint_dir(run_dir)
     if keep_last < 1:
         plan_prune([], keep_last)  # the same message, before anything is looked at
@@ -132,8 +141,11 @@ def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = False, 
         return []
     root = prunable_root(run_dir, root)
     ckpts = find_checkpoints(backend, run_dir, root)
-    keep_steps: set[int] = set()
-    if keep_best:
+    keep_steps = set(keep_steps or ())
+    marked = marked_best(run_dir) if keep_best else None
+    if marked is not None:
+        keep_steps.add(marked)
+    elif keep_best:
         best = best_checkpoint(run_dir)
         if best is not None:
             eligible = [c.step for c in ckpts if c.step <= best[0]]
@@ -159,9 +171,15 @@ def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> Non
     launch, as spec["prune_during_run"]), quietly."""
     if not spec.get("prune_during_run"):
         return
+    pending: set[int] = set()
+    if (spec.get("evals") or {}).get("sets"):  # never delete one rlctl has still to evaluate (or is evaluating)
+        from rlctl.evals.ledger import read_ledger
+
+        done = read_ledger(run_dir).get("done") or {}
+        pending = {c.step for c in find_checkpoints(spec.get("backend", ""), run_dir) if str(c.step) not in done}
     try:
-        doomed = prune(spec.get("backend", ""), run_dir, keep_last,
-                       root=checkpoint_dir(run_dir, spec.get("checkpoint_dir")))
+        doomed = prune(spec.get("backend", ""), run_dir, keep_last, keep_best=True,
+                       root=checkpoint_dir(run_dir, spec.get("checkpoint_dir")), keep_steps=pending)
     except (RlctlError, OSError):
         return
     if doomed:

@@ -29,6 +29,8 @@ DEFAULTS: dict[str, float] = {
     "zero_std_groups_high": 0.5,
     "eval_drops": 2,
 }
+# stop_when's `rule:N` sets this threshold of the rule (run.stop_when = ["eval_divergence:2"])
+COUNT_KEYS: dict[str, str] = {"eval_divergence": "eval_drops", "eval_below_baseline": "eval_drops"}
 
 
 @dataclass
@@ -41,7 +43,7 @@ class Finding:
 
 
 Series = dict[str, list[tuple[int, float]]]
-Rule = Callable[[Series, dict[str, float]], "Finding | None"]
+Rule = Callable[[Series, dict[str, Any]], "Finding | None"]
 RULES: dict[str, Rule] = {}
 
 
@@ -163,13 +165,27 @@ def zero_variance(S: Series, t: dict[str, float]) -> Finding | None:
     return None
 
 
+def _eval_series(S: Series, t: dict[str, Any]) -> tuple[str | None, list[tuple[int, float]], float | None]:
+    """(the eval key to judge: the recipe's primary eval when it is in the stream, else the first quality eval;
+    its evals after step 0; its step-0 baseline or None)."""
+    from rlctl.evals.sets import resolve_key
+
+    primary = t.get("primary")
+    eval_key = (resolve_key(primary, [k for k, v in S.items() if v]) if isinstance(primary, str) else None) \
+        or quality_eval_key(S)
+    if not eval_key:
+        return None, [], None
+    ev = S[eval_key]
+    base = next((v for s, v in ev if s == 0), None)
+    return eval_key, [(s, v) for s, v in ev if s != 0], base
+
+
 @rule("eval_divergence")
-def eval_divergence(S: Series, t: dict[str, float]) -> Finding | None:
+def eval_divergence(S: Series, t: dict[str, Any]) -> Finding | None:
     """Training reward up while eval falls for N consecutive evals: stop and take the earlier checkpoint."""
-    eval_key = quality_eval_key(S)
+    eval_key, ev, base = _eval_series(S, t)
     if not eval_key:
         return None
-    ev = S[eval_key]
     n = int(t["eval_drops"])
     if len(ev) < n + 1:
         return None
@@ -179,11 +195,32 @@ def eval_divergence(S: Series, t: dict[str, float]) -> Finding | None:
     up = len(reward) >= 2 and statistics.mean(v for _, v in reward[-3:]) >= statistics.mean(v for _, v in reward[:3])
     if dropping and up:
         best_step, best = max(ev, key=lambda x: x[1])
+        below = (f", now below the pre-training baseline ({base:.3g} at step 0)"
+                 if base is not None and tail[-1][1] < base else "")
         return Finding("eval_divergence", "critical",
                        f"{eval_key} fell {n} evals in a row ({tail[0][1]:.3g} -> {tail[-1][1]:.3g}) while training "
-                       f"reward rose: overfitting or reward hacking",
+                       f"reward rose{below}: overfitting or reward hacking",
                        f"stop the run; the best eval was step {best_step} ({best:.3g}) — keep the checkpoint at or "
-                       "before it (rlctl ckpt list)", {"eval_key": eval_key, "best_step": best_step, "best": best})
+                       "before it (rlctl ckpt list)",
+                       {"eval_key": eval_key, "best_step": best_step, "best": best, "baseline": base})
+    return None
+
+
+@rule("eval_below_baseline")
+def eval_below_baseline(S: Series, t: dict[str, Any]) -> Finding | None:
+    """The last N evals below the step-0 (base model) eval: training made held-out quality worse."""
+    eval_key, ev, base = _eval_series(S, t)
+    n = int(t["eval_drops"])
+    if not eval_key or base is None or len(ev) < n:
+        return None
+    tail = ev[-n:]
+    if all(v < base for _, v in tail):
+        return Finding("eval_below_baseline", "warn",
+                       f"{eval_key} is below the pre-training baseline ({base:.3g} at step 0) for the last {n} "
+                       f"evals (steps {[s for s, _ in tail]}, now {tail[-1][1]:.3g})",
+                       "the run is making held-out quality worse: lower optim.lr, raise algorithm.kl_coef, or stop "
+                       "and keep an earlier checkpoint", {"eval_key": eval_key, "baseline": base,
+                                                           "recent": [[s, v] for s, v in tail]})
     return None
 
 
@@ -197,7 +234,7 @@ def thresholds(run_dir: Path) -> dict[str, float]:
     return t
 
 
-def diagnose_records(records: list[dict[str, Any]], t: dict[str, float] | None = None) -> list[Finding]:
+def diagnose_records(records: list[dict[str, Any]], t: dict[str, Any] | None = None) -> list[Finding]:
     t = {**DEFAULTS, **(t or {})}
     merged = by_step(records)
     keys = {k for rec in merged.values() for k in rec if k not in ("step", "time")}
@@ -210,13 +247,22 @@ def diagnose_records(records: list[dict[str, Any]], t: dict[str, float] | None =
     return sorted(out, key=lambda f: f.severity != "critical")
 
 
+def thresholds_with_primary(run_dir: Path) -> dict[str, Any]:
+    """The run's thresholds and its primary eval key (the recipe's eval sets), which eval rules judge by."""
+    from rlctl.evals.sets import primary_key_from_run
+
+    t: dict[str, Any] = thresholds(run_dir)
+    t["primary"] = primary_key_from_run(run_dir)
+    return t
+
+
 def diagnose(run_dir: Path) -> list[Finding]:
-    return diagnose_records(list(iter_metrics(run_dir / METRICS)), thresholds(run_dir))
+    return diagnose_records(list(iter_metrics(run_dir / METRICS)), thresholds_with_primary(run_dir))
 
 
 def headline(run_dir: Path, records: list[dict[str, Any]] | None = None) -> str | None:
     """The most serious finding, over `records` (e.g. the tail status read) or the whole stream."""
-    findings = diagnose(run_dir) if records is None else diagnose_records(records, thresholds(run_dir))
+    findings = diagnose(run_dir) if records is None else diagnose_records(records, thresholds_with_primary(run_dir))
     if not findings:
         return None
     f = findings[0]

@@ -43,6 +43,7 @@ def smoke(recipe: Any) -> None:
     r.train.micro_batch_size = min(r.train.micro_batch_size, r.train.train_batch_size)
     r.checkpoint.every = None
     r.eval.every = None
+    r.eval.baseline = False  # no step-0 eval either (docs/eval.md)
     if r.logging.wandb:
         r.logging.wandb.offline = True
 
@@ -197,6 +198,9 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         "env_extra": {k: child_env[k] for k in ("RLCTL_RUN_DIR", "RLCTL_METRICS_FILE", "RLCTL_MODEL_CACHE",
                                                 "PYTHONUNBUFFERED", "WANDB_RUN_ID", "WANDB_RESUME") if k in child_env},
     }
+    from rlctl.evals.loop import evals_spec
+
+    spec["evals"] = evals_spec(recipe, prep.backend)  # baseline, checkpoint evals, stop_when (docs/eval.md)
     spec = executor.prepare(run_dir, spec, child_env, plan, recipe, opts)
     write_spec(run_dir, spec)
     write_state(run_dir, name=run_dir.name, status="starting", backend=plan.backend,
@@ -240,9 +244,17 @@ def _ckpt_root(run: Path) -> Path:
 
 
 def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
-    """The parent run's newest complete checkpoint, or a clear error."""
-    from rlctl.runs.checkpoints import latest_complete
+    """The parent run's newest complete checkpoint — or, when a stop_when rule stopped it, the checkpoint marked
+    best by its primary eval (docs/eval.md) — or a clear error."""
+    from rlctl.runs.checkpoints import find_checkpoints, latest_complete, marked_best
+    from rlctl.runs.state import read_state
 
+    best = marked_best(old_run) if read_state(old_run).get("stopped_by") else None
+    ckpt = next((c for c in find_checkpoints(backend.name, old_run) if c.complete and c.step == best), None)
+    if ckpt is not None:
+        print(f"rlctl: resuming from step {best}, the checkpoint {old_run.name} marked best "
+              f"({read_state(old_run)['stopped_by'].get('rule')} stopped it)", file=sys.stderr)
+        return ckpt
     ckpt = latest_complete(backend.name, old_run)
     if ckpt is None:
         raise RlctlError(f"{old_run.name} has no complete checkpoint to resume from.",

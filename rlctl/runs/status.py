@@ -69,6 +69,10 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
     return {
         **summary(rs),
         "metrics": metrics,
+        "evals": eval_lines(rs, merged),
+        "eval_failures": [f for f in _list(rs.state.get("eval_failures")) if isinstance(f, dict)],
+        "stopped_by": _dict(rs.state.get("stopped_by")),
+        "best_checkpoint": _dict(rs.state.get("best_checkpoint")),
         "health": [f.__dict__ for f in health_flags(merged)],
         "doctor": doctor,
         "checkpoints": [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)}
@@ -82,6 +86,51 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
     }
+
+
+def _dict(v: Any) -> dict[str, Any] | None:
+    return v if isinstance(v, dict) else None  # a damaged state.json must not break status
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _baseline(rs: RunStatus) -> dict[str, float]:
+    """The step-0 eval record (written before training, so near the start of metrics.jsonl)."""
+    from rlctl.metrics.stream import METRICS
+
+    out: dict[str, float] = {}
+    try:
+        with (rs.path / METRICS).open("rb") as fh:
+            head = fh.read(1 << 16).decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return out
+    for line in head:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("step") == 0:
+            out.update({k: float(v) for k, v in rec.items() if k.startswith("eval/")
+                        and isinstance(v, (int, float)) and not isinstance(v, bool) and v == v})
+    return out
+
+
+def eval_lines(rs: RunStatus, merged: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each eval metric's latest value next to its step-0 baseline (a set's detail keys left out)."""
+    from rlctl.runs.health import series
+
+    base = _baseline(rs)
+    keys = sorted({k for rec in merged.values() for k in rec if k.startswith("eval/")} | set(base))
+    out = []
+    for k in keys:
+        if k.endswith(("/mean_correct", "/response_tokens")):
+            continue
+        s = [(st, v) for st, v in series(merged, k) if st != 0]
+        out.append({"key": k, "latest": s[-1][1] if s else None, "step": s[-1][0] if s else None,
+                    "baseline": base.get(k)})
+    return out
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -109,6 +158,23 @@ def _detail_text(d: dict[str, Any]) -> str:
         width = max(len(k) for k in d["metrics"])
         for k, m in d["metrics"].items():
             lines.append(f"  {k:<{width}}  {fmt_num(m['latest']):>10}  {m['trend']}")
+    if d.get("evals"):
+        lines.append("")
+        width = max(len(e["key"]) for e in d["evals"])
+        for e in d["evals"]:
+            delta = (f"  ({e['latest'] - e['baseline']:+.3g} vs baseline {e['baseline']:.3g})"
+                     if e["latest"] is not None and e["baseline"] is not None else
+                     (f"  (baseline {e['baseline']:.3g})" if e["baseline"] is not None else "  (no baseline)"))
+            at = f" at step {e['step']}" if e["step"] is not None else ""
+            lines.append(f"  {e['key']:<{width}}  {fmt_num(e['latest']):>10}{at}{delta}")
+    if d.get("best_checkpoint"):
+        b = d["best_checkpoint"]
+        value = b.get("value") if isinstance(b.get("value"), (int, float)) else None
+        lines.append(f"  best checkpoint: step {b.get('step')} ({b.get('key')} = {fmt_num(value)})")
+    if d.get("stopped_by"):
+        lines.append(f"  stopped by stop_when {d['stopped_by'].get('rule')}: {d['stopped_by'].get('message')}")
+    for f in d.get("eval_failures") or []:
+        lines.append(f"  ! eval failed at step {f.get('step')}: {f.get('error')} (log {f.get('log')})")
     if d["health"]:
         lines.append("")
         lines += [f"  ! {f['message']}: {f['action']}" for f in d["health"]]

@@ -122,6 +122,7 @@ class Supervisor:
         self.attempts: list[dict[str, Any]] = list(state.get("attempts") or [])
         self._last_housekeeping = 0.0
         self.gpu: Any = None  # rlctl.metrics.gpu.GpuSampler: per-GPU memory peaks (NVML), made at the first start
+        self.evals: Any = None  # rlctl.evals.loop.CheckpointEvals (spec "evals"), False when the run has none
 
     # ---- compatibility: the local executor's process of the current attempt ---------------------------------------
     @property
@@ -298,6 +299,9 @@ class Supervisor:
     def run(self) -> int:
         self.executor.open(self.run_dir, self.spec)
         try:
+            self.evals_hook("before_start")  # the step-0 baseline
+            if self.stop_requested_at is not None:
+                return self.finish(0, "stopped")
             self.start()
             return self.loop()
         finally:
@@ -460,6 +464,7 @@ class Supervisor:
         if self.gpu is not None:
             with contextlib.suppress(Exception):
                 self.gpu.tick()
+        self.evals_hook("tick")
         self.sink_pump()
         self._housekeeping()
         if self.pending:
@@ -514,6 +519,7 @@ class Supervisor:
                 prune_during_run(self.run_dir, self.spec, keep)
         with contextlib.suppress(Exception):
             disk_watch(self.run_dir, self.spec)
+        self.evals_hook("check_stop")
         if self.spec.get("sync"):
             self._sync()
 
@@ -527,8 +533,25 @@ class Supervisor:
         except Exception as e:  # a sync problem never stops the run; it is recorded
             self.event(event="sync_error", error=str(e))
 
+    def evals_hook(self, what: str, *args: Any) -> None:
+        """rlctl.evals.loop (docs/eval.md): the baseline, checkpoint evals in their own processes, stop_when. A
+        problem there is recorded and never breaks supervision."""
+        if self.evals is None:
+            from rlctl.evals.loop import attach
+
+            self.evals = attach(self) or False
+        if self.evals:
+            try:
+                getattr(self.evals, what)(*args)
+            except Exception as e:
+                self.event(event="eval_hook_error", hook=what, error=f"{type(e).__name__}: {e}")
+
     def finish(self, code: int, why: str, gave_up: str | None = None) -> int:
         self._ingest(final=True, wait=True)
+        self.evals_hook("drain" if why in ("finished", "exited early") else "kill",
+                        *([float((self.spec.get("evals") or {}).get("timeout_s") or 3600)]
+                          if why in ("finished", "exited early") else []))
+        self.evals_hook("mark_best")
         if self.gpu is not None:
             with contextlib.suppress(Exception):
                 self.gpu.close()

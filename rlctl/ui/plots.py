@@ -81,7 +81,11 @@ def plot_runs(data: dict[str, dict[str, list[tuple[int, float]]]], keys: list[st
         for name, by_key in data.items():
             pts = by_key.get(key) or []
             if pts:
-                ax.plot([s for s, _ in pts], [v for _, v in pts], label=name)
+                line = ax.plot([s for s, _ in pts], [v for _, v in pts], label=name,
+                               marker="o" if key.startswith("eval/") else None)[0]
+                if key.startswith("eval/") and pts[0][0] == 0:  # each eval against its step-0 baseline
+                    ax.axhline(pts[0][1], linestyle="--", linewidth=0.8, color=line.get_color(),
+                               label=f"{name} baseline (step 0)")
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.legend(fontsize="small")

@@ -86,6 +86,7 @@ class RayJobPlan(LaunchPlan):
 
 class OpenRLHFBackend(Backend):
     name = "openrlhf"
+    in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
     sharding = "deepspeed"  # memory engine: ZeRO stage from train.zero_stage
     foreach_adam = False  # DeepSpeed's FusedAdam (strategy.create_optimizer)
     # bytes per (token x vocab) of the actor's log-probs: fp32 logits kept alive to the optimizer step (Actor.forward

@@ -41,6 +41,20 @@ class TRLBackend(Backend):
         """TRL generates with the trainer's own model unless `use_vllm` is set in its extras."""
         return bool(recipe.backend.extra().get("use_vllm"))
 
+    def in_loop_eval(self, recipe: Recipe, sets: list[Any]) -> tuple[list[Any], list[tuple[Any, str]]]:
+        """GRPOTrainer's evaluation (rendered as eval_strategy/eval_steps) generates like training does — the
+        training temperature and num_generations — so no set's mode runs in-loop: rlctl evaluates them all."""
+        why = ("GRPOTrainer evaluates with the training temperature and num_generations, not the set's mode")
+        return [], [(s, why) for s in sets]
+
+    def _evaluates_checkpoints(self, recipe: Recipe) -> bool:
+        return bool(recipe.data.eval or recipe.eval.sets)
+
+    def prune_during_run(self, recipe: Recipe) -> bool:
+        """With eval sets rlctl keeps keep_last itself (never the best-eval checkpoint, nor one being evaluated);
+        the Trainer's own save_total_limit would delete by age only."""
+        return self._evaluates_checkpoints(recipe)
+
     def patch_locally(self, recipe: Recipe) -> bool:
         return True  # the runner runs in rlctl's own Python, whichever executor starts it
 
@@ -136,8 +150,8 @@ class TRLBackend(Backend):
             cfg["save_steps"] = r.checkpoint.every
         else:
             cfg["save_strategy"] = "no"
-        if r.checkpoint.keep_last:
-            cfg["save_total_limit"] = r.checkpoint.keep_last
+        if r.checkpoint.keep_last and not self._evaluates_checkpoints(r):
+            cfg["save_total_limit"] = r.checkpoint.keep_last  # with checkpoint evals rlctl prunes (keeps the best)
         if isinstance(r.checkpoint.resume, int):  # "latest" is resolved to a step number by rlctl launch/restart
             cfg["resume_from_checkpoint"] = f"{r.checkpoint.dir}/checkpoint-{r.checkpoint.resume}"
         if r.resources.gpus_per_node == 0:

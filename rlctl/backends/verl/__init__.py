@@ -57,6 +57,7 @@ def snapshot(version: str) -> dict[str, Any]:
 
 class VerlBackend(Backend):
     name = "verl"
+    in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
     lora_base_master = True  # the FSDP trainer loads the whole model in fp32, frozen base included
     colocation = "sleep"  # hybrid engine: vLLM frees weights + KV cache while the actor trains

@@ -1,0 +1,130 @@
+"""Generation for rlctl's own evaluator: vLLM when it is installed and a GPU is visible, else transformers (so it
+runs on a CPU with the quickstart's tiny model). A LoRA checkpoint (an `adapter_config.json` in it) is evaluated on
+its base model through peft — no merged copy is written. Imported only by the eval job, never by the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def adapter_base(path: str) -> str | None:
+    """The base model a LoRA adapter directory names, or None when `path` is a full model."""
+    cfg = Path(path) / "adapter_config.json"
+    if not cfg.is_file():
+        return None
+    return json.loads(cfg.read_text()).get("base_model_name_or_path")
+
+
+def engine_name() -> str:
+    try:
+        import torch
+        import vllm  # noqa: F401
+    except ImportError:
+        return "transformers"
+    return "vllm" if torch.cuda.is_available() else "transformers"
+
+
+def load_hf(path: str, base: str | None, dtype: str = "float32") -> tuple[Any, Any]:
+    """(model, tokenizer) with transformers; an adapter directory is loaded onto its base with peft."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = getattr(torch, dtype) if dtype in ("float32", "bfloat16", "float16") else torch.float32
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    adapter = adapter_base(path)
+    if adapter is not None:
+        from peft import PeftModel
+
+        base_path = base or adapter
+        model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype)
+        model = PeftModel.from_pretrained(model, path)
+        tok_src = path if (Path(path) / "tokenizer_config.json").is_file() else base_path
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+        tok_src = path if (Path(path) / "tokenizer_config.json").is_file() else (base or path)
+    tok = AutoTokenizer.from_pretrained(tok_src)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return model.to(device).eval(), tok
+
+
+def generate_hf(model: Any, tok: Any, prompts: list[str], n: int, temperature: float, max_tokens: int,
+                seed: int, batch: int = 16) -> tuple[list[list[str]], list[list[int]]]:
+    """n completions per prompt (greedy at temperature 0), and their lengths in tokens."""
+    import torch
+
+    torch.manual_seed(seed)
+    texts: list[list[str]] = []
+    lengths: list[list[int]] = []
+    device = next(model.parameters()).device
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i:i + batch]
+        enc = tok(chunk, return_tensors="pt", padding=True).to(device)
+        kw: dict[str, Any] = {"max_new_tokens": max_tokens, "num_return_sequences": n,
+                              "pad_token_id": tok.pad_token_id}
+        kw.update({"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature > 0
+                  else {"do_sample": False})
+        with torch.no_grad():
+            out = model.generate(**enc, **kw)
+        new = out[:, enc["input_ids"].shape[1]:]
+        for j in range(len(chunk)):
+            rows = new[j * n:(j + 1) * n]
+            done = []
+            for row in rows:
+                ids = row.tolist()
+                if tok.eos_token_id is not None and tok.eos_token_id in ids:
+                    ids = ids[:ids.index(tok.eos_token_id)]
+                while ids and ids[-1] == tok.pad_token_id:
+                    ids.pop()
+                done.append(ids)
+            texts.append([tok.decode(ids, skip_special_tokens=True) for ids in done])
+            lengths.append([len(ids) for ids in done])
+    return texts, lengths
+
+
+def load_vllm(path: str, base: str | None, seed: int, dtype: str) -> tuple[Any, Any]:
+    """(vLLM engine, LoRA request or None): an adapter directory is served on its base with enable_lora."""
+    from vllm import LLM
+
+    adapter = adapter_base(path)
+    if adapter is None:
+        return LLM(model=path, dtype=dtype, seed=seed), None
+    from peft import PeftConfig
+    from vllm.lora.request import LoRARequest
+
+    rank = int(getattr(PeftConfig.from_pretrained(path), "r", 16) or 16)
+    llm = LLM(model=base or adapter, dtype=dtype, enable_lora=True, max_lora_rank=max(rank, 8), seed=seed)
+    return llm, LoRARequest("checkpoint", 1, path)
+
+
+def generate_vllm(llm: Any, lora: Any, prompts: list[str], n: int, temperature: float, max_tokens: int,
+                  seed: int) -> tuple[list[list[str]], list[list[int]]]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=n, temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
+    outs = llm.generate(prompts, params, lora_request=lora)
+    return ([[c.text for c in o.outputs] for o in outs], [[len(c.token_ids) for c in o.outputs] for o in outs])
+
+
+class Generator:
+    """One loaded model: generate(prompts, n, temperature, max_tokens) for each eval set."""
+
+    def __init__(self, path: str, base: str | None, dtype: str = "float32", seed: int = 0, engine: str | None = None):
+        self.path, self.base, self.dtype, self.seed = path, base, dtype, seed
+        self.engine = engine or engine_name()
+        self._hf: tuple[Any, Any] | None = None
+        self._vllm: tuple[Any, Any] | None = None  # one engine for every set of the job
+
+    def generate(self, prompts: list[str], n: int, temperature: float,
+                 max_tokens: int) -> tuple[list[list[str]], list[list[int]]]:
+        if self.engine == "vllm":
+            if self._vllm is None:
+                dtype = "bfloat16" if self.dtype == "float32" else self.dtype
+                self._vllm = load_vllm(self.path, self.base, self.seed, dtype)
+            return generate_vllm(*self._vllm, prompts, n, temperature, max_tokens, self.seed)
+        if self._hf is None:
+            self._hf = load_hf(self.path, self.base, self.dtype)
+        return generate_hf(*self._hf, prompts, n, temperature, max_tokens, self.seed)

@@ -1,0 +1,29 @@
+"""A run's eval ledger, <run>/evals/evals.json: which steps were evaluated (ok, failed, skipped), the failures, the
+job running now. Read by the supervisor's evals, by in-run pruning (never delete a checkpoint still to evaluate) and
+by status."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+EVALS = "evals"
+LEDGER = "evals.json"
+
+
+def read_ledger(run_dir: Path) -> dict[str, Any]:
+    try:
+        d = json.loads((run_dir / EVALS / LEDGER).read_text())
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_ledger(run_dir: Path, ledger: dict[str, Any]) -> None:
+    d = run_dir / EVALS
+    d.mkdir(exist_ok=True)
+    tmp = d / (LEDGER + ".tmp")
+    tmp.write_text(json.dumps(ledger, indent=2) + "\n")
+    os.replace(tmp, d / LEDGER)

@@ -1,0 +1,368 @@
+"""Checkpoint evals during a run: the step-0 baseline before training, one eval job per new complete checkpoint
+(each in its own process, so a crashing evaluator never touches the run), results appended to metrics.jsonl at the
+checkpoint's step, the best checkpoint by the primary eval marked in state.json, and `[run] stop_when`.
+
+The supervisor calls four hooks (before_start, tick, housekeeping, drain); everything else is here. Job records live
+in <run>/evals/: step-N.json (spec), step-N.out.json (results), step-N.log, and evals.json (what was done, failed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+from rlctl.evals.ledger import EVALS, read_ledger, write_ledger
+from rlctl.evals.sets import EvalSet, resolve_key
+from rlctl.metrics.stream import METRICS, write_records
+
+# ---- the eval part of a launch spec ------------------------------------------------------------------------------
+
+def evals_spec(recipe: Any, backend: Any) -> dict[str, Any] | None:
+    """What the supervisor needs to evaluate checkpoints (plain JSON), or None when nothing is evaluated by rlctl."""
+    from rlctl.evals.sets import checkpoint_sets, primary_set
+
+    sets = checkpoint_sets(recipe, backend)
+    if not sets and not recipe.run.stop_when:
+        return None
+    r = recipe
+    primary = primary_set(r)
+    return {
+        "sets": [s.to_dict() for s in sets], "evaluator": r.eval.evaluator, "command": r.eval.command,
+        "base_model": r.model.path, "dtype": r.model.dtype, "seed": r.train.seed,
+        "input_key": r.data.input_key, "label_key": r.data.label_key,
+        "reward_file": r.reward.function, "reward_name": r.reward.function_name,
+        "baseline": r.eval.baseline, "gpu": r.eval.gpu, "timeout_s": r.eval.timeout_s,
+        "primary": primary.key if primary else None, "stop_when": list(r.run.stop_when),
+        "lora": r.lora is not None,
+    }
+
+
+def model_dir(ckpt: Any) -> str:
+    """What an evaluator loads for a checkpoint: of its paths (the layout the backend's adapter reports), the first
+    that is an HF model or adapter directory (e.g. OpenRLHF's global_stepN_hf next to the DeepSpeed state)."""
+    for p in ckpt.paths():
+        if (p / "config.json").is_file() or (p / "adapter_config.json").is_file():
+            return str(p)
+    return str(ckpt.path)
+
+
+# ---- the job ----------------------------------------------------------------------------------------------------
+
+def job_files(out_dir: Path, step: int) -> tuple[Path, Path, Path]:
+    return out_dir / f"step-{step}.json", out_dir / f"step-{step}.out.json", out_dir / f"step-{step}.log"
+
+
+def job_argv(spec_file: Path) -> list[str]:
+    return [sys.executable, "-m", "rlctl.evals.job", str(spec_file)]
+
+
+def job_env(gpu: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    return env
+
+
+def write_job(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]],
+              run_dir: Path | None) -> tuple[Path, Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec_file, out_file, log = job_files(out_dir, step)
+    with contextlib.suppress(OSError):
+        out_file.unlink()
+    spec = {**{k: ev.get(k) for k in ("evaluator", "command", "base_model", "dtype", "seed", "input_key",
+                                       "label_key", "reward_file", "reward_name", "timeout_s")},
+            "sets": sets, "step": step, "model": model, "output": str(out_file),
+            "run_dir": str(run_dir) if run_dir else None}
+    if step == 0:
+        spec["base_model"] = None  # the base model itself
+    spec_file.write_text(json.dumps(spec, indent=2) + "\n")
+    return spec_file, out_file, log
+
+
+def start_job(spec_file: Path, log: Path, gpu: str | None) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as fh:
+        return subprocess.Popen(job_argv(spec_file), env=job_env(gpu), stdin=subprocess.DEVNULL, stdout=fh,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=spec_file.parent)
+
+
+def read_result(out_file: Path, log: Path, code: int | None) -> tuple[dict[str, float], str | None]:
+    """(metrics, failure or None) of a finished job."""
+    try:
+        res = json.loads(out_file.read_text())
+    except (OSError, ValueError):
+        tail = ""
+        with contextlib.suppress(OSError):
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:][0] if log.stat().st_size else ""
+        why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        return {}, f"evaluator crashed ({why}) before writing results" + (f": {tail[:300]}" if tail else "")
+    metrics = {k: v for k, v in (res.get("metrics") or {}).items() if isinstance(v, (int, float)) and v == v}
+    errors = res.get("errors") or {}
+    failure = "; ".join(f"set {k}: {v}" for k, v in errors.items()) or None
+    return metrics, failure
+
+
+def append_metrics(run_dir: Path, step: int, metrics: dict[str, float]) -> None:
+    """One record at the checkpoint's step, written under the ingest lock (one write: readers never see half)."""
+    if not metrics:
+        return
+    with open(run_dir / ".ingest.lock", "w") as lock:
+        deadline = time.time() + 30
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.time() > deadline:
+                    break  # a stuck ingester: append anyway (one write)
+                time.sleep(0.05)
+        write_records(run_dir / METRICS, [{"step": step, **metrics}])
+
+
+# ---- best checkpoint and stop rules -------------------------------------------------------------------------------
+
+def best_mark(run_dir: Path, backend: str, primary: str | None) -> dict[str, Any] | None:
+    """The complete checkpoint whose primary eval is highest (the baseline step 0 counts as the base model)."""
+    from rlctl.metrics.stream import by_step, iter_metrics
+    from rlctl.runs.checkpoints import find_checkpoints
+
+    if not primary:
+        return None
+    merged = by_step(list(iter_metrics(run_dir / METRICS)))
+    primary = resolve_key(primary, {k for rec in merged.values() for k in rec})
+    if not primary:
+        return None
+    ckpts = {c.step: c for c in find_checkpoints(backend, run_dir) if c.complete}
+    best: dict[str, Any] | None = None
+    for step, rec in merged.items():
+        v = rec.get(primary)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+            continue
+        if step != 0 and step not in ckpts:
+            continue
+        if best is None or v > best["value"]:
+            best = {"step": step, "key": primary, "value": float(v),
+                    "path": str(ckpts[step].path) if step in ckpts else None}
+    return best
+
+
+def stop_finding(run_dir: Path, stop_when: list[str], primary: str | None) -> Any:
+    """The first doctor finding named in stop_when (`rule` or `rule:N`), or None."""
+    from rlctl.metrics.stream import iter_metrics
+    from rlctl.runs.doctor import COUNT_KEYS, diagnose_records, thresholds
+
+    if not stop_when:
+        return None
+    t: dict[str, Any] = thresholds(run_dir)
+    wanted = []
+    for item in stop_when:
+        name, _, n = item.partition(":")
+        if n and name in COUNT_KEYS:
+            t[COUNT_KEYS[name]] = float(n)
+        wanted.append(name)
+    if primary:
+        t["primary"] = primary
+    for f in diagnose_records(list(iter_metrics(run_dir / METRICS)), t):
+        if f.rule in wanted:
+            return f
+    return None
+
+
+# ---- the supervisor's side ---------------------------------------------------------------------------------------
+
+class CheckpointEvals:
+    """Owned by the supervisor of a run whose spec has "evals"; one eval job at a time."""
+
+    def __init__(self, sup: Any):
+        self.sup = sup
+        self.run_dir: Path = sup.run_dir
+        self.ev: dict[str, Any] = sup.spec.get("evals") or {}
+        self.sets = [EvalSet(**d) for d in self.ev.get("sets") or []]
+        self.ledger = read_ledger(self.run_dir)
+        self.job: tuple[int, subprocess.Popen[bytes], Path, Path, float] | None = None
+        self.stopped = False
+
+    @property
+    def out_dir(self) -> Path:
+        return self.run_dir / EVALS
+
+    def _done(self) -> dict[str, Any]:
+        return self.ledger.setdefault("done", {})
+
+    def _due(self, step: int) -> list[dict[str, Any]]:
+        return [s.to_dict() for s in self.sets if s.due(step)]
+
+    def _start(self, step: int, model: str) -> None:
+        sets = self._due(step)
+        if not sets:
+            self._done()[str(step)] = {"outcome": "skipped", "why": "no set due at this step"}
+            return
+        spec_file, out_file, log = write_job(self.out_dir, self.ev, step, model, sets, self.run_dir)
+        proc = start_job(spec_file, log, self.ev.get("gpu"))
+        self.job = (step, proc, out_file, log, time.time())
+        self.ledger["running"] = {"step": step, "pid": proc.pid, "model": model, "started_at": time.time()}
+        write_ledger(self.run_dir, self.ledger)
+        self.sup.event(event="eval_started", step=step, model=model, pid=proc.pid)
+
+    def _collect(self, code: int | None, timed_out: bool = False) -> None:
+        assert self.job is not None
+        step, _, out_file, log, started = self.job
+        self.job = None
+        metrics, failure = read_result(out_file, log, code)
+        if timed_out:
+            failure = f"timed out after {self.ev.get('timeout_s')} s (eval.timeout_s); killed"
+        append_metrics(self.run_dir, step, metrics)
+        entry = {"outcome": "failed" if failure else "ok", "seconds": round(time.time() - started, 1),
+                 "metrics": sorted(metrics), "log": str(log)}
+        if failure:
+            entry["error"] = failure
+            self.ledger.setdefault("failures", []).append({"step": step, "error": failure, "log": str(log)})
+            self.sup.state(eval_failures=self.ledger["failures"][-5:])
+        self._done()[str(step)] = entry
+        self.ledger.pop("running", None)
+        write_ledger(self.run_dir, self.ledger)
+        self.sup.event(event="eval_done", step=step, outcome=entry["outcome"], error=failure)
+        self.mark_best()
+        if metrics and step > 0:
+            self.check_stop()
+
+    def _poll(self) -> bool:
+        """True while a job runs."""
+        if self.job is None:
+            return False
+        step, proc, *_ = self.job
+        code = proc.poll()
+        if code is None:
+            if time.time() - self.job[4] > float(self.ev.get("timeout_s") or 3600):
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                self._collect(proc.returncode, timed_out=True)
+                return False
+            return True
+        self._collect(code)
+        return False
+
+    def before_start(self) -> None:
+        """The step-0 baseline, before the first attempt (once per run; waits for it)."""
+        if not self.sets or not self.ev.get("baseline", True) or "0" in self._done():
+            return
+        self.sup._mark_log("evaluating the base model (step-0 baseline) before training")
+        self._start(0, self.ev["base_model"])
+        while self._poll():
+            if self.sup.stop_requested_at is not None:
+                self.kill()
+                return
+            time.sleep(0.2)
+
+    def _next_checkpoint(self) -> Any:
+        from rlctl.runs.checkpoints import find_checkpoints
+
+        done = self._done()
+        for c in find_checkpoints(self.sup.spec["backend"], self.run_dir):
+            if c.complete and str(c.step) not in done and c.step > 0:
+                return c
+        return None
+
+    def tick(self) -> None:
+        if not self.sets or self._poll():
+            return
+        c = self._next_checkpoint()
+        if c is not None:
+            self._start(c.step, model_dir(c))
+
+    def drain(self, timeout: float) -> None:
+        """At the end of a finished run: evaluate the checkpoints still waiting (bounded by `timeout`)."""
+        deadline = time.time() + timeout
+        while self.sets and time.time() < deadline:
+            if self._poll():
+                time.sleep(0.2)
+                continue
+            c = self._next_checkpoint()
+            if c is None:
+                return
+            self._start(c.step, model_dir(c))
+        self.kill()
+
+    def kill(self) -> None:
+        if self.job is not None:
+            proc = self.job[1]
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            self._collect(proc.returncode)
+
+    def mark_best(self) -> None:
+        with contextlib.suppress(Exception):
+            best = best_mark(self.run_dir, self.sup.spec["backend"], self.ev.get("primary"))
+            if best is not None:
+                self.sup.state(best_checkpoint=best)
+
+    def check_stop(self) -> None:
+        """`[run] stop_when`: a named doctor finding stops the run cleanly (once), recorded in state.json."""
+        if self.stopped or not self.ev.get("stop_when") or self.sup.stop_requested_at is not None:
+            return
+        try:
+            f = stop_finding(self.run_dir, self.ev["stop_when"], self.ev.get("primary"))
+        except Exception as e:  # a rule that breaks never stops a run; it is recorded
+            self.sup.event(event="stop_when_error", error=str(e))
+            return
+        if f is None:
+            return
+        self.stopped = True
+        self.mark_best()
+        self.sup.state(stopped_by={"rule": f.rule, "message": f.message, "action": f.action,
+                                   "evidence": f.evidence, "at": time.time()})
+        self.sup.event(event="stop_when", rule=f.rule, message=f.message)
+        self.sup._mark_log(f"stop_when {f.rule}: {f.message}; stopping the run")
+        self.sup.request_stop()
+
+
+def attach(sup: Any) -> CheckpointEvals | None:
+    return CheckpointEvals(sup) if sup.spec.get("evals") else None
+
+
+# ---- by hand: rlctl eval ----------------------------------------------------------------------------------------
+
+def run_job_here(ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]], out_dir: Path,
+                 run_dir: Path | None, timeout: float | None = None) -> tuple[dict[str, float], str | None]:
+    """Run one eval job in its own process on this machine and wait: (metrics, failure or None)."""
+    spec_file, out_file, log = write_job(out_dir, ev, step, model, sets, run_dir)
+    proc = start_job(spec_file, log, ev.get("gpu"))
+    try:
+        code = proc.wait(timeout=timeout or float(ev.get("timeout_s") or 3600))
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return {}, f"timed out after {timeout} s"
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return read_result(out_file, log, code)
+
+
+def remote_executor(host: str) -> Any:
+    """The executor that runs an eval job on HOST: the `ssh` executor, when one is registered."""
+    from rlctl import executors
+
+    if "ssh" not in executors.available():
+        raise RlctlError(f"--on {host}: hosts not available (no `ssh` executor is registered in rlctl.executors).",
+                         hint="run without --on to evaluate on this machine, or install an rlctl with SSH hosts")
+    ex = executors.get("ssh")
+    if not callable(getattr(ex, "run_job", None)):
+        raise RlctlError(f"--on {host}: the ssh executor cannot run eval jobs (it has no run_job(host, argv, env, "
+                         "files_in, files_out)).", hint="run without --on to evaluate on this machine")
+    return ex

@@ -1,0 +1,178 @@
+"""Eval sets as every part of rlctl sees them: name, data, mode, and the metric names they write.
+
+Metric names carry the set and the mode, so two modes are never compared by accident:
+
+    eval/<set>/<mode>                   the set's primary metric: pass@k in that mode (e.g. eval/ood/greedy_pass@1,
+                                        eval/aime/sampling_pass@8)
+    eval/<set>/<mode>/mean_correct      the fraction of all samples graded correct
+    eval/<set>/<mode>/response_tokens   mean completion length in tokens
+
+The mode label is the set's `mode`, else derived: temperature 0 and n = 1 -> `greedy_pass@1`; temperature 0 and
+n > 1 -> `nondet_proxy_pass@k`; temperature > 0 -> `sampling_pass@k` (k = the set's k, default n).
+The recipe's single-set form (`data.eval` + `[eval] every/temperature/n_samples`) is the set `default`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rlctl.recipe.schema import Recipe
+
+LEGACY = "default"
+
+
+@dataclass
+class EvalSet:
+    name: str
+    data: str
+    temperature: float = 0.0
+    n: int = 1
+    k: int = 1
+    max_tokens: int = 1024
+    mode: str = "greedy_pass@1"
+    every: int | None = None
+    grader: str | None = None
+    threshold: float = 1.0
+    limit: int | None = None
+    in_loop: bool = True
+    legacy: bool = False  # the single-set form (data.eval): the backend renders it as it always has
+
+    @property
+    def key(self) -> str:
+        """The set's primary metric name in the stream."""
+        return f"eval/{self.name}/{self.mode}"
+
+    def keys(self) -> list[str]:
+        return [self.key, f"{self.key}/mean_correct", f"{self.key}/response_tokens"]
+
+    def due(self, step: int) -> bool:
+        """Whether a checkpoint at `step` is evaluated (step 0 = the baseline, always)."""
+        return step == 0 or not self.every or step % self.every == 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def mode_label(temperature: float, n: int, k: int) -> str:
+    if temperature == 0:
+        return "greedy_pass@1" if n == 1 else f"nondet_proxy_pass@{k}"
+    return f"sampling_pass@{k}"
+
+
+def eval_sets(recipe: Recipe) -> list[EvalSet]:
+    """The recipe's eval sets, the single-set form first (as `default`), then `[eval.sets.<name>]` in order."""
+    r = recipe
+    out: list[EvalSet] = []
+    if r.data.eval:
+        n = r.eval.n_samples
+        out.append(EvalSet(LEGACY, r.data.eval, r.eval.temperature, n, n, r.rollout.max_tokens,
+                           mode_label(r.eval.temperature, n, n), r.eval.every, legacy=True))
+    for name, s in r.eval.sets.items():
+        k = min(s.k or s.n, s.n)
+        out.append(EvalSet(name, s.data, s.temperature, s.n, k, s.max_tokens or r.rollout.max_tokens,
+                           s.mode or mode_label(s.temperature, s.n, k), s.every, s.grader, s.threshold, s.limit,
+                           s.in_loop))
+    return out
+
+
+def primary_set(recipe: Recipe) -> EvalSet | None:
+    sets = eval_sets(recipe)
+    if not sets:
+        return None
+    wanted = recipe.eval.primary
+    return next((s for s in sets if s.name == wanted), sets[0])
+
+
+def split_in_loop(recipe: Recipe, backend: Any) -> tuple[list[EvalSet], list[tuple[EvalSet, str]]]:
+    """(sets the backend's release runs in-loop, [(set, why not)] for rlctl's checkpoint evaluator)."""
+    sets = eval_sets(recipe)
+    ask = getattr(backend, "in_loop_eval", None)
+    if ask is None:
+        return [], [(s, "the backend declares no in-loop eval") for s in sets]
+    return ask(recipe, sets)
+
+
+def checkpoint_sets(recipe: Recipe, backend: Any) -> list[EvalSet]:
+    """The sets rlctl evaluates on each checkpoint: every set the backend does not run in-loop."""
+    return [s for s, _ in split_in_loop(recipe, backend)[1]]
+
+
+def eval_findings(recipe: Recipe, backend: Any, version: str | None) -> list[Any]:
+    """render/preflight's plain findings: which sets run in-loop, which go to the checkpoint evaluator and why."""
+    from rlctl.backends.base import Finding
+
+    out = []
+    for s, why in split_in_loop(recipe, backend)[1]:
+        out.append(Finding("note", f"eval.sets.{s.name}" if not s.legacy else "data.eval",
+                           f"eval set {s.name!r} ({s.mode}) cannot run in-loop on {backend.name} {version or ''}"
+                           .rstrip() + f": {why}; evaluated by rlctl on each checkpoint instead ({s.key})"))
+    if recipe.eval.evaluator == "command" and not recipe.eval.command:
+        out.append(Finding("error", "eval.command", "eval.evaluator = command without eval.command"))
+    return out
+
+
+# ---- from a run directory (status, doctor, ckpt: no pydantic recipe needed) -------------------------------------
+
+def run_eval_config(run_dir: Path) -> dict[str, Any]:
+    """The run's [eval] table (and data.eval) from its resolved recipe.toml, as plain data; {} when none."""
+    try:
+        doc = tomllib.loads((run_dir / "recipe.toml").read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    ev = doc.get("eval") if isinstance(doc.get("eval"), dict) else {}
+    data = doc.get("data") if isinstance(doc.get("data"), dict) else {}
+    rollout = doc.get("rollout") if isinstance(doc.get("rollout"), dict) else {}
+    return {"eval": ev, "data_eval": data.get("eval"), "max_tokens": rollout.get("max_tokens", 1024),
+            "run": doc.get("run") if isinstance(doc.get("run"), dict) else {}}
+
+
+def sets_from_run(run_dir: Path) -> list[EvalSet]:
+    cfg = run_eval_config(run_dir)
+    if not cfg:
+        return []
+    ev = cfg["eval"]
+    out: list[EvalSet] = []
+    try:
+        if cfg.get("data_eval"):
+            n = int(ev.get("n_samples", 1))
+            t = float(ev.get("temperature", 0.0))
+            out.append(EvalSet(LEGACY, cfg["data_eval"], t, n, n, int(cfg["max_tokens"]), mode_label(t, n, n),
+                               ev.get("every"), legacy=True))
+        for name, s in (ev.get("sets") or {}).items():
+            n = int(s.get("n", 1))
+            t = float(s.get("temperature", 0.0))
+            k = min(int(s.get("k") or n), n)
+            out.append(EvalSet(name, s["data"], t, n, k, int(s.get("max_tokens") or cfg["max_tokens"]),
+                               s.get("mode") or mode_label(t, n, k), s.get("every"), s.get("grader"),
+                               float(s.get("threshold", 1.0)), s.get("limit"), bool(s.get("in_loop", True))))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return out
+    return out
+
+
+def primary_key_from_run(run_dir: Path) -> str | None:
+    """The primary eval metric of a run (its primary set's key), or None when the recipe declares no sets."""
+    sets = sets_from_run(run_dir)
+    if not sets:
+        return None
+    wanted = run_eval_config(run_dir)["eval"].get("primary")
+    return next((s for s in sets if s.name == wanted), sets[0]).key
+
+
+def resolve_key(primary: str | None, keys: Any) -> str | None:
+    """The stream key a primary eval is judged by: itself when the stream has it; else, for a set the backend
+    evaluates in-loop under its own metric names (eval/default/pass1, ...), that set's first quality metric."""
+    from rlctl.runs.health import quality_eval_key
+
+    if not primary:
+        return None
+    keys = list(keys)
+    if primary in keys:
+        return primary
+    prefix = "/".join(primary.split("/")[:2]) + "/"
+    return quality_eval_key([k for k in keys if k.startswith(prefix)], prefix)
+

@@ -1,0 +1,214 @@
+"""Held-out evals (issue 24, docs/eval.md): eval sets and their modes, pass@k, graders, doctor's baseline rules,
+the best-checkpoint mark in pruning; the end-to-end runs on the CPU quickstart are in test_evals_e2e.py."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlctl.evals.scoring import extract_answer, math_equal, pass_at_k
+from rlctl.evals.sets import eval_sets, mode_label, primary_set, split_in_loop
+from rlctl.recipe.loader import load
+from rlctl.runs.doctor import diagnose_records
+from tests.conftest import RECIPES
+
+QUICK = RECIPES / "quickstart.toml"
+PROMPTS = RECIPES / "quickstart" / "prompts.jsonl"
+
+
+def direct_pass_at_k(samples: list[bool], k: int) -> float:
+    """The fraction of k-subsets of the samples with at least one correct: pass@k by enumeration."""
+    subsets = list(itertools.combinations(samples, k))
+    return sum(any(s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_matches_enumeration():
+    for n in range(1, 8):
+        for c in range(n + 1):
+            samples = [True] * c + [False] * (n - c)
+            for k in range(1, n + 1):
+                assert pass_at_k(n, c, k) == pytest.approx(direct_pass_at_k(samples, k), abs=1e-12), (n, c, k)
+    with pytest.raises(ValueError):
+        pass_at_k(4, 1, 5)  # k > n is an error, never a silent clamp
+
+
+def test_math_grader():
+    assert extract_answer(r"so \boxed{\frac{1}{2}} is it") == r"\frac{1}{2}"
+    assert extract_answer("the answer is 1,000.") == "1,000"
+    assert math_equal("1,000", 1000) and math_equal(r"\dfrac{1}{2}", r"\frac{1}{2}") and math_equal("042", "42")
+    assert not math_equal(None, "3") and not math_equal("4", "3")
+
+
+def recipe_with_sets(write, extra: str = "") -> Path:
+    return write("r.toml", f'''extends = "{QUICK}"
+[eval]
+primary = "ood"
+[eval.sets.ood]
+data = "{PROMPTS}"
+[eval.sets.aime]
+data = "{PROMPTS}"
+temperature = 0.6
+n = 8
+[eval.sets.probe]
+data = "{PROMPTS}"
+n = 8
+k = 8
+{extra}''')
+
+
+def test_sets_modes_and_metric_names(write):
+    r = load(recipe_with_sets(write)).recipe
+    sets = {s.name: s for s in eval_sets(r)}
+    assert sets["ood"].key == "eval/ood/greedy_pass@1"
+    assert sets["aime"].key == "eval/aime/sampling_pass@8"
+    assert sets["probe"].key == "eval/probe/nondet_proxy_pass@8"  # temperature 0 with n > 1: seed 001's third mode
+    assert primary_set(r).name == "ood"
+    assert mode_label(0.0, 1, 1) == "greedy_pass@1"
+
+
+def test_single_set_form_is_the_set_default(write):
+    p = write("r.toml", f'extends = "{QUICK}"\n[data]\neval = "{PROMPTS}"\n[eval]\nevery = 5\ntemperature = 0.6\n'
+                        'n_samples = 4\n')
+    (s,) = eval_sets(load(p).recipe)
+    assert (s.name, s.mode, s.every, s.legacy) == ("default", "sampling_pass@4", 5, True)
+
+
+def test_backends_say_what_they_cannot_run_in_loop(write, cli):
+    from rlctl.backends import get_backend
+
+    p = write("r.toml", f'''extends = "{QUICK}"
+[backend]
+name = "openrlhf"
+version = "0.9.3"
+[data]
+eval = "{PROMPTS}"
+[eval]
+every = 5
+[eval.sets.aime]
+data = "{PROMPTS}"
+temperature = 0.6
+n = 8
+''')
+    r = load(p).recipe
+    inside, outside = split_in_loop(r, get_backend("openrlhf"))
+    assert [s.name for s in inside] == ["default"]  # data.eval is rendered into --eval_dataset as before
+    assert [s.name for s, _ in outside] == ["aime"]
+    res = cli("render", str(p))
+    assert "eval set 'aime' (sampling_pass@8) cannot run in-loop on openrlhf 0.9.3" in res.err
+    assert "evaluated by rlctl on each checkpoint instead (eval/aime/sampling_pass@8)" in res.err
+    # TRL's own eval samples like training: every set goes to rlctl
+    res = cli("render", str(recipe_with_sets(write)))
+    assert res.code == 0 and res.err.count("cannot run in-loop on trl") == 3
+
+
+def test_bad_eval_keys_are_clear_errors(write, cli):
+    res = cli("render", str(recipe_with_sets(write, "tempurature = 1\n")))
+    assert res.code == 2 and "eval.sets.probe.tempurature" in res.err
+    res = cli("render", str(recipe_with_sets(write, '[run]\nstop_when = ["eval_divergense:2"]\n')))
+    assert res.code == 2 and "unknown doctor rule" in res.err and "eval_divergence" in res.err
+    res = cli("render", str(recipe_with_sets(write)), "--set", 'eval.primary="nope"')
+    assert res.code == 2 and "eval.primary 'nope' is not a set" in res.err
+
+
+def records(evals: dict[int, float], key: str = "eval/ood/greedy_pass@1") -> list[dict]:
+    recs = [{"step": s, "reward/mean": 0.1 + 0.01 * s} for s in range(1, 41)]
+    return recs + [{"step": s, key: v} for s, v in evals.items()]
+
+
+def test_doctor_compares_evals_with_the_baseline():
+    t = {"primary": "eval/ood/greedy_pass@1"}
+    found = {f.rule: f for f in diagnose_records(records({0: 0.40, 10: 0.50, 20: 0.45, 30: 0.35}), t)}
+    assert "below the pre-training baseline (0.4 at step 0)" in found["eval_divergence"].message
+    assert found["eval_divergence"].evidence["best_step"] == 10  # the baseline is not a checkpoint of the run
+    assert "eval_below_baseline" not in found  # one eval below it, not two
+    found = {f.rule: f for f in diagnose_records(records({0: 0.40, 10: 0.30, 20: 0.35, 30: 0.38}), t)}
+    assert "eval_below_baseline" in found and "eval_divergence" not in found
+    # the primary eval is judged, not whichever eval key comes first
+    recs = records({0: 0.4, 10: 0.5, 20: 0.45, 30: 0.35}) + [{"step": s, "eval/aaa/pass@1": 0.1 * s}
+                                                            for s in (10, 20, 30)]
+    assert "eval_divergence" in {f.rule for f in diagnose_records(recs, t)}
+
+
+def test_prune_keeps_the_checkpoint_marked_best(tmp_path):
+    from rlctl.core.state import write_state
+    from rlctl.runs.checkpoints import prune
+
+    run = tmp_path / "run-20261125-000000"
+    for step in (2, 4, 6, 8):
+        d = run / "checkpoints" / f"checkpoint-{step}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text("{}")
+    write_state(run, backend="trl", best_checkpoint={"step": 4, "key": "eval/ood/greedy_pass@1", "value": 0.5})
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 6, "eval/x/pass@1": 0.9}) + "\n")
+    doomed = [c.step for c in prune("trl", run, 1, keep_best=True, dry_run=True)]
+    assert doomed == [2, 6]  # the mark wins over the largest eval number in the stream
+    assert [c.step for c in prune("trl", run, 1, keep_best=False, dry_run=True)] == [2, 4, 6]
+
+
+def test_eval_on_a_host_needs_ssh_hosts(cli, write):
+    from rlctl import executors
+
+    if "ssh" in executors.available():
+        pytest.skip("an ssh executor is registered here")
+    res = cli("eval", "some-run", "--on", "spare-box")
+    assert res.code == 2 and "hosts not available" in res.err
+
+
+SCRIPT = '''import json, sys
+step, name, model, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+if name == "bad":
+    sys.exit(3)
+json.dump({"primary": 0.1 * step, "n_prompts": 64, "eval/custom/key": 1}, open(out, "w"))
+'''
+
+
+def command_recipe(write, tmp_path: Path) -> Path:
+    script = write("eval_posthoc.py", SCRIPT)
+    return write("cmd.toml", f'''extends = "{QUICK}"
+[eval]
+evaluator = "command"
+command = "{sys.executable} {script} {{step}} {{set}} {{checkpoint}} {{output}}"
+[eval.sets.probe]
+data = "{PROMPTS}"
+temperature = 0.6
+n = 4
+[eval.sets.bad]
+data = "{PROMPTS}"
+''')
+
+
+def test_rlctl_eval_by_hand_with_a_command(write, tmp_path, cli, monkeypatch):
+    from rlctl.core.state import write_state
+    from rlctl.recipe.loader import dump_toml
+
+    recipe = command_recipe(write, tmp_path)
+    # a base model: the baseline on the recipe's sets, nothing needed but the recipe
+    monkeypatch.chdir(tmp_path)
+    res = cli("eval", "my-base-model", "--recipe", str(recipe), "--set", "probe", "--json")
+    assert res.code == 0, res.err
+    (row,) = json.loads(res.out)["results"]
+    assert row["metrics"] == {"eval/probe/sampling_pass@4": 0.0, "eval/probe/sampling_pass@4/n_prompts": 64.0,
+                              "eval/custom/key": 1.0}
+    # a finished run: --all = the baseline and every complete checkpoint, into its stream at their steps
+    runs = tmp_path / "runs"
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(runs))
+    run = runs / "r-20261125-000000"
+    for step in (2, 4):
+        (run / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
+        (run / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    (run / "checkpoints" / "checkpoint-6").mkdir()  # being written: not evaluated
+    (run / "recipe.toml").write_text(dump_toml(load(recipe).recipe.model_dump(mode="json", exclude_none=True)))
+    write_state(run, backend="trl", status="finished")
+    res = cli("eval", run.name, "--all")
+    assert res.code == 1 and "failed: set bad" in res.out  # the failing set is reported, exit 1
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["step"]: r["eval/probe/sampling_pass@4"] for r in recs} == {0: 0.0, 2: 0.2, 4: 0.4}
+    assert (run / "evals" / "step-4.json").is_file()
+    res = cli("eval", run.name, "--step", "6")
+    assert res.code == 2 and "no complete checkpoint at step 6" in res.err
+    res = cli("eval", run.name, "--set", "nope")
+    assert res.code == 2 and "no such eval set" in res.err
