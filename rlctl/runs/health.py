@@ -44,6 +44,33 @@ def _find_key(merged: dict[int, dict[str, Any]], suffix: str) -> str | None:
     return None
 
 
+def _identical_rewards(rec: dict[str, Any]) -> bool | None:
+    """Did every group of this step get identical rewards (no learning signal)? None: the step does not say."""
+    frac = next((v for k, v in rec.items() if k.endswith("frac_reward_zero_std") and isinstance(v, (int, float))),
+                None)
+    if frac is not None:
+        return frac >= 1.0
+    for key in ("reward/std", "advantage/std"):
+        if isinstance(rec.get(key), (int, float)):
+            return rec[key] == 0
+    return None
+
+
+def _zero_grad(merged: dict[int, dict[str, Any]], grad: list[tuple[int, float]], step: int, window: int) -> Flag:
+    """grad_norm 0 is frozen weights only when the groups carried a signal: with identical rewards in every group
+    (a saturated or constant reward) the advantages are 0 and so is the gradient, while the weights are fine."""
+    if _identical_rewards(merged.get(step, {})):
+        return Flag("grad_norm", f"grad_norm 0 at step {step}: every group had identical rewards",
+                    "no learning signal at this step (saturated or constant reward; see rlctl doctor), the "
+                    "weights are not frozen")
+    recent = grad[-window:]
+    if len(recent) >= window and all(v == 0 for _, v in recent):
+        return Flag("grad_norm", f"grad_norm 0 for {window} steps (to step {step}) while rewards differ",
+                    "frozen weights: check LoRA targets / lr (rlctl doctor --weights)")
+    return Flag("grad_norm", f"grad_norm 0 at step {step}",
+                "no gradient at this step; if it lasts: frozen weights (rlctl doctor --weights)")
+
+
 def health_flags(merged: dict[int, dict[str, Any]], window: int = 5) -> list[Flag]:
     flags: list[Flag] = []
     reward = series(merged, "reward/mean")[-window:]
@@ -65,7 +92,7 @@ def health_flags(merged: dict[int, dict[str, Any]], window: int = 5) -> list[Fla
     if grad:
         step, g = grad[-1]
         if g == 0:
-            flags.append(Flag("grad_norm", f"grad_norm 0 at step {step}", "frozen weights: check LoRA targets / lr"))
+            flags.append(_zero_grad(merged, grad, step, window))
         elif g > 100:
             flags.append(Flag("grad_norm", f"grad_norm {g:.3g} at step {step}", "LR too high or extreme ratios"))
     adv = series(merged, "advantage/std")
