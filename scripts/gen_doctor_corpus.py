@@ -54,6 +54,9 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "trl_nan_reward": (QUICKSTART, [*reward("nan_after"), "train.steps=20"]),
     # ... and for every completion: TRL logs the function's mean reward as NaN
     "trl_nan_reward_all": (QUICKSTART, [*reward("nan_all"), "train.steps=10"]),
+    "trl_length_collapse": (QUICKSTART, [*reward("short"), "train.steps=30"]),
+    # a large lr with a KL term: KL and loss jump while entropy falls
+    "trl_instability_high_lr_kl": (QUICKSTART, ["optim.lr=0.3", "algorithm.kl_coef=0.05", "train.steps=30"]),
     "trl_eval_divergence": (QUICKSTART, [*reward("by_label"), f'data.eval="{HERE / "eval_not_a.jsonl"}"',
                                          "eval.every=10", "train.steps=40"]),
 }

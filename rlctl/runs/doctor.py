@@ -107,9 +107,17 @@ def _rise(S: Series, t: dict[str, float]) -> float | None:
 
 
 def saturated(S: Series, t: dict[str, float]) -> bool:
-    """The reward rose and then the groups ran out of variance: the task's ceiling, not a problem of the optimizer."""
+    """The reward rose, then stayed at its best (the recent window flat, at the run's maximum) or the groups ran out
+    of variance: the task's ceiling as posed, not a problem of the optimizer."""
     rise = _rise(S, t)
-    return rise is not None and rise >= t["reward_rise"] and _no_signal(S, t)[0]
+    if rise is None or rise < t["reward_rise"]:
+        return False
+    if _no_signal(S, t)[0]:
+        return True
+    reward = _finite(S.get("reward/mean", []))
+    recent = [v for _, v in _window(reward, t["window"])]
+    best = max(v for _, v in reward)
+    return max(recent) - min(recent) < t["flat_reward_delta"] and min(recent) >= best - t["flat_reward_delta"]
 
 
 @rule("saturated")
@@ -118,9 +126,11 @@ def saturation(S: Series, t: dict[str, float]) -> Finding | None:
         return None
     reward = _finite(S.get("reward/mean", []))
     last = _window(reward, t["window"])
+    none, what = _no_signal(S, t)
     return Finding("saturated", "info",
-                   f"reward rose to {_mean(last):.3g} (steps {last[0][0]}-{last[-1][0]}) and {_no_signal(S, t)[1]}: "
-                   "the task is solved as posed, there is nothing left to learn from these prompts",
+                   f"reward rose by {_rise(S, t):.3g} to {_mean(last):.3g} and stays at its best (steps "
+                   f"{last[0][0]}-{last[-1][0]})" + (f", {what}" if what else "") + ": the task is solved as posed, "
+                   "there is little or nothing left to learn from these prompts",
                    "stop here (the newest checkpoint is the result), or make the task harder (prompts the policy "
                    "still fails, online difficulty filtering)",
                    {"reward_rise": _rise(S, t), "reward_recent": _mean(last)})
@@ -135,8 +145,11 @@ def flat_learning(S: Series, t: dict[str, float]) -> Finding | None:
     delta = max(v for _, v in reward) - min(v for _, v in reward)
     if min(v for _, v in reward) >= 0.99 or max(v for _, v in reward) <= 0.0:
         return None  # saturated or dead reward: a different problem (saturated / zero_variance_groups name it)
-    if saturated(S, t) or _no_signal(S, t)[0]:
+    if _no_signal(S, t)[0]:
         return None  # no variance within groups: a larger lr cannot help (zero_variance_groups / saturated)
+    rise = _rise(S, t)
+    if rise is not None and rise >= t["reward_rise"]:
+        return None  # it learned, then levelled off: a plateau or the ceiling (saturated), not a run that never moved
     kl_small = not kl or max(abs(v) for _, v in kl) < t["flat_kl_max"]
     if delta < t["flat_reward_delta"] and kl_small:
         return Finding("flat_learning", "warn",
@@ -148,11 +161,19 @@ def flat_learning(S: Series, t: dict[str, float]) -> Finding | None:
     return None
 
 
+def _coarse(S: Series) -> bool:
+    """Was every number of the stream printed with at most 3 decimals? Then a 0 says only "below 0.0005"."""
+    return not any(v != 0 and abs(v - round(v, 3)) > 1e-12 * max(1.0, abs(v))
+                   for vals in S.values() for _, v in vals if math.isfinite(v))
+
+
 @rule("frozen_weights")
 def frozen_weights(S: Series, t: dict[str, float]) -> Finding | None:
     """Signs in the metrics that the weights cannot move: lr 0, no gradient although the groups carry a signal, or a
     KL to the reference that stays exactly 0. (`doctor --weights` proves it from the checkpoints.)"""
     w = int(t["window"])
+    if _coarse(S):
+        return None  # printed at 3 decimals (a verl console): an lr of 1e-6 reads 0.000, a small grad_norm 0.000
     lr = _finite(S.get("lr", []))
     if len(lr) >= 3 and all(v == 0 for _, v in _window(lr, w)):
         recent = _window(lr, w)
@@ -432,12 +453,13 @@ def thresholds(run_dir: Path) -> dict[str, float]:
 
 
 def _series(merged: dict[int, dict[str, Any]], keys: set[str]) -> Series:
-    """Numeric series per key; a null where the key is otherwise a number is a NaN/inf the stream could not store
-    (metrics.clean_value turns them into null), kept as NaN for the non_finite rule."""
+    """Numeric series per key; a null where the key is otherwise a number, or any null of a reward, loss, gradient,
+    KL, entropy or lr, is a NaN/inf the stream could not store (metrics.clean_value turns them into null), kept as NaN
+    for the non_finite rule."""
     S = {k: series(merged, k) for k in keys}
     for k, vals in S.items():
-        if not vals:
-            continue
+        if not vals and not _must_be_finite(k):
+            continue  # never a number: not a metric whose null means NaN
         nulls = [(s, math.nan) for s, r in merged.items() if k in r and r[k] is None]
         if nulls:
             S[k] = sorted(vals + nulls)

@@ -22,7 +22,7 @@ def series(merged: dict[int, dict[str, Any]], key: str) -> list[tuple[int, float
 # doctor's eval rule must compare steps on one quality metric, not on whichever eval number happens to be largest.
 _QUALITY = ("reward", "accuracy", "acc", "score", "pass", "correct", "success", "win")
 _NOT_QUALITY = ("length", "len", "error", "clip_ratio", "truncat", "time", "turns", "branches", "loss", "kl",
-                "entropy", "policy_version")
+                "entropy", "policy_version", "std", "frac_")  # a spread or a fraction of groups is not a quality
 
 
 def quality_eval_key(keys: Any, prefix: str = "eval/") -> str | None:

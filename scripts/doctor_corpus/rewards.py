@@ -26,6 +26,11 @@ def nan_all(completions, **kwargs):
     return [math.nan for _ in completions]
 
 
+def short(completions, **kwargs):
+    """Pays for brevity alone: the policy learns to stop at once (length collapse)."""
+    return [1.0 - min(len(_text(c)), 16) / 16 for c in completions]
+
+
 def by_label(completions, label=None, **kwargs):
     """'a' fraction on prompts labelled "a"; on prompts labelled "not-a" (the eval set) its complement: a policy that
     learns the training reward gets worse on the eval set (train/eval divergence)."""
