@@ -97,6 +97,18 @@ def _no_signal(S: Series, t: dict[str, float]) -> tuple[bool, str]:
     return False, ""
 
 
+def _rewards_differ(S: Series, t: dict[str, float]) -> bool:
+    """Positive evidence that recent groups' rewards differ: finite rewards, and a reward std above 0 (or, without
+    one, most groups not zero-variance). NaN rewards are no evidence (TRL counts a NaN std as "not zero")."""
+    recent = _window(S.get("reward/mean", []), t["window"]) + _window(S.get("reward/std", []), t["window"])
+    if any(not math.isfinite(v) for _, v in recent):
+        return False
+    std = _window(S.get("reward/std", []), t["window"])
+    if std:
+        return any(v > 0 for _, v in std)
+    return bool(_zero_std_key(S)) and not _no_signal(S, t)[0]
+
+
 def _rise(S: Series, t: dict[str, float]) -> float | None:
     """How much the reward rose from the first window to the last (None: too short to tell)."""
     reward = _finite(S.get("reward/mean", []))
@@ -183,7 +195,7 @@ def frozen_weights(S: Series, t: dict[str, float]) -> Finding | None:
                         (None, "rlctl doctor --weights compares the checkpoints")],
                        {"steps": [recent[0][0], recent[-1][0]]})
     grad = _finite(_window(S.get("grad_norm", []), w))
-    if len(grad) >= min(w, 5) and all(v == 0 for _, v in grad) and not _no_signal(S, t)[0]:
+    if len(grad) >= min(w, 5) and all(v == 0 for _, v in grad) and _rewards_differ(S, t):
         return Finding("frozen_weights", "critical",
                        f"grad_norm is 0 at every step {grad[0][0]}-{grad[-1][0]} although the groups' rewards differ: "
                        "no gradient reaches the trainable parameters",

@@ -59,7 +59,11 @@ def _identical_rewards(rec: dict[str, Any]) -> bool | None:
 def _zero_grad(merged: dict[int, dict[str, Any]], grad: list[tuple[int, float]], step: int, window: int) -> Flag:
     """grad_norm 0 is frozen weights only when the groups carried a signal: with identical rewards in every group
     (a saturated or constant reward) the advantages are 0 and so is the gradient, while the weights are fine."""
-    if _identical_rewards(merged.get(step, {})):
+    rec = merged.get(step, {})
+    if any(k in rec and rec[k] is None for k in ("reward/mean", "reward/std")):  # NaN/inf, stored as null
+        return Flag("grad_norm", f"grad_norm 0 at step {step} with NaN rewards",
+                    "the reward function returns NaN: no learning signal (see rlctl doctor)")
+    if _identical_rewards(rec):
         return Flag("grad_norm", f"grad_norm 0 at step {step}: every group had identical rewards",
                     "no learning signal at this step (saturated or constant reward; see rlctl doctor), the "
                     "weights are not frozen")
