@@ -199,6 +199,8 @@ class Backend:
         """Whether this backend/release has a knob for the recipe key `key` (dotted: "algorithm.eps_clip"), so that
         advice (doctor's actions) may name it. None: cannot tell. Default: move the key off its value in a copy of
         the recipe and ask unhonoured() whether it would be ignored."""
+        if key == "model.precision":  # a knob only where the adapter renders more than one precision
+            return len(self.precisions) > 1
         section, _, field_name = key.partition(".")
         part = getattr(recipe, section, None)
         value = getattr(part, field_name, None) if part is not None else None

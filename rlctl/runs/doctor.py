@@ -99,7 +99,7 @@ def _no_signal(S: Series, t: dict[str, float]) -> tuple[bool, str]:
 
 def _rewards_differ(S: Series, t: dict[str, float]) -> bool:
     """Positive evidence that recent groups' rewards differ: finite rewards, and a reward std above 0 (or, without
-    one, most groups not zero-variance). NaN rewards are no evidence (TRL counts a NaN std as "not zero")."""
+    one, most groups not zero-variance). NaN rewards are no evidence (a trainer may count a NaN std as "not zero")."""
     recent = _window(S.get("reward/mean", []), t["window"]) + _window(S.get("reward/std", []), t["window"])
     if any(not math.isfinite(v) for _, v in recent):
         return False
@@ -185,7 +185,7 @@ def frozen_weights(S: Series, t: dict[str, float]) -> Finding | None:
     KL to the reference that stays exactly 0. (`doctor --weights` proves it from the checkpoints.)"""
     w = int(t["window"])
     if _coarse(S):
-        return None  # printed at 3 decimals (a verl console): an lr of 1e-6 reads 0.000, a small grad_norm 0.000
+        return None  # printed at 3 decimals (a console log): an lr of 1e-6 reads 0.000, a small grad_norm 0.000
     lr = _finite(S.get("lr", []))
     if len(lr) >= 3 and all(v == 0 for _, v in _window(lr, w)):
         recent = _window(lr, w)
@@ -334,7 +334,7 @@ def zero_variance(S: Series, t: dict[str, float]) -> Finding | None:
                    {"from_start": from_start, "constant_reward": constant})
 
 
-# keys whose NaN means a broken run; a NaN elsewhere can be by design (TRL's mean length of the completions that
+# keys whose NaN means a broken run; a NaN elsewhere can be by design (a mean length of the completions that
 # terminated is NaN when every completion was truncated)
 _MUST_BE_FINITE = ("reward/mean", "reward/std", "policy_loss", "grad_norm", "kl", "entropy", "lr", "correctness")
 

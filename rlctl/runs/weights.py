@@ -253,7 +253,7 @@ def _has_weights(path: Path) -> bool:
 
 def weight_sets(run_dir: Path) -> tuple[list[Path], list[Path]]:
     """(complete stepped checkpoints with weights, oldest first; folders of weights without a step in the checkpoint
-    directory, such as TRL's `final/` or a `step_final/`, oldest first)."""
+    directory, such as a `final/` or a `step_final/`, oldest first)."""
     from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
     from rlctl.runs.state import read_state
 
