@@ -28,6 +28,7 @@ DEFAULTS: dict[str, float] = {
     "loss_spike_factor": 3.0,  # |loss| above this x the median of the steps before it = spike
     "grad_norm_spike": 100.0,  # x optim.max_grad_norm (1 unless the recipe says)
     "entropy_collapse": 1.0,
+    "stationary_entropy": 1e-3,  # entropy range over the window below this x its level = a policy that does not move
     "truncation_high": 0.7,
     "length_collapse_factor": 0.5,  # mean length below this x its earlier level
     "zero_std_groups_high": 0.5,
@@ -202,6 +203,19 @@ def frozen_weights(S: Series, t: dict[str, float]) -> Finding | None:
                        [("lora.target_modules", "check lora.target_modules"),
                         (None, "check which parameters require grad; rlctl doctor --weights compares the checkpoints")],
                        {"steps": [grad[0][0], grad[-1][0]]})
+    ent = _finite(_window(S.get("entropy", []), w))
+    kl_recent = _finite(_window(S.get("kl", []), w))
+    if (len(ent) >= w and min(v for _, v in ent) > t["entropy_collapse"] and _rewards_differ(S, t)
+            and max(v for _, v in ent) - min(v for _, v in ent) < t["stationary_entropy"] * ent[-1][1]
+            and all(abs(v) < t["flat_kl_max"] for _, v in kl_recent)):
+        span = max(v for _, v in ent) - min(v for _, v in ent)
+        return Finding("frozen_weights", "warn",
+                       f"the policy's entropy stayed at {ent[-1][1]:.4g} (range {span:.2g}) over steps "
+                       f"{ent[0][0]}-{ent[-1][0]} although the groups' rewards differ: the weights may not be moving",
+                       [(None, "rlctl doctor --weights compares the checkpoints;"),
+                        ("model.precision", "with pure bf16 parameters an update below half a bf16 step is rounded "
+                         "away: model.precision = \"mixed\""), ("optim.lr", "or raise optim.lr")],
+                       {"steps": [ent[0][0], ent[-1][0]], "entropy_range": span})
     kl = _finite(S.get("kl", []))
     if len(kl) >= w and all(v == 0 for _, v in _window(kl, w)):
         recent = _window(kl, w)
@@ -327,7 +341,7 @@ def zero_variance(S: Series, t: dict[str, float]) -> Finding | None:
     return Finding("zero_variance_groups", "warn",
                    f"{what} (steps {recent[0][0]}-{recent[-1][0]})" + (", from the first step" if from_start else "")
                    + (f"; the reward is the same ({reward[0][1]:.3g}) at every step" if constant else "")
-                   + ": no learning signal",
+                   + ": those groups give no learning signal",
                    [(None, "check that the reward function can tell completions apart" if constant else
                      "prompts the policy sometimes solves (online difficulty filtering)"),
                     ("rollout.group_size", "a larger rollout.group_size")],
