@@ -34,6 +34,7 @@ DEFAULTS: dict[str, float] = {
     "zero_std_groups_high": 0.5,
     "reward_rise": 0.1,  # reward up by this much (first window -> last window) = learned
     "saturated_std": 0.02,  # reward std (within groups) below this = no signal left
+    "saturation_band": 0.05,  # the last window within this fraction of the best reward = stays at its best
     "eval_drops": 2,
 }
 
@@ -130,7 +131,8 @@ def saturated(S: Series, t: dict[str, float]) -> bool:
     reward = _finite(S.get("reward/mean", []))
     recent = [v for _, v in _window(reward, t["window"])]
     best = max(v for _, v in reward)
-    return max(recent) - min(recent) < t["flat_reward_delta"] and min(recent) >= best - t["flat_reward_delta"]
+    band = max(t["flat_reward_delta"], t["saturation_band"] * abs(best))
+    return min(recent) >= best - band
 
 
 @rule("saturated")
@@ -140,10 +142,12 @@ def saturation(S: Series, t: dict[str, float]) -> Finding | None:
     reward = _finite(S.get("reward/mean", []))
     last = _window(reward, t["window"])
     none, what = _no_signal(S, t)
+    why = (f"{what}: the task is solved as posed, nothing is left to learn from these prompts" if none else
+           (f"{what}; " if what else "") + "a plateau at the run's best (whether that is the task's ceiling the "
+           "metrics cannot tell)")
     return Finding("saturated", "info",
                    f"reward rose by {_rise(S, t):.3g} to {_mean(last):.3g} and stays at its best (steps "
-                   f"{last[0][0]}-{last[-1][0]})" + (f", {what}" if what else "") + ": the task is solved as posed, "
-                   "there is little or nothing left to learn from these prompts",
+                   f"{last[0][0]}-{last[-1][0]}), {why}",
                    "stop here (the newest checkpoint is the result), or make the task harder (prompts the policy "
                    "still fails, online difficulty filtering)",
                    {"reward_rise": _rise(S, t), "reward_recent": _mean(last)})
@@ -315,7 +319,7 @@ def entropy_collapse(S: Series, t: dict[str, float]) -> Finding | None:
                            [(None, "expected once the task is solved"),
                             ("rollout.temperature", "for more diverse samples raise rollout.temperature")],
                            {"first": ent[0][1], "last": ent[-1][1]})
-        return Finding("entropy_collapse", "warn", msg + " before the reward saturated: diversity is collapsing",
+        return Finding("entropy_collapse", "warn", msg + ": diversity is collapsing",
                        [("rollout.temperature", "raise rollout.temperature"),
                         ("algorithm.entropy_coef", "an entropy bonus (algorithm.entropy_coef)"),
                         ("optim.lr", "lower optim.lr")],
@@ -478,7 +482,7 @@ def thresholds(run_dir: Path) -> dict[str, float]:
     return t
 
 
-def _series(merged: dict[int, dict[str, Any]], keys: set[str]) -> Series:
+def _series(merged: dict[int, dict[str, Any]], keys: list[str]) -> Series:
     """Numeric series per key; a null where the key is otherwise a number, or any null of a reward, loss, gradient,
     KL, entropy or lr, is a NaN/inf the stream could not store (metrics.clean_value turns them into null), kept as NaN
     for the non_finite rule."""
@@ -500,7 +504,8 @@ def diagnose_records(records: list[dict[str, Any]], t: dict[str, float] | None =
         return [Finding("no_records", "critical", "no metrics records: nothing was diagnosed",
                         "check that the run has started and logged a step (rlctl logs RUN); for a run rlctl did not "
                         "start, that its metrics map matches the log (rlctl attach --backend ...)", {})]
-    keys = {k for rec in merged.values() for k in rec if k not in ("step", "time")}
+    # first-seen order, as the stream has them (the eval quality metric is the first quality-looking key)
+    keys = list(dict.fromkeys(k for rec in merged.values() for k in rec if k not in ("step", "time")))
     S = _series(merged, keys)
     out = []
     for fn in RULES.values():
