@@ -54,6 +54,8 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "trl_nan_reward": (QUICKSTART, [*reward("nan_after"), "train.steps=20"]),
     # ... and for every completion: TRL logs the function's mean reward as NaN
     "trl_nan_reward_all": (QUICKSTART, [*reward("nan_all"), "train.steps=10"]),
+    # an lr far too small for a reward whose every group has spread: reward flat, the policy barely moves
+    "trl_flat_tiny_lr": (QUICKSTART, [*reward("byte_mean"), "optim.lr=1e-6", "train.steps=20"]),
     "trl_length_collapse": (QUICKSTART, [*reward("short"), "train.steps=30"]),
     # a large lr with a KL term: KL and loss jump while entropy falls
     "trl_instability_high_lr_kl": (QUICKSTART, ["optim.lr=0.3", "algorithm.kl_coef=0.05", "train.steps=30"]),
@@ -135,7 +137,8 @@ def run_case(name: str, recipe: str, sets: list[str], runs: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    wanted = argv or [*CASES, "command_torchrun_learning", "command_torchrun_frozen_lr0", "command_torchrun_nan"]
+    wanted = argv or [*CASES, "command_torchrun_learning", "command_torchrun_frozen_lr0", "command_torchrun_nan",
+                      "command_torchrun_converged", "command_torchrun_spikes_high_lr"]
     with tempfile.TemporaryDirectory(prefix="rlctl-doctor-corpus-") as tmp:
         runs = Path(tmp) / "runs"
         for name in wanted:
@@ -143,6 +146,10 @@ def main(argv: list[str]) -> int:
                 run_case(name, command_recipe(Path(tmp)), [], runs)
             elif name == "command_torchrun_nan":  # an absurd lr: the weights overflow to inf, the loss to NaN
                 run_case(name, command_recipe(Path(tmp), steps=10), ["backend.command.extra.lr=1e37"], runs)
+            elif name == "command_torchrun_converged":  # a larger lr: the loss reaches 0, the reward 1
+                run_case(name, command_recipe(Path(tmp)), ["backend.command.extra.lr=0.6"], runs)
+            elif name == "command_torchrun_spikes_high_lr":  # SGD past its stable step size: the loss jumps
+                run_case(name, command_recipe(Path(tmp)), ["backend.command.extra.lr=1.2"], runs)
             elif name == "command_torchrun_frozen_lr0":  # --lr 0 appended after the recipe's --lr: argparse takes it
                 run_case(name, command_recipe(Path(tmp), steps=20), ["backend.command.extra.lr=0"], runs)
             else:

@@ -68,11 +68,12 @@ def _zero_grad(merged: dict[int, dict[str, Any]], grad: list[tuple[int, float]],
                     "no learning signal at this step (saturated or constant reward; see rlctl doctor), the "
                     "weights are not frozen")
     recent = grad[-window:]
-    if len(recent) >= window and all(v == 0 for _, v in recent):
+    if _identical_rewards(rec) is False and len(recent) >= window and all(v == 0 for _, v in recent):
         return Flag("grad_norm", f"grad_norm 0 for {window} steps (to step {step}) while rewards differ",
                     "frozen weights: check LoRA targets / lr (rlctl doctor --weights)")
     return Flag("grad_norm", f"grad_norm 0 at step {step}",
-                "no gradient at this step; if it lasts: frozen weights (rlctl doctor --weights)")
+                "no gradient at this step (a converged loss, or no reward signal); if the reward is not at its best: "
+                "rlctl doctor --weights")
 
 
 def health_flags(merged: dict[int, dict[str, Any]], window: int = 5) -> list[Flag]:

@@ -31,6 +31,15 @@ def short(completions, **kwargs):
     return [1.0 - min(len(_text(c)), 16) / 16 for c in completions]
 
 
+def byte_mean(completions, **kwargs):
+    """A tenth of the completion's mean byte value / 255: every group has spread, the batch mean moves little."""
+    out = []
+    for c in completions:
+        raw = _text(c).encode("utf-8", "replace")
+        out.append(0.1 * sum(raw) / (255 * len(raw)) if raw else 0.0)
+    return out
+
+
 def by_label(completions, label=None, **kwargs):
     """'a' fraction on prompts labelled "a"; on prompts labelled "not-a" (the eval set) its complement: a policy that
     learns the training reward gets worse on the eval set (train/eval divergence)."""
