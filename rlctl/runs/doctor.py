@@ -121,8 +121,8 @@ def _rise(S: Series, t: dict[str, float]) -> float | None:
 
 
 def saturated(S: Series, t: dict[str, float]) -> bool:
-    """The reward rose, then stayed at its best (the recent window flat, at the run's maximum) or the groups ran out
-    of variance: the task's ceiling as posed, not a problem of the optimizer."""
+    """The reward rose, then stayed at its best (the recent window within `saturation_band` of the run's maximum) or
+    the groups ran out of variance: the task's ceiling as posed (or a plateau), not a problem of the optimizer."""
     rise = _rise(S, t)
     if rise is None or rise < t["reward_rise"]:
         return False
