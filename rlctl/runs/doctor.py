@@ -25,6 +25,8 @@ DEFAULTS: dict[str, float] = {
     "flat_reward_delta": 0.02,  # reward change over the window below this = flat
     "flat_kl_max": 1e-3,
     "kl_spike_factor": 5.0,  # kl above this x its running median = spike
+    "kl_spike_min": 0.1,  # ... and above this (a first KL after an exact 0 is no spike)
+    "reward_ceiling": 1.0,  # a reward at 99% of this is "solved"; below it a plateau is only a plateau
     "loss_spike_factor": 3.0,  # |loss| above this x the median of the steps before it = spike
     "grad_norm_spike": 100.0,  # x optim.max_grad_norm (1 unless the recipe says)
     "entropy_collapse": 1.0,
@@ -135,6 +137,12 @@ def saturated(S: Series, t: dict[str, float]) -> bool:
     return min(recent) >= best - band
 
 
+def at_ceiling(S: Series, t: dict[str, float]) -> bool:
+    """The last steps' reward within 2% of doctor.reward_ceiling (1.0 unless the recipe says)."""
+    recent = _finite(_window(S.get("reward/mean", []), min(5, t["window"])))
+    return bool(recent) and _mean(recent) >= 0.98 * t["reward_ceiling"]
+
+
 @rule("saturated")
 def saturation(S: Series, t: dict[str, float]) -> Finding | None:
     if not saturated(S, t):
@@ -142,9 +150,11 @@ def saturation(S: Series, t: dict[str, float]) -> Finding | None:
     reward = _finite(S.get("reward/mean", []))
     last = _window(reward, t["window"])
     none, what = _no_signal(S, t)
-    why = (f"{what}: the task is solved as posed, nothing is left to learn from these prompts" if none else
-           (f"{what}; " if what else "") + "a plateau at the run's best (whether that is the task's ceiling the "
-           "metrics cannot tell)")
+    if at_ceiling(S, t):
+        why = (f"{what}: " if what else "") + "the task is solved as posed, nothing is left to learn from these prompts"
+    else:
+        why = ((f"{what}; " if what else "") + f"a plateau below {t['reward_ceiling']:g} (doctor.reward_ceiling): if "
+               "that is not the task's ceiling, the policy may have collapsed onto one answer (check entropy)")
     return Finding("saturated", "info",
                    f"reward rose by {_rise(S, t):.3g} to {_mean(last):.3g} and stays at its best (steps "
                    f"{last[0][0]}-{last[-1][0]}), {why}",
@@ -235,19 +245,24 @@ def frozen_weights(S: Series, t: dict[str, float]) -> Finding | None:
 
 @rule("instability")
 def instability(S: Series, t: dict[str, float]) -> Finding | None:
+    """A KL spike (over kl_spike_factor x its median over the steps before, and over kl_spike_min) at a step where
+    entropy drops by a fifth or more: the policy jumped away from the reference. The first such step is reported."""
     kl = _finite(S.get("kl", []))
-    if len(kl) < 6:
-        return None
-    base = statistics.median(abs(v) for _, v in kl[:-1]) or 1e-12
-    step, last = kl[-1]
-    ent = _finite(S.get("entropy", []))
-    falling = len(ent) >= 4 and ent[-1][1] < ent[-4][1] * 0.8
-    if abs(last) > t["kl_spike_factor"] * base and falling:
-        return Finding("instability", "critical",
-                       f"KL spiked to {last:.3g} at step {step} ({abs(last) / base:.0f}x median) while entropy falls",
-                       [("optim.lr", "lower optim.lr"), ("algorithm.kl_coef", "raise algorithm.kl_coef"),
-                        ("optim.max_grad_norm", "clip gradients (optim.max_grad_norm)")],
-                       {"step": step, "kl": last, "kl_median": base})
+    ent = dict(_finite(S.get("entropy", [])))
+    for i in range(1, len(kl)):
+        step, value = kl[i]
+        base = statistics.median(abs(v) for _, v in kl[max(0, i - 5):i])
+        if abs(value) <= max(t["kl_spike_factor"] * base, t["kl_spike_min"]):
+            continue
+        before = [ent[s] for s, _ in kl[max(0, i - 3):i] if s in ent]
+        if step in ent and before and ent[step] < 0.8 * max(before):
+            return Finding("instability", "critical",
+                           f"KL jumped to {value:.3g} at step {step} (median before: {base:.3g}) while entropy fell "
+                           f"{max(before):.3g} -> {ent[step]:.3g}" + (f"; KL now {kl[-1][1]:.3g}" if i < len(kl) - 1
+                                                                        else ""),
+                           [("optim.lr", "lower optim.lr"), ("algorithm.kl_coef", "raise algorithm.kl_coef"),
+                            ("optim.max_grad_norm", "clip gradients (optim.max_grad_norm)")],
+                           {"step": step, "kl": value, "kl_median": base})
     return None
 
 
@@ -314,7 +329,7 @@ def entropy_collapse(S: Series, t: dict[str, float]) -> Finding | None:
     if len(ent) >= 3 and ent[0][1] >= t["entropy_collapse"] > ent[-1][1]:
         msg = (f"entropy fell below {t['entropy_collapse']} (now {ent[-1][1]:.3g} at step {ent[-1][0]}, started at "
                f"{ent[0][1]:.3g})")
-        if saturated(S, t):
+        if saturated(S, t) and at_ceiling(S, t):
             return Finding("entropy_collapse", "info", msg + ": the policy converged on a saturated reward",
                            [(None, "expected once the task is solved"),
                             ("rollout.temperature", "for more diverse samples raise rollout.temperature")],
