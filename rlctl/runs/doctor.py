@@ -155,11 +155,14 @@ def saturation(S: Series, t: dict[str, float]) -> Finding | None:
     else:
         why = ((f"{what}; " if what else "") + f"a plateau below {t['reward_ceiling']:g} (doctor.reward_ceiling): if "
                "that is not the task's ceiling, the policy may have collapsed onto one answer (check entropy)")
-    return Finding("saturated", "info",
+    solved = at_ceiling(S, t)
+    return Finding("saturated", "info" if solved else "warn",
                    f"reward rose by {_rise(S, t):.3g} to {_mean(last):.3g} and stays at its best (steps "
                    f"{last[0][0]}-{last[-1][0]}), {why}",
                    "stop here (the newest checkpoint is the result), or make the task harder (prompts the policy "
-                   "still fails, online difficulty filtering)",
+                   "still fails, online difficulty filtering)" if solved else
+                   "read samples of the newest completions; if they are one repeated answer, take an earlier "
+                   "checkpoint (rlctl ckpt list) and lower the lr or raise the KL",
                    {"reward_rise": _rise(S, t), "reward_recent": _mean(last)})
 
 
@@ -226,7 +229,7 @@ def frozen_weights(S: Series, t: dict[str, float]) -> Finding | None:
         return Finding("frozen_weights", "warn",
                        f"the policy's entropy stayed at {ent[-1][1]:.4g} (range {span:.2g}) over steps "
                        f"{ent[0][0]}-{ent[-1][0]} although the groups' rewards differ: the weights may not be moving",
-                       [(None, "rlctl doctor --weights compares the checkpoints;"),
+                       [(None, "rlctl doctor --weights compares the checkpoints"),
                         ("model.precision", "with pure bf16 parameters an update below half a bf16 step is rounded "
                          "away: model.precision = \"mixed\""), ("optim.lr", "or raise optim.lr")],
                        {"steps": [ent[0][0], ent[-1][0]], "entropy_range": span})
@@ -236,7 +239,7 @@ def frozen_weights(S: Series, t: dict[str, float]) -> Finding | None:
         return Finding("frozen_weights", "warn",
                        f"the KL to the reference is exactly 0 at steps {recent[0][0]}-{recent[-1][0]}: the policy "
                        "has not moved from the reference",
-                       [(None, "rlctl doctor --weights compares the checkpoints;"),
+                       [(None, "rlctl doctor --weights compares the checkpoints"),
                         ("model.precision", "with pure bf16 parameters an update below half a bf16 step is rounded "
                          "away: model.precision = \"mixed\""), ("optim.lr", "or raise optim.lr")],
                        {"steps": [recent[0][0], recent[-1][0]]})
