@@ -112,3 +112,7 @@ def test_command_backend_honours_only_its_placeholders(tmp_path):
     trl = get_backend("trl")
     qs = load(ROOT / "recipes" / "quickstart.toml").recipe
     assert trl.honours(qs, "algorithm.eps_clip") is True and trl.honours(qs, "algorithm.entropy_coef") is False
+    # the default asks the adapter's own unhonoured(): prime-rl's loss has no clip range to tighten
+    prime = load(ROOT / "recipes" / "prime-rl-qwen3-8b-2xh100.toml").recipe
+    assert get_backend("prime_rl").honours(prime, "algorithm.eps_clip") is False
+    assert get_backend("prime_rl").honours(prime, "optim.lr") is True
