@@ -116,3 +116,11 @@ def test_command_backend_honours_only_its_placeholders(tmp_path):
     prime = load(ROOT / "recipes" / "prime-rl-qwen3-8b-2xh100.toml").recipe
     assert get_backend("prime_rl").honours(prime, "algorithm.eps_clip") is False
     assert get_backend("prime_rl").honours(prime, "optim.lr") is True
+
+
+def test_spikes_on_a_trainer_without_a_clip_range_give_no_eps_clip_advice(tmp_path, cli):
+    run = make_run("command_torchrun_spikes_high_lr", tmp_path)
+    res = cli("doctor", str(run), "--json")
+    spikes = next(f for f in json.loads(res.out)["findings"] if f["rule"] == "loss_grad_spikes")
+    assert "eps_clip" not in spikes["action"] and "lower optim.lr" in spikes["action"]
+    assert spikes["evidence"]["advice_not_applicable"] == ["algorithm.eps_clip"]
