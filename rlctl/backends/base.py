@@ -176,6 +176,27 @@ class Backend:
         """Recipe keys this backend/release cannot honour: each one is said, never dropped silently."""
         return []
 
+    def honours(self, recipe: Recipe, key: str) -> bool | None:
+        """Whether this backend/release has a knob for the recipe key `key` (dotted: "algorithm.eps_clip"), so that
+        advice (doctor's actions) may name it. None: cannot tell. Default: move the key off its value in a copy of
+        the recipe and ask unhonoured() whether it would be ignored."""
+        if key == "model.precision":  # a knob only where the adapter renders more than one precision
+            return len(self.precisions) > 1
+        section, _, field_name = key.partition(".")
+        part = getattr(recipe, section, None)
+        value = getattr(part, field_name, None) if part is not None else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        if isinstance(value, int):
+            moved: float = value * 2 if value else 1
+        else:
+            moved = value / 2 if value else 0.1
+        try:
+            probe = recipe.model_copy(update={section: part.model_copy(update={field_name: moved})})
+            return not any(f.key == key for f in self.unhonoured(probe))
+        except Exception:  # an adapter that cannot judge this recipe (unknown release, ...): unknown
+            return None
+
     def uses_vllm(self, recipe: Recipe) -> bool:
         return True
 

@@ -22,7 +22,7 @@ def series(merged: dict[int, dict[str, Any]], key: str) -> list[tuple[int, float
 # doctor's eval rule must compare steps on one quality metric, not on whichever eval number happens to be largest.
 _QUALITY = ("reward", "accuracy", "acc", "score", "pass", "correct", "success", "win")
 _NOT_QUALITY = ("length", "len", "error", "clip_ratio", "truncat", "time", "turns", "branches", "loss", "kl",
-                "entropy", "policy_version")
+                "entropy", "policy_version", "std", "frac_")  # a spread or a fraction of groups is not a quality
 
 
 def quality_eval_key(keys: Any, prefix: str = "eval/") -> str | None:
@@ -42,6 +42,38 @@ def _find_key(merged: dict[int, dict[str, Any]], suffix: str) -> str | None:
             if k == suffix or k.endswith("/" + suffix):
                 return k
     return None
+
+
+def _identical_rewards(rec: dict[str, Any]) -> bool | None:
+    """Did every group of this step get identical rewards (no learning signal)? None: the step does not say."""
+    frac = next((v for k, v in rec.items() if k.endswith("frac_reward_zero_std") and isinstance(v, (int, float))),
+                None)
+    if frac is not None:
+        return frac >= 1.0
+    for key in ("reward/std", "advantage/std"):
+        if isinstance(rec.get(key), (int, float)):
+            return rec[key] == 0
+    return None
+
+
+def _zero_grad(merged: dict[int, dict[str, Any]], grad: list[tuple[int, float]], step: int, window: int) -> Flag:
+    """grad_norm 0 is frozen weights only when the groups carried a signal: with identical rewards in every group
+    (a saturated or constant reward) the advantages are 0 and so is the gradient, while the weights are fine."""
+    rec = merged.get(step, {})
+    if any(k in rec and rec[k] is None for k in ("reward/mean", "reward/std")):  # NaN/inf, stored as null
+        return Flag("grad_norm", f"grad_norm 0 at step {step} with NaN rewards",
+                    "the reward function returns NaN: no learning signal (see rlctl doctor)")
+    if _identical_rewards(rec):
+        return Flag("grad_norm", f"grad_norm 0 at step {step}: every group had identical rewards",
+                    "no learning signal at this step (saturated or constant reward; see rlctl doctor), the "
+                    "weights are not frozen")
+    recent = grad[-window:]
+    if _identical_rewards(rec) is False and len(recent) >= window and all(v == 0 for _, v in recent):
+        return Flag("grad_norm", f"grad_norm 0 for {window} steps (to step {step}) while rewards differ",
+                    "frozen weights: check LoRA targets / lr (rlctl doctor --weights)")
+    return Flag("grad_norm", f"grad_norm 0 at step {step}",
+                "no gradient at this step (a converged loss, or no reward signal); if the reward is not at its best: "
+                "rlctl doctor --weights")
 
 
 def health_flags(merged: dict[int, dict[str, Any]], window: int = 5) -> list[Flag]:
@@ -65,7 +97,7 @@ def health_flags(merged: dict[int, dict[str, Any]], window: int = 5) -> list[Fla
     if grad:
         step, g = grad[-1]
         if g == 0:
-            flags.append(Flag("grad_norm", f"grad_norm 0 at step {step}", "frozen weights: check LoRA targets / lr"))
+            flags.append(_zero_grad(merged, grad, step, window))
         elif g > 100:
             flags.append(Flag("grad_norm", f"grad_norm {g:.3g} at step {step}", "LR too high or extreme ratios"))
     adv = series(merged, "advantage/std")

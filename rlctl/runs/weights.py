@@ -217,25 +217,76 @@ def verdict(c: Comparison) -> tuple[str, str]:
     return "ok", line
 
 
-def run_pair(run_dir: Path) -> tuple[Path, Path] | None:
-    """The two checkpoints of a run to compare: its oldest and newest complete ones; with a single checkpoint, the
-    model it started from (model.path, when that is a local directory) and that checkpoint."""
+def start_weights(run_dir: Path) -> Path | None:
+    """The weights the run started from: model.path when it is a local directory, or the tiny model a `random:`
+    source was made into (in the model cache the launch recorded)."""
+    import json
     import tomllib
 
-    from rlctl.runs.checkpoints import find_checkpoints
+    try:
+        model = tomllib.loads((run_dir / "recipe.toml").read_text())["model"]["path"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(model, str):
+        return None
+    path = Path(model)
+    if model.startswith("random:"):
+        import os
+
+        from rlctl.recipe.tiny_model import cache_key
+
+        try:
+            cache = json.loads((run_dir / ".launch.json").read_text())["env_extra"]["RLCTL_MODEL_CACHE"]
+        except (OSError, ValueError, KeyError, TypeError):  # no launch record: the cache launch uses by default
+            cache = os.environ.get("RLCTL_MODEL_CACHE") or str(
+                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlctl" / "models")
+        try:
+            path = Path(cache) / cache_key(model)
+        except Exception:  # a source that no longer parses
+            return None
+    return path if path.is_dir() and _has_weights(path) else None
+
+
+def _has_weights(path: Path) -> bool:
+    return any((path / n).is_file() for n in WEIGHT_FILES) or any(path.glob("model-*-of-*.safetensors"))
+
+
+def weight_sets(run_dir: Path) -> tuple[list[Path], list[Path]]:
+    """(complete stepped checkpoints with weights, oldest first; folders of weights without a step in the checkpoint
+    directory, such as a `final/` or a `step_final/`, oldest first)."""
+    from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
     from rlctl.runs.state import read_state
 
     backend = read_state(run_dir).get("backend") or ""
-    done = [c.path for c in find_checkpoints(backend, run_dir) if c.complete and weight_files(c.path)]
-    if len(done) >= 2:
-        return done[0], done[-1]
-    if len(done) == 1 and not (done[0] / "adapter_model.safetensors").is_file():  # an adapter has no "before"
-        try:
-            model = tomllib.loads((run_dir / "recipe.toml").read_text())["model"]["path"]
-        except (OSError, ValueError, KeyError):
-            return None
-        if Path(model).is_dir() and weight_files(Path(model)):
-            return Path(model), done[0]
+    found = find_checkpoints(backend, run_dir)
+    stepped = [c.path for c in found if c.complete and weight_files(c.path)]
+    known = {p for c in found for p in c.paths()}
+    root = checkpoint_dir(run_dir)
+    try:
+        others = [d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and d not in known
+                  and _has_weights(d)] if root.is_dir() else []
+    except OSError:
+        others = []
+    return stepped, sorted(others, key=lambda d: d.stat().st_mtime)
+
+
+def run_pair(run_dir: Path) -> tuple[Path, Path] | None:
+    """The two weight sets of a run to compare: its oldest and newest complete checkpoints (a final save without a
+    step counts as the newest); with one checkpoint, the weights it started from (model.path, or the tiny model of a
+    `random:` source) and that checkpoint."""
+    stepped, unstepped = weight_sets(run_dir)
+    every = stepped + unstepped
+    if not every:
+        return None
+    newest = every[-1]
+    start = start_weights(run_dir)
+    adapter = (newest / "adapter_model.safetensors").is_file()  # an adapter has no "before"
+    if len(stepped) >= 2:
+        return stepped[0], newest
+    if start is not None and not adapter:
+        return start, newest
+    if len(every) >= 2:
+        return every[0], newest
     return None
 
 
@@ -243,12 +294,24 @@ def weights_finding(run_dir: Path, sample: int = 64, pair: tuple[Path, Path] | N
     """A doctor Finding on whether the run's weights move (None when there is nothing to compare)."""
     from rlctl.runs.doctor import Finding
 
+    given = pair is not None
     pair = pair or run_pair(run_dir)
     if pair is None:
-        return Finding("weights_frozen", "warn", "no two checkpoints with safetensors weights to compare",
-                       "set checkpoint.every so that the run keeps at least two checkpoints", {})
+        stepped, unstepped = weight_sets(run_dir)
+        found = [p.name for p in stepped + unstepped]
+        what = (f"only {found[0]} has safetensors weights" if found else
+                "no checkpoint with safetensors weights was found")
+        return Finding("weights_frozen", "warn",
+                       f"{what} and the weights the run started from are not on this machine: nothing to compare",
+                       "set checkpoint.every so that the run keeps at least two checkpoints, or compare with the "
+                       "base model: rlctl doctor RUN --between MODEL_DIR CHECKPOINT", {"checkpoints": found})
     c = compare(pair[0], pair[1], sample)
     severity, line = verdict(c)
+    if not given and c.tensors and c.tensors_changed == 0 and pair[1] in weight_sets(run_dir)[1]:
+        # a save without a step (final/) right after the last checkpoint holds the same weights: not a frozen run
+        return Finding("weights_frozen", "warn", line + f": {pair[1].name} has no step and is probably the same "
+                       f"step as {pair[0].name}", "compare two checkpoints of different steps: --between A B",
+                       c.to_json())
     if severity == "ok":
         return Finding("weights_frozen", "ok", line, "none: the weights move", c.to_json())
     return Finding("weights_frozen", severity, line,

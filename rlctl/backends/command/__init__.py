@@ -185,6 +185,24 @@ class CommandBackend(Backend):
             "metrics_file": getattr(opts, "metrics_file", None),
         }
 
+    # placeholder -> the recipe key it carries to the command (what the command can honour at all)
+    PLACEHOLDER_KEYS: ClassVar[dict[str, str]] = {
+        "lr": "optim.lr", "seed": "train.seed", "group_size": "rollout.group_size",
+        "prompts_per_step": "rollout.prompts_per_step", "max_tokens": "rollout.max_tokens",
+        "temperature": "rollout.temperature", "train_batch_size": "train.train_batch_size",
+        "micro_batch_size": "train.micro_batch_size", "kl_coef": "algorithm.kl_coef", "steps": "train.steps",
+        "checkpoint_every": "checkpoint.every", "keep_last": "checkpoint.keep_last"}
+
+    def honours(self, recipe: Recipe, key: str) -> bool | None:
+        """A recipe key reaches the command only through its placeholder: `optim.lr` is honoured when the command
+        has `{lr}`; keys without a placeholder (algorithm.eps_clip, optim.max_grad_norm, ...) never are."""
+        table = recipe.backend.table(self.name)
+        if not isinstance(table, CommandOptions):
+            return None
+        templates = [*_argv(table.command), *(_argv(table.resume_command) if table.resume_command else [])]
+        used = {self.PLACEHOLDER_KEYS.get(f) for t in templates for f in _fields(t)}
+        return key in used
+
     @staticmethod
     def _checkpoint_dir(recipe: Recipe, opts: Any) -> str:
         """checkpoint.dir as the command sees it: relative paths are inside the run directory, so a command that runs

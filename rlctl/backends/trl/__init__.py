@@ -106,6 +106,12 @@ class TRLBackend(Backend):
         return hf_schedule(name, recipe.optim.lr, self.warmup_steps(recipe, total), total, kw.get("min_lr_rate", 0.0))
 
     # ---- render ----------------------------------------------------------------------------------------------
+    def honours(self, recipe: Recipe, key: str) -> bool | None:
+        """GRPOConfig has no entropy bonus and one KL estimator (k3): grpo_config() renders neither key."""
+        if key in ("algorithm.entropy_coef", "algorithm.kl_estimator"):
+            return False
+        return super().honours(recipe, key)
+
     def grpo_config(self, recipe: Recipe, dataset_size: int | None) -> dict[str, Any]:
         r = recipe
         world = self.world_size(r)

@@ -1,0 +1,66 @@
+"""`doctor --weights` finds the weights to compare: stepped checkpoints, a step-less final save, the start weights."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from rlctl.runs.weights import run_pair, weights_finding
+
+
+def safetensors(path: Path, values: list[float]) -> None:
+    """A one-tensor F32 safetensors file, written by hand (the format: 8-byte header length, JSON header, data)."""
+    data = struct.pack(f"<{len(values)}f", *values)
+    header = json.dumps({"w": {"dtype": "F32", "shape": [len(values)], "data_offsets": [0, len(data)]}}).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+
+
+def run_with(tmp_path: Path, model: str = "example/not-downloaded") -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "state.json").write_text(json.dumps({"backend": "trl", "status": "finished"}))
+    (run / "recipe.toml").write_text(f'[model]\npath = "{model}"\n[checkpoint]\ndir = "checkpoints"\n')
+    return run
+
+
+def checkpoint(run: Path, name: str, values: list[float], stepped: bool = True) -> Path:
+    d = run / "checkpoints" / name
+    safetensors(d / "model.safetensors", values)
+    if stepped:
+        (d / "trainer_state.json").write_text("{}")
+    return d
+
+
+def test_one_checkpoint_and_a_final_save_are_two(tmp_path, cli):
+    run = run_with(tmp_path)
+    first = checkpoint(run, "checkpoint-40", [0.0, 1.0, 2.0])
+    final = checkpoint(run, "final", [0.5, 1.5, 2.5], stepped=False)
+    assert run_pair(run) == (first, final)
+    res = cli("doctor", str(run), "--weights")
+    assert "1/1 tensors changed" in res.out and "between checkpoint-40 and final" in res.out
+
+
+def test_a_final_save_of_the_last_step_is_not_frozen_weights(tmp_path):
+    run = run_with(tmp_path)
+    checkpoint(run, "checkpoint-80", [0.0, 1.0])
+    checkpoint(run, "final", [0.0, 1.0], stepped=False)
+    f = weights_finding(run)
+    assert f.severity == "warn" and "probably the same step" in f.message
+
+
+def test_the_start_weights_are_the_before(tmp_path):
+    model = tmp_path / "model"
+    safetensors(model / "model.safetensors", [0.0, 0.0])
+    run = run_with(tmp_path, model=str(model))
+    only = checkpoint(run, "checkpoint-10", [0.1, 0.0])
+    assert run_pair(run) == (model, only)
+    assert weights_finding(run).severity in ("ok", "warn")  # half the values moved: "most weights did not move"
+
+
+def test_nothing_to_compare_says_what_it_found(tmp_path):
+    run = run_with(tmp_path)
+    checkpoint(run, "checkpoint-10", [0.1])
+    f = weights_finding(run)
+    assert "only checkpoint-10 has safetensors weights" in f.message and f.evidence["checkpoints"] == ["checkpoint-10"]
