@@ -440,3 +440,19 @@ def test_shell_commands_keep_their_quoting(workdir):
     assert runner.command_argv(cfg, None) == ["/bin/sh", "-c", "python t.py --tag 'a b' --steps 6 2>&1 | tee -a t.log"]
     resumed = runner.command_argv(cfg, (4, "/c k/step_4"))
     assert resumed == ["/bin/sh", "-c", "python t.py --from '/c k/step_4' | tee -a t.log"]
+
+
+# ---- placement: only the processes the command starts -------------------------------------------------------------
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_placement_counts_no_engine_the_command_does_not_start(gpus):
+    """The command backend starts no vLLM engine: all the recipe's GPUs are its own, none is set aside for one."""
+    from rlctl import preflight as pf
+    from rlctl.recipe.planning import prepare
+
+    example = ROOT / "recipes" / "command-torchrun-dr-grpo.toml"
+    prepared = prepare(example, [f"resources.gpus_per_node={gpus}", "resources.colocate=false"])
+    assert prepared.recipe.trainer_gpu_count == gpus
+    res = [r for r in pf.run(prepared, ["placement.gpus"]) if r.check == "placement.gpus"]
+    assert [r.verdict for r in res] == ["ok"], res
+    assert "engine(s)" not in res[0].figure and "no inference engine" in res[0].figure
+    assert f"on {gpus} GPU(s)" in res[0].figure
