@@ -232,7 +232,10 @@ class CommandBackend(Backend):
             "checkpoint": {"dir": recipe.checkpoint.dir, "pattern": opts.checkpoint_pattern,
                            "marker": opts.checkpoint_marker,
                            "resume_args": _argv(opts.resume_args) if opts.resume_args else [],
-                           "resume": resume if opts.checkpoint_pattern else "off"},
+                           "resume": resume if opts.checkpoint_pattern else "off",
+                           # the step a final checkpoint saved without one (`step_final/`) stands for, until the
+                           # runner records the last step the trainer logged
+                           "total_steps": self.total_steps(recipe, dataset_size)},
         }
 
     @staticmethod
@@ -364,7 +367,7 @@ class CommandBackend(Backend):
         except (OSError, ValueError, KeyError, TypeError):
             return []
         try:
-            found = _runner.scan(str(root), pattern, marker)
+            found = _runner.scan(str(root), pattern, marker, _runner.descriptor_final_step(str(root)))
         except (ValueError, re.error):
             return []
         return [Checkpoint(step, Path(path), done) for step, path, done in found]
