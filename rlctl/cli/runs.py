@@ -129,7 +129,7 @@ def attach(
     idle_exit: Annotated[float, typer.Option("--idle-exit", help="With --follow: stop after this many seconds "
                                                                  "without growth (0 = never).")] = 0.0,
     recipe: Annotated[str | None, typer.Option(
-        "--recipe", help="A recipe whose backend and metrics map ([backend.command] metrics_map) read the logs.")] = None,
+        "--recipe", help="A recipe whose backend and metrics map (command: metrics_map) read the logs.")] = None,
     metrics_map: Annotated[str | None, typer.Option("--metrics-map", help="Trainer key -> rlctl name for a custom "
                                                     "trainer's logs: loss=policy_loss,avg_reward=reward/mean.")] = None,
 ) -> None:
