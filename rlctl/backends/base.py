@@ -182,6 +182,16 @@ class Backend:
     def uses_vllm(self, recipe: Recipe) -> bool:
         return True
 
+    def prompt_limit(self, recipe: Recipe) -> str | None:
+        """How this backend (release) holds prompts to data.max_prompt_tokens, in words (it truncates them, drops
+        them, fails on them); None: it does not, so a longer prompt reaches the inference engine as it is and a
+        context budget computed from data.max_prompt_tokens is an assumption, not a fact."""
+        del recipe  # Unused
+        return None
+
+    def enforces_prompt_limit(self, recipe: Recipe) -> bool:
+        return self.prompt_limit(recipe) is not None
+
     # ---- steps and schedule ------------------------------------------------------------------------------------
     def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
         return recipe.train.steps

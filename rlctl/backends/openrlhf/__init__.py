@@ -101,6 +101,13 @@ class OpenRLHFBackend(Backend):
     known_versions = KNOWN_VERSIONS
     metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 
+    def prompt_limit(self, recipe: Recipe) -> str | None:
+        """OpenRLHF tokenizes prompts with truncation=True at --prompt_max_len (<= 0.9: experience_maker's
+        tokenize_fn); from the dotted releases on, prompts are cut to --data.max_len - max_new_tokens."""
+        if release(self.target_version(recipe)).dotted:
+            return "OpenRLHF cuts prompts to data.max_len - max_new_tokens (truncation)"
+        return "OpenRLHF truncates prompts to --prompt_max_len"
+
     def stall_patterns(self) -> list[str]:
         """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""
         return [

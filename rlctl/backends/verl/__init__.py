@@ -332,6 +332,12 @@ class VerlBackend(Backend):
         # Hydra rejects an override of a key that is not in the config unless it is prefixed with `+`
         return check_keys(self.name, plan.keys, known, version, source, kind="key")
 
+    def prompt_limit(self, recipe: Recipe) -> str | None:
+        """verl's RLHFDataset holds prompts to data.max_prompt_length: with truncation='error' (the default) a longer
+        one stops the run with an error, filter_overlong_prompts drops them, left/right truncation cuts them."""
+        del recipe  # Unused
+        return "verl's data.max_prompt_length (longer prompts fail, are filtered or truncated: data.truncation)"
+
     def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
         """A log line (or a W&B/TensorBoard row) in rlctl's unified names: see verl/metrics.py."""
         from rlctl.backends.verl.metrics import parse
