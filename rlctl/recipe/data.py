@@ -204,8 +204,8 @@ def prompt_texts(recipe: Any, limit: int) -> tuple[list[str] | None, int, str]:
     env = getattr(r.reward, "environment", None)
     if env is not None:
         module = environment_module(env.id)
-        try:
-            found = importlib.util.find_spec(module) is not None
+        try:  # a plain module name only: a dotted one would import its parent package to look
+            found = module.isidentifier() and importlib.util.find_spec(module) is not None
         except (ImportError, ValueError):
             found = False
         if found:
