@@ -501,6 +501,7 @@ def test_checkpoints_count_a_final_folder_as_the_last_step(tmp_path):
     assert [(c.step, c.path.name) for c in ad.checkpoints(root)][-1] == (2, "step_final")
 
 
+@pytest.mark.slow
 def test_launch_resume_continues_after_a_final_checkpoint(workdir):
     """`launch --resume` from a run whose last checkpoint is `step_final/` continues after its last step."""
     (workdir["dir"] / "final_trainer.py").write_text(FINAL_TRAINER)
