@@ -281,6 +281,7 @@ def test_trl_console_without_step_gets_counted_steps(runs, tmp_path):
     assert m[5]["eval/default/reward"] == 0.75 and m[5]["trl/train_runtime"] == 12.5  # the step in progress
     auto, _, found = attach(str(log))
     assert found == "trl", auto.out + auto.err
+    assert "backend guessed from the logs: trl" in auto.out  # auto is a guess, and says so
 
 
 def test_trl_tensorboard_from_transformers_callback(runs, tmp_path, monkeypatch):
@@ -526,3 +527,68 @@ def test_follow_a_running_ray_job_until_it_ends(runs):
     assert res.code == 0 and backend == "verl", res.out + res.err
     assert sorted(merged(run)) == [1, 2, 3, 4]
     assert json.loads((run / "state.json").read_text())["status"] == "finished"
+
+
+# ---- a custom trainer's JSONL log (seed 003's train_log.jsonl) ----------------------------------------------------
+CUSTOM_RECIPE = """
+[backend]
+name = "command"
+[backend.command]
+command = ["python", "train.py"]
+metrics_map = {avg_reward = "reward/mean", loss = "policy_loss"}
+step_key = "iteration"
+[model]
+path = "random:qwen2?hidden=64&layers=2"
+[data]
+train = "gsm8k"
+"""
+
+
+def _custom_log(tmp_path: Path, step_key: str = "step") -> Path:
+    log = tmp_path / "training_runs" / "run_1" / "logs" / "train_log.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text("".join(json.dumps({step_key: s, "avg_reward": 0.1 * s, "loss": 1.0 / s, "kl": 0.01,
+                                       "gen": {"len": 100 + s}}) + "\n" for s in range(1, 6)))
+    return log
+
+
+def test_auto_never_claims_a_backend_for_a_custom_jsonl_log(runs, tmp_path):
+    """No adapter recognises a custom trainer's keys: none is claimed (verl once took it, every key under verl/*);
+    the generic JSON-lines reader takes it and says so."""
+    res, run, backend = attach(str(_custom_log(tmp_path)), "--name", "custom")
+    assert res.code == 0, res.out + res.err
+    assert backend == "command" and "no backend adapter recognises these logs" in res.out, res.out
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3, 4, 5]
+    assert m[5]["command/avg_reward"] == pytest.approx(0.5) and m[5]["command/gen/len"] == 105
+    assert not any(k.startswith(("verl/", "openrlhf/", "prime_rl/", "trl/")) for rec in m.values() for k in rec)
+
+
+def test_attach_command_takes_the_recipes_metrics_map(runs, tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(CUSTOM_RECIPE)
+    log = _custom_log(tmp_path, step_key="iteration")
+    res, run, backend = attach(str(log), "--recipe", str(recipe), "--name", "rec")
+    assert res.code == 0 and backend == "command", res.out + res.err
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3, 4, 5]  # the recipe's step_key
+    assert m[2]["reward/mean"] == pytest.approx(0.2) and m[2]["policy_loss"] == 0.5 and m[2]["command/kl"] == 0.01
+    # an explicit map on top of the recipe's, and on its own
+    res, run, _ = attach(str(log), "--recipe", str(recipe), "--metrics-map", "kl=kl", "--name", "rec2")
+    assert res.code == 0 and merged(run)[2]["kl"] == 0.01, res.out + res.err
+    res, run, backend = attach(str(_custom_log(tmp_path / "b")), "--backend", "command", "--metrics-map",
+                               "loss=policy_loss, avg_reward=reward/mean", "--name", "map")
+    assert res.code == 0 and backend == "command", res.out + res.err
+    assert merged(run)[4]["reward/mean"] == pytest.approx(0.4) and merged(run)[4]["policy_loss"] == 0.25
+    assert "guessed" not in res.out  # told, not guessed
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--backend", "command", "--metrics-map", "loss=polcy_loss"), "Did you mean policy_loss"),
+    (("--backend", "command", "--metrics-map", "loss"), "'loss' is not key=name"),
+    (("--backend", "trl", "--metrics-map", "loss=policy_loss"), "takes no metrics map"),
+])
+def test_bad_metrics_map_is_a_usage_error(runs, tmp_path, args, message):
+    res = run_cli("attach", str(_custom_log(tmp_path)), *args)
+    assert res.code == 2 and message in res.err, res.out + res.err
+    assert "Traceback" not in res.err

@@ -97,9 +97,12 @@ def test_context_budget_catches_the_seed_hang():
     assert "rollout.max_tokens <= 2596" in r.fix
 
 
-def test_context_budget_ok_on_the_fixed_seed():
+def test_context_budget_on_the_fixed_seed_is_unknown_without_its_prompts():
+    # prime-rl does not enforce data.max_prompt_tokens and the environment is not installed here: no OK on 1500
     res = results(PRIME_SHARED, only=["context"])
-    assert one(res, "context.budget").verdict == "ok"
+    budget = one(res, "context.budget")
+    assert budget.verdict == "warn" and "prompt lengths unknown" in budget.figure, budget
+    assert "data.max_prompt_tokens" in budget.fix and "local" in budget.fix
     assert one(res, "context.train_seq_len").verdict == "warn"  # trainer seq_len 2048 < 3500
 
 
@@ -338,3 +341,65 @@ def test_adding_a_check_is_one_function():
         assert [(r.check, r.verdict, r.figure) for r in res] == [("test.dummy", "warn", "quickstart")]
     finally:
         pf.REGISTRY.pop("test.dummy")
+
+
+# ---- context: no OK on an assumption (issue 22 point 2) -----------------------------------------------------------
+SEED_002 = ["rollout.max_tokens=3000", "model.max_model_len=4096", "data.max_prompt_tokens=1024",
+            'model.path="random:qwen2?hidden=64&layers=2"']
+ENV_MODULE = """
+import datasets
+
+class Env:
+    def __init__(self, n, length):
+        rows = [{"prompt": [{"role": "system", "content": "s" * 97}, {"role": "user", "content": "u" * (length - 98)}],
+                 "answer": "x"} for _ in range(n)]
+        self.dataset = datasets.Dataset.from_list(rows)
+
+def load_environment(n=8, length=1297):
+    return Env(n, length)
+"""
+
+
+def test_the_seeds_hang_is_never_ok_on_an_assumed_prompt_length():
+    """Seed 002's setup: an environment as data (not installed here), max_tokens 3000, max_model_len 4096: the
+    budget once printed OK 1024 + 3000 = 4024 <= 4096 on a max_prompt_tokens prime-rl does not enforce."""
+    res = results(PRIME_SHARED, *SEED_002, only=["context"])
+    budget = one(res, "context.budget")
+    assert budget.verdict == "warn" and "prompt lengths unknown" in budget.figure and "4024" in budget.figure
+    assert "does not enforce" in budget.figure and budget.data["prompt_limit_enforced"] is False
+    assert "set data.max_prompt_tokens to what your data needs" in budget.fix
+    lengths = one(res, "context.prompt_lengths")
+    assert lengths.verdict == "skip" and "not installed" in lengths.figure, lengths
+
+
+def test_an_installed_environments_prompts_are_measured(tmp_path, monkeypatch):
+    """The environment's package is importable: its dataset (load_environment().dataset) is read, offline, and
+    the longest prompt (1297 tokens, as the seed's) decides the budget: 1297 + 3000 > 4096 fails."""
+    pytest.importorskip("datasets")
+    (tmp_path / "beautiful_soup_env.py").write_text(ENV_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    res = results(PRIME_SHARED, *SEED_002, only=["context"])
+    budget = one(res, "context.budget")
+    assert budget.verdict == "fail", budget
+    assert "longest measured prompt 1297 + max_tokens 3000 = 4297 > max_model_len 4096" in budget.figure
+    assert "rollout.max_tokens <= 2799" in budget.fix
+    lengths = one(res, "context.prompt_lengths")
+    assert lengths.data["n"] == 8 and lengths.data["max"] == 1297 and "beautiful-soup-env" in lengths.data["source"]
+    assert lengths.verdict == "warn" and "does not enforce the limit" in lengths.fix
+    # the same prompts with room to spare: OK on the measured number, saying where it came from
+    res = results(PRIME_SHARED, *SEED_002, "rollout.max_tokens=2000", only=["context.budget"])
+    budget = one(res, "context.budget")
+    assert budget.verdict == "ok" and "1297 + 2000" in budget.figure and "8 prompts of the environment" in budget.figure
+
+
+def test_an_enforced_prompt_limit_is_a_fact():
+    """verl holds prompts to data.max_prompt_length (fails or filters longer ones): the budget may count it."""
+    from rlctl.backends import get_backend
+
+    res = results(VERL, only=["context.budget"])
+    budget = one(res, "context.budget")
+    assert budget.verdict == "ok" and "enforced" in budget.figure, budget
+    assert get_backend("verl").enforces_prompt_limit(prepare(VERL, []).recipe)
+    assert not get_backend("prime_rl").enforces_prompt_limit(prepare(PRIME_SHARED, []).recipe)
+    assert not get_backend("command").enforces_prompt_limit(prepare(RECIPES / "command-torchrun-dr-grpo.toml",
+                                                                       []).recipe)

@@ -237,3 +237,84 @@ def test_attach_a_running_ray_job_by_id_and_follow_it_to_its_end(env, tmp_path):
             with contextlib.suppress(psutil.Error):
                 if str(script) in (p.info["cmdline"] or []):
                     p.kill()
+
+
+# ---- secrets: never on a command line, never in a job record ------------------------------------------------------
+SECRET_TRAINER = """
+import hashlib, os, time
+v = os.environ.get("MY_SERVICE_API_KEY", "")
+print("secret sha", hashlib.sha256(v.encode()).hexdigest()[:16], flush=True)
+for s in range(1, 13):
+    print(f"step {s} | loss {1.0 / s}", flush=True)
+    time.sleep(1.0)
+"""
+
+
+def _leaks(secret: str, address: str) -> list[str]:
+    """Where the secret can be read by another user: process command lines, the Ray jobs API."""
+    import urllib.request
+
+    import psutil
+    from ray.job_submission import JobSubmissionClient
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if secret in " ".join(p.info["cmdline"] or []):
+                found.append(f"cmdline of pid {p.info['pid']}")
+    client = JobSubmissionClient(address)
+    jobs = client.list_jobs()
+    for job in jobs:
+        info = client.get_job_info(job.submission_id)
+        if secret in repr(info) or secret in json.dumps(info.runtime_env or {}, default=str):
+            found.append(f"job {job.submission_id} (get_job_info, runtime_env {sorted(info.runtime_env or {})})")
+    with urllib.request.urlopen(f"{address}/api/jobs/", timeout=10) as r:  # what the dashboard shows anyone
+        if secret in r.read().decode("utf-8", errors="replace"):
+            found.append("GET /api/jobs/")
+    return found
+
+
+def test_secrets_stay_off_command_lines_and_job_records(env, tmp_path):
+    """A planted secret reaches the job (its entrypoint reads it from its environment: the head rlctl starts
+    inherits it) and appears in no process's command line, no Ray job record and no file of the run directory."""
+    import hashlib
+    import uuid
+
+    secret = f"planted-{uuid.uuid4().hex}"
+    (tmp_path / "trainer.py").write_text(SECRET_TRAINER)
+    (tmp_path / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (tmp_path / "s.toml").write_text(f"""
+[backend]
+name = "command"
+[backend.command]
+command = ["{sys.executable}", "{tmp_path / 'trainer.py'}"]
+log_pattern = 'step (?P<step>\\d+) \\| loss (?P<loss>\\S+)'
+metrics_map = {{loss = "policy_loss"}}
+[model]
+path = "random:qwen2?hidden=64&layers=2"
+[data]
+train = "prompts.jsonl"
+[train]
+steps = 12
+[resources]
+gpus_per_node = 0
+gpu = "cpu"
+executor = "ray"
+[env]
+MY_SERVICE_API_KEY = "${{MY_SERVICE_API_KEY}}"
+""")
+    env["env"]["MY_SERVICE_API_KEY"] = secret
+    r = rlctl(env, "launch", str(tmp_path / "s.toml"), "--detach", timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    run = env["runs"] / r.stdout.strip().splitlines()[-1]
+    assert wait_for(lambda: (run / "metrics.jsonl").is_file() and len(metrics(run)) >= 2, timeout=240), \
+        (run / "stdout.log").read_text()[-2000:]
+    state = read_state(run)
+    assert state["status"] == "running" and state["ray_started_head"] is True
+    assert _leaks(secret, state["ray_address"]) == []  # while the job runs
+    assert wait_for(lambda: read_state(run).get("status") == "finished", timeout=120), read_state(run)
+    log = (run / "stdout.log").read_text()
+    assert f"secret sha {hashlib.sha256(secret.encode()).hexdigest()[:16]}" in log  # the job had it
+    for f in run.rglob("*"):
+        if f.is_file():
+            assert secret not in f.read_text(errors="replace"), f

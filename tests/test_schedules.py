@@ -131,3 +131,16 @@ def test_sparkline_shape():
     assert sparkline([0, 1, 2, 3], width=4) == "▁▃▅█"
     assert sparkline([]) == ""
     assert len(sparkline(list(range(1000)), width=40)) == 40
+
+
+def test_sparkline_shows_every_step_and_the_newest():
+    """Fewer steps than the width: each step once, in order (status once showed the first half twice over);
+    more: the last character is always the newest value."""
+    line = sparkline([1.0, 2.0, 3.0, 4.0, 5.0], width=20)
+    assert len(line) == 5 and len(set(line)) == 5 and list(line) == sorted(line) and line[-1] == "█"
+    assert sparkline([5.0, 4.0, 3.0, 2.0, 1.0], width=20)[-1] == "▁"
+    spike = [0.0] * 999 + [1.0]
+    line = sparkline(spike, width=20)
+    assert len(line) == 20 and line[-1] == "█" and set(line[:-1]) == {"▁"}
+    assert sparkline([1.0] * 999 + [0.0], width=30)[-1] == "▁"
+    assert sparkline([3.0, 1.0, 2.0], width=1) == "█"

@@ -129,3 +129,35 @@ def test_quickstart_launch_writes_no_planted_secret(tmp_path):
     env_json = json.loads((run / "env.json").read_text())
     assert any("DB_PASSWORD=<masked>" in a for a in env_json["argv"])
     assert "${DB_PASSWORD}" in (run / "recipe.toml").read_text()
+
+
+def test_ray_executor_keeps_secrets_out_of_the_job_and_its_spec(tmp_path, monkeypatch, capsys):
+    """No Ray needed: what the Ray executor would submit. Secrets (a ${REF} of the plan, or a secret name) are
+    never among the job's runtime env variables nor in the spec written to the run directory; the head rlctl starts
+    gets their values in its environment; a cluster given by address is not sent them, and launch says so."""
+    from types import SimpleNamespace
+
+    from rlctl.backends.base import LaunchPlan
+    from rlctl.executors.ray import LocalHead, RayExecutor, secret_values
+
+    monkeypatch.setenv("MY_TOKEN_SOURCE", "tok-not-real-1")
+    monkeypatch.setenv("WANDB_API_KEY", "wk-not-real-2")
+    plan = LaunchPlan("x", None, ["python3", "train.py"], env={"SERVICE_TOKEN": "${MY_TOKEN_SOURCE}", "A": "b",
+                                                                 "WANDB_API_KEY": "${WANDB_API_KEY}"})
+    env = {**os.environ, "SERVICE_TOKEN": "tok-not-real-1", "A": "b", "RLCTL_RUN_DIR": str(tmp_path)}
+    recipe = SimpleNamespace(resources=SimpleNamespace(ray_address=None, pip=[], gpus_per_node=0))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = RayExecutor().prepare(tmp_path, {}, env, plan, recipe, None)
+    assert "SERVICE_TOKEN" not in spec["env_keys"] and "WANDB_API_KEY" not in spec["env_keys"]
+    assert "A" in spec["env_keys"] and "RLCTL_RUN_DIR" in spec["env_keys"]
+    assert spec["secret_env"] == {"SERVICE_TOKEN": "MY_TOKEN_SOURCE", "WANDB_API_KEY": "WANDB_API_KEY"}
+    assert "not-real" not in json.dumps(spec)
+    values = secret_values(spec["secret_env"])
+    assert values == {"SERVICE_TOKEN": "tok-not-real-1", "WANDB_API_KEY": "wk-not-real-2"}
+    head = LocalHead(tmp_path, 0, values)
+    assert head.secrets["SERVICE_TOKEN"] == "tok-not-real-1"  # the head's environment: inherited by the job
+    shutil.rmtree(head.temp_dir, ignore_errors=True)
+    recipe.resources.ray_address = "http://head.example:8265"
+    spec = RayExecutor().prepare(tmp_path, {}, env, plan, recipe, None)
+    assert "not sent to the Ray cluster at http://head.example:8265" in capsys.readouterr().err
+    assert "SERVICE_TOKEN" not in spec["env_keys"]

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 from rlctl.core.secrets import NOT_SECRET, SECRET_PATTERN, is_secret_name  # noqa: E402,F401  (re-exported)
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+# In a run directory made by `rlctl attach`: how to read the run's logs (a metrics map, a step key, log patterns),
+# for an adapter that reads any trainer's logs (Backend.reads_any_log)
+PARSER_OPTIONS = "log_parser.json"
 
 @dataclass
 class Finding:
@@ -221,6 +224,16 @@ class Backend:
                 outside.append((s, "rlctl renders no in-loop eval for it"))
         return inside, outside
 
+    def prompt_limit(self, recipe: Recipe) -> str | None:
+        """How this backend (release) holds prompts to data.max_prompt_tokens, in words (it truncates them, drops
+        them, fails on them); None: it does not, so a longer prompt reaches the inference engine as it is and a
+        context budget computed from data.max_prompt_tokens is an assumption, not a fact."""
+        del recipe  # Unused
+        return None
+
+    def enforces_prompt_limit(self, recipe: Recipe) -> bool:
+        return self.prompt_limit(recipe) is not None
+
     # ---- steps and schedule ------------------------------------------------------------------------------------
     def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:
         return recipe.train.steps
@@ -242,9 +255,35 @@ class Backend:
         return 1
 
     # ---- metrics -----------------------------------------------------------------------------------------------
+    # True: the adapter reads any trainer's JSON lines (and log patterns) given a metrics map; `attach --backend auto`
+    # falls back to it, saying so, when no adapter recognises a log, and never counts it as recognising one
+    reads_any_log: ClassVar[bool] = False
+
     def parse(self, line: str) -> dict[str, Any] | None:
         """One log line -> a record in rlctl's unified names (with `step`), or None."""
         return None
+
+    def parser_options(self, recipe: Recipe | None, metrics_map: dict[str, str] | None) -> dict[str, Any] | None:
+        """How to read a run rlctl did not launch (`attach --recipe/--metrics-map`): the recipe's metrics declarations
+        with the explicit map on top, as JSON-able options for `options_parser`. None: this backend's log format is
+        fixed and takes no options."""
+        del recipe, metrics_map  # Unused
+        return None
+
+    def options_parser(self, options: dict[str, Any] | None) -> Any:
+        """A parser (line or row -> record) for parser options; its `metric_needles` attribute, when it has one,
+        replaces the adapter's pre-filter. Default: `parse`."""
+        del options  # Unused
+        return self.parse
+
+    def log_parser(self, run_dir: Path | None) -> Any:
+        """The parser of one run's logs: `options_parser` of the options attach left in the run directory, if any."""
+        if run_dir is not None and (run_dir / PARSER_OPTIONS).is_file():
+            try:
+                return self.options_parser(json.loads((run_dir / PARSER_OPTIONS).read_text()))
+            except (OSError, ValueError):
+                pass
+        return self.parse
 
     # ---- checkpoints -------------------------------------------------------------------------------------------
     def checkpoints(self, root: Path) -> list[Checkpoint]:

@@ -128,15 +128,20 @@ def attach(
     address: Annotated[str | None, typer.Option("--address", help="Ray dashboard, for a Ray job id.")] = None,
     idle_exit: Annotated[float, typer.Option("--idle-exit", help="With --follow: stop after this many seconds "
                                                                  "without growth (0 = never).")] = 0.0,
+    recipe: Annotated[str | None, typer.Option(
+        "--recipe", help="A recipe whose backend and metrics map (command: metrics_map) read the logs.")] = None,
+    metrics_map: Annotated[str | None, typer.Option("--metrics-map", help="Trainer key -> rlctl name for a custom "
+                                                    "trainer's logs: loss=policy_loss,avg_reward=reward/mean.")] = None,
 ) -> None:
     """Make a run directory for a run rlctl did not start: status, logs, doctor, metrics and ckpt then work on it.
     Exit 1 when a non-empty log yields no metrics record."""
     from rlctl.runs.attach import attach as do_attach
     from rlctl.runs.attach import follow as do_follow
-    from rlctl.runs.attach import report
+    from rlctl.runs.attach import parse_metrics_map, report
 
     _seconds("--idle-exit", idle_exit)
-    attached = do_attach(path, backend=backend, name=name, address=address)
+    attached = do_attach(path, backend=backend, name=name, address=address, recipe=recipe,
+                         metrics_map=parse_metrics_map(metrics_map))
     text, code = report(attached)
     _echo(text)
     if follow:  # a log that has no record yet may still get some

@@ -40,13 +40,19 @@ def hf_schedule(name: str, lr: float, warmup: int, total: int, min_lr_rate: floa
 
 
 def sparkline(values: list[float], width: int = 40) -> str:
-    """A one-line picture of a curve, resampled to `width` points."""
+    """A one-line picture of a curve: every value when there are at most `width`, else `width` points resampled
+    evenly from the first to the newest (the last character is always the newest value)."""
     values = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]  # a NaN/inf reward happens
     if not values:
         return ""
     blocks = "▁▂▃▄▅▆▇█"
     n = len(values)
-    pts = [values[min(n - 1, int(i * n / width))] for i in range(min(width, n))]
+    if n <= width:
+        pts = values
+    elif width <= 1:
+        pts = values[-1:]
+    else:
+        pts = [values[round(i * (n - 1) / (width - 1))] for i in range(width)]
     lo, hi = min(pts), max(pts)
     if hi - lo <= 0:
         return blocks[-1] * len(pts) if hi > 0 else blocks[0] * len(pts)

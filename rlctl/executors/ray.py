@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -26,6 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rlctl.core.secrets import is_secret_name
 from rlctl.core.state import ACTIVE, process_alive, process_create_time, read_state, write_state
 from rlctl.errors import RlctlError
 from rlctl.executors.base import Executor, RunHandle
@@ -150,12 +152,41 @@ def _ray_cli() -> list[str]:
     return [exe] if exe else [sys.executable, "-m", "ray.scripts.scripts"]
 
 
-class LocalHead:
-    """`ray start --head --block` on 127.0.0.1 with free ports, in its own process group."""
+_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
-    def __init__(self, run_dir: Path, num_gpus: int | None = None):
+
+def secret_names(plan_env: dict[str, str]) -> dict[str, str]:
+    """The job's secrets: name -> the variable of rlctl's environment it comes from (a `${NAME}` reference, or a
+    name the secrets rule matches). Their values never go into a job's runtime env (the Ray jobs API returns it to
+    whoever reaches the dashboard) nor onto a command line."""
+    out = {}
+    for k, v in plan_env.items():
+        m = _REF.match(v or "")
+        if m or is_secret_name(k):
+            out[k] = m.group(1) if m else k
+    return out
+
+
+def secret_values(names: dict[str, str]) -> dict[str, str]:
+    """The secrets' values from this process's environment (a supervisor runs with the run's resolved environment;
+    an in-process one with the user's, where a `${REF}` is found under REF)."""
+    out = {}
+    for k, ref in names.items():
+        v = os.environ.get(ref, os.environ.get(k))
+        if v is not None:
+            out[k] = v
+    return out
+
+
+class LocalHead:
+    """`ray start --head --block` on 127.0.0.1 with free ports, in its own process group. Its environment (and so
+    every Ray worker's and job's: they are its children) holds the run's secrets, which therefore never travel in a
+    job's runtime env."""
+
+    def __init__(self, run_dir: Path, num_gpus: int | None = None, secrets: dict[str, str] | None = None):
         self.run_dir = run_dir
         self.num_gpus = num_gpus
+        self.secrets = dict(secrets or {})
         self.proc: subprocess.Popen | None = None
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rlctl-ray-", dir="/tmp"))  # short: unix socket paths
         # the GCS, the dashboard and every component that would otherwise take a fixed default port (client server
@@ -164,7 +195,7 @@ class LocalHead:
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
 
     def start(self, timeout: float = 120.0) -> str:
-        env = dict(os.environ)
+        env = {**os.environ, **self.secrets}
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # single-node: Ray then binds to loopback only
         env["RAY_USAGE_STATS_ENABLED"] = "0"
         cmd = [*_ray_cli(), "start", "--head", f"--port={self.port}", "--dashboard-host=127.0.0.1",
@@ -253,7 +284,7 @@ class RayExecutor(Executor):
         """env.ray: the cluster answers and has the nodes and GPUs the recipe places work on."""
         import importlib.util
 
-        from rlctl.preflight import FAIL, OK, Result
+        from rlctl.preflight import FAIL, OK, WARN, Result
 
         r = ctx.recipe
         address = r.resources.ray_address or os.environ.get("RAY_ADDRESS")
@@ -267,15 +298,23 @@ class RayExecutor(Executor):
             info = cluster_info(address)
         except RlctlError as e:
             return [Result("env.ray", FAIL, e.message, e.hint)]
+        out = []
+        plan = getattr(ctx.prepared, "plan", None)
+        secrets = sorted(secret_names(dict(getattr(plan, "env", None) or {})))
+        if secrets:
+            out.append(Result("env.ray", WARN, f"{', '.join(secrets)} will not be sent to the cluster at {address}: "
+                              "a job's runtime env is readable by whoever reaches the dashboard",
+                              "give the cluster's nodes the variable themselves (in the environment `ray start` runs "
+                              "with); see docs/ray.md"))
         nodes = info["nodes"]
         need = r.resources.gpus_per_node
         fit = [n for n in nodes if n["gpus"] >= need]
         figure = (f"Ray {info['ray_version']} at {address}: {len(nodes)} node(s), GPUs per node "
                   f"{[n['gpus'] for n in nodes]}")
         if len(fit) < r.resources.nodes:
-            return [Result("env.ray", FAIL, figure + f"; the recipe needs {r.resources.nodes} node(s) with {need} "
-                           "GPU(s)", "add nodes to the cluster or lower resources.nodes / gpus_per_node")]
-        return [Result("env.ray", OK, figure)]
+            return [*out, Result("env.ray", FAIL, figure + f"; the recipe needs {r.resources.nodes} node(s) with "
+                                 f"{need} GPU(s)", "add nodes to the cluster or lower resources.nodes / gpus_per_node")]
+        return [*out, Result("env.ray", OK, figure)]
 
     def __init__(self) -> None:
         self.head: LocalHead | None = None
@@ -296,10 +335,16 @@ class RayExecutor(Executor):
     def prepare(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], plan: Any, recipe: Any,
                 opts: Any) -> dict[str, Any]:
         address = getattr(opts, "address", None) or recipe.resources.ray_address or os.environ.get("RAY_ADDRESS")
-        env_keys = sorted(set(plan.env) | {k for k in env if k.startswith(("RLCTL_", "WANDB_RUN_ID", "WANDB_RESUME"))}
-                          | {"PYTHONUNBUFFERED"})
-        spec = {**spec, "address": address, "env_keys": env_keys, "pip": recipe.resources.pip,
+        secrets = secret_names(plan.env)
+        env_keys = sorted((set(plan.env) | {k for k in env if k.startswith(("RLCTL_", "WANDB_RUN_ID", "WANDB_RESUME"))}
+                           | {"PYTHONUNBUFFERED"}) - set(secrets) - {k for k in env if is_secret_name(k)})
+        # names only: a local head gets the values in its environment when it starts; a remote cluster never
+        spec = {**spec, "address": address, "env_keys": env_keys, "secret_env": secrets, "pip": recipe.resources.pip,
                 "num_gpus": recipe.resources.gpus_per_node if address is None else None}
+        if address is not None and secrets:
+            print(f"rlctl: {', '.join(sorted(secrets))} not sent to the Ray cluster at {address} (a job's runtime env "
+                  "is readable by whoever reaches its dashboard): the cluster's nodes must have it in their "
+                  "environment; see docs/ray.md", file=sys.stderr)
         spec["argv"] = self.command(plan, None, spec)
         write_state(run_dir, executor="ray", ray_started_head=address is None)
         return spec
@@ -314,7 +359,7 @@ class RayExecutor(Executor):
                 process_alive(state.get("ray_head_pid"), state.get("ray_head_create_time")):
             address = state.get("ray_address")  # `rlctl resume`: the run's own head outlived its supervisor
         if address is None:
-            self.head = LocalHead(run_dir, spec.get("num_gpus"))
+            self.head = LocalHead(run_dir, spec.get("num_gpus"), secret_values(spec.get("secret_env") or {}))
             address = self.head.start()
         self.address = normalize_address(address)
         self.client = JobSubmissionClient(self.address)
@@ -327,7 +372,7 @@ class RayExecutor(Executor):
             self.head = None
 
     def start(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], attempt: int) -> RunHandle:
-        job_env = {k: env[k] for k in spec.get("env_keys", []) if k in env}
+        job_env = {k: env[k] for k in spec.get("env_keys", []) if k in env and not is_secret_name(k)}
         runtime_env: dict[str, Any] = {"working_dir": str(run_dir), "excludes": EXCLUDES, "env_vars": job_env}
         if spec.get("pip"):
             runtime_env["pip"] = list(spec["pip"])

@@ -166,7 +166,9 @@ def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | No
         except OSError:
             return None
         states = _load_states(run_dir)
-        reader = _Reader(ad.parse, tuple(getattr(ad, "metric_needles", ()) or ()), run_dir / METRICS)
+        parse = ad.log_parser(run_dir) if hasattr(ad, "log_parser") else ad.parse
+        needles = getattr(parse, "metric_needles", getattr(ad, "metric_needles", ()))
+        reader = _Reader(parse, tuple(needles or ()), run_dir / METRICS)
         reader.floor = step_floor(run_dir)
         for name in files:
             states[name] = reader.file(run_dir / name, states.get(name, IngestState()), final)

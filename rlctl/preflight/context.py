@@ -1,34 +1,126 @@
 """Context budget: prompt + response must fit the context (a violation makes prime-rl hang at "0/8 rollouts"),
-and real prompt lengths measured with the model's tokenizer when it is available locally."""
+and real prompt lengths measured with the model's tokenizer wherever the prompts can be read on this machine (a
+local file, an installed verifiers environment's dataset, a `datasets` id in the local cache).
+
+The budget counts data.max_prompt_tokens only where the backend enforces it (Backend.prompt_limit); elsewhere it
+counts the longest measured prompt, and says the budget is unknown when the prompts could not be measured: never OK
+on a number nobody enforces."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
-from rlctl.recipe.data import is_local, iter_records, prompt_text
+from rlctl.recipe.data import hf_cache_dir, prompt_texts
 
 MAX_MEASURED = 20000  # prompts tokenized for the length statistics
+MEASURE_HOW = ("measure them: point data.train at a local copy of the prompts (JSONL/Parquet) and model.path at a "
+               "local model directory, then `rlctl preflight RECIPE --only context`")
+
+
+@dataclass
+class Lengths:
+    """Measured prompt lengths (sorted), or why they are unknown."""
+
+    lengths: list[int] = field(default_factory=list)
+    missing: int = 0
+    where: str = ""
+    unknown: str | None = None  # why nothing was measured
+    fix: str | None = None
+    verdict: str = SKIP  # what context.prompt_lengths says when unknown
+
+    def q(self, p: float) -> int:
+        return self.lengths[min(len(self.lengths) - 1, int(p * len(self.lengths)))]
+
+
+def _local_tokenizer(model_path: str) -> Path | None:
+    p = Path(model_path)
+    if p.is_dir() and (p / "tokenizer.json").is_file():
+        return p / "tokenizer.json"
+    cached = hf_cache_dir("models", model_path)  # a hub id whose tokenizer is already in the local cache
+    if cached is not None:
+        found = sorted(cached.glob("snapshots/*/tokenizer.json"))
+        if found:
+            return found[-1]
+    return None
+
+
+def _encoder(model_path: str) -> tuple[Any, str | None, str | None]:
+    """(texts -> token counts, or None; why not; the fix)."""
+    tok_file = _local_tokenizer(model_path)
+    if tok_file is not None:
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            return None, "the `tokenizers` package is not installed", "pip install tokenizers"
+        tokenizer = Tokenizer.from_file(str(tok_file))
+        return (lambda texts: [len(e.ids) for e in tokenizer.encode_batch(texts)]), None, None
+    if model_path.startswith("random:"):  # the byte-level tokenizer: one token per UTF-8 byte
+        return (lambda texts: [len(t.encode("utf-8")) for t in texts]), None, None
+    return None, ("no local tokenizer (model.path is not a local directory with tokenizer.json, nor a model in the "
+                  "local Hugging Face cache)"), "download the tokenizer next to config.json to measure prompt lengths"
+
+
+def measure(ctx: Context) -> Lengths:
+    """The prompts' token counts, once per preflight."""
+    cached = getattr(ctx, "_prompt_lengths", None)
+    if cached is not None:
+        return cached
+    r = ctx.recipe
+    texts, missing, where = prompt_texts(r, MAX_MEASURED)
+    if texts is None:
+        out = Lengths(unknown=f"prompt lengths not measured: {where}", fix=MEASURE_HOW)
+    elif not texts:
+        out = Lengths(missing=missing, where=where, verdict=FAIL,
+                      unknown=f"no record of {where} has the input key {r.data.input_key!r}",
+                      fix="set data.input_key to the prompt field")
+    else:
+        encode, why, fix = _encoder(r.model.path)
+        if encode is None:
+            out = Lengths(where=where, unknown=why, fix=fix)
+        else:
+            out = Lengths(sorted(encode(texts)), missing, where)
+    ctx._prompt_lengths = out  # type: ignore[attr-defined]
+    return out
 
 
 @check("context.budget")
 def budget(ctx: Context) -> list[Result]:
     r = ctx.recipe
-    need = r.data.max_prompt_tokens + r.rollout.max_tokens
+    declared = r.data.max_prompt_tokens
+    limit = ctx.backend.prompt_limit(r)
     out = []
-    data = {"max_prompt_tokens": r.data.max_prompt_tokens, "max_tokens": r.rollout.max_tokens,
-            "max_model_len": r.model.max_model_len}
+    data: dict[str, Any] = {"max_prompt_tokens": declared, "max_tokens": r.rollout.max_tokens,
+                            "max_model_len": r.model.max_model_len, "prompt_limit_enforced": limit is not None}
+    prompt, source = declared, "max_prompt_tokens"
+    m = None
+    if limit is None:
+        m = measure(ctx)
+        if m.lengths:
+            prompt, source = m.lengths[-1], "longest measured prompt"
+            data["longest_prompt"] = prompt
+    need = prompt + r.rollout.max_tokens
     if need > r.model.max_model_len:
-        room = r.model.max_model_len - r.data.max_prompt_tokens
+        room = r.model.max_model_len - prompt
         out.append(Result(
             "context.budget", FAIL,
-            f"max_prompt_tokens {r.data.max_prompt_tokens} + max_tokens {r.rollout.max_tokens} = {need} "
-            f"> max_model_len {r.model.max_model_len}",
+            f"{source} {prompt} + max_tokens {r.rollout.max_tokens} = {need} > max_model_len {r.model.max_model_len}",
             (f"set rollout.max_tokens <= {room}" if room > 0 else "raise model.max_model_len")
             + " (vLLM rejects such requests: rollouts hang with no error in the main log)", data))
+    elif limit is None and m is not None and not m.lengths:
+        out.append(Result(
+            "context.budget", WARN,
+            f"prompt lengths unknown: {r.backend.name} does not enforce data.max_prompt_tokens ({declared}), so "
+            f"{declared} + {r.rollout.max_tokens} = {need} <= {r.model.max_model_len} is an assumption "
+            f"({m.unknown})",
+            f"set data.max_prompt_tokens to what your data needs ({MEASURE_HOW}) or make the dataset local; a "
+            f"prompt longer than {r.model.max_model_len - r.rollout.max_tokens} tokens hangs rollouts", data))
     else:
+        how = f"enforced: {limit}" if limit is not None else f"{len(m.lengths)} prompts of {m.where}"  # type: ignore
         out.append(Result("context.budget", OK,
-                          f"{r.data.max_prompt_tokens} + {r.rollout.max_tokens} = {need} <= {r.model.max_model_len}",
+                          f"{prompt} + {r.rollout.max_tokens} = {need} <= {r.model.max_model_len} ({source}; {how})",
                           None, data))
     arch = ctx.arch
     if not isinstance(arch, Exception) and r.model.max_model_len > arch.max_positions:
@@ -43,60 +135,24 @@ def budget(ctx: Context) -> list[Result]:
     return out
 
 
-def _local_tokenizer(model_path: str) -> Path | None:
-    p = Path(model_path)
-    if p.is_dir() and (p / "tokenizer.json").is_file():
-        return p / "tokenizer.json"
-    return None
-
-
 @check("context.prompt_lengths")
 def prompt_lengths(ctx: Context) -> Result | None:
     r = ctx.recipe
-    if not is_local(r.data.train):
-        return Result("context.prompt_lengths", SKIP, "dataset not local; prompt lengths not measured")
-    tok_file = _local_tokenizer(r.model.path)
-    encode = None
-    if tok_file is not None:
-        try:
-            from tokenizers import Tokenizer
-        except ImportError:
-            return Result("context.prompt_lengths", SKIP, "the `tokenizers` package is not installed",
-                          "pip install tokenizers")
-        tokenizer = Tokenizer.from_file(str(tok_file))
-
-        def encode(texts: list[str]) -> list[int]:
-            return [len(e.ids) for e in tokenizer.encode_batch(texts)]
-    elif r.model.path.startswith("random:"):
-        def encode(texts: list[str]) -> list[int]:  # the byte-level tokenizer: one token per UTF-8 byte
-            return [len(t.encode("utf-8")) for t in texts]
-    else:
-        return Result("context.prompt_lengths", SKIP,
-                      "no local tokenizer (model.path is not a local directory with tokenizer.json)",
-                      "download the tokenizer next to config.json to measure real prompt lengths")
-    texts, missing = [], 0
-    for rec in iter_records(r.data.train, limit=MAX_MEASURED):
-        t = prompt_text(rec, r.data.input_key)
-        if t is None:
-            missing += 1
-        else:
-            texts.append(t)
-    if not texts:
-        return Result("context.prompt_lengths", FAIL,
-                      f"no record has the input key {r.data.input_key!r}", "set data.input_key to the prompt field")
-    lengths = sorted(encode(texts))
-    n = len(lengths)
-
-    def q(p: float) -> int:
-        return lengths[min(n - 1, int(p * n))]
-
+    m = measure(ctx)
+    if not m.lengths:
+        return Result("context.prompt_lengths", m.verdict, m.unknown or "prompt lengths not measured", m.fix)
+    lengths, n = m.lengths, len(m.lengths)
     over = sum(1 for x in lengths if x > r.data.max_prompt_tokens)
-    data = {"n": n, "p50": q(0.5), "p99": q(0.99), "max": lengths[-1], "over_limit": over, "missing_key": missing}
-    figure = (f"{n} prompts: p50 {q(0.5)}, p99 {q(0.99)}, max {lengths[-1]} tokens; "
+    data = {"n": n, "p50": m.q(0.5), "p99": m.q(0.99), "max": lengths[-1], "over_limit": over,
+            "missing_key": m.missing, "source": m.where}
+    figure = (f"{n} prompts: p50 {m.q(0.5)}, p99 {m.q(0.99)}, max {lengths[-1]} tokens; "
               f"{over} ({over / n:.1%}) over max_prompt_tokens {r.data.max_prompt_tokens}")
-    if missing:
-        figure += f"; {missing} records lack {r.data.input_key!r}"
+    if m.missing:
+        figure += f"; {m.missing} records lack {r.data.input_key!r}"
     if over / n > r.preflight.max_truncated_prompts:
+        limit = ctx.backend.prompt_limit(r)
+        what = ("these prompts are truncated or dropped" if limit is not None else
+                f"{r.backend.name} does not enforce the limit: these prompts reach the engine whole")
         return Result("context.prompt_lengths", WARN, figure,
-                      f"these prompts are truncated or dropped: raise data.max_prompt_tokens to >= {q(0.99)}", data)
+                      f"{what}: raise data.max_prompt_tokens to >= {m.q(0.99)}", data)
     return Result("context.prompt_lengths", OK, figure, None, data)

@@ -22,7 +22,14 @@ def gpus(ctx: Context) -> Result:
         if ids is not None and any(i >= per_node for i in ids):
             return Result("placement.gpus", FAIL, f"resources.{name} = {ids} names a GPU >= gpus_per_node {per_node}",
                           f"GPU ids run from 0 to {per_node - 1}")
-    inference = r.inference_gpu_count if r.uses_vllm else 0
+    if not r.uses_vllm:  # the backend starts no inference engine: only its own processes take GPUs
+        ids = res.trainer_gpus
+        trainer = r.trainer_gpu_count
+        how = f"{r.backend.name} starts no inference engine: its processes on {trainer} GPU(s)"
+        if ids is None and res.inference_gpus is not None:
+            how += " (resources.inference_gpus is ignored)"
+        return Result("placement.gpus", OK, f"{how}, {res.nodes} x {per_node} GPUs")
+    inference = r.inference_gpu_count
     if res.colocate:
         need = max(r.trainer_gpu_count, inference)
         how = f"trainer and {r.rollout.engines} engine(s) x TP {r.rollout.tensor_parallel} share GPUs"

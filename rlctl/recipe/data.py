@@ -150,3 +150,110 @@ def prompt_text(record: dict[str, Any], key: str) -> str | None:
     if isinstance(value, list):  # chat format: [{"role": ..., "content": ...}]
         return "\n".join(str(m.get("content", "")) for m in value if isinstance(m, dict))
     return None
+
+
+# ---- prompts wherever they can be read on this machine (preflight's context checks) ------------------------------
+def hf_cache_dir(kind: str, repo_id: str) -> Path | None:
+    """The local Hugging Face hub cache folder of a repo (`datasets--org--name`, `models--org--name`), if present."""
+    import os
+
+    if "/" not in repo_id or repo_id.startswith((".", "/")):
+        return None
+    home = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(Path.home(), ".cache", "huggingface"), "hub")
+    p = Path(home) / f"{kind}--{repo_id.replace('/', '--')}"
+    return p if p.is_dir() else None
+
+
+class _Offline:
+    """Hugging Face libraries offline for a while: a preflight never downloads."""
+
+    KEYS = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+
+    def __enter__(self) -> None:
+        import os
+
+        self.old = {k: os.environ.get(k) for k in self.KEYS}
+        os.environ.update({k: "1" for k in self.KEYS})
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def environment_module(env_id: str) -> str:
+    """The Python module of a verifiers environment id (`org/my-env` -> `my_env`), as verifiers' loader names it."""
+    return env_id.split("/")[-1].replace("-", "_")
+
+
+def prompt_texts(recipe: Any, limit: int) -> tuple[list[str] | None, int, str]:
+    """(prompt texts, records lacking the input key, where they were read) from wherever the training prompts can
+    be read on this machine without downloading: a local file, an installed verifiers environment's dataset
+    (reward.environment), a `datasets` id already in the local cache. (None, 0, why not) otherwise."""
+    import importlib.util
+
+    r = recipe
+    key = r.data.input_key
+    if is_local(r.data.train):
+        return _texts(iter_records(r.data.train, limit=limit), key, limit) + (r.data.train,)
+    env = getattr(r.reward, "environment", None)
+    if env is not None:
+        module = environment_module(env.id)
+        try:  # a plain module name only: a dotted one would import its parent package to look
+            found = module.isidentifier() and importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if found:
+            try:
+                with _Offline():
+                    loaded = importlib.import_module(module).load_environment(**dict(env.args or {}))
+                    ds = getattr(loaded, "dataset", None)
+                    if ds is None and hasattr(loaded, "get_dataset"):
+                        ds = loaded.get_dataset()
+                if ds is None:
+                    return None, 0, f"the environment {env.id} ({module}) has no dataset"
+                n = min(limit, len(ds))
+                rows = ds.select(range(n)) if hasattr(ds, "select") else ds[:n]
+                cols = _columns(ds)
+                col = next((c for c in ("prompt", "question", key) if c in cols), key)
+                texts, missing = _texts(iter(rows), col, limit)
+                return texts, missing, f"the environment {env.id}'s dataset ({module}.load_environment)"
+            except Exception as e:  # anything the user's environment raises: unknown, with the reason
+                return None, 0, (f"the environment {env.id} ({module}) could not be loaded offline: "
+                                 f"{type(e).__name__}: {str(e)[:160]}")
+    if hf_cache_dir("datasets", r.data.train) is not None and importlib.util.find_spec("datasets") is not None:
+        try:
+            with _Offline():
+                import datasets
+
+                ds = datasets.load_dataset(r.data.train, split="train")
+            n = min(limit, len(ds))
+            return _texts(iter(ds.select(range(n))), key, limit) + (f"{r.data.train} (local datasets cache)",)
+        except Exception as e:
+            return None, 0, f"{r.data.train} is in the datasets cache but could not be read offline: {str(e)[:160]}"
+    why = "the dataset is not a local file"
+    if env is not None:
+        why += f", the environment {env.id} is not installed here (no module {environment_module(env.id)})"
+    return None, 0, why + f", and {r.data.train!r} is no dataset in the local cache"
+
+
+def _columns(ds: Any) -> list[str]:
+    return list(getattr(ds, "column_names", None) or [])
+
+
+def _texts(rows: Iterator[Any], key: str, limit: int) -> tuple[list[str], int]:
+    texts, missing = [], 0
+    for i, rec in enumerate(rows):
+        if i >= limit:
+            break
+        t = prompt_text(rec, key) if isinstance(rec, dict) else None
+        if t is None:
+            missing += 1
+        else:
+            texts.append(t)
+    return texts, missing

@@ -432,10 +432,11 @@ class Recipe(Section):
 
     @property
     def trainer_gpu_count(self) -> int:
-        """GPUs running the trainer across all nodes."""
+        """GPUs running the trainer across all nodes. A backend with no inference engine (`uses_vllm` false: it
+        generates in its own processes, or it is a command rlctl cannot see into) leaves no GPU to one."""
         if self.resources.trainer_gpus is not None:
             return len(self.resources.trainer_gpus) * self.resources.nodes
-        if self.resources.colocate:
+        if self.resources.colocate or not self.uses_vllm:
             return self.total_gpus
         return max(self.total_gpus - self.inference_gpu_count, 0)
 

@@ -6,8 +6,10 @@ files, W&B offline runs), or a Ray job id (with --address). The run directory li
 logs/<name>, symlinks: a growing log is followed with --follow) and to the checkpoint directory (recipe.toml's
 checkpoint.dir); what the second sources hold (TensorBoard scalars, W&B history rows, trainer_state.json's
 log_history) is read once, exactly, and written to metrics.jsonl after the console's records. Which backend wrote
-it is asked of each installed adapter (`--backend auto`): the one whose parser understands most wins. This module
-names no backend.
+it is asked of each installed adapter (`--backend auto`): the one whose parser finds most metric names rlctl knows
+wins, and attach says it guessed; when none recognises anything, an adapter that reads any trainer's JSON lines
+(`reads_any_log`) reads them, and attach says so. `--recipe R.toml` / `--metrics-map k=name,...` give such an adapter
+the recipe's metrics map. This module names no backend.
 """
 
 from __future__ import annotations
@@ -262,37 +264,46 @@ def _sample_lines(p: Path) -> list[str]:
     return data.decode("utf-8", errors="replace").splitlines()
 
 
-def detect_backend(src: Sources, rows: dict[str, list[dict[str, Any]]]) -> tuple[str | None, dict[str, int]]:
-    """Ask every installed adapter how much of the sources it understands; the best one wins."""
-    from rlctl.backends import available
+def _score(parse: Any, needles: tuple[str, ...], lines: list[str], rows: dict[str, list[dict[str, Any]]],
+           known: bool = True) -> int:
+    """How much of the sources a parser understands: metric names rlctl knows (known=True), else records read."""
     from rlctl.metrics.stream import split_segments
+
+    score = 0
+    for line in lines:
+        if needles and not any(n in line for n in needles):
+            continue
+        for seg in split_segments(line):
+            try:
+                rec = parse(seg)
+            except Exception:
+                continue
+            if rec:
+                score += _understood(rec) if known else 1
+    for rs in rows.values():
+        for row in rs[:200]:
+            try:
+                rec = parse(row)
+            except Exception:
+                continue
+            if rec:
+                score += _understood(rec) if known else 1
+    return score
+
+
+def detect_backend(src: Sources, rows: dict[str, list[dict[str, Any]]]) -> tuple[str | None, dict[str, int]]:
+    """Ask every installed adapter how much of the sources it understands: metric names rlctl knows (a record of
+    keys it only prefixed counts nothing) and checkpoints it recognises; the best one wins. An adapter that reads
+    any log (`reads_any_log`) recognises nothing and is not asked."""
+    from rlctl.backends import available
 
     lines = [line for p in src.logs for line in _sample_lines(p)]
     scores: dict[str, int] = {}
     for name in sorted(available()):
         ad = adapter(name)
-        if ad is None:
+        if ad is None or getattr(ad, "reads_any_log", False):
             continue
-        needles = tuple(getattr(ad, "metric_needles", ()) or ())
-        score = 0
-        for line in lines:
-            if needles and not any(n in line for n in needles):
-                continue
-            for seg in split_segments(line):
-                try:
-                    rec = ad.parse(seg)
-                except Exception:
-                    continue
-                if rec:
-                    score += _understood(rec) + 1
-        for rs in rows.values():
-            for row in rs[:200]:
-                try:
-                    rec = ad.parse(row)
-                except Exception:
-                    continue
-                if rec:
-                    score += _understood(rec)
+        score = _score(ad.parse, tuple(getattr(ad, "metric_needles", ()) or ()), lines, rows)
         for d in src.dirs:
             try:
                 score += 5 * len(ad.checkpoints(d))
@@ -303,6 +314,46 @@ def detect_backend(src: Sources, rows: dict[str, list[dict[str, Any]]]) -> tuple
     if best is None or scores[best] == 0:
         return None, scores
     return best, scores
+
+
+def generic_reader(src: Sources, rows: dict[str, list[dict[str, Any]]],
+                   options: dict[str, Any] | None) -> tuple[str | None, int]:
+    """(an adapter that reads any log, records it reads from the sources) — attach's fallback when no adapter
+    recognises the run."""
+    from rlctl.backends import available
+
+    lines = [line for p in src.logs for line in _sample_lines(p)]
+    for name in sorted(available()):
+        ad = adapter(name)
+        if ad is None or not getattr(ad, "reads_any_log", False):
+            continue
+        parse = ad.options_parser(options)
+        n = _score(parse, tuple(getattr(parse, "metric_needles", ()) or ()), lines, rows, known=False)
+        return name, n
+    return None, 0
+
+
+def choose_backend(where: str, src: Sources, rows: dict[str, list[dict[str, Any]]], backend: str,
+                   options: dict[str, Any] | None) -> tuple[str, str | None]:
+    """(the backend, what to tell the user about how it was chosen). `auto` is a guess and says so; when no adapter
+    recognises anything, an adapter that reads any log takes it, saying what that means."""
+    if backend != "auto":
+        return backend, None
+    found, scores = detect_backend(src, rows)
+    if found is not None:
+        others = sorted(((v, n) for n, v in scores.items() if n != found and v), reverse=True)
+        rest = "; next: " + ", ".join(f"{n} {v}" for v, n in others[:2]) if others else "; no other adapter matched"
+        return found, (f"backend guessed from the logs: {found} ({scores[found]} known metric names/checkpoints "
+                       f"matched{rest}); give --backend NAME if that is wrong")
+    generic, n = generic_reader(src, rows, options)
+    if generic is not None and n:
+        return generic, (f"no backend adapter recognises these logs (tried {', '.join(sorted(scores)) or 'none'}): "
+                         f"read as a custom trainer's JSON lines by the `{generic}` backend; keys not in a metrics "
+                         f"map are kept as {generic}/<key> (name them with --metrics-map key=name,... or "
+                         "--recipe R.toml)")
+    tried = ", ".join(sorted(scores)) or "none installed"
+    raise AttachFailed(f"{where}: no installed backend adapter understands it (tried {tried}).",
+                       hint="give --backend NAME if you know which backend wrote it")
 
 
 def _understood(rec: dict[str, Any]) -> int:
@@ -335,18 +386,65 @@ class Attached:
     structured: int  # records from second sources
     structured_bad: int
     lines: int  # log lines read
+    note: str | None = None  # how the backend was chosen (a guess, or the generic reader), said first
 
     @property
     def records(self) -> int:
         return self.state.records + self.structured
 
 
+def parser_options(backend: str, recipe: str | None, metrics_map: dict[str, str] | None
+                   ) -> tuple[str, dict[str, Any] | None]:
+    """(the backend, its parser options) from `--recipe R.toml` (its backend, unless one is given, and its metrics
+    declarations) and `--metrics-map`."""
+    if recipe is None and not metrics_map:
+        return backend, None
+    from rlctl.backends import available
+
+    rec = None
+    if recipe is not None:
+        from rlctl.recipe.loader import load
+
+        rec = load(Path(recipe)).recipe
+        if backend == "auto":
+            backend = rec.backend.name
+    takers = sorted(n for n in available() if getattr(adapter(n), "reads_any_log", False))
+    if backend == "auto":
+        if len(takers) != 1:
+            raise RlctlError("--metrics-map needs --backend NAME (or --recipe).")
+        backend = takers[0]
+    ad = adapter(backend)
+    if ad is None:
+        raise RlctlError(f"unknown backend {backend!r}; installed backends: {', '.join(sorted(available()))}.")
+    options = ad.parser_options(rec, metrics_map)
+    if options is None and metrics_map:
+        raise RlctlError(f"--metrics-map: the {backend} backend reads its own log format and takes no metrics map.",
+                         hint=f"a metrics map is for a custom trainer's logs: --backend {' / '.join(takers)}")
+    return backend, options
+
+
+def parse_metrics_map(text: str | None) -> dict[str, str] | None:
+    """`key=unified,key2=unified2` -> a dict; a malformed item is a usage error naming it."""
+    if not text:
+        return None
+    out = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise RlctlError(f"--metrics-map {text!r}: {item!r} is not key=name.",
+                             hint="e.g. --metrics-map loss=policy_loss,avg_reward=reward/mean")
+        out[key.strip()] = value.strip()
+    return out
+
+
 def attach(path: str, backend: str = "auto", name: str | None = None, address: str | None = None,
-           root: Path | None = None) -> Attached:
+           root: Path | None = None, recipe: str | None = None, metrics_map: dict[str, str] | None = None
+           ) -> Attached:
+    backend, options = parser_options(backend, recipe, metrics_map)
     p = Path(path).expanduser()
     if not p.exists():
         if address or RAY_JOB.match(path):
-            return _attach_ray_job(path, backend, name, address, root)
+            return _attach_ray_job(path, backend, name, address, root, options)
         raise RlctlError(f"{path}: no such file or directory.",
                          hint="give a log file, a directory of logs or a backend's output, or a Ray job id "
                               "with --address")
@@ -355,19 +453,14 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
     if src.empty() and not src.dirs:
         raise RlctlError(f"{p}: no logs, TensorBoard event files, W&B runs or trainer_state.json found.")
     rows = structured_rows(src)
-    if backend == "auto":
-        found, scores = detect_backend(src, rows)
-        if found is None:
-            tried = ", ".join(sorted(scores)) or "none installed"
-            raise AttachFailed(f"{p}: no installed backend adapter understands it (tried {tried}).",
-                               hint="give --backend NAME if you know which backend wrote it")
-        backend = found
+    backend, note = choose_backend(str(p), src, rows, backend, options)
     ad = adapter(backend)
     if ad is None:
         from rlctl.backends import available
 
         raise RlctlError(f"unknown backend {backend!r}; installed backends: {', '.join(sorted(available()))}.")
     run_dir = create_run_dir(root or runs_root(), name or _default_name(p))
+    _write_parser_options(run_dir, ad, options)
     ckpt = checkpoint_root(backend, src)
     _write_recipe(run_dir, backend, ckpt)
     _link_logs(run_dir, src.logs)
@@ -381,14 +474,26 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
     st = ingest(run_dir, backend, final=True) or IngestState()
     structured, bad = 0, 0
     for rs in rows.values():
-        recs, nbad = rows_to_records(ad.parse, rs)
+        recs, nbad = rows_to_records(ad.log_parser(run_dir), rs)
         write_records(run_dir / METRICS, recs)
         structured += len(recs)
         bad += nbad
-    return Attached(run_dir, backend, st, structured, bad, st.lines)
+    return Attached(run_dir, backend, st, structured, bad, st.lines, note)
 
 
-def _attach_ray_job(job_id: str, backend: str, name: str | None, address: str | None, root: Path | None) -> Attached:
+def _write_parser_options(run_dir: Path, ad: Any, options: dict[str, Any] | None) -> None:
+    """The parser options of an adapter that reads any log (its defaults when none were given), for every later
+    ingest of the run (--follow, status)."""
+    from rlctl.backends.base import PARSER_OPTIONS
+
+    if options is None and getattr(ad, "reads_any_log", False):
+        options = ad.parser_options(None, None)
+    if options is not None:
+        (run_dir / PARSER_OPTIONS).write_text(json.dumps(options, indent=2) + "\n")
+
+
+def _attach_ray_job(job_id: str, backend: str, name: str | None, address: str | None, root: Path | None,
+                    options: dict[str, Any] | None = None) -> Attached:
     from rlctl.executors.ray import catch_up_logs, job_status, normalize_address
 
     if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,200}", job_id):
@@ -408,21 +513,17 @@ def _attach_ray_job(job_id: str, backend: str, name: str | None, address: str | 
              "started_at": time.time(), "attached_from": f"ray:{job_id}"}
     write_state(run_dir, **state)
     catch_up_logs(run_dir, state)
-    if backend == "auto":
-        found, scores = detect_backend(find_sources(run_dir / LOG), {})
-        if found is None:
-            raise AttachFailed(f"Ray job {job_id}: no installed backend adapter understands its log.",
-                               hint="give --backend NAME")
-        backend = found
+    backend, note = choose_backend(f"Ray job {job_id}", find_sources(run_dir / LOG), {}, backend, options)
     if adapter(backend) is None:
         raise RlctlError(f"unknown backend {backend!r}.")
+    _write_parser_options(run_dir, adapter(backend), options)
     _write_recipe(run_dir, backend, None)
     from rlctl.executors.ray import TERMINAL as terminal
 
     write_state(run_dir, backend=backend, ray_job_status=js,
                 **({"status": terminal[js], "ended_at": time.time()} if js in terminal else {}))
     st = ingest(run_dir, backend, final=js in terminal) or IngestState()
-    return Attached(run_dir, backend, st, 0, 0, st.lines)
+    return Attached(run_dir, backend, st, 0, 0, st.lines, note)
 
 
 def _default_name(p: Path) -> str:
@@ -534,6 +635,8 @@ def report(a: Attached) -> tuple[str, int]:
     parts = [f"attached {a.run_dir} ({a.backend}): {a.records} records"
              f" ({a.state.records} from {a.state.lines} log lines" + (f", {a.structured} from TensorBoard/W&B/trainer "
                                                                  f"state" if a.structured else "") + ")"]
+    if a.note:
+        parts.insert(0, a.note)
     msg = unparsed_report(a.state)
     if msg:
         parts.append(msg)

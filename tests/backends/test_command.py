@@ -157,7 +157,7 @@ def test_render_fills_the_command_from_the_recipe(workdir):
     assert argv[argv.index("--steps") + 1] == "9" and argv[argv.index("--save-every") + 1] == "3"
     assert argv[argv.index("--out") + 1] == "training_state" and argv[argv.index("--lr") + 1] == "0.05"
     assert cfg["checkpoint"] == {"dir": "training_state", "pattern": "step_{step}", "marker": "training_info.json",
-                                 "resume_args": ["--resume", "{path}"], "resume": "off"}
+                                 "resume_args": ["--resume", "{path}"], "resume": "off", "total_steps": 9}
     assert cfg["metrics"]["map"]["loss"] == "policy_loss"
     assert plan.files["command_runner.py"] == Path(runner.__file__).read_text()  # the run directory is self-contained
     assert get_backend("command").validate(plan, None) == []
@@ -440,3 +440,105 @@ def test_shell_commands_keep_their_quoting(workdir):
     assert runner.command_argv(cfg, None) == ["/bin/sh", "-c", "python t.py --tag 'a b' --steps 6 2>&1 | tee -a t.log"]
     resumed = runner.command_argv(cfg, (4, "/c k/step_4"))
     assert resumed == ["/bin/sh", "-c", "python t.py --from '/c k/step_4' | tee -a t.log"]
+
+
+# ---- placement: only the processes the command starts -------------------------------------------------------------
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_placement_counts_no_engine_the_command_does_not_start(gpus):
+    """The command backend starts no vLLM engine: all the recipe's GPUs are its own, none is set aside for one."""
+    from rlctl import preflight as pf
+    from rlctl.recipe.planning import prepare
+
+    example = ROOT / "recipes" / "command-torchrun-dr-grpo.toml"
+    prepared = prepare(example, [f"resources.gpus_per_node={gpus}", "resources.colocate=false"])
+    assert prepared.recipe.trainer_gpu_count == gpus
+    res = [r for r in pf.run(prepared, ["placement.gpus"]) if r.check == "placement.gpus"]
+    assert [r.verdict for r in res] == ["ok"], res
+    assert "engine(s)" not in res[0].figure and "no inference engine" in res[0].figure
+    assert f"on {gpus} GPU(s)" in res[0].figure
+
+
+# ---- a final checkpoint saved without a step number (seed 003's step_final/) --------------------------------------
+FINAL_TRAINER = """
+import json, os, sys
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+start = 1
+if "--resume" in args:
+    start = json.load(open(os.path.join(args["--resume"], "training_info.json")))["step"] + 1
+    print("resumed from", args["--resume"], flush=True)
+
+def save(name, step):
+    ck = os.path.join(args["--save"], name)
+    os.makedirs(ck, exist_ok=True)
+    json.dump({"step": step}, open(os.path.join(ck, "training_info.json"), "w"))
+
+steps = int(args["--steps"])
+for step in range(start, steps + 1):
+    print(f"step {step} | loss {1.0 / step}", flush=True)
+    if step % 2 == 0 and step < steps:
+        save(f"step_{step}", step)
+save("step_final", steps)
+print("trained", start, "to", steps, flush=True)
+"""
+
+
+def test_checkpoints_count_a_final_folder_as_the_last_step(tmp_path):
+    root = tmp_path / "training_state"
+    for name in ("step_1", "step_2", "step_final"):
+        (root / name).mkdir(parents=True)
+        (root / name / "training_info.json").write_text("{}")
+    (root / "step_latest").symlink_to(root / "step_2")  # a link is never a checkpoint
+    cfg = {"checkpoint": {"dir": str(root), "pattern": "step_{step}", "marker": "training_info.json",
+                          "total_steps": 3, "resume": "latest"}}
+    runner.write_descriptor(cfg)
+    ad = get_backend("command")
+    assert [(c.step, c.path.name, c.complete) for c in ad.checkpoints(root)] == \
+        [(1, "step_1", True), (2, "step_2", True), (3, "step_final", True)]  # the total, before the run logged
+    runner.write_descriptor(cfg, final_step=2)  # the trainer ended having logged step 2
+    assert [(c.step, c.path.name) for c in ad.checkpoints(root)][-1] == (2, "step_final")
+    assert runner.pick_resume(cfg) == (2, str(root / "step_final"))
+    runner.write_descriptor(cfg)  # a later attempt's start keeps the step the last one recorded
+    assert [(c.step, c.path.name) for c in ad.checkpoints(root)][-1] == (2, "step_final")
+
+
+@pytest.mark.slow
+def test_launch_resume_continues_after_a_final_checkpoint(workdir):
+    """`launch --resume` from a run whose last checkpoint is `step_final/` continues after its last step."""
+    (workdir["dir"] / "final_trainer.py").write_text(FINAL_TRAINER)
+    text = f"""
+[backend]
+name = "command"
+[backend.command]
+command = ["{sys.executable}", "final_trainer.py", "--steps", "{{steps}}", "--save", "{{checkpoint_dir}}"]
+cwd = "{workdir['dir']}"
+log_pattern = 'step (?P<step>\\d+) \\| loss (?P<loss>\\S+)'
+metrics_map = {{loss = "policy_loss"}}
+checkpoint_pattern = "step_{{step}}"
+checkpoint_marker = "training_info.json"
+resume_args = ["--resume", "{{path}}"]
+[model]
+path = "random:qwen2?hidden=64&layers=2"
+[data]
+train = "prompts.jsonl"
+[train]
+steps = 5
+[resources]
+gpus_per_node = 0
+gpu = "cpu"
+[checkpoint]
+dir = "training_state"
+"""
+    recipe = workdir["dir"] / "final.toml"
+    recipe.write_text(text)
+    r = rlctl(workdir, "launch", str(recipe), "--name", "first")
+    assert r.returncode == 0, r.stderr[-1500:] + logs_of(workdir)
+    first = run_named(workdir, "first")
+    assert [m["step"] for m in metrics(first)] == [1, 2, 3, 4, 5]
+    listed = ckpt_list(workdir, first.name)
+    assert [(c["step"], Path(c["path"]).name) for c in listed] == [(2, "step_2"), (4, "step_4"), (5, "step_final")]
+    r = rlctl(workdir, "launch", str(recipe), "--name", "second", "--resume", first.name, "--set", "train.steps=7")
+    assert r.returncode == 0, r.stderr[-1500:] + logs_of(workdir)
+    second = run_named(workdir, "second")
+    log = (second / "stdout.log").read_text()
+    assert "resuming from checkpoint step 5" in log and "step_final" in log and "trained 6 to 7" in log, log
+    assert [m["step"] for m in metrics(second)] == [6, 7]  # no step redone

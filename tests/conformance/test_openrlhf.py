@@ -470,7 +470,9 @@ def test_launch_sh_passes_the_key_in_the_runtime_env_built_at_launch(files, tmp_
     assert r.returncode == 0, r.stderr
     argv = (tmp_path / "args").read_text().splitlines()
     runtime_env = json.loads(argv[argv.index("--runtime-env-json") + 1])
-    assert runtime_env["env_vars"]["WANDB_API_KEY"] == "k-not-a-real-key-123"
+    # never on the `ray job submit` command line nor in the job record: the cluster's nodes have it (docs/ray.md)
+    assert "WANDB_API_KEY" not in runtime_env["env_vars"] and "k-not-a-real-key-123" not in "\n".join(argv)
+    assert "# not sent: WANDB_API_KEY" in (out / "launch.sh").read_text()
     assert runtime_env["env_vars"]["A"] == "b c" and runtime_env["working_dir"] == "."
     assert argv[argv.index("--use_wandb") + 1] == WANDB_FLAG_VALUE
     for f in out.rglob("*"):
@@ -496,7 +498,7 @@ def test_local_executor_runs_a_submit_that_carries_the_key(files, tmp_path):
     assert r.returncode == 0, r.stderr
     argv = (tmp_path / "args").read_text().splitlines()
     runtime_env = json.loads(argv[argv.index("--runtime-env-json") + 1])
-    assert runtime_env["env_vars"]["WANDB_API_KEY"] == "k-not-a-real-key-456"
+    assert "WANDB_API_KEY" not in runtime_env["env_vars"] and "k-not-a-real-key-456" not in "\n".join(argv)
     assert argv[argv.index("--logger.wandb.key") + 1] == WANDB_FLAG_VALUE
     # rlctl's Ray executor submits the entrypoint itself: the plan stays as rendered
     prep = prepare(recipe_file(files, "0.10.2"), ['logging.wandb={project="p"}'])
@@ -513,13 +515,18 @@ def test_rlctl_ray_executor_gets_the_key_from_the_plan_env(files):
                               .recipe) == []
 
 
-@pytest.mark.parametrize("offline,key,verdict", [(False, None, "fail"), (False, "k", "ok"), (True, None, "ok")])
-def test_preflight_fails_when_no_key_can_reach_the_job(files, monkeypatch, offline, key, verdict):
+@pytest.mark.parametrize("offline,key,executor,verdict", [
+    (False, None, "ray", "fail"), (False, "k", "ray", "ok"), (True, None, "ray", "ok"),
+    # `ray job submit` to a cluster rlctl did not start: the key is not sent, the nodes must have it
+    (False, "k", "local", "warn"), (False, None, "local", "warn"), (True, None, "local", "ok")])
+def test_preflight_fails_when_no_key_can_reach_the_job(files, monkeypatch, offline, key, executor, verdict):
     if key:
         monkeypatch.setenv("WANDB_API_KEY", key)
     else:
         monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    prep = prepare(recipe_file(files, "0.9.3"), [f'logging.wandb={{project="p", offline={str(offline).lower()}}}'])
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    prep = prepare(recipe_file(files, "0.9.3"), [f'logging.wandb={{project="p", offline={str(offline).lower()}}}',
+                                                 f'resources.executor="{executor}"'])
     ctx = types.SimpleNamespace(recipe=prep.recipe)
     res = [x for x in BACKEND.preflight(ctx, "env") if x.check == "env.wandb_job"]
     assert [x.verdict for x in res] == [verdict]

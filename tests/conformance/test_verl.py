@@ -538,9 +538,13 @@ def test_half_written_checkpoint_is_incomplete(tmp_path):
 def test_wandb_key_must_reach_the_job():
     from rlctl.backends.verl import wandb_reaches_job
 
-    ray = load(SEED, ["resources.executor=ray", "resources.ray_address=http://head:8265"]).recipe
+    ray = load(SEED, ["resources.executor=ray"]).recipe  # the head rlctl starts inherits the key
     assert [x.verdict for x in wandb_reaches_job(ray, {})] == ["fail"]
     assert [x.verdict for x in wandb_reaches_job(ray, {"WANDB_API_KEY": "k"})] == ["ok"]
+    # a cluster rlctl did not start is never sent the key (runtime env = the job record): its nodes must have it
+    remote = load(SEED, ["resources.executor=ray", "resources.ray_address=http://head:8265"]).recipe
+    res = wandb_reaches_job(remote, {"WANDB_API_KEY": "k"})
+    assert [x.verdict for x in res] == ["warn"] and "not sent" in res[0].figure and "docs/ray.md" in res[0].fix
     local = load(SEED, []).recipe
     assert wandb_reaches_job(local, {"WANDB_API_KEY": "k"}) == []
     assert [x.verdict for x in wandb_reaches_job(local, {"RAY_ADDRESS": "auto"})] == ["warn"]

@@ -53,6 +53,49 @@ def _fields(template: str) -> list[str]:
         raise ValueError(f"{template!r}: {e}") from None
 
 
+def check_unified(v: dict[str, str], where: str = "metrics_map") -> dict[str, str]:
+    """Every value of a metrics map is one of rlctl's unified names (or eval/<set>/<metric>)."""
+    import difflib
+
+    from rlctl.metrics import UNIFIED
+
+    for key, name in v.items():
+        if name not in UNIFIED and not name.startswith("eval/"):
+            close = difflib.get_close_matches(name, UNIFIED, n=1)
+            hint = f" Did you mean {close[0]}?" if close else f" Known: {', '.join(UNIFIED)}, eval/<set>/<metric>."
+            raise ValueError(f"{where}.{key} = {name!r} is not one of rlctl's metric names.{hint}")
+    return v
+
+
+class _AttachedParser:
+    """Reads an attached trainer's own output: JSON lines (nested objects flattened with '/') and the log patterns,
+    keys named by the metrics map, the rest kept as command/<key>; the runner's own records as well."""
+
+    metric_needles: tuple[str, ...] = ()  # any line may hold metrics
+
+    def __init__(self, backend: CommandBackend, options: dict[str, Any]):
+        self.backend = backend
+        self.tr = _runner.Translator({"patterns": options.get("log_pattern") or [],
+                                      "map": options.get("metrics_map") or {},
+                                      "step_key": options.get("step_key") or "step"})
+
+    def __call__(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
+        from rlctl.metrics import clean_value
+
+        if isinstance(line, dict):  # a TensorBoard / W&B / trainer_state row
+            row = dict(line)
+            if "_step" in row and self.tr.step_key not in row:
+                row[self.tr.step_key] = row.pop("_step")
+            rec = _runner.to_record(_runner.flat(row), self.tr.map, self.tr.step_key)
+        elif line.lstrip().startswith(self.backend.metric_needles[0]):
+            return self.backend.parse(line)
+        else:
+            rec = self.tr.json_line(line) or self.tr.line(line)
+        if rec is None:
+            return None
+        return {k: (v if k == "step" else clean_value(v)) for k, v in rec.items()}
+
+
 class CommandOptions(BackendExtra):
     """`[backend.command]`: how to run, follow, checkpoint and resume a trainer rlctl does not know."""
 
@@ -114,16 +157,7 @@ class CommandOptions(BackendExtra):
     @field_validator("metrics_map")
     @classmethod
     def _unified(cls, v: dict[str, str]) -> dict[str, str]:
-        import difflib
-
-        from rlctl.metrics import UNIFIED
-
-        for key, name in v.items():
-            if name not in UNIFIED and not name.startswith("eval/"):
-                close = difflib.get_close_matches(name, UNIFIED, n=1)
-                hint = f" Did you mean {close[0]}?" if close else f" Known: {', '.join(UNIFIED)}, eval/<set>/<metric>."
-                raise ValueError(f"metrics_map.{key} = {name!r} is not one of rlctl's metric names.{hint}")
-        return v
+        return check_unified(v)
 
     @field_validator("resume_args", "resume_command")
     @classmethod
@@ -250,7 +284,10 @@ class CommandBackend(Backend):
             "checkpoint": {"dir": recipe.checkpoint.dir, "pattern": opts.checkpoint_pattern,
                            "marker": opts.checkpoint_marker,
                            "resume_args": _argv(opts.resume_args) if opts.resume_args else [],
-                           "resume": resume if opts.checkpoint_pattern else "off"},
+                           "resume": resume if opts.checkpoint_pattern else "off",
+                           # the step a final checkpoint saved without one (`step_final/`) stands for, until the
+                           # runner records the last step the trainer logged
+                           "total_steps": self.total_steps(recipe, dataset_size)},
         }
 
     @staticmethod
@@ -371,6 +408,29 @@ class CommandBackend(Backend):
             rec["step"] = inner["step"] if type(inner["step"]) is int else None
         return rec
 
+    reads_any_log = True  # attach: any trainer's JSON lines / patterns, named by a metrics map
+
+    def parser_options(self, recipe: Recipe | None, metrics_map: dict[str, str] | None) -> dict[str, Any] | None:
+        """The recipe's [backend.command] metrics declarations (metrics_map, step_key, log_pattern), the explicit
+        map on top: `attach --backend command --recipe R.toml --metrics-map loss=policy_loss`."""
+        out: dict[str, Any] = {"metrics_map": {}, "step_key": "step", "log_pattern": []}
+        table = recipe.backend.table(self.name) if recipe is not None else None
+        if isinstance(table, CommandOptions):
+            out["metrics_map"] = dict(table.metrics_map)
+            out["step_key"] = table.step_key
+            pats = table.log_pattern
+            out["log_pattern"] = [pats] if isinstance(pats, str) else list(pats or [])
+        if metrics_map:
+            try:
+                out["metrics_map"].update(check_unified(metrics_map, "--metrics-map"))
+            except ValueError as e:
+                raise RlctlError(str(e), hint="write --metrics-map trainer_key=unified_name,... "
+                                 "(see docs/metrics.md for the names)") from None
+        return out
+
+    def options_parser(self, options: dict[str, Any] | None) -> Any:
+        return _AttachedParser(self, options or {})
+
     # ---- checkpoints -----------------------------------------------------------------------------------------------
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         """The checkpoint folders under root, as the runner described them in root/.rlctl-checkpoints.json."""
@@ -382,7 +442,7 @@ class CommandBackend(Backend):
         except (OSError, ValueError, KeyError, TypeError):
             return []
         try:
-            found = _runner.scan(str(root), pattern, marker)
+            found = _runner.scan(str(root), pattern, marker, _runner.descriptor_final_step(str(root)))
         except (ValueError, re.error):
             return []
         return [Checkpoint(step, Path(path), done) for step, path, done in found]

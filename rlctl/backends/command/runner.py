@@ -55,6 +55,18 @@ def _glob(part: str) -> str:
     return re.escape(part).replace(r"\*", ".*").replace(r"\?", ".")
 
 
+FINAL_WORDS = ("final", "last")  # `step_final/`: the checkpoint a trainer saves at the end, without its step
+
+
+def final_regex(pattern: str) -> re.Pattern[str] | None:
+    """The folder name of a final checkpoint saved without a step number (`step_{step}` -> `step_final`), or None
+    for a `re:` pattern (its own regex says what a checkpoint is)."""
+    if pattern.startswith("re:") or "{step}" not in pattern:
+        return None
+    head, _, tail = pattern.partition("{step}")
+    return re.compile(f"^{_glob(head)}(?:{'|'.join(FINAL_WORDS)}){_glob(tail)}$")
+
+
 def step_of(rx: re.Pattern[str], name: str) -> int | None:
     m = rx.match(name)
     if not m:
@@ -65,24 +77,51 @@ def step_of(rx: re.Pattern[str], name: str) -> int | None:
         return None
 
 
-def scan(root: str, pattern: str, marker: str | None) -> list[tuple[int, str, bool]]:
+def scan(root: str, pattern: str, marker: str | None, final_step: int | None = None) -> list[tuple[int, str, bool]]:
     """(step, path, complete) of the checkpoint folders under root, oldest first. Symlinks are never checkpoints;
-    a folder is complete once its marker file exists (no marker configured: every folder counts as complete)."""
+    a folder is complete once its marker file exists (no marker configured: every folder counts as complete).
+
+    A final checkpoint saved without a step (`step_final/`) is the last step: `final_step` (the last step the run
+    logged, else its total) when known, else the newest numbered step; it sorts after every numbered one."""
     rx = checkpoint_regex(pattern)
-    out = []
+    frx = final_regex(pattern)
+    out, finals = [], []
     try:
         names = sorted(os.listdir(root))
     except OSError:
         return []
     for name in names:
         path = os.path.join(root, name)
+        if os.path.islink(path) or not os.path.isdir(path):
+            continue
         step = step_of(rx, name)
-        if step is None or os.path.islink(path) or not os.path.isdir(path):
+        if step is None:
+            if frx is not None and frx.match(name):
+                finals.append(path)
             continue
         done = os.path.isfile(os.path.join(path, marker.replace("{step}", str(step)))) if marker else True
         out.append((step, path, done))
     out.sort(key=lambda t: t[0])
+    for path in finals:
+        step = final_step if final_step is not None else (out[-1][0] if out else 0)
+        step = max([step, *(s for s, _, _ in out)])
+        done = os.path.isfile(os.path.join(path, marker.replace("{step}", str(step)))) if marker else True
+        out.append((step, path, done))
     return out
+
+
+def descriptor_final_step(root: str) -> int | None:
+    """The step a final checkpoint under root stands for, as the runner recorded it (the last step logged when the
+    trainer ended, else the run's total steps)."""
+    try:
+        with open(os.path.join(root, DESCRIPTOR)) as fh:
+            desc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    for key in ("final_step", "total_steps"):
+        if isinstance(desc, dict) and type(desc.get(key)) is int:
+            return desc[key]
+    return None
 
 
 def pick_resume(cfg: dict) -> tuple[int, str] | None:
@@ -91,10 +130,11 @@ def pick_resume(cfg: dict) -> tuple[int, str] | None:
     want = ck.get("resume", "off")
     if want in (None, "off") or not ck.get("pattern"):
         return None
-    done = [(s, p) for s, p, ok in scan(ck["dir"], ck["pattern"], ck.get("marker")) if ok]
+    done = [(s, p) for s, p, ok in scan(ck["dir"], ck["pattern"], ck.get("marker"), descriptor_final_step(ck["dir"]))
+            if ok]
     if want == "latest":
         return (done[-1][0], os.path.abspath(done[-1][1])) if done else None
-    for s, p in done:
+    for s, p in reversed(done):  # a final checkpoint and the numbered one of the same step: the final one
         if s == int(want):
             return s, os.path.abspath(p)
     raise LookupError(f"no complete checkpoint of step {want} in {os.path.abspath(ck['dir'])}")
@@ -123,7 +163,9 @@ def command_argv(cfg: dict, resume: tuple[int, str] | None, run_dir: str | None 
     return ["/bin/sh", "-c", " ".join([script, *(shlex.quote(a) for a in extra)])]
 
 
-def write_descriptor(cfg: dict) -> None:
+def write_descriptor(cfg: dict, final_step: int | None = None) -> None:
+    """The layout of the checkpoint directory for the adapter; `final_step` (the last step logged, once the trainer
+    ended) says which step a `step_final/` stands for; a step recorded by an earlier attempt is kept until then."""
     ck = cfg.get("checkpoint") or {}
     if not ck.get("pattern"):
         return
@@ -131,8 +173,18 @@ def write_descriptor(cfg: dict) -> None:
         os.makedirs(ck["dir"], exist_ok=True)
         path = os.path.join(ck["dir"], DESCRIPTOR)
         tmp = f"{path}.{os.getpid()}.tmp"
+        desc = {"backend": "command", "pattern": ck["pattern"], "marker": ck.get("marker"),
+                "total_steps": ck.get("total_steps")}
+        if final_step is None:
+            try:
+                with open(path) as fh:
+                    final_step = json.load(fh).get("final_step")
+            except (OSError, ValueError, AttributeError):
+                final_step = None
+        if final_step is not None:
+            desc["final_step"] = final_step
         with open(tmp, "w") as fh:
-            json.dump({"backend": "command", "pattern": ck["pattern"], "marker": ck.get("marker")}, fh)
+            json.dump(desc, fh)
             fh.write("\n")
         os.replace(tmp, path)
     except OSError as e:
@@ -312,8 +364,13 @@ def main(argv: list[str]) -> int:
     out_path = os.environ.get("RLCTL_METRICS_FILE") or os.path.join(base, OUT_DEFAULT)
     pending: list[str] = []
 
+    logged = {"last": None, "count": 0}  # the last step the trainer logged (a final checkpoint's step)
+
     def emit(rec: dict | None) -> None:
         if rec is not None:
+            logged["count"] += 1
+            if type(rec.get("step")) is int:
+                logged["last"] = rec["step"]
             rec.setdefault("time", round(time.time(), 3))  # when it was printed (within POLL), not when ingested
             pending.append(json.dumps({RECORD_KEY: rec}, default=str))
 
@@ -349,6 +406,8 @@ def main(argv: list[str]) -> int:
         if code is not None:
             break
         time.sleep(POLL)
+    if logged["count"]:
+        write_descriptor(cfg, logged["last"] if logged["last"] is not None else None)
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)

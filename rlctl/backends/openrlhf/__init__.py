@@ -48,10 +48,13 @@ def _fmt(v: Any) -> str:
 @dataclass
 class RayJobPlan(LaunchPlan):
     """A `ray job submit` plan. Its launch.sh builds `--runtime-env-json` when it runs, from the shell's environment
-    (a submitted job does not inherit that shell's environment): secrets reach the job without being written."""
+    (a submitted job does not inherit that shell's environment). Secrets never go into it (a runtime env is on the
+    command line and in the job record the dashboard shows): the cluster's nodes have them, or the head rlctl's Ray
+    executor starts inherits them."""
 
     runtime_env: dict[str, Any] = field(default_factory=dict)  # everything but env_vars (working_dir, pip)
     job_env: list[str] = field(default_factory=list)  # variables the job gets, values read at launch time
+    secrets: list[str] = field(default_factory=list)  # the job needs them; never in a runtime env (the nodes have them)
     executor: str = "ray"  # who runs the plan: rlctl's Ray executor submits itself; `local` runs `ray job submit`
 
     def _lines(self) -> tuple[list[str], list[str]]:
@@ -70,6 +73,8 @@ class RayJobPlan(LaunchPlan):
                 'env["env_vars"] = {k: os.environ[k] for k in sys.argv[2:] if k in os.environ}; print(json.dumps(env))')
         build = [
             "# the job's environment, read from this shell now (a Ray job does not inherit it; nothing is written):",
+            *([f"# not sent: {', '.join(self.secrets)} (a runtime env is on the command line and in the job record the "
+               "dashboard shows): the cluster's nodes must have it (docs/ray.md)"] if self.secrets else []),
             f'{RUNTIME_ENV_VAR}="$(python3 -c {shlex.quote(code)} \\',
             f"  {shlex.quote(json.dumps(self.runtime_env, sort_keys=True))} {' '.join(self.job_env)})\"",
         ]
@@ -96,6 +101,13 @@ class OpenRLHFBackend(Backend):
     packages = ("openrlhf",)
     known_versions = KNOWN_VERSIONS
     metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
+
+    def prompt_limit(self, recipe: Recipe) -> str | None:
+        """OpenRLHF tokenizes prompts with truncation=True at --prompt_max_len (<= 0.9: experience_maker's
+        tokenize_fn); from the dotted releases on, prompts are cut to --data.max_len - max_new_tokens."""
+        if release(self.target_version(recipe)).dotted:
+            return "OpenRLHF cuts prompts to data.max_len - max_new_tokens (truncation)"
+        return "OpenRLHF truncates prompts to --prompt_max_len"
 
     def stall_patterns(self) -> list[str]:
         """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""
@@ -318,8 +330,9 @@ class OpenRLHFBackend(Backend):
         return env
 
     def secret_env(self, recipe: Recipe) -> list[str]:
-        """The secrets the job needs in its environment (as `${NAME}` in the plan's env: rlctl's Ray executor resolves
-        them into the job's runtime env at submission; launch.sh and the local executor read them when they run)."""
+        """The secrets the job needs in its environment (as `${NAME}` in the plan's env: rlctl's Ray executor gives
+        them to the Ray head it starts; never in a job's runtime env, so a cluster rlctl did not start must have them
+        on its nodes)."""
         return sorted(k for k, v in self.job_env(recipe).items() if v == f"${{{k}}}")
 
     def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
@@ -364,7 +377,8 @@ class OpenRLHFBackend(Backend):
         ]
         s = plan_steps(recipe, dataset_size)
         plan = RayJobPlan(backend=self.name, version=version, argv=argv, env=env, keys=keys, total_steps=s.total,
-                          runtime_env=runtime_env, job_env=sorted(env), executor=recipe.resources.executor)
+                          runtime_env=runtime_env, job_env=sorted(set(env) - set(self.secret_env(recipe))),
+                          secrets=self.secret_env(recipe), executor=recipe.resources.executor)
         if rel.dotted and recipe.data.max_prompt_tokens:
             plan.notes.append(f"OpenRLHF {version} has no prompt limit flag: --data.max_len = prompt + response "
                               "tokens, prompts are cut to max_len - max_new_tokens")
@@ -377,7 +391,7 @@ class OpenRLHFBackend(Backend):
         return plan
 
     def prepare_launch(self, plan: LaunchPlan, run_dir: Path) -> LaunchPlan:
-        """Run by rlctl's local executor, `ray job submit` itself must carry the job's environment (secrets included),
+        """Run by rlctl's local executor, `ray job submit` itself must carry the job's environment (secrets excepted),
         built from the process environment when it runs: never from the argv rlctl writes into the run directory."""
         del run_dir  # Unused
         if not isinstance(plan, RayJobPlan) or plan.executor == "ray":

@@ -158,16 +158,23 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
     if family == "env" and r.logging.wandb is not None:
         if r.logging.wandb.offline:
             out.append(Result("env.wandb_job", OK, "W&B offline in the Ray job (WANDB_MODE=offline): no key needed"))
+        elif r.resources.executor != "ray" or r.resources.ray_address or os.environ.get("RAY_ADDRESS"):
+            out.append(Result(
+                "env.wandb_job", WARN,
+                "WANDB_API_KEY is not sent to a Ray cluster rlctl did not start (a job's runtime env is on the "
+                "command line and in the job record its dashboard shows): OpenRLHF finds it only if the nodes have it",
+                "set WANDB_API_KEY in the environment `ray start` runs with on every node, or executor = \"ray\" "
+                "with no address (rlctl's own head inherits it); see docs/ray.md"))
         elif os.environ.get("WANDB_API_KEY"):
-            out.append(Result("env.wandb_job", OK, "WANDB_API_KEY reaches the Ray job through its runtime env "
-                              "(visible to whoever can read the Ray dashboard's job details)"))
+            out.append(Result("env.wandb_job", OK, "WANDB_API_KEY reaches the Ray job through the environment of the "
+                              "Ray head rlctl starts (never in the job's runtime env or on a command line)"))
         else:
             out.append(Result(
                 "env.wandb_job", FAIL,
                 "W&B is on but WANDB_API_KEY is not set here: a Ray job does not inherit this shell's environment or "
                 "read this machine's ~/.netrc, so OpenRLHF would log in with the placeholder key and die",
-                "export WANDB_API_KEY=... (passed in the job's runtime env, never written), or keep the key on the "
-                "cluster and pass W&B flags through backend.openrlhf.extra instead of [logging.wandb] "
+                "export WANDB_API_KEY=... (the Ray head rlctl starts inherits it; never written), or keep the key on "
+                "the cluster and pass W&B flags through backend.openrlhf.extra instead of [logging.wandb] "
                 "(docs/backends/openrlhf.md)"))
     if family == "disk":
         if r.checkpoint.save_optimizer:

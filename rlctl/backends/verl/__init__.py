@@ -333,6 +333,12 @@ class VerlBackend(Backend):
         # Hydra rejects an override of a key that is not in the config unless it is prefixed with `+`
         return check_keys(self.name, plan.keys, known, version, source, kind="key")
 
+    def prompt_limit(self, recipe: Recipe) -> str | None:
+        """verl's RLHFDataset holds prompts to data.max_prompt_length: with truncation='error' (the default) a longer
+        one stops the run with an error, filter_overlong_prompts drops them, left/right truncation cuts them."""
+        del recipe  # Unused
+        return "verl's data.max_prompt_length (longer prompts fail, are filtered or truncated: data.truncation)"
+
     def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
         """A log line (or a W&B/TensorBoard row) in rlctl's unified names: see verl/metrics.py."""
         from rlctl.backends.verl.metrics import parse
@@ -509,18 +515,24 @@ def wandb_reaches_job(recipe: Recipe, environ: Any) -> list[Any]:
         return []
     has_env = bool(environ.get("WANDB_API_KEY"))
     if recipe.resources.executor == "ray":
+        remote = recipe.resources.ray_address or environ.get("RAY_ADDRESS")
+        if remote:
+            return [Result("env.wandb_job", WARN, f"WANDB_API_KEY is not sent to the Ray cluster at {remote} (a job's "
+                           "runtime env is readable from its dashboard): verl's wandb.init finds it only if the "
+                           "cluster's nodes have it", "set WANDB_API_KEY in the environment `ray start` runs with on "
+                           "every node (or their ~/.netrc); see docs/ray.md")]
         if has_env:
-            return [Result("env.wandb_job", OK, "WANDB_API_KEY goes to the Ray job's runtime_env (env_vars; "
-                           "visible to whoever can read the Ray dashboard)")]
-        return [Result("env.wandb_job", FAIL, "W&B is on and no WANDB_API_KEY is in the environment: a `ray job "
-                       "submit` job does not see this machine's shell or ~/.netrc, so verl's wandb.init fails",
-                       "export WANDB_API_KEY before launching (it is passed in the job's runtime_env), or put the "
-                       "key on the cluster (~/.netrc of the Ray nodes) and log offline here")]
+            return [Result("env.wandb_job", OK, "WANDB_API_KEY reaches the job through the environment of the Ray "
+                           "head rlctl starts (never in the job's runtime env or on a command line)")]
+        return [Result("env.wandb_job", FAIL, "W&B is on and no WANDB_API_KEY is in the environment: the Ray job "
+                       "does not read this machine's ~/.netrc, so verl's wandb.init fails",
+                       "export WANDB_API_KEY before launching (the Ray head rlctl starts inherits it; never "
+                       "written), or log offline")]
     ray_address = recipe.env.get("RAY_ADDRESS") or environ.get("RAY_ADDRESS")
     if ray_address:
         return [Result("env.wandb_job", WARN, f"RAY_ADDRESS={ray_address}: main_ppo joins that cluster and its "
                        "TaskRunner does not inherit this shell's WANDB_API_KEY (verl's runtime_env forwards only "
                        "its own variables, trainer/constants_ppo.py)",
-                       "use executor = \"ray\" (the key goes in the job's runtime_env) or configure the key on "
-                       "the cluster's nodes")]
+                       "configure the key on the cluster's nodes (docs/ray.md), or use executor = \"ray\" with no "
+                       "address (rlctl's own head inherits it)")]
     return []
