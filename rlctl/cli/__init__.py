@@ -12,7 +12,7 @@ import sys
 import typer
 
 # Each module registers its commands on the app when imported; the order is the order of `rlctl --help`.
-from rlctl.cli import ckpt, model, patch, recipes, runs  # noqa: F401
+from rlctl.cli import ckpt, hosts, model, patch, recipes, runs  # noqa: F401
 from rlctl.cli._app import app
 from rlctl.errors import EXIT_CHECK_FAILED, EXIT_USAGE, RlctlError
 

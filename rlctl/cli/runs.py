@@ -31,6 +31,8 @@ def launch(
         "(default: the recipe's [run] restart).")] = None,
     max_restarts: Annotated[int | None, typer.Option(
         "--max-restarts", min=0, help="Give up after this many restarts (default: [run] max_restarts).")] = None,
+    on: Annotated[str | None, typer.Option("--on", help="Run on this SSH host (rlctl hosts list); --resume then "
+                                           "takes RUN or HOST:RUN.")] = None,
 ) -> None:
     """Preflight, patch, create the run directory and start training; stream progress unless --detach."""
     from rlctl.executors import available
@@ -44,7 +46,7 @@ def launch(
     if restart is not None and restart not in POLICIES:
         raise RlctlError(f"--restart {restart!r}: expected one of {', '.join(POLICIES)}.")
     opts = LaunchOptions(recipe, set_ or [], detach, smoke, name, force, resume, executor, address, grace,
-                         restart, max_restarts)
+                         restart, max_restarts, on)
     run_dir, code = do_launch(opts)
     if detach:
         _echo(run_dir.name)
@@ -153,14 +155,19 @@ def status(
     watch: Annotated[bool, typer.Option("--watch", "-w", help="Refresh until interrupted.")] = False,
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes with --watch.")] = 2.0,
     stall_after: Annotated[float, typer.Option("--stall-after", help="Seconds without a new step = stalled.")] = 1800,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each SSH host of remote runs.")]
+    = 5.0,
 ) -> None:
     """Runs at a glance, or one run's progress, metrics, health and disk."""
     from rlctl.runs.status import show_status
 
     _seconds("--interval", interval, positive=True)
     _seconds("--stall-after", stall_after, positive=True)
+    _seconds("--timeout", timeout, positive=True)
+    import os
 
-    show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after)
+    os.environ["RLCTL_SSH_TIMEOUT"] = str(timeout)  # the SSH executor's wait for `status RUN`
+    show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after, timeout=timeout)
 
 
 

@@ -260,6 +260,7 @@ class RunSection(Section):
         default="never", description="Restart from the latest complete checkpoint on a failure, a stall, or both.")
     max_restarts: NonNegInt = Field(default=3, description="Give up (status failed) after this many restarts.")
     stall: StallSection = Field(default_factory=StallSection)
+    on: str | None = Field(default=None, description="An SSH host (rlctl hosts add) to run on, as `launch --on HOST`.")
 
 
 class WandbSection(Section):

@@ -85,11 +85,12 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = ("run", "backend", "state", "step", "reward", "elapsed", "eta")
+    head = ("run", "host", "backend", "state", "step", "reward", "elapsed", "eta")
     body = []
     for r in rows:
         step = f"{r['step'] if r['step'] is not None else '-'}" + (f"/{r['total_steps']}" if r["total_steps"] else "")
-        body.append((r["name"], r["backend"] or "-", r["status"], step, fmt_num(r["reward"]),
+        state = r["status"] + (f" (last: {r['last_known']})" if r.get("last_known") else "")
+        body.append((r["name"], r.get("host") or "local", r["backend"] or "-", state, step, fmt_num(r["reward"]),
                      fmt_duration(r["elapsed_s"]), fmt_duration(r["eta_s"])))
     widths = [max(len(h), *(len(str(b[i])) for b in body)) if body else len(h) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
@@ -169,9 +170,36 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(run: str | None, as_json: bool, stall_after: float) -> str:
+def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[Any, dict[str, Any]]:
+    """Rows of the runs that live on SSH hosts: one round trip per host, hosts in parallel; an unreachable host's
+    runs show as unreachable with their last known state."""
+    from rlctl.core.state import read_state
+
+    remote = [p for p in paths if read_state(p).get("executor") == "ssh"]
+    if not remote:
+        return {}
+    from rlctl.executors.ssh import poll_many
+
+    polled = poll_many(remote, timeout=timeout, stall_after=stall_after)
+    rows = {}
+    for p in remote:
+        st = read_state(p)
+        row = dict(st.get("remote_summary") or {})
+        row.update(name=p.name, path=str(p), host=st.get("host"))
+        for k in ("backend", "step", "total_steps", "reward", "elapsed_s", "eta_s", "exit_code"):
+            row.setdefault(k, st.get(k))
+        row["status"] = polled.get(p, {}).get("status") or st.get("status", "unknown")
+        if row["status"] == "unreachable":
+            row["last_known"] = st.get("status")
+        rows[p] = row
+    return rows
+
+
+def render(run: str | None, as_json: bool, stall_after: float, timeout: float = 5.0) -> str:
     if run is None:
-        rows = [summary(run_status(p, stall_after)) for p in list_runs()]
+        paths = list_runs()
+        remote = remote_rows(paths, stall_after, timeout)
+        rows = [remote.get(p) or {**summary(run_status(p, stall_after)), "host": None} for p in paths]
         if as_json:
             return json.dumps(rows, indent=2, default=str)
         return _table(rows) if rows else "no runs yet (rlctl launch RECIPE)"
@@ -180,13 +208,13 @@ def render(run: str | None, as_json: bool, stall_after: float) -> str:
 
 
 def show_status(run: str | None, as_json: bool = False, watch: bool = False, interval: float = 2.0,
-                stall_after: float = 1800) -> None:
+                stall_after: float = 1800, timeout: float = 5.0) -> None:
     if not watch:
-        sys.stdout.write(render(run, as_json, stall_after) + "\n")
+        sys.stdout.write(render(run, as_json, stall_after, timeout) + "\n")
         return
     try:
         while True:
-            text = render(run, as_json, stall_after)
+            text = render(run, as_json, stall_after, timeout)
             if sys.stdout.isatty():
                 sys.stdout.write("\x1b[2J\x1b[H")
             sys.stdout.write(text + "\n")
