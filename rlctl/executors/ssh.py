@@ -46,7 +46,7 @@ def remote_rlctl_error(host: Host, p: subprocess.CompletedProcess[str]) -> Rlctl
         return RlctlError(f"{host.name}: rlctl is not installed for {host.python} there.",
                           hint=f"rlctl hosts install {host.name} (pip-installs rlctl {_version()} there), or set "
                                f"the host's python to an interpreter that has it")
-    if ("No such option" in text or "No such command" in text) and "remote-" in " ".join(map(str, p.args)):
+    if "No module named rlctl.executors.ssh_remote" in text or "usage: python -m rlctl.executors.ssh_remote" in text:
         return RlctlError(f"{host.name}: its rlctl is older than this one ({_version()}) and does not know the "
                           "remote commands.", hint=f"rlctl hosts install {host.name}")
     return None
@@ -58,10 +58,11 @@ def _version() -> str:
     return __version__
 
 
-def call_remote(runner: Runner, command: str, request: dict[str, Any], timeout: float,
-                args: tuple[str, ...] = ()) -> dict[str, Any]:
-    """One round trip: `rlctl <command>` there with a JSON request on stdin, a JSON answer on stdout."""
-    p = runner.rlctl([command, *args], stdin=json.dumps(request).encode(), timeout=timeout, check=False)
+def call_remote(runner: Runner, verb: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One round trip: `python -m rlctl.executors.ssh_remote VERB` there, a JSON request on stdin, a JSON answer
+    on stdout."""
+    p = runner.run([*runner.python_argv(), "-m", "rlctl.executors.ssh_remote", verb],
+                   stdin=json.dumps(request).encode(), timeout=timeout, check=False)
     if p.returncode != 0:
         err = remote_rlctl_error(runner.host, p)
         if err:
@@ -177,7 +178,7 @@ def git_bundle(recipe_path: Path, tmp: Path) -> tuple[dict[str, Any], Path] | No
 
 def send_blobs(runner: Runner, files: dict[str, Path], timeout: float) -> None:
     """rsync the blobs the host lacks into <workdir>/.rlctl/blobs (named by sha256; resumable)."""
-    answer = call_remote(runner, "remote-blobs", {"sha256": sorted(files)}, timeout=timeout)
+    answer = call_remote(runner, "blobs", {"sha256": sorted(files)}, timeout=timeout)
     missing = [s for s in answer.get("missing", []) if s in files]
     if not missing:
         return
@@ -220,7 +221,7 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
         print(f"rlctl: sending {len(shas)} file(s) to {host.name} (only those it lacks travel)", file=out)
         send_blobs(runner, shas, timeout=60)
     print(f"rlctl: preflight and start on {host.name} (its GPUs, disk and backend)", file=out)
-    answer = call_remote(runner, "remote-launch", request, timeout=600)
+    answer = call_remote(runner, "launch", request, timeout=600)
     name = answer["name"]
     local = runs_root() / name
     local.mkdir(parents=True, exist_ok=False)
@@ -311,7 +312,7 @@ def poll_many(run_dirs: list[Path], timeout: float = 5.0, stall_after: float = 1
         try:
             host = get_host(host_name)
             r = Runner(host, connect_timeout=timeout)
-            answer = call_remote(r, "remote-poll", {"run_dirs": [rd for _, rd in runs], "stall_after": stall_after},
+            answer = call_remote(r, "poll", {"run_dirs": [rd for _, rd in runs], "stall_after": stall_after},
                                  timeout=timeout)
             for d, rd in runs:
                 rows[d] = record(d, answer.get(rd) or {"error": "no answer for this run"})
@@ -339,7 +340,7 @@ class SSHExecutor(Executor):
         try:
             host, remote_dir = _handle(state)
             runner = Runner(host, connect_timeout=self.timeout)
-            answer = call_remote(runner, "remote-poll", {"run_dirs": [remote_dir]}, timeout=self.timeout)
+            answer = call_remote(runner, "poll", {"run_dirs": [remote_dir]}, timeout=self.timeout)
             summ = record(run_dir, answer.get(remote_dir) or {"error": "no answer"})
             mirror(run_dir, runner, remote_dir, timeout=max(self.timeout, 30))
         except RlctlError as e:
@@ -372,12 +373,36 @@ class SSHExecutor(Executor):
         return read_state(run_dir).get("exit_code")
 
 
+def run_remote_rlctl(host_name: str, args: list[str], sync_dir: Path | None = None, timeout: float = 1800.0
+                     ) -> tuple[int, str, str]:
+    """The host's rlctl with these arguments (e.g. `patch apply ...`): (exit code, stdout, stderr). A local
+    directory given as `sync_dir` is copied there first and `--dir` points at the copy."""
+    host = get_host(host_name)
+    runner = Runner(host)
+    if sync_dir is not None:
+        from rlctl.executors.ssh_runner import sync_to
+
+        if not sync_dir.is_dir():
+            raise RlctlError(f"--dir {sync_dir}: not a directory.")
+        dest = f".rlctl/dirs/{sync_dir.resolve().name}"
+        sync_to(host, [sync_dir.resolve()], ".rlctl/dirs")
+        args = [*args, "--dir", dest]
+    p = runner.rlctl(args, timeout=timeout, check=False)
+    err = remote_rlctl_error(host, p)
+    if err:
+        raise err
+    return p.returncode, p.stdout.rstrip("\n"), p.stderr
+
+
 # ---- checkpoints --------------------------------------------------------------------------------------------------
-def remote_checkpoints(run_dir: Path, step: int | None = None, timeout: float = 600.0) -> tuple[Runner, dict]:
+def remote_checkpoints(run_dir: Path, step: int | None = None, timeout: float = 600.0, list_only: bool = False
+                       ) -> tuple[Runner, dict]:
+    """The remote run's checkpoints; unless list_only, the picked one's files with sizes and sha256."""
     state = read_state(run_dir)
     host, remote_dir = _handle(state)
     runner = Runner(host)
-    return runner, call_remote(runner, "remote-ckpt", {"run_dir": remote_dir, "step": step}, timeout=timeout)
+    return runner, call_remote(runner, "ckpt", {"run_dir": remote_dir, "step": step, "list": list_only},
+                               timeout=timeout)
 
 
 def verify(root: Path, files: list[dict[str, Any]]) -> list[str]:
@@ -441,6 +466,6 @@ def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) 
     runner.run(["mkdir", "-p", dest], timeout=60)
     runner.rsync([f"{root}/./{t}" for t in tops], dest + "/", up=True,
                  extra=["--relative", "--partial", "--partial-dir=.rsync-partial"])
-    call_remote(runner, "remote-adopt", {"name": run_dir.name, "backend": backend, "files": files,
+    call_remote(runner, "adopt", {"name": run_dir.name, "backend": backend, "files": files,
                                          "source": f"{state.get('host') or 'local'}:{run_dir.name}"}, timeout=600)
     return f"step {pick.step} of {run_dir.name} is on {host.name} ({len(files)} files, verified)"

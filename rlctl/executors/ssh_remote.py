@@ -1,6 +1,8 @@
-"""The remote half of the SSH executor: what the host's own rlctl does when the laptop asks (hidden commands
-`rlctl remote-blobs`, `remote-launch`, `remote-poll`, `remote-ckpt`). Each reads one JSON request on stdin (secrets
-included: never on a command line) and prints one JSON answer on stdout, so every question costs one round trip.
+"""The remote half of the SSH executor: what the host's own rlctl does when the laptop asks
+(`python -m rlctl.executors.ssh_remote VERB`, VERB one of blobs, launch, poll, ckpt, adopt; no CLI framework is
+imported, so a poll answers fast). Each reads one JSON request on stdin (secrets included: never on a command line)
+and prints one JSON answer on stdout, so every question costs one round trip. Errors: exit 2 (bad input) or 1, the
+message on stderr as `rlctl: ...`.
 
 Blobs: files the laptop sent, named by their sha256, under `<workdir>/.rlctl/blobs/`; a launch materialises its
 recipe and everything it references from them in `<workdir>/.rlctl/stage/<token>/`, checking every hash first.
@@ -149,7 +151,7 @@ def poll(run_dirs: list[str], stall_after: float = 1800.0) -> dict[str, Any]:
     return out
 
 
-def checkpoints(run_dir: str, step: int | None) -> dict[str, Any]:
+def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict[str, Any]:
     """The run's checkpoints; for `step` (or the newest complete one), every file with its size and sha256,
     relative to the checkpoint root."""
     from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
@@ -162,6 +164,8 @@ def checkpoints(run_dir: str, step: int | None) -> dict[str, Any]:
     rows = [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)} for c in ckpts]
     answer: dict[str, Any] = {"root": str(root), "backend": backend, "checkpoints": rows}
     done = [c for c in ckpts if c.complete]
+    if list_only:
+        return answer
     pick = None
     if step is None and done:
         pick = done[-1]
@@ -212,3 +216,36 @@ def adopt_checkpoint(req: dict[str, Any]) -> dict[str, Any]:
     write_state(run_dir, name=run_dir.name, status="finished", backend=req["backend"], executor="local",
                 started_at=time.time(), ended_at=time.time(), exit_code=0, pushed_from=req.get("source"))
     return {"run_dir": str(run_dir)}
+
+
+VERBS = {
+    "blobs": lambda req: {"missing": missing_blobs(list(req.get("sha256") or []))},
+    "launch": remote_launch,
+    "poll": lambda req: poll(list(req.get("run_dirs") or []), float(req.get("stall_after") or 1800)),
+    "ckpt": lambda req: checkpoints(str(req["run_dir"]), req.get("step"), bool(req.get("list"))),
+    "adopt": adopt_checkpoint,
+}
+
+
+def main(argv: list[str]) -> int:
+    from rlctl import __version__
+
+    if len(argv) != 1 or argv[0] not in VERBS:
+        sys.stderr.write(f"rlctl: usage: python -m rlctl.executors.ssh_remote {{{','.join(VERBS)}}}\n")
+        return 2
+    try:
+        answer = VERBS[argv[0]](read_request())
+    except RlctlError as e:
+        sys.stderr.write(f"rlctl: {e}\n")
+        return e.exit_code
+    except OSError as e:
+        sys.stderr.write(f"rlctl: {e.filename or ''}: {e.strerror or e}\n")
+        return 2
+    if isinstance(answer, dict):
+        answer.setdefault("rlctl_version", __version__)
+    sys.stdout.write(json.dumps(answer, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
