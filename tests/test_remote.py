@@ -49,6 +49,11 @@ def remote(sshd, tmp_path, monkeypatch, cli):  # noqa: F811
                        capture_output=True, timeout=10)
 
 
+def sub(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlctl.cli", *args], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
 def wait_for(pred, timeout=120.0, interval=0.5):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -184,10 +189,10 @@ def test_quickstart_on_remote_end_to_end(remote, cli, monkeypatch):
     r = cli("status")
     assert "finished" in r.out and "4/4" in r.out
 
-    r = cli("logs", name)
-    assert r.code == 0 and r.out.strip()
-    r = cli("logs", name, "--metrics")
-    recs = [json.loads(x) for x in r.out.splitlines() if x.strip()]
+    r = sub("logs", name)  # logs writes bytes to stdout: a real process
+    assert r.returncode == 0 and "'step': 4" in r.stdout, r.stderr
+    r = sub("logs", name, "--metrics")
+    recs = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
     assert recs and max(x.get("step", 0) for x in recs) == 4
     assert cli("metrics", name, "--csv").code == 0
     assert cli("doctor", name).code in (0, 1)
