@@ -205,6 +205,22 @@ def test_quickstart_on_remote_end_to_end(remote, cli, monkeypatch):
     assert "verified" in r.out
     assert any((remote["tmp"] / "pulled").rglob("*.safetensors"))
 
+    # push the checkpoint to a second host, and resume there from it (one more step)
+    work2 = remote["tmp"] / "remote2"
+    cli("hosts", "add", "box2", ALIAS, "--workdir", str(work2), "--python", sys.executable, "--env",
+        f"PYTHONPATH={ROOT}", "--env", f"RLCTL_MODEL_CACHE={remote['tmp'] / 'models'}")
+    r = cli("ckpt", "push", name, "--to", "box2")
+    assert r.code == 0 and "verified" in r.out, r.out + r.err
+    pushed = work2 / "runs" / name
+    assert read_state(pushed)["status"] == "finished" and any(pushed.rglob("*.safetensors"))
+    r = cli("launch", QUICK, "--on", "box2", "--detach", *SMALL, "--set", "train.steps=5", "--resume", f"box:{name}")
+    assert r.code == 0, r.out + r.err
+    second = Path(read_state(remote["runs"] / r.out.strip().splitlines()[-1])["remote_run_dir"])
+    assert second.parent == work2 / "runs"
+    assert wait_for(lambda: read_state(second).get("status") in ("finished", "failed"), timeout=400)
+    st2 = read_state(second)
+    assert st2["status"] == "finished" and st2["resumed_from"].endswith(name), st2
+
     # no secret in any file on either side
     for root in (remote["work"], remote["runs"]):
         p = subprocess.run(["grep", "-rl", secret, str(root)], capture_output=True, text=True)
@@ -224,3 +240,34 @@ def test_stop_remote_run(remote, cli):
     assert read_state(remote_dir)["status"] == "stopped"
     assert cli("status", name).code == 0
     assert read_state(remote["runs"] / name)["status"] == "stopped"
+
+
+def test_git_bundle_and_remote_preflight(remote, cli, tmp_path):
+    """Unpushed commits travel as a bundle, checked out at the same SHA; preflight runs there, and its failure
+    (a context budget the recipe breaks) comes back with its table; nothing starts."""
+    repo = tmp_path / "repo"
+    (repo / "quickstart").mkdir(parents=True)
+    for f in ("prompts.jsonl", "reward.py"):
+        (repo / "quickstart" / f).write_text((RECIPES / "quickstart" / f).read_text())
+    (repo / "r.toml").write_text(Path(QUICK).read_text())
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    sha = subprocess.run([*git[:3], "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    r = cli("launch", str(repo / "r.toml"), "--on", "box", "--detach", "--set", "rollout.max_tokens=500")
+    assert r.code == 1, r.out + r.err
+    assert "box: preflight failed" in r.err and "context" in r.err
+    checkout = remote["work"] / ".rlctl" / "repos" / sha
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert head.stdout.strip() == sha
+    assert not (remote["work"] / "runs").exists() or not list((remote["work"] / "runs").iterdir())
+    # the second time nothing is sent again (content-addressed)
+    r = cli("launch", str(repo / "r.toml"), "--on", "box", "--detach", "--set", "rollout.max_tokens=500")
+    assert "box: preflight failed" in r.err
+
+
+def test_patch_on_host_runs_the_remote_rlctl(remote, cli):
+    r = cli("patch", "status", "--backend", "openrlhf", "--on", "box")
+    assert r.code == 2  # relayed from the host's rlctl: openrlhf is not installed there
+    assert "openrlhf" in r.err and "not installed" in r.err

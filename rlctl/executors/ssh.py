@@ -67,8 +67,9 @@ def call_remote(runner: Runner, verb: str, request: dict[str, Any], timeout: flo
         err = remote_rlctl_error(runner.host, p)
         if err:
             raise err
-        msg = (p.stderr.strip() or p.stdout.strip() or f"exit {p.returncode}")
-        msg = msg.removeprefix("rlctl: ")
+        msg = (p.stderr.strip() or f"exit {p.returncode}").removeprefix("rlctl: ")
+        if p.stdout.strip():  # e.g. the preflight table of a launch that failed there
+            msg += "\n" + p.stdout.strip()
         cls = CheckFailed if p.returncode == 1 else RlctlError
         raise cls(f"{runner.host.name}: {msg}")
     try:
