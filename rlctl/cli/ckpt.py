@@ -23,9 +23,9 @@ def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
     best = best_checkpoint(run_dir)
     rows = [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)} for c in ckpts]
     if read_state(run_dir).get("executor") == "ssh":  # the run lives on an SSH host: its checkpoints are there
-        from rlctl.executors.ssh import remote_checkpoints
+        from rlctl import executors
 
-        runner, answer = remote_checkpoints(run_dir, list_only=True)
+        runner, answer = executors.get("ssh").remote_checkpoints(run_dir, list_only=True)
         rows = [{**r, "path": f"{runner.host.name}:{r['path']}"} for r in answer["checkpoints"]]
     if as_json:
         _echo(json.dumps({"checkpoints": rows, "best_eval": best}, indent=2))
@@ -74,14 +74,14 @@ def ckpt_pull(
 ) -> None:
     """Copy a complete checkpoint of a run on an SSH host here: resumable (rsync --partial), then every file's size
     and sha256 checked. LoRA runs move the adapter the backend saved, nothing more."""
-    from rlctl.executors.ssh import ckpt_pull as pull
+    from rlctl import executors
     from rlctl.runs.state import find_run, read_state
 
     run_dir = find_run(run)
     if read_state(run_dir).get("executor") != "ssh":
         raise RlctlError(f"{run_dir.name} ran on this machine: its checkpoints are already here.",
                          hint=f"rlctl ckpt list {run_dir.name}")
-    dest, pick = pull(run_dir, step, to)
+    dest, pick = executors.get("ssh").ckpt_pull(run_dir, step, to)
     size = sum(f["size"] for f in pick["files"])
     _echo(f"pulled step {pick['step']} of {run_dir.name}: {len(pick['files'])} files, {size / 1e9:.2f} GB, "
           f"verified (sizes and sha256) -> {dest}")
@@ -96,7 +96,7 @@ def ckpt_push(
 ) -> None:
     """Copy a complete checkpoint of a run to an SSH host (from wherever the run lives, through here), verified
     there; `rlctl launch RECIPE --on HOST --resume RUN` then resumes from it."""
-    from rlctl.executors.ssh import ckpt_push as push
+    from rlctl import executors
     from rlctl.runs.state import find_run
 
-    _echo(push(find_run(run), step, to))
+    _echo(executors.get("ssh").ckpt_push(find_run(run), step, to))

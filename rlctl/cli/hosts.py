@@ -74,8 +74,10 @@ def hosts_check(
 ) -> None:
     """Reachable? Remote rlctl version, GPUs, free disk at the workdir, installed backends and their patch state.
     Exit 1 when a host fails."""
+    from rlctl import executors
     from rlctl.core.host import get_host, load_hosts
-    from rlctl.executors.ssh import host_facts
+
+    host_facts = executors.get("ssh").host_facts
 
     hosts = [get_host(name)] if name else list(load_hosts().values())
     report, failed = {}, False
@@ -115,13 +117,11 @@ def hosts_install(
 ) -> None:
     """Install this rlctl version on the host, with its python's pip (the only command that installs anything
     there)."""
-    from rlctl import __version__
+    from rlctl import __version__, executors
     from rlctl.core.host import get_host
-    from rlctl.executors.ssh_runner import Runner
 
     host = get_host(name)
-    r = Runner(host)
-    p = r.run([*r.python_argv(), "-m", "pip", "install", spec or f"rlctl=={__version__}"], timeout=1800, check=False)
+    p = executors.get("ssh").install(host, spec or f"rlctl=={__version__}")
     if p.returncode != 0:
         raise RlctlError(f"{name}: pip install failed: {(p.stderr or p.stdout).strip()[-400:]}")
     _echo(f"{name}: installed {spec or f'rlctl=={__version__}'}")
@@ -132,7 +132,7 @@ def hosts_install(
 def facts(as_json: JsonOpt = False,
           path: Annotated[str, typer.Option("--path", help="Where free disk is measured.")] = ".") -> None:
     """This machine's facts: rlctl version, GPUs, free disk, backends and patch state."""
-    from rlctl.core.facts import local_facts
+    from rlctl.facts import local_facts
 
     f = local_facts(path)
     _echo(json.dumps(f.to_dict()) if as_json else json.dumps(f.to_dict(), indent=2))

@@ -18,8 +18,9 @@ OnOpt = Annotated[str | None, typer.Option("--on", help="Do it on this SSH host,
 def _on_host(host: str, verb: str, name: str | None, backend: str | None, python: str | None,
              user_dir: Path | None, flags: list[str]) -> None:
     """Run `rlctl patch VERB ...` with the host's own rlctl; --dir is synced there first."""
-    from rlctl.executors.ssh import run_remote_rlctl
+    from rlctl import executors
 
+    run_remote_rlctl = executors.get("ssh").run_remote_rlctl
     args = ["patch", verb, *([name] if name else []), *(["--backend", backend] if backend else []),
             *(["--python", python] if python else []), *flags]
     code, out, err = run_remote_rlctl(host, args, sync_dir=user_dir)

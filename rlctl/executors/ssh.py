@@ -337,6 +337,24 @@ class SSHExecutor(Executor):
     def launch(self, opts: Any, host_name: str, out: Any = None) -> tuple[Path, int]:
         return launch_remote(opts, host_name, out)
 
+    # the verbs the CLI asks for through the registry (the core names no executor module)
+    host_facts = staticmethod(lambda host, timeout=30.0: host_facts(host, timeout))
+    remote_checkpoints = staticmethod(lambda run_dir, step=None, list_only=False:
+                                      remote_checkpoints(run_dir, step, list_only=list_only))
+    ckpt_pull = staticmethod(lambda run_dir, step, to: ckpt_pull(run_dir, step, to))
+    ckpt_push = staticmethod(lambda run_dir, step, host_name: ckpt_push(run_dir, step, host_name))
+    run_remote_rlctl = staticmethod(lambda host_name, args, sync_dir=None: run_remote_rlctl(host_name, args, sync_dir))
+
+    @staticmethod
+    def install(host: Host, spec: str, timeout: float = 1800.0) -> subprocess.CompletedProcess[str]:
+        """pip-install `spec` with the host's python (`rlctl hosts install`)."""
+        r = Runner(host)
+        return r.run([*r.python_argv(), "-m", "pip", "install", spec], timeout=timeout, check=False)
+
+    def poll_many(self, run_dirs: list[Path], timeout: float = 5.0, stall_after: float = 1800.0
+                  ) -> dict[Path, dict[str, Any]]:
+        return poll_many(run_dirs, timeout, stall_after)
+
     def status(self, run_dir: Path, state: dict[str, Any]) -> str:
         try:
             host, remote_dir = _handle(state)

@@ -178,9 +178,9 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
     remote = [p for p in paths if read_state(p).get("executor") == "ssh"]
     if not remote:
         return {}
-    from rlctl.executors.ssh import poll_many
+    from rlctl import executors
 
-    polled = poll_many(remote, timeout=timeout, stall_after=stall_after)
+    polled = executors.get("ssh").poll_many(remote, timeout=timeout, stall_after=stall_after)
     rows = {}
     for p in remote:
         st = read_state(p)
