@@ -74,7 +74,7 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "checkpoints": [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)}
                         for c in ckpts],
         "ingest": {"lines": ing.lines, "records": ing.records, "skipped": ing.skipped, "restarts": ing.restarts},
-        "gpus": gpu_stats(),
+        "gpus": None if _elsewhere(rs.state) else gpu_stats(),  # this machine's GPUs are not the run's
         "attempts": rs.state.get("attempts") or [],
         "restart": rs.state.get("restart"),
         "gave_up": rs.state.get("gave_up"),
@@ -130,6 +130,16 @@ def _detail_text(d: dict[str, Any]) -> str:
         lines.append(f"  log: {ing['lines']} lines, {ing['records']} metric records, {ing['skipped']} unreadable "
                      "metric lines skipped")
     return "\n".join(lines)
+
+
+def _elsewhere(state: dict[str, Any]) -> bool:
+    """The run's processes live on other machines (its executor says so)."""
+    from rlctl import executors
+
+    try:
+        return bool(executors.get(state.get("executor") or "local").remote)
+    except Exception:
+        return False
 
 
 def _disk_full_now(rs: RunStatus) -> str | None:
