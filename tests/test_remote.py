@@ -104,6 +104,8 @@ def test_missing_and_older_rlctl(remote, cli):
     assert r.code == 1 and "0.0.1 there is older than" in r.out and "rlctl hosts install old" in r.out
     r = cli("launch", QUICK, "--on", "bare", "--detach")
     assert r.code == 2 and "rlctl hosts install bare" in r.err
+    r = cli("launch", QUICK, "--set", "run.on=bare", "--detach")  # [run] on = "HOST" in a recipe
+    assert r.code == 2 and "rlctl hosts install bare" in r.err
     assert not (remote["runs"]).exists() or not list(remote["runs"].iterdir())
 
 

@@ -80,6 +80,8 @@ def hosts_check(
     host_facts = executors.get("ssh").host_facts
 
     hosts = [get_host(name)] if name else list(load_hosts().values())
+    if not hosts:
+        raise RlctlError("no hosts to check.", hint="rlctl hosts add NAME USER@HOST --workdir DIR --python PATH")
     report, failed = {}, False
     for h in hosts:
         try:

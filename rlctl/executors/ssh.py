@@ -142,6 +142,26 @@ def referenced_files(prep: Any) -> list[Path]:
     return list(seen)
 
 
+def path_keys(prep: Any, base: Path) -> dict[str, str]:
+    """Each path key that names a local file or directory, as a path relative to the staged tree: the remote side
+    sets it to its own copy (an absolute path on the laptop means nothing there)."""
+    from rlctl.recipe.loader import PATH_KEYS
+
+    out = {}
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        sect = prep.resolved.data.get(section)
+        value = sect.get(name) if isinstance(sect, dict) else None
+        if not isinstance(value, str) or "://" in value or value.startswith("random:"):
+            continue
+        p = Path(value).expanduser()
+        p = p if p.is_absolute() else prep.resolved.path.parent / p
+        if p.exists():
+            with contextlib.suppress(ValueError):
+                out[key] = str(p.resolve().relative_to(base))
+    return out
+
+
 def secrets_to_send(prep: Any) -> dict[str, str]:
     from rlctl.runs.rundir import SECRET_REF
 
@@ -208,7 +228,7 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
     resume = _resume_on(host, opts.resume, out)
     request: dict[str, Any] = {
         "token": f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", "manifest": manifest,
-        "recipe": str(prep.resolved.path.relative_to(base)), "env": env,
+        "recipe": str(prep.resolved.path.relative_to(base)), "env": env, "paths": path_keys(prep, base),
         "options": {"sets": list(opts.sets), "smoke": opts.smoke, "name": opts.name or prep.recipe.name,
                     "force": opts.force, "resume": resume, "grace": opts.grace_seconds, "restart": opts.restart,
                     "max_restarts": opts.max_restarts}}

@@ -120,7 +120,9 @@ def remote_launch(req: dict[str, Any]) -> dict[str, Any]:
         os.environ[str(k)] = str(v)
     os.environ["RLCTL_REMOTE_SIDE"] = "1"  # `[run] on` names this host: launch here
     o = dict(req.get("options") or {})
-    opts = LaunchOptions(recipe=str(stage / req["recipe"]), sets=list(o.get("sets") or []), detach=True,
+    sets = list(o.get("sets") or [])
+    sets += [f"{k}={stage / rel}" for k, rel in (req.get("paths") or {}).items()]  # the staged copies, not the laptop's
+    opts = LaunchOptions(recipe=str(stage / req["recipe"]), sets=sets, detach=True,
                          smoke=bool(o.get("smoke")), name=o.get("name"), force=bool(o.get("force")),
                          resume=o.get("resume"), grace_seconds=float(o.get("grace", 30.0)),
                          restart=o.get("restart"), max_restarts=o.get("max_restarts"))
