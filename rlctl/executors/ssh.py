@@ -309,8 +309,8 @@ def record(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     st = entry.get("state") or {}
     summ = entry.get("summary") or {}
     updates = {k: st[k] for k in STATE_KEYS if k in st}
-    if summ.get("status"):
-        updates["status"] = summ["status"]
+    if summ.get("status") and summ["status"] not in ACTIVE + ("stalled", "lost"):
+        updates["status"] = summ["status"]  # settled there (finished, failed, stopped); stalled/lost: keep asking
     write_state(run_dir, **updates, remote_summary=summ, last_contact=time.time(), unreachable=None)
     return summ
 
