@@ -95,6 +95,9 @@ def _host(name: str, table: Any) -> Host:
                          hint="known keys: ssh, workdir, python, options, env")
     if not isinstance(data.get("ssh"), str) or not data["ssh"]:
         raise RlctlError(f"{where}: hosts.{name}.ssh must be a non-empty string (an ssh alias or user@host).")
+    if data["ssh"].startswith("-") or any(c.isspace() or c == "\0" for c in data["ssh"]):
+        raise RlctlError(f"{where}: hosts.{name}.ssh = {data['ssh']!r} is not an ssh destination.",
+                         hint="an alias from ~/.ssh/config or user@host; ssh options go in `options`")
     for key in ("workdir", "python"):
         if key in data and not isinstance(data[key], str):
             raise RlctlError(f"{where}: hosts.{name}.{key} must be a string.")
