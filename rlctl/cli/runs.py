@@ -198,9 +198,10 @@ def doctor(
     zero-variance groups, train/eval divergence; with --weights, whether its checkpoints change at all.
     Exit 1 when a critical finding is made."""
     from rlctl.runs.doctor import diagnose, to_json
-    from rlctl.runs.state import find_run
+    from rlctl.runs.state import find_run, settled_status
 
     run_dir = find_run(run)
+    settled_status(run_dir)  # a live run's executor brings its newest log here first (a remote run's mirror)
     findings = diagnose(run_dir)
     if weights or between:
         from rlctl.runs.weights import weights_finding
