@@ -273,3 +273,22 @@ def test_patch_on_host_runs_the_remote_rlctl(remote, cli):
     r = cli("patch", "status", "--backend", "openrlhf", "--on", "box")
     assert r.code == 2  # relayed from the host's rlctl: openrlhf is not installed there
     assert "openrlhf" in r.err and "not installed" in r.err
+
+
+def test_attach_a_log_on_a_host(remote, cli, tmp_path):
+    from tests.conftest import FIXTURES
+
+    log = tmp_path / "on-the-box" / "train.log"  # a run rlctl did not start, on the host
+    log.parent.mkdir()
+    log.write_text((FIXTURES / "trl" / "stdout.log").read_text())
+    r = cli("attach", f"box:{log}", "--backend", "trl", "--name", "theirs")
+    assert r.code == 0, r.out + r.err
+    assert "box: attached" in r.out
+    local = next(remote["runs"].iterdir())
+    st = read_state(local)
+    assert st["executor"] == "ssh" and Path(st["remote_run_dir"]).parent == remote["work"] / "runs"
+    r = cli("status")
+    assert "theirs" in r.out and "box" in r.out and "80/" not in r.out.split("theirs")[0]
+    assert (local / "metrics.jsonl").stat().st_size > 0  # the mirror
+    r = sub("logs", local.name, "--metrics")
+    assert r.returncode == 0 and '"step": 80' in r.stdout.replace('"step":80', '"step": 80'), r.stderr

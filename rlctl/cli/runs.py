@@ -138,6 +138,14 @@ def attach(
     from rlctl.runs.attach import report
 
     _seconds("--idle-exit", idle_exit)
+    if _on_host(path):  # HOST:PATH, a log on an SSH host (rlctl hosts list)
+        from rlctl import executors
+
+        if follow:
+            raise RlctlError("--follow with HOST:PATH: follow it with `rlctl logs RUN -f` (or status) instead.")
+        text, code, _ = executors.get("ssh").attach_remote(*path.split(":", 1), backend, name)
+        _echo(text)
+        raise typer.Exit(code)
     attached = do_attach(path, backend=backend, name=name, address=address)
     text, code = report(attached)
     _echo(text)
@@ -146,6 +154,19 @@ def attach(
         text, code = report(attached)
         _echo(text)
     raise typer.Exit(code)
+
+
+def _on_host(path: str) -> bool:
+    """HOST:PATH where HOST is a configured SSH host (and PATH is not a local file)."""
+    host, sep, rest = path.partition(":")
+    if not sep or not host or "/" in host or Path(path).exists():
+        return False
+    from rlctl.core.host import load_hosts
+
+    try:
+        return host in load_hosts()
+    except RlctlError:
+        return False
 
 
 @app.command()

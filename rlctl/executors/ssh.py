@@ -364,6 +364,7 @@ class SSHExecutor(Executor):
     ckpt_pull = staticmethod(lambda run_dir, step, to: ckpt_pull(run_dir, step, to))
     ckpt_push = staticmethod(lambda run_dir, step, host_name: ckpt_push(run_dir, step, host_name))
     run_remote_rlctl = staticmethod(lambda host_name, args, sync_dir=None: run_remote_rlctl(host_name, args, sync_dir))
+    attach_remote = staticmethod(lambda host_name, path, backend, name: attach_remote(host_name, path, backend, name))
 
     @staticmethod
     def install(host: Host, spec: str, timeout: float = 1800.0) -> subprocess.CompletedProcess[str]:
@@ -431,6 +432,38 @@ def run_remote_rlctl(host_name: str, args: list[str], sync_dir: Path | None = No
     if err:
         raise err
     return p.returncode, p.stdout.rstrip("\n"), p.stderr
+
+
+def attach_remote(host_name: str, path: str, backend: str, name: str | None, out: Any = None
+                  ) -> tuple[str, int, Path]:
+    """`rlctl attach HOST:PATH`: the host's rlctl makes the run directory there (for a run rlctl did not start);
+    this side keeps a local record of the same name, followed like any remote run."""
+    import re
+
+    from rlctl.runs.state import runs_root
+
+    host = get_host(host_name)
+    runner = Runner(host)
+    p = runner.rlctl(["attach", path, "--backend", backend, *(["--name", name] if name else [])], timeout=600,
+                     check=False)
+    err = remote_rlctl_error(host, p)
+    if err:
+        raise err
+    m = re.search(r"^attached (\S+) \(", p.stdout, re.M)
+    if not m:
+        raise RlctlError(f"{host.name}: " + ((p.stderr or p.stdout).strip().removeprefix("rlctl: ")
+                                             or f"attach failed (exit {p.returncode})"))
+    remote_dir = runner.abs(m.group(1))
+    local = runs_root() / Path(remote_dir).name
+    local.mkdir(parents=True, exist_ok=False)
+    write_state(local, name=local.name, executor="ssh", host=host.name, status="attached", started_at=time.time(),
+                handle={"executor": "ssh", "ref": {"host": host.name, "run_dir": remote_dir}, "attempt": 1},
+                remote_run_dir=remote_dir)
+    answer = call_remote(runner, "poll", {"run_dirs": [remote_dir]}, timeout=60)
+    record(local, answer.get(remote_dir) or {"error": "no answer"})
+    with contextlib.suppress(RlctlError):
+        mirror(local, runner, remote_dir)
+    return f"{host.name}: {p.stdout.strip()}\nlocal record: {local}", p.returncode, local
 
 
 # ---- checkpoints --------------------------------------------------------------------------------------------------
