@@ -132,6 +132,8 @@ def test_unreachable_host_never_hangs(remote, cli):
         assert r.code == 0, r.err
         assert "unreachable (last: running)" in r.out and "box" in r.out
         assert took < 8, took
+        r = cli("status", run.name, "--timeout", "3")
+        assert r.code == 0 and "unreachable" in r.out and "last known state" in r.out, r.out + r.err
     finally:
         remote["sshd"].start()
 

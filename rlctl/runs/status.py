@@ -81,6 +81,7 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "disk_full": rs.state.get("disk_full") or _disk_full_now(rs),
         "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
+        "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
     }
 
 
@@ -104,6 +105,8 @@ def _detail_text(d: dict[str, Any]) -> str:
              + (f"  exit code {d['exit_code']}" if d["exit_code"] is not None else ""),
              f"step {d['step'] if d['step'] is not None else '-'}{total}   elapsed {fmt_duration(d['elapsed_s'])}"
              f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
+    if d.get("unreachable"):
+        lines.append(f"  ! {d['unreachable']}; what is shown is the last known state")
     lines += _attempt_lines(d)
     if d["metrics"]:
         lines.append("")
