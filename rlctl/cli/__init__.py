@@ -13,7 +13,7 @@ import typer
 
 # Each module registers its commands on the app when imported; the order is the order of `rlctl --help`.
 from rlctl.cli import ckpt, model, patch, recipes, runs  # noqa: F401  # isort: skip
-from rlctl.cli import evals, experiments  # noqa: F401  # isort: skip  (after runs in --help)
+from rlctl.cli import evals, experiments, hosts  # noqa: F401  # isort: skip  (after runs in --help)
 from rlctl.cli._app import app
 from rlctl.errors import EXIT_CHECK_FAILED, EXIT_USAGE, RlctlError
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from rlctl.cli._app import JsonOpt, RunArg, _echo, ckpt_app
+from rlctl.errors import RlctlError
 
 
 @ckpt_app.command("list")
@@ -20,6 +22,11 @@ def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
     ckpts = find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
     best = best_checkpoint(run_dir)
     rows = [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)} for c in ckpts]
+    if read_state(run_dir).get("executor") == "ssh":  # the run lives on an SSH host: its checkpoints are there
+        from rlctl import executors
+
+        runner, answer = executors.get("ssh").remote_checkpoints(run_dir, list_only=True)
+        rows = [{**r, "path": f"{runner.host.name}:{r['path']}"} for r in answer["checkpoints"]]
     if as_json:
         _echo(json.dumps({"checkpoints": rows, "best_eval": best}, indent=2))
         return
@@ -55,3 +62,41 @@ def ckpt_prune(
     verb = "would delete" if dry_run else "deleted"
     _echo(f"{verb} {len(doomed)} checkpoint(s), {sum(sizes.values()) / 1e9:.2f} GB: "
           + (", ".join(f"step {c.step}" for c in doomed) or "nothing"))
+
+
+@ckpt_app.command("pull", epilog="Example: rlctl ckpt pull gptoss-a30 --step 130 --to ./a30-step130")
+def ckpt_pull(
+    run: RunArg,
+    step: Annotated[int | None, typer.Option("--step", help="Which checkpoint (default: the newest complete).")]
+    = None,
+    to: Annotated[Path | None, typer.Option("--to", help="Local directory (default: the local run directory's "
+                                            "checkpoint root).")] = None,
+) -> None:
+    """Copy a complete checkpoint of a run on an SSH host here: resumable (rsync --partial), then every file's size
+    and sha256 checked. LoRA runs move the adapter the backend saved, nothing more."""
+    from rlctl import executors
+    from rlctl.runs.state import find_run, read_state
+
+    run_dir = find_run(run)
+    if read_state(run_dir).get("executor") != "ssh":
+        raise RlctlError(f"{run_dir.name} ran on this machine: its checkpoints are already here.",
+                         hint=f"rlctl ckpt list {run_dir.name}")
+    dest, pick = executors.get("ssh").ckpt_pull(run_dir, step, to)
+    size = sum(f["size"] for f in pick["files"])
+    _echo(f"pulled step {pick['step']} of {run_dir.name}: {len(pick['files'])} files, {size / 1e9:.2f} GB, "
+          f"verified (sizes and sha256) -> {dest}")
+
+
+@ckpt_app.command("push", epilog="Example: rlctl ckpt push gptoss-a30 --step 130 --to spare")
+def ckpt_push(
+    run: RunArg,
+    to: Annotated[str, typer.Option("--to", help="SSH host to copy it to (rlctl hosts list).")],
+    step: Annotated[int | None, typer.Option("--step", help="Which checkpoint (default: the newest complete).")]
+    = None,
+) -> None:
+    """Copy a complete checkpoint of a run to an SSH host (from wherever the run lives, through here), verified
+    there; `rlctl launch RECIPE --on HOST --resume RUN` then resumes from it."""
+    from rlctl import executors
+    from rlctl.runs.state import find_run
+
+    _echo(executors.get("ssh").ckpt_push(find_run(run), step, to))

@@ -11,6 +11,27 @@ import typer
 from rlctl.cli._app import BackendOpt, DirOpt, JsonOpt, PythonOpt, SetArg, _echo, patch_app
 from rlctl.errors import RlctlError
 
+OnOpt = Annotated[str | None, typer.Option("--on", help="Do it on this SSH host, with its rlctl (same journal "
+                                           "and atomicity there).")]
+
+
+def _on_host(host: str, verb: str, name: str | None, backend: str | None, python: str | None,
+             user_dir: Path | None, flags: list[str]) -> None:
+    """Run `rlctl patch VERB ...` with the host's own rlctl; --dir is synced there first."""
+    from rlctl import executors
+
+    run_remote_rlctl = executors.get("ssh").run_remote_rlctl
+    args = ["patch", verb, *([name] if name else []), *(["--backend", backend] if backend else []),
+            *(["--python", python] if python else []), *flags]
+    code, out, err = run_remote_rlctl(host, args, sync_dir=user_dir)
+    if out:
+        _echo(out)
+    if err:
+        import sys
+
+        sys.stderr.write(err if err.endswith("\n") else err + "\n")
+    raise typer.Exit(code)
+
 
 def _pick_set(name: str | None, backend: str | None, user_dir: Path | None, python: str | None):
     from rlctl import patching
@@ -41,9 +62,12 @@ def patch_list(user_dir: DirOpt = None) -> None:
 
 @patch_app.command("status")
 def patch_status(name: SetArg = None, backend: BackendOpt = None, python: PythonOpt = None,
-                 user_dir: DirOpt = None, as_json: JsonOpt = False) -> None:
+                 user_dir: DirOpt = None, as_json: JsonOpt = False, on: OnOpt = None) -> None:
     """Each patch of a set against the installed package: applied, not applied, partly applied, conflicting."""
     from rlctl import patching
+
+    if on:
+        _on_host(on, "status", name, backend, python, user_dir, ["--json"] if as_json else [])
 
     ps = _pick_set(name, backend, user_dir, python)
     inst = patching.locate(ps.package, python)
@@ -62,9 +86,14 @@ def patch_status(name: SetArg = None, backend: BackendOpt = None, python: Python
 @patch_app.command("apply")
 def patch_apply(name: SetArg = None, backend: BackendOpt = None, python: PythonOpt = None, user_dir: DirOpt = None,
                 dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change.")] = False,
-                allow_version_mismatch: Annotated[bool, typer.Option("--allow-version-mismatch")] = False) -> None:
+                allow_version_mismatch: Annotated[bool, typer.Option("--allow-version-mismatch")] = False,
+                on: OnOpt = None) -> None:
     """Apply a set in order, skipping what is applied; all or nothing."""
     from rlctl import patching
+
+    if on:
+        _on_host(on, "apply", name, backend, python, user_dir, ["--dry-run"] * dry_run
+                 + ["--allow-version-mismatch"] * allow_version_mismatch)
 
     ps = _pick_set(name, backend, user_dir, python)
     inst = patching.locate(ps.package, python)
@@ -78,9 +107,13 @@ def patch_apply(name: SetArg = None, backend: BackendOpt = None, python: PythonO
 
 @patch_app.command("revert")
 def patch_revert(name: SetArg = None, backend: BackendOpt = None, python: PythonOpt = None, user_dir: DirOpt = None,
-                 dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change.")] = False) -> None:
+                 dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would change.")] = False,
+                 on: OnOpt = None) -> None:
     """Undo a set (reverse order); all or nothing."""
     from rlctl import patching
+
+    if on:
+        _on_host(on, "revert", name, backend, python, user_dir, ["--dry-run"] * dry_run)
 
     ps = _pick_set(name, backend, user_dir, python)
     inst = patching.locate(ps.package, python)

@@ -31,6 +31,8 @@ def launch(
         "(default: the recipe's [run] restart).")] = None,
     max_restarts: Annotated[int | None, typer.Option(
         "--max-restarts", min=0, help="Give up after this many restarts (default: [run] max_restarts).")] = None,
+    on: Annotated[str | None, typer.Option("--on", help="Run on this SSH host (rlctl hosts list); --resume then "
+                                           "takes RUN or HOST:RUN.")] = None,
 ) -> None:
     """Preflight, patch, create the run directory and start training; stream progress unless --detach."""
     from rlctl.executors import available
@@ -44,7 +46,7 @@ def launch(
     if restart is not None and restart not in POLICIES:
         raise RlctlError(f"--restart {restart!r}: expected one of {', '.join(POLICIES)}.")
     opts = LaunchOptions(recipe, set_ or [], detach, smoke, name, force, resume, executor, address, grace,
-                         restart, max_restarts)
+                         restart, max_restarts, on)
     run_dir, code = do_launch(opts)
     if detach:
         _echo(run_dir.name)
@@ -140,6 +142,14 @@ def attach(
     from rlctl.runs.attach import parse_metrics_map, report
 
     _seconds("--idle-exit", idle_exit)
+    if _on_host(path):  # HOST:PATH, a log on an SSH host (rlctl hosts list)
+        from rlctl import executors
+
+        if follow:
+            raise RlctlError("--follow with HOST:PATH: follow it with `rlctl logs RUN -f` (or status) instead.")
+        text, code, _ = executors.get("ssh").attach_remote(*path.split(":", 1), backend, name)
+        _echo(text)
+        raise typer.Exit(code)
     attached = do_attach(path, backend=backend, name=name, address=address, recipe=recipe,
                          metrics_map=parse_metrics_map(metrics_map))
     text, code = report(attached)
@@ -151,6 +161,19 @@ def attach(
     raise typer.Exit(code)
 
 
+def _on_host(path: str) -> bool:
+    """HOST:PATH where HOST is a configured SSH host (and PATH is not a local file)."""
+    host, sep, rest = path.partition(":")
+    if not sep or not host or "/" in host or Path(path).exists():
+        return False
+    from rlctl.core.host import load_hosts
+
+    try:
+        return host in load_hosts()
+    except RlctlError:
+        return False
+
+
 @app.command()
 def status(
     run: Annotated[str | None, typer.Argument(help="A run for details; none for the table of runs.")] = None,
@@ -159,14 +182,20 @@ def status(
     interval: Annotated[float, typer.Option("--interval", help="Seconds between refreshes with --watch.")] = 2.0,
     stall_after: Annotated[float, typer.Option("--stall-after", help="Seconds without a new step = stalled.")] = 1800,
     experiment: Annotated[str | None, typer.Option("--experiment", "-e", help="Only this experiment's runs.")] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each SSH host of remote runs.")]
+    = 5.0,
 ) -> None:
     """Runs at a glance (grouped by experiment), or one run's progress, metrics, health and disk."""
     from rlctl.runs.status import show_status
 
     _seconds("--interval", interval, positive=True)
     _seconds("--stall-after", stall_after, positive=True)
+    _seconds("--timeout", timeout, positive=True)
+    import os
 
-    show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after, experiment=experiment)
+    os.environ["RLCTL_SSH_TIMEOUT"] = str(timeout)  # the SSH executor's wait for `status RUN`
+    show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after, experiment=experiment,
+                timeout=timeout)
 
 
 
@@ -197,9 +226,10 @@ def doctor(
     zero-variance groups, train/eval divergence; with --weights, whether its checkpoints change at all.
     Exit 1 when a critical finding is made."""
     from rlctl.runs.doctor import diagnose, to_json
-    from rlctl.runs.state import find_run
+    from rlctl.runs.state import find_run, settled_status
 
     run_dir = find_run(run)
+    settled_status(run_dir)  # a live run's executor brings its newest log here first (a remote run's mirror)
     findings = diagnose(run_dir)
     if weights or between:
         from rlctl.runs.weights import weights_finding

@@ -21,6 +21,7 @@ GROUP = "rlctl.executors"
 BUILTIN = {
     "local": "rlctl.executors.local:LocalExecutor",
     "ray": "rlctl.executors.ray:RayExecutor",
+    "ssh": "rlctl.executors.ssh:SSHExecutor",
 }
 
 

@@ -72,6 +72,14 @@ class Context:
             return e
 
     @cached_property
+    def machine(self) -> str:
+        """The machine whose facts the machine-dependent checks (disk, installed backend) read: this one, which for
+        `launch --on HOST` is that host (its rlctl runs preflight)."""
+        import socket
+
+        return socket.gethostname()
+
+    @cached_property
     def total_steps(self) -> int | None:
         return self.backend.total_steps(self.recipe, self.dataset_size)
 

@@ -36,14 +36,14 @@ def checkpoints(ctx: Context) -> list[Result]:
     where = Path(r.checkpoint.dir)
     base = existing_parent(where)
     free = shutil.disk_usage(base).free
-    data = {"per_checkpoint": per, "count": count, "free": free, "checked_at": str(base)}
+    data = {"per_checkpoint": per, "count": count, "free": free, "checked_at": str(base), "machine": ctx.machine}
     if count is None:
         out.append(Result("disk.checkpoints", WARN, f"{human(per)} per checkpoint ({what}); unknown count",
                           "set checkpoint.keep_last", data))
     else:
         need = per * count
         note = "" if base == where.absolute() else f" (checked on {base}, the nearest existing parent)"
-        figure = f"{count} x {human(per)} ({what}) = {human(need)}; {human(free)} free{note}"
+        figure = f"{count} x {human(per)} ({what}) = {human(need)}; {human(free)} free on {ctx.machine}{note}"
         usable = free * (1 - r.preflight.disk_headroom)
         if need > usable:
             out.append(Result("disk.checkpoints", FAIL, figure,

@@ -25,12 +25,13 @@ def backend_installed(ctx: Context) -> Result:
         local = ctx.backend.needs_local_install and not remote
         hint = f" (or {ctx.backend.install_hint})" if ctx.backend.install_hint else ""
         return Result("env.backend", FAIL if local else WARN,
-                      f"{pkg} is not installed in this Python" + (" (the Ray cluster must have it)" if remote else ""),
+                      f"{pkg} is not installed in this Python on {ctx.machine}"
+                      + (" (the Ray cluster must have it)" if remote else ""),
                       f"pip install {pkg}" + (f"=={pinned}" if pinned else "") + hint)
     if pinned and pinned != installed:
-        return Result("env.backend", WARN, f"recipe pins {pkg} {pinned}; {installed} is installed",
+        return Result("env.backend", WARN, f"recipe pins {pkg} {pinned}; {installed} is installed on {ctx.machine}",
                       f"pip install {pkg}=={pinned}, or set backend.version = \"{installed}\"")
-    return Result("env.backend", OK, f"{pkg} {installed} installed")
+    return Result("env.backend", OK, f"{pkg} {installed} installed on {ctx.machine}")
 
 
 @check("env.flags")

@@ -261,6 +261,7 @@ class RunSection(Section):
         default="never", description="Restart from the latest complete checkpoint on a failure, a stall, or both.")
     max_restarts: NonNegInt = Field(default=3, description="Give up (status failed) after this many restarts.")
     stall: StallSection = Field(default_factory=StallSection)
+    on: str | None = Field(default=None, description="An SSH host (rlctl hosts add) to run on, as `launch --on HOST`.")
     stop_when: list[str] = Field(
         default_factory=list, description="Doctor findings that stop the run cleanly, e.g. [\"eval_divergence:2\", "
         "\"entropy_collapse\"] (`rule:N` sets the rule's count); the best checkpoint by the primary eval is marked.")

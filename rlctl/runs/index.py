@@ -247,7 +247,9 @@ def _summary(path: Path, row: dict[str, Any], stall_after: float, summary: Calla
 
     state = dict(row.get("state") or {})
     status = state.get("status", "unknown")
-    if status in ACTIVE:  # may have ended or stalled since it was written: its executor tells (no ingest)
+    # may have ended or stalled since it was written: its executor tells (no ingest); a run on another host is
+    # settled by the caller, one round trip per host for all its runs (rlctl.runs.status.remote_rows)
+    if status in ACTIVE and not state.get("host"):
         try:
             status = true_status(path, read_state(path), row.get("last_time"), stall_after)
         except Exception:

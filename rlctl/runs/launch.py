@@ -29,6 +29,7 @@ class LaunchOptions:
     grace_seconds: float = 30.0
     restart: str | None = None  # never | on-failure | on-stall | always (default: the recipe's [run] restart)
     max_restarts: int | None = None
+    on: str | None = None  # an SSH host (rlctl hosts): the run goes there (rlctl.executors.ssh)
 
 
 def smoke(recipe: Any) -> None:
@@ -99,6 +100,9 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     out = out or sys.stderr
     prep = prepare(opts.recipe, opts.sets)
     recipe = prep.recipe
+    on = opts.on or (None if os.environ.get("RLCTL_REMOTE_SIDE") else recipe.run.on)
+    if on:  # the run goes to an SSH host: preflight and supervision happen there
+        return executors.get("ssh").launch(opts, on, out)  # type: ignore[attr-defined]
     resumed_from = parent_ckpt = None
     if opts.smoke:
         smoke(recipe)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from rlctl.runs.state import RunStatus, find_run, run_status
@@ -18,7 +19,7 @@ def summary(rs: RunStatus) -> dict[str, Any]:
     return {
         "name": rs.name, "backend": rs.state.get("backend"), "status": rs.status, "step": rs.step,
         "total_steps": rs.total, "reward": rs.latest.get("reward/mean"), "elapsed_s": rs.elapsed, "eta_s": rs.eta,
-        "exit_code": rs.state.get("exit_code"), "path": str(rs.path),
+        "exit_code": rs.state.get("exit_code"), "path": str(rs.path), "host": rs.state.get("host"),
     }
 
 
@@ -78,13 +79,14 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "checkpoints": [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)}
                         for c in ckpts],
         "ingest": {"lines": ing.lines, "records": ing.records, "skipped": ing.skipped, "restarts": ing.restarts},
-        "gpus": gpu_stats(),
+        "gpus": None if _elsewhere(rs.state) else gpu_stats(),  # this machine's GPUs are not the run's
         "attempts": rs.state.get("attempts") or [],
         "restart": rs.state.get("restart"),
         "gave_up": rs.state.get("gave_up"),
         "disk_full": rs.state.get("disk_full") or _disk_full_now(rs),
         "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
+        "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
     }
 
 
@@ -134,11 +136,12 @@ def eval_lines(rs: RunStatus, merged: dict[int, dict[str, Any]]) -> list[dict[st
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = ("run", "backend", "state", "step", "reward", "elapsed", "eta")
+    head = ("run", "host", "backend", "state", "step", "reward", "elapsed", "eta")
     body = []
     for r in rows:
         step = f"{r['step'] if r['step'] is not None else '-'}" + (f"/{r['total_steps']}" if r["total_steps"] else "")
-        body.append((r["name"], r["backend"] or "-", r["status"], step, fmt_num(r["reward"]),
+        state = r["status"] + (f" (last: {r['last_known']})" if r.get("last_known") else "")
+        body.append((r["name"], r.get("host") or "local", r["backend"] or "-", state, step, fmt_num(r["reward"]),
                      fmt_duration(r["elapsed_s"]), fmt_duration(r["eta_s"])))
     widths = [max(len(h), *(len(str(b[i])) for b in body)) if body else len(h) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
@@ -152,6 +155,8 @@ def _detail_text(d: dict[str, Any]) -> str:
              + (f"  exit code {d['exit_code']}" if d["exit_code"] is not None else ""),
              f"step {d['step'] if d['step'] is not None else '-'}{total}   elapsed {fmt_duration(d['elapsed_s'])}"
              f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
+    if d.get("unreachable"):
+        lines.append(f"  ! {d['unreachable']}; what is shown is the last known state")
     lines += _attempt_lines(d)
     if d["metrics"]:
         lines.append("")
@@ -197,6 +202,16 @@ def _detail_text(d: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _elsewhere(state: dict[str, Any]) -> bool:
+    """The run's processes live on other machines (its executor says so)."""
+    from rlctl import executors
+
+    try:
+        return bool(executors.get(state.get("executor") or "local").remote)
+    except Exception:
+        return False
+
+
 def _disk_full_now(rs: RunStatus) -> str | None:
     """A run whose disk is full cannot record it: status looks for itself (less than 1 MiB free)."""
     import shutil
@@ -235,12 +250,42 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(run: str | None, as_json: bool, stall_after: float, experiment: str | None = None) -> str:
+def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[Any, dict[str, Any]]:
+    """Rows of the runs that live on SSH hosts: one round trip per host, hosts in parallel; an unreachable host's
+    runs show as unreachable with their last known state."""
+    from rlctl.core.state import read_state
+
+    remote = [p for p in paths if read_state(p).get("executor") == "ssh"]
+    if not remote:
+        return {}
+    from rlctl import executors
+
+    polled = executors.get("ssh").poll_many(remote, timeout=timeout, stall_after=stall_after)
+    rows = {}
+    for p in remote:
+        st = read_state(p)
+        row = dict(st.get("remote_summary") or {})
+        row.update(name=p.name, path=str(p), host=st.get("host"))
+        for k in ("backend", "step", "total_steps", "reward", "elapsed_s", "eta_s", "exit_code"):
+            row.setdefault(k, st.get(k))
+        row["status"] = polled.get(p, {}).get("status") or st.get("status", "unknown")
+        if row["status"] == "unreachable":
+            row["last_known"] = st.get("status")
+        rows[p] = row
+    return rows
+
+
+def render(run: str | None, as_json: bool, stall_after: float, experiment: str | None = None,
+           timeout: float = 5.0) -> str:
     if run is None:  # the listing reads the index (rlctl.runs.index), never every run's logs
         from rlctl.runs.index import grouped
         from rlctl.runs.index import rows as index_rows
 
         rows = index_rows(summary, experiment=experiment, stall_after=stall_after)
+        # runs on SSH hosts: one round trip per host, hosts in parallel (the index settles none of them)
+        remote = remote_rows([Path(r["path"]) for r in rows if r.get("host")], stall_after, timeout)
+        rows = [{**r, **remote[Path(r["path"])]} if Path(r["path"]) in remote else {**r, "host": r.get("host")}
+                for r in rows]
         if as_json:
             return json.dumps(rows, indent=2, default=str)
         groups = [(f"experiment {e} ({len(g)} runs)" if e else None, _table(g)) for e, g in grouped(rows)]
@@ -251,13 +296,13 @@ def render(run: str | None, as_json: bool, stall_after: float, experiment: str |
 
 
 def show_status(run: str | None, as_json: bool = False, watch: bool = False, interval: float = 2.0,
-                stall_after: float = 1800, experiment: str | None = None) -> None:
+                stall_after: float = 1800, experiment: str | None = None, timeout: float = 5.0) -> None:
     if not watch:
-        sys.stdout.write(render(run, as_json, stall_after, experiment) + "\n")
+        sys.stdout.write(render(run, as_json, stall_after, experiment, timeout) + "\n")
         return
     try:
         while True:
-            text = render(run, as_json, stall_after, experiment)
+            text = render(run, as_json, stall_after, experiment, timeout)
             if sys.stdout.isatty():
                 sys.stdout.write("\x1b[2J\x1b[H")
             sys.stdout.write(text + "\n")

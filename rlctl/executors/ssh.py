@@ -1,0 +1,543 @@
+"""The SSH executor: runs on the user's own GPU boxes, reached with the system ssh (see ssh_runner.py).
+
+A remote run runs under the REMOTE rlctl (`<host python> -m rlctl.cli remote-launch`, which calls `rlctl launch
+--detach` there): the supervisor, restarts, stall detection and NVML sampling live on the host, and the run survives
+the SSH connection, the laptop sleeping, or this rlctl being killed. The laptop keeps a run directory of the same
+name whose state.json holds the handle {host, run_dir (remote)} and a mirror of the remote log and metrics
+(rsync, pulled when a command looks), so status, logs, metrics, doctor and ckpt list work locally.
+
+Launch: everything the recipe references (the extends chain, reward file, data files, a local model or patch
+directory) is sent content-addressed (sha256-named blobs; only missing ones travel), a git bundle when the recipe's
+repository has commits no remote branch holds; the remote side checks every hash (and the commit) before starting.
+Secrets travel in the JSON request on the remote process's stdin, never on a command line or in a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rlctl.core.host import Host, get_host
+from rlctl.core.state import ACTIVE, read_state, write_state
+from rlctl.errors import CheckFailed, RlctlError
+from rlctl.executors.base import Executor
+from rlctl.executors.ssh_remote import BLOBS, sha256_file
+from rlctl.executors.ssh_runner import Runner
+
+MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl", "env.json", "recipe.toml",
+          "supervisor.log", "gpu_memory.jsonl")
+FORWARD = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # sent when set here, besides the recipe's refs
+STATE_KEYS = ("status", "exit_code", "started_at", "ended_at", "total_steps", "optimizer_steps", "backend", "version",
+              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight")
+
+
+def remote_rlctl_error(host: Host, p: subprocess.CompletedProcess[str]) -> RlctlError | None:
+    """A remote rlctl that is missing or cannot answer, as a clear error with the one install command."""
+    text = (p.stderr or "") + (p.stdout or "")
+    if "No module named rlctl" in text or "No module named 'rlctl'" in text:
+        return RlctlError(f"{host.name}: rlctl is not installed for {host.python} there.",
+                          hint=f"rlctl hosts install {host.name} (pip-installs rlctl {_version()} there), or set "
+                               f"the host's python to an interpreter that has it")
+    if "No module named rlctl.executors.ssh_remote" in text or "usage: python -m rlctl.executors.ssh_remote" in text:
+        return RlctlError(f"{host.name}: its rlctl is older than this one ({_version()}) and does not know the "
+                          "remote commands.", hint=f"rlctl hosts install {host.name}")
+    return None
+
+
+def _version() -> str:
+    from rlctl import __version__
+
+    return __version__
+
+
+def call_remote(runner: Runner, verb: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One round trip: `python -m rlctl.executors.ssh_remote VERB` there, a JSON request on stdin, a JSON answer
+    on stdout."""
+    p = runner.run([*runner.python_argv(), "-m", "rlctl.executors.ssh_remote", verb],
+                   stdin=json.dumps(request).encode(), timeout=timeout, check=False)
+    if p.returncode != 0:
+        err = remote_rlctl_error(runner.host, p)
+        if err:
+            raise err
+        msg = (p.stderr.strip() or f"exit {p.returncode}").removeprefix("rlctl: ")
+        if p.stdout.strip():  # e.g. the preflight table of a launch that failed there
+            msg += "\n" + p.stdout.strip()
+        cls = CheckFailed if p.returncode == 1 else RlctlError
+        raise cls(f"{runner.host.name}: {msg}")
+    try:
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RlctlError(f"{runner.host.name}: the remote rlctl answered {p.stdout.strip()[-200:]!r}, not JSON.",
+                         hint=f"rlctl hosts check {runner.host.name}") from None
+
+
+# ---- facts -------------------------------------------------------------------------------------------------------
+def host_facts(host: Host, timeout: float = 30.0) -> dict[str, Any]:
+    """The host's MachineFacts as a dict, in one round trip; a missing or older rlctl is a clear error."""
+    from rlctl.core.facts import MachineFacts
+
+    r = Runner(host, connect_timeout=min(timeout, 10))
+    p = r.rlctl(["facts", "--json", "--path", host.workdir], timeout=timeout, check=False)
+    if p.returncode != 0:
+        err = remote_rlctl_error(host, p)
+        if err is None and "No such command" in (p.stderr + p.stdout):
+            err = RlctlError(f"{host.name}: its rlctl has no `facts` command (older than {_version()}).",
+                             hint=f"rlctl hosts install {host.name}")
+        raise err or RlctlError(f"{host.name}: rlctl facts failed: {(p.stderr or p.stdout).strip()[-300:]}")
+    try:
+        facts = MachineFacts.from_dict(json.loads(p.stdout.strip().splitlines()[-1])).to_dict()
+    except (ValueError, IndexError, TypeError):
+        raise RlctlError(f"{host.name}: rlctl facts answered {p.stdout.strip()[-200:]!r}, not JSON.") from None
+    if _older(facts["rlctl_version"], _version()):
+        raise RlctlError(f"{host.name}: rlctl {facts['rlctl_version']} there is older than {_version()} here.",
+                         hint=f"rlctl hosts install {host.name}")
+    return facts
+
+
+def _older(theirs: str, ours: str) -> bool:
+    def key(v: str) -> tuple[int, ...]:
+        out = []
+        for part in v.split("+")[0].split("."):
+            digits = "".join(ch for ch in part if ch.isdigit())
+            out.append(int(digits) if digits else 0)
+        return tuple(out)
+
+    try:
+        return key(theirs) < key(ours)
+    except ValueError:
+        return True
+
+
+# ---- launch ------------------------------------------------------------------------------------------------------
+def referenced_files(prep: Any) -> list[Path]:
+    """Every local file the recipe needs: its extends chain, and what its path keys name (files, or all files of a
+    named directory)."""
+    from rlctl.recipe.loader import PATH_KEYS
+
+    files: list[Path] = [Path(p) for p in prep.resolved.chain]
+    data = prep.resolved.data
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        value = (data.get(section) or {}).get(name) if isinstance(data.get(section), dict) else None
+        if not isinstance(value, str) or "://" in value or value.startswith("random:"):
+            continue
+        p = Path(value).expanduser()
+        if not p.is_absolute():
+            p = prep.resolved.path.parent / p
+        if p.is_file():
+            files.append(p.resolve())
+        elif p.is_dir():
+            files += sorted(x.resolve() for x in p.rglob("*") if x.is_file() and ".git" not in x.parts)
+    seen: dict[Path, None] = {}
+    for f in files:
+        seen.setdefault(f.resolve(), None)
+    return list(seen)
+
+
+def path_keys(prep: Any, base: Path) -> dict[str, str]:
+    """Each path key that names a local file or directory, as a path relative to the staged tree: the remote side
+    sets it to its own copy (an absolute path on the laptop means nothing there)."""
+    from rlctl.recipe.loader import PATH_KEYS
+
+    out = {}
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        sect = prep.resolved.data.get(section)
+        value = sect.get(name) if isinstance(sect, dict) else None
+        if not isinstance(value, str) or "://" in value or value.startswith("random:"):
+            continue
+        p = Path(value).expanduser()
+        p = p if p.is_absolute() else prep.resolved.path.parent / p
+        if p.exists():
+            with contextlib.suppress(ValueError):
+                out[key] = str(p.resolve().relative_to(base))
+    return out
+
+
+def secrets_to_send(prep: Any) -> dict[str, str]:
+    from rlctl.runs.rundir import SECRET_REF
+
+    names = {m.group(1) for v in prep.plan.env.values() if (m := SECRET_REF.match(str(v)))}
+    names |= {n for n in FORWARD if n in os.environ}
+    names |= {n.strip() for n in os.environ.get("RLCTL_FORWARD_ENV", "").split(",") if n.strip()}
+    missing = sorted(n for n in names if n not in os.environ)
+    if missing:
+        raise RlctlError(f"the run needs {', '.join(missing)} in the environment and it is not set.",
+                         hint=f"export {missing[0]}=... (rlctl sends it to the remote process, never to a file)")
+    return {n: os.environ[n] for n in sorted(names)}
+
+
+def git_bundle(recipe_path: Path, tmp: Path) -> tuple[dict[str, Any], Path] | None:
+    """When the recipe lives in a git repository whose HEAD no remote branch holds: a bundle of HEAD."""
+    def git(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(recipe_path.parent), *a], capture_output=True, text=True, timeout=60)
+
+    try:
+        head = git("rev-parse", "HEAD")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    sha = head.stdout.strip()
+    pushed = git("branch", "-r", "--contains", sha)
+    if pushed.returncode == 0 and pushed.stdout.strip():
+        return None  # the host can fetch it; the referenced files travel anyway
+    bundle = tmp / "code.bundle"
+    b = git("bundle", "create", str(bundle), "HEAD")
+    if b.returncode != 0:
+        return None
+    return {"sha": sha}, bundle
+
+
+def send_blobs(runner: Runner, files: dict[str, Path], timeout: float) -> None:
+    """rsync the blobs the host lacks into <workdir>/.rlctl/blobs (named by sha256; resumable)."""
+    answer = call_remote(runner, "blobs", {"sha256": sorted(files)}, timeout=timeout)
+    missing = [s for s in answer.get("missing", []) if s in files]
+    if not missing:
+        return
+    with tempfile.TemporaryDirectory(prefix="rlctl-blobs-") as tmp:
+        for s in missing:
+            os.symlink(files[s], Path(tmp) / s)
+        runner.rsync([f"{tmp}/"], BLOBS + "/", up=True, extra=["-L", "--partial", "--partial-dir=.partial"],
+                     timeout=max(timeout, 3600))
+
+
+def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int]:
+    """`rlctl launch RECIPE --on HOST`: send what the recipe references, start it there detached under the remote
+    rlctl, keep a local record of the same name. Attached (no --detach): follow its log until it ends."""
+    from rlctl.recipe.planning import prepare
+    from rlctl.runs.state import runs_root
+
+    out = out or sys.stderr
+    host = get_host(host_name)
+    prep = prepare(opts.recipe, opts.sets)
+    files = referenced_files(prep)
+    base = Path(os.path.commonpath([str(f.parent) for f in files]))
+    shas = {sha256_file(f): f for f in files}
+    manifest = {str(f.relative_to(base)): sha256_file(f) for f in files}
+    env = secrets_to_send(prep)
+    runner = Runner(host)
+    resume = _resume_on(host, opts.resume, out)
+    request: dict[str, Any] = {
+        "token": f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", "manifest": manifest,
+        "recipe": str(prep.resolved.path.relative_to(base)), "env": env, "paths": path_keys(prep, base),
+        "options": {"sets": list(opts.sets), "smoke": opts.smoke, "name": opts.name or prep.recipe.name,
+                    "force": opts.force, "resume": resume, "grace": opts.grace_seconds, "restart": opts.restart,
+                    "max_restarts": opts.max_restarts}}
+    with tempfile.TemporaryDirectory(prefix="rlctl-git-") as tmp:
+        bundled = git_bundle(prep.resolved.path, Path(tmp))
+        if bundled:
+            meta, bundle = bundled
+            meta["bundle_sha256"] = sha256_file(bundle)
+            shas[meta["bundle_sha256"]] = bundle
+            request["git"] = meta
+        print(f"rlctl: sending {len(shas)} file(s) to {host.name} (only those it lacks travel)", file=out)
+        send_blobs(runner, shas, timeout=60)
+    print(f"rlctl: preflight and start on {host.name} (its GPUs, disk and backend)", file=out)
+    answer = call_remote(runner, "launch", request, timeout=600)
+    name = answer["name"]
+    local = runs_root() / name
+    local.mkdir(parents=True, exist_ok=False)
+    remote_state = answer.get("state") or {}
+    write_state(local, name=name, executor="ssh", host=host.name,
+                handle={"executor": "ssh", "ref": {"host": host.name, "run_dir": answer["run_dir"]}, "attempt": 1},
+                recipe=str(prep.resolved.path), remote_run_dir=answer["run_dir"], git_sha=answer.get("git_sha"),
+                last_contact=time.time(), **{k: remote_state[k] for k in STATE_KEYS if k in remote_state})
+    with contextlib.suppress(RlctlError):
+        mirror(local, runner, answer["run_dir"])
+    print(f"rlctl: {name} runs on {host.name} in {answer['run_dir']}", file=out)
+    if opts.detach:
+        return local.resolve(), 0
+    from rlctl.runs.logs import show_logs
+
+    show_logs(local, follow=True)
+    st = read_state(local)
+    return local.resolve(), 0 if st.get("status") == "finished" else 1
+
+
+def _resume_on(host: Host, resume: str | None, out: Any) -> str | None:
+    """--resume RUN or HOST:RUN for a run on `host`: the name of a run record there that holds the checkpoint (the
+    run itself when it ran there; else its newest complete checkpoint is pushed there first)."""
+    if not resume or "://" in resume:
+        return resume
+    from rlctl.runs.state import find_run
+
+    src_host, _, name = resume.rpartition(":")
+    try:
+        local = find_run(name)
+    except RlctlError:
+        if src_host in ("", host.name):
+            return name  # a run that only that host knows
+        raise
+    st = read_state(local)
+    if src_host and src_host != (st.get("host") or "local"):
+        raise RlctlError(f"--resume {resume}: {local.name} ran on {st.get('host') or 'this machine'}, not {src_host}.")
+    if st.get("host") == host.name:
+        return Path(((st.get("handle") or {}).get("ref") or {}).get("run_dir") or local.name).name
+    print(f"rlctl: copying the newest complete checkpoint of {local.name} to {host.name}", file=out)
+    print("rlctl: " + ckpt_push(local, None, host.name), file=out)
+    return local.name
+
+
+# ---- following a remote run ---------------------------------------------------------------------------------------
+def _handle(state: dict[str, Any]) -> tuple[Host, str]:
+    ref = (state.get("handle") or {}).get("ref") or {}
+    if not ref.get("host") or not ref.get("run_dir"):
+        raise RlctlError("this run's state.json has no SSH handle {host, run_dir}.")
+    return get_host(ref["host"]), ref["run_dir"]
+
+
+def mirror(run_dir: Path, runner: Runner, remote_dir: str, timeout: float = 60.0) -> None:
+    """Pull the remote run's log, metrics and small records into the local run directory (rsync: only what changed)."""
+    extra = [f"--include=/{n}" for n in MIRROR] + ["--include=/attempts/***", "--exclude=*"]
+    runner.rsync([remote_dir.rstrip("/") + "/"], str(run_dir) + "/", up=False, extra=extra, timeout=timeout)
+
+
+def record(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """Fold a poll answer into the local state.json; returns the summary row (or {} on an error)."""
+    if "error" in entry:
+        write_state(run_dir, remote_error=entry["error"], last_contact=time.time())
+        return {}
+    st = entry.get("state") or {}
+    summ = entry.get("summary") or {}
+    updates = {k: st[k] for k in STATE_KEYS if k in st}
+    if summ.get("status") and summ["status"] not in ACTIVE + ("stalled", "lost"):
+        updates["status"] = summ["status"]  # settled there (finished, failed, stopped); stalled/lost: keep asking
+    write_state(run_dir, **updates, remote_summary=summ, last_contact=time.time(), unreachable=None)
+    return summ
+
+
+def poll_many(run_dirs: list[Path], timeout: float = 5.0, stall_after: float = 1800.0
+              ) -> dict[Path, dict[str, Any]]:
+    """One round trip per host, hosts in parallel: each remote run's summary row, or {"status": "unreachable"}
+    with its last known state. Never waits longer than about `timeout`."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    by_host: dict[str, list[tuple[Path, str]]] = {}
+    rows: dict[Path, dict[str, Any]] = {}
+    for d in run_dirs:
+        ref = (read_state(d).get("handle") or {}).get("ref") or {}
+        if ref.get("host") and ref.get("run_dir"):
+            by_host.setdefault(ref["host"], []).append((d, ref["run_dir"]))
+
+    def one(host_name: str) -> None:
+        runs = by_host[host_name]
+        try:
+            host = get_host(host_name)
+            r = Runner(host, connect_timeout=timeout)
+            answer = call_remote(r, "poll", {"run_dirs": [rd for _, rd in runs], "stall_after": stall_after},
+                                 timeout=timeout)
+            for d, rd in runs:
+                rows[d] = record(d, answer.get(rd) or {"error": "no answer for this run"})
+        except RlctlError as e:
+            for d, _ in runs:
+                write_state(d, unreachable=e.message)
+                rows[d] = {"status": "unreachable", "error": e.message}
+
+    with ThreadPoolExecutor(max_workers=max(1, len(by_host))) as pool:
+        list(pool.map(one, list(by_host)))
+    return rows
+
+
+class SSHExecutor(Executor):
+    """Runs live on an SSH host under its own rlctl; this side polls, mirrors and stops them."""
+
+    name: ClassVar[str] = "ssh"
+    remote: ClassVar[bool] = True
+    timeout: ClassVar[float] = float(os.environ.get("RLCTL_SSH_TIMEOUT", "10"))
+
+    def launch(self, opts: Any, host_name: str, out: Any = None) -> tuple[Path, int]:
+        return launch_remote(opts, host_name, out)
+
+    # the verbs the CLI asks for through the registry (the core names no executor module)
+    host_facts = staticmethod(lambda host, timeout=30.0: host_facts(host, timeout))
+    remote_checkpoints = staticmethod(lambda run_dir, step=None, list_only=False:
+                                      remote_checkpoints(run_dir, step, list_only=list_only))
+    ckpt_pull = staticmethod(lambda run_dir, step, to: ckpt_pull(run_dir, step, to))
+    ckpt_push = staticmethod(lambda run_dir, step, host_name: ckpt_push(run_dir, step, host_name))
+    run_remote_rlctl = staticmethod(lambda host_name, args, sync_dir=None: run_remote_rlctl(host_name, args, sync_dir))
+    attach_remote = staticmethod(lambda host_name, path, backend, name: attach_remote(host_name, path, backend, name))
+
+    @staticmethod
+    def install(host: Host, spec: str, timeout: float = 1800.0) -> subprocess.CompletedProcess[str]:
+        """pip-install `spec` with the host's python (`rlctl hosts install`)."""
+        r = Runner(host)
+        return r.run([*r.python_argv(), "-m", "pip", "install", spec], timeout=timeout, check=False)
+
+    def poll_many(self, run_dirs: list[Path], timeout: float = 5.0, stall_after: float = 1800.0
+                  ) -> dict[Path, dict[str, Any]]:
+        return poll_many(run_dirs, timeout, stall_after)
+
+    def status(self, run_dir: Path, state: dict[str, Any]) -> str:
+        try:
+            host, remote_dir = _handle(state)
+            runner = Runner(host, connect_timeout=self.timeout)
+            answer = call_remote(runner, "poll", {"run_dirs": [remote_dir]}, timeout=self.timeout)
+            summ = record(run_dir, answer.get(remote_dir) or {"error": "no answer"})
+            mirror(run_dir, runner, remote_dir, timeout=max(self.timeout, 30))
+        except RlctlError as e:
+            write_state(run_dir, unreachable=e.message)
+            return "unreachable"
+        return str(summ.get("status") or read_state(run_dir).get("status", "unknown"))
+
+    def catch_up_logs(self, run_dir: Path, state: dict[str, Any]) -> None:
+        self.status(run_dir, state)
+
+    def stop(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
+        host, remote_dir = _handle(state)
+        runner = Runner(host, connect_timeout=self.timeout)
+        p = runner.rlctl(["stop", remote_dir, "--grace", f"{grace:g}"], timeout=grace + 60, check=False)
+        if p.returncode != 0:
+            raise remote_rlctl_error(host, p) or RlctlError(f"{host.name}: stop failed: "
+                                                           f"{(p.stderr or p.stdout).strip()[-300:]}")
+        self.status(run_dir, read_state(run_dir))
+        return f"{host.name}: {p.stdout.strip()}"
+
+    def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
+        host, remote_dir = _handle(state)
+        return (f"would run `rlctl stop {remote_dir} --grace {grace:g}` on {host.name}: SIGTERM to the run's process "
+                f"group there, SIGKILL after {grace:g} s.")
+
+    def poll(self, run_dir: Path, handle: Any) -> int | None:
+        st = read_state(run_dir)
+        if self.status(run_dir, st) in ACTIVE + ("unreachable",):
+            return None
+        return read_state(run_dir).get("exit_code")
+
+
+def run_remote_rlctl(host_name: str, args: list[str], sync_dir: Path | None = None, timeout: float = 1800.0
+                     ) -> tuple[int, str, str]:
+    """The host's rlctl with these arguments (e.g. `patch apply ...`): (exit code, stdout, stderr). A local
+    directory given as `sync_dir` is copied there first and `--dir` points at the copy."""
+    host = get_host(host_name)
+    runner = Runner(host)
+    if sync_dir is not None:
+        from rlctl.executors.ssh_runner import sync_to
+
+        if not sync_dir.is_dir():
+            raise RlctlError(f"--dir {sync_dir}: not a directory.")
+        dest = f".rlctl/dirs/{sync_dir.resolve().name}"
+        sync_to(host, [sync_dir.resolve()], ".rlctl/dirs")
+        args = [*args, "--dir", dest]
+    p = runner.rlctl(args, timeout=timeout, check=False)
+    err = remote_rlctl_error(host, p)
+    if err:
+        raise err
+    return p.returncode, p.stdout.rstrip("\n"), p.stderr
+
+
+def attach_remote(host_name: str, path: str, backend: str, name: str | None, out: Any = None
+                  ) -> tuple[str, int, Path]:
+    """`rlctl attach HOST:PATH`: the host's rlctl makes the run directory there (for a run rlctl did not start);
+    this side keeps a local record of the same name, followed like any remote run."""
+    import re
+
+    from rlctl.runs.state import runs_root
+
+    host = get_host(host_name)
+    runner = Runner(host)
+    p = runner.rlctl(["attach", path, "--backend", backend, *(["--name", name] if name else [])], timeout=600,
+                     check=False)
+    err = remote_rlctl_error(host, p)
+    if err:
+        raise err
+    m = re.search(r"^attached (\S+) \(", p.stdout, re.M)
+    if not m:
+        raise RlctlError(f"{host.name}: " + ((p.stderr or p.stdout).strip().removeprefix("rlctl: ")
+                                             or f"attach failed (exit {p.returncode})"))
+    remote_dir = runner.abs(m.group(1))
+    local = runs_root() / Path(remote_dir).name
+    local.mkdir(parents=True, exist_ok=False)
+    write_state(local, name=local.name, executor="ssh", host=host.name, status="attached", started_at=time.time(),
+                handle={"executor": "ssh", "ref": {"host": host.name, "run_dir": remote_dir}, "attempt": 1},
+                remote_run_dir=remote_dir)
+    answer = call_remote(runner, "poll", {"run_dirs": [remote_dir]}, timeout=60)
+    record(local, answer.get(remote_dir) or {"error": "no answer"})
+    with contextlib.suppress(RlctlError):
+        mirror(local, runner, remote_dir)
+    return f"{host.name}: {p.stdout.strip()}\nlocal record: {local}", p.returncode, local
+
+
+# ---- checkpoints --------------------------------------------------------------------------------------------------
+def remote_checkpoints(run_dir: Path, step: int | None = None, timeout: float = 600.0, list_only: bool = False
+                       ) -> tuple[Runner, dict]:
+    """The remote run's checkpoints; unless list_only, the picked one's files with sizes and sha256."""
+    state = read_state(run_dir)
+    host, remote_dir = _handle(state)
+    runner = Runner(host)
+    return runner, call_remote(runner, "ckpt", {"run_dir": remote_dir, "step": step, "list": list_only},
+                               timeout=timeout)
+
+
+def verify(root: Path, files: list[dict[str, Any]]) -> list[str]:
+    bad = []
+    for f in files:
+        p = root / f["rel"]
+        if not p.is_file() or p.stat().st_size != f["size"] or sha256_file(p) != f["sha256"]:
+            bad.append(f["rel"])
+    return bad
+
+
+def ckpt_pull(run_dir: Path, step: int | None, to: Path | None, out: Any = None) -> tuple[Path, dict[str, Any]]:
+    """Copy one complete checkpoint of a remote run here (rsync --partial: a broken transfer resumes), then check
+    every file's size and sha256. Default destination: the local run directory's checkpoint root."""
+    from rlctl.runs.checkpoints import checkpoint_dir
+
+    runner, answer = remote_checkpoints(run_dir, step)
+    pick = answer.get("pick")
+    if not pick:
+        raise RlctlError(f"{run_dir.name}: no complete checkpoint on {runner.host.name}"
+                         + (f" at step {step}" if step is not None else "") + ".",
+                         hint=f"rlctl ckpt list {run_dir.name}")
+    dest = (to or checkpoint_dir(run_dir)).resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    root = answer["root"].rstrip("/")
+    sources = [f"{root}/./{t}" for t in pick["tops"]]
+    runner.rsync(sources, str(dest) + "/", up=False, extra=["--relative", "--partial", "--partial-dir=.rsync-partial"])
+    bad = verify(dest, pick["files"])
+    if bad:
+        raise RlctlError(f"{len(bad)} pulled file(s) differ from {runner.host.name}'s: {', '.join(bad[:3])}.",
+                         hint="run the pull again: it resumes")
+    return dest, pick
+
+
+def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) -> str:
+    """Copy one complete checkpoint of a run (local, or pulled from its host first) to another host, as a run
+    record there of the same name: `rlctl launch RECIPE --on HOST --resume RUN` then resumes from it."""
+    from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
+    from rlctl.runs.state import read_state as rs
+
+    state = rs(run_dir)
+    if state.get("executor") == "ssh":
+        ckpt_pull(run_dir, step, None)
+    backend = state.get("backend", "")
+    root = checkpoint_dir(run_dir).resolve()
+    ckpts = [c for c in find_checkpoints(backend, run_dir) if c.complete and (step is None or c.step == step)]
+    if not ckpts:
+        raise RlctlError(f"{run_dir.name}: no complete checkpoint" + (f" at step {step}" if step is not None else "")
+                         + ".", hint=f"rlctl ckpt list {run_dir.name}")
+    pick = ckpts[-1]
+    tops, files = [], []
+    for t in pick.paths():
+        rel = t.resolve().relative_to(root)
+        tops.append(str(rel))
+        items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())
+        files += [{"rel": str(x.resolve().relative_to(root)), "size": x.stat().st_size, "sha256": sha256_file(x)}
+                  for x in items]
+    host = get_host(host_name)
+    runner = Runner(host)
+    dest = f"runs/{run_dir.name}/checkpoints"
+    runner.run(["mkdir", "-p", dest], timeout=60)
+    runner.rsync([f"{root}/./{t}" for t in tops], dest + "/", up=True,
+                 extra=["--relative", "--partial", "--partial-dir=.rsync-partial"])
+    call_remote(runner, "adopt", {"name": run_dir.name, "backend": backend, "files": files,
+                                         "source": f"{state.get('host') or 'local'}:{run_dir.name}"}, timeout=600)
+    return f"step {pick.step} of {run_dir.name} is on {host.name} ({len(files)} files, verified)"

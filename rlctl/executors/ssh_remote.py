@@ -1,0 +1,253 @@
+"""The remote half of the SSH executor: what the host's own rlctl does when the laptop asks
+(`python -m rlctl.executors.ssh_remote VERB`, VERB one of blobs, launch, poll, ckpt, adopt; no CLI framework is
+imported, so a poll answers fast). Each reads one JSON request on stdin (secrets included: never on a command line)
+and prints one JSON answer on stdout, so every question costs one round trip. Errors: exit 2 (bad input) or 1, the
+message on stderr as `rlctl: ...`.
+
+Blobs: files the laptop sent, named by their sha256, under `<workdir>/.rlctl/blobs/`; a launch materialises its
+recipe and everything it references from them in `<workdir>/.rlctl/stage/<token>/`, checking every hash first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from rlctl.errors import RlctlError
+
+BLOBS = ".rlctl/blobs"
+STAGE = ".rlctl/stage"
+REPOS = ".rlctl/repos"
+
+
+def read_request() -> dict[str, Any]:
+    try:
+        req = json.loads(sys.stdin.read() or "{}")
+    except ValueError as e:
+        raise RlctlError(f"remote request is not JSON ({e}).", hint="do the local and remote rlctl versions differ?"
+                         ) from None
+    if not isinstance(req, dict):
+        raise RlctlError("remote request must be a JSON object.")
+    return req
+
+
+def sha256_file(p: Path) -> str:
+    h = hashlib.sha256()
+    with p.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def missing_blobs(shas: list[str]) -> list[str]:
+    """Which of these blobs this machine lacks (a damaged blob counts as missing and is removed)."""
+    root = Path(BLOBS)
+    root.mkdir(parents=True, exist_ok=True)
+    out = []
+    for s in shas:
+        p = root / s
+        if not p.is_file():
+            out.append(s)
+        elif sha256_file(p) != s:
+            p.unlink()
+            out.append(s)
+    return out
+
+
+def materialise(manifest: dict[str, str], token: str) -> Path:
+    """Copy each blob to its place under a fresh stage directory, after checking its hash."""
+    if not token.replace("-", "").replace(".", "").replace("_", "").isalnum():
+        raise RlctlError(f"bad stage name {token!r}")
+    stage = Path(STAGE) / token
+    stage.mkdir(parents=True, exist_ok=False)
+    for rel, sha in manifest.items():
+        if rel.startswith("/") or ".." in Path(rel).parts:
+            raise RlctlError(f"refusing a staged path outside the stage directory: {rel!r}")
+        blob = Path(BLOBS) / sha
+        if not blob.is_file():
+            raise RlctlError(f"{rel}: its content (sha256 {sha[:12]}) did not arrive on this host.",
+                             hint="run the launch again: only missing files are sent")
+        got = sha256_file(blob)
+        if got != sha:
+            blob.unlink()
+            raise RlctlError(f"{rel}: arrived damaged (sha256 {got[:12]} != {sha[:12]}); nothing started.",
+                             hint="run the launch again")
+        dst = stage / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(blob, dst)
+    return stage.resolve()
+
+
+def checkout_bundle(git: dict[str, Any]) -> Path:
+    """Clone the shipped git bundle at the laptop's commit; the SHA checked out must equal the local one."""
+    import subprocess
+
+    sha = git["sha"]
+    repo = Path(REPOS) / sha
+    if not (repo / ".git").is_dir():
+        bundle = Path(BLOBS) / git["bundle_sha256"]
+        repo.parent.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run(["git", "clone", "-q", str(bundle.resolve()), str(repo)], capture_output=True, text=True,
+                           timeout=600)
+        if p.returncode != 0:
+            raise RlctlError(f"git clone of the shipped bundle failed: {p.stderr.strip()[-300:]}")
+    subprocess.run(["git", "-C", str(repo), "checkout", "-q", sha], capture_output=True, text=True, timeout=120,
+                   check=False)
+    got = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                         timeout=60).stdout.strip()
+    if got != sha:
+        raise RlctlError(f"the remote checkout is at {got[:12] or '?'}, not the local commit {sha[:12]}; nothing "
+                         "started.")
+    return repo.resolve()
+
+
+def remote_launch(req: dict[str, Any]) -> dict[str, Any]:
+    """Materialise the recipe, export the secrets, run `rlctl launch --detach` here; the answer names the run."""
+    from rlctl.runs.launch import LaunchOptions, launch
+
+    token = str(req["token"])
+    stage = materialise(dict(req.get("manifest") or {}), token)
+    answer: dict[str, Any] = {"stage": str(stage)}
+    if req.get("git"):
+        answer["git_sha"] = req["git"]["sha"]
+        answer["repo"] = str(checkout_bundle(req["git"]))
+    for k, v in (req.get("env") or {}).items():  # secrets: in this process's environment only
+        os.environ[str(k)] = str(v)
+    os.environ["RLCTL_REMOTE_SIDE"] = "1"  # `[run] on` names this host: launch here
+    o = dict(req.get("options") or {})
+    sets = list(o.get("sets") or [])
+    sets += [f"{k}={stage / rel}" for k, rel in (req.get("paths") or {}).items()]  # the staged copies, not the laptop's
+    opts = LaunchOptions(recipe=str(stage / req["recipe"]), sets=sets, detach=True,
+                         smoke=bool(o.get("smoke")), name=o.get("name"), force=bool(o.get("force")),
+                         resume=o.get("resume"), grace_seconds=float(o.get("grace", 30.0)),
+                         restart=o.get("restart"), max_restarts=o.get("max_restarts"))
+    run_dir, _ = launch(opts, out=sys.stderr)
+    from rlctl.runs.state import read_state
+
+    st = read_state(run_dir)
+    answer.update(run_dir=str(run_dir), name=run_dir.name, state=st)
+    return answer
+
+
+def poll(run_dirs: list[str], stall_after: float = 1800.0) -> dict[str, Any]:
+    """Each run's settled state and its summary row (as `rlctl status --json` gives it)."""
+    from rlctl.runs.state import read_state, run_status
+    from rlctl.runs.status import summary
+
+    out: dict[str, Any] = {}
+    for d in run_dirs:
+        p = Path(d)
+        if not (p / "state.json").is_file():
+            out[d] = {"error": f"no run directory {d} on this host"}
+            continue
+        try:
+            rs = run_status(p, stall_after)
+            out[d] = {"summary": summary(rs), "state": read_state(p)}
+        except Exception as e:
+            out[d] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict[str, Any]:
+    """The run's checkpoints; for `step` (or the newest complete one), every file with its size and sha256,
+    relative to the checkpoint root."""
+    from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
+    from rlctl.runs.state import read_state
+
+    p = Path(run_dir)
+    backend = read_state(p).get("backend", "")
+    root = checkpoint_dir(p).resolve()
+    ckpts = find_checkpoints(backend, p)
+    rows = [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)} for c in ckpts]
+    answer: dict[str, Any] = {"root": str(root), "backend": backend, "checkpoints": rows}
+    done = [c for c in ckpts if c.complete]
+    if list_only:
+        return answer
+    pick = None
+    if step is None and done:
+        pick = done[-1]
+    elif step is not None:
+        pick = next((c for c in ckpts if c.step == step), None)
+        if pick is not None and not pick.complete:
+            raise RlctlError(f"step {step} of {p.name} is not a complete checkpoint; only complete ones are moved.",
+                             hint="rlctl ckpt list " + p.name)
+    if pick is not None:
+        files = []
+        for top in pick.paths():
+            top = top.resolve()
+            items = [top] if top.is_file() else sorted(x for x in top.rglob("*") if x.is_file() and not x.is_symlink())
+            for f in items:
+                try:
+                    rel = f.relative_to(root)
+                except ValueError:
+                    continue
+                files.append({"rel": str(rel), "size": f.stat().st_size, "sha256": sha256_file(f)})
+        tops = []
+        for t in pick.paths():
+            try:
+                tops.append(str(t.resolve().relative_to(root)))
+            except ValueError:
+                continue
+        answer["pick"] = {"step": pick.step, "tops": tops, "files": files}
+    return answer
+
+
+def adopt_checkpoint(req: dict[str, Any]) -> dict[str, Any]:
+    """`ckpt push`: make a run record here for checkpoints that just arrived (so `launch --resume RUN` finds them),
+    after checking every file's size and sha256."""
+    import time
+
+    from rlctl.runs.state import runs_root, write_state
+
+    run_dir = (runs_root() / req["name"]).resolve()
+    root = run_dir / "checkpoints"
+    bad = []
+    for f in req["files"]:
+        p = root / f["rel"]
+        if not p.is_file() or p.stat().st_size != f["size"] or sha256_file(p) != f["sha256"]:
+            bad.append(f["rel"])
+    if bad:
+        raise RlctlError(f"{len(bad)} file(s) of the pushed checkpoint differ from the source: {', '.join(bad[:3])}.",
+                         hint="run the push again: it resumes")
+    (run_dir / "recipe.toml").write_text('[checkpoint]\ndir = "checkpoints"\n')
+    write_state(run_dir, name=run_dir.name, status="finished", backend=req["backend"], executor="local",
+                started_at=time.time(), ended_at=time.time(), exit_code=0, pushed_from=req.get("source"))
+    return {"run_dir": str(run_dir)}
+
+
+VERBS = {
+    "blobs": lambda req: {"missing": missing_blobs(list(req.get("sha256") or []))},
+    "launch": remote_launch,
+    "poll": lambda req: poll(list(req.get("run_dirs") or []), float(req.get("stall_after") or 1800)),
+    "ckpt": lambda req: checkpoints(str(req["run_dir"]), req.get("step"), bool(req.get("list"))),
+    "adopt": adopt_checkpoint,
+}
+
+
+def main(argv: list[str]) -> int:
+    from rlctl import __version__
+
+    if len(argv) != 1 or argv[0] not in VERBS:
+        sys.stderr.write(f"rlctl: usage: python -m rlctl.executors.ssh_remote {{{','.join(VERBS)}}}\n")
+        return 2
+    try:
+        answer = VERBS[argv[0]](read_request())
+    except RlctlError as e:
+        sys.stderr.write(f"rlctl: {e}\n")
+        return e.exit_code
+    except OSError as e:
+        sys.stderr.write(f"rlctl: {e.filename or ''}: {e.strerror or e}\n")
+        return 2
+    if isinstance(answer, dict):
+        answer.setdefault("rlctl_version", __version__)
+    sys.stdout.write(json.dumps(answer, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

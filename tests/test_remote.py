@@ -1,0 +1,296 @@
+"""Remote GPU machines over SSH, against a real OpenSSH server on loopback (tests/remote_sshd.py): hosts
+add/list/check, launch --on, status/logs/metrics/doctor/ckpt/stop of a remote run from the laptop, checkpoints
+pulled, and the faults: a killed connection mid-run, sshd down, a full remote disk, a changed host key, a host whose
+rlctl is missing or older. Secrets planted locally are looked for on the remote side (files and `ps`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rlctl.core.state import read_state
+from tests.conftest import RECIPES, ROOT
+from tests.remote_sshd import ALIAS, sshd  # noqa: F401 - the session fixture
+
+QUICK = str(RECIPES / "quickstart.toml")
+# a small quickstart: this machine is shared, a CPU step can take 15 s
+SMALL = ("--set", "rollout.prompts_per_step=2", "--set", "train.train_batch_size=16", "--set",
+         "train.micro_batch_size=16")
+
+
+@pytest.fixture
+def remote(sshd, tmp_path, monkeypatch, cli):  # noqa: F811
+    ctl = Path(f"/tmp/rlctl-t-{uuid.uuid4().hex[:8]}")  # ControlPath sockets need a short path
+    monkeypatch.setenv("RLCTL_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("RLCTL_SSH_CONFIG", str(sshd.client_config))
+    monkeypatch.setenv("RLCTL_SSH_CONTROL_DIR", str(ctl))
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(tmp_path / "laptop-runs"))
+    work = tmp_path / "remote"
+    r = cli("hosts", "add", "box", ALIAS, "--workdir", str(work), "--python", sys.executable,
+            "--env", f"PYTHONPATH={ROOT}", "--env", f"RLCTL_MODEL_CACHE={tmp_path / 'models'}")
+    assert r.code == 0, r.err
+    yield {"work": work, "runs": tmp_path / "laptop-runs", "tmp": tmp_path, "sshd": sshd, "ctl": ctl}
+    for run in (work / "runs").glob("*") if (work / "runs").is_dir() else []:  # nothing left running
+        st = read_state(run)
+        for key in ("pgid", "supervisor_pid"):
+            if st.get(key):
+                with contextlib.suppress(OSError):
+                    os.killpg(st[key], 9) if key == "pgid" else os.kill(st[key], 9)
+    with contextlib.suppress(Exception):
+        subprocess.run(["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={ctl}/%C", "-O", "exit", ALIAS],
+                       capture_output=True, timeout=10)
+
+
+def sub(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "rlctl.cli", *args], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def wait_for(pred, timeout=120.0, interval=0.5):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def test_hosts_add_list_check_remove(remote, cli):
+    r = cli("hosts", "list")
+    assert "box" in r.out and ALIAS in r.out
+    r = cli("hosts", "check", "box")
+    assert r.code == 0, r.out + r.err
+    assert "rlctl 0." in r.out and "gpus: none (no NVIDIA GPU found" in r.out and "GB free at" in r.out
+    assert "trl:" in r.out
+    r = cli("hosts", "check", "box", "--json")
+    facts = json.loads(r.out)["box"]["facts"]
+    assert facts["disk_path"] == str(remote["work"]) and facts["gpus"] is None
+    assert cli("hosts", "add", "box", ALIAS).code == 2  # exists
+    assert cli("hosts", "remove", "box").code == 0
+    assert "no hosts" in cli("hosts", "list").out
+
+
+def test_damaged_hosts_config(remote, cli):
+    path = Path(os.environ["RLCTL_CONFIG_DIR"]) / "hosts.toml"
+    path.write_text(path.read_text() + "\n[hosts.x\nssh = 1\n")
+    r = cli("hosts", "list")
+    assert r.code == 2 and f"{path}:" in r.err and "not valid TOML" in r.err
+    path.write_text('[hosts.y]\nssh = "a"\nsecret_thing = 1\n')
+    r = cli("hosts", "check", "y")
+    assert r.code == 2 and f"{path}:1" in r.err and "unknown key" in r.err
+    path.write_text('[hosts.y]\nssh = "a"\nenv = { WANDB_API_KEY = "x" }\n')
+    r = cli("hosts", "list")
+    assert r.code == 2 and "a secret, in a file" in r.err
+
+
+def test_missing_and_older_rlctl(remote, cli):
+    r = cli("hosts", "add", "bare", ALIAS, "--workdir", str(remote["work"]), "--python", f"{sys.executable} -I -S")
+    assert r.code == 0
+    r = cli("hosts", "check", "bare")
+    assert r.code == 1 and "rlctl is not installed" in r.out and "rlctl hosts install bare" in r.out
+    old = remote["tmp"] / "old-python"
+    old.write_text('#!/bin/sh\necho \'{"machine": "x", "rlctl_version": "0.0.1", "python": "x", "gpus": null}\'\n')
+    old.chmod(0o755)
+    cli("hosts", "add", "old", ALIAS, "--workdir", str(remote["work"]), "--python", str(old))
+    r = cli("hosts", "check", "old")
+    assert r.code == 1 and "0.0.1 there is older than" in r.out and "rlctl hosts install old" in r.out
+    r = cli("launch", QUICK, "--on", "bare", "--detach")
+    assert r.code == 2 and "rlctl hosts install bare" in r.err
+    r = cli("launch", QUICK, "--set", "run.on=bare", "--detach")  # [run] on = "HOST" in a recipe
+    assert r.code == 2 and "rlctl hosts install bare" in r.err
+    assert not (remote["runs"]).exists() or not list(remote["runs"].iterdir())
+
+
+def test_changed_host_key_is_refused(remote, cli):
+    cli("hosts", "add", "moved", f"{ALIAS}-changed", "--workdir", str(remote["work"]), "--python", sys.executable)
+    r = cli("hosts", "check", "moved")
+    assert r.code == 1
+    assert "refused the host key" in r.out and "ssh-keygen -R" in r.out
+
+
+def test_unreachable_host_never_hangs(remote, cli):
+    runs = remote["runs"]
+    run = runs / "ghost-20260101-000000"
+    run.mkdir(parents=True)
+    from rlctl.core.state import write_state
+
+    write_state(run, name=run.name, executor="ssh", host="box", status="running", started_at=time.time(),
+                handle={"executor": "ssh", "ref": {"host": "box", "run_dir": "/nonexistent"}})
+    remote["sshd"].stop()
+    try:
+        t0 = time.time()
+        r = cli("status", "--timeout", "3")
+        took = time.time() - t0
+        assert r.code == 0, r.err
+        assert "unreachable (last: running)" in r.out and "box" in r.out
+        assert took < 8, took
+        r = cli("status", run.name, "--timeout", "3")
+        assert r.code == 0 and "unreachable" in r.out and "last known state" in r.out, r.out + r.err
+    finally:
+        remote["sshd"].start()
+
+
+def test_full_remote_disk_fails_cleanly(remote, cli, tmp_path):
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        cli("hosts", "add", "tiny", ALIAS, "--workdir", str(small / "w"), "--python", sys.executable,
+            "--env", f"PYTHONPATH={ROOT}")
+        data = tmp_path / "recipe"
+        data.mkdir()
+        big = "\n".join(json.dumps({"prompt": "a" * 200 + str(i), "label": "a"}) for i in range(12000))
+        (data / "prompts.jsonl").write_text(big + "\n")  # ~2.6 MB > 1 MB
+        (data / "reward.py").write_text((RECIPES / "quickstart" / "reward.py").read_text())
+        (data / "r.toml").write_text(Path(QUICK).read_text().replace("quickstart/prompts.jsonl", "prompts.jsonl")
+                                     .replace("quickstart/reward.py", "reward.py"))
+        r = cli("launch", str(data / "r.toml"), "--on", "tiny", "--detach")
+        assert r.code == 2, r.out + r.err
+        assert "disk is full" in r.err and "free space on tiny" in r.err
+        assert not (small / "w" / "runs").exists()  # nothing half-started there
+        assert not remote["runs"].exists() or not list(remote["runs"].iterdir())  # nor a local record
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_quickstart_on_remote_end_to_end(remote, cli, monkeypatch):
+    secret = f"planted-{uuid.uuid4().hex}"
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    r = cli("launch", QUICK, "--on", "box", "--detach", *SMALL, "--set", "train.steps=4", "--set", "checkpoint.every=2")
+    assert r.code == 0, r.out + r.err
+    name = r.out.strip().splitlines()[-1]
+    local = remote["runs"] / name
+    st = read_state(local)
+    assert st["executor"] == "ssh" and st["host"] == "box"
+    remote_dir = Path(st["remote_run_dir"])
+    assert remote_dir.is_dir() and remote_dir.parent == remote["work"] / "runs"
+
+    # the secret reached the remote process's environment, and never a command line
+    sup = read_state(remote_dir).get("supervisor_pid")
+    assert sup and secret.encode() in Path(f"/proc/{sup}/environ").read_bytes()
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert secret not in ps
+
+    # kill the shared SSH connection mid-run: the run goes on, status reconnects
+    subprocess.run(["ssh", "-F", os.environ["RLCTL_SSH_CONFIG"], "-o", f"ControlPath={remote['ctl']}/%C", "-O",
+                    "exit", ALIAS], capture_output=True, timeout=10)
+    r = cli("status")
+    assert r.code == 0 and name in r.out and "box" in r.out, r.out + r.err
+    assert wait_for(lambda: read_state(remote_dir).get("status") == "finished", timeout=400)
+    r = cli("status", name)
+    assert r.code == 0 and "finished" in r.out, r.out + r.err
+    assert read_state(local)["status"] == "finished"
+    r = cli("status")
+    assert "finished" in r.out and "4/4" in r.out
+
+    r = sub("logs", name)  # logs writes bytes to stdout: a real process
+    assert r.returncode == 0 and "'step': 4" in r.stdout, r.stderr
+    r = sub("logs", name, "--metrics")
+    recs = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    assert recs and max(x.get("step", 0) for x in recs) == 4
+    assert cli("metrics", name, "--csv").code == 0
+    assert cli("doctor", name).code in (0, 1)
+    r = cli("ckpt", "list", name)
+    assert r.code == 0 and "complete" in r.out and "step       4" in r.out, r.out + r.err
+
+    # checkpoints: pull the newest complete one, verified
+    r = cli("ckpt", "pull", name, "--to", str(remote["tmp"] / "pulled"))
+    assert r.code == 0, r.out + r.err
+    assert "verified" in r.out
+    assert any((remote["tmp"] / "pulled").rglob("*.safetensors"))
+
+    # push the checkpoint to a second host, and resume there from it (one more step)
+    work2 = remote["tmp"] / "remote2"
+    cli("hosts", "add", "box2", ALIAS, "--workdir", str(work2), "--python", sys.executable, "--env",
+        f"PYTHONPATH={ROOT}", "--env", f"RLCTL_MODEL_CACHE={remote['tmp'] / 'models'}")
+    r = cli("ckpt", "push", name, "--to", "box2")
+    assert r.code == 0 and "verified" in r.out, r.out + r.err
+    pushed = work2 / "runs" / name
+    assert read_state(pushed)["status"] == "finished" and any(pushed.rglob("*.safetensors"))
+    r = cli("launch", QUICK, "--on", "box2", "--detach", *SMALL, "--set", "train.steps=5", "--resume", f"box:{name}")
+    assert r.code == 0, r.out + r.err
+    second = Path(read_state(remote["runs"] / r.out.strip().splitlines()[-1])["remote_run_dir"])
+    assert second.parent == work2 / "runs"
+    assert wait_for(lambda: read_state(second).get("status") in ("finished", "failed"), timeout=400)
+    st2 = read_state(second)
+    assert st2["status"] == "finished" and st2["resumed_from"].endswith(name), st2
+
+    # no secret in any file on either side
+    for root in (remote["work"], remote["runs"]):
+        p = subprocess.run(["grep", "-rl", secret, str(root)], capture_output=True, text=True)
+        assert p.stdout == "", p.stdout
+
+
+@pytest.mark.slow
+def test_stop_remote_run(remote, cli):
+    r = cli("launch", QUICK, "--on", "box", "--detach", *SMALL, "--set", "train.steps=400")
+    assert r.code == 0, r.out + r.err
+    name = r.out.strip().splitlines()[-1]
+    assert "would run `rlctl stop" in cli("stop", name, "--dry-run").out
+    r = cli("stop", name, "--grace", "5")
+    assert r.code == 0, r.err
+    assert "box:" in r.out
+    remote_dir = Path(read_state(remote["runs"] / name)["remote_run_dir"])
+    assert read_state(remote_dir)["status"] == "stopped"
+    assert cli("status", name).code == 0
+    assert read_state(remote["runs"] / name)["status"] == "stopped"
+
+
+def test_git_bundle_and_remote_preflight(remote, cli, tmp_path):
+    """Unpushed commits travel as a bundle, checked out at the same SHA; preflight runs there, and its failure
+    (a context budget the recipe breaks) comes back with its table; nothing starts."""
+    repo = tmp_path / "repo"
+    (repo / "quickstart").mkdir(parents=True)
+    for f in ("prompts.jsonl", "reward.py"):
+        (repo / "quickstart" / f).write_text((RECIPES / "quickstart" / f).read_text())
+    (repo / "r.toml").write_text(Path(QUICK).read_text())
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git[:3], "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    sha = subprocess.run([*git[:3], "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    r = cli("launch", str(repo / "r.toml"), "--on", "box", "--detach", "--set", "rollout.max_tokens=500")
+    assert r.code == 1, r.out + r.err
+    assert "box: preflight failed" in r.err and "context" in r.err
+    checkout = remote["work"] / ".rlctl" / "repos" / sha
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert head.stdout.strip() == sha
+    assert not (remote["work"] / "runs").exists() or not list((remote["work"] / "runs").iterdir())
+    # the second time nothing is sent again (content-addressed)
+    r = cli("launch", str(repo / "r.toml"), "--on", "box", "--detach", "--set", "rollout.max_tokens=500")
+    assert "box: preflight failed" in r.err
+
+
+def test_patch_on_host_runs_the_remote_rlctl(remote, cli):
+    r = cli("patch", "status", "--backend", "openrlhf", "--on", "box")
+    assert r.code == 2  # relayed from the host's rlctl: openrlhf is not installed there
+    assert "openrlhf" in r.err and "not installed" in r.err
+
+
+def test_attach_a_log_on_a_host(remote, cli, tmp_path):
+    from tests.conftest import FIXTURES
+
+    log = tmp_path / "on-the-box" / "train.log"  # a run rlctl did not start, on the host
+    log.parent.mkdir()
+    log.write_text((FIXTURES / "trl" / "stdout.log").read_text())
+    r = cli("attach", f"box:{log}", "--backend", "trl", "--name", "theirs")
+    assert r.code == 0, r.out + r.err
+    assert "box: attached" in r.out
+    local = next(remote["runs"].iterdir())
+    st = read_state(local)
+    assert st["executor"] == "ssh" and Path(st["remote_run_dir"]).parent == remote["work"] / "runs"
+    r = cli("status")
+    assert "theirs" in r.out and "box" in r.out and "80/" not in r.out.split("theirs")[0]
+    assert (local / "metrics.jsonl").stat().st_size > 0  # the mirror
+    r = sub("logs", local.name, "--metrics")
+    assert r.returncode == 0 and '"step": 80' in r.stdout.replace('"step":80', '"step": 80'), r.stderr
