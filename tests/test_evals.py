@@ -212,3 +212,10 @@ def test_rlctl_eval_by_hand_with_a_command(write, tmp_path, cli, monkeypatch):
     assert res.code == 2 and "no complete checkpoint at step 6" in res.err
     res = cli("eval", run.name, "--set", "nope")
     assert res.code == 2 and "no such eval set" in res.err
+
+
+def test_stop_when_knows_every_doctor_rule():
+    from rlctl.recipe import schema
+    from rlctl.runs.doctor import RULES
+
+    assert set(schema.RULES) == set(RULES)

@@ -254,6 +254,13 @@ class StallSection(Section):
     slow_step_s: NonNegFloat = Field(default=1800.0, description="Grace for a step with an eval or a save.")
 
 
+# The doctor's rule names, which [run] stop_when may name (tests/test_evals.py keeps this equal to
+# rlctl.runs.doctor.RULES; the schema cannot import the doctor, which reads recipes).
+RULES = ("entropy_collapse", "eval_below_baseline", "eval_divergence", "flat_learning", "frozen_weights",
+         "high_truncation", "instability", "length_collapse", "loss_grad_spikes", "non_finite", "reward_hacking",
+         "saturated", "zero_variance_groups")
+
+
 class RunSection(Section):
     """Supervision: what rlctl does when the training process dies or stalls (docs/supervision.md)."""
 
@@ -269,8 +276,6 @@ class RunSection(Section):
     @field_validator("stop_when")
     @classmethod
     def _rules(cls, v: list[str]) -> list[str]:
-        from rlctl.runs.doctor import RULES
-
         for item in v:
             name, _, n = item.partition(":")
             if name not in RULES:

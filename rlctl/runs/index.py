@@ -27,7 +27,7 @@ from typing import Any
 from rlctl.core.state import ACTIVE, STATE, read_state
 
 INDEX = ".index.json"
-VERSION = 1
+VERSION = 2  # 2: rows keep the host of a run on an SSH host
 EXPERIMENT = "experiment.json"  # written into a run directory by the experiment queue
 METRICS = "metrics.jsonl"
 TAIL = 16 * 1024  # bytes of metrics.jsonl read for the latest step and reward (many records of one step)
@@ -114,7 +114,7 @@ def build_row(run_dir: Path) -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError):
         data = json.loads((run_dir / EXPERIMENT).read_text())
         exp = data if isinstance(data, dict) else {}
-    keep = ("status", "backend", "started_at", "ended_at", "exit_code", "total_steps", "executor")
+    keep = ("status", "backend", "started_at", "ended_at", "exit_code", "total_steps", "executor", "host")
     return {"name": run_dir.name, "state": {k: state.get(k) for k in keep if state.get(k) is not None},
             "step": step, "reward": reward, "last_time": last,
             "experiment": exp.get("experiment") if isinstance(exp.get("experiment"), str) else None}
