@@ -544,7 +544,7 @@ _PLACES = ["openrlhf/9.9.9/manifest.toml", "openrlhf/9.9.9/0001.patch", "openrlh
            "x/y/z/manifest.toml", "junk.txt", "b/junk", "b/v", "openrlhf/9.9.9/sub", ".hidden"]
 
 
-@settings(max_examples=_examples(300), **PROFILE)
+@settings(max_examples=_examples(200), **PROFILE)
 @given(manifest=st.one_of(_MANIFEST, toml_noise), tree=st.lists(
     st.tuples(st.sampled_from(_PLACES), st.sampled_from(["manifest", "diff", "garbage", "dir", "empty", "fifo",
                                                          "loop"])), max_size=5),
@@ -615,7 +615,7 @@ ABSURD = ["1000000000000", "99999999999999999999999", str(2**63), "-1", "0", "-0
 NUMBER_CASE_CPU_S = 10.0  # CPU seconds of this process for one command (an honest preflight takes < 1.5 s)
 
 
-@settings(max_examples=_examples(250), **PROFILE)
+@settings(max_examples=_examples(150), **PROFILE)
 @given(key=st.sampled_from(NUMERIC_KEYS), value=st.sampled_from(ABSURD),
        recipe=st.sampled_from(sorted(p.name for p in RECIPES.glob("*.toml"))),
        cmd=st.sampled_from(["preflight", "render"]))
@@ -636,3 +636,59 @@ def test_absurd_numbers_for_every_numeric_key(world, key, value, recipe, cmd):
 def test_the_numeric_keys_are_found():
     assert {"train.steps", "train.episodes", "checkpoint.every", "rollout.group_size", "rollout.max_tokens",
             "train.train_batch_size", "resources.nodes", "resources.gpus_per_node"} <= set(NUMERIC_KEYS)
+
+
+def _upper_limits() -> dict[str, int]:
+    """Numeric key -> its upper limit (`le`) where the schema has one."""
+    import typing
+
+    from rlctl.recipe import schema
+
+    def le_of(obj, depth=0):
+        if depth > 6:
+            return None
+        if isinstance(getattr(obj, "le", None), int):
+            return obj.le
+        for m in getattr(obj, "metadata", []) or []:
+            v = le_of(m, depth + 1)
+            if v is not None:
+                return v
+        for a in typing.get_args(obj):
+            v = le_of(a, depth + 1)
+            if v is not None:
+                return v
+        return None
+
+    out = {}
+    for key in NUMERIC_KEYS:
+        model = schema.Recipe
+        *path, leaf = key.split(".")
+        for p in path:
+            ann = model.model_fields[p].annotation
+            model = next(a for a in (typing.get_args(ann) or (ann,)) if isinstance(a, type))
+        f = model.model_fields[leaf]
+        v = le_of(f) or le_of(f.annotation)
+        if v is not None and v >= 1000:
+            out[key] = v
+    return out
+
+
+LIMITS = _upper_limits()
+
+
+@pytest.mark.parametrize("key", sorted(LIMITS))
+def test_every_numeric_key_at_its_limit_and_above(world, key):
+    """At its upper limit a key plans in bounded time (exit 0/1/2); one above is refused naming the limit."""
+    root, _ = world
+    for value, codes in ((LIMITS[key], (0, 1, 2)), (LIMITS[key] + 1, (2,))):
+        argv = ["preflight", str(RECIPES / "quickstart.toml"), "--set", f"{key}={value}"]
+        t = time.process_time()
+        code, out, err, acted = run_main(argv, root)
+        assert time.process_time() - t < NUMBER_CASE_CPU_S, (argv, "too slow")
+        assert acted is None and code in codes and "Traceback" not in out + err, (argv, code, (out + err)[-2000:])
+        if value > LIMITS[key]:
+            assert str(LIMITS[key]) in err, (argv, err)
+
+
+def test_the_limits_are_found():
+    assert LIMITS["train.steps"] == 1_000_000 and LIMITS["resources.gpus_per_node"] == 1024

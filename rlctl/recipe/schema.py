@@ -321,7 +321,7 @@ class DoctorSection(Section):
 
 
 class Recipe(Section):
-    name: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)  # a directory name
     description: str = ""
     backend: BackendSection
     model: ModelSection

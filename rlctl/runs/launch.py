@@ -100,6 +100,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         check_run_name(opts.name)
     prep = prepare(opts.recipe, opts.sets)
     recipe = prep.recipe
+    name = check_run_name(opts.name if opts.name is not None else recipe.name,
+                          "--name" if opts.name is not None else "the recipe's name")
     resumed_from = parent_ckpt = None
     if opts.smoke:
         smoke(recipe)
@@ -143,7 +145,6 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     if "wandb" in recipe.logging.rlctl_sinks and recipe.logging.wandb is None:
         raise RlctlError("logging.rlctl_sinks has wandb but there is no [logging.wandb] table.",
                          hint='add [logging.wandb] project = "..."')
-    name = check_run_name(opts.name if opts.name is not None else recipe.name, "--name" if opts.name else "name")
     extra = {"RLCTL_RUN_DIR": "", "RLCTL_MODEL_CACHE": os.environ.get("RLCTL_MODEL_CACHE", _model_cache()),
              "PYTHONUNBUFFERED": "1"}
     child_env = child_environment(prep.plan.env, extra)  # fails before anything is written if a secret is missing
