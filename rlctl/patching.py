@@ -128,7 +128,7 @@ def load_set(root: Path, source: str = "bundled") -> PatchSet:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise PatchError(f"{manifest}: malformed TOML ({str(e) or type(e).__name__}).",
-                         hint="fix the TOML syntax; see patches/openrlhf/0.9.3/manifest.toml for an example") from None
+                         hint="fix the TOML syntax; the bundled sets' manifests are examples") from None
     m = _Manifest(manifest, text)
     unknown = sorted(set(data) - set(_TOP_KEYS))
     if unknown:
@@ -144,7 +144,7 @@ def load_set(root: Path, source: str = "bundled") -> PatchSet:
             raise m.error(key, f"{v!r:.40} is not a usable {key} (non-empty, no '/', no NUL).")
     if not data["package"].isidentifier():
         raise m.error("package", f"{data['package']!r:.40} is not a Python package name (the import name, e.g. "
-                      "openrlhf).")
+                      "my_trainer).")
     if not isinstance(data.get("description", ""), str):
         raise m.error("description", f"must be a string, not {_type_name(data['description'])}.")
     patches = data.get("patch", [])
@@ -171,7 +171,7 @@ def load_set(root: Path, source: str = "bundled") -> PatchSet:
         targets = p.get("targets")
         if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
             raise m.error("targets", f"must be a list of strings, not {_type_name(targets)}.", i,
-                          hint='e.g. targets = ["openrlhf/trainer/ppo_trainer.py"]')
+                          hint='e.g. targets = ["my_trainer/train.py"] (paths inside site-packages)')
         if targets is None:
             targets = _targets_of(f)
         bad = [t for t in targets if not _relative_path(t)]
