@@ -544,7 +544,7 @@ _PLACES = ["openrlhf/9.9.9/manifest.toml", "openrlhf/9.9.9/0001.patch", "openrlh
            "x/y/z/manifest.toml", "junk.txt", "b/junk", "b/v", "openrlhf/9.9.9/sub", ".hidden"]
 
 
-@settings(max_examples=_examples(200), **PROFILE)
+@settings(max_examples=_examples(120), **PROFILE)
 @given(manifest=st.one_of(_MANIFEST, toml_noise), tree=st.lists(
     st.tuples(st.sampled_from(_PLACES), st.sampled_from(["manifest", "diff", "garbage", "dir", "empty", "fifo",
                                                          "loop"])), max_size=5),
@@ -615,7 +615,7 @@ ABSURD = ["1000000000000", "99999999999999999999999", str(2**63), "-1", "0", "-0
 NUMBER_CASE_CPU_S = 10.0  # CPU seconds of this process for one command (an honest preflight takes < 1.5 s)
 
 
-@settings(max_examples=_examples(150), **PROFILE)
+@settings(max_examples=_examples(100), **PROFILE)
 @given(key=st.sampled_from(NUMERIC_KEYS), value=st.sampled_from(ABSURD),
        recipe=st.sampled_from(sorted(p.name for p in RECIPES.glob("*.toml"))),
        cmd=st.sampled_from(["preflight", "render"]))
