@@ -60,30 +60,135 @@ class Installed:
 # discovery
 
 
+MANIFEST_MAX_BYTES = 1 << 20
+SCAN_LIMIT = 10_000  # entries read per directory of a user's --dir
+_TOP_KEYS = {"backend": "a string", "package": "a string (the import name)", "version": "a string",
+             "description": "a string", "patch": "[[patch]] tables"}
+_ENTRY_KEYS = {"file": "a string", "targets": "a list of strings", "purpose": "a string"}
+
+
+def _type_name(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a table"}.get(type(v), type(v).__name__)
+
+
+def _line_of(text: str, key: str, entry: int | None = None) -> int | None:
+    """The line of `key = ...` in a manifest: at the top level, or in the `entry`-th [[patch]] table (1-based)."""
+    import re
+
+    seen = 0
+    in_scope = entry is None
+    for n, line in enumerate(text.splitlines(), start=1):
+        s = line.strip()
+        if s.startswith("["):
+            if entry is None:
+                return None
+            if re.match(r"\[\[\s*patch\s*\]\]", s):
+                seen += 1
+                in_scope = seen == entry
+                if in_scope and key == "":
+                    return n
+            else:
+                in_scope = False
+            continue
+        if in_scope and re.match(rf"""["']?{re.escape(key)}["']?\s*=""", s):
+            return n
+    return None
+
+
+class _Manifest:
+    """Where a manifest's values are, for errors that name file:line and key."""
+
+    def __init__(self, path: Path, text: str):
+        self.path, self.text = path, text
+
+    def error(self, key: str, msg: str, entry: int | None = None, hint: str | None = None) -> PatchError:
+        line = _line_of(self.text, key, entry)
+        where = f"{self.path}:{line}" if line else str(self.path)
+        what = f"[[patch]] #{entry}" + (f" `{key}`" if key else "") if entry else f"`{key}`"
+        return PatchError(f"{where}: {what} {msg}", hint=hint)
+
+
+def _relative_path(v: str) -> bool:
+    p = Path(v)
+    return bool(v) and "\0" not in v and not p.is_absolute() and ".." not in p.parts
+
+
 def load_set(root: Path, source: str = "bundled") -> PatchSet:
     manifest = root / "manifest.toml"
     if not manifest.is_file():
-        raise PatchError(f"{root}: no manifest.toml in this patch set.")
+        what = "is not a regular file" if manifest.exists() or manifest.is_symlink() else "is missing"
+        raise PatchError(f"{root}: not a patch set: its manifest.toml {what}.",
+                         hint="a patch set is a directory with *.patch files and a manifest.toml (see docs/checks.md)")
+    if manifest.stat().st_size > MANIFEST_MAX_BYTES:
+        raise PatchError(f"{manifest}: {manifest.stat().st_size} bytes; a manifest is a few lines of TOML "
+                         f"(at most {MANIFEST_MAX_BYTES} bytes).")
     try:
-        data = tomllib.loads(manifest.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise PatchError(f"{manifest}: malformed TOML ({e}).") from None
+        text = manifest.read_bytes().decode("utf-8")
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise PatchError(f"{manifest}: malformed TOML ({str(e) or type(e).__name__}).",
+                         hint="fix the TOML syntax; the bundled sets' manifests are examples") from None
+    m = _Manifest(manifest, text)
+    unknown = sorted(set(data) - set(_TOP_KEYS))
+    if unknown:
+        raise m.error(unknown[0], f"is not a manifest key (known: {', '.join(_TOP_KEYS)}).")
     for key in ("backend", "package", "version"):
-        if not isinstance(data.get(key), str):
-            raise PatchError(f"{manifest}: missing `{key}` (a string).")
+        v = data.get(key)
+        if v is None:
+            raise PatchError(f"{manifest}: missing `{key}` ({_TOP_KEYS[key]}).",
+                             hint=f'add a line such as {key} = "..." at the top of the manifest')
+        if not isinstance(v, str):
+            raise m.error(key, f"must be {_TOP_KEYS[key]}, not {_type_name(v)} ({v!r:.40}).")
+        if not v.strip() or "\0" in v or "/" in v or v in (".", ".."):
+            raise m.error(key, f"{v!r:.40} is not a usable {key} (non-empty, no '/', no NUL).")
+    if not data["package"].isidentifier():
+        raise m.error("package", f"{data['package']!r:.40} is not a Python package name (the import name, e.g. "
+                      "my_trainer).")
+    if not isinstance(data.get("description", ""), str):
+        raise m.error("description", f"must be a string, not {_type_name(data['description'])}.")
+    patches = data.get("patch", [])
+    if not isinstance(patches, list):
+        raise m.error("patch", f"must be [[patch]] tables, not {_type_name(patches)}.",
+                      hint="write each patch as a table: a [[patch]] line, then file = \"0001-x.patch\" under it")
     entries = []
-    for i, p in enumerate(data.get("patch", []), start=1):
-        if not isinstance(p, dict) or not isinstance(p.get("file"), str):
-            raise PatchError(f"{manifest}: [[patch]] #{i} needs a `file`.")
-        f = root / p["file"]
+    for i, p in enumerate(patches, start=1):
+        if not isinstance(p, dict):
+            raise m.error("patch", f"#{i} must be a [[patch]] table, not {_type_name(p)}.")
+        unknown = sorted(set(p) - set(_ENTRY_KEYS))
+        if unknown:
+            raise m.error(unknown[0], f"is not a [[patch]] key (known: {', '.join(_ENTRY_KEYS)}).", i)
+        name = p.get("file")
+        if name is None:
+            raise m.error("", "needs a `file` (the .patch file, relative to the set's directory).", i)
+        if not isinstance(name, str):
+            raise m.error("file", f"must be a string, not {_type_name(name)}.", i)
+        if not _relative_path(name):
+            raise m.error("file", f"{name!r:.60} must be a path inside {root} (relative, no '..').", i)
+        f = root / name
         if not f.is_file():
-            raise PatchError(f"{manifest}: [[patch]] #{i} names {p['file']}, which does not exist in {root}.")
-        targets = p.get("targets") or _targets_of(f)
-        entries.append(PatchEntry(f, list(targets), str(p.get("purpose", ""))))
+            raise m.error("file", f"names {name}, which does not exist in {root} (or is not a regular file).", i)
+        targets = p.get("targets")
+        if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+            raise m.error("targets", f"must be a list of strings, not {_type_name(targets)}.", i,
+                          hint='e.g. targets = ["my_trainer/train.py"] (paths inside site-packages)')
+        if targets is None:
+            targets = _targets_of(f)
+        bad = [t for t in targets if not _relative_path(t)]
+        if bad:
+            raise m.error("targets" if p.get("targets") is not None else "file",
+                          f"target {bad[0]!r:.60} must be a path inside site-packages (relative, no '..').", i)
+        if not targets:
+            raise m.error("file", f"{name} changes no file (no `+++` lines) and names no `targets`.", i)
+        purpose = p.get("purpose", "")
+        if not isinstance(purpose, str):
+            raise m.error("purpose", f"must be a string, not {_type_name(purpose)}.", i)
+        entries.append(PatchEntry(f, list(targets), purpose))
     if not entries:
-        raise PatchError(f"{manifest}: the set has no [[patch]] entries.")
+        raise PatchError(f"{manifest}: the set has no [[patch]] entries.",
+                         hint="add one per patch file: a [[patch]] line, then file = \"0001-x.patch\" under it")
     return PatchSet(f"{data['backend']}/{data['version']}", root, data["backend"], data["package"], data["version"],
-                    str(data.get("description", "")), entries, source)
+                    data.get("description", ""), entries, source)
 
 
 def _targets_of(patch_file: Path) -> list[str]:
@@ -95,27 +200,76 @@ def _targets_of(patch_file: Path) -> list[str]:
     return out
 
 
-def discover(user_dir: Path | None = None) -> list[PatchSet]:
-    if user_dir is not None and not user_dir.is_dir():
-        raise PatchError(f"--dir {user_dir}: not a directory of patch sets.",
-                         hint="point --dir at a directory holding <backend>/<version>/manifest.toml")
-    sets = []
-    for base, source in ((patches_dir(), "bundled"), (user_dir, "user")):
-        if base is None or not base.is_dir():
+def _scan_user_dir(user_dir: Path, label: str) -> tuple[list[PatchSet], list[str]]:
+    """The sets under a user's directory (`<backend>/<version>/manifest.toml`), and what else is there and why it
+    is not a set."""
+    import itertools
+
+    def entries(d: Path) -> list[Path]:
+        return sorted(itertools.islice(d.iterdir(), SCAN_LIMIT))
+
+    if (user_dir / "manifest.toml").exists():
+        raise PatchError(f"{label} {user_dir}: this is one patch set (it holds manifest.toml), not a directory of "
+                         "<backend>/<version>/ sets.",
+                         hint=f"name the set by its path (rlctl patch apply {user_dir}), or give {label} the "
+                              "directory two levels above it")
+    sets: list[PatchSet] = []
+    other: list[str] = []
+    for b in entries(user_dir):
+        if not b.is_dir():
+            other.append(f"{b.name} (a file, not a <backend>/ directory)")
             continue
-        for manifest in sorted(base.glob("*/*/manifest.toml")):
-            sets.append(load_set(manifest.parent, source))
-    return sets
+        if (b / "manifest.toml").exists():
+            other.append(f"{b.name}/manifest.toml (one level too shallow: expected {b.name}/<version>/manifest.toml)")
+            continue
+        versions = entries(b)
+        if not versions:
+            other.append(f"{b.name}/ (empty)")
+        for v in versions:
+            rel = f"{b.name}/{v.name}"
+            if not v.is_dir():
+                other.append(f"{rel} (a file, not a <version>/ directory)")
+            elif not (v / "manifest.toml").exists():
+                n = sum(1 for _ in itertools.islice(v.glob("*.patch"), SCAN_LIMIT))
+                other.append(f"{rel}/ (no manifest.toml" + (f"; {n} .patch files)" if n else ")"))
+            else:
+                sets.append(load_set(v, "user"))
+    return sets, other
 
 
-def find_set(name: str, user_dir: Path | None = None) -> PatchSet:
+def discover(user_dir: Path | None = None, label: str = "--dir") -> list[PatchSet]:
+    """The bundled sets, then those in `user_dir`. A user directory holding no set is an error saying what it holds;
+    anything in it that is not a set is named in a warning (hidden files aside)."""
+    if user_dir is not None and not user_dir.is_dir():
+        raise PatchError(f"{label} {user_dir}: not a directory of patch sets.",
+                         hint=f"point {label} at a directory holding <backend>/<version>/manifest.toml")
+    base = patches_dir()
+    sets = [load_set(m.parent, "bundled") for m in sorted(base.glob("*/*/manifest.toml"))] if base.is_dir() else []
+    if user_dir is None:
+        return sets
+    user, other = _scan_user_dir(user_dir, label)
+    if not user:
+        found = "; ".join(other[:8]) + (f"; and {len(other) - 8} more" if len(other) > 8 else "") if other else \
+            "nothing (an empty directory)"
+        raise PatchError(f"{label} {user_dir}: holds no patch set. Found: {found}.",
+                         hint="a patch set is <dir>/<backend>/<version>/ with its *.patch files and a manifest.toml "
+                              "(backend, package, version, [[patch]] file/targets/purpose); see docs/checks.md")
+    shown = [o for o in other if not o.startswith(".")]
+    if shown:
+        sys.stderr.write(f"rlctl: warning: {label} {user_dir}: not patch sets, ignored: {'; '.join(shown[:8])}"
+                         + (f"; and {len(shown) - 8} more" if len(shown) > 8 else "") + "\n")
+    return sets + user
+
+
+def find_set(name: str, user_dir: Path | None = None, label: str = "--dir") -> PatchSet:
     p = Path(name)
     if (p / "manifest.toml").is_file():
         return load_set(p, "path")
-    for s in discover(user_dir):
+    sets = discover(user_dir, label)
+    for s in sets:
         if s.name == name:
             return s
-    known = ", ".join(s.name for s in discover(user_dir)) or "none"
+    known = ", ".join(s.name for s in sets) or "none"
     raise PatchError(f"no patch set {name!r}.", hint=f"known sets: {known} (rlctl patch list)")
 
 
@@ -589,7 +743,7 @@ def revert(ps: PatchSet, inst: Installed, dry_run: bool = False) -> Outcome:
 def apply_for_launch(recipe: Any, out: IO[str]) -> None:
     """`rlctl launch`: the recipe's patch set must be applied (or already be); otherwise refuse to start."""
     user_dir = Path(recipe.patches.dir) if recipe.patches.dir else None
-    ps = find_set(recipe.patches.set, user_dir)
+    ps = find_set(recipe.patches.set, user_dir, "patches.dir")
     from rlctl.backends import get_backend
 
     if not get_backend(recipe.backend.name).patch_locally(recipe):

@@ -504,3 +504,191 @@ def test_subprocess_sample(world, argv):
     if argv and argv != ["status"]:
         expected = {0, 1, 2} if argv[0] in ("doctor", "metrics", "status") else CHECK_FAILS.get(argv[-1], {2})
         assert proc.returncode in expected, (proc.returncode, text[-1000:])
+
+
+# ---- patch --dir contents: any manifest text and types, any tree -------------------------------------------------
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v) if not isinstance(v, float) or v == v and abs(v) != float("inf") else \
+            ("nan" if v != v else "inf" if v > 0 else "-inf")
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(v)
+
+
+_ANY = st.recursive(
+    st.one_of(st.booleans(), st.integers(-(2**63), 2**63 - 1), st.floats(), st.text(max_size=12),
+              st.sampled_from(["openrlhf", "0.9.3", "0001.patch", "../0001.patch", "/etc/passwd", "", "a/b",
+                               "openrlhf/x.py", "open-rlhf"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=6)
+_ENTRY = st.dictionaries(st.sampled_from(["file", "targets", "purpose", "bogus"]),
+                         st.one_of(_ANY, st.sampled_from(["0001.patch", "missing.patch"]),
+                                   st.lists(st.sampled_from(["openrlhf/x.py", "../x", ""]), max_size=2)), max_size=4)
+_MANIFEST = st.builds(
+    lambda top, patches, style: "\n".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in top.items()) + "\n" + (
+        "".join("\n[[patch]]\n" + "".join(f"{json.dumps(k)} = {_toml_value(v)}\n" for k, v in p.items())
+                for p in patches) if style == "tables" else f"patch = {_toml_value(patches)}\n"),
+    st.dictionaries(st.sampled_from(["backend", "package", "version", "description", "extra"]),
+                    st.one_of(_ANY, st.sampled_from(["openrlhf", "9.9.9"])), max_size=5),
+    st.lists(_ENTRY, max_size=3), st.sampled_from(["tables", "inline"]))
+_DIFF = "--- a/openrlhf/x.py\n+++ b/openrlhf/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+_PLACES = ["openrlhf/9.9.9/manifest.toml", "openrlhf/9.9.9/0001.patch", "openrlhf/manifest.toml", "manifest.toml",
+           "x/y/z/manifest.toml", "junk.txt", "b/junk", "b/v", "openrlhf/9.9.9/sub", ".hidden"]
+
+
+@settings(max_examples=_examples(120), **PROFILE)
+@given(manifest=st.one_of(_MANIFEST, toml_noise), tree=st.lists(
+    st.tuples(st.sampled_from(_PLACES), st.sampled_from(["manifest", "diff", "garbage", "dir", "empty", "fifo",
+                                                         "loop"])), max_size=5),
+    cmd=st.sampled_from([["patch", "list"], ["patch", "status", "openrlhf/9.9.9", "--python", "/nonexistent/py"],
+                         ["patch", "apply", "--backend", "openrlhf", "--python", "/nonexistent/py"]]))
+def test_generated_patch_dirs(world, manifest, tree, cmd):
+    """Any --dir: a clear error naming what it found (exit 2), or the sets listed and anything else warned about;
+    never a traceback, never silence about the directory."""
+    import shutil
+
+    root, _ = world
+    d = root / "gen-patches"
+    shutil.rmtree(d, ignore_errors=True)
+    (d / "openrlhf" / "9.9.9").mkdir(parents=True)
+    for place, kind in tree:
+        p = d / place
+        with contextlib.suppress(OSError):
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if p.exists() or p.is_symlink():
+                continue
+            if kind == "dir":
+                p.mkdir()
+            elif kind == "fifo":
+                os.mkfifo(p)
+            elif kind == "loop":
+                p.symlink_to(p)
+            else:
+                p.write_bytes({"manifest": manifest.encode(), "diff": _DIFF.encode(), "garbage": bytes(range(256)),
+                               "empty": b""}[kind])
+    argv = [*cmd, "--dir", str(d)]
+    code, out, err, acted = run_main(argv, root)
+    text = out + err
+    assert "Traceback (most recent call last)" not in text and "internal error" not in text, (argv, text[-3000:])
+    if acted is None:
+        assert code in (0, 1, 2), (argv, code, text[-2000:])
+        assert err.strip() or "(user:" in out, (argv, "the --dir was neither used nor refused", text[-2000:])
+
+
+# ---- absurd numbers for every numeric key of the schema: bounded time, a clear answer ----------------------------
+
+def _numeric_keys() -> list[str]:
+    import typing
+
+    from pydantic import BaseModel
+
+    from rlctl.recipe import schema
+
+    def walk(model, prefix: str) -> list[str]:
+        out = []
+        for name, f in model.model_fields.items():
+            args = typing.get_args(f.annotation) or (f.annotation,)
+            subs = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+            if subs:
+                if subs[0] is not schema.DoctorSection:
+                    out += walk(subs[0], f"{prefix}{name}.")
+                continue
+            flat = [x for a in args for x in (typing.get_args(a) or (a,))]
+            if int in flat or float in flat:
+                out.append(prefix + name)
+        return out
+
+    return walk(schema.Recipe, "")
+
+
+NUMERIC_KEYS = _numeric_keys()
+ABSURD = ["1000000000000", "99999999999999999999999", str(2**63), "-1", "0", "-0", "nan", "inf", "-inf", "1e308",
+          "-1e308", "1.5", "1e400", "0.0000001", "1000001", "16777217"]
+NUMBER_CASE_CPU_S = 10.0  # CPU seconds of this process for one command (an honest preflight takes < 1.5 s)
+
+
+@settings(max_examples=_examples(100), **PROFILE)
+@given(key=st.sampled_from(NUMERIC_KEYS), value=st.sampled_from(ABSURD),
+       recipe=st.sampled_from(sorted(p.name for p in RECIPES.glob("*.toml"))),
+       cmd=st.sampled_from(["preflight", "render"]))
+def test_absurd_numbers_for_every_numeric_key(world, key, value, recipe, cmd):
+    root, _ = world
+    argv = [cmd, str(RECIPES / recipe), "--set", f"{key}={value}"]
+    t = time.process_time()
+    code, out, err, acted = run_main(argv, root)
+    cpu = time.process_time() - t
+    text = out + err
+    assert "Traceback (most recent call last)" not in text and "internal error" not in text, (argv, text[-3000:])
+    assert acted is None and code in (0, 1, 2), (argv, code, text[-2000:])
+    if code == 2:
+        assert err.strip(), (argv, "exit 2 without saying why")
+    assert cpu < NUMBER_CASE_CPU_S, (argv, f"{cpu:.1f} CPU seconds")
+
+
+def test_the_numeric_keys_are_found():
+    assert {"train.steps", "train.episodes", "checkpoint.every", "rollout.group_size", "rollout.max_tokens",
+            "train.train_batch_size", "resources.nodes", "resources.gpus_per_node"} <= set(NUMERIC_KEYS)
+
+
+def _upper_limits() -> dict[str, int]:
+    """Numeric key -> its upper limit (`le`) where the schema has one."""
+    import typing
+
+    from rlctl.recipe import schema
+
+    def le_of(obj, depth=0):
+        if depth > 6:
+            return None
+        if isinstance(getattr(obj, "le", None), int):
+            return obj.le
+        for m in getattr(obj, "metadata", []) or []:
+            v = le_of(m, depth + 1)
+            if v is not None:
+                return v
+        for a in typing.get_args(obj):
+            v = le_of(a, depth + 1)
+            if v is not None:
+                return v
+        return None
+
+    out = {}
+    for key in NUMERIC_KEYS:
+        model = schema.Recipe
+        *path, leaf = key.split(".")
+        for p in path:
+            ann = model.model_fields[p].annotation
+            model = next(a for a in (typing.get_args(ann) or (ann,)) if isinstance(a, type))
+        f = model.model_fields[leaf]
+        v = le_of(f) or le_of(f.annotation)
+        if v is not None and v >= 1000:
+            out[key] = v
+    return out
+
+
+LIMITS = _upper_limits()
+
+
+@pytest.mark.parametrize("key", sorted(LIMITS))
+def test_every_numeric_key_at_its_limit_and_above(world, key):
+    """At its upper limit a key plans in bounded time (exit 0/1/2); one above is refused naming the limit."""
+    root, _ = world
+    for value, codes in ((LIMITS[key], (0, 1, 2)), (LIMITS[key] + 1, (2,))):
+        argv = ["preflight", str(RECIPES / "quickstart.toml"), "--set", f"{key}={value}"]
+        t = time.process_time()
+        code, out, err, acted = run_main(argv, root)
+        assert time.process_time() - t < NUMBER_CASE_CPU_S, (argv, "too slow")
+        assert acted is None and code in codes and "Traceback" not in out + err, (argv, code, (out + err)[-2000:])
+        if value > LIMITS[key]:
+            assert str(LIMITS[key]) in err, (argv, err)
+
+
+def test_the_limits_are_found():
+    assert LIMITS["train.steps"] == 1_000_000 and LIMITS["resources.gpus_per_node"] == 1024

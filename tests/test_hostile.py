@@ -173,3 +173,112 @@ def test_a_hostile_environment(world, tmp_path):
         text = r.stdout + r.stderr
         assert "Traceback" not in text and "internal error" not in text, (extra, text[-2000:])
         assert r.returncode in codes, (extra, r.returncode, text[-2000:])
+
+
+# ---- issue 26: patch --dir, absurd numbers, run names, launch.sh without its checkout ----------------------------
+
+MANIFEST = 'backend = "openrlhf"\npackage = "openrlhf"\nversion = "9.9.9"\n\n[[patch]]\nfile = "0001.patch"\n{extra}'
+DIFF = "--- a/openrlhf/x.py\n+++ b/openrlhf/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+
+
+def _patch_dir(root: Path, manifest: str) -> Path:
+    d = root / "sets"
+    s = d / "openrlhf" / "9.9.9"
+    s.mkdir(parents=True, exist_ok=True)
+    (s / "0001.patch").write_text(DIFF)
+    (s / "manifest.toml").write_text(manifest)
+    return d
+
+
+@pytest.mark.parametrize("extra,needles", [
+    ("targets = 5\n", ["manifest.toml:7:", "`targets` must be a list of strings, not an integer"]),
+    ('purpose = ["x"]\n', ["manifest.toml:7:", "`purpose` must be a string, not a list"]),
+    ('targets = ["../../etc/passwd"]\n', ["manifest.toml:7:", "inside site-packages"]),
+    ('frobnicate = 1\n', ["manifest.toml:7:", "`frobnicate` is not a [[patch]] key"]),
+])
+def test_patch_manifest_wrong_types_name_file_line_and_type(cli, world, extra, needles):
+    d = _patch_dir(world, MANIFEST.format(extra=extra))
+    for argv in (["patch", "list", "--dir", str(d)], ["patch", "apply", "openrlhf/9.9.9", "--dir", str(d)]):
+        ok_error(cli(*argv), *needles)
+
+
+def test_patch_manifest_top_level_types(cli, world):
+    d = _patch_dir(world, MANIFEST.format(extra="").replace('version = "9.9.9"', "version = 9"))
+    ok_error(cli("patch", "list", "--dir", str(d)), "manifest.toml:3:", "`version` must be a string, not an integer")
+    d = _patch_dir(world, 'backend = "openrlhf"\npackage = "openrlhf"\nversion = "9.9.9"\npatch = 5\n')
+    ok_error(cli("patch", "list", "--dir", str(d)), "manifest.toml:4:", "`patch` must be [[patch]] tables")
+    d = _patch_dir(world, MANIFEST.format(extra="").replace('package = "openrlhf"', 'package = "open-rlhf"'))
+    ok_error(cli("patch", "list", "--dir", str(d)), "manifest.toml:2:", "not a Python package name")
+
+
+def test_patch_dir_of_garbage_is_an_error_saying_what_is_there(cli, world):
+    g = world / "garbage"
+    (g / "notes").mkdir(parents=True)
+    (g / "README").write_text("hi")
+    (g / "b" / "v").mkdir(parents=True)
+    (g / "b" / "v" / "x.patch").write_text(DIFF)
+    (g / "shallow").mkdir()
+    (g / "shallow" / "manifest.toml").write_text("")
+    res = cli("patch", "list", "--dir", str(g))
+    ok_error(res, "holds no patch set", "README (a file, not a <backend>/ directory)", "b/v/ (no manifest.toml; 1 "
+             ".patch files)", "shallow/manifest.toml (one level too shallow", "notes/ (empty)")
+    (world / "empty").mkdir()
+    ok_error(cli("patch", "list", "--dir", str(world / "empty")), "nothing (an empty directory)")
+    one = _patch_dir(world, MANIFEST.format(extra="")) / "openrlhf" / "9.9.9"
+    ok_error(cli("patch", "list", "--dir", str(one)), "this is one patch set", f"rlctl patch apply {one}")
+
+
+def test_patch_dir_with_a_set_and_stray_entries_warns(cli, world):
+    d = _patch_dir(world, MANIFEST.format(extra=""))
+    (d / "stray.txt").write_text("x")
+    (d / ".git").mkdir()
+    res = cli("patch", "list", "--dir", str(d))
+    assert res.code == 0 and "openrlhf/9.9.9  (user:" in res.out
+    assert "warning" in res.err and "stray.txt" in res.err and ".git" not in res.err
+
+
+@pytest.mark.parametrize("key,value", [("train.steps", "1000000000000"), ("train.episodes", "99999999999999"),
+                                       ("resources.gpus_per_node", "1000000"), ("resources.nodes", "10000000000"),
+                                       ("rollout.max_tokens", "1000000000000"), ("checkpoint.every", "1e308"),
+                                       ("train.seed", "-1"), ("checkpoint.resume", "100000000000")])
+def test_absurd_numbers_are_refused_naming_the_limit(cli, world, key, value):
+    for cmd in ("preflight", "render"):
+        res = cli(cmd, "q.toml", "--set", f"{key}={value}", cwd=world)
+        ok_error(res, key.split(".")[-1])
+        assert "expected" in res.err or "must be" in res.err
+
+
+def test_a_dataset_derived_step_count_above_the_limit_fails_fast(cli, world):
+    import time
+
+    (world / "e.toml").write_text(QUICK.replace("steps = 80", "episodes = 1000000"))
+    t = time.process_time()
+    res = cli("preflight", "e.toml", cwd=world)
+    assert time.process_time() - t < 10
+    ok_error(res, "schedule.steps", "above rlctl's limit of 1000000", code=1)
+    ok_error(cli("preflight", "e.toml", "--plot", "lr.png", cwd=world), "no LR curve", "above the limit")
+
+
+@pytest.mark.parametrize("name,why", [("", "a run needs a name"), ("   ", "only whitespace"), ("a/b", "path separator"),
+                                      ("..", "first character"), ("a\0b", "NUL"), ("x" * 101, "at most 100"),
+                                      ("-x", "first character"), ("a b", "outside the allowed set")])
+def test_launch_refuses_bad_run_names_before_anything_happens(cli, world, name, why):
+    ok_error(cli("launch", "q.toml", "--name", name, "--detach", cwd=world), "--name", why)
+    assert not (world / "runs").exists() or not any((world / "runs").iterdir())
+
+
+def test_attach_refuses_bad_run_names(cli, world):
+    (world / "train.log").write_text("step 1\n")
+    ok_error(cli("attach", str(world / "train.log"), "--backend", "trl", "--name", "../x"), "--name", "path separator")
+
+
+def test_prime_rl_launch_sh_without_its_checkout_says_what_to_set(cli, world):
+    out = world / "rendered"
+    res = cli("render", str(RECIPES / "prime-rl-qwen3-8b-2xh100.toml"), "--out", str(out))
+    assert res.code in (0, 1), res.err
+    env = {k: v for k, v in os.environ.items() if k != "PRIME_RL_DIR"}
+    env["WANDB_API_KEY"] = "x"
+    r = subprocess.run(["bash", str(out / "launch.sh")], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "unbound variable" not in r.stderr, r.stderr
+    assert "PRIME_RL_DIR is not set" in r.stderr and "export PRIME_RL_DIR=" in r.stderr
+    assert "backend.prime_rl.checkout" in r.stderr

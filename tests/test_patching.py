@@ -246,7 +246,7 @@ def test_malformed_patch_and_bad_manifests(site, tmp_path):
     (d / "manifest.toml").write_text("backend = [")
     with pytest.raises(PatchError, match="malformed TOML"):
         patching.load_set(d)
-    with pytest.raises(PatchError, match="no manifest.toml"):
+    with pytest.raises(PatchError, match="not a patch set"):
         patching.load_set(tmp_path)
 
 

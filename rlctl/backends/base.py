@@ -43,6 +43,8 @@ class LaunchPlan:
     total_steps: int | None = None
     keys: list[str] = field(default_factory=list)  # backend-native flags/keys set, for validation
     notes: list[str] = field(default_factory=list)
+    # variables the argv refers to as ${NAME} and what to set them to: launch.sh checks them before anything runs
+    required_env: dict[str, str] = field(default_factory=dict)
 
     def masked_env(self) -> dict[str, str]:
         return {k: (f"${{{k}}}" if is_secret_name(k) else v) for k, v in self.env.items()}
@@ -59,6 +61,10 @@ class LaunchPlan:
                 lines.append(f"export {k}")
             else:
                 lines.append(f"export {k}={shlex.quote(v)}")
+        for k, what in self.required_env.items():
+            if any(f"${{{k}}}" in a for a in self.argv):
+                msg = shlex.quote(f"launch.sh: {k} is not set; {what}")
+                lines += [f'if [ -z "${{{k}:-}}" ]; then', f"  echo {msg} >&2", "  exit 2", "fi"]
         lines.append(" \\\n  ".join(" ".join(_quote_arg(a) for a in group) for group in _arg_lines(self.argv)))
         return "\n".join(lines) + "\n"
 

@@ -85,7 +85,7 @@ def preflight(
     if plot is not None:
         from rlctl.ui.plots import plot_lr
 
-        plot_lr(prep.backend.schedule(prep.recipe, prep.dataset_size), prep.recipe, plot)
+        plot_lr(pf.Context(prep).lrs, prep.recipe, plot)  # bounded like the checks' curve (schedule.steps)
         typer.echo(f"wrote {plot}", err=True)
     if as_json:
         _echo(json.dumps({"recipe": str(prep.resolved.path), "backend": prep.plan.backend,

@@ -94,7 +94,7 @@ class GpuSampler:
         """rlctl's memory plan for the run's recipe (per trainer GPU), to put the measurement next to it."""
         try:
             from rlctl.estimate.memory import GiB as G
-            from rlctl.estimate.memory import trainer_memory
+            from rlctl.estimate.memory import gpu_memory_gib, trainer_memory
             from rlctl.recipe.loader import load
             from rlctl.recipe.models import resolve_arch
 
@@ -102,7 +102,8 @@ class GpuSampler:
             if recipe.resources.gpus_per_node == 0:
                 return None
             b = trainer_memory(recipe, resolve_arch(recipe.model.path))
-            return {"trainer_gib": round(b.total / G, 2), "terms_gib": {k: round(v / G, 3) for k, v in b.terms.items()}}
+            return {"trainer_gib": round(b.total / G, 2), "terms_gib": {k: round(v / G, 3) for k, v in b.terms.items()},
+                    "gpu": recipe.resources.gpu, "gpu_gib": gpu_memory_gib(recipe.resources.gpu)}
         except Exception:
             return None
 
@@ -154,9 +155,57 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def _num(v: Any) -> float | None:
+    """A positive finite number from a summary, or None (a damaged file says nothing)."""
+    import math
+
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 \
+        else None
+
+
+def _preflight_word(plan: float, gpu: float) -> str:
+    """What preflight's memory.trainer said for this plan on this GPU (FAIL above it, WARN within 10%)."""
+    return "FAIL" if plan > gpu else "WARN" if plan > 0.9 * gpu else "OK"
+
+
+def oom_line(run_dir: Path, summary: dict[str, Any] | None) -> str | None:
+    """`GPU memory: ran out of memory at step 12 (torch OutOfMemoryError: ...) (plan: 118.8 GiB needed of 79.6 —
+    preflight said FAIL)`, when the run's log holds an out-of-memory message; None otherwise."""
+    from rlctl.metrics.oom import find_oom
+
+    oom = find_oom(run_dir / "stdout.log")
+    if oom is None:
+        return None
+    step = _last_step(run_dir / METRICS)
+    where = f"at step {step}" if step else "before the first logged step"
+    line = f"GPU memory: ran out of memory {where} ({oom.what}" + (f": {oom.detail})" if oom.detail else ")")
+    s = summary if isinstance(summary, dict) else {}
+    plan_d = s.get("plan") if isinstance(s.get("plan"), dict) else {}
+    gpus = {k: g for k, g in (s.get("gpus") or {}).items() if isinstance(g, dict)} \
+        if isinstance(s.get("gpus"), dict) else {}
+    plan = _num(plan_d.get("trainer_gib"))
+    gpu = _num(plan_d.get("gpu_gib")) or max((_num(g.get("total_gib")) or 0.0 for g in gpus.values()), default=0.0)
+    if plan and gpu:
+        word = _preflight_word(plan, gpu)
+        line += (f" (plan: {plan:.1f} GiB per trainer GPU needed of {gpu:.1f} — preflight said {word}"
+                 + (")" if word == "FAIL" else "; the plan did not foresee this OOM, see docs/memory.md)"))
+    elif plan:
+        line += f" (plan: {plan:.1f} GiB per trainer GPU)"
+    peaks = [(k, _num(g.get("peak_gib")), _num(g.get("total_gib"))) for k, g in gpus.items()]
+    peaks = [p for p in peaks if p[1] and p[2]]
+    if s.get("nvml") and peaks:
+        i, peak, total = max(peaks, key=lambda p: p[1])
+        line += f"; measured peak {peak:.1f} GiB of {total:.1f} (GPU {i}), capped by the GPU: not a test of the plan"
+    return line
+
+
 def verdict_line(run_dir: Path) -> str | None:
-    """`GPU memory: peak 31.2 GiB of 79.6 (GPU 0), plan said 29.8 GiB per trainer GPU: within 15%`, or why not."""
+    """`GPU memory: peak 31.2 GiB of 79.6 (GPU 0), plan said 29.8 GiB per trainer GPU: within 15%`, or why not; a run
+    whose log says it ran out of memory gets that instead (oom_line)."""
     s = read_summary(run_dir)
+    oom = oom_line(run_dir, s)
+    if oom is not None:
+        return oom
     if s is None:
         return None
     if not s.get("nvml"):

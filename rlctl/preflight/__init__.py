@@ -85,6 +85,12 @@ class Context:
 
     @cached_property
     def lrs(self) -> list[float]:
+        """The LR of every optimizer step; empty when the count is unknown or above MAX_STEPS (schedule.steps
+        fails then: the curve is a list of that length)."""
+        from rlctl.recipe.schema import MAX_STEPS
+
+        if self.total_steps is not None and self.total_steps > MAX_STEPS:
+            return []
         return self.backend.schedule(self.recipe, self.dataset_size)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rlctl.estimate.schedules import sparkline
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
+from rlctl.recipe.schema import MAX_STEPS
 
 
 def _no_steps(ctx: Context) -> Result:
@@ -30,6 +31,10 @@ def total_steps(ctx: Context) -> Result:
         return Result("schedule.steps", FAIL, f"0 optimizer steps ({formula})",
                       "the dataset is smaller than one training batch: lower train.train_batch_size or add data",
                       {"total_steps": total})
+    if total > MAX_STEPS:
+        return Result("schedule.steps", FAIL, f"{total} optimizer steps ({formula}): above rlctl's limit of "
+                      f"{MAX_STEPS}, far beyond any real run; the LR curve is not computed",
+                      "check train.episodes / train.steps and train.train_batch_size", {"total_steps": total})
     return Result("schedule.steps", OK, f"{total} optimizer steps ({formula}; from {src})", None,
                   {"total_steps": total})
 
@@ -55,7 +60,8 @@ def lr_at_step(ctx: Context) -> Result:
     r = ctx.recipe
     lrs = ctx.lrs
     if not lrs:
-        return Result("schedule.lr_at_step", SKIP, "no step count (see schedule.steps)")
+        why = "no step count" if ctx.total_steps is None else f"{ctx.total_steps} steps, above the limit"
+        return Result("schedule.lr_at_step", SKIP, f"{why} (see schedule.steps)")
     k = r.preflight.lr_check_step
     frac_min = r.preflight.lr_check_min_fraction
     k_eff = min(k, len(lrs))

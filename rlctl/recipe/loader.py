@@ -369,7 +369,9 @@ def _expected(err: dict[str, Any]) -> str:
     if t in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[t]
         bound = next(iter(ctx.values()), "")
-        return f"a value {op} {bound}"
+        limit = (" (rlctl's upper limit for this key, far above any real run: see docs/checks.md, Limits)"
+                 if t == "less_than_equal" and isinstance(bound, int) and bound >= 1000 else "")
+        return f"a value {op} {bound}{limit}"
     return err["msg"].lower()
 
 

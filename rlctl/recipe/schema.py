@@ -26,6 +26,27 @@ NonNegInt = Annotated[int, NoBool, Field(ge=0)]
 Fraction = Annotated[float, NoBool, Field(ge=0.0, le=1.0)]
 NonNegFloat = Annotated[float, NoBool, Field(ge=0.0)]
 
+# Upper bounds: far above any real run, low enough that planning stays a few seconds and a few MB (preflight walks
+# the LR schedule step by step; placement lists GPU ids). A value above one is refused naming the limit
+# (docs/checks.md, "Limits").
+MAX_STEPS = 1_000_000  # optimizer steps, episodes, checkpoint/eval intervals
+MAX_TOKENS = 16_777_216  # a context, a completion, a prompt (16M tokens)
+MAX_SAMPLES = 10_000_000  # prompts or samples per step, group sizes, batch sizes
+MAX_NODES = 10_000
+MAX_GPUS_PER_NODE = 1024
+MAX_SECONDS = 10 * 365 * 86400.0  # ten years: any grace or timeout
+
+
+def _upto(n: int, lo: int = 1) -> Any:
+    return Annotated[int, NoBool, Field(ge=lo, le=n)]
+
+
+Steps = _upto(MAX_STEPS)
+Tokens = _upto(MAX_TOKENS)
+Samples = _upto(MAX_SAMPLES)
+Seconds = Annotated[float, NoBool, Field(ge=0.0, le=MAX_SECONDS)]
+GpuId = _upto(MAX_GPUS_PER_NODE - 1, 0)
+
 class Section(BaseModel):
     # inf and nan are never meaningful settings (a KL coefficient of inf, a temperature of nan): rejected everywhere
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -111,13 +132,13 @@ class ModelSection(Section):
         "stays in `dtype` and only the adapters are fp32. `pure`: parameters and optimizer state in `dtype` itself "
         "(half the memory; an update smaller than half a bf16 step of a weight, lr below ~|w|/256, is rounded away). "
         "See docs/precision.md.")
-    max_model_len: PosInt = Field(default=4096, description="Context length for rollouts (prompt + response).")
+    max_model_len: Tokens = Field(default=4096, description="Context length for rollouts (prompt + response).")
     trust_remote_code: bool = False
 
 
 class LoraSection(Section):
-    rank: PosInt
-    alpha: PosInt = 16
+    rank: _upto(65536)
+    alpha: _upto(MAX_SAMPLES) = 16
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
     dropout: Fraction = 0.0
 
@@ -127,22 +148,22 @@ class DataSection(Section):
     eval: str | None = None
     input_key: str = "input"
     label_key: str | None = "label"
-    max_prompt_tokens: PosInt = 1024
+    max_prompt_tokens: Tokens = 1024
     apply_chat_template: bool = False
 
 
 class RolloutSection(Section):
-    group_size: PosInt = Field(default=8, description="Completions per prompt.")
-    prompts_per_step: PosInt = Field(default=16, description="Prompts per rollout.")
-    max_tokens: PosInt = Field(default=1024, description="Max new tokens per completion.")
+    group_size: Samples = Field(default=8, description="Completions per prompt.")
+    prompts_per_step: Samples = Field(default=16, description="Prompts per rollout.")
+    max_tokens: Tokens = Field(default=1024, description="Max new tokens per completion.")
     temperature: NonNegFloat = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
-    engines: PosInt = 1
-    tensor_parallel: PosInt = 1
+    engines: _upto(MAX_NODES * 64) = 1
+    tensor_parallel: _upto(MAX_GPUS_PER_NODE) = 1
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.9
     enforce_eager: bool = False
-    max_num_batched_tokens: PosInt | None = None
-    micro_batch_size: PosInt | None = Field(default=None, description="Samples per forward pass in experience making.")
+    max_num_batched_tokens: _upto(MAX_TOKENS * 64) | None = None
+    micro_batch_size: Samples | None = Field(default=None, description="Samples per forward pass in experience making.")
 
 
 class AlgorithmSection(Section):
@@ -158,7 +179,7 @@ class OptimSection(Section):
     lr: Annotated[float, Field(gt=0.0, lt=1.0)] = 1e-6
     schedule: Literal["constant", "cosine", "cosine_with_min_lr", "linear"] = "cosine_with_min_lr"
     warmup_ratio: Fraction | None = None
-    warmup_steps: NonNegInt | None = None
+    warmup_steps: _upto(MAX_STEPS, 0) | None = None
     min_lr_ratio: Fraction = 0.1
     max_grad_norm: Annotated[float, Field(gt=0.0)] = 1.0
     weight_decay: NonNegFloat = 0.0
@@ -171,27 +192,27 @@ class OptimSection(Section):
 
 
 class TrainSection(Section):
-    episodes: PosInt | None = Field(default=None, description="Passes over the prompt set.")
-    steps: PosInt | None = Field(default=None, description="Optimizer steps; overrides episodes when both are set.")
-    epochs_per_rollout: PosInt = Field(default=1, description="PPO epochs over each rollout batch.")
-    seq_len: PosInt | None = Field(
+    episodes: Steps | None = Field(default=None, description="Passes over the prompt set.")
+    steps: Steps | None = Field(default=None, description="Optimizer steps; overrides episodes when both are set.")
+    epochs_per_rollout: _upto(10_000) = Field(default=1, description="PPO epochs over each rollout batch.")
+    seq_len: Tokens | None = Field(
         default=None, description="Trainer sequence length (prompt + response); defaults to model.max_model_len."
     )
-    train_batch_size: PosInt = Field(default=128, description="Samples per optimizer step (global).")
-    micro_batch_size: PosInt = Field(default=1, description="Samples per GPU per forward/backward.")
+    train_batch_size: Samples = Field(default=128, description="Samples per optimizer step (global).")
+    micro_batch_size: Samples = Field(default=1, description="Samples per GPU per forward/backward.")
     gradient_checkpointing: bool = True
     zero_stage: Literal[0, 1, 2, 3] = 2
     offload: bool = False
-    seed: int = 42
+    seed: _upto(2**32 - 1, 0) = Field(default=42, description="Random seed (0 to 2**32-1, what numpy accepts).")
 
 
 class ResourcesSection(Section):
-    nodes: PosInt = 1
-    gpus_per_node: NonNegInt = 1
+    nodes: _upto(MAX_NODES) = 1
+    gpus_per_node: _upto(MAX_GPUS_PER_NODE, 0) = 1
     gpu: str = "H100-80GB"
     colocate: bool = Field(default=False, description="Trainer and inference share the same GPUs.")
-    trainer_gpus: list[NonNegInt] | None = Field(default=None, description="GPU ids of the trainer (per node).")
-    inference_gpus: list[NonNegInt] | None = Field(default=None, description="GPU ids of the inference engines.")
+    trainer_gpus: list[GpuId] | None = Field(default=None, description="GPU ids of the trainer (per node).")
+    inference_gpus: list[GpuId] | None = Field(default=None, description="GPU ids of the inference engines.")
     executor: str = Field(default="local", description="Where the run's processes live: local, ray (or a plugin).")
     ray_address: str | None = Field(default=None, description="Ray dashboard address, e.g. http://head:8265.")
     pip: list[str] | None = Field(default=None, description="pip requirements for the Ray job's runtime env.")
@@ -226,8 +247,8 @@ class RewardSection(Section):
 class CheckpointSection(Section):
     dir: str = "checkpoints"
     final_dir: str | None = Field(default=None, description="Where the final model goes; defaults to <dir>/final.")
-    every: PosInt | None = None
-    keep_last: PosInt | None = None
+    every: Steps | None = None
+    keep_last: Steps | None = None
     resume: str | int = "off"
     save_optimizer: bool = Field(default=True, description="Keep optimizer/DeepSpeed state (needed to resume).")
     sync: str | None = Field(default=None, description="Upload complete checkpoints here (an fsspec URL, "
@@ -236,22 +257,22 @@ class CheckpointSection(Section):
     @field_validator("resume")
     @classmethod
     def _resume(cls, v: str | int) -> str | int:
+        if isinstance(v, str) and v.isascii() and v.isdigit():
+            v = int(v)
         if isinstance(v, int):
-            if v < 0:
-                raise ValueError("checkpoint.resume must be off, latest, or a step number >= 0")
+            if not 0 <= v <= MAX_STEPS:
+                raise ValueError(f"checkpoint.resume must be off, latest, or a step number from 0 to {MAX_STEPS}")
             return v
         if v in ("off", "latest"):
             return v
-        if v.isdigit():
-            return int(v)
         raise ValueError("checkpoint.resume must be off, latest, or a step number")
 
 
 class StallSection(Section):
     k: Annotated[float, Field(gt=0.0)] = Field(default=5.0, description="Stalled after k x the median step time.")
-    floor_s: NonNegFloat = Field(default=600.0, description="Never stalled sooner than this without a new step.")
-    first_step_s: NonNegFloat = Field(default=1800.0, description="Grace for the first step (loading, warm-up).")
-    slow_step_s: NonNegFloat = Field(default=1800.0, description="Grace for a step with an eval or a save.")
+    floor_s: Seconds = Field(default=600.0, description="Never stalled sooner than this without a new step.")
+    first_step_s: Seconds = Field(default=1800.0, description="Grace for the first step (loading, warm-up).")
+    slow_step_s: Seconds = Field(default=1800.0, description="Grace for a step with an eval or a save.")
 
 
 # The doctor's rule names, which [run] stop_when may name (tests/test_evals.py keeps this equal to
@@ -266,7 +287,7 @@ class RunSection(Section):
 
     restart: Literal["never", "on-failure", "on-stall", "always"] = Field(
         default="never", description="Restart from the latest complete checkpoint on a failure, a stall, or both.")
-    max_restarts: NonNegInt = Field(default=3, description="Give up (status failed) after this many restarts.")
+    max_restarts: _upto(100_000, 0) = Field(default=3, description="Give up (status failed) after this many restarts.")
     stall: StallSection = Field(default_factory=StallSection)
     on: str | None = Field(default=None, description="An SSH host (rlctl hosts add) to run on, as `launch --on HOST`.")
     stop_when: list[str] = Field(
@@ -322,9 +343,9 @@ class EvalSetSection(Section):
 
 
 class EvalSection(Section):
-    every: PosInt | None = None
+    every: Steps | None = None
     temperature: NonNegFloat = 0.0
-    n_samples: PosInt = 1
+    n_samples: Samples = 1
     sets: dict[str, EvalSetSection] = Field(
         default_factory=dict, description="Named eval sets, `[eval.sets.<name>]`; `data.eval` with this section's "
         "every/temperature/n_samples is the set `default`.")
@@ -358,11 +379,11 @@ class EvalSection(Section):
 
 
 class PreflightSection(Section):
-    lr_check_step: PosInt = Field(default=20, description="LR at this step must reach lr_check_min_fraction.")
+    lr_check_step: Steps = Field(default=20, description="LR at this step must reach lr_check_min_fraction.")
     lr_check_min_fraction: Fraction = 0.3
     disk_headroom: Fraction = Field(default=0.1, description="Free-space fraction to keep after checkpoints.")
     max_truncated_prompts: Fraction = 0.01
-    min_open_files: PosInt = 65536
+    min_open_files: _upto(2**31 - 1) = 65536
 
 
 class PatchesSection(Section):
@@ -384,7 +405,7 @@ class SweepSection(Section):
 
 
 class Recipe(Section):
-    name: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(default="run", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)  # a directory name
     description: str = ""
     backend: BackendSection
     model: ModelSection

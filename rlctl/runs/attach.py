@@ -35,7 +35,7 @@ from rlctl.metrics.stream import (
     unparsed_report,
     write_records,
 )
-from rlctl.runs.rundir import create_run_dir
+from rlctl.runs.rundir import RUN_NAME_MAX, check_run_name, create_run_dir
 from rlctl.runs.state import ACTIVE, read_state, runs_root, write_state
 
 LOG_SUFFIXES = (".log", ".txt", ".out", ".err", ".stdout", ".stderr", ".jsonl")  # JSON lines: read like a log
@@ -441,6 +441,8 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
            root: Path | None = None, recipe: str | None = None, metrics_map: dict[str, str] | None = None
            ) -> Attached:
     backend, options = parser_options(backend, recipe, metrics_map)
+    if name is not None:
+        check_run_name(name)
     p = Path(path).expanduser()
     if not p.exists():
         if address or RAY_JOB.match(path):
@@ -528,7 +530,7 @@ def _attach_ray_job(job_id: str, backend: str, name: str | None, address: str | 
 
 def _default_name(p: Path) -> str:
     stem = p.stem if p.is_file() else p.name
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-.") or "attached"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", stem).strip("-._")[:RUN_NAME_MAX].rstrip("-._") or "attached"
 
 
 def _write_recipe(run_dir: Path, backend: str, ckpt: Path | None) -> None:

@@ -93,13 +93,17 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     from rlctl import preflight as pf
     from rlctl.recipe.loader import dump_toml
     from rlctl.recipe.planning import prepare
-    from rlctl.runs.rundir import create_run_dir, environment_record, masked_recipe_data
+    from rlctl.runs.rundir import check_run_name, create_run_dir, environment_record, masked_recipe_data
     from rlctl.runs.state import find_run, runs_root, write_state
     from rlctl.runs.supervisor import RestartPolicy, write_spec
 
     out = out or sys.stderr
+    if opts.name is not None:
+        check_run_name(opts.name)
     prep = prepare(opts.recipe, opts.sets)
     recipe = prep.recipe
+    name = check_run_name(opts.name if opts.name is not None else recipe.name,
+                          "--name" if opts.name is not None else "the recipe's name")
     on = opts.on or (None if os.environ.get("RLCTL_REMOTE_SIDE") else recipe.run.on)
     if on:  # the run goes to an SSH host: preflight and supervision happen there
         return executors.get("ssh").launch(opts, on, out)  # type: ignore[attr-defined]
@@ -146,9 +150,6 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     if "wandb" in recipe.logging.rlctl_sinks and recipe.logging.wandb is None:
         raise RlctlError("logging.rlctl_sinks has wandb but there is no [logging.wandb] table.",
                          hint='add [logging.wandb] project = "..."')
-    name = opts.name or recipe.name
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise RlctlError(f"--name {name!r}: use letters, digits, '.', '_' and '-'.")
     extra = {"RLCTL_RUN_DIR": "", "RLCTL_MODEL_CACHE": os.environ.get("RLCTL_MODEL_CACHE", _model_cache()),
              "PYTHONUNBUFFERED": "1"}
     child_env = child_environment(prep.plan.env, extra)  # fails before anything is written if a secret is missing

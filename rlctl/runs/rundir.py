@@ -25,8 +25,28 @@ RECORDED_PACKAGES = ("rlctl", "torch", "transformers", "peft", "accelerate", "vl
                      "wandb")
 
 
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+RUN_NAME_MAX = 100  # the directory adds -YYYYmmdd-HHMMSS[-N]; file systems allow 255 bytes per name
+
+
+def check_run_name(name: str, option: str = "--name") -> str:
+    """A run name becomes a directory name: letters, digits, '.', '_', '-', starting with a letter or digit."""
+    fix = "use letters, digits, '.', '_' and '-', starting with a letter or digit (e.g. gsm8k-lr1e-6)"
+    if not name:
+        raise RlctlError(f"{option} '': a run needs a name.", hint=fix + "; or leave the option out for the recipe's")
+    if len(name) > RUN_NAME_MAX:
+        raise RlctlError(f"{option}: {len(name)} characters; a run name has at most {RUN_NAME_MAX}.", hint=fix)
+    if not RUN_NAME.fullmatch(name):
+        why = ("only whitespace" if not name.strip() else "a NUL byte" if "\0" in name
+               else "a path separator" if "/" in name or "\\" in name else "a character outside the allowed set"
+               if name[0].isalnum() else "a first character that is not a letter or digit")
+        raise RlctlError(f"{option} {name!r}: not a run name ({why}).", hint=fix)
+    return name
+
+
 def create_run_dir(root: Path, name: str, now: float | None = None) -> Path:
     """Make a new, empty run directory. mkdir without exist_ok is the guard: a name is never reused."""
+    check_run_name(name, "run name")
     root.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
     base = f"{name}-{stamp}"

@@ -51,7 +51,7 @@ def _save(fig: Any, out: Path) -> None:
 def plot_lr(lrs: list[float], recipe: Any, out: Path) -> None:
     check_out(out)
     if not lrs:
-        raise RlctlError("no LR curve: the number of steps is unknown (see schedule.steps).")
+        raise RlctlError("no LR curve: the number of steps is unknown or above the limit (see schedule.steps).")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(range(1, len(lrs) + 1), lrs)

@@ -299,6 +299,9 @@ class PrimeRLBackend(Backend):
         plan = LaunchPlan(
             backend=self.name, version=version, argv=argv, env=env,
             files={CONFIG_FILE: dump_toml(cfg)}, keys=flatten(cfg), total_steps=self.total_steps(recipe, dataset_size),
+            required_env={CHECKOUT_ENV: f"export {CHECKOUT_ENV}=/path/to/prime-rl (a checkout of "
+                                        f"{f'tag v{version}' if version else 'the release tag'}, after `uv sync` "
+                                        "there), or set backend.prime_rl.checkout in the recipe"},
         )
         if recipe.checkpoint.resume == "latest":
             plan.notes.append("checkpoint.resume = latest: ckpt.resume_step is set to the newest complete step by "
