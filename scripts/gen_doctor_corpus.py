@@ -32,6 +32,14 @@ def reward(name: str) -> list[str]:
     return [f'reward.function="{REWARDS}"', f'reward.function_name="{name}"']
 
 
+def heldout(data: str) -> list[str]:
+    """A named eval set 'heldout' (the primary) on scripts/doctor_corpus/<data>, left to rlctl's evaluator: a step-0
+    baseline, then one greedy eval per 10-step checkpoint, graded by the recipe's reward (correct at >= 0.5)."""
+    return [f'eval.sets.heldout.data="{HERE / data}"', 'eval.sets.heldout.grader="reward"',
+            "eval.sets.heldout.threshold=0.5", "eval.sets.heldout.limit=8", 'eval.primary="heldout"',
+            "checkpoint.every=10"]
+
+
 # case -> (recipe, --set overrides)
 CASES: dict[str, tuple[str, list[str]]] = {
     # learns, then saturates at the task's ceiling (reward 1.0 = every character an 'a'); truncation by design
@@ -61,6 +69,13 @@ CASES: dict[str, tuple[str, list[str]]] = {
     "trl_instability_high_lr_kl": (QUICKSTART, ["optim.lr=0.3", "algorithm.kl_coef=0.05", "train.steps=30"]),
     "trl_eval_divergence": (QUICKSTART, [*reward("by_label"), f'data.eval="{HERE / "eval_not_a.jsonl"}"',
                                          "eval.every=10", "train.steps=40"]),
+    # the same reward by label with a named eval set left to rlctl's evaluator: its step-0 baseline is the base model
+    # (correct when the complement of the 'a' fraction is >= 0.5); as training learns to write 'a', the held-out set
+    # falls below the baseline
+    "trl_eval_below_baseline": (QUICKSTART, [*reward("by_label"), *heldout("eval_not_a.jsonl"), "train.steps=40"]),
+    # ... and with the eval set's label the training one (the same held-out prompts labelled "a"): the eval rises
+    # above its baseline (healthy; eval_below_baseline must not fire)
+    "trl_eval_above_baseline": (QUICKSTART, [*reward("by_label"), *heldout("eval_a.jsonl"), "train.steps=20"]),
 }
 
 LOG_PATTERN = (r"step (?P<step>\d+) \| loss (?P<loss>\S+) \| reward (?P<reward>\S+) \| lr (?P<lr>\S+) "
