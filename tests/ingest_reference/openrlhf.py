@@ -23,7 +23,15 @@ import json
 import re
 from typing import Any
 
-from tests.ingest_reference.parsers import Incomplete, Malformed, key_values, literal_dict, number, strip_prefixes, unify
+from tests.ingest_reference.parsers import (
+    Incomplete,
+    Malformed,
+    key_values,
+    literal_dict,
+    number,
+    strip_prefixes,
+    unify,
+)
 
 NAME = "openrlhf"
 

@@ -29,8 +29,8 @@ import json
 import re
 from typing import Any
 
-from tests.ingest_reference.unified import UNIFIED, clean_value
 from tests.ingest_reference.parsers import Incomplete, Malformed, number, strip_prefixes, unify
+from tests.ingest_reference.unified import UNIFIED, clean_value
 
 NAME = "prime_rl"
 

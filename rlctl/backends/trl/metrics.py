@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlctl.metrics.parsers import Malformed, literal_dict, number, strip_prefixes, unify
+from rlctl.metrics.parsers import KeyMap, Malformed, literal_dict, number, strip_prefixes
 
 NAME = "trl"
 
@@ -31,6 +31,8 @@ MAP = {
     "clip_ratio": "clip_ratio",  # 0.16 - 0.18
     "learning_rate": "lr", "step_time": "time/step_s",
 }
+_KEYS = KeyMap(NAME, MAP)
+_KEYS_REGION = KeyMap(NAME, {k: v for k, v in MAP.items() if k != "clip_ratio"})  # 0.18: region_mean is the one
 TRAIN_KEYS = ("'loss'", "'reward'", "'learning_rate'", "'grad_norm'")
 SUMMARY_KEYS = ("'train_runtime'", "'eval_")
 NEEDLES = ("{'", "'step'")
@@ -63,7 +65,7 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
 def record(raw: dict[str, Any], counted: bool = True) -> dict[str, Any] | None:
     step = raw.get("step")
     evals = {k: v for k, v in raw.items() if k.startswith("eval_")}
-    rest = {k: v for k, v in raw.items() if not k.startswith("eval_")}
+    rest = {k: v for k, v in raw.items() if not k.startswith("eval_") and k != "step" and k != "time"}
     rec: dict[str, Any] = {}
     if step is not None:
         rec["step"] = int(number(step) or 0)
@@ -72,8 +74,7 @@ def record(raw: dict[str, Any], counted: bool = True) -> dict[str, Any] | None:
     elif evals or "train_runtime" in raw:
         rec["step"] = None  # an eval or the final summary: the step in progress
     # else: no step key, the stream counts the step
-    mapping = MAP if "clip_ratio/region_mean" not in rest else {k: v for k, v in MAP.items() if k != "clip_ratio"}
-    rec.update(unify(NAME, {k: number(v) for k, v in rest.items()}, mapping))
+    rec.update((_KEYS if "clip_ratio/region_mean" not in rest else _KEYS_REGION).apply(rest))
     for k, v in evals.items():
         rec[f"eval/default/{k[5:]}"] = number(v)
     return rec
