@@ -22,9 +22,9 @@ from typing import Any
 
 from rlctl.metrics import clean_value, unify
 
-__all__ = ["ANSI", "Incomplete", "KeyMap", "Malformed", "clean_value", "flat_dict", "json_numbers", "json_objects",
-           "key_values",
-           "literal_dict", "number", "plain_numbers", "strip_ansi", "strip_prefixes", "unify"]
+__all__ = ["ANSI", "Header", "Incomplete", "KeyMap", "Malformed", "clean_value", "flat_dict", "json_numbers",
+           "json_objects", "key_values", "literal_dict", "number", "plain_numbers", "strip_ansi", "strip_prefixes",
+           "unify"]
 
 
 class Malformed(ValueError):
@@ -33,6 +33,16 @@ class Malformed(ValueError):
 
 class Incomplete(Malformed):
     """The start of a metrics record that goes on in the next lines (or was cut)."""
+
+
+class Header(Exception):  # noqa: N818 - a signal, like StopIteration, not an error
+    """A line that gives meaning to the lines after it (a table's header): the stream keeps `text` and hands each
+    next line to the parser as `text + "\n" + line` until the parser returns None for one (the table has ended).
+    Raised again for such a joined text (a table's `|---|` rule), the table goes on with nothing to record."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
 
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -92,6 +102,8 @@ def literal_dict(text: str) -> dict[str, Any]:
     text = text.strip()
     if not text.startswith("{"):
         raise Malformed("not a dict")
+    if text.endswith("...}") and len(text) > 5:
+        return _cut_dict(text)
     if not text.endswith("}"):
         raise Incomplete("the dict does not close on this line")
     if '"' not in text and "\\" not in text:  # the common case, read by the JSON parser in C
@@ -210,6 +222,18 @@ def clean_numbers(values: Any) -> bool:
         return isfinite(sum(values))
     except (OverflowError, TypeError):
         return False
+
+
+def _cut_dict(text: str) -> dict[str, Any]:
+    """A dict printed cut short with `...}` (a log line truncated by the logger or the paste): the pairs before the
+    cut; a pair the cut went through (`'kl': 0.00...}`) is left out, never read as a shorter number."""
+    head = text[:-4].rstrip()
+    if head.endswith(","):
+        head = head[:-1]
+    else:
+        comma = head.rfind(",")
+        head = head[:comma] if comma > 0 else "{"
+    return literal_dict(head + "}")
 
 
 def flat_dict(obj: Any) -> dict[str, Any]:

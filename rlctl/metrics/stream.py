@@ -23,7 +23,7 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
-from rlctl.metrics.parsers import Incomplete, strip_ansi
+from rlctl.metrics.parsers import Header, Incomplete, strip_ansi
 
 LOG = "stdout.log"
 BACKEND_METRICS = "backend_metrics.jsonl"  # structured metrics a backend writes itself (e.g. through rlctl's patch)
@@ -48,6 +48,7 @@ class IngestState:
     last_step: int = 0  # the step of the last record (counted steps continue from it)
     pending: str = ""  # the start of a record that continues on the next lines
     pending_lines: int = 0
+    context: str = ""  # a table's header (`Header`): the lines after it are read with it
     examples: list[str] = field(default_factory=list)  # the first lines not understood, with their line number
 
 
@@ -237,7 +238,7 @@ class _Reader:
         if stat.st_ino != st.inode or stat.st_size < st.offset:
             if st.inode:  # rotated or truncated while followed
                 st.restarts += 1
-            st.offset, st.inode, st.pending, st.pending_lines = 0, stat.st_ino, "", 0
+            st.offset, st.inode, st.pending, st.pending_lines, st.context = 0, stat.st_ino, "", 0, ""
         with log.open("rb") as fh:
             fh.seek(st.offset)
             carry = b""
@@ -289,10 +290,10 @@ class _Reader:
         hits = _needle_lines(text, self.needles)
         done = self.bulk(text) if self.bulk is not None and hits else {}
         n, pos, i = len(text), 0, 0
-        if not st.pending and len(done) == len(hits):  # every metrics line read in bulk (done's lines are hits)
+        if not st.pending and not st.context and len(done) == len(hits):  # all read in bulk (done's are hits)
             records, i = list(done.values()), len(hits)
         while True:
-            if st.pending:  # the record goes on: every next line is looked at
+            if st.pending or st.context:  # the record goes on, or a table: every next line is looked at
                 if pos >= n:
                     break
             else:
@@ -304,7 +305,7 @@ class _Reader:
             end = text.find("\n", pos)
             if end < 0:
                 end = n
-            rec = None if st.pending else done.get(pos)
+            rec = None if st.pending or st.context else done.get(pos)
             if rec is not None:  # read already, in bulk
                 records.append(rec)
             elif end > pos:
@@ -333,6 +334,8 @@ class _Reader:
         """One non-empty line (st.lines counts it already): its records go to `records`."""
         if st.pending and self._continue(line, st, records):
             return
+        if st.context and self._in_table(line, st, records):
+            return
         needles = self.needles
         if needles and not any(n in line for n in needles):
             return
@@ -347,6 +350,9 @@ class _Reader:
                 else:
                     self.not_understood(st, seg, st.lines)
                 continue
+            except Header as h:
+                st.context = h.text
+                continue
             except Exception:  # Malformed, or a parser bug: count the line, never stop ingestion
                 self.not_understood(st, seg, st.lines)
                 continue
@@ -358,6 +364,22 @@ class _Reader:
                 counted = rec
         if counted is not None:
             records.append(counted)
+
+    def _in_table(self, line: str, st: IngestState, records: list[dict[str, Any]]) -> bool:
+        """A line under a table's header: a row (True), the rule or a garbled row (True), or the table's end."""
+        try:
+            rec = self.parser(st.context + "\n" + (strip_ansi(line) if "\x1b" in line else line))
+        except Header as h:
+            st.context = h.text
+            return True
+        except Exception:
+            self.not_understood(st, line, st.lines)
+            return True
+        if rec is None:
+            st.context = ""
+            return False
+        records.append(rec)
+        return True
 
     def _continue(self, line: str, st: IngestState, records: list[dict[str, Any]]) -> bool:
         """Join a line to the pending record. True when the line was used up by it."""

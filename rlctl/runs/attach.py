@@ -265,6 +265,7 @@ def _sample_lines(p: Path) -> list[str]:
 def detect_backend(src: Sources, rows: dict[str, list[dict[str, Any]]]) -> tuple[str | None, dict[str, int]]:
     """Ask every installed adapter how much of the sources it understands; the best one wins."""
     from rlctl.backends import available
+    from rlctl.metrics.parsers import Header
     from rlctl.metrics.stream import split_segments
 
     lines = [line for p in src.logs for line in _sample_lines(p)]
@@ -274,13 +275,28 @@ def detect_backend(src: Sources, rows: dict[str, list[dict[str, Any]]]) -> tuple
         if ad is None:
             continue
         needles = tuple(getattr(ad, "metric_needles", ()) or ())
-        score = 0
+        score, context = 0, ""
         for line in lines:
+            if context:  # under a table's header (parsers.Header): rows are read with it
+                try:
+                    rec = ad.parse(context + "\n" + line)
+                except Header as h:
+                    context = h.text
+                    continue
+                except Exception:
+                    continue
+                if rec:
+                    score += _understood(rec) + 1
+                    continue
+                context = ""
             if needles and not any(n in line for n in needles):
                 continue
             for seg in split_segments(line):
                 try:
                     rec = ad.parse(seg)
+                except Header as h:
+                    context = h.text
+                    continue
                 except Exception:
                     continue
                 if rec:

@@ -54,7 +54,9 @@ POSTFIX_MAP = {
     "pg": "policy_loss", "rm": "reward/mean", "glen": "response_length/mean",
 }
 _KEYS = KeyMap(NAME, MAP)
-POSTFIX_RENAME = {"return": "return", "ret": "return", "tot_len": "total_length", "tlen": "total_length"}
+POSTFIX_RENAME = {"return": "return", "ret": "return", "tot_len": "total_length", "tlen": "total_length",
+                  # before 0.6, a PPO run with a critic in the same process: its short names in the actor's bar
+                  "cri": "critic_loss", "vals": "values", "cri_lr": "critic_lr", "ptx": "ptx_loss"}
 
 NEEDLES = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 

@@ -47,6 +47,7 @@ EVAL_PREFIXES = ("val-core/", "val-aux/", "val/")
 NEEDLES = ("step:", '{"step"')
 
 _STEP = re.compile(r"(?:^|\s|\))step:(\d+)(?:\s+-\s+(.*))?$")
+_STEP_LIKE = re.compile(r"(?:^|\s|\))step:\S*\s+-\s+[\w/@.\-]+:")  # `step:x - key:..`: metrics, garbled
 
 
 def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
@@ -66,6 +67,8 @@ def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
         return parse(obj) if isinstance(obj, dict) else None
     m = _STEP.search(s)
     if not m:
+        if _STEP_LIKE.search(s):
+            raise Malformed(f"a step line with an unreadable step: {s[:80]!r}")
         return None
     body = (m.group(2) or "").rstrip(" -")
     fast = _fast(body)
