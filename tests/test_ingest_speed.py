@@ -17,11 +17,10 @@ from rlctl.metrics.stream import METRICS, IngestState, _Reader, adapter, ingest
 from tests.conftest import FIXTURES
 from tests.ingest_reference import ingest_file
 
-OLD_FORMATS = [
+OLD_FORMATS = [  # the fixtures of formats the af8ba80 reader read (later ones: tests/test_metrics_formats.py)
     *((p, "verl") for p in sorted((FIXTURES / "verl").glob("*.log"))),
     *((p, "prime_rl") for p in sorted((FIXTURES / "prime_rl").glob("*.log"))),
-    *((p, "openrlhf") for p in sorted((FIXTURES / "openrlhf").glob("console-0.[69]*.log"))),
-    (FIXTURES / "openrlhf/console-0.11.2.log", "openrlhf"),
+    *((FIXTURES / f"openrlhf/console-{v}.log", "openrlhf") for v in ("0.6.0", "0.9.3", "0.11.2")),
     (FIXTURES / "trl/stdout.log", "trl"),
     (FIXTURES / "trl/console-no-step.log", "trl"),
 ]
@@ -116,6 +115,16 @@ def prime_line(draw) -> str:
     return f"02:33:26 SUCCESS Step {n} | " + " | ".join(f"{k}{colon}{v}" for k, v in fields)
 
 
+@st.composite
+def command_line(draw) -> str:
+    value = st.one_of(st.integers(-10**20, 10**20).map(str), st.floats(allow_nan=False).map(repr),
+                      st.sampled_from(["NaN", "Infinity", "true", "null", '"x"', "[1]", "{}", "1e400", "-0", "01"]))
+    fields = draw(st.lists(st.tuples(st.sampled_from(["step", "loss", "reward/mean", "kl", "x"]), value), max_size=6))
+    inner = ", ".join(f'"{k}": {v}' for k, v in fields)
+    tail = draw(st.sampled_from(["}}", "}}", "}} ", "}", "}}\r"]))
+    return '{"rlctl_command": {' + inner + tail
+
+
 FILLER = ["INFO vllm: Avg prompt throughput: 1523.4 tokens/s", "", "Generating: 50%|#####| 64/128", "\r", "  "]
 
 
@@ -128,7 +137,7 @@ def _log(lines: list[str], rnd: random.Random) -> str:
 
 
 @pytest.mark.parametrize("backend,lines", [("verl", verl_line()), ("openrlhf", dict_line()), ("trl", dict_line()),
-                                           ("prime_rl", prime_line())])
+                                           ("prime_rl", prime_line()), ("command", command_line())])
 def test_fast_path_reads_generated_lines_exactly_as_before(backend, lines, tmp_path):
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.lists(lines, min_size=1, max_size=12), st.randoms(use_true_random=False))
