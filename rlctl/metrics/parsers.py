@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import ast
 import re
+from math import isfinite
 from typing import Any
 
 from rlctl.metrics import clean_value, unify
 
-__all__ = ["ANSI", "Incomplete", "Malformed", "clean_value", "flat_dict", "key_values", "literal_dict", "number",
-           "strip_ansi", "strip_prefixes", "unify"]
+__all__ = ["ANSI", "Header", "Incomplete", "KeyMap", "Malformed", "clean_value", "flat_dict", "json_numbers",
+           "json_objects", "key_values", "literal_dict", "number", "plain_numbers", "strip_ansi", "strip_prefixes",
+           "unify"]
 
 
 class Malformed(ValueError):
@@ -31,6 +33,16 @@ class Malformed(ValueError):
 
 class Incomplete(Malformed):
     """The start of a metrics record that goes on in the next lines (or was cut)."""
+
+
+class Header(Exception):  # noqa: N818 - a signal, like StopIteration, not an error
+    """A line that gives meaning to the lines after it (a table's header): the stream keeps `text` and hands each
+    next line to the parser as `text + "\n" + line` until the parser returns None for one (the table has ended).
+    Raised again for such a joined text (a table's `|---|` rule), the table goes on with nothing to record."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
 
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -85,12 +97,19 @@ def _fast_dict(inner: str) -> dict[str, Any] | None:
 
 def literal_dict(text: str) -> dict[str, Any]:
     """A Python dict repr as print(dict) writes it: nan/inf, numpy and tensor scalars tolerated, elided values
-    (`...`) and nested values dropped. An unclosed dict raises Incomplete, anything else unreadable Malformed."""
+    (`...`) and nested values dropped. An unclosed dict raises Incomplete, anything else unreadable Malformed.
+    Numbers come back as numbers or as their text (callers read every value with `number`)."""
     text = text.strip()
     if not text.startswith("{"):
         raise Malformed("not a dict")
+    if text.endswith("...}") and len(text) > 5:
+        return _cut_dict(text)
     if not text.endswith("}"):
         raise Incomplete("the dict does not close on this line")
+    if '"' not in text and "\\" not in text:  # the common case, read by the JSON parser in C
+        fast = json_numbers(_QUOTED_NUMBER.sub(r"\1", text).replace("'", '"'))
+        if fast is not None:
+            return fast
     fast = _fast_dict(text[1:-1])
     if fast is not None:
         return fast
@@ -105,6 +124,116 @@ def literal_dict(text: str) -> dict[str, Any]:
     if not isinstance(d, dict):
         raise Malformed("not a dict")
     return {str(k): v for k, v in d.items() if not isinstance(v, (list, dict, tuple, set)) and v is not Ellipsis}
+
+
+# ---- the fast path: a JSON object of plain numbers, read by orjson (in [dev]) or the standard library's C parser
+
+try:
+    from orjson import loads as _json_loads
+except ImportError:  # orjson is optional: the standard library reads the same values
+    from json import loads as _json_loads
+
+# a JSON number that float()/int() read to the same value, and clean_value keeps as JSON wrote it: no integer part of
+# 16 digits or more (clean_value reads integers through float), no exponent of 3 digits (inf)
+_JSON_NUMBER = r"-?(?:0|[1-9][0-9]{0,14})(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,2})?"
+_QUOTED_NUMBER = re.compile(r"'(" + _JSON_NUMBER + r")'(?=\s*[,}])")
+_NUMERIC = frozenset((int, float))
+_NUMERIC_STR = frozenset((int, float, str))
+
+
+def json_numbers(text: str) -> dict[str, Any] | None:
+    """`text` as a JSON object whose values are numbers (strings allowed too, as literal_dict gives them), each
+    number exactly what `clean_value` makes of its text; None for anything else (the caller then takes its general
+    path). The checks run in C: the types present, and the sum of magnitudes (it rules out inf/nan, and integers
+    that clean_value would read through a float)."""
+    try:
+        d = _json_loads(text)
+    except ValueError:
+        return None
+    return d if plain_numbers(d, strings=True) else None
+
+
+def json_objects(text: str) -> list[Any] | None:
+    """A JSON array (of objects, each checked by the caller with plain_numbers), or None."""
+    try:
+        out = _json_loads(text)
+    except ValueError:
+        return None
+    return out if type(out) is list else None
+
+
+def plain_numbers(d: Any, strings: bool = False) -> bool:
+    """A dict whose values are numbers that clean_value keeps as they are (and strings, if allowed)."""
+    if type(d) is not dict:
+        return False
+    values: Any = d.values()
+    types = set(map(type, values))
+    if not types <= _NUMERIC:
+        if not strings or not types <= _NUMERIC_STR:
+            return False
+        values = [v for v in values if type(v) is not str]
+    return sum(map(abs, values)) < 1e15
+
+
+class KeyMap:
+    """A backend's key mapping (`unify`), the output names of each set of keys worked out once: a log repeats the
+    same keys every step."""
+
+    MAX = 4096
+
+    def __init__(self, backend: str, mapping: dict[str, str]):
+        self.backend, self.mapping = backend, dict(mapping)
+        self._names: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+
+    def names(self, keys: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The unified names of `keys`, or None when a key is one unify leaves out (`step`, `time`)."""
+        names = self._names.get(keys, ...)
+        if names is ...:
+            if "step" in keys or "time" in keys:
+                names = None  # never for keys without them: apply's second call always has names
+            else:
+                get, prefix = self.mapping.get, self.backend + "/"
+                names = tuple(get(k) or prefix + k for k in keys)
+            if len(self._names) >= self.MAX:
+                self._names.clear()
+            self._names[keys] = names
+        return names
+
+    def apply(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """unify(backend, raw, mapping) on values read with `number`."""
+        names = self.names(tuple(raw))
+        if names is None:  # `step`/`time` are left out, as unify does
+            raw = {k: v for k, v in raw.items() if k != "step" and k != "time"}
+            names = self.names(tuple(raw))
+        values = raw.values()
+        if clean_numbers(values):
+            return dict(zip(names, values, strict=True))
+        return dict(zip(names, map(number, values), strict=True))
+
+
+_CLEAN = frozenset((int, float, bool, type(None)))
+
+
+def clean_numbers(values: Any) -> bool:
+    """True when `number` would give every value back unchanged: ints, bools, None, finite floats (checked in C)."""
+    if not set(map(type, values)) <= _CLEAN:
+        return False
+    try:
+        return isfinite(sum(values))
+    except (OverflowError, TypeError):
+        return False
+
+
+def _cut_dict(text: str) -> dict[str, Any]:
+    """A dict printed cut short with `...}` (a log line truncated by the logger or the paste): the pairs before the
+    cut; a pair the cut went through (`'kl': 0.00...}`) is left out, never read as a shorter number."""
+    head = text[:-4].rstrip()
+    if head.endswith(","):
+        head = head[:-1]
+    else:
+        comma = head.rfind(",")
+        head = head[:comma] if comma > 0 else "{"
+    return literal_dict(head + "}")
 
 
 def flat_dict(obj: Any) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
-from rlctl.metrics.parsers import Incomplete, strip_ansi
+from rlctl.metrics.parsers import Header, Incomplete, strip_ansi
 
 LOG = "stdout.log"
 BACKEND_METRICS = "backend_metrics.jsonl"  # structured metrics a backend writes itself (e.g. through rlctl's patch)
@@ -48,6 +48,7 @@ class IngestState:
     last_step: int = 0  # the step of the last record (counted steps continue from it)
     pending: str = ""  # the start of a record that continues on the next lines
     pending_lines: int = 0
+    context: str = ""  # a table's header (`Header`): the lines after it are read with it
     examples: list[str] = field(default_factory=list)  # the first lines not understood, with their line number
 
 
@@ -110,6 +111,10 @@ def assign_steps(records: list[dict[str, Any]], st: IngestState) -> list[dict[st
     out = []
     for rec in records:
         step = rec.get("step", ...)
+        if type(step) is int:  # the record's own step (the common case): as it is
+            st.last_step = step
+            out.append(rec)
+            continue
         if step is ...:
             step = st.last_step + 1
         elif step is None:
@@ -121,17 +126,55 @@ def assign_steps(records: list[dict[str, Any]], st: IngestState) -> list[dict[st
     return out
 
 
+try:
+    import orjson as _orjson  # in [dev], never a core dependency: the standard library writes the same values
+except ImportError:
+    _orjson = None
+_STD = json.JSONEncoder(allow_nan=False, default=str).encode
+
+
+def _encode(out: dict[str, Any]) -> bytes:
+    """One record as JSON: orjson where installed (10x faster), else the standard library. Both write floats in
+    their shortest round-trip form."""
+    if _orjson is not None:
+        try:
+            return _orjson.dumps(out, default=str)
+        except TypeError:  # an int beyond 64 bits, a key that is no string: the standard library decides
+            pass
+    return _STD(out).encode()
+
+
+def _lines(records: list[dict[str, Any]], t: float) -> bytes | None:
+    """All records as JSON lines in one orjson call, `time` added last in each by one replace; None unless every
+    record splits cleanly (no `},{` inside a value) and none has a `time` of its own."""
+    if _orjson is None:
+        return None
+    try:
+        blob = _orjson.dumps(records, default=str)
+    except TypeError:
+        return None
+    if blob.count(b"},{") != len(records) - 1 or b'"time":' in blob or not blob.endswith(b"}]"):
+        return None
+    end = b',"time":' + json.dumps(t).encode() + b"}"
+    return blob[1:-2].replace(b"},{", end + b"\n{") + end + b"\n"
+
+
 def write_records(path: Path, records: list[dict[str, Any]], now: float | None = None) -> None:
+    """Append records (each with its int step) as JSON lines with the time they were read."""
     if not records:
         return
-    t = now if now is not None else time.time()
-    buf = []
-    for rec in records:
-        out = {"step": rec["step"], "time": round(t, 3)}
-        out.update({k: v for k, v in rec.items() if k != "step"})
-        buf.append(json.dumps(out, allow_nan=False, default=str))
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write("\n".join(buf) + "\n")  # one write: a reader never sees half a record from us
+    t = round(now if now is not None else time.time(), 3)
+    data = _lines(records, t) if len(records) > 1 else None
+    if data is None:
+        encode = _encode
+        buf = []
+        for rec in records:
+            out = {"step": rec["step"], "time": t}
+            out.update(rec)  # `step` keeps its place (and value); everything else follows in the record's order
+            buf.append(encode(out))
+        data = b"\n".join(buf) + b"\n"
+    with path.open("ab") as fh:
+        fh.write(data)  # one write: a reader never sees half a record from us
 
 
 def log_files(run_dir: Path) -> list[str]:
@@ -168,7 +211,9 @@ def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | No
         states = _load_states(run_dir)
         parse = ad.log_parser(run_dir) if hasattr(ad, "log_parser") else ad.parse
         needles = getattr(parse, "metric_needles", getattr(ad, "metric_needles", ()))
-        reader = _Reader(parse, tuple(needles or ()), run_dir / METRICS)
+        # the bulk reader knows the adapter's own lines only: not for a per-run parser (attach's metrics map)
+        bulk = getattr(ad, "metric_bulk", None) if parse == ad.parse else None
+        reader = _Reader(parse, tuple(needles or ()), run_dir / METRICS, bulk)
         reader.floor = step_floor(run_dir)
         for name in files:
             states[name] = reader.file(run_dir / name, states.get(name, IngestState()), final)
@@ -177,8 +222,13 @@ def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | No
 
 
 class _Reader:
-    def __init__(self, parser: Callable[[Any], dict[str, Any] | None], needles: tuple[str, ...], out: Path):
-        self.parser, self.needles, self.out = parser, needles, out
+    """Reads logs into records. `needles`: substrings every metrics line holds (lines without any are skipped
+    unread); `bulk`: the adapter's optional reader of a whole chunk, records by the offset of their line, for the
+    lines it reads exactly as `parser` would (the others go to `parser`)."""
+
+    def __init__(self, parser: Callable[[Any], dict[str, Any] | None], needles: tuple[str, ...], out: Path,
+                 bulk: Callable[[str], dict[int, dict[str, Any]]] | None = None):
+        self.parser, self.needles, self.out, self.bulk = parser, needles, out, bulk
         self.floor = -1
 
     def file(self, log: Path, st: IngestState, final: bool) -> IngestState:
@@ -191,7 +241,7 @@ class _Reader:
         if stat.st_ino != st.inode or stat.st_size < st.offset:
             if st.inode:  # rotated or truncated while followed
                 st.restarts += 1
-            st.offset, st.inode, st.pending, st.pending_lines = 0, stat.st_ino, "", 0
+            st.offset, st.inode, st.pending, st.pending_lines, st.context = 0, stat.st_ino, "", 0, ""
         with log.open("rb") as fh:
             fh.seek(st.offset)
             carry = b""
@@ -231,42 +281,108 @@ class _Reader:
             return True
 
     def consume(self, blob: bytes, st: IngestState) -> None:
+        """Parse a run of complete lines. Only the lines holding one of the adapter's needles are looked at (each
+        needle found with str.find over the whole chunk, at memchr speed), and every line after the start of a record
+        that goes on (`Incomplete`) until it is settled: exactly what `consume_lines` does line by line."""
         text = blob.decode("utf-8", errors="replace")
+        if not self.needles:
+            self.consume_lines(text, st)
+            return
         records: list[dict[str, Any]] = []
-        needles = self.needles
+        count = _LineCount(text, st.lines)
+        hits = _needle_lines(text, self.needles)
+        done = self.bulk(text) if self.bulk is not None and hits else {}
+        n, pos, i = len(text), 0, 0
+        if not st.pending and not st.context and len(done) == len(hits):  # all read in bulk (done's are hits)
+            records, i = list(done.values()), len(hits)
+        while True:
+            if st.pending or st.context:  # the record goes on, or a table: every next line is looked at
+                if pos >= n:
+                    break
+            else:
+                while i < len(hits) and hits[i] < pos:
+                    i += 1
+                if i == len(hits):
+                    break
+                pos = hits[i]
+            end = text.find("\n", pos)
+            if end < 0:
+                end = n
+            rec = None if st.pending or st.context else done.get(pos)
+            if rec is not None:  # read already, in bulk
+                records.append(rec)
+            elif end > pos:
+                st.lines = count.upto(end + 1)
+                self.line(text[pos:end], st, records)
+            pos = end + 1
+        st.lines = count.upto(n + 1)
+        self.emit(records, st)
+
+    def consume_lines(self, text: str, st: IngestState) -> None:
+        """The reference path: every line looked at in turn."""
+        records: list[dict[str, Any]] = []
         for line in text.split("\n"):
             if not line:
                 continue
             st.lines += 1
-            if st.pending and self._continue(line, st, records):
-                continue
-            if needles and not any(n in line for n in needles):
-                continue
-            segments = split_segments(line)
-            counted: dict[str, Any] | None = None  # CR frames redraw one display: its last step-less record stands
-            for i, seg in enumerate(segments):
-                try:
-                    rec = self.parser(seg)
-                except Incomplete:
-                    if i == len(segments) - 1:
-                        st.pending, st.pending_lines = seg, 1
-                    else:
-                        self.not_understood(st, seg, st.lines)
-                    continue
-                except Exception:  # Malformed, or a parser bug: count the line, never stop ingestion
-                    self.not_understood(st, seg, st.lines)
-                    continue
-                if rec is None:
-                    continue
-                if "step" in rec or len(segments) == 1:
-                    records.append(rec)
-                else:
-                    counted = rec
-            if counted is not None:
-                records.append(counted)
+            self.line(line, st, records)
+        self.emit(records, st)
+
+    def emit(self, records: list[dict[str, Any]], st: IngestState) -> None:
         records = [r for r in assign_steps(records, st) if r["step"] > self.floor]
         st.records += len(records)
         write_records(self.out, records)
+
+    def line(self, line: str, st: IngestState, records: list[dict[str, Any]]) -> None:
+        """One non-empty line (st.lines counts it already): its records go to `records`."""
+        if st.pending and self._continue(line, st, records):
+            return
+        if st.context and self._in_table(line, st, records):
+            return
+        needles = self.needles
+        if needles and not any(n in line for n in needles):
+            return
+        segments = split_segments(line)
+        counted: dict[str, Any] | None = None  # CR frames redraw one display: its last step-less record stands
+        for i, seg in enumerate(segments):
+            try:
+                rec = self.parser(seg)
+            except Incomplete:
+                if i == len(segments) - 1:
+                    st.pending, st.pending_lines = seg, 1
+                else:
+                    self.not_understood(st, seg, st.lines)
+                continue
+            except Header as h:
+                st.context = h.text
+                continue
+            except Exception:  # Malformed, or a parser bug: count the line, never stop ingestion
+                self.not_understood(st, seg, st.lines)
+                continue
+            if rec is None:
+                continue
+            if "step" in rec or len(segments) == 1:
+                records.append(rec)
+            else:
+                counted = rec
+        if counted is not None:
+            records.append(counted)
+
+    def _in_table(self, line: str, st: IngestState, records: list[dict[str, Any]]) -> bool:
+        """A line under a table's header: a row (True), the rule or a garbled row (True), or the table's end."""
+        try:
+            rec = self.parser(st.context + "\n" + (strip_ansi(line) if "\x1b" in line else line))
+        except Header as h:
+            st.context = h.text
+            return True
+        except Exception:
+            self.not_understood(st, line, st.lines)
+            return True
+        if rec is None:
+            st.context = ""
+            return False
+        records.append(rec)
+        return True
 
     def _continue(self, line: str, st: IngestState, records: list[dict[str, Any]]) -> bool:
         """Join a line to the pending record. True when the line was used up by it."""
@@ -294,6 +410,53 @@ class _Reader:
             return False
         records.append(rec)
         return True
+
+
+
+def _needle_lines(text: str, needles: tuple[str, ...]) -> list[int]:
+    """Where the lines holding any needle start, in order: one str.find run per needle, one step per hit."""
+    starts: set[int] = set()
+    find, rfind = text.find, text.rfind
+    for needle in needles:
+        pos = find(needle)
+        while pos >= 0:
+            start = rfind("\n", 0, pos) + 1
+            starts.add(start)
+            end = find("\n", pos)
+            if end < 0:
+                break
+            pos = find(needle, end + 1)
+    return sorted(starts)
+
+
+class _LineCount:
+    """How many non-empty lines of `text` (pieces between newlines) end before a position, plus a base: counted
+    incrementally (positions only grow), blank lines located once per chunk."""
+
+    def __init__(self, text: str, base: int):
+        self.text, self.pos, self.value = text, 0, base
+        self.blanks: list[int] = [0] if text.startswith("\n") else []  # newline positions that end an empty line
+        p = text.find("\n\n")
+        while p >= 0:
+            self.blanks.append(p + 1)
+            p = text.find("\n\n", p + 1)
+        self.bi = 0
+
+    def upto(self, p: int) -> int:
+        """Non-empty lines whose end (newline, or the text's end) is before p."""
+        text = self.text
+        n = len(text)
+        if p > self.pos:
+            stop = min(p, n)
+            self.value += text.count("\n", self.pos, stop)
+            blanks = self.blanks
+            while self.bi < len(blanks) and blanks[self.bi] < stop:
+                self.value -= 1
+                self.bi += 1
+            if p > n >= self.pos and n and text[-1] != "\n":  # a last line without its newline (final)
+                self.value += 1
+            self.pos = p
+        return self.value
 
 
 def _total(states: dict[str, IngestState]) -> IngestState:

@@ -266,16 +266,33 @@ def _sample_lines(p: Path) -> list[str]:
 
 def _score(parse: Any, needles: tuple[str, ...], lines: list[str], rows: dict[str, list[dict[str, Any]]],
            known: bool = True) -> int:
-    """How much of the sources a parser understands: metric names rlctl knows (known=True), else records read."""
+    """How much of the sources a parser understands: metric names rlctl knows (known=True), else records read. Lines
+    under a table's header (parsers.Header, e.g. a notebook progress table) are read with that header."""
+    from rlctl.metrics.parsers import Header
     from rlctl.metrics.stream import split_segments
 
-    score = 0
+    score, context = 0, ""
     for line in lines:
+        if context:
+            try:
+                rec = parse(context + "\n" + line)
+            except Header as h:
+                context = h.text
+                continue
+            except Exception:
+                continue
+            if rec:
+                score += _understood(rec) if known else 1
+                continue
+            context = ""
         if needles and not any(n in line for n in needles):
             continue
         for seg in split_segments(line):
             try:
                 rec = parse(seg)
+            except Header as h:
+                context = h.text
+                continue
             except Exception:
                 continue
             if rec:

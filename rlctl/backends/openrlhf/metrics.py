@@ -23,7 +23,16 @@ import json
 import re
 from typing import Any
 
-from rlctl.metrics.parsers import Incomplete, Malformed, key_values, literal_dict, number, strip_prefixes, unify
+from rlctl.metrics.parsers import (
+    Incomplete,
+    KeyMap,
+    Malformed,
+    key_values,
+    literal_dict,
+    number,
+    strip_prefixes,
+    unify,
+)
 
 NAME = "openrlhf"
 
@@ -44,7 +53,10 @@ POSTFIX_MAP = {
     "act_lr": "lr", "grad_norm": "grad_norm", "ent_loss": "entropy",
     "pg": "policy_loss", "rm": "reward/mean", "glen": "response_length/mean",
 }
-POSTFIX_RENAME = {"return": "return", "ret": "return", "tot_len": "total_length", "tlen": "total_length"}
+_KEYS = KeyMap(NAME, MAP)
+POSTFIX_RENAME = {"return": "return", "ret": "return", "tot_len": "total_length", "tlen": "total_length",
+                  # before 0.6, a PPO run with a critic in the same process: its short names in the actor's bar
+                  "cri": "critic_loss", "vals": "values", "cri_lr": "critic_lr", "ptx": "ptx_loss"}
 
 NEEDLES = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 
@@ -143,7 +155,7 @@ def record(raw: dict[str, Any]) -> dict[str, Any] | None:
             flat[k.removeprefix("train/")] = v
     flat.pop("global_step", None)
     rec: dict[str, Any] = {"step": int(number(step) or 0)}
-    rec.update(unify(NAME, {k: number(v) for k, v in flat.items()}, MAP))
+    rec.update(_KEYS.apply(flat))
     for k, v in evals.items():
         rest = k[len("eval/"):]
         rec.update(_eval_key(rest, v) if "/" not in rest else {f"eval/{rest}": number(v)})

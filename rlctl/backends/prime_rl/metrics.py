@@ -52,6 +52,7 @@ ENV_MARK = "╰─"
 NEEDLES = ("Step ", ENV_MARK)  # "Step " also passes the eval lines (`Evaluated aime (Step 5) | ..`)
 
 _STEP = re.compile(r"(?:^|\s)Step (\d+) \| (.*)$")
+_STEP_LIKE = re.compile(r"(?:^|\s)Step \S*\s*\|\s*[A-Z][\w. ]*:? ")  # `Step x | Reward ..`: metrics, garbled
 _UNITS = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)\s*(s|%|GiB|tokens/s|tokens/sample)?$", re.IGNORECASE)
 _LEADING = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)(?=[/ ])")
 _KEY_VALUE = re.compile(r"^([A-Za-z][A-Za-z .\-]*?)\s+(-?[\d.].*)$")  # v0.8: `Grad. Norm 0.2764`
@@ -101,6 +102,8 @@ def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
         return eval_record(m.group(1), int(m.group(2)), m.group(3))
     m = _STEP.search(s)
     if not m:
+        if _STEP_LIKE.search(s):
+            raise Malformed(f"a step line with an unreadable step: {s[:80]!r}")
         return None
     fields = _fields(m.group(2))
     trainer = "Loss" in fields or "Grad. Norm" in fields

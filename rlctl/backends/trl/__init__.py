@@ -31,7 +31,7 @@ class TRLBackend(Backend):
     runs_on_cpu = True
     install_hint = 'pip install "rlctl[trl]"'
     known_versions = ("1.16.0",)
-    metric_needles = ("{'", "'step'")  # as in trl/metrics.py NEEDLES
+    metric_needles = ("{'", "'step'", "Training Loss")  # as in trl/metrics.py NEEDLES
     foreach_adam = False  # TrainingArguments.optim defaults to adamw_torch_fused (no step temporaries)
     logits_scope = "completion"  # TRL computes log-probs of the completion tokens only (logits_to_keep)
     precisions = ("mixed", "pure")

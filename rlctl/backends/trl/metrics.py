@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from rlctl.metrics.parsers import Malformed, literal_dict, number, strip_prefixes, unify
+from rlctl.metrics.parsers import Header, KeyMap, Malformed, literal_dict, number, strip_prefixes
 
 NAME = "trl"
 
@@ -30,10 +30,19 @@ MAP = {
     "loss": "policy_loss", "grad_norm": "grad_norm", "clip_ratio/region_mean": "clip_ratio",
     "clip_ratio": "clip_ratio",  # 0.16 - 0.18
     "learning_rate": "lr", "step_time": "time/step_s",
+    # PPOTrainer (PPOv2Trainer before 0.12) and RLOOTrainer: `objective/*`, `policy/*`, `loss/*`, `val/*` (the value
+    # head's, not an eval), with `eps`, `lr` and `episode`
+    "objective/scores": "reward/mean", "objective/kl": "kl", "objective/entropy": "entropy",
+    "loss/policy_avg": "policy_loss", "policy/clipfrac_avg": "clip_ratio", "lr": "lr",
 }
-TRAIN_KEYS = ("'loss'", "'reward'", "'learning_rate'", "'grad_norm'")
+_KEYS = KeyMap(NAME, MAP)
+_KEYS_REGION = KeyMap(NAME, {k: v for k, v in MAP.items() if k != "clip_ratio"})  # 0.18: region_mean is the one
+TRAIN_KEYS = ("'loss'", "'reward'", "'learning_rate'", "'grad_norm'", "'objective/", "'episode'")
 SUMMARY_KEYS = ("'train_runtime'", "'eval_")
-NEEDLES = ("{'", "'step'")
+TABLE = "Training Loss"  # the notebook progress table's header (transformers' NotebookTrainingTracker)
+NEEDLES = ("{'", "'step'", TABLE)
+# the notebook table's columns that are not log keys
+TABLE_COLUMNS = {"Training Loss": "loss", "Validation Loss": "eval_loss"}
 
 
 def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
@@ -41,10 +50,57 @@ def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
     if isinstance(line, dict):
         return record(_row(line), counted=False)
     s = strip_prefixes(line).strip()
+    if TABLE in s:
+        head, nl, row = s.partition("\n")
+        cols = _cells(head)
+        if cols and cols[0] in ("Step", "Epoch") and TABLE in cols:
+            if nl:
+                return _table_row(head, cols, row)
+            raise Header(head)
     brace = s.find("{'")
     if brace < 0 or not any(k in s for k in TRAIN_KEYS + SUMMARY_KEYS + ("'step'",)):
         return None
     return record(literal_dict(s[brace:]))
+
+
+def _cells(line: str) -> list[str] | None:
+    """A table line's cells: markdown (`| a | b |`, as a notebook's table is pasted) or tab-separated (as copied
+    from the rendered HTML table)."""
+    s = line.strip()
+    if s.startswith("|"):
+        return [c.strip() for c in s.strip("|").split("|")]
+    if "\t" in s:
+        return [c.strip() for c in s.split("\t")]
+    return None
+
+
+def _table_row(head: str, cols: list[str], line: str) -> dict[str, Any] | None:
+    """One row of the notebook table (`| 10 | 0.012300 | 0.500000 | ...`): the header's columns are the log's keys
+    (`Training Loss` is `loss`), each cell as the table prints it (`.6f`); `No log` cells are absent. None when the
+    line is no row of it (the table has ended)."""
+    cells = _cells(line)
+    if cells is None:
+        return None
+    if all(c and set(c) <= set("-: ") for c in cells):
+        raise Header(head)  # the `|---|` rule under the header
+    first = number(cells[0])
+    if not isinstance(first, int | float) or isinstance(first, bool):
+        return None
+    if len(cells) != len(cols):
+        raise Malformed(f"a table row of {len(cells)} cells under {len(cols)} columns")
+    raw: dict[str, Any] = {}
+    for col, cell in zip(cols[1:], cells[1:], strict=True):
+        if cell.lower() in ("no log", ""):  # on_evaluate writes `No log`, write_line `No Log`
+            continue
+        value = number(cell)
+        if isinstance(value, str):
+            raise Malformed(f"column {col!r}: {cell!r} is no number")
+        raw[TABLE_COLUMNS.get(col, col)] = value
+    if cols[0] == "Step":
+        raw["step"] = first
+    else:
+        raw["epoch"] = first
+    return record(raw)
 
 
 def _row(row: dict[str, Any]) -> dict[str, Any]:
@@ -63,7 +119,7 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
 def record(raw: dict[str, Any], counted: bool = True) -> dict[str, Any] | None:
     step = raw.get("step")
     evals = {k: v for k, v in raw.items() if k.startswith("eval_")}
-    rest = {k: v for k, v in raw.items() if not k.startswith("eval_")}
+    rest = {k: v for k, v in raw.items() if not k.startswith("eval_") and k != "step" and k != "time"}
     rec: dict[str, Any] = {}
     if step is not None:
         rec["step"] = int(number(step) or 0)
@@ -72,8 +128,7 @@ def record(raw: dict[str, Any], counted: bool = True) -> dict[str, Any] | None:
     elif evals or "train_runtime" in raw:
         rec["step"] = None  # an eval or the final summary: the step in progress
     # else: no step key, the stream counts the step
-    mapping = MAP if "clip_ratio/region_mean" not in rest else {k: v for k, v in MAP.items() if k != "clip_ratio"}
-    rec.update(unify(NAME, {k: number(v) for k, v in rest.items()}, mapping))
+    rec.update((_KEYS if "clip_ratio/region_mean" not in rest else _KEYS_REGION).apply(rest))
     for k, v in evals.items():
         rec[f"eval/default/{k[5:]}"] = number(v)
     return rec

@@ -345,6 +345,12 @@ class VerlBackend(Backend):
 
         return parse(line)
 
+    def metric_bulk(self, text: str) -> dict[int, dict[str, Any]]:
+        """The records of a chunk's plain step lines, read together (the stream's fast path): see verl/metrics.py."""
+        from rlctl.backends.verl.metrics import bulk
+
+        return bulk(text)
+
     # ---- checkpoints -----------------------------------------------------------------------------------------
     def saved_checkpoints(self, recipe: Recipe, total_steps: int) -> int:
         """verl saves every save_freq steps and once more at the last step (ray_trainer.py: is_last_step)."""

@@ -1,0 +1,172 @@
+"""OpenRLHF's log and metric formats, mapped to rlctl's unified names (docs/metrics.md lists every mapping).
+
+What OpenRLHF prints, read from its released sources (0.9.3 and 0.11.2; older releases' progress bars too):
+  - `ppo_trainer.py`: `logger.info(f"✨ Global step {global_step}: {log_status}")` through its own logging format
+    (`INFO 01-06 09:20:11 ppo_trainer.py:323] ...`), often behind Ray's `(PPOTrainer pid=.., ip=..)` prefix; the
+    async trainer of 0.11 prints the same without the ✨. A long dict can reach the log wrapped over several lines.
+  - evaluation: `✨ Evaluation completed in 0:01:02, global_step 10, eval_metrics: {...}` and (async, 0.11)
+    `Eval at step 10: {...}`, keys `eval_<datasource>_pass1`, `eval_<datasource>_pass<k>`, ...
+  - the actor's tqdm bar `Train epoch [1/1]: 100%|...| 8/8 [.., act_loss=.., reward=.., return=.., gen_len=..,
+    tot_len=.., kl=.., act_lr=.., grad_norm=..]` (0.11 adds grad_norm; 0.6 and before printed `pg=, rm=, ret=,
+    glen=, tlen=, kl=, act_lr=`): the final frame of a bar is the last micro-batch of the step being trained, and
+    gets a counted step (the step after the last one seen).
+  - up to 0.6, the `Episode [e/E]` bar's postfix is the step's whole status dict (`policy_loss=.., reward=..`),
+    printed by `set_postfix` before `update()`: a frame showing n of N batches is step (e-1)*N + n + 1 (the closing
+    frame, n = N, repeats step e*N).
+  - its W&B/TensorBoard loggers: `train/<key>` with `train/global_step`, `eval/<key>` with `eval/global_step`.
+  - rlctl's own patch: JSON lines with `global_step` (backend_metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from tests.ingest_reference.parsers import (
+    Incomplete,
+    Malformed,
+    key_values,
+    literal_dict,
+    number,
+    strip_prefixes,
+    unify,
+)
+
+NAME = "openrlhf"
+
+# The Global step dict (and the W&B/TensorBoard `train/` keys), 0.9.3 and 0.11.2
+MAP = {
+    "reward": "reward/mean", "reward_std": "reward/std", "correctness": "correctness",
+    "response_length": "response_length/mean", "kl": "kl", "policy_loss": "policy_loss",
+    "grad_norm": "grad_norm", "actor_grad_norm": "grad_norm",  # 0.11 names it actor_grad_norm
+    "ppo_clip_ratio": "clip_ratio", "clip_ratio": "clip_ratio", "actor_lr": "lr",
+    "entropy_loss": "entropy", "entropy_mean": "entropy", "entropy": "entropy",
+    "advantage_mean": "advantage/mean", "advantage_std": "advantage/std",
+    "truncated": "response_length/clip_ratio", "truncated_response": "response_length/clip_ratio",
+    "timing/step_total": "time/step_s", "timing/generation": "time/generation_s", "timing/ppo_train": "time/train_s",
+}
+# The actor's progress-bar postfix: 0.6 .. 0.11 names, then the names of releases before 0.6
+POSTFIX_MAP = {
+    "act_loss": "policy_loss", "reward": "reward/mean", "gen_len": "response_length/mean", "kl": "kl",
+    "act_lr": "lr", "grad_norm": "grad_norm", "ent_loss": "entropy",
+    "pg": "policy_loss", "rm": "reward/mean", "glen": "response_length/mean",
+}
+POSTFIX_RENAME = {"return": "return", "ret": "return", "tot_len": "total_length", "tlen": "total_length"}
+
+NEEDLES = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
+
+_GLOBAL_STEP = re.compile(r"Global step (\d+):\s*(.*?)\s*$", re.DOTALL)
+_EVAL_DONE = re.compile(r"global_step (\d+), eval_metrics:\s*(.*?)\s*$", re.DOTALL)
+_EVAL_ASYNC = re.compile(r"Eval at step (\d+):\s*(.*?)\s*$", re.DOTALL)
+_EPISODE = re.compile(r"Episode \[(\d+)/\d+\][^|]*\|[^|]*\|\s*(\d+)/(\d+) \[[^\]]*?,\s*([A-Za-z_]+=.*?)\]?\s*$")
+_BAR = re.compile(r"(\d+)/(\d+) \[[^\]]*?,\s*([A-Za-z_]+=.*?)\]?\s*$")
+_EVAL_KEY = re.compile(r"^eval_(.+)_(pass\d+|response_length_mean|truncated_rate)$")
+_LOG_PREFIX = re.compile(r"^(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] ")
+
+
+def _join(text: str) -> str:
+    """A record wrapped over lines: each line without its Ray/logging prefix, joined again."""
+    if "\n" not in text:
+        return text
+    parts = [_LOG_PREFIX.sub("", strip_prefixes(p)).strip() for p in text.split("\n")]
+    return " ".join(p for p in parts if p)
+
+
+def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
+    """One console line (or several joined by the stream after `Incomplete`), or one W&B/TensorBoard row."""
+    if isinstance(line, dict):
+        return record(dict(line))
+    s = _join(strip_prefixes(line)).strip()
+    if s.startswith("{") and '"global_step"' in s:  # rlctl's metrics patch: JSON lines
+        try:
+            raw = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise (Incomplete if not s.endswith("}") else Malformed)(str(e)) from None
+        return record(raw)
+    m = _GLOBAL_STEP.search(s)
+    if m:
+        if not m.group(2):
+            raise Incomplete("the dict starts on the next line")
+        raw = literal_dict(m.group(2))
+        raw["global_step"] = int(m.group(1))
+        return record(raw)
+    m = _EVAL_DONE.search(s) or _EVAL_ASYNC.search(s)
+    if m:
+        if not m.group(2):
+            raise Incomplete("the dict starts on the next line")
+        return eval_record(int(m.group(1)), literal_dict(m.group(2)))
+    if "'train/global_step'" in s or "'eval/global_step'" in s:
+        return record(literal_dict(s[s.find("{"):]))
+    if "=" in s and "|" in s:
+        return _bar(s)
+    return None
+
+
+def _bar(s: str) -> dict[str, Any] | None:
+    e = _EPISODE.search(s)
+    if e:
+        fields = key_values(e.group(4))
+        if "policy_loss" not in fields and "reward" not in fields:
+            return None
+        episode, n, total = int(e.group(1)), int(e.group(2)), int(e.group(3))
+        rec: dict[str, Any] = {"step": (episode - 1) * total + min(n + 1, total)}
+        rec.update(unify(NAME, {k: number(v) for k, v in fields.items()}, MAP))
+        return rec
+    m = _BAR.search(s)
+    if not m:
+        return None
+    fields = key_values(m.group(3))
+    actor = any(k in fields for k in ("act_lr", "act_loss", "pg"))
+    if not actor and "critic_loss" not in fields:
+        return None  # other bars (`prompts_consumed=`, ...)
+    if int(m.group(1)) != int(m.group(2)):
+        return None  # a frame before the bar's end: the final frame carries the step's last micro-batch
+    raw = {POSTFIX_RENAME.get(k, k): v for k, v in fields.items()}
+    rec = unify(NAME, {k: number(v) for k, v in raw.items()}, POSTFIX_MAP if actor else {})
+    if not actor:
+        rec["step"] = None  # the critic's bar: the step in progress
+    return rec  # the actor's bar ends a step: no `step`, the stream counts it
+
+
+def record(raw: dict[str, Any]) -> dict[str, Any] | None:
+    """A Global step dict, a W&B/TensorBoard row (`train/`, `eval/` keys) or a metrics-patch JSON line."""
+    step = None
+    for key in ("global_step", "train/global_step", "eval/global_step"):
+        if raw.get(key) is not None:
+            step = raw.pop(key)
+            break
+    fallback = raw.pop("_step", None)
+    raw.pop("_timestamp", None)
+    raw.pop("_runtime", None)
+    if step is None:
+        step = fallback
+    if step is None:
+        return None
+    flat, evals = {}, {}
+    for k, v in raw.items():
+        if k.startswith("eval/"):
+            evals[k] = v
+        else:
+            flat[k.removeprefix("train/")] = v
+    flat.pop("global_step", None)
+    rec: dict[str, Any] = {"step": int(number(step) or 0)}
+    rec.update(unify(NAME, {k: number(v) for k, v in flat.items()}, MAP))
+    for k, v in evals.items():
+        rest = k[len("eval/"):]
+        rec.update(_eval_key(rest, v) if "/" not in rest else {f"eval/{rest}": number(v)})
+    return rec
+
+
+def _eval_key(key: str, value: Any) -> dict[str, Any]:
+    m = _EVAL_KEY.match(key)
+    if m:
+        return {f"eval/{m.group(1)}/{m.group(2)}": number(value)}
+    return {f"eval/default/{key.removeprefix('eval_')}": number(value)}
+
+
+def eval_record(step: int, raw: dict[str, Any]) -> dict[str, Any]:
+    rec: dict[str, Any] = {"step": step}
+    for k, v in raw.items():
+        rec.update(_eval_key(k, v))
+    return rec

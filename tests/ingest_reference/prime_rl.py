@@ -1,0 +1,174 @@
+"""prime-rl's log and metric formats, mapped to rlctl's unified names (docs/metrics.md lists every mapping).
+
+prime-rl's orchestrator and trainer log one loguru line per step (`utils/logger.py`: `HH:MM:SS SUCCESS [tag] ...`,
+coloured), both for the same step merged here:
+  - v0.3: `Step 5 | Time: 12.34s | Reward: 0.2345 | Throughput: 2408.9 tokens/s | Seq. Length: 345.6 tokens/sample
+    | Async Level: 1 | Max. Off-Policy Level: 0` (orchestrator) and `Step 5 | Time: .. | Loss: .. | Entropy: .. |
+    Mismatch KL: .. | Grad. Norm: .. | LR: 1.00e-05 | Throughput: 5077 tokens/s | MFU: 12.3% | Peak Mem.: 71.2 GiB`
+    (trainer); some builds print `Peak Mem.: 71.2/80.0 GiB (89.0%)` (the first number is kept).
+  - v0.8: no colons, and the time as `format_time` writes it (`350ms`, `12.3s`, `1m 5s`, `1h 2m`):
+    `Step 5 |   12.3s | Reward 0.4567 | Trainable 30/32 (93.8%) | Turns 1.0 | Branches 1.0 | Max Off-Policy 1 |
+    Error 0.0% | Truncation 3.1%` and `Step 5 |   40.7s | Loss 0.0069 | Entropy 0.4720 | Mismatch KL 0.0010 |
+    Grad. Norm 0.2764 | LR 1.00e-05 | Throughput 5077 tokens/s | MFU 12.3% | Peak Mem. 71.2 GiB`; with
+    `json_logging` each line is a JSON object whose `message` is that text.
+    A multi-environment v0.8 run adds one line per environment to the orchestrator's message (joined with
+    `\n\t\t `): `╰─ math         | Ratio 40.0% | Reward 0.1500 | Turns 1.0 | Branches 1.0 | Max Off-Policy 1 |
+    Error 0.0% | Truncation 6.2%`, read as `env/<name>/<metric>` of the step in progress (unified metric names where
+    they are the same concept: `env/math/reward/mean`, `env/math/response_length/clip_ratio`).
+    Its online evals log `Evaluated aime (Step 5) | Policy v5 |   21.0s | Reward 0.6000 | Turns 1.0 | Branches 1.0 |
+    Error 0.0% | Truncation 12.5%` (orchestrator.py finalize_eval_batch), often after later step lines: read at the
+    step it names as `eval/<env>/reward`, `/turns`, `/branches`, `/error` (%), `/response_length/clip_ratio` (a
+    fraction); the policy version and the eval's time as `prime_rl/eval/<env>/policy_version`, `.../time_s` (kept out
+    of `eval/`, whose keys are read as eval quality: the doctor's eval rules, the best checkpoint).
+Units are dropped; a percentage stays a percentage except `Truncation`, the unified clip ratio (a fraction).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from tests.ingest_reference.parsers import Incomplete, Malformed, number, strip_prefixes, unify
+from tests.ingest_reference.unified import UNIFIED, clean_value
+
+NAME = "prime_rl"
+
+ORCH_MAP = {
+    "Reward": "reward/mean", "Throughput": "throughput/tokens_per_s", "Time": "time/generation_s",
+    "Val. Reward": "eval/default/reward",
+}
+TRAINER_MAP = {
+    "Loss": "policy_loss", "Entropy": "entropy", "Grad. Norm": "grad_norm", "LR": "lr", "Time": "time/train_s",
+}
+# v0.8 per-environment lines: env/<name>/<this>; other fields lower-cased (env/<name>/ratio, /turns, ...)
+ENV_MAP = {"Reward": "reward/mean"}
+# fields whose percentage becomes a unified fraction
+FRACTIONS = {"Truncation": "response_length/clip_ratio"}
+# W&B/TensorBoard rows: their keys are not mapped yet (not checked against a release); they pass through as
+# prime_rl/<key>, except names that already are unified ones
+ROW_MAP: dict[str, str] = {}
+ENV_MARK = "╰─"
+NEEDLES = ("Step ", ENV_MARK)  # "Step " also passes the eval lines (`Evaluated aime (Step 5) | ..`)
+
+_STEP = re.compile(r"(?:^|\s)Step (\d+) \| (.*)$")
+_UNITS = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)\s*(s|%|GiB|tokens/s|tokens/sample)?$", re.IGNORECASE)
+_LEADING = re.compile(r"^(-?[\d.]+(?:e[+-]?\d+)?)(?=[/ ])")
+_KEY_VALUE = re.compile(r"^([A-Za-z][A-Za-z .\-]*?)\s+(-?[\d.].*)$")  # v0.8: `Grad. Norm 0.2764`
+_ENV = re.compile(r"^╰─ (\S.*?)\s*\| (.*)$")
+_EVAL = re.compile(r"(?:^|\s)Evaluated (\S.*?) \(Step (\d+)\) \| (.*)$")  # v0.8 online eval
+_POLICY = re.compile(r"^Policy v(\d+)$")
+_DURATION = re.compile(r"^(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m(?!s))?\s*(?:([\d.]+)s)?\s*(?:([\d.]+)ms)?$")
+
+
+def duration(text: str) -> float | None:
+    """`350ms`, `12.3s`, `1m 5s`, `1h 2m`, `1d 2h` (prime-rl's format_time) in seconds."""
+    m = _DURATION.match(text.strip())
+    if not m or not any(m.groups()):
+        return None
+    d, h, mi, s, ms = (float(g) if g else 0.0 for g in m.groups())
+    return round(d * 86400 + h * 3600 + mi * 60 + s + ms / 1000, 6)
+
+
+def parse(line: str | dict[str, Any]) -> dict[str, Any] | None:
+    """A step line of the orchestrator or the trainer (text or JSON logging), or one W&B/TensorBoard row."""
+    if isinstance(line, dict):
+        step = line.get("step", line.get("_step"))
+        if step is None:
+            return None
+        raw = {k: v for k, v in line.items() if not k.startswith("_") and k != "step"}
+        mapping = {**{k: k for k in raw if k in UNIFIED}, **ROW_MAP}
+        return {"step": int(number(step)), **unify(NAME, {k: number(v) for k, v in raw.items()}, mapping)}
+    s = strip_prefixes(line).strip()
+    if s.startswith('{"timestamp"'):  # v0.8 json_logging
+        try:
+            entry = json.loads(s)
+        except json.JSONDecodeError as e:
+            raise (Malformed if s.endswith("}") else Incomplete)(str(e)) from None
+        message = entry.get("message") if isinstance(entry, dict) else None
+        if not isinstance(message, str):
+            return None
+        first, *more = message.split("\n")
+        rec = parse(first)
+        for extra in more:  # a multi-env step: its per-environment lines are in the same message
+            if rec is not None and extra.strip().startswith(ENV_MARK):
+                rec.update(env_record(extra))
+        return rec
+    if s.startswith(ENV_MARK):
+        return {"step": None, **env_record(s)}
+    m = _EVAL.search(s)
+    if m:
+        return eval_record(m.group(1), int(m.group(2)), m.group(3))
+    m = _STEP.search(s)
+    if not m:
+        return None
+    fields = _fields(m.group(2))
+    trainer = "Loss" in fields or "Grad. Norm" in fields
+    mapping = {**(TRAINER_MAP if trainer else ORCH_MAP), **FRACTIONS}
+    rec: dict[str, Any] = {"step": int(m.group(1))}
+    for k, v in fields.items():
+        if k in mapping:
+            rec[mapping[k]] = number(v)
+    prefix = "trainer_" if trainer else ""
+    rec.update(unify(NAME, {prefix + _lower(k): number(v) for k, v in fields.items() if k not in mapping}, {}))
+    return rec
+
+
+def env_record(line: str) -> dict[str, Any]:
+    """A v0.8 per-environment line (`╰─ name | Ratio 40.0% | Reward 0.1500 | ...`) as `env/<name>/<metric>`."""
+    m = _ENV.match(line.strip())
+    if not m:
+        raise Malformed(f"bad environment line {line.strip()[:80]!r}")
+    mapping = {**ENV_MAP, **FRACTIONS}
+    return {f"env/{m.group(1)}/{mapping.get(k) or _lower(k)}": clean_value(number(v))
+            for k, v in _fields(m.group(2)).items()}
+
+
+def eval_record(env: str, step: int, body: str) -> dict[str, Any]:
+    """A v0.8 eval line's fields (`Policy v5 |   21.0s | Reward 0.6000 | ...`) at the step it names."""
+    head, _, rest = body.partition(" | ")
+    pm = _POLICY.match(head.strip())
+    if not pm:
+        raise Malformed(f"bad eval line of {env!r}: {body[:80]!r}")
+    fields = _fields(rest)
+    rec: dict[str, Any] = {"step": step}
+    if "Reward" in fields:  # first: the doctor's eval rules take the first eval/ key
+        rec[f"eval/{env}/reward"] = clean_value(number(fields.pop("Reward")))
+    time_s = fields.pop("Time", None)
+    for k, v in fields.items():
+        rec[f"eval/{env}/{FRACTIONS.get(k) or _lower(k)}"] = clean_value(number(v))
+    rec[f"{NAME}/eval/{env}/policy_version"] = int(pm.group(1))
+    if time_s is not None:
+        rec[f"{NAME}/eval/{env}/time_s"] = clean_value(number(time_s))
+    return rec
+
+
+def _lower(key: str) -> str:
+    return key.lower().replace(". ", "_").replace(" ", "_").replace(".", "").replace("-", "_")
+
+
+def _fields(body: str) -> dict[str, Any]:
+    """`Key: value | ...` (v0.3) or `Key value | ...` (v0.8) fields, units dropped, the time in seconds."""
+    fields: dict[str, Any] = {}
+    for i, part in enumerate(body.split(" | ")):
+        part = part.strip()
+        key, sep, value = part.partition(": ")
+        if not sep:  # v0.8: `Key value`, or the bare time right after the step
+            kv = _KEY_VALUE.match(part)
+            if kv:
+                key, value = kv.group(1), kv.group(2)
+            elif i == 0 and duration(part) is not None:
+                key, value = "Time", part
+            else:
+                raise Malformed(f"bad field {part!r}")
+        key, value = key.strip(), value.strip()
+        if key == "Time":
+            secs = duration(value)
+            fields[key] = secs if secs is not None else value
+            continue
+        if key in FRACTIONS and value.endswith("%"):
+            fields[key] = number(value[:-1]) / 100 if isinstance(number(value[:-1]), float | int) else value
+            continue
+        vm = _UNITS.match(value) or _LEADING.match(value)
+        fields[key] = vm.group(1) if vm else value
+    return fields

@@ -1,0 +1,397 @@
+"""The metrics stream of a run: ingest the raw log into metrics.jsonl incrementally, read it back fast.
+
+Ingestion remembers its byte offset (and the log's inode) in `.ingest.json`, so the supervisor, a later
+`rlctl status` or `rlctl logs --metrics` can each continue where the last one stopped. Only complete lines are
+parsed; a truncated or rotated log restarts from its beginning. Nothing here ever raises on bad input.
+
+The backend's adapter reads the lines (`rlctl.backends.get_backend(name).parse`, pre-filtered by its
+`metric_needles`); this module knows no backend. A record the adapter says goes on in the next lines (`Incomplete`)
+is retried with them joined; lines that look like metrics but are not understood are counted, and the first few kept
+(`IngestState.examples`), so nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from stat import S_ISREG
+from typing import Any
+
+from tests.ingest_reference.parsers import Incomplete, strip_ansi
+
+LOG = "stdout.log"
+BACKEND_METRICS = "backend_metrics.jsonl"  # structured metrics a backend writes itself (e.g. through rlctl's patch)
+SOURCES = "logs"  # more logs of an attached run (symlinks to the backend's own files), each followed like LOG
+METRICS = "metrics.jsonl"
+STEP_FLOOR = ".step_floor"  # see step_floor()
+STATE = ".ingest.json"
+CHUNK = 8 * 1024 * 1024
+MAX_EXAMPLES = 5
+PENDING_LINES = 64  # a record wrapped over more lines than this is given up (counted as not understood)
+PENDING_BYTES = 256 * 1024
+
+
+@dataclass
+class IngestState:
+    offset: int = 0
+    inode: int = 0
+    lines: int = 0
+    records: int = 0
+    skipped: int = 0  # lines that looked like metrics but were not understood
+    restarts: int = 0  # how often the log was found truncated or replaced
+    last_step: int = 0  # the step of the last record (counted steps continue from it)
+    pending: str = ""  # the start of a record that continues on the next lines
+    pending_lines: int = 0
+    examples: list[str] = field(default_factory=list)  # the first lines not understood, with their line number
+
+
+_ADAPTERS: dict[str, Any] = {}
+
+
+def adapter(backend: str) -> Any | None:
+    """The backend's adapter (adapters are stateless: one per process), or None when no such backend is installed."""
+    from rlctl.backends import get_backend
+    from rlctl.errors import RlctlError
+
+    if backend not in _ADAPTERS:
+        try:
+            _ADAPTERS[backend] = get_backend(backend)
+        except (RlctlError, ImportError, AttributeError):
+            return None
+    return _ADAPTERS[backend]
+
+
+def _load_states(run_dir: Path) -> dict[str, IngestState]:
+    known = set(IngestState.__dataclass_fields__)
+    try:
+        raw = json.loads((run_dir / STATE).read_text())
+        return {name: IngestState(**{k: v for k, v in st.items() if k in known}) for name, st in raw.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _save_states(run_dir: Path, states: dict[str, IngestState]) -> None:
+    tmp = run_dir / (STATE + ".tmp")
+    tmp.write_text(json.dumps({name: asdict(st) for name, st in states.items()}))
+    os.replace(tmp, run_dir / STATE)
+
+
+def split_segments(line: str) -> list[str]:
+    """A raw line may hold carriage-return progress-bar frames: every segment is looked at."""
+    if "\x1b" in line:
+        line = strip_ansi(line)
+    if "\r" not in line:
+        return [line] if line.strip() else []
+    return [seg for seg in line.split("\r") if seg.strip()]
+
+
+def parse_line(parser: Callable[[str], dict[str, Any] | None], line: str) -> tuple[list[dict[str, Any]], int]:
+    """Records of one line, and how many of its segments looked like metrics but were not understood."""
+    records, skipped = [], 0
+    for seg in split_segments(line):
+        try:
+            rec = parser(seg)
+        except Exception:  # Malformed, or a parser bug: count the line, never stop ingestion
+            skipped += 1
+            continue
+        if rec is not None:
+            records.append(rec)
+    return records, skipped
+
+
+def assign_steps(records: list[dict[str, Any]], st: IngestState) -> list[dict[str, Any]]:
+    """Give every record an int step: its own, the next counted one (no `step`), or the current one (None)."""
+    out = []
+    for rec in records:
+        step = rec.get("step", ...)
+        if step is ...:
+            step = st.last_step + 1
+        elif step is None:
+            step = st.last_step
+        if not isinstance(step, int):
+            continue
+        st.last_step = step
+        out.append({**rec, "step": step})
+    return out
+
+
+def write_records(path: Path, records: list[dict[str, Any]], now: float | None = None) -> None:
+    if not records:
+        return
+    t = now if now is not None else time.time()
+    buf = []
+    for rec in records:
+        out = {"step": rec["step"], "time": round(t, 3)}
+        out.update({k: v for k, v in rec.items() if k != "step"})
+        buf.append(json.dumps(out, allow_nan=False, default=str))
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write("\n".join(buf) + "\n")  # one write: a reader never sees half a record from us
+
+
+def log_files(run_dir: Path) -> list[str]:
+    """The files ingested for a run, relative to it: the log, a backend's metrics file, an attached run's logs."""
+    names = [LOG, BACKEND_METRICS]
+    extra = run_dir / SOURCES
+    if extra.is_dir():
+        names += sorted(f"{SOURCES}/{p.name}" for p in extra.iterdir() if p.is_file())
+    return [n for n in names if (run_dir / n).exists()]
+
+
+def step_floor(run_dir: Path) -> int:
+    """The last step a restarted run had streamed before its restart (written by its supervisor at the restart):
+    the new attempt repeats the steps after its checkpoint, and those repeats are dropped. -1: none."""
+    try:
+        return int((run_dir / STEP_FLOOR).read_text().strip())
+    except (OSError, ValueError):
+        return -1
+
+
+def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | None:
+    """Parse whatever complete lines the logs gained since last time. With final=True a last line without a
+    newline is parsed too (the process has ended), and a record left unfinished is counted as not understood.
+    Returns the totals, or None if another process is ingesting right now (or the backend is unknown)."""
+    ad = adapter(backend)
+    files = log_files(run_dir)
+    if ad is None or not files:
+        return None
+    with open(run_dir / ".ingest.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None
+        states = _load_states(run_dir)
+        reader = _Reader(ad.parse, tuple(getattr(ad, "metric_needles", ()) or ()), run_dir / METRICS)
+        reader.floor = step_floor(run_dir)
+        for name in files:
+            states[name] = reader.file(run_dir / name, states.get(name, IngestState()), final)
+        _save_states(run_dir, states)
+        return _total(states)
+
+
+class _Reader:
+    def __init__(self, parser: Callable[[Any], dict[str, Any] | None], needles: tuple[str, ...], out: Path):
+        self.parser, self.needles, self.out = parser, needles, out
+        self.floor = -1
+
+    def file(self, log: Path, st: IngestState, final: bool) -> IngestState:
+        try:
+            stat = log.stat()
+        except OSError:
+            return st
+        if not S_ISREG(stat.st_mode):  # a FIFO or device named like the log would block or never end
+            return st
+        if stat.st_ino != st.inode or stat.st_size < st.offset:
+            if st.inode:  # rotated or truncated while followed
+                st.restarts += 1
+            st.offset, st.inode, st.pending, st.pending_lines = 0, stat.st_ino, "", 0
+        with log.open("rb") as fh:
+            fh.seek(st.offset)
+            carry = b""
+            while True:
+                chunk = fh.read(CHUNK)
+                if not chunk:
+                    break
+                data = carry + chunk
+                cut = data.rfind(b"\n")
+                if cut < 0:
+                    carry = data
+                    continue
+                complete, carry = data[: cut + 1], data[cut + 1:]
+                self.consume(complete, st)
+                st.offset += len(complete)
+            if final and carry:
+                self.consume(carry, st)
+                st.offset += len(carry)
+        if final and st.pending:
+            self.not_understood(st, st.pending)
+            st.pending, st.pending_lines = "", 0
+        return st
+
+    def not_understood(self, st: IngestState, text: str, line_no: int | None = None) -> None:
+        st.skipped += 1
+        if len(st.examples) < MAX_EXAMPLES:
+            first = text.strip().split("\n")[0]
+            n = line_no if line_no is not None else st.lines - st.pending_lines
+            st.examples.append(f"line {n}: {first[:200]}")
+
+    def _starts_record(self, line: str) -> bool:
+        if self.needles and not any(n in line for n in self.needles):
+            return False
+        try:
+            return self.parser(strip_ansi(line).split("\r")[-1]) is not None
+        except Exception:
+            return True
+
+    def consume(self, blob: bytes, st: IngestState) -> None:
+        text = blob.decode("utf-8", errors="replace")
+        records: list[dict[str, Any]] = []
+        needles = self.needles
+        for line in text.split("\n"):
+            if not line:
+                continue
+            st.lines += 1
+            if st.pending and self._continue(line, st, records):
+                continue
+            if needles and not any(n in line for n in needles):
+                continue
+            segments = split_segments(line)
+            counted: dict[str, Any] | None = None  # CR frames redraw one display: its last step-less record stands
+            for i, seg in enumerate(segments):
+                try:
+                    rec = self.parser(seg)
+                except Incomplete:
+                    if i == len(segments) - 1:
+                        st.pending, st.pending_lines = seg, 1
+                    else:
+                        self.not_understood(st, seg, st.lines)
+                    continue
+                except Exception:  # Malformed, or a parser bug: count the line, never stop ingestion
+                    self.not_understood(st, seg, st.lines)
+                    continue
+                if rec is None:
+                    continue
+                if "step" in rec or len(segments) == 1:
+                    records.append(rec)
+                else:
+                    counted = rec
+            if counted is not None:
+                records.append(counted)
+        records = [r for r in assign_steps(records, st) if r["step"] > self.floor]
+        st.records += len(records)
+        write_records(self.out, records)
+
+    def _continue(self, line: str, st: IngestState, records: list[dict[str, Any]]) -> bool:
+        """Join a line to the pending record. True when the line was used up by it."""
+        if self._starts_record(line):  # a new record begins: the pending one was cut
+            self.not_understood(st, st.pending)
+            st.pending, st.pending_lines = "", 0
+            return False
+        joined = st.pending + "\n" + (strip_ansi(line) if "\x1b" in line else line)
+        try:
+            rec = self.parser(joined)
+        except Incomplete:
+            if st.pending_lines + 1 >= PENDING_LINES or len(joined) > PENDING_BYTES:
+                self.not_understood(st, st.pending)
+                st.pending, st.pending_lines = "", 0
+                return False
+            st.pending, st.pending_lines = joined, st.pending_lines + 1
+            return True
+        except Exception:
+            st.pending_lines += 1
+            self.not_understood(st, st.pending)
+            st.pending, st.pending_lines = "", 0
+            return True
+        st.pending, st.pending_lines = "", 0
+        if rec is None:
+            return False
+        records.append(rec)
+        return True
+
+
+def _total(states: dict[str, IngestState]) -> IngestState:
+    t = IngestState()
+    for st in states.values():
+        t.lines += st.lines
+        t.records += st.records
+        t.skipped += st.skipped
+        t.restarts += st.restarts
+        t.examples += st.examples[: max(0, MAX_EXAMPLES - len(t.examples))]
+    main = states.get(LOG)
+    if main:
+        t.offset, t.inode = main.offset, main.inode
+    return t
+
+
+def unparsed_report(st: IngestState | None) -> str | None:
+    """What a person should hear about lines that looked like metrics but were not understood."""
+    if st is None or not st.skipped:
+        return None
+    shown = "\n".join(f"  {e}" for e in st.examples)
+    return (f"{st.skipped} line(s) looked like metrics but were not understood" + (f"; the first:\n{shown}"
+            if shown else ""))
+
+
+def ingest_stats(run_dir: Path) -> IngestState:
+    return _total(_load_states(run_dir))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return S_ISREG(path.stat().st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _sane_record(rec: Any) -> dict[str, Any] | None:
+    """A record as readers may trust it: an integer step (not a bool), and `time` a finite number or absent — a
+    damaged or hand-edited metrics.jsonl must not break status, doctor or metrics."""
+    if not isinstance(rec, dict):
+        return None
+    step = rec.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return None
+    t = rec.get("time")
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t != t or t in (INF, -INF)):
+        rec = {k: v for k, v in rec.items() if k != "time"}
+    return rec
+
+
+INF = float("inf")
+
+
+def iter_metrics(path: Path) -> Iterator[dict[str, Any]]:
+    """Every record of a metrics.jsonl; a damaged line (e.g. a crash mid-write elsewhere) is skipped."""
+    if not _regular(path):  # absent, or a FIFO/device that would block
+        return
+    with contextlib.suppress(FileNotFoundError), path.open("r", encoding="utf-8", errors="replace") as fh:
+        for line in fh:
+            try:
+                rec = _sane_record(json.loads(line))
+            except (ValueError, RecursionError):
+                continue
+            if rec is not None:
+                yield rec
+
+
+def tail_records(path: Path, max_bytes: int = 4 * 1024 * 1024) -> list[dict[str, Any]]:
+    """The records in the last `max_bytes` of a metrics file: what status needs, read from the end."""
+    try:
+        st = path.stat()
+    except OSError:
+        return []
+    if not S_ISREG(st.st_mode):
+        return []
+    size = st.st_size
+    with path.open("rb") as fh:
+        start = max(0, size - max_bytes)
+        fh.seek(start)
+        data = fh.read()
+    if start:
+        data = data[data.find(b"\n") + 1:]
+    out = []
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        try:
+            rec = _sane_record(json.loads(line))
+        except (ValueError, RecursionError):
+            continue
+        if rec is not None:
+            out.append(rec)
+    return out
+
+
+def by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Merge records per step (a step can be reported in several lines, e.g. by two processes of one run)."""
+    merged: dict[int, dict[str, Any]] = {}
+    for rec in records:
+        merged.setdefault(rec["step"], {}).update(rec)
+    return dict(sorted(merged.items()))

@@ -1,0 +1,214 @@
+"""The fast ingestion path (chunk prefilter, bulk readers, JSON in C) reads exactly what the line-by-line reader of
+af8ba80 read (tests/ingest_reference, frozen), on the committed fixtures and on generated lines; following a log
+costs only its new bytes."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlctl.metrics import stream
+from rlctl.metrics.stream import METRICS, IngestState, _Reader, adapter, ingest
+from tests.conftest import FIXTURES
+from tests.ingest_reference import ingest_file
+
+OLD_FORMATS = [  # the fixtures of formats the af8ba80 reader read (later ones: tests/test_metrics_formats.py)
+    *((p, "verl") for p in sorted((FIXTURES / "verl").glob("*.log"))),
+    *((p, "prime_rl") for p in sorted((FIXTURES / "prime_rl").glob("*.log"))),
+    *((FIXTURES / f"openrlhf/console-{v}.log", "openrlhf") for v in ("0.6.0", "0.9.3", "0.11.2")),
+    (FIXTURES / "trl/stdout.log", "trl"),
+    (FIXTURES / "trl/console-no-step.log", "trl"),
+]
+
+
+def _records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [{k: v for k, v in json.loads(line).items() if k != "time"} for line in path.read_text().splitlines()]
+
+
+def both(log: Path, backend: str, tmp: Path, chunk: int | None = None) -> tuple:
+    """(old, new): each reader's records and counts on one log."""
+    old = ingest_file(log, backend, tmp / "old.jsonl")
+    ad = adapter(backend)
+    reader = _Reader(ad.parse, tuple(ad.metric_needles), tmp / "new.jsonl", getattr(ad, "metric_bulk", None))
+    if chunk:
+        saved, stream.CHUNK = stream.CHUNK, chunk
+    try:
+        new = reader.file(log, IngestState(), True)
+    finally:
+        if chunk:
+            stream.CHUNK = saved
+    a = (_records(tmp / "old.jsonl"), old.lines, old.records, old.skipped, old.examples, old.last_step)
+    b = (_records(tmp / "new.jsonl"), new.lines, new.records, new.skipped, new.examples, new.last_step)
+    (tmp / "old.jsonl").unlink(missing_ok=True)
+    (tmp / "new.jsonl").unlink(missing_ok=True)
+    return a, b
+
+
+@pytest.mark.parametrize("log,backend", OLD_FORMATS, ids=lambda x: getattr(x, "name", x))
+def test_fast_path_reads_the_fixtures_exactly_as_before(log, backend, tmp_path):
+    old, new = both(log, backend, tmp_path)
+    assert old[0], "the fixture gives records"
+    assert new == old
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1000])
+def test_chunk_boundaries_change_nothing(chunk, tmp_path):
+    """Lines cut by the chunk size (a record wrapped over lines, CR frames, ANSI) read the same as in one chunk."""
+    for log, backend in [(FIXTURES / "openrlhf/console-0.9.3.log", "openrlhf"), (FIXTURES / "verl/console.log", "verl"),
+                         (FIXTURES / "prime_rl/orchestrator.log", "prime_rl")]:
+        old, new = both(log, backend, tmp_path, chunk=chunk)
+        assert new == old
+
+
+# ---- generated lines -----------------------------------------------------------------------------------------
+
+KEYS = st.sampled_from(["actor/entropy", "actor/kl_loss", "critic/kl", "actor/pg_loss", "critic/score/mean",
+                        "val-core/gsm8k/acc/mean@1", "val/x", "actor/entropy_loss", "actor/reward_kl_penalty",
+                        "timing_s/gen", "perf/throughput", "response_length/mean", "a b", "x:y", "step", "time",
+                        "global_seqlen/mean", "loss", "reward", "learning_rate", "eval_loss", "train_runtime",
+                        "clip_ratio/region_mean", "clip_ratio", "policy_loss", "kl", "actor_lr", "k'q", ""])
+NUMBER = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=64).map(repr),
+    st.integers(-10**20, 10**20).map(str),
+    st.sampled_from(["0.000", "1e-06", "1E5", "-0", "-0.0", "01", ".5", "1.", "+3", "1e400", "1e-400", "nan", "inf",
+                     "np.float64(0.5)", "np.float32(nan)", "tensor(0.5)", "True", "None", "abc", "1.2s", " 7",
+                     "12345678901234567", "9007199254740993", "'0.5'", '"x"', "\\n", "{", "}", "[1]"]),
+)
+
+
+@st.composite
+def verl_line(draw) -> str:
+    fields = draw(st.lists(st.tuples(KEYS, NUMBER), max_size=8))
+    sep = draw(st.sampled_from([" - ", " - ", " - ", " -  ", "  - ", " -\t"]))
+    body = sep.join(f"{k}:{v}" for k, v in fields)
+    prefix = draw(st.sampled_from(["", "", "(TaskRunner pid=9) ", "(pid=1, ip=10.0.0.1) ", "  ", "\x1b[36m", "x "]))
+    suffix = draw(st.sampled_from(["", "", " -", " - ", " [repeated 3x across cluster]", "\x1b[0m", "\r"]))
+    step = draw(st.sampled_from(["1", "2", "007"]))  # garbled steps: counted now (test_metrics_formats.py)
+    return f"{prefix}step:{step}" + (f" - {body}" if body or draw(st.booleans()) else "") + suffix
+
+
+@st.composite
+def dict_line(draw) -> str:
+    fields = draw(st.lists(st.tuples(KEYS, NUMBER), max_size=8))
+    quote = draw(st.sampled_from(["", "'", "'"]))
+    inner = ", ".join(f"'{k}': {quote}{v}{quote}" for k, v in fields)
+    step = draw(st.sampled_from(["", ", 'step': 3", ", 'step': '4'"]))
+    head = draw(st.sampled_from(["", "(PPOTrainer pid=4242) INFO 01-06 09:20:11 ppo_trainer.py:321] ✨ Global step 5: ",
+                                 "Global step 6: ", "  "]))
+    tail = draw(st.sampled_from(["}", "}", "", "} \r{'loss': 1.0}"]))  # `...}` cut dicts: read now (ditto)
+    return head + "{" + inner + step + tail
+
+
+@st.composite
+def prime_line(draw) -> str:
+    n = draw(st.integers(0, 9))
+    fields = draw(st.lists(st.tuples(st.sampled_from(["Reward", "Loss", "Time", "Seq. Length", "Throughput",
+                                                     "Grad. Norm", "LR", "Truncation", "Odd"]), NUMBER), max_size=6))
+    colon = draw(st.sampled_from([": ", " "]))
+    return f"02:33:26 SUCCESS Step {n} | " + " | ".join(f"{k}{colon}{v}" for k, v in fields)
+
+
+@st.composite
+def command_line(draw) -> str:
+    value = st.one_of(st.integers(-10**20, 10**20).map(str), st.floats(allow_nan=False).map(repr),
+                      st.sampled_from(["NaN", "Infinity", "true", "null", '"x"', "[1]", "{}", "1e400", "-0", "01"]))
+    fields = draw(st.lists(st.tuples(st.sampled_from(["step", "loss", "reward/mean", "kl", "x"]), value), max_size=6))
+    inner = ", ".join(f'"{k}": {v}' for k, v in fields)
+    tail = draw(st.sampled_from(["}}", "}}", "}} ", "}", "}}\r"]))
+    return '{"rlctl_command": {' + inner + tail
+
+
+FILLER = ["INFO vllm: Avg prompt throughput: 1523.4 tokens/s", "", "Generating: 50%|#####| 64/128", "\r", "  "]
+
+
+def _log(lines: list[str], rnd: random.Random) -> str:
+    out = []
+    for line in lines:
+        out.append(line)
+        out.extend(rnd.choice(FILLER) for _ in range(rnd.randint(0, 2)))
+    return "\n".join(out) + rnd.choice(["\n", ""])
+
+
+@pytest.mark.parametrize("backend,lines", [("verl", verl_line()), ("openrlhf", dict_line()), ("trl", dict_line()),
+                                           ("prime_rl", prime_line()), ("command", command_line())])
+def test_fast_path_reads_generated_lines_exactly_as_before(backend, lines, tmp_path):
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(lines, min_size=1, max_size=12), st.randoms(use_true_random=False))
+    def check(generated, rnd):
+        log = tmp_path / "gen.log"
+        log.write_text(_log(generated, rnd))
+        old, new = both(log, backend, tmp_path)
+        assert new == old, log.read_text()
+
+    check()
+
+
+@given(st.lists(st.tuples(st.sampled_from(["step", "reward/mean", "kl", "x"]),
+                          st.one_of(st.integers(-10**25, 10**25), st.floats(), st.text(max_size=5), st.none())),
+                max_size=6))
+@settings(max_examples=80, deadline=None)
+def test_writer_fast_and_plain_give_the_same_records(pairs):
+    """The one-call JSON-lines writer and the record-by-record one write the same values."""
+    import tempfile
+
+    recs = [{"step": i, **dict(pairs)} | {"step": i} for i in range(3)]
+    with tempfile.TemporaryDirectory() as d:
+        a, b = Path(d) / "a", Path(d) / "b"
+        try:
+            stream.write_records(a, recs, now=5.0)
+        except ValueError:  # NaN: the standard library refuses it (clean_value never lets one through)
+            return
+        saved = stream._orjson
+        stream._orjson = None
+        try:
+            stream.write_records(b, recs, now=5.0)
+        except ValueError:
+            return
+        finally:
+            stream._orjson = saved
+        assert [json.loads(x) for x in a.read_text().splitlines()] == [
+            json.loads(x) for x in b.read_text().splitlines()]
+
+
+# ---- following a growing log ---------------------------------------------------------------------------------
+
+
+def _read_bytes() -> int:
+    """Bytes this process has read through read() and friends (Linux /proc/self/io `rchar`)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar")
+
+
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux /proc/self/io")
+def test_following_a_growing_log_reads_only_the_new_bytes(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    line = "(TaskRunner pid=1) step:{} - actor/pg_loss:0.1 - critic/score/mean:0.5 - " + "x/y:1.0 - " * 20 + "z:2\n"
+    filler = "INFO some noise that is not metrics " * 4 + "\n"
+    with (run / "stdout.log").open("w") as fh:
+        for i in range(1, 30001):
+            fh.write(line.format(i) + filler * 3)
+    big = (run / "stdout.log").stat().st_size
+    assert big > 20_000_000
+    ingest(run, "verl")
+    metrics_size = (run / METRICS).stat().st_size
+    with (run / "stdout.log").open("a") as fh:
+        fh.write(line.format(30001) + filler)
+    added = (run / "stdout.log").stat().st_size - big
+    before = _read_bytes()
+    st = ingest(run, "verl")
+    read = _read_bytes() - before
+    assert st.records == 30001
+    assert read < 64 * 1024 + added, f"read {read} bytes to ingest {added} new ones of a {big}-byte log"
+    assert (run / METRICS).stat().st_size > metrics_size
+    recs = stream.tail_records(run / METRICS, 4096)
+    assert recs[-1]["step"] == 30001
