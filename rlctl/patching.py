@@ -43,6 +43,7 @@ class PatchSet:
     description: str
     patches: list[PatchEntry] = field(default_factory=list)
     source: str = "bundled"
+    fixes: list[str] = field(default_factory=list)  # preflight checks the set declares it fixes (manifest `fixes`)
 
 
 @dataclass
@@ -82,8 +83,11 @@ def load_set(root: Path, source: str = "bundled") -> PatchSet:
         entries.append(PatchEntry(f, list(targets), str(p.get("purpose", ""))))
     if not entries:
         raise PatchError(f"{manifest}: the set has no [[patch]] entries.")
+    fixes = data.get("fixes", [])
+    if not isinstance(fixes, list) or not all(isinstance(c, str) for c in fixes):
+        raise PatchError(f"{manifest}: `fixes` must be a list of preflight check names, e.g. [\"disk.lora_zero3\"].")
     return PatchSet(f"{data['backend']}/{data['version']}", root, data["backend"], data["package"], data["version"],
-                    str(data.get("description", "")), entries, source)
+                    str(data.get("description", "")), entries, source, list(fixes))
 
 
 def _targets_of(patch_file: Path) -> list[str]:

@@ -158,6 +158,8 @@ class Backend:
     needs_local_install: ClassVar[bool] = False  # True: the runtime must be importable where rlctl launches
     runs_on_cpu: ClassVar[bool] = False  # True: a run needs no GPU (resources.gpus_per_node = 0 is fine)
     install_hint: ClassVar[str] = ""  # how to get the runtime, besides `pip install <package>`
+    on_pypi: ClassVar[bool] = True  # False: `pip install <package>` cannot work, install_hint is the only way
+    honours_micro_batch: ClassVar[bool] = True  # False: the trainer forms its own micro batches (packing)
     sharding: ClassVar[str] = "plain"  # memory engine of the trainer: plain | fsdp (FSDP2) | fsdp1 | deepspeed
     # the optimizer step's temporaries: torch's AdamW (foreach, its default on CUDA) makes one tensor the size of the
     # trainable parameters (sqrt of exp_avg_sq); fused implementations (torch fused, DeepSpeed FusedAdam) none
@@ -197,6 +199,16 @@ class Backend:
 
     def uses_vllm(self, recipe: Recipe) -> bool:
         return True
+
+    def samples_per_step(self, recipe: Recipe) -> int:
+        """Samples one rollout generates as this backend counts them (default: prompts_per_step x group_size)."""
+        return recipe.samples_per_rollout
+
+    def placement_errors(self, recipe: Recipe) -> list[Finding]:
+        """Placements of GPUs, engines and TP that this backend's own code refuses beyond rlctl's shared arithmetic
+        (e.g. a colocation that must be exactly engines x TP). unhonoured() reports them (render refuses) and
+        preflight's placement.gpus FAILs with them: the two say the same."""
+        return []
 
     # ---- steps and schedule ------------------------------------------------------------------------------------
     def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:

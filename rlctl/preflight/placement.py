@@ -44,6 +44,9 @@ def gpus(ctx: Context) -> Result:
     if need > have:
         return Result("placement.gpus", FAIL, f"needs {need} GPUs ({how}) but the recipe has {res.nodes} x {per_node}",
                       "add GPUs (resources.nodes / gpus_per_node), fewer engines, or colocate")
+    own = [f for f in ctx.backend.placement_errors(r) if f.level == "error"]
+    if own:  # what the backend's own code refuses beyond the shared arithmetic (render refuses it too)
+        return Result("placement.gpus", FAIL, f"{own[0].message}: {how}", own[0].fix)
     return Result("placement.gpus", OK, f"{how} on {res.nodes} x {per_node} GPUs")
 
 
@@ -65,23 +68,45 @@ def tp_heads(ctx: Context) -> Result | None:
                   f"TP {tp} divides {arch.heads} attention heads and fits {arch.kv_heads} KV heads")
 
 
+def _divisor_near(n: int, target: int, multiple_of: int) -> int | None:
+    """The divisor of n that is a multiple of `multiple_of` closest to target (the smaller on a tie), or None."""
+    found = [d for d in range(multiple_of, n + 1, multiple_of) if n % d == 0]
+    return min(found, key=lambda d: (abs(d - target), d)) if found else None
+
+
+def batch_fix(samples: int, tbs: int, mb: int, dp: int) -> dict[str, int] | None:
+    """The nearest batch arithmetic that works: keep the train batch and lower the micro batch where that is enough,
+    else the train batch that divides the rollout nearest to the recipe's (with the largest micro batch that fits)."""
+    if samples % tbs == 0:
+        for m in range(mb, 0, -1):
+            if tbs % (m * dp) == 0:
+                return {"train.micro_batch_size": m}
+    for m in range(mb, 0, -1):
+        near = _divisor_near(samples, tbs, m * dp)
+        if near:
+            return {"train.train_batch_size": near, **({"train.micro_batch_size": m} if m != mb else {})}
+    return None
+
+
 @check("placement.batch")
 def batch(ctx: Context) -> list[Result]:
     r = ctx.recipe
     out = []
-    samples = r.samples_per_rollout
+    samples = ctx.backend.samples_per_step(r)
     tbs = r.train.train_batch_size
     dp = max(r.trainer_gpu_count, 1)
-    mb = r.train.micro_batch_size
+    mb = r.train.micro_batch_size if ctx.backend.honours_micro_batch else 1
+    problems = []
     if samples % tbs:
-        out.append(Result("placement.batch", FAIL,
-                          f"a rollout of {r.rollout.prompts_per_step} prompts x {r.rollout.group_size} = {samples} "
-                          f"samples does not divide into train batches of {tbs}",
-                          f"make train.train_batch_size a divisor of {samples}"))
+        problems.append(f"a rollout of {r.rollout.prompts_per_step} prompts x {r.rollout.group_size} = {samples} "
+                        f"samples does not divide into train batches of {tbs}")
     if tbs % (mb * dp):
-        out.append(Result("placement.batch", FAIL,
-                          f"train batch {tbs} is not a multiple of micro batch {mb} x {dp} data-parallel GPUs",
-                          f"make train.train_batch_size a multiple of {mb * dp}"))
+        problems.append(f"train batch {tbs} is not a multiple of micro batch {mb} x {dp} data-parallel GPUs")
+    if problems:
+        fix = batch_fix(samples, tbs, mb, dp)
+        out.append(Result("placement.batch", FAIL, "; ".join(problems),
+                          ("set " + ", ".join(f"{k} = {v}" for k, v in fix.items())) if fix else
+                          f"make train.train_batch_size a divisor of {samples} and a multiple of {dp} GPUs", set=fix))
     out += ctx.backend.preflight(ctx, "placement")
     if not out:
         steps = samples // tbs

@@ -417,6 +417,11 @@ class OpenRLHFBackend(Backend):
 
         return unhonoured(self, recipe)
 
+    def placement_errors(self, recipe: Recipe) -> list[Finding]:
+        from rlctl.backends.openrlhf.honour import placement_errors
+
+        return placement_errors(self, recipe)
+
     # ---- metrics and checkpoints -----------------------------------------------------------------------------
     def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
         """A log line (or a W&B/TensorBoard row) in rlctl's unified names: see openrlhf/metrics.py."""

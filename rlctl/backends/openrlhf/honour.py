@@ -8,6 +8,7 @@ The facts behind each rule are cited from OpenRLHF's released code (the same in 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends.base import Finding
@@ -80,6 +81,18 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
 
     # steps and warmup
     steps = plan_steps(r, backend._dataset_size(r))
+    if steps.max_samples is not None and r.data.eval:
+        # trainer/ppo_trainer.py prepare_datasets: eval_data.select(range(min(max_samples, len(eval_data)))), the
+        # same --max_samples that caps the training prompts (0.9.3 :51, 0.11.2 :59)
+        from rlctl.recipe.data import count_records, is_local
+
+        n_eval = count_records(r.data.eval) if is_local(r.data.eval) else None
+        if n_eval is None or n_eval > steps.max_samples:
+            cut = f"{n_eval} to {steps.max_samples}" if n_eval is not None else f"to its first {steps.max_samples}"
+            add("warn", "data.eval", f"train.steps is rendered as --max_samples {steps.max_samples}, which also cuts "
+                f"the eval set ({cut} prompts; trainer/ppo_trainer.py prepare_datasets)",
+                "drop train.steps (use train.episodes), or keep an eval file of at most "
+                f"{steps.max_samples} prompts")
     for level, key, message in steps.problems:
         add(level, key, message)
     if r.optim.warmup_steps is not None and steps.horizon is None:
@@ -118,9 +131,7 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
         add("warn", "resources.trainer_gpus", "OpenRLHF's actors and vLLM engines are placed by Ray: GPU ids cannot be "
             "chosen, only their counts are honoured")
     trainer = r.trainer_gpu_count
-    if res.colocate and trainer != r.inference_gpu_count:
-        add("error", "resources.colocate", f"colocated, train() asserts actor GPUs ({trainer}) == vLLM engines x TP "
-            f"({r.inference_gpu_count})", "set rollout.engines x rollout.tensor_parallel to the trainer's GPU count")
+    out += placement_errors(backend, r)
     micro = r.rollout.micro_batch_size or r.train.micro_batch_size
     if r.rollout.group_size * r.rollout.prompts_per_step // micro < trainer:
         add("error", "rollout.prompts_per_step", "train_ppo_ray asserts the sample batches of a rollout "
@@ -150,6 +161,18 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
     return out
 
 
+def placement_errors(backend: Any, recipe: Recipe) -> list[Finding]:
+    r = recipe
+    trainer = r.trainer_gpu_count
+    if r.resources.colocate and trainer != r.inference_gpu_count:
+        engines = trainer // r.rollout.tensor_parallel
+        fix = (f"set rollout.engines = {engines}" if engines * r.rollout.tensor_parallel == trainer else
+               "set rollout.engines x rollout.tensor_parallel to the trainer's GPU count")
+        return [Finding("error", "resources.colocate", f"colocated, train() asserts actor GPUs ({trainer}) == vLLM "
+                        f"engines x TP ({r.inference_gpu_count}) (openrlhf {backend.target_version(r)})", fix)]
+    return []
+
+
 def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
     from rlctl.preflight import FAIL, OK, WARN, Result
 
@@ -174,13 +197,28 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
             out.append(Result("disk.deepspeed", WARN,
                               "DeepSpeed checkpoints are on (OpenRLHF's default): optimizer + model states every save",
                               "set checkpoint.save_optimizer = false (--disable_ds_ckpt) if HF checkpoints suffice"))
-        if r.lora and r.train.zero_stage == 3 and (r.patches.set or "") != f"openrlhf/{r.backend.version}":
+        if r.lora and r.train.zero_stage == 3 and "disk.lora_zero3" not in _patch_set_fixes(r):
             out.append(Result("disk.lora_zero3", WARN,
                               "OpenRLHF LoRA + ZeRO-3 saves full-model shards next to the adapter (~200 GB for 20B)",
-                              "apply the openrlhf save_model patch set (patches.set) or use ZeRO-2"))
+                              "set train.zero_stage = 2, or a patch set whose manifest declares "
+                              "fixes = [\"disk.lora_zero3\"] (patches.set; no bundled set has one)",
+                              set={"train.zero_stage": 2}))
         if r.checkpoint.every and not r.checkpoint.keep_last:
             out.append(Result("disk.hf_exports", WARN,
                               "OpenRLHF never deletes its HF exports (global_stepN_hf): one per checkpoint.every "
                               "steps stays on disk for the whole run", "set checkpoint.keep_last (rlctl then prunes "
                               "them during the run)"))
     return out
+
+
+def _patch_set_fixes(recipe: Recipe) -> list[str]:
+    """The checks the recipe's patch set declares it fixes (its manifest's `fixes`): only those may go silent."""
+    if not recipe.patches.set:
+        return []
+    from rlctl.patching import find_set
+
+    try:
+        user_dir = Path(recipe.patches.dir) if recipe.patches.dir else None
+        return find_set(recipe.patches.set, user_dir).fixes
+    except Exception:  # an unknown set is reference.patches' finding; here it fixes nothing
+        return []

@@ -315,7 +315,11 @@ class VerlBackend(Backend):
         version = recipe.backend.version or installed_version("verl") or self.known_versions[-1]
         if version not in self.known_versions:
             return []  # render reports the unknown version
-        return unhonoured(self, recipe, snapshot(version))
+        # the batch splits verl refuses (validate_config) or asserts after the first rollout (update_actor): render
+        # shows them too, not only preflight's placement.batch
+        own = [Finding("error", "train.train_batch_size", res.figure, res.fix) for res in placement_rules(recipe)
+               if res.verdict == "fail"]
+        return unhonoured(self, recipe, snapshot(version)) + own
 
     # ---- validation ------------------------------------------------------------------------------------------
     def definitions(self, installed: str | None, wanted: str) -> tuple[set[str], str, str]:
