@@ -160,6 +160,12 @@ class Backend:
     install_hint: ClassVar[str] = ""  # how to get the runtime, besides `pip install <package>`
     on_pypi: ClassVar[bool] = True  # False: `pip install <package>` cannot work, install_hint is the only way
     honours_micro_batch: ClassVar[bool] = True  # False: the trainer forms its own micro batches (packing)
+    # True: the trainer's optimizer steps count micro batches across rollouts (DeepSpeed's accumulation), so a rollout
+    # need not split into whole train batches (the adapter warns that updates straddle rollouts)
+    updates_straddle_rollouts: ClassVar[bool] = False
+    # True: a train batch that is not a multiple of micro batch x GPUs is rounded (gradient accumulation = batch //
+    # (micro x GPUs)) rather than refused; the adapter says what runs
+    train_batch_rounds: ClassVar[bool] = False
     sharding: ClassVar[str] = "plain"  # memory engine of the trainer: plain | fsdp (FSDP2) | fsdp1 | deepspeed
     # the optimizer step's temporaries: torch's AdamW (foreach, its default on CUDA) makes one tensor the size of the
     # trainable parameters (sqrt of exp_avg_sq); fused implementations (torch fused, DeepSpeed FusedAdam) none

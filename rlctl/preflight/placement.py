@@ -74,10 +74,10 @@ def _divisor_near(n: int, target: int, multiple_of: int) -> int | None:
     return min(found, key=lambda d: (abs(d - target), d)) if found else None
 
 
-def batch_fix(samples: int, tbs: int, mb: int, dp: int) -> dict[str, int] | None:
+def batch_fix(samples: int, tbs: int, mb: int, dp: int, straddle: bool = False) -> dict[str, int] | None:
     """The nearest batch arithmetic that works: keep the train batch and lower the micro batch where that is enough,
     else the train batch that divides the rollout nearest to the recipe's (with the largest micro batch that fits)."""
-    if samples % tbs == 0:
+    if samples % tbs == 0 or straddle:
         for m in range(mb, 0, -1):
             if tbs % (m * dp) == 0:
                 return {"train.micro_batch_size": m}
@@ -97,13 +97,13 @@ def batch(ctx: Context) -> list[Result]:
     dp = max(r.trainer_gpu_count, 1)
     mb = r.train.micro_batch_size if ctx.backend.honours_micro_batch else 1
     problems = []
-    if samples % tbs:
+    if samples % tbs and not ctx.backend.updates_straddle_rollouts:
         problems.append(f"a rollout of {r.rollout.prompts_per_step} prompts x {r.rollout.group_size} = {samples} "
                         f"samples does not divide into train batches of {tbs}")
-    if tbs % (mb * dp):
+    if tbs % (mb * dp) and not ctx.backend.train_batch_rounds:
         problems.append(f"train batch {tbs} is not a multiple of micro batch {mb} x {dp} data-parallel GPUs")
     if problems:
-        fix = batch_fix(samples, tbs, mb, dp)
+        fix = batch_fix(samples, tbs, mb, dp, ctx.backend.updates_straddle_rollouts)
         out.append(Result("placement.batch", FAIL, "; ".join(problems),
                           ("set " + ", ".join(f"{k} = {v}" for k, v in fix.items())) if fix else
                           f"make train.train_batch_size a divisor of {samples} and a multiple of {dp} GPUs", set=fix))

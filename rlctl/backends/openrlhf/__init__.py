@@ -91,6 +91,7 @@ class OpenRLHFBackend(Backend):
     # bytes per (token x vocab) of the actor's log-probs: fp32 logits kept alive to the optimizer step (Actor.forward
     # casts the full-sequence logits) and flash-attn's cross-entropy gradient; 8.9 measured (bench/gpu_deepspeed.py)
     logit_bytes = 8.9
+    updates_straddle_rollouts = True  # DeepSpeed counts micro batches across rollouts (honour.py warns)
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
     known_versions = KNOWN_VERSIONS

@@ -170,6 +170,15 @@ def placement_errors(backend: Any, recipe: Recipe) -> list[Finding]:
                "set rollout.engines x rollout.tensor_parallel to the trainer's GPU count")
         return [Finding("error", "resources.colocate", f"colocated, train() asserts actor GPUs ({trainer}) == vLLM "
                         f"engines x TP ({r.inference_gpu_count}) (openrlhf {backend.target_version(r)})", fix)]
+    if not r.resources.colocate and r.algorithm.name == "ppo" and r.resources.gpus_per_node:
+        # the critic is its own RayActorGroup with the actor's GPU counts; only --colocate_all_models shares them
+        need = 2 * trainer + r.inference_gpu_count
+        if need > r.total_gpus:
+            fix = ("set resources.colocate = true (actor, critic and vLLM share the GPUs)"
+                   if r.inference_gpu_count == r.total_gpus else "more GPUs, or fewer engines")
+            return [Finding("error", "algorithm.name", f"ppo without colocation: actor {trainer} + critic {trainer} + "
+                            f"vLLM {r.inference_gpu_count} GPUs > {r.total_gpus}: Ray's placement groups would wait "
+                            f"forever (openrlhf {backend.target_version(r)})", fix)]
     return []
 
 
