@@ -37,7 +37,7 @@ class TRLBackend(Backend):
     precisions = ("mixed", "pure")
     logit_bytes = 3.0  # bf16 completion logits, row-wise log-softmax (measured on an H100, docs/memory.md)
     updates_straddle_rollouts = True  # generation_batch_size and gradient accumulation are independent in GRPOConfig
-    train_batch_rounds = True  # gradient_accumulation_steps = train_batch_size // (micro x processes): unhonoured() warns
+    train_batch_rounds = True  # accumulation = train_batch_size // (micro x processes): unhonoured() warns
 
     def uses_vllm(self, recipe: Recipe) -> bool:
         """TRL generates with the trainer's own model unless `use_vllm` is set in its extras."""
