@@ -166,6 +166,9 @@ class Backend:
     # True: a train batch that is not a multiple of micro batch x GPUs is rounded (gradient accumulation = batch //
     # (micro x GPUs)) rather than refused; the adapter says what runs
     train_batch_rounds: ClassVar[bool] = False
+    # True: the backend's own code refuses a group-normalised algorithm with one sample per prompt (False: it runs it,
+    # learning nothing; preflight warns)
+    refuses_single_sample_groups: ClassVar[bool] = True
     sharding: ClassVar[str] = "plain"  # memory engine of the trainer: plain | fsdp (FSDP2) | fsdp1 | deepspeed
     # the optimizer step's temporaries: torch's AdamW (foreach, its default on CUDA) makes one tensor the size of the
     # trainable parameters (sqrt of exp_avg_sq); fused implementations (torch fused, DeepSpeed FusedAdam) none

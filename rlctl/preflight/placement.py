@@ -100,7 +100,8 @@ def batch(ctx: Context) -> list[Result]:
     if samples % tbs and not ctx.backend.updates_straddle_rollouts:
         problems.append(f"a rollout of {r.rollout.prompts_per_step} prompts x {r.rollout.group_size} = {samples} "
                         f"samples does not divide into train batches of {tbs}")
-    if tbs % (mb * dp) and not ctx.backend.train_batch_rounds:
+    # a backend that packs its own micro batches spreads samples over its ranks by tokens: no divisibility to meet
+    if tbs % (mb * dp) and not ctx.backend.train_batch_rounds and ctx.backend.honours_micro_batch:
         problems.append(f"train batch {tbs} is not a multiple of micro batch {mb} x {dp} data-parallel GPUs")
     if problems:
         fix = batch_fix(samples, tbs, mb, dp, ctx.backend.updates_straddle_rollouts)
@@ -121,9 +122,13 @@ def group_size(ctx: Context) -> Result:
     r = ctx.recipe
     g = r.rollout.group_size
     if r.algorithm.name != "ppo" and g < 2:
-        return Result("placement.group_size", FAIL,
+        # FAIL where the backend refuses it; where it runs, every advantage is 0 and nothing is learned: said loudly
+        return Result("placement.group_size", FAIL if ctx.backend.refuses_single_sample_groups else WARN,
                       f"group_size {g}: {r.algorithm.name} normalises rewards within a group, one sample has no "
-                      "baseline", "set rollout.group_size >= 2 (4-16 is typical)")
+                      "baseline" + ("" if ctx.backend.refuses_single_sample_groups else
+                                    f" ({r.recipe_backend if False else r.backend.name} runs it: every advantage is "
+                                    "0, the run learns nothing)"),
+                      "set rollout.group_size >= 2 (4-16 is typical)")
     if r.algorithm.name != "ppo" and g < 4:
         return Result("placement.group_size", WARN, f"group_size {g}: advantage estimates are noisy",
                       "4-16 samples per prompt is typical")

@@ -81,6 +81,7 @@ class PrimeRLBackend(Backend):
     packages = ("prime-rl", "prime_rl")
     on_pypi = False
     honours_micro_batch = False  # it packs samples into seq_len-long micro batches itself
+    refuses_single_sample_groups = False  # rollouts_per_example = 1 passes its validators
     known_versions = ("0.3.0", "0.8.0")
     metric_needles = ("Step ", "╰─")  # as in prime_rl/metrics.py NEEDLES
     table_model = PrimeRLTable

@@ -271,7 +271,7 @@ class TRLBackend(Backend):
                            "transformers": "from transformers.training_args import TrainingArguments\n"}
                 if base:
                     sources["trl.trainer.base_config"] = base.read_text()
-                return set(dataclass_fields(sources, "GRPOConfig")), installed, f"installed {grpo}"
+                return _installed_fields(sources), installed, f"installed {grpo}"
         # not installed (or another release is): only an exact snapshot of the wanted release will do, never a neighbour
         self.require_known(wanted)
         snap = load_snapshot(self.name, wanted)
@@ -295,3 +295,15 @@ class TRLBackend(Backend):
         from rlctl.backends.trl.checkpoints import find
 
         return find(root)
+
+
+_FIELDS: dict[int, set[str]] = {}
+
+
+def _installed_fields(sources: dict[str, str]) -> set[str]:
+    """GRPOConfig's fields from the installed sources, parsed once per content (render and preflight both ask)."""
+    key = hash(tuple(sorted(sources.items())))
+    if key not in _FIELDS:
+        _FIELDS[key] = set(dataclass_fields(sources, "GRPOConfig"))
+    return set(_FIELDS[key])
+
