@@ -174,8 +174,11 @@ def placement_errors(backend: Any, recipe: Recipe) -> list[Finding]:
         # the critic is its own RayActorGroup with the actor's GPU counts; only --colocate_all_models shares them
         need = 2 * trainer + r.inference_gpu_count
         if need > r.total_gpus:
+            left = (r.total_gpus - r.inference_gpu_count) // 2
             fix = ("set resources.colocate = true (actor, critic and vLLM share the GPUs)"
-                   if r.inference_gpu_count == r.total_gpus else "more GPUs, or fewer engines")
+                   if r.inference_gpu_count == r.total_gpus else
+                   f"set resources.trainer_gpus to {left} GPU(s) per node (the critic takes as many)" if left else
+                   "more GPUs, or fewer engines")
             return [Finding("error", "algorithm.name", f"ppo without colocation: actor {trainer} + critic {trainer} + "
                             f"vLLM {r.inference_gpu_count} GPUs > {r.total_gpus}: Ray's placement groups would wait "
                             f"forever (openrlhf {backend.target_version(r)})", fix)]
