@@ -163,8 +163,8 @@ class Backend:
     # True: the trainer's optimizer steps count micro batches across rollouts (DeepSpeed's accumulation), so a rollout
     # need not split into whole train batches (the adapter warns that updates straddle rollouts)
     updates_straddle_rollouts: ClassVar[bool] = False
-    # True: a train batch that is not a multiple of micro batch x GPUs is rounded (gradient accumulation = batch //
-    # (micro x GPUs)) rather than refused; the adapter says what runs
+    # True: a train batch that is not a multiple of micro batch x GPUs still runs (TRL rounds the accumulation, verl
+    # makes the last micro batch smaller) rather than being refused; the adapter says what runs
     train_batch_rounds: ClassVar[bool] = False
     # True: the backend's own code refuses a group-normalised algorithm with one sample per prompt (False: it runs it,
     # learning nothing; preflight warns)

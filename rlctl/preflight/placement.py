@@ -122,12 +122,12 @@ def group_size(ctx: Context) -> Result:
     r = ctx.recipe
     g = r.rollout.group_size
     if r.algorithm.name != "ppo" and g < 2:
-        # FAIL where the backend refuses it; where it runs, every advantage is 0 and nothing is learned: said loudly
+        # FAIL where the backend refuses it; where it runs, without a group baseline: said loudly
         return Result("placement.group_size", FAIL if ctx.backend.refuses_single_sample_groups else WARN,
                       f"group_size {g}: {r.algorithm.name} normalises rewards within a group, one sample has no "
                       "baseline" + ("" if ctx.backend.refuses_single_sample_groups else
-                                    f" ({r.recipe_backend if False else r.backend.name} runs it: every advantage is "
-                                    "0, the run learns nothing)"),
+                                    f" ({r.backend.name} runs it: the advantages are not what "
+                                    f"{r.algorithm.name} means)"),
                       "set rollout.group_size >= 2 (4-16 is typical)")
     if r.algorithm.name != "ppo" and g < 4:
         return Result("placement.group_size", WARN, f"group_size {g}: advantage estimates are noisy",

@@ -100,7 +100,7 @@ def recipes(draw) -> tuple[Path, list[str]]:
     return path, sets
 
 
-@profile(ci=120)
+@profile(ci=80)
 @given(recipes())
 @example((prl.base("0.8.0"), prl.sets_of(prl.SEED) + ["train.micro_batch_size=1", "preflight.disk_headroom=0.9"]))
 @example((orl.base("0.9.3"), orl.sets_of({**orl.ALL_LINEAR_LIST, "train.train_batch_size": 6})))

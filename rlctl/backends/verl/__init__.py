@@ -58,6 +58,10 @@ def snapshot(version: str) -> dict[str, Any]:
 class VerlBackend(Backend):
     name = "verl"
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
+    # update_actor splits each GPU's share of a mini-batch into micro batches, the last one smaller: no divisibility
+    # by micro x GPUs (placement_rules checks what verl asserts: the mini-batch over the data-parallel ranks)
+    train_batch_rounds = True
+    refuses_single_sample_groups = False  # rollout.n = 1 passes validate_config (GRPO then has no group baseline)
     lora_base_master = True  # the FSDP trainer loads the whole model in fp32, frozen base included
     colocation = "sleep"  # hybrid engine: vLLM frees weights + KV cache while the actor trains
     packages = ("verl",)
