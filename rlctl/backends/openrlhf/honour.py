@@ -170,18 +170,30 @@ def placement_errors(backend: Any, recipe: Recipe) -> list[Finding]:
                "set rollout.engines x rollout.tensor_parallel to the trainer's GPU count")
         return [Finding("error", "resources.colocate", f"colocated, train() asserts actor GPUs ({trainer}) == vLLM "
                         f"engines x TP ({r.inference_gpu_count}) (openrlhf {backend.target_version(r)})", fix)]
-    if not r.resources.colocate and r.algorithm.name == "ppo" and r.resources.gpus_per_node:
-        # the critic is its own RayActorGroup with the actor's GPU counts; only --colocate_all_models shares them
-        need = 2 * trainer + r.inference_gpu_count
+    res = r.resources
+    if not res.colocate and res.gpus_per_node and res.trainer_gpus is None:
+        # what render asks Ray for: actor (and the critic, its own RayActorGroup with the same counts) on
+        # max(gpus_per_node - engines x TP // nodes, 1) GPUs of each node, and the vLLM engines on GPUs of their own
+        per_node = max(res.gpus_per_node - r.inference_gpu_count // res.nodes, 1)
+        actor = per_node * res.nodes
+        critic = actor if r.algorithm.name == "ppo" else 0
+        need = actor + critic + r.inference_gpu_count
         if need > r.total_gpus:
-            left = (r.total_gpus - r.inference_gpu_count) // 2
+            left = (r.total_gpus - r.inference_gpu_count) // (2 if critic else 1) // res.nodes
+            what = f"actor {actor}" + (f" + critic {critic}" if critic else "")
             fix = ("set resources.colocate = true (actor, critic and vLLM share the GPUs)"
                    if r.inference_gpu_count == r.total_gpus else
-                   f"set resources.trainer_gpus to {left} GPU(s) per node (the critic takes as many)" if left else
-                   "more GPUs, or fewer engines")
+                   f"set resources.trainer_gpus to {left} GPU(s) per node" if left else
+                   "more GPUs, or fewer engines / a smaller TP")
+            return [Finding("error", "resources.gpus_per_node", f"{what} + vLLM {r.inference_gpu_count} GPUs > "
+                            f"{r.total_gpus}: Ray's placement groups would wait forever "
+                            f"(openrlhf {backend.target_version(r)})", fix)]
+    elif not res.colocate and r.algorithm.name == "ppo" and res.gpus_per_node:
+        need = 2 * trainer + r.inference_gpu_count
+        if need > r.total_gpus:
             return [Finding("error", "algorithm.name", f"ppo without colocation: actor {trainer} + critic {trainer} + "
                             f"vLLM {r.inference_gpu_count} GPUs > {r.total_gpus}: Ray's placement groups would wait "
-                            f"forever (openrlhf {backend.target_version(r)})", fix)]
+                            f"forever (openrlhf {backend.target_version(r)})", "more GPUs, or fewer engines")]
     return []
 
 
