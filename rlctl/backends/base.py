@@ -209,6 +209,15 @@ class Backend:
     def uses_vllm(self, recipe: Recipe) -> bool:
         return True
 
+    def colocated(self, recipe: Recipe) -> bool:
+        """Whether trainer and engines share GPUs as this backend runs the recipe (verl's hybrid engine always)."""
+        return recipe.resources.colocate
+
+    def trainer_gpus(self, recipe: Recipe) -> int:
+        """GPUs the trainer runs on as this backend places it (its data-parallel size)."""
+        return recipe.total_gpus if self.colocated(recipe) and recipe.resources.trainer_gpus is None \
+            else recipe.trainer_gpu_count
+
     def samples_per_step(self, recipe: Recipe) -> int:
         """Samples one rollout generates as this backend counts them (default: prompts_per_step x group_size)."""
         return recipe.samples_per_rollout

@@ -23,8 +23,8 @@ def gpus(ctx: Context) -> Result:
             return Result("placement.gpus", FAIL, f"resources.{name} = {ids} names a GPU >= gpus_per_node {per_node}",
                           f"GPU ids run from 0 to {per_node - 1}")
     inference = r.inference_gpu_count if r.uses_vllm else 0
-    if res.colocate:
-        need = max(r.trainer_gpu_count, inference)
+    if ctx.backend.colocated(r):
+        need = max(ctx.backend.trainer_gpus(r), inference)
         how = f"trainer and {r.rollout.engines} engine(s) x TP {r.rollout.tensor_parallel} share GPUs"
     else:
         trainer = r.trainer_gpu_count
@@ -94,7 +94,7 @@ def batch(ctx: Context) -> list[Result]:
     out = []
     samples = ctx.backend.samples_per_step(r)
     tbs = r.train.train_batch_size
-    dp = max(r.trainer_gpu_count, 1)
+    dp = max(ctx.backend.trainer_gpus(r), 1)
     mb = r.train.micro_batch_size if ctx.backend.honours_micro_batch else 1
     problems = []
     if samples % tbs and not ctx.backend.updates_straddle_rollouts:

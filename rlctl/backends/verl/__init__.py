@@ -313,6 +313,11 @@ class VerlBackend(Backend):
         )
 
     # ---- what cannot be honoured -----------------------------------------------------------------------------
+    def colocated(self, recipe: Recipe) -> bool:
+        """The synchronous trainer's hybrid engine puts actor and vLLM on every GPU (colocate = false is said, not
+        honoured: mapping.py)."""
+        return True
+
     def unhonoured(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.verl.mapping import unhonoured
 
