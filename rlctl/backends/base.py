@@ -209,6 +209,10 @@ class Backend:
     def uses_vllm(self, recipe: Recipe) -> bool:
         return True
 
+    def refuses_single_sample(self, recipe: Recipe) -> bool:
+        """Whether this backend's own code refuses the recipe's group-normalised algorithm with group_size 1."""
+        return self.refuses_single_sample_groups
+
     def colocated(self, recipe: Recipe) -> bool:
         """Whether trainer and engines share GPUs as this backend runs the recipe (verl's hybrid engine always)."""
         return recipe.resources.colocate

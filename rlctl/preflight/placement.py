@@ -123,9 +123,9 @@ def group_size(ctx: Context) -> Result:
     g = r.rollout.group_size
     if r.algorithm.name != "ppo" and g < 2:
         # FAIL where the backend refuses it; where it runs, without a group baseline: said loudly
-        return Result("placement.group_size", FAIL if ctx.backend.refuses_single_sample_groups else WARN,
+        return Result("placement.group_size", FAIL if ctx.backend.refuses_single_sample(r) else WARN,
                       f"group_size {g}: {r.algorithm.name} normalises rewards within a group, one sample has no "
-                      "baseline" + ("" if ctx.backend.refuses_single_sample_groups else
+                      "baseline" + ("" if ctx.backend.refuses_single_sample(r) else
                                     f" ({r.backend.name} runs it: the advantages are not what "
                                     f"{r.algorithm.name} means)"),
                       "set rollout.group_size >= 2 (4-16 is typical)")

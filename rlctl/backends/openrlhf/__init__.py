@@ -418,6 +418,11 @@ class OpenRLHFBackend(Backend):
 
         return unhonoured(self, recipe)
 
+    def refuses_single_sample(self, recipe: Recipe) -> bool:
+        """train_ppo_ray asserts n_samples_per_prompt > 1 for rloo/reinforce_baseline/group_norm, and for dr_grpo
+        from 0.10.2 (the dotted releases) on."""
+        return recipe.algorithm.name != "dr_grpo" or self.release(recipe).dotted
+
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.openrlhf.honour import placement_errors
 

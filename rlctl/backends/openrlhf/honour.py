@@ -58,8 +58,12 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
 
     # algorithm
     if r.algorithm.name in ("grpo", "dr_grpo", "reinforce_baseline") and r.rollout.group_size < 2:
-        add("error", "rollout.group_size", f"{r.algorithm.name} normalises within a group: with group_size 1 every "
-            "advantage is 0 (OpenRLHF asserts n_samples_per_prompt > 1)", "set rollout.group_size >= 2")
+        if backend.refuses_single_sample(r):
+            add("error", "rollout.group_size", f"{r.algorithm.name} normalises within a group: with group_size 1 "
+                "every advantage is 0 (OpenRLHF asserts n_samples_per_prompt > 1)", "set rollout.group_size >= 2")
+        else:  # train_ppo_ray's assert lists rloo/reinforce_baseline/group_norm only, dr_grpo from 0.10.2
+            add("warn", "rollout.group_size", f"{r.algorithm.name} with group_size 1: every advantage is 0 and the "
+                "run learns nothing (this release does not refuse it)", "set rollout.group_size >= 2")
     if r.algorithm.name == "ppo":
         add("warn", "algorithm.name", "ppo (gae): the critic starts from model.path, on the trainer's GPUs, with "
             "OpenRLHF's default critic learning rate 9e-6 (the recipe has no critic settings)",
