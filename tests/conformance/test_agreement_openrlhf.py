@@ -159,7 +159,7 @@ MAX_SAMPLES_EVAL = {**ALL_LINEAR_LIST, "lora": None, "train.steps": 7, "data.eva
 ROUNDED_PER_NODE = {**ALL_LINEAR_LIST, "lora": None, "resources.nodes": 2, "resources.gpus_per_node": 2,
                     "rollout.engines": 3, "rollout.prompts_per_step": 1, "rollout.group_size": 2,
                     "train.train_batch_size": 2, "train.micro_batch_size": 1}
-# train_ppo_ray <= 0.10.1.post2 does not assert n_samples_per_prompt > 1 for dr_grpo (found by generation)
+# train_ppo_ray < 0.11.0 does not assert n_samples_per_prompt > 1 for dr_grpo (found by generation)
 DR_GRPO_SINGLE = {**ALL_LINEAR_LIST, "lora": None, "resources.gpus_per_node": 1, "resources.colocate": True,
                   "rollout.engines": 1, "rollout.prompts_per_step": 1, "rollout.group_size": 1,
                   "train.train_batch_size": 2, "train.micro_batch_size": 1, "algorithm.name": "dr_grpo"}
@@ -175,6 +175,7 @@ PPO_CRITIC = {**ALL_LINEAR_LIST, "lora": None, "algorithm.name": "ppo"}  # actor
 @example(ROUNDED_PER_NODE)
 @example(PPO_CRITIC)
 @example(DR_GRPO_SINGLE)
-@example({**DR_GRPO_SINGLE, "version": "0.11.2"})
+@example({**DR_GRPO_SINGLE, "version": "0.10.2"})
+@example({**DR_GRPO_SINGLE, "version": "0.11.0"})
 def test_rlctl_and_openrlhf_agree(c):
     check(c)

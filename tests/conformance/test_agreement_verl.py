@@ -33,7 +33,7 @@ SELECT = [f"{A}.actor.ppo_mini_batch_size", f"{A}.rollout.n", "trainer.n_gpus_pe
 # rlctl refuses these although verl runs them: verl would silently do something else than the recipe says (each
 # finding says what: a batch rounded to whole groups, remainders dropped, more steps than asked). rlctl's rule
 # (docs/checks.md): an error is a crash, a hang or a silent change of meaning; the property holds them apart
-MEANING = ("is not whole mini-batches of", "is not whole groups of", "verl runs whole iterations of",
+MEANING = ("is not whole mini-batches of", "does not divide into train batches of", "is not whole groups of", "verl runs whole iterations of",
            "verl's LR scheduler steps once per iteration", "verl has no linear decay")
 BASE = """
 name = "agree"
@@ -142,5 +142,8 @@ SEED = {"version": "0.9.1", "resources.nodes": 1, "resources.gpus_per_node": 1, 
 @given(cases())
 @example(SEED)
 @example({**SEED, "resources.gpus_per_node": 3, "dynamic": False})  # issue 22: verl with 3 GPUs, now in render too
+@example({**SEED, "version": "0.9.0", "rollout.prompts_per_step": 6, "rollout.group_size": 1,
+          "train.train_batch_size": 4, "train.micro_batch_size": 1, "dynamic": False})  # a dropped remainder
+@example({**SEED, "resources.gpus_per_node": 2, "resources.colocate": False, "rollout.tensor_parallel": 2})  # hybrid
 def test_rlctl_and_verl_agree(c):
     check(c)

@@ -420,8 +420,10 @@ class OpenRLHFBackend(Backend):
 
     def refuses_single_sample(self, recipe: Recipe) -> bool:
         """train_ppo_ray asserts n_samples_per_prompt > 1 for rloo/reinforce_baseline/group_norm, and for dr_grpo
-        from 0.10.2 (the dotted releases) on."""
-        return recipe.algorithm.name != "dr_grpo" or self.release(recipe).dotted
+        from 0.11.0 on."""
+        from rlctl.backends.base import version_key
+
+        return recipe.algorithm.name != "dr_grpo" or version_key(self.target_version(recipe)) >= version_key("0.11.0")
 
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.openrlhf.honour import placement_errors

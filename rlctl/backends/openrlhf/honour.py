@@ -61,7 +61,7 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
         if backend.refuses_single_sample(r):
             add("error", "rollout.group_size", f"{r.algorithm.name} normalises within a group: with group_size 1 "
                 "every advantage is 0 (OpenRLHF asserts n_samples_per_prompt > 1)", "set rollout.group_size >= 2")
-        else:  # train_ppo_ray's assert lists rloo/reinforce_baseline/group_norm only, dr_grpo from 0.10.2
+        else:  # train_ppo_ray's assert lists rloo/reinforce_baseline/group_norm, dr_grpo from 0.11.0
             add("warn", "rollout.group_size", f"{r.algorithm.name} with group_size 1: every advantage is 0 and the "
                 "run learns nothing (this release does not refuse it)", "set rollout.group_size >= 2")
     if r.algorithm.name == "ppo":
