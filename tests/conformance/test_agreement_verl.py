@@ -33,7 +33,8 @@ SELECT = [f"{A}.actor.ppo_mini_batch_size", f"{A}.rollout.n", "trainer.n_gpus_pe
 # rlctl refuses these although verl runs them: verl would silently do something else than the recipe says (each
 # finding says what: a batch rounded to whole groups, remainders dropped, more steps than asked). rlctl's rule
 # (docs/checks.md): an error is a crash, a hang or a silent change of meaning; the property holds them apart
-MEANING = ("is not whole mini-batches of", "does not divide into train batches of", "is not whole groups of", "verl runs whole iterations of",
+MEANING = ("is not whole mini-batches of", "does not divide into train batches of", "is not whole groups of",
+           "verl runs whole iterations of",
            "verl's LR scheduler steps once per iteration", "verl has no linear decay")
 BASE = """
 name = "agree"
