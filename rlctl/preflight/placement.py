@@ -68,23 +68,33 @@ def tp_heads(ctx: Context) -> Result | None:
                   f"TP {tp} divides {arch.heads} attention heads and fits {arch.kv_heads} KV heads")
 
 
-def _divisor_near(n: int, target: int, multiple_of: int) -> int | None:
-    """The divisor of n that is a multiple of `multiple_of` closest to target (the smaller on a tie), or None."""
+def _divisors_near(n: int, target: int, multiple_of: int) -> list[int]:
+    """The divisors of n that are multiples of `multiple_of`, nearest to target first (the smaller on a tie)."""
     found = [d for d in range(multiple_of, n + 1, multiple_of) if n % d == 0]
-    return min(found, key=lambda d: (abs(d - target), d)) if found else None
+    return sorted(found, key=lambda d: (abs(d - target), d))
 
 
-def batch_fix(samples: int, tbs: int, mb: int, dp: int, straddle: bool = False) -> dict[str, int] | None:
-    """The nearest batch arithmetic that works: keep the train batch and lower the micro batch where that is enough,
-    else the train batch that divides the rollout nearest to the recipe's (with the largest micro batch that fits)."""
+def batch_fix(ctx: Context, samples: int, tbs: int, mb: int, dp: int) -> dict[str, int] | None:
+    """The nearest batch arithmetic that works and that the backend honours: keep the train batch and lower the micro
+    batch where that is enough, else the train batch that divides the rollout nearest to the recipe's (with the
+    largest micro batch that fits). Each candidate is put to the adapter (unhonoured()) before it is proposed."""
+    from rlctl.preflight._fixes import honoured
+
+    b, r = ctx.backend, ctx.recipe
+    straddle, rounds = b.updates_straddle_rollouts, b.train_batch_rounds or not b.honours_micro_batch
+    candidates: list[dict[str, int]] = []
     if samples % tbs == 0 or straddle:
-        for m in range(mb, 0, -1):
-            if tbs % (m * dp) == 0:
-                return {"train.micro_batch_size": m}
+        candidates += [{"train.micro_batch_size": m} for m in range(mb, 0, -1) if tbs % (m * dp) == 0]
     for m in range(mb, 0, -1):
-        near = _divisor_near(samples, tbs, m * dp)
-        if near:
-            return {"train.train_batch_size": near, **({"train.micro_batch_size": m} if m != mb else {})}
+        for d in _divisors_near(samples, tbs, 1 if rounds else m * dp):
+            candidates.append({"train.train_batch_size": d, **({"train.micro_batch_size": m} if m != mb else {})})
+        if rounds:
+            break
+    for cand in candidates:
+        if cand.get("train.train_batch_size", tbs) == tbs and cand.get("train.micro_batch_size", mb) == mb:
+            continue
+        if honoured(b, r, cand):
+            return cand
     return None
 
 
@@ -104,7 +114,7 @@ def batch(ctx: Context) -> list[Result]:
     if tbs % (mb * dp) and not ctx.backend.train_batch_rounds and ctx.backend.honours_micro_batch:
         problems.append(f"train batch {tbs} is not a multiple of micro batch {mb} x {dp} data-parallel GPUs")
     if problems:
-        fix = batch_fix(samples, tbs, mb, dp, ctx.backend.updates_straddle_rollouts)
+        fix = batch_fix(ctx, samples, tbs, mb, dp)
         out.append(Result("placement.batch", FAIL, "; ".join(problems),
                           ("set " + ", ".join(f"{k} = {v}" for k, v in fix.items())) if fix else
                           f"make train.train_batch_size a divisor of {samples} and a multiple of {dp} GPUs", set=fix))

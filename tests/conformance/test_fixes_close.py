@@ -104,6 +104,10 @@ def recipes(draw) -> tuple[Path, list[str]]:
 @given(recipes())
 @example((prl.base("0.8.0"), prl.sets_of(prl.SEED) + ["train.micro_batch_size=1", "preflight.disk_headroom=0.9"]))
 @example((orl.base("0.9.3"), orl.sets_of({**orl.ALL_LINEAR_LIST, "train.train_batch_size": 6})))
+# found by generation: a train batch of 8 divides the rollout but is not whole groups of 5 for verl: the fix is 20
+@example((vrl.base("0.9.0"), ["resources.nodes=1", "resources.gpus_per_node=4", "resources.colocate=true",
+                               "rollout.tensor_parallel=1", "rollout.prompts_per_step=8", "rollout.group_size=5",
+                               "train.train_batch_size=16", "train.micro_batch_size=2", 'algorithm.name="grpo"']))
 def test_every_computed_fix_closes_its_check(case):
     path, sets = case
     problems = close_all(path, sets)
