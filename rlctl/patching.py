@@ -43,6 +43,7 @@ class PatchSet:
     description: str
     patches: list[PatchEntry] = field(default_factory=list)
     source: str = "bundled"
+    fixes: list[str] = field(default_factory=list)  # preflight checks the set declares it fixes (manifest `fixes`)
 
 
 @dataclass
@@ -63,7 +64,8 @@ class Installed:
 MANIFEST_MAX_BYTES = 1 << 20
 SCAN_LIMIT = 10_000  # entries read per directory of a user's --dir
 _TOP_KEYS = {"backend": "a string", "package": "a string (the import name)", "version": "a string",
-             "description": "a string", "patch": "[[patch]] tables"}
+             "description": "a string", "patch": "[[patch]] tables",
+             "fixes": "a list of preflight check names the set fixes (a patch set silences only those)"}
 _ENTRY_KEYS = {"file": "a string", "targets": "a list of strings", "purpose": "a string"}
 
 
@@ -187,8 +189,12 @@ def load_set(root: Path, source: str = "bundled") -> PatchSet:
     if not entries:
         raise PatchError(f"{manifest}: the set has no [[patch]] entries.",
                          hint="add one per patch file: a [[patch]] line, then file = \"0001-x.patch\" under it")
+    fixes = data.get("fixes", [])
+    if not isinstance(fixes, list) or not all(isinstance(c, str) for c in fixes):
+        raise m.error("fixes", f"must be a list of preflight check names, not {_type_name(fixes)}.",
+                      hint='e.g. fixes = ["disk.lora_zero3"]')
     return PatchSet(f"{data['backend']}/{data['version']}", root, data["backend"], data["package"], data["version"],
-                    data.get("description", ""), entries, source)
+                    data.get("description", ""), entries, source, list(fixes))
 
 
 def _targets_of(patch_file: Path) -> list[str]:

@@ -148,6 +148,17 @@ class Backend:
     needs_local_install: ClassVar[bool] = False  # True: the runtime must be importable where rlctl launches
     runs_on_cpu: ClassVar[bool] = False  # True: a run needs no GPU (resources.gpus_per_node = 0 is fine)
     install_hint: ClassVar[str] = ""  # how to get the runtime, besides `pip install <package>`
+    on_pypi: ClassVar[bool] = True  # False: `pip install <package>` cannot work, install_hint is the only way
+    honours_micro_batch: ClassVar[bool] = True  # False: the trainer forms its own micro batches (packing)
+    # True: the trainer's optimizer steps count micro batches across rollouts (DeepSpeed's accumulation), so a rollout
+    # need not split into whole train batches (the adapter warns that updates straddle rollouts)
+    updates_straddle_rollouts: ClassVar[bool] = False
+    # True: a train batch that is not a multiple of micro batch x GPUs still runs (TRL rounds the accumulation, verl
+    # makes the last micro batch smaller) rather than being refused; the adapter says what runs
+    train_batch_rounds: ClassVar[bool] = False
+    # True: the backend's own code refuses a group-normalised algorithm with one sample per prompt (False: it runs it,
+    # learning nothing; preflight warns)
+    refuses_single_sample_groups: ClassVar[bool] = True
     sharding: ClassVar[str] = "plain"  # memory engine of the trainer: plain | fsdp (FSDP2) | fsdp1 | deepspeed
     # the optimizer step's temporaries: torch's AdamW (foreach, its default on CUDA) makes one tensor the size of the
     # trainable parameters (sqrt of exp_avg_sq); fused implementations (torch fused, DeepSpeed FusedAdam) none
@@ -239,6 +250,29 @@ class Backend:
 
     def enforces_prompt_limit(self, recipe: Recipe) -> bool:
         return self.prompt_limit(recipe) is not None
+
+    def refuses_single_sample(self, recipe: Recipe) -> bool:
+        """Whether this backend's own code refuses the recipe's group-normalised algorithm with group_size 1."""
+        return self.refuses_single_sample_groups
+
+    def colocated(self, recipe: Recipe) -> bool:
+        """Whether trainer and engines share GPUs as this backend runs the recipe (verl's hybrid engine always)."""
+        return recipe.resources.colocate
+
+    def trainer_gpus(self, recipe: Recipe) -> int:
+        """GPUs the trainer runs on as this backend places it (its data-parallel size)."""
+        return recipe.total_gpus if self.colocated(recipe) and recipe.resources.trainer_gpus is None \
+            else recipe.trainer_gpu_count
+
+    def samples_per_step(self, recipe: Recipe) -> int:
+        """Samples one rollout generates as this backend counts them (default: prompts_per_step x group_size)."""
+        return recipe.samples_per_rollout
+
+    def placement_errors(self, recipe: Recipe) -> list[Finding]:
+        """Placements of GPUs, engines and TP that this backend's own code refuses beyond rlctl's shared arithmetic
+        (e.g. a colocation that must be exactly engines x TP). unhonoured() reports them (render refuses) and
+        preflight's placement.gpus FAILs with them: the two say the same."""
+        return []
 
     # ---- steps and schedule ------------------------------------------------------------------------------------
     def total_steps(self, recipe: Recipe, dataset_size: int | None) -> int | None:

@@ -29,6 +29,9 @@ class Result:
     figure: str
     fix: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    # the fix in machine-readable form where rlctl computed one: recipe keys -> values, as `--set key=value` would
+    # give them (`rlctl preflight R --set k=v` for each closes this check without failing another: a property test)
+    set: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -46,8 +46,29 @@ def checkpoints(ctx: Context) -> list[Result]:
         figure = f"{count} x {human(per)} ({what}) = {human(need)}; {human(free)} free on {ctx.machine}{note}"
         usable = free * (1 - r.preflight.disk_headroom)
         if need > usable:
-            out.append(Result("disk.checkpoints", FAIL, figure,
-                              "set checkpoint.keep_last, checkpoint.save_optimizer = false, or a bigger disk", data))
+            fix, sets = _fix(ctx, per, count, usable)
+            out.append(Result("disk.checkpoints", FAIL, figure, fix, data, set=sets))
         else:
             out.append(Result("disk.checkpoints", OK, figure, None, data))
     return out + ctx.backend.preflight(ctx, "disk")
+
+
+def _fix(ctx: Context, per: float, count: int, usable: float) -> tuple[str, dict | None]:
+    """The computed fix: the keep_last that fits, else checkpoints without the optimizer where the backend honours
+    that, else more disk (never a key the backend cannot honour, never the keep_last already set)."""
+    from rlctl.preflight._fixes import apply, honoured
+
+    r = ctx.recipe
+    fits = int(usable // per) if per else count  # checkpoints that fit; one more is written before the oldest goes
+    if fits >= 2 and (r.checkpoint.keep_last is None or r.checkpoint.keep_last > fits - 1):
+        sets = {"checkpoint.keep_last": fits - 1}
+        if honoured(ctx.backend, r, sets):
+            return f"set checkpoint.keep_last = {fits - 1} ({fits} x {human(per)} fit)", sets
+    if r.checkpoint.save_optimizer:
+        sets = {"checkpoint.save_optimizer": False}
+        if honoured(ctx.backend, r, sets) and not isinstance(ctx.arch, Exception):
+            lighter, _ = ctx.backend.checkpoint_bytes(ctx.arch, apply(r, sets))
+            if lighter * count <= usable:
+                return f"set checkpoint.save_optimizer = false ({count} x {human(lighter)})", sets
+    short = per * count - usable
+    return f"free {human(short)} or more on this disk, or point checkpoint.dir at a bigger one", None

@@ -24,13 +24,16 @@ def backend_installed(ctx: Context) -> Result:
         remote = _executor(ctx).remote
         local = ctx.backend.needs_local_install and not remote
         hint = f" (or {ctx.backend.install_hint})" if ctx.backend.install_hint else ""
+        pip = f"pip install {pkg}" + (f"=={pinned}" if pinned else "")
         return Result("env.backend", FAIL if local else WARN,
                       f"{pkg} is not installed in this Python on {ctx.machine}"
                       + (" (the Ray cluster must have it)" if remote else ""),
-                      f"pip install {pkg}" + (f"=={pinned}" if pinned else "") + hint)
+                      pip + hint if ctx.backend.on_pypi else ctx.backend.install_hint)
     if pinned and pinned != installed:
+        get = (f"pip install {pkg}=={pinned}" if ctx.backend.on_pypi
+               else f"check out {pinned} ({ctx.backend.install_hint})")
         return Result("env.backend", WARN, f"recipe pins {pkg} {pinned}; {installed} is installed on {ctx.machine}",
-                      f"pip install {pkg}=={pinned}, or set backend.version = \"{installed}\"")
+                      f"{get}, or set backend.version = \"{installed}\"", set={"backend.version": installed})
     return Result("env.backend", OK, f"{pkg} {installed} installed on {ctx.machine}")
 
 

@@ -28,6 +28,18 @@ def _setup(ctx: Context, name: str):
     return ctx.arch, total * GiB, None
 
 
+def _fit_sets(fit: dict, recipe) -> dict | None:
+    """fitting_fix as recipe keys (a token budget is a backend extra: no machine-readable form)."""
+    if not fit or "token_budget" in fit:
+        return None
+    sets: dict = {}
+    if fit["gradient_checkpointing"] and not recipe.train.gradient_checkpointing:
+        sets["train.gradient_checkpointing"] = True
+    if fit["micro_batch_size"] != recipe.train.micro_batch_size:
+        sets["train.micro_batch_size"] = fit["micro_batch_size"]
+    return sets or None
+
+
 @check("memory.trainer")
 def trainer(ctx: Context) -> Result:
     arch, total, skip = _setup(ctx, "memory.trainer")
@@ -40,16 +52,25 @@ def trainer(ctx: Context) -> Result:
     figure = f"{gib(b.total)} per trainer GPU of {gib(total)} ({b.table()} GiB; {arch.params / 1e9:.2f}B params)"
     if b.total > total:
         fix = fix_text(fitting_fix(ctx.recipe, arch, total), ctx.recipe)
+        sets = None
         if not fix:
-            least = trainer_memory(ctx.recipe, arch, micro_batch=1, checkpointing=True).total
+            # the least any micro batch needs (with checkpointing): a smaller micro batch is not always less, since
+            # accumulating over several adds the fp32 gradients
             r = ctx.recipe
+            plans = {mb: trainer_memory(r, arch, micro_batch=mb, checkpointing=True).total
+                     for mb in sorted({1, r.train.micro_batch_size})}
+            mb, least = min(plans.items(), key=lambda kv: kv[1])
+            how = (f"train.micro_batch_size = {mb}" + (" (a smaller one adds fp32 gradient accumulation)"
+                                                       if mb > 1 else "")
+                   + (" with train.gradient_checkpointing = true" if not r.train.gradient_checkpointing else ""))
             options = ["shorten train.seq_len", *([] if r.lora else ["use LoRA"]),
                        "raise train.zero_stage / more trainer GPUs", *([] if r.train.offload else ["train.offload"])]
-            fix = (f"even train.micro_batch_size = 1 with train.gradient_checkpointing = true needs {gib(least)}: "
+            fix = (f"no micro batch fits: the least is {how}, {gib(least)}: "
                    + ", ".join(options[:-1]) + ", or " + options[-1])
         else:
+            sets = _fit_sets(fitting_fix(ctx.recipe, arch, total), ctx.recipe)
             fix = f"set {fix}"
-        return Result("memory.trainer", FAIL, figure, fix, data)
+        return Result("memory.trainer", FAIL, figure, fix, data, set=sets)
     if b.total > 0.9 * total:
         return Result("memory.trainer", WARN, figure, "less than 10% headroom: fragmentation can still OOM", data)
     return Result("memory.trainer", OK, figure, None, data)

@@ -29,9 +29,9 @@ def gpus(ctx: Context) -> Result:
         if ids is None and res.inference_gpus is not None:
             how += " (resources.inference_gpus is ignored)"
         return Result("placement.gpus", OK, f"{how}, {res.nodes} x {per_node} GPUs")
-    inference = r.inference_gpu_count
-    if res.colocate:
-        need = max(r.trainer_gpu_count, inference)
+    inference = r.inference_gpu_count if r.uses_vllm else 0
+    if ctx.backend.colocated(r):
+        need = max(ctx.backend.trainer_gpus(r), inference)
         how = f"trainer and {r.rollout.engines} engine(s) x TP {r.rollout.tensor_parallel} share GPUs"
     else:
         trainer = r.trainer_gpu_count
@@ -51,6 +51,9 @@ def gpus(ctx: Context) -> Result:
     if need > have:
         return Result("placement.gpus", FAIL, f"needs {need} GPUs ({how}) but the recipe has {res.nodes} x {per_node}",
                       "add GPUs (resources.nodes / gpus_per_node), fewer engines, or colocate")
+    own = [f for f in ctx.backend.placement_errors(r) if f.level == "error"]
+    if own:  # what the backend's own code refuses beyond the shared arithmetic (render refuses it too)
+        return Result("placement.gpus", FAIL, f"{own[0].message}: {how}", own[0].fix)
     return Result("placement.gpus", OK, f"{how} on {res.nodes} x {per_node} GPUs")
 
 
@@ -72,23 +75,56 @@ def tp_heads(ctx: Context) -> Result | None:
                   f"TP {tp} divides {arch.heads} attention heads and fits {arch.kv_heads} KV heads")
 
 
+def _divisors_near(n: int, target: int, multiple_of: int) -> list[int]:
+    """The divisors of n that are multiples of `multiple_of`, nearest to target first (the smaller on a tie)."""
+    found = [d for d in range(multiple_of, n + 1, multiple_of) if n % d == 0]
+    return sorted(found, key=lambda d: (abs(d - target), d))
+
+
+def batch_fix(ctx: Context, samples: int, tbs: int, mb: int, dp: int) -> dict[str, int] | None:
+    """The nearest batch arithmetic that works and that the backend honours: keep the train batch and lower the micro
+    batch where that is enough, else the train batch that divides the rollout nearest to the recipe's (with the
+    largest micro batch that fits). Each candidate is put to the adapter (unhonoured()) before it is proposed."""
+    from rlctl.preflight._fixes import honoured
+
+    b, r = ctx.backend, ctx.recipe
+    straddle, rounds = b.updates_straddle_rollouts, b.train_batch_rounds or not b.honours_micro_batch
+    candidates: list[dict[str, int]] = []
+    if samples % tbs == 0 or straddle:
+        candidates += [{"train.micro_batch_size": m} for m in range(mb, 0, -1) if tbs % (m * dp) == 0]
+    for m in range(mb, 0, -1):
+        for d in _divisors_near(samples, tbs, 1 if rounds else m * dp):
+            candidates.append({"train.train_batch_size": d, **({"train.micro_batch_size": m} if m != mb else {})})
+        if rounds:
+            break
+    for cand in candidates:
+        if cand.get("train.train_batch_size", tbs) == tbs and cand.get("train.micro_batch_size", mb) == mb:
+            continue
+        if honoured(b, r, cand):
+            return cand
+    return None
+
+
 @check("placement.batch")
 def batch(ctx: Context) -> list[Result]:
     r = ctx.recipe
     out = []
-    samples = r.samples_per_rollout
+    samples = ctx.backend.samples_per_step(r)
     tbs = r.train.train_batch_size
-    dp = max(r.trainer_gpu_count, 1)
-    mb = r.train.micro_batch_size
-    if samples % tbs:
-        out.append(Result("placement.batch", FAIL,
-                          f"a rollout of {r.rollout.prompts_per_step} prompts x {r.rollout.group_size} = {samples} "
-                          f"samples does not divide into train batches of {tbs}",
-                          f"make train.train_batch_size a divisor of {samples}"))
-    if tbs % (mb * dp):
-        out.append(Result("placement.batch", FAIL,
-                          f"train batch {tbs} is not a multiple of micro batch {mb} x {dp} data-parallel GPUs",
-                          f"make train.train_batch_size a multiple of {mb * dp}"))
+    dp = max(ctx.backend.trainer_gpus(r), 1)
+    mb = r.train.micro_batch_size if ctx.backend.honours_micro_batch else 1
+    problems = []
+    if samples % tbs and not ctx.backend.updates_straddle_rollouts:
+        problems.append(f"a rollout of {r.rollout.prompts_per_step} prompts x {r.rollout.group_size} = {samples} "
+                        f"samples does not divide into train batches of {tbs}")
+    # a backend that packs its own micro batches spreads samples over its ranks by tokens: no divisibility to meet
+    if tbs % (mb * dp) and not ctx.backend.train_batch_rounds and ctx.backend.honours_micro_batch:
+        problems.append(f"train batch {tbs} is not a multiple of micro batch {mb} x {dp} data-parallel GPUs")
+    if problems:
+        fix = batch_fix(ctx, samples, tbs, mb, dp)
+        out.append(Result("placement.batch", FAIL, "; ".join(problems),
+                          ("set " + ", ".join(f"{k} = {v}" for k, v in fix.items())) if fix else
+                          f"make train.train_batch_size a divisor of {samples} and a multiple of {dp} GPUs", set=fix))
     out += ctx.backend.preflight(ctx, "placement")
     if not out:
         steps = samples // tbs
@@ -103,9 +139,13 @@ def group_size(ctx: Context) -> Result:
     r = ctx.recipe
     g = r.rollout.group_size
     if r.algorithm.name != "ppo" and g < 2:
-        return Result("placement.group_size", FAIL,
+        # FAIL where the backend refuses it; where it runs, without a group baseline: said loudly
+        return Result("placement.group_size", FAIL if ctx.backend.refuses_single_sample(r) else WARN,
                       f"group_size {g}: {r.algorithm.name} normalises rewards within a group, one sample has no "
-                      "baseline", "set rollout.group_size >= 2 (4-16 is typical)")
+                      "baseline" + ("" if ctx.backend.refuses_single_sample(r) else
+                                    f" ({r.backend.name} runs it: the advantages are not what "
+                                    f"{r.algorithm.name} means)"),
+                      "set rollout.group_size >= 2 (4-16 is typical)")
     if r.algorithm.name != "ppo" and g < 4:
         return Result("placement.group_size", WARN, f"group_size {g}: advantage estimates are noisy",
                       "4-16 samples per prompt is typical")

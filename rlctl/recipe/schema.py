@@ -142,6 +142,18 @@ class LoraSection(Section):
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
     dropout: Fraction = 0.0
 
+    @field_validator("target_modules")
+    @classmethod
+    def _all_linear(cls, v: list[str] | str) -> list[str] | str:
+        # peft reads "all-linear" as every linear layer only as the string itself; inside a list it is a module name
+        # that no model has (NoMatchingPeftModuleError at start): ["all-linear"] means the string
+        if isinstance(v, list) and "all-linear" in v:
+            if set(v) == {"all-linear"}:
+                return "all-linear"
+            raise ValueError('"all-linear" selects every linear layer only on its own (peft): write '
+                             'target_modules = "all-linear", or list module names without it')
+        return v
+
 
 class DataSection(Section):
     train: str = Field(description="Training prompts: a JSONL/JSON/Parquet file or a dataset id.")

@@ -385,5 +385,51 @@ def worker(root: Path) -> None:
     print("@@RESULTS " + json.dumps(results, default=str))
 
 
+def stream_worker(root: Path) -> None:
+    """One job per stdin line, one `@@RESULT {...}` line back per job (agreement tests: many small cases, one
+    interpreter per release)."""
+    _install(root)
+    from hydra import compose, initialize_config_dir
+
+    cwd = os.getcwd()
+    with initialize_config_dir(config_dir=str(root / "verl/trainer/config"), version_base=None):
+        for line in sys.stdin:
+            job = json.loads(line)
+            os.chdir(job.get("cwd") or cwd)
+            try:
+                result = _job(root, job, compose)
+            except Exception as e:  # a crash of the harness itself is reported, not taken for verl's verdict
+                result = {"id": job.get("id"), "harness_error": f"{type(e).__name__}: {e}"}
+            print("@@RESULT " + json.dumps(result, default=str), flush=True)
+
+
+class StreamWorker:
+    """The parent side of stream_worker: `StreamWorker(version).run(job) -> result`."""
+
+    def __init__(self, version: str):
+        root = verl_root(version)
+        repo = Path(__file__).resolve().parents[2]
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.conformance._verl_support", str(root), "--stream"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, cwd=repo)
+
+    def run(self, job: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("@@RESULT "):
+                return json.loads(line[len("@@RESULT "):])
+        raise RuntimeError(f"verl worker died (rc {self.proc.wait()})")
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
 if __name__ == "__main__":
-    worker(Path(sys.argv[1]))
+    if "--stream" in sys.argv[2:]:
+        stream_worker(Path(sys.argv[1]))
+    else:
+        worker(Path(sys.argv[1]))

@@ -91,7 +91,8 @@ VARIANTS: dict[str, list[str]] = {
     "lora_all_linear": ["lora.rank=8"],
     "dr_grpo": ['algorithm.name="dr_grpo"'],
     "reinforce_baseline": ['algorithm.name="reinforce_baseline"'],
-    "ppo": ['algorithm.name="ppo"'],
+    # the critic is a RayActorGroup of its own (train_ppo_ray.py): actor 1 + critic 1 + vLLM 2 = 4 GPUs (issue 22)
+    "ppo": ['algorithm.name="ppo"', "resources.trainer_gpus=[2]", "resources.inference_gpus=[0,1]"],
     "no_kl": ["algorithm.kl_coef=0.0", 'algorithm.kl_estimator="k1"', "algorithm.use_kl_loss=false"],
     "colocated": ["resources.colocate=true", "rollout.engines=4"],
     "split_pinned": ["resources.trainer_gpus=[2,3]", "resources.inference_gpus=[0,1]"],

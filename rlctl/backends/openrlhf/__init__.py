@@ -97,6 +97,7 @@ class OpenRLHFBackend(Backend):
     # bytes per (token x vocab) of the actor's log-probs: fp32 logits kept alive to the optimizer step (Actor.forward
     # casts the full-sequence logits) and flash-attn's cross-entropy gradient; 8.9 measured (bench/gpu_deepspeed.py)
     logit_bytes = 8.9
+    updates_straddle_rollouts = True  # DeepSpeed counts micro batches across rollouts (honour.py warns)
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
     known_versions = KNOWN_VERSIONS
@@ -431,6 +432,18 @@ class OpenRLHFBackend(Backend):
         from rlctl.backends.openrlhf.honour import unhonoured
 
         return unhonoured(self, recipe)
+
+    def refuses_single_sample(self, recipe: Recipe) -> bool:
+        """train_ppo_ray asserts n_samples_per_prompt > 1 for rloo/reinforce_baseline/group_norm, and for dr_grpo
+        from 0.11.0 on."""
+        from rlctl.backends.base import version_key
+
+        return recipe.algorithm.name != "dr_grpo" or version_key(self.target_version(recipe)) >= version_key("0.11.0")
+
+    def placement_errors(self, recipe: Recipe) -> list[Finding]:
+        from rlctl.backends.openrlhf.honour import placement_errors
+
+        return placement_errors(self, recipe)
 
     # ---- metrics and checkpoints -----------------------------------------------------------------------------
     def parse(self, line: str | dict[str, Any]) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ The facts behind each rule are cited from OpenRLHF's released code (the same in 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends.base import Finding
@@ -57,8 +58,12 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
 
     # algorithm
     if r.algorithm.name in ("grpo", "dr_grpo", "reinforce_baseline") and r.rollout.group_size < 2:
-        add("error", "rollout.group_size", f"{r.algorithm.name} normalises within a group: with group_size 1 every "
-            "advantage is 0 (OpenRLHF asserts n_samples_per_prompt > 1)", "set rollout.group_size >= 2")
+        if backend.refuses_single_sample(r):
+            add("error", "rollout.group_size", f"{r.algorithm.name} normalises within a group: with group_size 1 "
+                "every advantage is 0 (OpenRLHF asserts n_samples_per_prompt > 1)", "set rollout.group_size >= 2")
+        else:  # train_ppo_ray's assert lists rloo/reinforce_baseline/group_norm, dr_grpo from 0.11.0
+            add("warn", "rollout.group_size", f"{r.algorithm.name} with group_size 1: every advantage is 0 and the "
+                "run learns nothing (this release does not refuse it)", "set rollout.group_size >= 2")
     if r.algorithm.name == "ppo":
         add("warn", "algorithm.name", "ppo (gae): the critic starts from model.path, on the trainer's GPUs, with "
             "OpenRLHF's default critic learning rate 9e-6 (the recipe has no critic settings)",
@@ -80,6 +85,18 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
 
     # steps and warmup
     steps = plan_steps(r, backend._dataset_size(r))
+    if steps.max_samples is not None and r.data.eval:
+        # trainer/ppo_trainer.py prepare_datasets: eval_data.select(range(min(max_samples, len(eval_data)))), the
+        # same --max_samples that caps the training prompts (0.9.3 :51, 0.11.2 :59)
+        from rlctl.recipe.data import count_records, is_local
+
+        n_eval = count_records(r.data.eval) if is_local(r.data.eval) else None
+        if n_eval is None or n_eval > steps.max_samples:
+            cut = f"{n_eval} to {steps.max_samples}" if n_eval is not None else f"to its first {steps.max_samples}"
+            add("warn", "data.eval", f"train.steps is rendered as --max_samples {steps.max_samples}, which also cuts "
+                f"the eval set ({cut} prompts; trainer/ppo_trainer.py prepare_datasets)",
+                "drop train.steps (use train.episodes), or keep an eval file of at most "
+                f"{steps.max_samples} prompts")
     for level, key, message in steps.problems:
         add(level, key, message)
     if r.optim.warmup_steps is not None and steps.horizon is None:
@@ -118,9 +135,7 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
         add("warn", "resources.trainer_gpus", "OpenRLHF's actors and vLLM engines are placed by Ray: GPU ids cannot be "
             "chosen, only their counts are honoured")
     trainer = r.trainer_gpu_count
-    if res.colocate and trainer != r.inference_gpu_count:
-        add("error", "resources.colocate", f"colocated, train() asserts actor GPUs ({trainer}) == vLLM engines x TP "
-            f"({r.inference_gpu_count})", "set rollout.engines x rollout.tensor_parallel to the trainer's GPU count")
+    out += placement_errors(backend, r)
     micro = r.rollout.micro_batch_size or r.train.micro_batch_size
     if r.rollout.group_size * r.rollout.prompts_per_step // micro < trainer:
         add("error", "rollout.prompts_per_step", "train_ppo_ray asserts the sample batches of a rollout "
@@ -148,6 +163,42 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
             add("warn", f"env.{k}", f"train() starts Ray with {k}={v}, which replaces the recipe's {r.env[k]!r} for "
                 "the trainer's actors", f"openrlhf >= 0.9.10 keeps the job's {k}")
     return out
+
+
+def placement_errors(backend: Any, recipe: Recipe) -> list[Finding]:
+    r = recipe
+    trainer = r.trainer_gpu_count
+    if r.resources.colocate and trainer != r.inference_gpu_count:
+        engines = trainer // r.rollout.tensor_parallel
+        fix = (f"set rollout.engines = {engines}" if engines * r.rollout.tensor_parallel == trainer else
+               "set rollout.engines x rollout.tensor_parallel to the trainer's GPU count")
+        return [Finding("error", "resources.colocate", f"colocated, train() asserts actor GPUs ({trainer}) == vLLM "
+                        f"engines x TP ({r.inference_gpu_count}) (openrlhf {backend.target_version(r)})", fix)]
+    res = r.resources
+    if not res.colocate and res.gpus_per_node and res.trainer_gpus is None:
+        # what render asks Ray for: actor (and the critic, its own RayActorGroup with the same counts) on
+        # max(gpus_per_node - engines x TP // nodes, 1) GPUs of each node, and the vLLM engines on GPUs of their own
+        per_node = max(res.gpus_per_node - r.inference_gpu_count // res.nodes, 1)
+        actor = per_node * res.nodes
+        critic = actor if r.algorithm.name == "ppo" else 0
+        need = actor + critic + r.inference_gpu_count
+        if need > r.total_gpus:
+            left = (r.total_gpus - r.inference_gpu_count) // (2 if critic else 1) // res.nodes
+            what = f"actor {actor}" + (f" + critic {critic}" if critic else "")
+            fix = ("set resources.colocate = true (actor, critic and vLLM share the GPUs)"
+                   if r.inference_gpu_count == r.total_gpus else
+                   f"set resources.trainer_gpus to {left} GPU(s) per node" if left else
+                   "more GPUs, or fewer engines / a smaller TP")
+            return [Finding("error", "resources.gpus_per_node", f"{what} + vLLM {r.inference_gpu_count} GPUs > "
+                            f"{r.total_gpus}: Ray's placement groups would wait forever "
+                            f"(openrlhf {backend.target_version(r)})", fix)]
+    elif not res.colocate and r.algorithm.name == "ppo" and res.gpus_per_node:
+        need = 2 * trainer + r.inference_gpu_count
+        if need > r.total_gpus:
+            return [Finding("error", "algorithm.name", f"ppo without colocation: actor {trainer} + critic {trainer} + "
+                            f"vLLM {r.inference_gpu_count} GPUs > {r.total_gpus}: Ray's placement groups would wait "
+                            f"forever (openrlhf {backend.target_version(r)})", "more GPUs, or fewer engines")]
+    return []
 
 
 def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
@@ -181,13 +232,28 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
             out.append(Result("disk.deepspeed", WARN,
                               "DeepSpeed checkpoints are on (OpenRLHF's default): optimizer + model states every save",
                               "set checkpoint.save_optimizer = false (--disable_ds_ckpt) if HF checkpoints suffice"))
-        if r.lora and r.train.zero_stage == 3 and (r.patches.set or "") != f"openrlhf/{r.backend.version}":
+        if r.lora and r.train.zero_stage == 3 and "disk.lora_zero3" not in _patch_set_fixes(r):
             out.append(Result("disk.lora_zero3", WARN,
                               "OpenRLHF LoRA + ZeRO-3 saves full-model shards next to the adapter (~200 GB for 20B)",
-                              "apply the openrlhf save_model patch set (patches.set) or use ZeRO-2"))
+                              "set train.zero_stage = 2, or a patch set whose manifest declares "
+                              "fixes = [\"disk.lora_zero3\"] (patches.set; no bundled set has one)",
+                              set={"train.zero_stage": 2}))
         if r.checkpoint.every and not r.checkpoint.keep_last:
             out.append(Result("disk.hf_exports", WARN,
                               "OpenRLHF never deletes its HF exports (global_stepN_hf): one per checkpoint.every "
                               "steps stays on disk for the whole run", "set checkpoint.keep_last (rlctl then prunes "
                               "them during the run)"))
     return out
+
+
+def _patch_set_fixes(recipe: Recipe) -> list[str]:
+    """The checks the recipe's patch set declares it fixes (its manifest's `fixes`): only those may go silent."""
+    if not recipe.patches.set:
+        return []
+    from rlctl.patching import find_set
+
+    try:
+        user_dir = Path(recipe.patches.dir) if recipe.patches.dir else None
+        return find_set(recipe.patches.set, user_dir).fixes
+    except Exception:  # an unknown set is reference.patches' finding; here it fixes nothing
+        return []

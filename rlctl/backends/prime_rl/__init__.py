@@ -79,6 +79,9 @@ class PrimeRLBackend(Backend):
     sharding = "fsdp"  # memory engine: FSDP2, fp32 sharded master parameters
     lora_base_master = True  # the FSDP trainer loads the whole model in fp32, frozen base included
     packages = ("prime-rl", "prime_rl")
+    on_pypi = False
+    honours_micro_batch = False  # it packs samples into seq_len-long micro batches itself
+    refuses_single_sample_groups = False  # rollouts_per_example = 1 passes its validators
     known_versions = ("0.3.0", "0.8.0")
     metric_needles = ("Step ", "╰─")  # as in prime_rl/metrics.py NEEDLES
     table_model = PrimeRLTable
@@ -347,6 +350,11 @@ class PrimeRLBackend(Backend):
                                     f"prime-rl {installed_version} is installed here but the recipe renders for "
                                     f"{version}", "install the pinned tag or set backend.version to the installed one"))
         return findings
+
+    def samples_per_step(self, recipe: Recipe) -> int:
+        """orchestrator.batch_size = train.train_batch_size samples: prompts per step follow from it (rollout.
+        prompts_per_step is not rendered)."""
+        return recipe.train.train_batch_size
 
     def unhonoured(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.prime_rl.rules import unhonoured

@@ -111,6 +111,73 @@ def _seq_len(cfg: dict, full: dict) -> str | None:
     return None
 
 
+# v0.8.0 utils/validation.py:67-140 propagate_shared_fields: each shared top-level field and the sub-config fields it
+# fills; setting both to different values is "Shared config conflicts with matching sub-config field(s)" (:186-194)
+SHARED_V08: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("model.name", ("trainer.model.name", "inference.model.name", "orchestrator.model.name")),
+    ("model.vlm", ("trainer.model.vlm", "inference.model.vlm", "orchestrator.model.vlm")),
+    ("log.level", ("trainer.log.level", "orchestrator.log.level", "inference.log.level")),
+    ("log.json_logging", ("trainer.log.json_logging", "orchestrator.log.json_logging", "inference.log.json_logging")),
+    ("ckpt.output_dir", ("trainer.ckpt.output_dir",)),
+    ("ckpt.interval", ("trainer.ckpt.interval", "orchestrator.ckpt.interval")),
+    ("ckpt.resume_step", ("trainer.ckpt.resume_step", "orchestrator.ckpt.resume_step")),
+    ("ckpt.keep_last", ("trainer.ckpt.keep_last", "orchestrator.ckpt.keep_last")),
+    ("ckpt.keep_interval", ("trainer.ckpt.keep_interval", "orchestrator.ckpt.keep_interval")),
+    *((f"wandb.{leaf}", (f"trainer.wandb.{leaf}", f"orchestrator.wandb.{leaf}"))
+      for leaf in ("project", "entity", "name", "group", "tags", "offline")),
+    ("file_monitor.filename", ("trainer.file_monitor.filename", "orchestrator.file_monitor.filename")),
+    ("tokenizer.name", ("trainer.tokenizer.name", "orchestrator.tokenizer.name")),
+    ("tokenizer.trust_remote_code", ("trainer.tokenizer.trust_remote_code",
+                                     "orchestrator.tokenizer.trust_remote_code")),
+    ("tokenizer.chat_template", ("trainer.tokenizer.chat_template", "orchestrator.tokenizer.chat_template",
+                                 "inference.model.chat_template")),
+    ("rollout_transport", ("trainer.rollout_transport", "orchestrator.rollout_transport")),
+    ("max_steps", ("trainer.max_steps", "orchestrator.max_steps")),
+    ("seq_len", ("trainer.model.seq_len", "orchestrator.seq_len")),
+    ("slurm", ("inference.slurm",)),
+)
+
+
+def shared_conflicts(cfg: dict) -> list[tuple[str, str]]:
+    """(shared field, sub-config field) pairs that prime-rl v0.8.0's loader refuses: both set, to different values."""
+    out = []
+    for shared, targets in SHARED_V08:
+        value = get(cfg, shared)
+        if value is None:
+            continue
+        out += [(shared, t) for t in targets if get(cfg, t) is not None and get(cfg, t) != value]
+    out_dir = cfg.get("output_dir")  # :146-156: the orchestrator's is <output_dir>/run_default
+    if out_dir is not None:
+        for sub, want in (("trainer.output_dir", out_dir), ("orchestrator.output_dir", f"{out_dir}/run_default")):
+            if get(cfg, sub) is not None and get(cfg, sub) != want:
+                out.append(("output_dir", sub))
+    return out
+
+
+def _shared_conflict(cfg: dict, full: dict) -> str | None:
+    found = shared_conflicts(cfg)
+    if found:
+        pairs = ", ".join(f"[{a}] = {get(cfg, a)!r} vs [{b}] = {get(cfg, b)!r}" for a, b in found)
+        return f"Shared config conflicts with matching sub-config field(s): {pairs}"
+    return None
+
+
+def _inference_tp(cfg: dict, full: dict) -> str | None:
+    if cfg.get("inference") is None:
+        return None
+    par = get(full, "inference.parallel", {})
+    tp, dp = par.get("tp", 1), par.get("dp", 1)
+    if "deployment" in full:
+        n = get(full, "deployment.num_infer_gpus", 1)
+        if get(full, "deployment.type", "single_node") != "single_node":
+            return None
+    else:
+        n = len(full.get("inference_gpu_ids", [0]))
+    if n != dp * tp and n % tp:
+        return f"{n} inference GPU(s) are not divisible by the tensor parallel size {tp}"
+    return None
+
+
 def _renderer(schema: dict) -> Callable[[dict, dict], str | None]:
     models = set(schema.get("x-renderer-models", []))
 
@@ -210,6 +277,15 @@ RULES = [
          "train.offload", "use AdamW or turn train.offload off"),
     Rule(V03, "trainer/rl/config.py:251-254 (RLTrainerConfig.validate_opt_and_fsdp_offload)", _muon_offload,
          "train.offload", "use AdamW or turn train.offload off"),
+    Rule(V08, "utils/validation.py:49-194 (propagate_shared_fields)", _shared_conflict,
+         "backend.prime_rl.extra", "set each shared value in one place: remove it from backend.prime_rl.extra and use "
+         "the recipe key rlctl renders (train.seq_len, train.steps, checkpoint.*, logging.wandb.*, model.path)"),
+    Rule(V03, "rl.py:222-229 (RLConfig.auto_setup_dp)", _inference_tp,
+         "rollout.tensor_parallel", "use a rollout.tensor_parallel that divides the inference GPUs "
+         "(resources.inference_gpus), or give inference more GPUs"),
+    Rule(V08, "configs/rl.py:600-615 (RLConfig.auto_setup_deployment)", _inference_tp,
+         "rollout.tensor_parallel", "use a rollout.tensor_parallel that divides the inference GPUs "
+         "(resources.inference_gpus), or give inference more GPUs"),
     Rule(V08, "utils/validation.py:286-294 (validate_shared_seq_len)", _seq_len,
          "train.seq_len", "make train.seq_len >= the orchestrator's seq_len"),
     Rule(V03, "rl.py:381-393 (RLConfig.auto_setup_seq_len)", _seq_len,
@@ -299,7 +375,8 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
         no("train.seed", "rlctl does not render prime-rl's per-component seeds")
     if r.train.episodes is not None and r.train.steps is None:
         no("train.episodes", "prime-rl has no epochs; rlctl converts episodes into max_steps from the dataset size")
-    if r.rollout.prompts_per_step * r.rollout.group_size != r.train.train_batch_size:
+    if (r.rollout.prompts_per_step * r.rollout.group_size != r.train.train_batch_size
+            and "prompts_per_step" in r.rollout.model_fields_set):
         no("rollout.prompts_per_step", "prime-rl's batch is orchestrator.batch_size samples "
            f"(= train.train_batch_size {r.train.train_batch_size}); prompts per step follow from it and group_size")
     if r.rollout.max_num_batched_tokens is not None:
@@ -396,11 +473,16 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
             "the broadcasts it keeps at checkpoint steps",
             "rlctl launch prunes those to checkpoint.keep_last while the run goes"))
     if family == "placement":
-        tbs, samples = r.train.train_batch_size, r.rollout.prompts_per_step * r.rollout.group_size
-        if tbs != samples:
+        tbs, g = r.train.train_batch_size, r.rollout.group_size
+        samples = r.rollout.prompts_per_step * g
+        # only a prompts_per_step the recipe sets: its default is not rendered and prime-rl never sees it
+        if tbs != samples and "prompts_per_step" in r.rollout.model_fields_set and tbs % g == 0:
             out.append(Result("placement.batch", WARN,
-                              f"prime-rl trains once per orchestrator batch: train_batch_size {tbs} != prompts x "
-                              f"group {samples}", f"set train.train_batch_size = {samples}"))
+                              f"prime-rl's batch is train.train_batch_size = {tbs} samples = {tbs // g} prompts x "
+                              f"group {g}; rollout.prompts_per_step = {r.rollout.prompts_per_step} is not rendered",
+                              f"set rollout.prompts_per_step = {tbs // g} to say what runs (or train.train_batch_size "
+                              f"= {samples} if {r.rollout.prompts_per_step} prompts per step is what you want)",
+                              set={"rollout.prompts_per_step": tbs // g}))
     if family == "env":
         import shutil
 

@@ -36,6 +36,8 @@ class TRLBackend(Backend):
     logits_scope = "completion"  # TRL computes log-probs of the completion tokens only (logits_to_keep)
     precisions = ("mixed", "pure")
     logit_bytes = 3.0  # bf16 completion logits, row-wise log-softmax (measured on an H100, docs/memory.md)
+    updates_straddle_rollouts = True  # generation_batch_size and gradient accumulation are independent in GRPOConfig
+    train_batch_rounds = True  # accumulation = train_batch_size // (micro x processes): unhonoured() warns
 
     def uses_vllm(self, recipe: Recipe) -> bool:
         """TRL generates with the trainer's own model unless `use_vllm` is set in its extras."""
@@ -167,8 +169,55 @@ class TRLBackend(Backend):
         if r.data.eval and r.eval.every:
             cfg["eval_strategy"] = "steps"
             cfg["eval_steps"] = r.eval.every
+            # GRPOConfig needs the global eval batch to hold whole groups (grpo_config.py __post_init__); the
+            # TrainingArguments default of 8 does not for a group of 3
+            cfg["per_device_eval_batch_size"] = r.rollout.group_size * max(8 // r.rollout.group_size, 1)
         cfg.update(r.backend.extra())
         return cfg
+
+    def unhonoured(self, recipe: Recipe) -> list[Finding]:
+        """GRPOConfig.__post_init__'s own batch rules (trl 1.16.0 trainer/grpo_config.py:1101-1141), on the rendered
+        config after backend.trl.extra, and what the render rounds or maps."""
+        r = recipe
+        out: list[Finding] = []
+        rendered = self.grpo_config(r, None)
+        extra = r.backend.extra()
+        plain = {k: v for k, v in rendered.items() if k not in extra}
+        world = self.world_size(r)
+        gen, micro, n = (rendered.get("generation_batch_size"), rendered["per_device_train_batch_size"],
+                         rendered["num_generations"])
+        cite = "(trl trainer/grpo_config.py GRPOConfig.__post_init__)"
+        for k in extra:
+            if k in plain or k in ("num_generations", "generation_batch_size"):
+                out.append(Finding("warn", f"backend.trl.extra.{k}", f"backend.trl.extra sets {k}, which rlctl "
+                                   "renders from the recipe: the extra wins", "set it through the recipe instead"))
+        if n < 2:
+            out.append(Finding("error", "rollout.group_size", f"GRPOConfig refuses num_generations {n} < 2 {cite}",
+                               "set rollout.group_size >= 2"))
+        if gen is not None and gen % (micro * world):
+            out.append(Finding("error", "train.micro_batch_size", f"GRPOConfig refuses generation_batch_size {gen} "
+                               f"not divisible by the global batch {micro} x {world} {cite}",
+                               "make train.micro_batch_size divide prompts_per_step x group_size"))
+        if gen is not None and n >= 1 and gen % n:
+            out.append(Finding("error", "rollout.group_size", f"GRPOConfig refuses generation_batch_size {gen} not "
+                               f"divisible by num_generations {n} {cite}", "remove the override from "
+                               "backend.trl.extra"))
+        if rendered.get("eval_strategy", "no") != "no" and n >= 1 and \
+                (rendered.get("per_device_eval_batch_size", 8) * world) % n:
+            out.append(Finding("error", "backend.trl.extra", f"GRPOConfig refuses a global eval batch of "
+                               f"{rendered.get('per_device_eval_batch_size', 8)} x {world} that is not whole groups "
+                               f"of {n} {cite}", "remove per_device_eval_batch_size from backend.trl.extra"))
+        tbs = r.train.train_batch_size
+        step = micro * world * max(tbs // (micro * world), 1)
+        if step != tbs:
+            out.append(Finding("warn", "train.train_batch_size", f"TRL steps the optimizer every "
+                               f"{max(tbs // (micro * world), 1)} micro batch(es) of {micro} x {world}: {step} "
+                               f"samples, not train.train_batch_size {tbs}",
+                               f"make train.train_batch_size a multiple of {micro * world}"))
+        if r.algorithm.name in ("ppo", "reinforce_baseline"):
+            out.append(Finding("warn", "algorithm.name", f"TRL's GRPOTrainer has no {r.algorithm.name}: it runs "
+                               "the GRPO loss", 'set algorithm.name = "grpo" (or "dr_grpo")'))
+        return out
 
     def micro_tokens(self, recipe: Recipe, micro_batch: int) -> int:
         """TRL pads each batch to its longest prompt + completion, at most max_prompt_tokens + max_tokens."""
@@ -242,7 +291,7 @@ class TRLBackend(Backend):
                            "transformers": "from transformers.training_args import TrainingArguments\n"}
                 if base:
                     sources["trl.trainer.base_config"] = base.read_text()
-                return set(dataclass_fields(sources, "GRPOConfig")), installed, f"installed {grpo}"
+                return _installed_fields(sources), installed, f"installed {grpo}"
         # not installed (or another release is): only an exact snapshot of the wanted release will do, never a neighbour
         self.require_known(wanted)
         snap = load_snapshot(self.name, wanted)
@@ -266,3 +315,15 @@ class TRLBackend(Backend):
         from rlctl.backends.trl.checkpoints import find
 
         return find(root)
+
+
+_FIELDS: dict[int, set[str]] = {}
+
+
+def _installed_fields(sources: dict[str, str]) -> set[str]:
+    """GRPOConfig's fields from the installed sources, parsed once per content (render and preflight both ask)."""
+    key = hash(tuple(sorted(sources.items())))
+    if key not in _FIELDS:
+        _FIELDS[key] = set(dataclass_fields(sources, "GRPOConfig"))
+    return set(_FIELDS[key])
+

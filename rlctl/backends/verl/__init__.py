@@ -59,6 +59,10 @@ class VerlBackend(Backend):
     name = "verl"
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
+    # update_actor splits each GPU's share of a mini-batch into micro batches, the last one smaller: no divisibility
+    # by micro x GPUs (placement_rules checks what verl asserts: the mini-batch over the data-parallel ranks)
+    train_batch_rounds = True
+    refuses_single_sample_groups = False  # rollout.n = 1 passes validate_config (GRPO then has no group baseline)
     lora_base_master = True  # the FSDP trainer loads the whole model in fp32, frozen base included
     colocation = "sleep"  # hybrid engine: vLLM frees weights + KV cache while the actor trains
     packages = ("verl",)
@@ -310,13 +314,22 @@ class VerlBackend(Backend):
         )
 
     # ---- what cannot be honoured -----------------------------------------------------------------------------
+    def colocated(self, recipe: Recipe) -> bool:
+        """The synchronous trainer's hybrid engine puts actor and vLLM on every GPU (colocate = false is said, not
+        honoured: mapping.py)."""
+        return True
+
     def unhonoured(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.verl.mapping import unhonoured
 
         version = recipe.backend.version or installed_version("verl") or self.known_versions[-1]
         if version not in self.known_versions:
             return []  # render reports the unknown version
-        return unhonoured(self, recipe, snapshot(version))
+        # the batch splits verl refuses (validate_config) or asserts after the first rollout (update_actor): render
+        # shows them too, not only preflight's placement.batch
+        own = [Finding("error", "train.train_batch_size", res.figure, res.fix) for res in placement_rules(recipe)
+               if res.verdict == "fail"]
+        return unhonoured(self, recipe, snapshot(version)) + own
 
     # ---- validation ------------------------------------------------------------------------------------------
     def definitions(self, installed: str | None, wanted: str) -> tuple[set[str], str, str]:
