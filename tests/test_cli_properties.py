@@ -665,7 +665,9 @@ def _upper_limits() -> dict[str, int]:
         *path, leaf = key.split(".")
         for p in path:
             ann = model.model_fields[p].annotation
-            model = next(a for a in (typing.get_args(ann) or (ann,)) if isinstance(a, type))
+            # the section's model (a union may have a str arm too)
+            model = next(a for a in (typing.get_args(ann) or (ann,))
+                         if isinstance(a, type) and hasattr(a, "model_fields"))
         f = model.model_fields[leaf]
         v = le_of(f) or le_of(f.annotation)
         if v is not None and v >= 1000:
