@@ -84,3 +84,15 @@ def test_the_fast_path_imports_no_cli_framework(runs, tmp_path):
             "print('IMPORTED', bad)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "IMPORTED []" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_record_whose_time_is_null_does_not_break_status(tmp_path, monkeypatch):
+    """Found by tests/test_cli_properties.py: `{"step": 0, "time": null}` in metrics.jsonl."""
+    root = tmp_path / "runs"
+    run = root / "gen-run"
+    run.mkdir(parents=True)
+    (run / "state.json").write_text("{}")
+    (run / "metrics.jsonl").write_text('{"step": 0}\n{"step": 0, "time": null}\n')
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(root))
+    code, out, err = _full(["status", "gen-run"])
+    assert code == 0 and "gen-run" in out and "Traceback" not in err

@@ -83,7 +83,8 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     merged = by_step(records)
     step = max(merged) if merged else None
     latest = merged[step] if step is not None else {}
-    last_time = max((r.get("time", 0) for r in records), default=None) if records else None
+    times = [t for r in records if isinstance(t := r.get("time"), (int, float)) and not isinstance(t, bool)]
+    last_time = max(times, default=None)  # a damaged record (time null or text) has no time
     status = true_status(run_dir, state, last_time, stall_after)
     return RunStatus(run_dir.name, run_dir, state, status, step, state.get("total_steps"), latest, last_time,
                      records)
