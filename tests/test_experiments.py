@@ -68,6 +68,7 @@ def w(tmp_path, monkeypatch):
     (tmp_path / "prompts.jsonl").write_text('{"input": "a"}\n{"input": "b"}\n')
     runs = tmp_path / "runs"
     monkeypatch.setenv("RLCTL_RUNS_DIR", str(runs))
+    monkeypatch.setenv("RLCTL_CONFIG_DIR", str(tmp_path / "config"))  # no host of the user's (rlctl hosts)
     monkeypatch.chdir(tmp_path)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
@@ -143,7 +144,7 @@ def test_bad_grids_and_options_are_usage_errors(w):
                       (["--grid", "optim.lr=1,1"], "repeated"),
                       (["--grid", "optim.lrr=0.1,0.2"], "optim.lrr"),
                       ([], "nothing to sweep"),
-                      (["--grid", "optim.lr=0.1,0.2", "--on", "gpu-box-1,gpu-box-2"], "no ssh executor")]:
+                      (["--grid", "optim.lr=0.1,0.2", "--on", "gpu-box-1,gpu-box-2"], "no host 'gpu-box-1'")]:
         r = cli(w, "sweep", "b.toml", *args, "--name", "bad")
         assert r.code == 2 and msg in r.err and "Traceback" not in r.err, (args, r.err)
 

@@ -51,6 +51,10 @@ def _placement(parallel: int | None, on: str | None, executor: str | None, addre
             raise RlctlError(f"--on {on}: no ssh executor is registered in this rlctl, so runs cannot go to SSH hosts.",
                              hint="install an rlctl with the SSH executor (rlctl launch --on HOST), or drop --on to "
                                   "run here / --executor ray for a Ray cluster")
+        from rlctl.core.host import get_host
+
+        for h in hosts:  # every host known (rlctl hosts add) before anything is queued
+            get_host(h)
     if executor is not None and executor not in executors.available():
         raise RlctlError(f"--executor {executor!r}: expected one of {', '.join(executors.available())}.")
     max_gpus = max((n.get("gpus") or 0 for n in needs.values()), default=0)
