@@ -177,6 +177,30 @@ def test_gpu_slots_never_share_a_gpu():
     assert [hosts.take(v, 8).host for v in "xy"] == ["h1", "h2"] and hosts.take("z", 8) is None
 
 
+def test_gpu_slots_have_the_memory_the_plan_says():
+    """A GPU another process half fills is not given to a run whose plan needs more than it has free."""
+    from rlctl.experiments.queue import Capacity
+
+    free = {0: 10.0, 1: 79.0, 2: 79.0, 3: 5.0}
+    cap = Capacity.from_placement({"parallel": 4, "gpu_ids": [0, 1, 2, 3]})
+    assert cap.take("big", 2, 40.0, free).gpus == (1, 2)
+    assert cap.take("big2", 1, 40.0, free) is None  # GPUs 0 and 3 are free of runs, not of memory
+    assert cap.take("small", 1, 8.0, free).gpus == (0,)
+    assert cap.take("any", 1, None, free).gpus == (3,)  # no plan (no model config): placed by count alone
+
+
+def test_the_plan_memory_a_variant_needs():
+    from rlctl.experiments.variants import planned_gib
+    from rlctl.preflight import Result
+
+    gib = 2**30
+    results = [Result("memory.trainer", "ok", "", data={"per_gpu_bytes": 30 * gib}),
+               Result("memory.vllm", "ok", "", data={"budget": 45 * gib}), Result("disk.free", "ok", "",
+                                                                                 data={"per_gpu_bytes": 99 * gib})]
+    assert planned_gib(results) == 45.0
+    assert planned_gib([Result("memory.trainer", "skip", "no config")]) is None
+
+
 # -- status: the index ------------------------------------------------------------------------------------------------
 
 def _fake_run(root: Path, name: str, status: str = "finished", exp: str | None = None, steps: int = 3) -> Path:

@@ -62,8 +62,10 @@ class Capacity:
     def from_placement(cls, placement: dict[str, Any]) -> Capacity:
         return cls(placement, list(placement.get("gpu_ids") or []))
 
-    def take(self, variant: str, gpus_needed: int) -> Slot | None:
-        """A slot for a variant needing `gpus_needed` GPUs on one machine, or None while all are taken."""
+    def take(self, variant: str, gpus_needed: int, need_gib: float | None = None,
+             free_gib: dict[int, float] | None = None) -> Slot | None:
+        """A slot for a variant needing `gpus_needed` GPUs on one machine, each with `need_gib` free (its memory
+        plan; `free_gib` is what each local GPU has free now), or None while no such slot is open."""
         parallel = int(self.placement.get("parallel") or 1)
         hosts: list[str | None] = list(self.placement.get("hosts") or [None])
         for host in hosts:
@@ -75,6 +77,8 @@ class Capacity:
             if gpus_needed and host is None and self.placement.get("executor", "local") == "local" and self.gpu_ids:
                 taken = {g for _, gs, _ in on_host for g in gs}
                 free = [g for g in self.gpu_ids if g not in taken]
+                if need_gib and free_gib:  # another process may hold memory on a GPU no run of ours uses
+                    free = [g for g in free if free_gib.get(g, float("inf")) >= need_gib]
                 if len(free) < gpus_needed:
                     continue
                 gpus = tuple(free[:gpus_needed])
@@ -100,6 +104,30 @@ def local_gpu_ids() -> list[int]:
     from rlctl.runs.rundir import gpus
 
     return [int(g["index"]) for g in gpus() if str(g.get("index", "")).isdigit()]
+
+
+def local_gpu_free_gib() -> dict[int, float] | None:
+    """Free memory of each local GPU now (nvidia-smi), in GiB; None where it cannot be read."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    out: dict[int, float] = {}
+    for line in r.stdout.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                out[int(parts[0])] = float(parts[1]) / 1024  # MiB
+            except ValueError:
+                continue
+    return out or None
 
 
 class Queue:
@@ -232,8 +260,10 @@ class Queue:
             self.settle()
             if self.stopping:
                 return self.stop_all()
+            free_gib = local_gpu_free_gib() if self.cap.gpu_ids and self.pending() else None
             for v in self.pending():
-                slot = self.cap.take(v["id"], int((needs.get(v["id"]) or {}).get("gpus") or 0))
+                need = needs.get(v["id"]) or {}
+                slot = self.cap.take(v["id"], int(need.get("gpus") or 0), need.get("gib"), free_gib)
                 if slot is None:
                     break
                 self.launch(v, slot)

@@ -159,6 +159,21 @@ class PreflightProblem:
     failures: list[str]
 
 
+def planned_gib(results: list[Any]) -> float | None:
+    """The GPU memory one GPU of the run needs by its plan (the trainer's peak, vLLM's budget, the colocated peak:
+    the largest), in GiB; None where the plan could not be made (no model config, an unknown GPU)."""
+    need = 0.0
+    for x in results:
+        data = getattr(x, "data", None) or {}
+        if not str(getattr(x, "check", "")).startswith("memory.") or not isinstance(data, dict):
+            continue
+        for key in ("per_gpu_bytes", "budget", "peak"):
+            v = data.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and v > 0:
+                need = max(need, float(v) / 2**30)
+    return need or None
+
+
 def preflight_all(arms: list[Arm], vs: list[Variant]) -> tuple[list[PreflightProblem], dict[str, dict[str, Any]]]:
     """Preflight every variant (render + every check that needs no GPU); returns the failures and, per variant,
     what placement needs to know (GPUs, nodes, executor)."""
@@ -180,7 +195,7 @@ def preflight_all(arms: list[Arm], vs: list[Variant]) -> tuple[list[PreflightPro
             continue
         r = prep.recipe
         needs[v.id] = {"gpus": r.resources.gpus_per_node, "nodes": r.resources.nodes,
-                       "executor": r.resources.executor}
+                       "executor": r.resources.executor, "gib": planned_gib(results)}
         if pf.failed(results):
             problems.append(PreflightProblem(v.id, settings, [f"{x.check}: {x.figure}" for x in results
                                                               if x.verdict == "fail"]))
