@@ -14,6 +14,8 @@ LEDGER = "evals.json"
 
 
 def read_ledger(run_dir: Path) -> dict[str, Any]:
+    if not (run_dir / EVALS / LEDGER).is_file():  # missing, or a FIFO that would block
+        return {}
     try:
         d = json.loads((run_dir / EVALS / LEDGER).read_text())
         return d if isinstance(d, dict) else {}

@@ -119,6 +119,8 @@ def eval_findings(recipe: Recipe, backend: Any, version: str | None) -> list[Any
 
 def run_eval_config(run_dir: Path) -> dict[str, Any]:
     """The run's [eval] table (and data.eval) from its resolved recipe.toml, as plain data; {} when none."""
+    if not (run_dir / "recipe.toml").is_file():  # missing, or a FIFO that would block
+        return {}
     try:
         doc = tomllib.loads((run_dir / "recipe.toml").read_text())
     except (OSError, ValueError, RecursionError):

@@ -103,6 +103,8 @@ def _baseline(rs: RunStatus) -> dict[str, float]:
     from rlctl.metrics.stream import METRICS
 
     out: dict[str, float] = {}
+    if not (rs.path / METRICS).is_file():  # a FIFO or device named metrics.jsonl would block
+        return out
     try:
         with (rs.path / METRICS).open("rb") as fh:
             head = fh.read(1 << 16).decode("utf-8", errors="replace").splitlines()
