@@ -10,41 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.core.facts import MachineFacts
+from rlctl.core.gpus import list_gpus
 
 
 def gpus() -> tuple[list[dict[str, Any]] | None, str | None]:
     """(GPUs, note): through NVML, else `nvidia-smi`; None with the reason when neither is there."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            name = pynvml.nvmlDeviceGetName(h)
-            out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else str(name),
-                        "memory_total_gib": round(mem.total / 2**30, 1), "memory_used_gib": round(mem.used / 2**30, 1)})
-        return out, None
-    except Exception as e:  # no pynvml, or no driver
-        nvml_err = f"{type(e).__name__}: {e}"
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        import subprocess
-
-        try:
-            p = subprocess.run([smi, "--query-gpu=index,name,memory.total,memory.used", "--format=csv,noheader,"
-                                "nounits"], capture_output=True, text=True, timeout=20)
-            rows = []
-            for line in p.stdout.splitlines():
-                i, name, total, used = (x.strip() for x in line.split(","))
-                rows.append({"index": int(i), "name": name, "memory_total_gib": round(float(total) / 1024, 1),
-                             "memory_used_gib": round(float(used) / 1024, 1)})
-            if p.returncode == 0:
-                return rows, None
-        except (OSError, ValueError, subprocess.TimeoutExpired):
-            pass
-    return None, f"no NVIDIA GPU found (NVML: {nvml_err}; nvidia-smi {'failed' if smi else 'not installed'})"
+    rows, note = list_gpus()
+    if rows is None:
+        return None, note
+    return [{"index": r["index"], "name": r["name"],
+             **{k: None if r.get(k) is None else round(r[k], 1) for k in ("memory_total_gib", "memory_used_gib")}}
+            for r in rows], None
 
 
 def backend_facts() -> dict[str, dict[str, Any]]:

@@ -108,25 +108,9 @@ def local_gpu_ids() -> list[int]:
 
 def local_gpu_free_gib() -> dict[int, float] | None:
     """Free memory of each local GPU now (nvidia-smi), in GiB; None where it cannot be read."""
-    import shutil
-    import subprocess
+    from rlctl.core.gpus import smi_rows
 
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        r = subprocess.run([exe, "--query-gpu=index,memory.free", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    out: dict[int, float] = {}
-    for line in r.stdout.splitlines():
-        parts = [x.strip() for x in line.split(",")]
-        if len(parts) == 2 and parts[0].isdigit():
-            try:
-                out[int(parts[0])] = float(parts[1]) / 1024  # MiB
-            except ValueError:
-                continue
+    out = {r["index"]: r["memory_free_gib"] for r in smi_rows() or [] if r["memory_free_gib"] is not None}
     return out or None
 
 

@@ -134,20 +134,12 @@ def git_info(cwd: Path) -> dict[str, Any] | None:
 
 
 def gpus() -> list[dict[str, str]]:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return []
-    try:
-        r = subprocess.run([exe, "--query-gpu=index,name,memory.total,driver_version", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    out = []
-    for line in r.stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4:
-            out.append(dict(zip(("index", "name", "memory", "driver"), parts, strict=True)))
-    return out
+    """The GPUs of this machine as the run's environment record keeps them (nvidia-smi's view)."""
+    from rlctl.core.gpus import smi_rows
+
+    return [{"index": str(r["index"]), "name": r["name"],
+             "memory": "" if r["memory_total_gib"] is None else f"{round(r['memory_total_gib'] * 1024)} MiB",
+             "driver": r["driver"]} for r in smi_rows() or []]
 
 
 def environment_record(cwd: Path, backend_packages: tuple[str, ...]) -> dict[str, Any]:

@@ -25,21 +25,12 @@ def summary(rs: RunStatus) -> dict[str, Any]:
 
 def gpu_stats() -> list[dict[str, Any]] | None:
     """GPU memory and utilisation through NVIDIA's management library, when it is there."""
+    from rlctl.core.gpus import nvml_rows
+
     try:
-        import pynvml  # nvidia-ml-py
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-            util = pynvml.nvmlDeviceGetUtilizationRates(h)
-            out.append({"index": i, "memory_used_gib": mem.used / 2**30, "memory_total_gib": mem.total / 2**30,
-                        "utilization": util.gpu})
-        return out
-    except Exception:
+        return [{k: r[k] for k in ("index", "memory_used_gib", "memory_total_gib", "utilization")}
+                for r in nvml_rows(utilization=True)]
+    except Exception:  # no pynvml, or no driver
         return None
 
 
