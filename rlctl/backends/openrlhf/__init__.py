@@ -336,9 +336,11 @@ class OpenRLHFBackend(Backend):
         on its nodes)."""
         return sorted(k for k, v in self.job_env(recipe).items() if v == f"${{{k}}}")
 
-    def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
-        version = self.target_version(recipe)
-        rel = release(version)
+    def cli_args(self, recipe: Recipe, dataset_size: int | None = None,
+                 with_extra: bool = True) -> tuple[list[str], list[str]]:
+        """(train_ppo_ray's arguments, the flags they name): the recipe's concepts, then backend.openrlhf.extra
+        appended as given (argparse takes the last of a repeated flag: an extra overrides what rlctl renders)."""
+        rel = release(self.target_version(recipe))
         args: list[str] = []
         keys: list[str] = []
         for concept, value in self.concepts(recipe, dataset_size):
@@ -353,18 +355,24 @@ class OpenRLHFBackend(Backend):
                 args.extend(_fmt(v) for v in value)
             else:
                 args += [flag, _fmt(value)]
-        for k, v in recipe.backend.extra().items():
+        for k, v in (recipe.backend.extra().items() if with_extra else ()):
             flag = k if k.startswith("--") else f"--{k}"
             keys.append(flag)
             if v is True:
                 args.append(flag)
             elif v is False or v is None:
-                continue
+                continue  # a store_true flag cannot be turned off on a command line: unhonoured() says so
             elif isinstance(v, list):
                 args.append(flag)
                 args.extend(_fmt(x) for x in v)
             else:
                 args += [flag, _fmt(v)]
+        return args, keys
+
+    def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
+        version = self.target_version(recipe)
+        rel = release(version)
+        args, keys = self.cli_args(recipe, dataset_size)
         address = recipe.resources.ray_address or DEFAULT_RAY_ADDRESS
         env = self.job_env(recipe)
         runtime_env: dict[str, Any] = {"working_dir": "."}
@@ -420,6 +428,14 @@ class OpenRLHFBackend(Backend):
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
         known, version, source = self.definitions(installed_version, plan.version or self.known_versions[-1])
         findings = check_keys(self.name, plan.keys, known, version, source)
+        if version in self.known_versions:
+            # argparse reads a unique prefix of a flag as that flag (allow_abbrev): not unknown, an abbreviation
+            from rlctl.backends.openrlhf.argv import resolve
+
+            findings = [f for f in findings if resolve(version, f.key) is None] + [
+                Finding("warn", f.key, f"`{f.key}` is not a {self.name} {version} flag: argparse reads it as the "
+                        f"flag it abbreviates, `{resolve(version, f.key)}`", f"write `{resolve(version, f.key)}`")
+                for f in findings if resolve(version, f.key) is not None]
         if installed_version and plan.version and installed_version != plan.version:
             findings.append(Finding(
                 "warn", "openrlhf",
