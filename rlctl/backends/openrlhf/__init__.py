@@ -337,9 +337,10 @@ class OpenRLHFBackend(Backend):
         return sorted(k for k, v in self.job_env(recipe).items() if v == f"${{{k}}}")
 
     def cli_args(self, recipe: Recipe, dataset_size: int | None = None,
-                 with_extra: bool = True) -> tuple[list[str], list[str]]:
+                 extra: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
         """(train_ppo_ray's arguments, the flags they name): the recipe's concepts, then backend.openrlhf.extra
-        appended as given (argparse takes the last of a repeated flag: an extra overrides what rlctl renders)."""
+        (or `extra` in its place) appended as given (argparse takes the last of a repeated flag: an extra overrides
+        what rlctl renders)."""
         rel = release(self.target_version(recipe))
         args: list[str] = []
         keys: list[str] = []
@@ -355,7 +356,7 @@ class OpenRLHFBackend(Backend):
                 args.extend(_fmt(v) for v in value)
             else:
                 args += [flag, _fmt(value)]
-        for k, v in (recipe.backend.extra().items() if with_extra else ()):
+        for k, v in (recipe.backend.extra() if extra is None else extra).items():
             flag = k if k.startswith("--") else f"--{k}"
             keys.append(flag)
             if v is True:

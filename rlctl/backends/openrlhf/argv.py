@@ -106,8 +106,9 @@ def extra_findings(backend: Any, recipe: Recipe) -> list[Finding]:
     rel = release(version)
     out: list[Finding] = []
     where = f"(openrlhf {version} train_ppo_ray's argparse)"
-    rendered, _ = backend.cli_args(recipe, with_extra=False)
-    full, _ = backend.cli_args(recipe)
+    rendered, _ = backend.cli_args(recipe, extra={})
+    # a flag the release lacks (unknown, or a prefix of several) is validate()'s error already: said once
+    full, _ = backend.cli_args(recipe, extra={k: v for k, v in extra.items() if resolve(version, k)})
     try:
         before = parse(version, rendered)
     except Refused:
