@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import argparse_flags, package_file
 from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, check_keys
-from rlctl.backends.openrlhf.releases import KNOWN_VERSIONS, Release, release
+from rlctl.backends.openrlhf.releases import FLAGS, KNOWN_VERSIONS, Release, release
 from rlctl.backends.openrlhf.steps import DEFAULT_WARMUP_RATIO, Steps, plan_steps, warmup_ratio_for
 from rlctl.estimate.schedules import hf_schedule
 
@@ -433,6 +433,12 @@ class OpenRLHFBackend(Backend):
             # argparse reads a unique prefix of a flag as that flag (allow_abbrev): not unknown, an abbreviation
             from rlctl.backends.openrlhf.argv import resolve
 
+            rel = release(version)
+            # the other release line's spelling of a concept: name this release's (not the closest-looking flag)
+            other = {(d if not rel.dotted else f): rel.flag(c) for c, (f, d) in FLAGS.items() if rel.flag(c)}
+            for f in findings:
+                if other.get(f.key):
+                    f.fix = f"`{f.key}` is another OpenRLHF release's spelling: write `{other[f.key]}` for {version}"
             findings = [f for f in findings if resolve(version, f.key) is None] + [
                 Finding("warn", f.key, f"`{f.key}` is not a {self.name} {version} flag: argparse reads it as the "
                         f"flag it abbreviates, `{resolve(version, f.key)}`", f"write `{resolve(version, f.key)}`")
