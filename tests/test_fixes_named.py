@@ -171,6 +171,10 @@ def test_memory_fix_without_accumulation_is_proposed_and_closes(cli):
     after = _preflight_memory(cli, *sets, *(f"{k}={json.dumps(v)}" for k, v in r["set"].items()))
     assert after["verdict"] in ("ok", "warn"), after
     assert after["figure"].startswith("118.8 GiB"), after["figure"]
+    # and no other check newly fails or warns, the fix names nothing TRL cannot honour (test_fixes_close's rule)
+    from tests.conformance.test_fixes_close import close_all
+
+    assert close_all(RECIPES / "quickstart.toml", sets) == []
 
 
 # ---- render and preflight agree --------------------------------------------------------------------------------------
