@@ -3,6 +3,8 @@ tests/conformance/test_agreement_*.py and test_fixes_close.py)."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from collections import namedtuple
 
@@ -10,6 +12,7 @@ import pytest
 
 from rlctl import preflight as pf
 from rlctl.errors import RlctlError
+from rlctl.estimate.memory import trainer_memory
 from rlctl.recipe.planning import prepare
 from tests.conftest import RECIPES
 
@@ -110,6 +113,68 @@ def test_memory_fix_names_the_least_plan_not_a_bigger_one():
     least = float(r.fix.split(" GiB")[0].rsplit(" ", 1)[-1])
     plan = r.data["per_gpu_bytes"] / 1024**3
     assert least <= plan + 0.05, (least, plan, r.fix)
+
+
+# the issue's own case: a 7B full fine-tune on one H100 (TRL: fp32 parameters, gradients and Adam states), micro batch
+# 8 of a train batch of 8 (no accumulation) plans 118.8 GiB; micro batch 1 accumulates over 8 and keeps the whole fp32
+# gradients through every micro batch: 133.9 GiB
+TRL_7B_1XH100 = ['model.path="Qwen/Qwen2.5-7B"', 'model.dtype="bfloat16"', "model.max_model_len=2048",
+                 "data.max_prompt_tokens=512", "rollout.max_tokens=1024", "resources.gpus_per_node=1",
+                 'resources.gpu="H100-80GB"', "train.gradient_checkpointing=true", "train.train_batch_size=8"]
+GIB = re.compile(r"(\d+\.\d) GiB")
+
+
+def _preflight_memory(cli, *sets: str) -> dict:
+    argv = ["preflight", str(RECIPES / "quickstart.toml"), "--only", "memory.trainer", "--json"]
+    for s in sets:
+        argv += ["--set", s]
+    res = cli(*argv)
+    return next(r for r in json.loads(res.out)["results"] if r["check"] == "memory.trainer")
+
+
+def _plan(*sets: str, micro_batch: int) -> float:
+    prep = prepare(RECIPES / "quickstart.toml", list(sets))
+    return round(trainer_memory(prep.recipe, pf.Context(prep).arch, micro_batch=micro_batch).total / 1024**3, 1)
+
+
+def test_memory_fix_7b_full_finetune_on_one_h100_cites_the_plans_own_figures(cli):
+    r = _preflight_memory(cli, *TRL_7B_1XH100, "train.micro_batch_size=8")
+    assert r["verdict"] == "fail" and r["set"] is None
+    plan, at_1 = _plan(*TRL_7B_1XH100, micro_batch=8), _plan(*TRL_7B_1XH100, micro_batch=1)
+    assert (plan, at_1) == (118.8, 133.9)
+    assert r["figure"].startswith(f"{plan} GiB per trainer GPU")
+    # the least is the recipe's own micro batch, at the plan's figure; the larger micro batch 1 figure is said with
+    # why (accumulation), never as the least
+    assert f"the least is the recipe's own train.micro_batch_size = 8, {plan} GiB" in r["fix"], r["fix"]
+    assert f"micro batch 1 needs more, {at_1} GiB: gradient accumulation" in r["fix"], r["fix"]
+    cited = [float(x) for x in GIB.findall(r["fix"])]
+    assert set(cited) == {plan, at_1}, r["fix"]
+
+
+def test_memory_fix_a_smaller_micro_batch_that_accumulates_is_never_the_least(cli):
+    # micro batch 8 of 16: it accumulates (133.9 GiB); 16 in one (118.8) is the least, and is said to be larger
+    r = _preflight_memory(cli, *TRL_7B_1XH100, "train.train_batch_size=16", "train.micro_batch_size=8")
+    plan = _plan(*TRL_7B_1XH100, "train.train_batch_size=16", micro_batch=8)
+    whole = _plan(*TRL_7B_1XH100, "train.train_batch_size=16", micro_batch=16)
+    assert r["verdict"] == "fail" and r["figure"].startswith(f"{plan} GiB") and whole < plan
+    assert f"the least is train.micro_batch_size = 16, {whole} GiB" in r["fix"], r["fix"]
+    assert max(float(x) for x in GIB.findall(r["fix"])) <= plan
+
+
+def test_memory_fix_without_accumulation_is_proposed_and_closes(cli):
+    # on a 128 GB card micro batch 16 in one fits (118.8 GiB) where every smaller one accumulates and does not
+    # (133.9): the fix raises the micro batch, says why, and applying its `set` closes the check
+    sets = [*TRL_7B_1XH100, 'resources.gpu="GB200-128GB"', "train.train_batch_size=16", "train.micro_batch_size=8"]
+    r = _preflight_memory(cli, *sets)
+    assert r["verdict"] == "fail" and r["set"] == {"train.micro_batch_size": 16}, r
+    assert "no gradient accumulation" in r["fix"] and "118.8 GiB" in r["fix"], r["fix"]
+    after = _preflight_memory(cli, *sets, *(f"{k}={json.dumps(v)}" for k, v in r["set"].items()))
+    assert after["verdict"] in ("ok", "warn"), after
+    assert after["figure"].startswith("118.8 GiB"), after["figure"]
+    # and no other check newly fails or warns, the fix names nothing TRL cannot honour (test_fixes_close's rule)
+    from tests.conformance.test_fixes_close import close_all
+
+    assert close_all(RECIPES / "quickstart.toml", sets) == []
 
 
 # ---- render and preflight agree --------------------------------------------------------------------------------------

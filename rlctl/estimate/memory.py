@@ -301,7 +301,24 @@ def fitting_fix(recipe: Recipe, arch: Arch, limit: float) -> dict[str, Any]:
         if best:
             peak = trainer_memory(recipe, arch, micro_batch=best, checkpointing=use_gc).total
             return {"micro_batch_size": best, "gradient_checkpointing": use_gc, "peak": peak}
+        # every smaller micro batch accumulates (fp32 gradients held across micro batches): the one that needs no
+        # accumulation can be the least of all although it is larger
+        whole = no_accumulation_micro_batch(recipe)
+        if whole is not None:
+            peak = trainer_memory(recipe, arch, micro_batch=whole, checkpointing=use_gc).total
+            if peak <= limit:
+                return {"micro_batch_size": whole, "gradient_checkpointing": use_gc, "peak": peak}
     return {}
+
+
+def no_accumulation_micro_batch(recipe: Recipe) -> int | None:
+    """The micro batch above the recipe's that takes a GPU's whole share of the train batch in one (no gradient
+    accumulation), where the trainer forms micro batches as told; None where there is none."""
+    if not _adapter(recipe).honours_micro_batch:
+        return None
+    dp = max(recipe.trainer_gpu_count, 1)
+    whole, rest = divmod(recipe.train.train_batch_size, dp)
+    return whole if not rest and whole > recipe.train.micro_batch_size else None
 
 
 def fix_text(fix: dict[str, Any], recipe: Recipe) -> str | None:
@@ -315,7 +332,10 @@ def fix_text(fix: dict[str, Any], recipe: Recipe) -> str | None:
         if tokens != _adapter(recipe).memory_features(recipe).token_budget[1]:
             parts.append(f"{key} = {tokens}")
     elif fix["micro_batch_size"] != recipe.train.micro_batch_size:
-        parts.append(f"train.micro_batch_size = {fix['micro_batch_size']}")
+        # a larger micro batch that needs less: the one without gradient accumulation (say why, it reads backwards)
+        why = " (one micro batch per step: no gradient accumulation)" if \
+            fix["micro_batch_size"] > recipe.train.micro_batch_size else ""
+        parts.append(f"train.micro_batch_size = {fix['micro_batch_size']}{why}")
     if not parts:
         return None
     return " and ".join(parts) + f" (trainer peak {fix['peak'] / GiB:.1f} GiB)"

@@ -8,6 +8,7 @@ from rlctl.estimate.memory import (
     fitting_fix,
     fix_text,
     gpu_memory_gib,
+    no_accumulation_micro_batch,
     trainer_memory,
     trainer_resident,
     vllm_memory,
@@ -54,18 +55,25 @@ def trainer(ctx: Context) -> Result:
         fix = fix_text(fitting_fix(ctx.recipe, arch, total), ctx.recipe)
         sets = None
         if not fix:
-            # the least any micro batch needs (with checkpointing): a smaller micro batch is not always less, since
-            # accumulating over several adds the fp32 gradients
+            # the least any micro batch needs: a smaller micro batch is not always less, since accumulating over
+            # several keeps the whole (fp32 under mixed precision) gradients; every figure cited is a plan computed here
             r = ctx.recipe
-            plans = {mb: trainer_memory(r, arch, micro_batch=mb, checkpointing=True).total
-                     for mb in sorted({1, r.train.micro_batch_size})}
-            mb, least = min(plans.items(), key=lambda kv: kv[1])
-            how = (f"train.micro_batch_size = {mb}" + (" (a smaller one adds fp32 gradient accumulation)"
-                                                       if mb > 1 else "")
-                   + (" with train.gradient_checkpointing = true" if not r.train.gradient_checkpointing else ""))
+            mine, gc = r.train.micro_batch_size, r.train.gradient_checkpointing
+            whole = no_accumulation_micro_batch(r)
+            plans = {(m, g): trainer_memory(r, arch, micro_batch=m, checkpointing=g).total
+                     for m in {1, mine, *([whole] if whole else [])} for g in {gc, True}}
+            # the least; among equals the recipe's own checkpointing, then the smaller micro batch
+            (mb, use_gc), least = min(plans.items(), key=lambda kv: (round(kv[1] / GiB, 1), kv[0][1] != gc,
+                                                                       kv[0][0]))
+            gc_note = " with train.gradient_checkpointing = true" if use_gc and not gc else ""
+            how = (f"the recipe's own train.micro_batch_size = {mb}" if mb == mine
+                   else f"train.micro_batch_size = {mb}") + f"{gc_note}, {gib(least)}"
+            if mb > 1 and gib(plans[(1, use_gc)]) != gib(least):
+                how += (f" (micro batch 1 needs more, {gib(plans[(1, use_gc)])}: gradient accumulation keeps the "
+                        "whole gradients between micro batches)")
             options = ["shorten train.seq_len", *([] if r.lora else ["use LoRA"]),
                        "raise train.zero_stage / more trainer GPUs", *([] if r.train.offload else ["train.offload"])]
-            fix = (f"no micro batch fits: the least is {how}, {gib(least)}: "
+            fix = (f"no micro batch fits: the least is {how}: "
                    + ", ".join(options[:-1]) + ", or " + options[-1])
         else:
             sets = _fit_sets(fitting_fix(ctx.recipe, arch, total), ctx.recipe)

@@ -44,3 +44,12 @@ def test_an_unknown_trl_release_is_an_error_not_a_neighbour(cli):
     assert r.code == 2
     assert "trl 1.15.0 is not known to rlctl; known: 1.16.0" in r.err
     assert "Traceback" not in r.err
+
+
+def test_lora_on_lm_head_is_refused_as_grpo_trainer_refuses_it():
+    # GRPOTrainer raises ValueError at start for an adapter on lm_head (found making the doctor corpus's LoRA run)
+    sets = ["lora.rank=8", 'lora.target_modules=["q_proj","lm_head"]']
+    errors = [f for f in prepare(RECIPES / "quickstart.toml", sets).validate() if f.level == "error"]
+    assert [f.key for f in errors] == ["lora.target_modules"] and "lm_head" in errors[0].message
+    ok = prepare(RECIPES / "quickstart.toml", ["lora.rank=8", 'lora.target_modules=["q_proj","v_proj"]']).validate()
+    assert not [f for f in ok if f.level == "error"]

@@ -11,6 +11,13 @@ job meets before its first step, each from the code that decides it:
   NoMatchingPeftModuleError / ValueError at start;
 - Ray's placement: the GPUs the parsed counts ask for (actor, + critic and vLLM engines unless colocated) exist in the
   cluster, else the placement groups wait forever.
+
+`extra` entries that collide with what rlctl renders (EXTRAS): the same flag with the same or another value, the
+other dialect's spelling (`--max_ckpt_num` / `--ckpt.max_num`), a store_true flag given a value or `false`, a valued
+flag given none, a list, a wrong type or choice, an abbreviation, an unknown flag. train_ppo_ray's argparse decides
+(last wins, or an error). Where an extra overrides a value rlctl's checks are computed from, rlctl refuses on
+purpose and names the recipe key to set (rlctl/backends/openrlhf/argv.py): that refusal is said, and the recipe its
+fix names must then agree with OpenRLHF like any other case.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from rlctl.backends.openrlhf import OpenRLHFBackend
-from rlctl.backends.openrlhf.releases import release
+from rlctl.backends.openrlhf.argv import RECIPE_KEY
+from rlctl.backends.openrlhf.releases import FLAGS, release
 from tests.conformance._agreement import disagreement, peft_accepts, profile, rlctl_verdict, workdir
 from tests.conformance._openrlhf_support import OpenRLHF, dest
 
@@ -67,6 +75,42 @@ def base(version: str):
     return p
 
 
+# (how, concept or flag, value): "concept" spells the concept as the case's release does, "alias" as the other
+# dialect does, "prefix" as an abbreviation of the release's flag, "raw" as written; "same" is the rendered value
+EXTRAS: list[tuple[str, str, Any] | None] = [
+    None,
+    ("concept", "seed", "same"), ("concept", "train_batch_size", "same"),  # said again: nothing changes
+    ("concept", "seed", 7), ("concept", "temperature", 0.7), ("concept", "max_ckpt_num", 5),  # free: the extra wins
+    ("concept", "train_batch_size", 8), ("concept", "micro_train_batch_size", 2),  # checked values overridden
+    ("concept", "vllm_tp", 2), ("concept", "vllm_num_engines", 1), ("concept", "n_samples_per_prompt", 2),
+    ("concept", "colocate_all", True),
+    ("alias", "max_ckpt_num", 3), ("alias", "seed", 7),  # the other release line's spelling
+    ("concept", "gradient_checkpointing", "true"), ("concept", "colocate_all", 1),  # store_true given a value
+    ("concept", "gradient_checkpointing", False), ("concept", "colocate_all", False),  # store_true given false
+    ("concept", "train_batch_size", True), ("concept", "seed", [1, 2]),  # no value, two values
+    ("concept", "seed", "abc"), ("concept", "train_batch_size", 2.5), ("concept", "kl_estimator", "k9"),
+    ("prefix", "max_ckpt_num", 4), ("prefix", "eps_clip", 0.3),  # abbreviations (unique or ambiguous)
+    ("raw", "nope_flag", 1),
+]
+
+
+def extra_entry(c: dict[str, Any]) -> tuple[str, Any] | None:
+    """The case's extra as (key, value) for its release."""
+    if c.get("extra") is None:
+        return None
+    how, name, value = c["extra"]
+    rel = release(c["version"])
+    if how == "raw":
+        return name, value
+    flat, dotted = FLAGS[name]
+    flag = (flat if rel.dotted else dotted) if how == "alias" else (dotted if rel.dotted else flat)
+    if how == "prefix":
+        flag = flag[:-2]
+    if value == "same":
+        value = {"seed": 42, "train_batch_size": c["train.train_batch_size"]}[name]
+    return flag.lstrip("-"), value
+
+
 @st.composite
 def cases(draw) -> dict[str, Any]:
     gpus = draw(st.sampled_from([1, 2, 4, 8]))
@@ -87,6 +131,7 @@ def cases(draw) -> dict[str, Any]:
         "lora": draw(st.sampled_from([None, "all-linear", ["all-linear"], ["q_proj", "v_proj"], ["nope_proj"]])),
         "train.steps": draw(st.sampled_from([None, None, 7])),
         "data.eval": draw(st.booleans()),
+        "extra": draw(st.none() | st.sampled_from(EXTRAS[1:])),  # half the cases keep the plain recipe
     }
     return c
 
@@ -94,11 +139,14 @@ def cases(draw) -> dict[str, Any]:
 def sets_of(c: dict[str, Any]) -> list[str]:
     d = workdir()
     out = [f"{k}={json.dumps(v)}" for k, v in c.items()
-           if k not in ("version", "lora", "data.eval") and v is not None]
+           if k not in ("version", "lora", "data.eval", "extra") and v is not None]
     if c["lora"] is not None:
         out += ["lora.rank=8", f"lora.target_modules={json.dumps(c['lora'])}"]
     if c["data.eval"]:
         out += [f"data.eval={json.dumps(str(d / 'eval.jsonl'))}", "eval.every=5"]
+    entry = extra_entry(c)
+    if entry is not None:
+        out.append(f'backend.openrlhf.extra={{"{entry[0]}"={json.dumps(entry[1])}}}')
     return out
 
 
@@ -145,7 +193,27 @@ def check(c: dict[str, Any]) -> None:
         return
     argv = BACKEND.entrypoint(ours.prep.plan)[3:]
     theirs = openrlhf_verdict(version, argv, c["resources.nodes"] * c["resources.gpus_per_node"])
+    folded = fold(c, ours.reasons)
+    if folded is not None:  # refused on purpose, said with its fix: the fixed recipe must agree
+        check(folded)
+        return
     assert ours.accepted == theirs[0], disagreement(c, ours, theirs)
+
+
+CASE_KEY = {"train.train_batch_size", "train.micro_batch_size", "rollout.tensor_parallel", "rollout.engines",
+            "rollout.group_size", "resources.colocate"}
+
+
+def fold(c: dict[str, Any], reasons: list[str]) -> dict[str, Any] | None:
+    """The case with an extra that overrides a checked value moved to the recipe key rlctl's refusal names; None when
+    rlctl did not refuse it for that."""
+    entry = extra_entry(c)
+    if entry is None or not any("what would run is not what was checked" in r for r in reasons):
+        return None
+    how, name, value = c["extra"]
+    key = RECIPE_KEY.get(name)
+    assert key in CASE_KEY, (c, reasons)
+    return {**c, key: bool(value) if key == "resources.colocate" else entry[1], "extra": None}
 
 
 # named regression cases: each a disagreement found by generation (issue 22), fixed in rlctl
@@ -166,6 +234,24 @@ DR_GRPO_SINGLE = {**ALL_LINEAR_LIST, "lora": None, "resources.gpus_per_node": 1,
 PPO_CRITIC = {**ALL_LINEAR_LIST, "lora": None, "algorithm.name": "ppo"}  # actor 2 + critic 2 + vLLM 2 > 4
 
 
+# extras that collide with what rlctl renders (issue 22), each a disagreement found by generation before
+# rlctl/backends/openrlhf/argv.py, in every release: the extra was passed on unread
+EXTRA_BASE = {**ALL_LINEAR_LIST, "lora": None}
+TP_OVERRIDE = {**EXTRA_BASE, "extra": ("concept", "vllm_tp", 2)}  # silently TP 2: Ray asks 2 + 2 x 2 GPUs of 4
+STORE_TRUE_VALUE = {**EXTRA_BASE, "extra": ("concept", "gradient_checkpointing", "true")}  # "true" unrecognised
+STORE_TRUE_ONE = {**EXTRA_BASE, "extra": ("concept", "colocate_all", 1)}
+VALUED_FLAG_BARE = {**EXTRA_BASE, "extra": ("concept", "train_batch_size", True)}  # expected one argument
+ONE_VALUE_LIST = {**EXTRA_BASE, "extra": ("concept", "seed", [1, 2])}  # the second value unrecognised
+WRONG_TYPE = {**EXTRA_BASE, "extra": ("concept", "seed", "abc")}  # invalid int value
+FLOAT_FOR_INT = {**EXTRA_BASE, "extra": ("concept", "train_batch_size", 2.5)}
+NOT_A_CHOICE = {**EXTRA_BASE, "extra": ("concept", "kl_estimator", "k9")}
+ABBREVIATION = {**EXTRA_BASE, "extra": ("prefix", "max_ckpt_num", 4)}  # argparse reads --max_ckpt_n: rlctl refused it
+# ... and what now agrees only by saying it: overrides of checked values are refused with the recipe key to set
+BATCH_OVERRIDE = {**EXTRA_BASE, "extra": ("concept", "train_batch_size", 8)}
+COLOCATE_OVERRIDE = {**EXTRA_BASE, "extra": ("concept", "colocate_all", True)}
+STORE_TRUE_FALSE = {**EXTRA_BASE, "extra": ("concept", "gradient_checkpointing", False)}  # a warning: stays on
+
+
 @pytest.mark.slow
 @profile(ci=150)
 @given(cases())
@@ -177,5 +263,40 @@ PPO_CRITIC = {**ALL_LINEAR_LIST, "lora": None, "algorithm.name": "ppo"}  # actor
 @example(DR_GRPO_SINGLE)
 @example({**DR_GRPO_SINGLE, "version": "0.10.2"})
 @example({**DR_GRPO_SINGLE, "version": "0.11.0"})
+@example(TP_OVERRIDE)
+@example({**TP_OVERRIDE, "version": "0.11.2"})
+@example(STORE_TRUE_VALUE)
+@example({**STORE_TRUE_VALUE, "version": "0.10.2"})
+@example(STORE_TRUE_ONE)
+@example(VALUED_FLAG_BARE)
+@example(ONE_VALUE_LIST)
+@example(WRONG_TYPE)
+@example(FLOAT_FOR_INT)
+@example(NOT_A_CHOICE)
+@example({**NOT_A_CHOICE, "version": "0.11.2"})
+@example(ABBREVIATION)
+@example({**ABBREVIATION, "version": "0.11.2"})
+@example(BATCH_OVERRIDE)
+@example(COLOCATE_OVERRIDE)
+@example(STORE_TRUE_FALSE)
+@example({**EXTRA_BASE, "extra": ("alias", "max_ckpt_num", 3)})
+@example({**EXTRA_BASE, "version": "0.11.2", "extra": ("alias", "max_ckpt_num", 3)})
 def test_rlctl_and_openrlhf_agree(c):
     check(c)
+
+
+def test_extra_collisions_are_said():
+    """Nothing silent: an extra that changes what rlctl renders is a finding (a warning where the run goes on with the
+    extra's value, an error where rlctl's checks read the value it overrides); the same value said again is none."""
+    def said(c: dict[str, Any]) -> list[tuple[str, str]]:
+        prep = rlctl_verdict(base(c["version"]), sets_of(c)).prep
+        return [(f.level, f.message) for f in prep.validate() if f.key.startswith("backend.openrlhf.extra")]
+
+    for version in ("0.9.3", "0.11.2"):
+        seed = said({**EXTRA_BASE, "version": version, "extra": ("concept", "seed", 7)})
+        assert [lv for lv, _ in seed] == ["warn"] and "the extra wins" in seed[0][1], seed
+        batch = said({**BATCH_OVERRIDE, "version": version})
+        assert [lv for lv, _ in batch] == ["error"] and "16" in batch[0][1] and "8" in batch[0][1], batch
+        off = said({**STORE_TRUE_FALSE, "version": version})
+        assert [lv for lv, _ in off] == ["warn"] and "stays on" in off[0][1], off
+        assert said({**EXTRA_BASE, "version": version, "extra": ("concept", "seed", "same")}) == []

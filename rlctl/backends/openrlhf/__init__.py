@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import argparse_flags, package_file
 from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, check_keys
-from rlctl.backends.openrlhf.releases import KNOWN_VERSIONS, Release, release
+from rlctl.backends.openrlhf.releases import FLAGS, KNOWN_VERSIONS, Release, release
 from rlctl.backends.openrlhf.steps import DEFAULT_WARMUP_RATIO, Steps, plan_steps, warmup_ratio_for
 from rlctl.estimate.schedules import hf_schedule
 
@@ -336,9 +336,12 @@ class OpenRLHFBackend(Backend):
         on its nodes)."""
         return sorted(k for k, v in self.job_env(recipe).items() if v == f"${{{k}}}")
 
-    def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
-        version = self.target_version(recipe)
-        rel = release(version)
+    def cli_args(self, recipe: Recipe, dataset_size: int | None = None,
+                 extra: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
+        """(train_ppo_ray's arguments, the flags they name): the recipe's concepts, then backend.openrlhf.extra
+        (or `extra` in its place) appended as given (argparse takes the last of a repeated flag: an extra overrides
+        what rlctl renders)."""
+        rel = release(self.target_version(recipe))
         args: list[str] = []
         keys: list[str] = []
         for concept, value in self.concepts(recipe, dataset_size):
@@ -353,18 +356,24 @@ class OpenRLHFBackend(Backend):
                 args.extend(_fmt(v) for v in value)
             else:
                 args += [flag, _fmt(value)]
-        for k, v in recipe.backend.extra().items():
+        for k, v in (recipe.backend.extra() if extra is None else extra).items():
             flag = k if k.startswith("--") else f"--{k}"
             keys.append(flag)
             if v is True:
                 args.append(flag)
             elif v is False or v is None:
-                continue
+                continue  # a store_true flag cannot be turned off on a command line: unhonoured() says so
             elif isinstance(v, list):
                 args.append(flag)
                 args.extend(_fmt(x) for x in v)
             else:
                 args += [flag, _fmt(v)]
+        return args, keys
+
+    def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
+        version = self.target_version(recipe)
+        rel = release(version)
+        args, keys = self.cli_args(recipe, dataset_size)
         address = recipe.resources.ray_address or DEFAULT_RAY_ADDRESS
         env = self.job_env(recipe)
         runtime_env: dict[str, Any] = {"working_dir": "."}
@@ -420,6 +429,20 @@ class OpenRLHFBackend(Backend):
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
         known, version, source = self.definitions(installed_version, plan.version or self.known_versions[-1])
         findings = check_keys(self.name, plan.keys, known, version, source)
+        if version in self.known_versions:
+            # argparse reads a unique prefix of a flag as that flag (allow_abbrev): not unknown, an abbreviation
+            from rlctl.backends.openrlhf.argv import resolve
+
+            rel = release(version)
+            # the other release line's spelling of a concept: name this release's (not the closest-looking flag)
+            other = {(d if not rel.dotted else f): rel.flag(c) for c, (f, d) in FLAGS.items() if rel.flag(c)}
+            for f in findings:
+                if other.get(f.key):
+                    f.fix = f"`{f.key}` is another OpenRLHF release's spelling: write `{other[f.key]}` for {version}"
+            findings = [f for f in findings if resolve(version, f.key) is None] + [
+                Finding("warn", f.key, f"`{f.key}` is not a {self.name} {version} flag: argparse reads it as the "
+                        f"flag it abbreviates, `{resolve(version, f.key)}`", f"write `{resolve(version, f.key)}`")
+                for f in findings if resolve(version, f.key) is not None]
         if installed_version and plan.version and installed_version != plan.version:
             findings.append(Finding(
                 "warn", "openrlhf",

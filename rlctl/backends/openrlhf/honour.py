@@ -162,6 +162,10 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
         if k in r.env and r.env[k] != v:
             add("warn", f"env.{k}", f"train() starts Ray with {k}={v}, which replaces the recipe's {r.env[k]!r} for "
                 "the trainer's actors", f"openrlhf >= 0.9.10 keeps the job's {k}")
+    # backend.openrlhf.extra as train_ppo_ray's argparse reads it (appended last: an extra overrides the recipe)
+    from rlctl.backends.openrlhf.argv import extra_findings
+
+    out += extra_findings(backend, r)
     return out
 
 

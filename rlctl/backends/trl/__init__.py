@@ -191,6 +191,13 @@ class TRLBackend(Backend):
             if k in plain or k in ("num_generations", "generation_batch_size"):
                 out.append(Finding("warn", f"backend.trl.extra.{k}", f"backend.trl.extra sets {k}, which rlctl "
                                    "renders from the recipe: the extra wins", "set it through the recipe instead"))
+        if r.lora and isinstance(r.lora.target_modules, list) and "lm_head" in r.lora.target_modules:
+            # GRPOTrainer.__init__ (trl 1.16.0 trainer/grpo_trainer.py): log-probs come from lm_head.weight directly,
+            # so an adapter there would never train: refused at start (found making the doctor corpus's LoRA run)
+            out.append(Finding("error", "lora.target_modules", "GRPOTrainer refuses a LoRA adapter on lm_head: the "
+                               "log-probabilities are computed from lm_head.weight directly, so it would never train "
+                               "(trl trainer/grpo_trainer.py GRPOTrainer.__init__)",
+                               "remove \"lm_head\" from lora.target_modules"))
         if n < 2:
             out.append(Finding("error", "rollout.group_size", f"GRPOConfig refuses num_generations {n} < 2 {cite}",
                                "set rollout.group_size >= 2"))
