@@ -294,3 +294,141 @@ def test_attach_a_log_on_a_host(remote, cli, tmp_path):
     assert (local / "metrics.jsonl").stat().st_size > 0  # the mirror
     r = sub("logs", local.name, "--metrics")
     assert r.returncode == 0 and '"step": 80' in r.stdout.replace('"step":80', '"step": 80'), r.stderr
+
+
+# ---- rlctl eval --on HOST ------------------------------------------------------------------------------------------
+EVAL_SCRIPT = '''import json, os, sys
+step, name, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if name == "crashy" and step == 4:
+    print("boom: the evaluator died on this host", file=sys.stderr, flush=True)
+    os.kill(os.getppid(), 9)  # the eval job itself dies, before writing any result
+json.dump({"primary": 0.1 * step, "cvd": float(os.environ.get("CUDA_VISIBLE_DEVICES", "-1")),
+           "has_key": float("WANDB_API_KEY" in os.environ)}, open(out, "w"))
+'''
+
+
+def fake_run(runs: Path, recipe: Path, steps=(2, 4), name="r-20261125-000000", **state) -> Path:
+    """A finished local run with TRL-layout checkpoints (complete: trainer_state.json) and the recipe."""
+    from rlctl.core.state import write_state
+    from rlctl.recipe.loader import dump_toml, load
+
+    run = runs / name
+    for step in steps:
+        d = run / "checkpoints" / f"checkpoint-{step}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        (d / "weights.bin").write_bytes(os.urandom(4096))
+    (run / "recipe.toml").write_text(dump_toml(load(recipe).recipe.model_dump(mode="json", exclude_none=True)))
+    write_state(run, name=name, backend="trl", status="finished", **state)
+    return run
+
+
+def eval_recipe(tmp: Path, sets: str = "probe") -> Path:
+    d = tmp / "evalrecipe"
+    d.mkdir(exist_ok=True)
+    (d / "eval_posthoc.py").write_text(EVAL_SCRIPT)
+    (d / "probe.jsonl").write_text(json.dumps({"prompt": "a", "label": "a"}) + "\n")
+    body = "".join(f'[eval.sets.{s}]\ndata = "probe.jsonl"\n' for s in sets.split(","))
+    (d / "r.toml").write_text(f'''extends = "{QUICK}"
+[eval]
+evaluator = "command"
+command = "{sys.executable} {d / 'eval_posthoc.py'} {{step}} {{set}} {{output}}"
+{body}''')
+    return d / "r.toml"
+
+
+def stream(run: Path) -> dict[int, dict]:
+    out: dict[int, dict] = {}
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)  # every line whole
+        out.setdefault(rec["step"], {}).update({k: v for k, v in rec.items() if k.startswith("eval/")})
+    return out
+
+
+def test_eval_a_local_run_on_a_host(remote, cli, monkeypatch):
+    """A local run's checkpoints pushed to the host (verified), the command evaluator's script and the set's data
+    staged there, each job run by the host's rlctl (--gpu as its CUDA_VISIBLE_DEVICES), the results back in the
+    local stream and ledger at their steps; the same numbers as a local `rlctl eval`; the secret only on stdin."""
+    secret = f"planted-{uuid.uuid4().hex}"
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    recipe = eval_recipe(remote["tmp"])
+    run = fake_run(remote["runs"], recipe)
+    monkeypatch.chdir(remote["tmp"])
+    r = cli("eval", run.name, "--all", "--on", "box", "--gpu", "3", "--json")
+    assert r.code == 0, r.out + r.err
+    assert "copied to box" in r.err and "sending" in r.err
+    rows = {x["step"]: x["metrics"] for x in json.loads(r.out)["results"]}
+    key = "eval/probe/greedy_pass@1"
+    assert {s: m[key] for s, m in rows.items()} == {0: 0.0, 2: pytest.approx(0.2), 4: pytest.approx(0.4)}
+    assert all(m[f"{key}/cvd"] == 3.0 and m[f"{key}/has_key"] == 1.0 for m in rows.values())
+    ev = stream(run)
+    assert {s: ev[s][key] for s in ev} == {s: m[key] for s, m in rows.items()}
+    ledger = json.loads((run / "evals" / "evals.json").read_text())
+    assert [(e["step"], e["outcome"], e["host"]) for e in ledger["by_hand"]] == [(0, "ok", "box"), (2, "ok", "box"),
+                                                                                 (4, "ok", "box")]
+    assert json.loads((run / "evals" / "step-4.out.json").read_text())["host"] == "box"
+    spec = json.loads((remote["work"] / "runs" / run.name / "evals" / "step-4.json").read_text())
+    assert "/.rlctl/stage/" in spec["command"] and "/.rlctl/stage/" in spec["sets"][0]["data"]  # staged copies
+    there = remote["work"] / "runs" / run.name / "checkpoints"
+    assert (there / "checkpoint-4" / "weights.bin").read_bytes() == (run / "checkpoints" / "checkpoint-4" /
+                                                                      "weights.bin").read_bytes()
+    st = cli("status", run.name)
+    assert key in st.out, st.out
+    csv = cli("metrics", run.name, "--csv", "--keys", key).out
+    assert f"4,{run.name},{key},0.4" in csv, csv
+    assert cli("doctor", run.name).code in (0, 1)
+    # again: nothing travels twice; identical numbers to a local eval of the same checkpoint
+    r2 = cli("eval", run.name, "--step", "4", "--on", "box", "--gpu", "3", "--json")
+    assert r2.code == 0 and "already on box" in r2.err, r2.err
+    local = cli("eval", run.name, "--step", "4", "--gpu", "3", "--json")
+    assert local.code == 0, local.err
+    assert json.loads(local.out)["results"][0]["metrics"] == json.loads(r2.out)["results"][0]["metrics"]
+    for root in (remote["work"], remote["runs"]):  # the secret is in no file on either side
+        p = subprocess.run(["grep", "-rl", secret, str(root)], capture_output=True, text=True)
+        assert p.stdout == "", p.stdout
+
+
+def test_eval_on_host_crash_unknown_host_and_old_rlctl(remote, cli, monkeypatch):
+    recipe = eval_recipe(remote["tmp"], "probe,crashy")
+    run = fake_run(remote["runs"], recipe)
+    monkeypatch.chdir(remote["tmp"])
+    r = cli("eval", run.name, "--all", "--on", "box")
+    assert r.code == 1, r.out + r.err
+    assert "evaluator crashed (killed by signal 9)" in r.out and "boom: the evaluator died" in r.out, r.out
+    assert "Traceback" not in r.out + r.err
+    ev = stream(run)
+    assert sorted(ev) == [0, 2] and "eval/crashy/greedy_pass@1" in ev[2]  # step 4's job died: nothing recorded
+    ledger = json.loads((run / "evals" / "evals.json").read_text())
+    assert ledger["by_hand"][-1]["outcome"] == "failed" and ledger["by_hand"][-1]["step"] == 4
+    r = cli("eval", run.name, "--on", "nowhere")
+    assert r.code == 2 and "no host 'nowhere'" in r.err and "rlctl hosts add nowhere" in r.err
+    bare = remote["tmp"] / "bare"
+    cli("hosts", "add", "bare", ALIAS, "--workdir", str(bare), "--python", f"{sys.executable} -I -S")
+    r = cli("eval", run.name, "--on", "bare")
+    assert r.code == 2 and "rlctl hosts install bare" in r.err, r.err
+    assert not (bare / "runs").exists() and not (bare / ".rlctl").exists()  # nothing sent to a host that can't
+
+
+def test_eval_a_base_model_and_a_run_in_place_on_the_host(remote, cli, monkeypatch):
+    from rlctl.core.state import write_state
+
+    recipe = eval_recipe(remote["tmp"])
+    monkeypatch.chdir(remote["tmp"])
+    r = cli("eval", "random:qwen2?hidden=64&layers=2", "--recipe", str(recipe), "--on", "box", "--json")
+    assert r.code == 0, r.out + r.err
+    assert json.loads(r.out)["results"][0]["metrics"]["eval/probe/greedy_pass@1"] == 0.0
+    assert list((remote["tmp"] / "rlctl-evals").rglob("step-0.out.json"))  # brought back, as a local eval keeps it
+    # a run that lives on the host (as launch --on leaves it): evaluated there, into its stream there
+    there = fake_run(remote["work"] / "runs", recipe, name="onbox-20261125-000000")
+    local = remote["runs"] / there.name
+    local.mkdir(parents=True)
+    write_state(local, name=there.name, executor="ssh", host="box", status="finished", backend="trl",
+                handle={"executor": "ssh", "ref": {"host": "box", "run_dir": str(there)}, "attempt": 1},
+                remote_run_dir=str(there))
+    r = cli("eval", there.name, "--step", "2", "--on", "box")
+    assert r.code == 0, r.out + r.err
+    assert stream(there)[2]["eval/probe/greedy_pass@1"] == pytest.approx(0.2)
+    assert stream(local)[2]["eval/probe/greedy_pass@1"] == pytest.approx(0.2)  # the mirror, refreshed
+    assert "sending" not in r.err  # nothing travels: the checkpoints and the recipe are there
+    r = cli("eval", there.name)
+    assert r.code == 2 and "--on box" in r.err

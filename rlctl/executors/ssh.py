@@ -365,6 +365,7 @@ class SSHExecutor(Executor):
     ckpt_push = staticmethod(lambda run_dir, step, host_name: ckpt_push(run_dir, step, host_name))
     run_remote_rlctl = staticmethod(lambda host_name, args, sync_dir=None: run_remote_rlctl(host_name, args, sync_dir))
     attach_remote = staticmethod(lambda host_name, path, backend, name: attach_remote(host_name, path, backend, name))
+    eval_on = staticmethod(lambda host_name, ev, steps, **kw: eval_on(host_name, ev, steps, **kw))
 
     @staticmethod
     def install(host: Host, spec: str, timeout: float = 1800.0) -> subprocess.CompletedProcess[str]:
@@ -512,32 +513,152 @@ def ckpt_pull(run_dir: Path, step: int | None, to: Path | None, out: Any = None)
 def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) -> str:
     """Copy one complete checkpoint of a run (local, or pulled from its host first) to another host, as a run
     record there of the same name: `rlctl launch RECIPE --on HOST --resume RUN` then resumes from it."""
-    from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
+    from rlctl.runs.checkpoints import find_checkpoints
     from rlctl.runs.state import read_state as rs
 
     state = rs(run_dir)
     if state.get("executor") == "ssh":
         ckpt_pull(run_dir, step, None)
     backend = state.get("backend", "")
-    root = checkpoint_dir(run_dir).resolve()
     ckpts = [c for c in find_checkpoints(backend, run_dir) if c.complete and (step is None or c.step == step)]
     if not ckpts:
         raise RlctlError(f"{run_dir.name}: no complete checkpoint" + (f" at step {step}" if step is not None else "")
                          + ".", hint=f"rlctl ckpt list {run_dir.name}")
     pick = ckpts[-1]
-    tops, files = [], []
-    for t in pick.paths():
-        rel = t.resolve().relative_to(root)
-        tops.append(str(rel))
-        items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())
-        files += [{"rel": str(x.resolve().relative_to(root)), "size": x.stat().st_size, "sha256": sha256_file(x)}
-                  for x in items]
     host = get_host(host_name)
-    runner = Runner(host)
+    n, _ = push_checkpoints(run_dir, [pick], Runner(host))
+    return f"step {pick.step} of {run_dir.name} is on {host.name} ({n} files, verified)"
+
+
+def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner) -> tuple[int, bool]:
+    """Copy these complete checkpoints of a local run to the host as a run record of the same name
+    (<workdir>/runs/<name>/checkpoints), resumably (rsync --partial), every file's size and sha256 checked there.
+    Files already there and intact are not sent again. (number of files, whether anything travelled)."""
+    from rlctl.runs.checkpoints import checkpoint_dir
+    from rlctl.runs.state import read_state as rs
+
+    state = rs(run_dir)
+    backend = state.get("backend", "")
+    root = checkpoint_dir(run_dir).resolve()
+    tops, files = [], []
+    for pick in picks:
+        for t in pick.paths():
+            rel = t.resolve().relative_to(root)
+            tops.append(str(rel))
+            items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())
+            files += [{"rel": str(x.resolve().relative_to(root)), "size": x.stat().st_size,
+                       "sha256": sha256_file(x)} for x in items]
+    request = {"name": run_dir.name, "backend": backend, "files": files,
+               "source": f"{state.get('host') or 'local'}:{run_dir.name}"}
+    have = call_remote(runner, "adopt", {**request, "check": True}, timeout=600)
+    if not have.get("missing") and have.get("adopted"):
+        return len(files), False
     dest = f"runs/{run_dir.name}/checkpoints"
-    runner.run(["mkdir", "-p", dest], timeout=60)
-    runner.rsync([f"{root}/./{t}" for t in tops], dest + "/", up=True,
-                 extra=["--relative", "--partial", "--partial-dir=.rsync-partial"])
-    call_remote(runner, "adopt", {"name": run_dir.name, "backend": backend, "files": files,
-                                         "source": f"{state.get('host') or 'local'}:{run_dir.name}"}, timeout=600)
-    return f"step {pick.step} of {run_dir.name} is on {host.name} ({len(files)} files, verified)"
+    if have.get("missing"):
+        runner.run(["mkdir", "-p", dest], timeout=60)
+        runner.rsync([f"{root}/./{t}" for t in tops], dest + "/", up=True,
+                     extra=["--relative", "--partial", "--partial-dir=.rsync-partial"])
+    call_remote(runner, "adopt", request, timeout=600)
+    return len(files), True
+
+
+# ---- evals on a host ----------------------------------------------------------------------------------------------
+SCRIPT_SUFFIXES = (".py", ".sh")  # words of an eval command naming a local script: shipped with the sets
+
+
+def eval_files(ev: dict[str, Any], extra: list[str]) -> list[Path]:
+    """The local files (or directories) an eval spec needs on a host: each set's data, the reward file, a local
+    base model, the command evaluator's scripts, and `extra` (the recipe, a local model)."""
+    import shlex
+
+    cands = [s.get("data") for s in ev.get("sets") or []] + [ev.get("reward_file"), ev.get("base_model"), *extra]
+    if ev.get("command"):
+        cands += [w for w in shlex.split(ev["command"]) if w.endswith(SCRIPT_SUFFIXES)]
+    out: dict[Path, None] = {}
+    for c in cands:
+        if isinstance(c, str) and c and "://" not in c and not c.startswith("random:") and Path(c).exists():
+            out.setdefault(Path(c), None)
+    return list(out)
+
+
+def stage_manifest(paths: list[Path]) -> tuple[dict[str, str], dict[str, str], dict[str, Path]]:
+    """(manifest {rel: sha256}, staged {local path as written: rel}, blobs {sha256: file}) for these files and
+    directories, relative to their common parent: laid out on the host as here, content-addressed."""
+    files: dict[Path, Path] = {}  # resolved file -> itself
+    tops = [p.resolve() for p in paths]
+    for t in tops:
+        items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and ".git" not in x.parts)
+        for x in items:
+            files.setdefault(x.resolve(), x)
+    if not files:
+        return {}, {}, {}
+    base = Path(os.path.commonpath([str(t.parent) for t in tops] + [str(f.parent) for f in files]))
+    manifest, blobs = {}, {}
+    for f in files:
+        sha = sha256_file(f)
+        manifest[str(f.relative_to(base))] = sha
+        blobs[sha] = f
+    staged = {str(p): str(t.relative_to(base)) for p, t in zip(paths, tops, strict=True)}
+    staged.update({str(t): str(t.relative_to(base)) for t in tops})
+    return manifest, staged, blobs
+
+
+def _eval_secrets() -> dict[str, str]:
+    names = {n for n in FORWARD if n in os.environ}
+    names |= {n.strip() for n in os.environ.get("RLCTL_FORWARD_ENV", "").split(",") if n.strip() in os.environ}
+    return {n: os.environ[n] for n in sorted(names)}
+
+
+def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path | None = None,
+            model: str | None = None, recipe: str | None = None, set_names: list[str] | None = None,
+            gpu: str | None = None, out: Any = None) -> Any:
+    """`rlctl eval ... --on HOST`: one eval job per step on the host, under its own rlctl (its GPUs, `gpu` as
+    CUDA_VISIBLE_DEVICES there). Yields each step's answer {step, model, metrics, error, result, log_tail, host,
+    in_place} once it is complete, so a caller records only finished results.
+
+    - a local run: its complete checkpoints of `steps` are pushed (ckpt push's verified transfer; what is there
+      already is not sent), the sets' files and the recipe go content-addressed; the caller records the results;
+    - a run that lives on HOST: evaluated there in place, results into its stream there (the mirror refreshed);
+    - no run: the base model `model` (a local model directory travels too)."""
+    from rlctl.runs.checkpoints import find_checkpoints
+
+    out = out or sys.stderr
+    host = get_host(host_name)
+    runner = Runner(host, connect_timeout=SSHExecutor.timeout)
+    timeout = float(ev.get("timeout_s") or 3600) + 600  # the job's own limit, plus loading the model
+    base_req: dict[str, Any] = {"env": _eval_secrets()}
+    in_place = False
+    if run_dir is not None and read_state(run_dir).get("executor") == "ssh":
+        where, remote_dir = _handle(read_state(run_dir))
+        if where.name != host.name:
+            raise RlctlError(f"--on {host.name}: {run_dir.name} lives on {where.name}; its checkpoints and metrics "
+                             "are there.", hint=f"rlctl eval {run_dir.name} --on {where.name}")
+        in_place = True
+        base_req.update(in_place=True, run_dir=remote_dir, set_names=set_names, gpu=gpu)
+    # reachable, and an rlctl there that knows remote evals (an older one answers with its usage line)
+    call_remote(runner, "eval", {"probe": True}, timeout=max(30.0, SSHExecutor.timeout))
+    if not in_place:
+        manifest, staged, blobs = stage_manifest(eval_files(ev, [x for x in (recipe, model) if x]))
+        if blobs:
+            print(f"rlctl: sending {len(blobs)} file(s) to {host.name} (eval sets, recipe; only those it lacks)",
+                  file=out)
+            send_blobs(runner, blobs, timeout=60)
+        base_req.update(token=f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", manifest=manifest,
+                        staged=staged, ev=ev)
+        if run_dir is not None:
+            picks = [c for c in find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
+                     if c.complete and c.step in steps and c.step > 0]
+            if picks:
+                n, sent = push_checkpoints(run_dir, picks, runner)
+                print(f"rlctl: checkpoint(s) of step {', '.join(str(c.step) for c in picks)} "
+                      f"{'copied to' if sent else 'already on'} {host.name} ({n} files, verified)", file=out)
+            base_req["run_dir"] = f"runs/{run_dir.name}"
+        else:
+            base_req.update(model=model, name=Path(str(model)).name)
+    for s in steps:
+        print(f"rlctl: evaluating step {s} on {host.name}", file=out)
+        answer = call_remote(runner, "eval", {**base_req, "step": s}, timeout=timeout)
+        yield {**answer, "host": host.name, "in_place": in_place}
+    if in_place and run_dir is not None:  # the results are in the host's stream: refresh the local mirror
+        with contextlib.suppress(RlctlError):
+            SSHExecutor().status(run_dir, read_state(run_dir))
