@@ -432,3 +432,85 @@ def test_eval_a_base_model_and_a_run_in_place_on_the_host(remote, cli, monkeypat
     assert "sending" not in r.err  # nothing travels: the checkpoints and the recipe are there
     r = cli("eval", there.name)
     assert r.code == 2 and "--on box" in r.err
+
+
+def test_eval_on_host_faults_unreachable_cut_and_full_disk(remote, cli, monkeypatch, tmp_path):
+    """sshd down: said within the timeout; the connection cut mid-eval: the steps already back are recorded whole,
+    the one in flight not at all; the host's disk full during the checkpoint push: said, with the fix."""
+    recipe = eval_recipe(remote["tmp"])
+    script = recipe.parent / "eval_posthoc.py"
+    script.write_text("import time, sys\nif int(sys.argv[1]) == 4:\n    time.sleep(30)\n" + EVAL_SCRIPT)
+    run = fake_run(remote["runs"], recipe)
+    monkeypatch.chdir(remote["tmp"])
+    remote["sshd"].stop()
+    try:
+        t0 = time.time()
+        r = cli("eval", run.name, "--on", "box")
+        assert r.code == 1 and "box: unreachable" in r.err and "Traceback" not in r.err, r.err
+        assert time.time() - t0 < 25
+    finally:
+        remote["sshd"].start()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "rlctl.cli", "eval", run.name, "--all", "--on", "box"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        spec = remote["work"] / "runs" / run.name / "evals" / "step-4.json"
+        assert wait_for(spec.is_file, timeout=60)  # step 4's job runs there (30 s): cut the connection now
+        time.sleep(1)
+        subprocess.run(["ssh", "-F", os.environ["RLCTL_SSH_CONFIG"], "-o", f"ControlPath={remote['ctl']}/%C", "-O",
+                        "exit", ALIAS], capture_output=True, timeout=10)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, out + err
+    assert "recorded: step 0, step 2; not recorded: step 4" in err and "Traceback" not in err, err
+    ev = stream(run)  # every line whole (stream() parses each)
+    assert sorted(ev) == [0, 2]
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        cli("hosts", "add", "tiny", ALIAS, "--workdir", str(small / "w"), "--python", sys.executable,
+            "--env", f"PYTHONPATH={ROOT}")
+        big = fake_run(remote["runs"], recipe, name="big-20261125-000000")
+        (big / "checkpoints" / "checkpoint-4" / "weights.bin").write_bytes(os.urandom(3 << 20))
+        r = cli("eval", big.name, "--on", "tiny")
+        assert r.code == 2, r.out + r.err
+        assert "disk is full" in r.err and "free space on tiny" in r.err and "not recorded: step 4" in r.err
+        assert not (big / "metrics.jsonl").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+
+
+@pytest.mark.slow
+def test_quickstart_checkpoints_evaluated_on_a_host(remote, cli, monkeypatch):
+    """The CPU quickstart trained here; its checkpoints evaluated on the host with rlctl's own evaluator (greedy,
+    deterministic): the same numbers as `rlctl eval` here, at the right steps of the local stream."""
+    pytest.importorskip("trl")
+    monkeypatch.setenv("RLCTL_MODEL_CACHE", str(remote["tmp"] / "local-models"))  # the host has its own cache
+    monkeypatch.chdir(remote["tmp"])
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "rlctl.cli", "launch", QUICK, *SMALL, "--set", "train.steps=4",
+                        "--set", "checkpoint.every=2"], capture_output=True, text=True, timeout=900, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (run,) = list(remote["runs"].iterdir())
+    sets = remote["tmp"] / "sets.toml"
+    sets.write_text(f'extends = "{QUICK}"\n[eval.sets.tiny]\ndata = "{RECIPES / "quickstart" / "prompts.jsonl"}"\n'
+                    'grader = "reward"\nthreshold = 0.2\nlimit = 3\nmax_tokens = 8\n')
+    r = cli("eval", run.name, "--all", "--on", "box", "--recipe", str(sets), "--json")
+    assert r.code == 0, r.out + r.err
+    there = {x["step"]: x["metrics"] for x in json.loads(r.out)["results"]}
+    key = "eval/tiny/greedy_pass@1"
+    assert sorted(there) == [0, 2, 4] and all(key in m for m in there.values())
+    assert all(m[f"{key}/response_tokens"] > 0 for m in there.values())  # it generated, on the host
+    ev = stream(run)
+    assert {s: ev[s][key] for s in (0, 2, 4)} == {s: there[s][key] for s in (0, 2, 4)}
+    st = cli("status", run.name)
+    assert key in st.out and "baseline" in st.out, st.out
+    csv = cli("metrics", run.name, "--csv", "--keys", key).out
+    assert all(f"{s},{run.name},{key}," in csv for s in (0, 2, 4)), csv
+    here = cli("eval", run.name, "--all", "--recipe", str(sets), "--json")
+    assert here.code == 0, here.err
+    assert {x["step"]: x["metrics"] for x in json.loads(here.out)["results"]} == there  # identical, every key

@@ -79,7 +79,7 @@ def eval_cmd(
     def show(s_step: int, model: str, metrics: dict[str, float], failure: str | None, tail: str = "") -> None:
         nonlocal failed
         rows.append({"step": s_step, "model": model, "metrics": metrics, "error": failure,
-                     **({"host": on} if on else {})})
+                     **({"host": on} if on else {}), **({"log_tail": tail} if failure and tail else {})})
         failed |= failure is not None
         if as_json:
             return
