@@ -107,8 +107,9 @@ def eval_cmd(
                 show(a["step"], a.get("model", ""), metrics, a.get("error"), a.get("log_tail") or "")
         except RlctlError as e:
             left = [s for s, _ in jobs if s not in done]
-            e.message += (f"\n  recorded: {', '.join(f'step {s}' for s in done) or 'nothing'}; not recorded: "
-                          f"{', '.join(f'step {s}' for s in left)} (run the command again for them)")
+            if done:  # what came back before the failure is recorded; say which steps are still to do
+                e.message += (f"\n  recorded: {', '.join(f'step {s}' for s in done) or 'nothing'}; not recorded: "
+                              f"{', '.join(f'step {s}' for s in left)} (run the command again for them)")
             raise
     else:
         for s_step, model in jobs:

@@ -530,10 +530,13 @@ def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) 
     return f"step {pick.step} of {run_dir.name} is on {host.name} ({n} files, verified)"
 
 
-def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner) -> tuple[int, bool]:
+def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only: bool = False) -> tuple[int, bool]:
     """Copy these complete checkpoints of a local run to the host as a run record of the same name
     (<workdir>/runs/<name>/checkpoints), resumably (rsync --partial), every file's size and sha256 checked there.
-    Files already there and intact are not sent again. (number of files, whether anything travelled)."""
+    Files already there and intact are not sent again. With eval_only, only what an evaluator loads travels (the
+    HF model or adapter directory, e.g. OpenRLHF's global_stepN_hf without its DeepSpeed state). (number of files,
+    whether anything travelled)."""
+    from rlctl.evals.loop import model_dir
     from rlctl.runs.checkpoints import checkpoint_dir
     from rlctl.runs.state import read_state as rs
 
@@ -542,7 +545,7 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner) -> tuple[i
     root = checkpoint_dir(run_dir).resolve()
     tops, files = [], []
     for pick in picks:
-        for t in pick.paths():
+        for t in [Path(model_dir(pick))] if eval_only else pick.paths():
             rel = t.resolve().relative_to(root)
             tops.append(str(rel))
             items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())
@@ -620,10 +623,12 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
       already is not sent), the sets' files and the recipe go content-addressed; the caller records the results;
     - a run that lives on HOST: evaluated there in place, results into its stream there (the mirror refreshed);
     - no run: the base model `model` (a local model directory travels too)."""
-    from rlctl.runs.checkpoints import find_checkpoints
+    from rlctl.evals.loop import model_dir
+    from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
 
     out = out or sys.stderr
     host = get_host(host_name)
+    model_paths: dict[int, str] = {}
     runner = Runner(host, connect_timeout=SSHExecutor.timeout)
     timeout = float(ev.get("timeout_s") or 3600) + 600  # the job's own limit, plus loading the model
     base_req: dict[str, Any] = {"env": _eval_secrets()}
@@ -649,15 +654,20 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
             picks = [c for c in find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
                      if c.complete and c.step in steps and c.step > 0]
             if picks:
-                n, sent = push_checkpoints(run_dir, picks, runner)
+                n, sent = push_checkpoints(run_dir, picks, runner, eval_only=True)
                 print(f"rlctl: checkpoint(s) of step {', '.join(str(c.step) for c in picks)} "
                       f"{'copied to' if sent else 'already on'} {host.name} ({n} files, verified)", file=out)
+            root = checkpoint_dir(run_dir).resolve()
+            # where each evaluated directory landed there (relative to the workdir)
+            model_paths = {c.step: f"runs/{run_dir.name}/checkpoints/{Path(model_dir(c)).resolve().relative_to(root)}"
+                           for c in picks}
             base_req["run_dir"] = f"runs/{run_dir.name}"
         else:
             base_req.update(model=model, name=Path(str(model)).name)
     for s in steps:
         print(f"rlctl: evaluating step {s} on {host.name}", file=out)
-        answer = call_remote(runner, "eval", {**base_req, "step": s}, timeout=timeout)
+        req = {**base_req, "step": s, **({"model_path": model_paths[s]} if s in model_paths else {})}
+        answer = call_remote(runner, "eval", req, timeout=timeout)
         yield {**answer, "host": host.name, "in_place": in_place}
     if in_place and run_dir is not None:  # the results are in the host's stream: refresh the local mirror
         with contextlib.suppress(RlctlError):

@@ -266,7 +266,11 @@ def remote_eval(req: dict[str, Any]) -> dict[str, Any]:
     else:
         ev = restage(dict(req["ev"]), staged)
     if run_dir is not None:
-        if step == 0:
+        if req.get("model_path"):  # a checkpoint the laptop pushed: the directory the evaluator loads
+            model = str(Path(req["model_path"]).resolve())
+            if not Path(model).exists():
+                raise RlctlError(f"{model}: the pushed checkpoint is not on this host.", hint="run the eval again")
+        elif step == 0:
             model = str(ev["base_model"])
         else:
             from rlctl.runs.checkpoints import find_checkpoints
