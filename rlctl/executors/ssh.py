@@ -569,12 +569,15 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
 SCRIPT_SUFFIXES = (".py", ".sh")  # words of an eval command naming a local script: shipped with the sets
 
 
-def eval_files(ev: dict[str, Any], extra: list[str]) -> list[Path]:
+def eval_files(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[Path]:
     """The local files (or directories) an eval spec needs on a host: each set's data, the reward file, a local
-    base model, the command evaluator's scripts, and `extra` (the recipe, a local model)."""
+    base model (with `base`: for the baseline or LoRA adapters), the command evaluator's scripts, and `extra` (the
+    recipe, a local model)."""
     import shlex
 
-    cands = [s.get("data") for s in ev.get("sets") or []] + [ev.get("reward_file"), ev.get("base_model"), *extra]
+    cands = [s.get("data") for s in ev.get("sets") or []] + [ev.get("reward_file"), *extra]
+    if base:
+        cands.append(ev.get("base_model"))
     if ev.get("command"):
         cands += [w for w in shlex.split(ev["command"]) if w.endswith(SCRIPT_SUFFIXES)]
     out: dict[Path, None] = {}
@@ -642,8 +645,15 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
         base_req.update(in_place=True, run_dir=remote_dir, set_names=set_names, gpu=gpu)
     # reachable, and an rlctl there that knows remote evals (an older one answers with its usage line)
     call_remote(runner, "eval", {"probe": True}, timeout=max(30.0, SSHExecutor.timeout))
+    picks = []
+    if run_dir is not None and not in_place:
+        picks = [c for c in find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
+                 if c.complete and c.step in steps and c.step > 0]
+    # a local base model travels only when it is evaluated (step 0), under LoRA adapters, or for its tokenizer
+    base = 0 in steps or any((Path(model_dir(c)) / "adapter_config.json").is_file()
+                             or not (Path(model_dir(c)) / "tokenizer_config.json").is_file() for c in picks)
     if not in_place:
-        manifest, staged, blobs = stage_manifest(eval_files(ev, [x for x in (recipe, model) if x]))
+        manifest, staged, blobs = stage_manifest(eval_files(ev, [x for x in (recipe, model) if x], base))
         if blobs:
             print(f"rlctl: sending {len(blobs)} file(s) to {host.name} (eval sets, recipe; only those it lacks)",
                   file=out)
@@ -651,8 +661,6 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
         base_req.update(token=f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", manifest=manifest,
                         staged=staged, ev=ev)
         if run_dir is not None:
-            picks = [c for c in find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
-                     if c.complete and c.step in steps and c.step > 0]
             if picks:
                 n, sent = push_checkpoints(run_dir, picks, runner, eval_only=True)
                 print(f"rlctl: checkpoint(s) of step {', '.join(str(c.step) for c in picks)} "
