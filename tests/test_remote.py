@@ -407,6 +407,14 @@ def test_eval_on_host_crash_unknown_host_and_old_rlctl(remote, cli, monkeypatch)
     r = cli("eval", run.name, "--on", "bare")
     assert r.code == 2 and "rlctl hosts install bare" in r.err, r.err
     assert not (bare / "runs").exists() and not (bare / ".rlctl").exists()  # nothing sent to a host that can't
+    old = remote["tmp"] / "old-python"  # an rlctl from before remote evals: its ssh_remote knows no `eval`
+    old.write_text("#!/bin/sh\necho 'rlctl: usage: python -m rlctl.executors.ssh_remote {blobs,launch,poll,ckpt,"
+                   "adopt}' >&2\nexit 2\n")
+    old.chmod(0o755)
+    cli("hosts", "add", "old", ALIAS, "--workdir", str(bare), "--python", str(old))
+    r = cli("eval", run.name, "--on", "old")
+    assert r.code == 2 and "older than this one" in r.err and "rlctl hosts install old" in r.err, r.err
+    assert not (bare / "runs").exists()
 
 
 def test_eval_a_base_model_and_a_run_in_place_on_the_host(remote, cli, monkeypatch):
