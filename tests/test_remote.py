@@ -537,3 +537,17 @@ def test_ckpt_push_of_a_local_run(remote, cli):
     r = cli("ckpt", "push", run.name, "--to", "box")  # a damaged copy there is sent again
     assert r.code == 0, r.out + r.err
     assert (there / "checkpoints" / "checkpoint-4" / "weights.bin").stat().st_size == 4096
+
+
+def test_launch_on_host_sends_the_eval_sets_data(remote, cli, tmp_path):
+    """A run launched --on a host evaluates its checkpoints there (and `eval --on` in place): each eval set's data
+    travels with the recipe, and the host's recipe points at its staged copy."""
+    sets = tmp_path / "elsewhere"
+    sets.mkdir()
+    (sets / "held_out.jsonl").write_text(json.dumps({"prompt": "held-out-probe", "label": "a"}) + "\n")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'extends = "{QUICK}"\n[eval.sets.probe]\ndata = "{sets / "held_out.jsonl"}"\n')
+    r = cli("launch", str(recipe), "--on", "box", "--detach", "--set", "rollout.max_tokens=500")
+    assert r.code == 1 and "box: preflight failed" in r.err, r.out + r.err  # it got as far as the host's preflight
+    staged = list((remote["work"] / ".rlctl" / "stage").rglob("held_out.jsonl"))
+    assert staged and staged[0].read_text().startswith('{"prompt": "held-out-probe"')

@@ -6,9 +6,10 @@ the SSH connection, the laptop sleeping, or this rlctl being killed. The laptop 
 name whose state.json holds the handle {host, run_dir (remote)} and a mirror of the remote log and metrics
 (rsync, pulled when a command looks), so status, logs, metrics, doctor and ckpt list work locally.
 
-Launch: everything the recipe references (the extends chain, reward file, data files, a local model or patch
-directory) is sent content-addressed (sha256-named blobs; only missing ones travel), a git bundle when the recipe's
-repository has commits no remote branch holds; the remote side checks every hash (and the commit) before starting.
+Launch: everything the recipe references (the extends chain, reward file, data files and eval sets' data, a
+local model or patch directory) is sent content-addressed (sha256-named blobs; only missing ones travel), a git
+bundle when the recipe's repository has commits no remote branch holds; the remote side checks every hash (and the
+commit) before starting.
 Secrets travel in the JSON request on the remote process's stdin, never on a command line or in a file.
 """
 
@@ -117,18 +118,32 @@ def _older(theirs: str, ours: str) -> bool:
 
 
 # ---- launch ------------------------------------------------------------------------------------------------------
+def _path_values(prep: Any) -> list[tuple[str, str]]:
+    """(dotted key, value) of each recipe key that names a path: the loader's PATH_KEYS and each eval set's data
+    (a set's checkpoint evals run on the host, so its data must be there)."""
+    import re
+
+    from rlctl.recipe.loader import PATH_KEYS
+
+    data = prep.resolved.data
+    out = []
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        sect = data.get(section)
+        out.append((key, sect.get(name) if isinstance(sect, dict) else None))
+    ev = data.get("eval") if isinstance(data.get("eval"), dict) else {}
+    sets = ev.get("sets") if isinstance(ev.get("sets"), dict) else {}
+    for name, st in sets.items():
+        if isinstance(st, dict) and re.fullmatch(r"[A-Za-z0-9_]+", str(name)):  # --set takes plain key parts
+            out.append((f"eval.sets.{name}.data", st.get("data")))
+    return [(k, v) for k, v in out if isinstance(v, str) and "://" not in v and not v.startswith("random:")]
+
+
 def referenced_files(prep: Any) -> list[Path]:
     """Every local file the recipe needs: its extends chain, and what its path keys name (files, or all files of a
     named directory)."""
-    from rlctl.recipe.loader import PATH_KEYS
-
     files: list[Path] = [Path(p) for p in prep.resolved.chain]
-    data = prep.resolved.data
-    for key in PATH_KEYS:
-        section, _, name = key.partition(".")
-        value = (data.get(section) or {}).get(name) if isinstance(data.get(section), dict) else None
-        if not isinstance(value, str) or "://" in value or value.startswith("random:"):
-            continue
+    for _, value in _path_values(prep):
         p = Path(value).expanduser()
         if not p.is_absolute():
             p = prep.resolved.path.parent / p
@@ -145,15 +160,8 @@ def referenced_files(prep: Any) -> list[Path]:
 def path_keys(prep: Any, base: Path) -> dict[str, str]:
     """Each path key that names a local file or directory, as a path relative to the staged tree: the remote side
     sets it to its own copy (an absolute path on the laptop means nothing there)."""
-    from rlctl.recipe.loader import PATH_KEYS
-
     out = {}
-    for key in PATH_KEYS:
-        section, _, name = key.partition(".")
-        sect = prep.resolved.data.get(section)
-        value = sect.get(name) if isinstance(sect, dict) else None
-        if not isinstance(value, str) or "://" in value or value.startswith("random:"):
-            continue
+    for key, value in _path_values(prep):
         p = Path(value).expanduser()
         p = p if p.is_absolute() else prep.resolved.path.parent / p
         if p.exists():
