@@ -551,3 +551,29 @@ def test_launch_on_host_sends_the_eval_sets_data(remote, cli, tmp_path):
     assert r.code == 1 and "box: preflight failed" in r.err, r.out + r.err  # it got as far as the host's preflight
     staged = list((remote["work"] / ".rlctl" / "stage").rglob("held_out.jsonl"))
     assert staged and staged[0].read_text().startswith('{"prompt": "held-out-probe"')
+
+
+@pytest.mark.slow
+def test_quickstart_on_the_host_evaluated_in_place(remote, cli, monkeypatch):
+    """A run launched --on the host, evaluated there by `rlctl eval RUN --on HOST` (nothing pushed): the results
+    in its stream on the host, seen here through the mirror by status and metrics."""
+    pytest.importorskip("trl")
+    monkeypatch.chdir(remote["tmp"])
+    r = cli("launch", QUICK, "--on", "box", "--detach", *SMALL, "--set", "train.steps=2", "--set",
+            "checkpoint.every=2")
+    assert r.code == 0, r.out + r.err
+    name = r.out.strip().splitlines()[-1]
+    remote_dir = Path(read_state(remote["runs"] / name)["remote_run_dir"])
+    assert wait_for(lambda: read_state(remote_dir).get("status") in ("finished", "failed"), timeout=400)
+    sets = remote["tmp"] / "sets.toml"
+    sets.write_text(f'extends = "{QUICK}"\n[eval.sets.tiny]\ndata = "{RECIPES / "quickstart" / "prompts.jsonl"}"\n'
+                    'grader = "reward"\nthreshold = 0.2\nlimit = 2\nmax_tokens = 8\n')
+    r = cli("eval", name, "--all", "--on", "box", "--recipe", str(sets), "--json")
+    assert r.code == 0, r.out + r.err
+    assert "copied to" not in r.err  # the checkpoints are there already
+    key = "eval/tiny/greedy_pass@1"
+    assert sorted(x["step"] for x in json.loads(r.out)["results"]) == [0, 2]
+    assert sorted(s for s, m in stream(remote_dir).items() if key in m) == [0, 2]  # the host's own stream
+    assert sorted(s for s, m in stream(remote["runs"] / name).items() if key in m) == [0, 2]  # the mirror
+    assert key in cli("status", name).out
+    assert json.loads((remote_dir / "evals" / "evals.json").read_text())["by_hand"][-1]["step"] == 2

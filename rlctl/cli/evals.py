@@ -97,7 +97,7 @@ def eval_cmd(
         try:
             for a in ex.eval_on(on, ev, [s for s, _ in jobs], run_dir=run_dir,
                                 model=target if run_dir is None else None, recipe=recipe_path,
-                                set_names=set_name, gpu=gpu):
+                                set_names=set_name, gpu=gpu, recipe_given=recipe is not None):
                 metrics = {k: float(v) for k, v in (a.get("metrics") or {}).items()}
                 if not a.get("in_place"):  # bring the results home: the job's JSON, then the stream (one write)
                     _save_result(out_dir, a)

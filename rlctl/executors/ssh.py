@@ -625,7 +625,7 @@ def _eval_secrets() -> dict[str, str]:
 
 def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path | None = None,
             model: str | None = None, recipe: str | None = None, set_names: list[str] | None = None,
-            gpu: str | None = None, out: Any = None) -> Any:
+            gpu: str | None = None, recipe_given: bool = True, out: Any = None) -> Any:
     """`rlctl eval ... --on HOST`: one eval job per step on the host, under its own rlctl (its GPUs, `gpu` as
     CUDA_VISIBLE_DEVICES there). Yields each step's answer {step, model, metrics, error, result, log_tail, host,
     in_place} once it is complete, so a caller records only finished results.
@@ -633,6 +633,7 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
     - a local run: its complete checkpoints of `steps` are pushed (ckpt push's verified transfer; what is there
       already is not sent), the sets' files and the recipe go content-addressed; the caller records the results;
     - a run that lives on HOST: evaluated there in place, results into its stream there (the mirror refreshed);
+      with its own recipe there, unless `recipe_given` (--recipe: its sets' files travel as for a local run);
     - no run: the base model `model` (a local model directory travels too)."""
     from rlctl.evals.loop import model_dir
     from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
@@ -660,7 +661,7 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
     # a local base model travels only when it is evaluated (step 0), under LoRA adapters, or for its tokenizer
     base = 0 in steps or any((Path(model_dir(c)) / "adapter_config.json").is_file()
                              or not (Path(model_dir(c)) / "tokenizer_config.json").is_file() for c in picks)
-    if not in_place:
+    if not in_place or recipe_given:
         manifest, staged, blobs = stage_manifest(eval_files(ev, [x for x in (recipe, model) if x], base))
         if blobs:
             print(f"rlctl: sending {len(blobs)} file(s) to {host.name} (eval sets, recipe; only those it lacks)",
@@ -668,7 +669,9 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
             send_blobs(runner, blobs, timeout=60)
         base_req.update(token=f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", manifest=manifest,
                         staged=staged, ev=ev)
-        if run_dir is not None:
+        if in_place:
+            pass  # its checkpoints are there
+        elif run_dir is not None:
             if picks:
                 n, sent = push_checkpoints(run_dir, picks, runner, eval_only=True)
                 print(f"rlctl: checkpoint(s) of step {', '.join(str(c.step) for c in picks)} "

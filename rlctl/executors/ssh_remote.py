@@ -259,12 +259,12 @@ def remote_eval(req: dict[str, Any]) -> dict[str, Any]:
         os.environ[str(k)] = str(v)
     step = int(req["step"])
     run_dir = Path(req["run_dir"]).resolve() if req.get("run_dir") else None
-    if req.get("in_place"):
-        if run_dir is None or not (run_dir / "state.json").is_file():
-                raise RlctlError(f"no run directory {req.get('run_dir')} on this host.")
-        ev = hand_spec(run_dir / "recipe.toml", req.get("set_names"), req.get("gpu"))
-    else:
+    if req.get("in_place") and (run_dir is None or not (run_dir / "state.json").is_file()):
+        raise RlctlError(f"no run directory {req.get('run_dir')} on this host.")
+    if req.get("ev"):  # the laptop's spec (its recipe's sets), its files staged here
         ev = restage(dict(req["ev"]), staged)
+    else:  # a run here, with its own recipe
+        ev = hand_spec(Path(str(run_dir)) / "recipe.toml", req.get("set_names"), req.get("gpu"))
     if run_dir is not None:
         if req.get("model_path"):  # a checkpoint the laptop pushed: the directory the evaluator loads
             model = str(Path(req["model_path"]).resolve())
