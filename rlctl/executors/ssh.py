@@ -686,7 +686,13 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
     for s in steps:
         print(f"rlctl: evaluating step {s} on {host.name}", file=out)
         req = {**base_req, "step": s, **({"model_path": model_paths[s]} if s in model_paths else {})}
-        answer = call_remote(runner, "eval", req, timeout=timeout)
+        try:
+            answer = call_remote(runner, "eval", req, timeout=timeout)
+        except RlctlError as e:
+            if "No space left on device" in e.message or "Disk quota exceeded" in e.message:
+                e.hint = e.hint or (f"free space in {host.workdir} on {host.name} (rlctl hosts check {host.name} "
+                                    "shows it), then run the eval again")
+            raise
         yield {**answer, "host": host.name, "in_place": in_place}
     if in_place and run_dir is not None:  # the results are in the host's stream: refresh the local mirror
         with contextlib.suppress(RlctlError):
