@@ -380,6 +380,7 @@ def test_eval_a_local_run_on_a_host(remote, cli, monkeypatch):
     # again: nothing travels twice; identical numbers to a local eval of the same checkpoint
     r2 = cli("eval", run.name, "--step", "4", "--on", "box", "--gpu", "3", "--json")
     assert r2.code == 0 and "already on box" in r2.err, r2.err
+    assert len(list((remote["work"] / ".rlctl" / "stage").glob("eval-*"))) == 1  # the same files: one stage
     local = cli("eval", run.name, "--step", "4", "--gpu", "3", "--json")
     assert local.code == 0, local.err
     assert json.loads(local.out)["results"][0]["metrics"] == json.loads(r2.out)["results"][0]["metrics"]

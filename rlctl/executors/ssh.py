@@ -16,6 +16,7 @@ Secrets travel in the JSON request on the remote process's stdin, never on a com
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -667,8 +668,9 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
             print(f"rlctl: sending {len(blobs)} file(s) to {host.name} (eval sets, recipe; only those it lacks)",
                   file=out)
             send_blobs(runner, blobs, timeout=60)
-        base_req.update(token=f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", manifest=manifest,
-                        staged=staged, ev=ev)
+        # the stage is named by its content: the next eval of the same files reuses it (no second copy of a model)
+        token = "eval-" + hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:20]
+        base_req.update(token=token, manifest=manifest, staged=staged, ev=ev)
         if in_place:
             pass  # its checkpoints are there
         elif run_dir is not None:

@@ -252,7 +252,7 @@ def remote_eval(req: dict[str, Any]) -> dict[str, Any]:
     if req.get("manifest"):
         token = str(req["token"])
         stage = Path(STAGE) / token
-        # one stage per `rlctl eval` call, made by its first request; the next steps reuse it
+        # one stage per set of files (named by their hashes), made by the first request that needs it
         stage = stage.resolve() if (stage / ".complete").is_file() else _stage_once(req["manifest"], token)
         staged = {local: str(stage / rel) for local, rel in (req.get("staged") or {}).items()}
     for k, v in (req.get("env") or {}).items():  # secrets: this process's environment (and its job's) only
