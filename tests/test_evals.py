@@ -219,3 +219,20 @@ def test_stop_when_knows_every_doctor_rule():
     from rlctl.runs.doctor import RULES
 
     assert set(schema.RULES) == set(RULES)
+
+
+def test_by_hand_evals_survive_the_supervisors_ledger_writes(tmp_path):
+    from rlctl.evals.ledger import read_ledger, write_ledger
+    from rlctl.evals.loop import record_by_hand
+
+    run = tmp_path / "run"
+    run.mkdir()
+    supervisor_copy = {"done": {"0": {"outcome": "ok"}}}
+    write_ledger(run, supervisor_copy)
+    record_by_hand(run, 2, {"eval/x/greedy_pass@1": 0.5}, None, ["x"], host="spare")
+    supervisor_copy["done"]["2"] = {"outcome": "ok"}
+    write_ledger(run, supervisor_copy)  # a running supervisor rewrites its own copy
+    led = read_ledger(run)
+    assert set(led["done"]) == {"0", "2"} and led["by_hand"][0]["host"] == "spare"
+    rec = json.loads((run / "metrics.jsonl").read_text())
+    assert rec["step"] == 2 and rec["eval/x/greedy_pass@1"] == 0.5

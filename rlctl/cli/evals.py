@@ -17,6 +17,7 @@ Examples:
   rlctl eval my-run --all --set ood     every checkpoint (and the step-0 baseline) on the set `ood`
   rlctl eval my-run --step 30 --gpu 7   one checkpoint, on GPU 7, beside the training
   rlctl eval Qwen/Qwen2.5-7B --recipe r.toml   the baseline of a base model on the recipe's sets
+  rlctl eval my-run --all --on spare    on an SSH host: checkpoints pushed (verified), results back here
 """
 
 
@@ -40,93 +41,138 @@ def eval_cmd(
     step: Annotated[int | None, typer.Option("--step", help="Evaluate the checkpoint of this step (0 = base).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every complete checkpoint, and the baseline.")] = False,
     set_name: Annotated[list[str] | None, typer.Option("--set", help="Only this eval set (repeatable).")] = None,
-    on: Annotated[str | None, typer.Option("--on", help="Evaluate on this host (an SSH host).")] = None,
-    gpu: Annotated[str | None, typer.Option("--gpu", help="CUDA_VISIBLE_DEVICES for the eval job.")] = None,
+    on: Annotated[str | None, typer.Option("--on", help="Evaluate on this SSH host (rlctl hosts list).")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="CUDA_VISIBLE_DEVICES for the eval job (on the host "
+                                            "with --on).")] = None,
     recipe: Annotated[str | None, typer.Option("--recipe", help="Recipe with the eval sets (default: the run's).")]
     = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate checkpoints (or a base model) on the recipe's eval sets, each job in its own process; a run's
     results go into its metrics stream at the checkpoint's step."""
-    from rlctl.evals.loop import EVALS, append_metrics, evals_spec, remote_executor, run_job_here
-    from rlctl.evals.sets import eval_sets
-    from rlctl.recipe.loader import load
+    from rlctl.evals.loop import EVALS, hand_spec, job_files, record_by_hand, remote_executor, run_job_here
 
     if step is not None and all_:
         raise RlctlError("--step and --all: choose one.", hint="--step N for one checkpoint, --all for every one")
+    ex = None
     if on is not None:
-        remote_executor(on)  # errors clearly while hosts are not available
-    run_dir, recipe_path = _parse_target(target, recipe)
-    resolved = load(recipe_path)
-    r = resolved.recipe
-    sets = eval_sets(r)
-    if set_name:
-        unknown = [n for n in set_name if n not in {s.name for s in sets}]
-        if unknown:
-            raise RlctlError(f"--set {unknown[0]}: no such eval set; the recipe has: "
-                             f"{', '.join(s.name for s in sets) or 'none'}.")
-        sets = [s for s in sets if s.name in set_name]
-    if not sets:
-        raise RlctlError(f"{recipe_path}: no eval sets to evaluate.",
-                         hint="declare [eval.sets.<name>] data = \"...\" (or data.eval) in the recipe")
-    from rlctl.backends import get_backend
+        ex = remote_executor(on)
+        from rlctl.core.host import get_host
 
-    ev = evals_spec(r, get_backend(r.backend.name)) or {}
-    ev.update(sets=[s.to_dict() for s in sets], evaluator=r.eval.evaluator, command=r.eval.command,
-              base_model=r.model.path)
-    if gpu is not None:
-        ev["gpu"] = gpu
-    jobs: list[tuple[int, str]] = []
+        get_host(on)  # an unknown host is said before anything is read or sent
+    run_dir, recipe_path = _parse_target(target, recipe)
+    if ex is not None and run_dir is not None and recipe is None and not (run_dir / "recipe.toml").is_file():
+        from rlctl.runs.state import read_state
+
+        ex.catch_up_logs(run_dir, read_state(run_dir))  # a run on a host: its recipe.toml mirrored here first
+    ev = hand_spec(recipe_path, set_name, gpu)
+    set_names = [s["name"] for s in ev["sets"]]
     if run_dir is None:
         jobs = [(0, target)]
         out_dir = Path.cwd() / "rlctl-evals" / Path(target).name
     else:
-        jobs = _run_jobs(run_dir, r.backend.name, step, all_)
+        jobs = _run_jobs(run_dir, ev, step, all_, ex)
         out_dir = run_dir / EVALS
     rows: list[dict[str, Any]] = []
     failed = False
-    for s_step, model in jobs:
-        base = ev["base_model"] if s_step > 0 else None
-        metrics, failure = run_job_here({**ev, "base_model": base or ev["base_model"]}, s_step, model,
-                                        ev["sets"], out_dir, run_dir)
-        if run_dir is not None:
-            append_metrics(run_dir, s_step, metrics)
-        rows.append({"step": s_step, "model": model, "metrics": metrics, "error": failure})
+
+    def show(s_step: int, model: str, metrics: dict[str, float], failure: str | None, tail: str = "") -> None:
+        nonlocal failed
+        rows.append({"step": s_step, "model": model, "metrics": metrics, "error": failure,
+                     **({"host": on} if on else {}), **({"log_tail": tail} if failure and tail else {})})
         failed |= failure is not None
-        if not as_json:
-            _echo(f"step {s_step:>6}  {model}")
-            for k, v in sorted(metrics.items()):
-                _echo(f"    {k:<48} {v:.4g}")
-            if failure:
-                _echo(f"    failed: {failure}")
+        if as_json:
+            return
+        _echo(f"step {s_step:>6}  {model}" + (f"  (on {on})" if on else ""))
+        for k, v in sorted(metrics.items()):
+            _echo(f"    {k:<48} {v:.4g}")
+        if failure:
+            _echo(f"    failed: {failure}")
+            for line in tail.splitlines()[-12:]:
+                _echo(f"    | {line}")
+
+    if ex is not None:
+        assert on is not None
+        done: list[int] = []
+        try:
+            for a in ex.eval_on(on, ev, [s for s, _ in jobs], run_dir=run_dir,
+                                model=target if run_dir is None else None, recipe=recipe_path,
+                                set_names=set_name, gpu=gpu, recipe_given=recipe is not None):
+                metrics = {k: float(v) for k, v in (a.get("metrics") or {}).items()}
+                if not a.get("in_place"):  # bring the results home: the job's JSON, then the stream (one write)
+                    _save_result(out_dir, a)
+                    if run_dir is not None:
+                        record_by_hand(run_dir, a["step"], metrics, a.get("error"), set_names, host=on)
+                done.append(a["step"])
+                show(a["step"], a.get("model", ""), metrics, a.get("error"), a.get("log_tail") or "")
+        except RlctlError as e:
+            left = [s for s, _ in jobs if s not in done]
+            if done:  # what came back before the failure is recorded; say which steps are still to do
+                e.message += (f"\n  recorded: {', '.join(f'step {s}' for s in done) or 'nothing'}; not recorded: "
+                              f"{', '.join(f'step {s}' for s in left)} (run the command again for them)")
+            raise
+    else:
+        for s_step, model in jobs:
+            metrics, failure = run_job_here(ev, s_step, model, ev["sets"], out_dir, run_dir)
+            if run_dir is not None:
+                record_by_hand(run_dir, s_step, metrics, failure, set_names)
+            from rlctl.evals.loop import log_tail
+
+            show(s_step, model, metrics, failure, log_tail(job_files(out_dir, s_step)[2]) if failure else "")
     if as_json:
         _echo(json.dumps({"target": target, "results": rows}, indent=2))
     if failed:
         raise typer.Exit(1)
 
 
-def _run_jobs(run_dir: Path, backend: str, step: int | None, all_: bool) -> list[tuple[int, str]]:
+def _save_result(out_dir: Path, answer: dict[str, Any]) -> None:
+    """A host's eval results and log tail where a local eval keeps its own (<run>/evals/step-N.out.json, .log)."""
+    import os
+
+    from rlctl.evals.loop import job_files
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _, out_file, log = job_files(out_dir, int(answer["step"]))
+    result = answer.get("result") or {"step": answer["step"], "metrics": {}, "errors": {"job": answer.get("error")}}
+    tmp = out_file.with_name(out_file.name + ".tmp")
+    tmp.write_text(json.dumps({**result, "host": answer.get("host"), "remote_log": answer.get("log")}) + "\n")
+    os.replace(tmp, out_file)
+    log.write_text(f"# the tail of {answer.get('host')}:{answer.get('log')}\n{answer.get('log_tail') or ''}\n")
+
+
+def _run_jobs(run_dir: Path, ev: dict[str, Any], step: int | None, all_: bool, ex: Any) -> list[tuple[int, str]]:
+    """(step, model) of each job; for a run on an SSH host its checkpoints are listed there (the model path is
+    resolved there)."""
     from rlctl.evals.loop import model_dir
     from rlctl.runs.checkpoints import find_checkpoints
     from rlctl.runs.state import read_state
 
-    ckpts = [c for c in find_checkpoints(read_state(run_dir).get("backend") or backend, run_dir) if c.complete]
+    st = read_state(run_dir)
     base = _base_model(run_dir)
+    if st.get("executor") == "ssh":
+        if ex is None:
+            host = st.get("host") or "its host"
+            raise RlctlError(f"{run_dir.name} lives on {host}: its checkpoints are there.",
+                             hint=f"rlctl eval {run_dir.name} --on {host}")
+        runner, answer = ex.remote_checkpoints(run_dir, list_only=True)
+        complete = {r["step"]: f"{runner.host.name}:{r['path']}" for r in answer["checkpoints"] if r["complete"]}
+    else:
+        complete = {c.step: model_dir(c) for c in find_checkpoints(st.get("backend") or "", run_dir) if c.complete}
+    steps = sorted(complete)
     if step == 0:
         return [(0, base)]
     if step is not None:
-        found = [c for c in ckpts if c.step == step]
-        if not found:
+        if step not in complete:
             raise RlctlError(f"{run_dir.name} has no complete checkpoint at step {step}; complete: "
-                             f"{', '.join(str(c.step) for c in ckpts) or 'none'}.",
+                             f"{', '.join(str(s) for s in steps) or 'none'}.",
                              hint=f"rlctl ckpt list {run_dir.name}")
-        return [(step, model_dir(found[0]))]
+        return [(step, complete[step])]
     if all_:
-        return [(0, base)] + [(c.step, model_dir(c)) for c in ckpts]
-    if not ckpts:
+        return [(0, base)] + [(s, complete[s]) for s in steps]
+    if not steps:
         raise RlctlError(f"{run_dir.name} has no complete checkpoint.", hint=f"rlctl eval {run_dir.name} --step 0 "
                          "evaluates its base model")
-    return [(ckpts[-1].step, model_dir(ckpts[-1]))]
+    return [(steps[-1], complete[steps[-1]])]
 
 
 def _base_model(run_dir: Path) -> str:

@@ -24,6 +24,11 @@ def read_ledger(run_dir: Path) -> dict[str, Any]:
 
 
 def write_ledger(run_dir: Path, ledger: dict[str, Any]) -> None:
+    # `by_hand` (rlctl eval, here or --on a host) is appended by other processes than a running supervisor, whose
+    # in-memory copy lacks it: the longer list on disk is kept
+    on_disk = read_ledger(run_dir).get("by_hand")
+    if isinstance(on_disk, list) and len(on_disk) > len(ledger.get("by_hand") or []):
+        ledger = {**ledger, "by_hand": on_disk}
     d = run_dir / EVALS
     d.mkdir(exist_ok=True)
     tmp = d / (LEDGER + ".tmp")

@@ -335,18 +335,70 @@ def attach(sup: Any) -> CheckpointEvals | None:
 
 # ---- by hand: rlctl eval ----------------------------------------------------------------------------------------
 
+def hand_spec(recipe_path: str | Path, set_names: list[str] | None, gpu: str | None) -> dict[str, Any]:
+    """The eval spec of `rlctl eval` from a recipe: its sets (only `set_names` when given), evaluator and model.
+    The same on this machine and on a host (which builds it from a run's own recipe.toml there)."""
+    from rlctl.backends import get_backend
+    from rlctl.evals.sets import eval_sets
+    from rlctl.recipe.loader import load
+
+    r = load(recipe_path).recipe
+    sets = eval_sets(r)
+    if set_names:
+        unknown = [n for n in set_names if n not in {s.name for s in sets}]
+        if unknown:
+            raise RlctlError(f"--set {unknown[0]}: no such eval set; the recipe has: "
+                             f"{', '.join(s.name for s in sets) or 'none'}.")
+        sets = [s for s in sets if s.name in set_names]
+    if not sets:
+        raise RlctlError(f"{recipe_path}: no eval sets to evaluate.",
+                         hint="declare [eval.sets.<name>] data = \"...\" (or data.eval) in the recipe")
+    ev = evals_spec(r, get_backend(r.backend.name)) or {}
+    ev.update(sets=[s.to_dict() for s in sets], evaluator=r.eval.evaluator, command=r.eval.command,
+              base_model=r.model.path)
+    if gpu is not None:
+        ev["gpu"] = gpu
+    return ev
+
+
+def log_tail(log: Path, lines: int = 20, limit: int = 8000) -> str:
+    """The end of an eval job's log (its stderr and stdout): what a failure is explained by."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])[-limit:]
+
+
+def record_by_hand(run_dir: Path, step: int, metrics: dict[str, float], failure: str | None,
+                   sets: list[str], host: str | None = None) -> None:
+    """A by-hand eval's result in the run: its metrics at the checkpoint's step (one write), and a line in the
+    ledger's `by_hand` list (apart from `done`, which the supervisor's own evals keep)."""
+    append_metrics(run_dir, step, metrics)
+    ledger = read_ledger(run_dir)
+    entry: dict[str, Any] = {"step": step, "outcome": "failed" if failure else "ok", "sets": sets,
+                             "metrics": sorted(metrics), "at": time.time()}
+    if host:
+        entry["host"] = host
+    if failure:
+        entry["error"] = failure
+    ledger.setdefault("by_hand", []).append(entry)
+    write_ledger(run_dir, ledger)
+
+
 def run_job_here(ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]], out_dir: Path,
                  run_dir: Path | None, timeout: float | None = None) -> tuple[dict[str, float], str | None]:
     """Run one eval job in its own process on this machine and wait: (metrics, failure or None)."""
     spec_file, out_file, log = write_job(out_dir, ev, step, model, sets, run_dir)
     proc = start_job(spec_file, log, ev.get("gpu"))
+    limit = timeout or float(ev.get("timeout_s") or 3600)
     try:
-        code = proc.wait(timeout=timeout or float(ev.get("timeout_s") or 3600))
+        code = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        return {}, f"timed out after {timeout} s"
+        return {}, f"timed out after {limit:g} s (eval.timeout_s)"
     except KeyboardInterrupt:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -355,14 +407,14 @@ def run_job_here(ev: dict[str, Any], step: int, model: str, sets: list[dict[str,
 
 
 def remote_executor(host: str) -> Any:
-    """The executor that runs an eval job on HOST: the `ssh` executor, when one is registered."""
+    """The executor that runs `rlctl eval --on HOST`: the `ssh` executor, when one is registered with eval_on."""
     from rlctl import executors
 
     if "ssh" not in executors.available():
         raise RlctlError(f"--on {host}: hosts not available (no `ssh` executor is registered in rlctl.executors).",
                          hint="run without --on to evaluate on this machine, or install an rlctl with SSH hosts")
     ex = executors.get("ssh")
-    if not callable(getattr(ex, "run_job", None)):
-        raise RlctlError(f"--on {host}: the ssh executor cannot run eval jobs (it has no run_job(host, argv, env, "
-                         "files_in, files_out)).", hint="run without --on to evaluate on this machine")
+    if not callable(getattr(ex, "eval_on", None)):
+        raise RlctlError(f"--on {host}: the ssh executor cannot run eval jobs (it has no eval_on).",
+                         hint="run without --on to evaluate on this machine")
     return ex

@@ -6,15 +6,17 @@ the SSH connection, the laptop sleeping, or this rlctl being killed. The laptop 
 name whose state.json holds the handle {host, run_dir (remote)} and a mirror of the remote log and metrics
 (rsync, pulled when a command looks), so status, logs, metrics, doctor and ckpt list work locally.
 
-Launch: everything the recipe references (the extends chain, reward file, data files, a local model or patch
-directory) is sent content-addressed (sha256-named blobs; only missing ones travel), a git bundle when the recipe's
-repository has commits no remote branch holds; the remote side checks every hash (and the commit) before starting.
+Launch: everything the recipe references (the extends chain, reward file, data files and eval sets' data, a
+local model or patch directory) is sent content-addressed (sha256-named blobs; only missing ones travel), a git
+bundle when the recipe's repository has commits no remote branch holds; the remote side checks every hash (and the
+commit) before starting.
 Secrets travel in the JSON request on the remote process's stdin, never on a command line or in a file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -117,18 +119,32 @@ def _older(theirs: str, ours: str) -> bool:
 
 
 # ---- launch ------------------------------------------------------------------------------------------------------
+def _path_values(prep: Any) -> list[tuple[str, str]]:
+    """(dotted key, value) of each recipe key that names a path: the loader's PATH_KEYS and each eval set's data
+    (a set's checkpoint evals run on the host, so its data must be there)."""
+    import re
+
+    from rlctl.recipe.loader import PATH_KEYS
+
+    data = prep.resolved.data
+    out = []
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        sect = data.get(section)
+        out.append((key, sect.get(name) if isinstance(sect, dict) else None))
+    ev = data.get("eval") if isinstance(data.get("eval"), dict) else {}
+    sets = ev.get("sets") if isinstance(ev.get("sets"), dict) else {}
+    for name, st in sets.items():
+        if isinstance(st, dict) and re.fullmatch(r"[A-Za-z0-9_]+", str(name)):  # --set takes plain key parts
+            out.append((f"eval.sets.{name}.data", st.get("data")))
+    return [(k, v) for k, v in out if isinstance(v, str) and "://" not in v and not v.startswith("random:")]
+
+
 def referenced_files(prep: Any) -> list[Path]:
     """Every local file the recipe needs: its extends chain, and what its path keys name (files, or all files of a
     named directory)."""
-    from rlctl.recipe.loader import PATH_KEYS
-
     files: list[Path] = [Path(p) for p in prep.resolved.chain]
-    data = prep.resolved.data
-    for key in PATH_KEYS:
-        section, _, name = key.partition(".")
-        value = (data.get(section) or {}).get(name) if isinstance(data.get(section), dict) else None
-        if not isinstance(value, str) or "://" in value or value.startswith("random:"):
-            continue
+    for _, value in _path_values(prep):
         p = Path(value).expanduser()
         if not p.is_absolute():
             p = prep.resolved.path.parent / p
@@ -145,15 +161,8 @@ def referenced_files(prep: Any) -> list[Path]:
 def path_keys(prep: Any, base: Path) -> dict[str, str]:
     """Each path key that names a local file or directory, as a path relative to the staged tree: the remote side
     sets it to its own copy (an absolute path on the laptop means nothing there)."""
-    from rlctl.recipe.loader import PATH_KEYS
-
     out = {}
-    for key in PATH_KEYS:
-        section, _, name = key.partition(".")
-        sect = prep.resolved.data.get(section)
-        value = sect.get(name) if isinstance(sect, dict) else None
-        if not isinstance(value, str) or "://" in value or value.startswith("random:"):
-            continue
+    for key, value in _path_values(prep):
         p = Path(value).expanduser()
         p = p if p.is_absolute() else prep.resolved.path.parent / p
         if p.exists():
@@ -365,6 +374,7 @@ class SSHExecutor(Executor):
     ckpt_push = staticmethod(lambda run_dir, step, host_name: ckpt_push(run_dir, step, host_name))
     run_remote_rlctl = staticmethod(lambda host_name, args, sync_dir=None: run_remote_rlctl(host_name, args, sync_dir))
     attach_remote = staticmethod(lambda host_name, path, backend, name: attach_remote(host_name, path, backend, name))
+    eval_on = staticmethod(lambda host_name, ev, steps, **kw: eval_on(host_name, ev, steps, **kw))
 
     @staticmethod
     def install(host: Host, spec: str, timeout: float = 1800.0) -> subprocess.CompletedProcess[str]:
@@ -512,32 +522,180 @@ def ckpt_pull(run_dir: Path, step: int | None, to: Path | None, out: Any = None)
 def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) -> str:
     """Copy one complete checkpoint of a run (local, or pulled from its host first) to another host, as a run
     record there of the same name: `rlctl launch RECIPE --on HOST --resume RUN` then resumes from it."""
-    from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
+    from rlctl.runs.checkpoints import find_checkpoints
     from rlctl.runs.state import read_state as rs
 
     state = rs(run_dir)
     if state.get("executor") == "ssh":
         ckpt_pull(run_dir, step, None)
     backend = state.get("backend", "")
-    root = checkpoint_dir(run_dir).resolve()
     ckpts = [c for c in find_checkpoints(backend, run_dir) if c.complete and (step is None or c.step == step)]
     if not ckpts:
         raise RlctlError(f"{run_dir.name}: no complete checkpoint" + (f" at step {step}" if step is not None else "")
                          + ".", hint=f"rlctl ckpt list {run_dir.name}")
     pick = ckpts[-1]
-    tops, files = [], []
-    for t in pick.paths():
-        rel = t.resolve().relative_to(root)
-        tops.append(str(rel))
-        items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())
-        files += [{"rel": str(x.resolve().relative_to(root)), "size": x.stat().st_size, "sha256": sha256_file(x)}
-                  for x in items]
     host = get_host(host_name)
-    runner = Runner(host)
+    n, _ = push_checkpoints(run_dir, [pick], Runner(host))
+    return f"step {pick.step} of {run_dir.name} is on {host.name} ({n} files, verified)"
+
+
+def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only: bool = False) -> tuple[int, bool]:
+    """Copy these complete checkpoints of a local run to the host as a run record of the same name
+    (<workdir>/runs/<name>/checkpoints), resumably (rsync --partial), every file's size and sha256 checked there.
+    Files already there and intact are not sent again. With eval_only, only what an evaluator loads travels (the
+    HF model or adapter directory, e.g. OpenRLHF's global_stepN_hf without its DeepSpeed state). (number of files,
+    whether anything travelled)."""
+    from rlctl.evals.loop import model_dir
+    from rlctl.runs.checkpoints import checkpoint_dir
+    from rlctl.runs.state import read_state as rs
+
+    state = rs(run_dir)
+    backend = state.get("backend", "")
+    root = checkpoint_dir(run_dir).resolve()
+    tops, files = [], []
+    for pick in picks:
+        for t in [Path(model_dir(pick))] if eval_only else pick.paths():
+            rel = t.resolve().relative_to(root)
+            tops.append(str(rel))
+            items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())
+            files += [{"rel": str(x.resolve().relative_to(root)), "size": x.stat().st_size,
+                       "sha256": sha256_file(x)} for x in items]
+    request = {"name": run_dir.name, "backend": backend, "files": files,
+               "source": f"{state.get('host') or 'local'}:{run_dir.name}"}
+    have = call_remote(runner, "adopt", {**request, "check": True}, timeout=600)
+    if not have.get("missing") and have.get("adopted"):
+        return len(files), False
     dest = f"runs/{run_dir.name}/checkpoints"
-    runner.run(["mkdir", "-p", dest], timeout=60)
-    runner.rsync([f"{root}/./{t}" for t in tops], dest + "/", up=True,
-                 extra=["--relative", "--partial", "--partial-dir=.rsync-partial"])
-    call_remote(runner, "adopt", {"name": run_dir.name, "backend": backend, "files": files,
-                                         "source": f"{state.get('host') or 'local'}:{run_dir.name}"}, timeout=600)
-    return f"step {pick.step} of {run_dir.name} is on {host.name} ({len(files)} files, verified)"
+    if have.get("missing"):
+        runner.run(["mkdir", "-p", dest], timeout=60)
+        runner.rsync([f"{root}/./{t}" for t in tops], dest + "/", up=True,
+                     extra=["--relative", "--partial", "--partial-dir=.rsync-partial"])
+    call_remote(runner, "adopt", request, timeout=600)
+    return len(files), True
+
+
+# ---- evals on a host ----------------------------------------------------------------------------------------------
+SCRIPT_SUFFIXES = (".py", ".sh")  # words of an eval command naming a local script: shipped with the sets
+
+
+def eval_files(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[Path]:
+    """The local files (or directories) an eval spec needs on a host: each set's data, the reward file, a local
+    base model (with `base`: for the baseline or LoRA adapters), the command evaluator's scripts, and `extra` (the
+    recipe, a local model)."""
+    import shlex
+
+    cands = [s.get("data") for s in ev.get("sets") or []] + [ev.get("reward_file"), *extra]
+    if base:
+        cands.append(ev.get("base_model"))
+    if ev.get("command"):
+        cands += [w for w in shlex.split(ev["command"]) if w.endswith(SCRIPT_SUFFIXES)]
+    out: dict[Path, None] = {}
+    for c in cands:
+        if isinstance(c, str) and c and "://" not in c and not c.startswith("random:") and Path(c).exists():
+            out.setdefault(Path(c), None)
+    return list(out)
+
+
+def stage_manifest(paths: list[Path]) -> tuple[dict[str, str], dict[str, str], dict[str, Path]]:
+    """(manifest {rel: sha256}, staged {local path as written: rel}, blobs {sha256: file}) for these files and
+    directories, relative to their common parent: laid out on the host as here, content-addressed."""
+    files: dict[Path, Path] = {}  # resolved file -> itself
+    tops = [p.resolve() for p in paths]
+    for t in tops:
+        items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and ".git" not in x.parts)
+        for x in items:
+            files.setdefault(x.resolve(), x)
+    if not files:
+        return {}, {}, {}
+    base = Path(os.path.commonpath([str(t.parent) for t in tops] + [str(f.parent) for f in files]))
+    manifest, blobs = {}, {}
+    for f in files:
+        sha = sha256_file(f)
+        manifest[str(f.relative_to(base))] = sha
+        blobs[sha] = f
+    staged = {str(p): str(t.relative_to(base)) for p, t in zip(paths, tops, strict=True)}
+    staged.update({str(t): str(t.relative_to(base)) for t in tops})
+    return manifest, staged, blobs
+
+
+def _eval_secrets() -> dict[str, str]:
+    names = {n for n in FORWARD if n in os.environ}
+    names |= {n.strip() for n in os.environ.get("RLCTL_FORWARD_ENV", "").split(",") if n.strip() in os.environ}
+    return {n: os.environ[n] for n in sorted(names)}
+
+
+def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path | None = None,
+            model: str | None = None, recipe: str | None = None, set_names: list[str] | None = None,
+            gpu: str | None = None, recipe_given: bool = True, out: Any = None) -> Any:
+    """`rlctl eval ... --on HOST`: one eval job per step on the host, under its own rlctl (its GPUs, `gpu` as
+    CUDA_VISIBLE_DEVICES there). Yields each step's answer {step, model, metrics, error, result, log_tail, host,
+    in_place} once it is complete, so a caller records only finished results.
+
+    - a local run: its complete checkpoints of `steps` are pushed (ckpt push's verified transfer; what is there
+      already is not sent), the sets' files and the recipe go content-addressed; the caller records the results;
+    - a run that lives on HOST: evaluated there in place, results into its stream there (the mirror refreshed);
+      with its own recipe there, unless `recipe_given` (--recipe: its sets' files travel as for a local run);
+    - no run: the base model `model` (a local model directory travels too)."""
+    from rlctl.evals.loop import model_dir
+    from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
+
+    out = out or sys.stderr
+    host = get_host(host_name)
+    model_paths: dict[int, str] = {}
+    runner = Runner(host, connect_timeout=SSHExecutor.timeout)
+    timeout = float(ev.get("timeout_s") or 3600) + 600  # the job's own limit, plus loading the model
+    base_req: dict[str, Any] = {"env": _eval_secrets()}
+    in_place = False
+    if run_dir is not None and read_state(run_dir).get("executor") == "ssh":
+        where, remote_dir = _handle(read_state(run_dir))
+        if where.name != host.name:
+            raise RlctlError(f"--on {host.name}: {run_dir.name} lives on {where.name}; its checkpoints and metrics "
+                             "are there.", hint=f"rlctl eval {run_dir.name} --on {where.name}")
+        in_place = True
+        base_req.update(in_place=True, run_dir=remote_dir, set_names=set_names, gpu=gpu)
+    # reachable, and an rlctl there that knows remote evals (an older one answers with its usage line)
+    call_remote(runner, "eval", {"probe": True}, timeout=max(30.0, SSHExecutor.timeout))
+    picks = []
+    if run_dir is not None and not in_place:
+        picks = [c for c in find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
+                 if c.complete and c.step in steps and c.step > 0]
+    # a local base model travels only when it is evaluated (step 0), under LoRA adapters, or for its tokenizer
+    base = 0 in steps or any((Path(model_dir(c)) / "adapter_config.json").is_file()
+                             or not (Path(model_dir(c)) / "tokenizer_config.json").is_file() for c in picks)
+    if not in_place or recipe_given:
+        manifest, staged, blobs = stage_manifest(eval_files(ev, [x for x in (recipe, model) if x], base))
+        if blobs:
+            print(f"rlctl: sending {len(blobs)} file(s) to {host.name} (eval sets, recipe; only those it lacks)",
+                  file=out)
+            send_blobs(runner, blobs, timeout=60)
+        # the stage is named by its content: the next eval of the same files reuses it (no second copy of a model)
+        token = "eval-" + hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:20]
+        base_req.update(token=token, manifest=manifest, staged=staged, ev=ev)
+        if in_place:
+            pass  # its checkpoints are there
+        elif run_dir is not None:
+            if picks:
+                n, sent = push_checkpoints(run_dir, picks, runner, eval_only=True)
+                print(f"rlctl: checkpoint(s) of step {', '.join(str(c.step) for c in picks)} "
+                      f"{'copied to' if sent else 'already on'} {host.name} ({n} files, verified)", file=out)
+            root = checkpoint_dir(run_dir).resolve()
+            # where each evaluated directory landed there (relative to the workdir)
+            model_paths = {c.step: f"runs/{run_dir.name}/checkpoints/{Path(model_dir(c)).resolve().relative_to(root)}"
+                           for c in picks}
+            base_req["run_dir"] = f"runs/{run_dir.name}"
+        else:
+            base_req.update(model=model, name=Path(str(model)).name)
+    for s in steps:
+        print(f"rlctl: evaluating step {s} on {host.name}", file=out)
+        req = {**base_req, "step": s, **({"model_path": model_paths[s]} if s in model_paths else {})}
+        try:
+            answer = call_remote(runner, "eval", req, timeout=timeout)
+        except RlctlError as e:
+            if "No space left on device" in e.message or "Disk quota exceeded" in e.message:
+                e.hint = e.hint or (f"free space in {host.workdir} on {host.name} (rlctl hosts check {host.name} "
+                                    "shows it), then run the eval again")
+            raise
+        yield {**answer, "host": host.name, "in_place": in_place}
+    if in_place and run_dir is not None:  # the results are in the host's stream: refresh the local mirror
+        with contextlib.suppress(RlctlError):
+            SSHExecutor().status(run_dir, read_state(run_dir))

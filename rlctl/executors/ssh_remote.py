@@ -1,6 +1,6 @@
 """The remote half of the SSH executor: what the host's own rlctl does when the laptop asks
-(`python -m rlctl.executors.ssh_remote VERB`, VERB one of blobs, launch, poll, ckpt, adopt; no CLI framework is
-imported, so a poll answers fast). Each reads one JSON request on stdin (secrets included: never on a command line)
+(`python -m rlctl.executors.ssh_remote VERB`, VERB one of blobs, launch, poll, ckpt, adopt, eval; no CLI framework
+is imported, so a poll answers fast). Each reads one JSON request on stdin (secrets included: never on a command line)
 and prints one JSON answer on stdout, so every question costs one round trip. Errors: exit 2 (bad input) or 1, the
 message on stderr as `rlctl: ...`.
 
@@ -211,6 +211,8 @@ def adopt_checkpoint(req: dict[str, Any]) -> dict[str, Any]:
         p = root / f["rel"]
         if not p.is_file() or p.stat().st_size != f["size"] or sha256_file(p) != f["sha256"]:
             bad.append(f["rel"])
+    if req.get("check"):  # only which files are missing or differ: the push sends nothing when none
+        return {"run_dir": str(run_dir), "missing": bad, "adopted": (run_dir / "state.json").is_file()}
     if bad:
         raise RlctlError(f"{len(bad)} file(s) of the pushed checkpoint differ from the source: {', '.join(bad[:3])}.",
                          hint="run the push again: it resumes")
@@ -220,12 +222,100 @@ def adopt_checkpoint(req: dict[str, Any]) -> dict[str, Any]:
     return {"run_dir": str(run_dir)}
 
 
+def restage(ev: dict[str, Any], staged: dict[str, str]) -> dict[str, Any]:
+    """The laptop's eval spec with each of its local paths (set data, reward file, a local model, the command's
+    script) replaced by the staged copy here."""
+    import shlex
+
+    def one(v: Any) -> Any:
+        return staged.get(v, v) if isinstance(v, str) else v
+
+    out = dict(ev)
+    out["sets"] = [{**s, "data": one(s.get("data"))} for s in ev.get("sets") or []]
+    for k in ("reward_file", "base_model"):
+        out[k] = one(ev.get(k))
+    if ev.get("command"):
+        out["command"] = shlex.join(one(w) for w in shlex.split(ev["command"]))
+    return out
+
+
+def remote_eval(req: dict[str, Any]) -> dict[str, Any]:
+    """`rlctl eval --on HOST`, one checkpoint (or the base model) per request: the job runs here in its own process
+    (python -m rlctl.evals.job, this host's GPUs) and the answer carries its results and log tail. In place (a run
+    that lives here) the results also go into that run's stream and ledger, as a local `rlctl eval` does."""
+    from rlctl.evals.ledger import EVALS
+    from rlctl.evals.loop import hand_spec, job_files, log_tail, model_dir, record_by_hand, run_job_here
+
+    if req.get("probe"):  # the laptop checks that this rlctl knows remote evals before sending anything
+        return {"eval": True}
+    staged: dict[str, str] = {}
+    if req.get("manifest"):
+        token = str(req["token"])
+        stage = Path(STAGE) / token
+        # one stage per set of files (named by their hashes), made by the first request that needs it
+        stage = stage.resolve() if (stage / ".complete").is_file() else _stage_once(req["manifest"], token)
+        staged = {local: str(stage / rel) for local, rel in (req.get("staged") or {}).items()}
+    for k, v in (req.get("env") or {}).items():  # secrets: this process's environment (and its job's) only
+        os.environ[str(k)] = str(v)
+    step = int(req["step"])
+    run_dir = Path(req["run_dir"]).resolve() if req.get("run_dir") else None
+    if req.get("in_place") and (run_dir is None or not (run_dir / "state.json").is_file()):
+        raise RlctlError(f"no run directory {req.get('run_dir')} on this host.")
+    if req.get("ev"):  # the laptop's spec (its recipe's sets), its files staged here
+        ev = restage(dict(req["ev"]), staged)
+    else:  # a run here, with its own recipe
+        ev = hand_spec(Path(str(run_dir)) / "recipe.toml", req.get("set_names"), req.get("gpu"))
+    if run_dir is not None:
+        if req.get("model_path"):  # a checkpoint the laptop pushed: the directory the evaluator loads
+            model = str(Path(req["model_path"]).resolve())
+            if not Path(model).exists():
+                raise RlctlError(f"{model}: the pushed checkpoint is not on this host.", hint="run the eval again")
+        elif step == 0:
+            model = str(ev["base_model"])
+        else:
+            from rlctl.runs.checkpoints import find_checkpoints
+            from rlctl.runs.state import read_state
+
+            found = [c for c in find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
+                     if c.complete and c.step == step]
+            if not found:
+                raise RlctlError(f"{run_dir.name} has no complete checkpoint at step {step} on this host.",
+                                 hint=f"rlctl ckpt list {run_dir.name}")
+            model = model_dir(found[0])
+        out_dir = run_dir / EVALS
+    else:
+        model = staged.get(str(req["model"]), str(req["model"]))
+        out_dir = (Path("rlctl-evals") / Path(str(req.get("name") or "model")).name).resolve()
+    metrics, failure = run_job_here(ev, step, model, ev["sets"], out_dir, run_dir)
+    _, out_file, log = job_files(out_dir, step)
+    if req.get("in_place") and run_dir is not None:
+        record_by_hand(run_dir, step, metrics, failure, [s["name"] for s in ev["sets"]])
+    result = None
+    if out_file.is_file():
+        try:
+            result = json.loads(out_file.read_text())
+        except ValueError:
+            result = None
+    return {"step": step, "model": model, "metrics": metrics, "error": failure, "result": result,
+            "log_tail": log_tail(log), "log": str(log.resolve())}
+
+
+def _stage_once(manifest: dict[str, str], token: str) -> Path:
+    stage = Path(STAGE) / token
+    if stage.exists():  # a stage left half-made by a cut connection: made again
+        shutil.rmtree(stage)
+    out = materialise(dict(manifest), token)
+    (out / ".complete").write_text("")
+    return out
+
+
 VERBS = {
     "blobs": lambda req: {"missing": missing_blobs(list(req.get("sha256") or []))},
     "launch": remote_launch,
     "poll": lambda req: poll(list(req.get("run_dirs") or []), float(req.get("stall_after") or 1800)),
     "ckpt": lambda req: checkpoints(str(req["run_dir"]), req.get("step"), bool(req.get("list"))),
     "adopt": adopt_checkpoint,
+    "eval": remote_eval,
 }
 
 
