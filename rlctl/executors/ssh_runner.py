@@ -108,7 +108,8 @@ class Runner:
             p = subprocess.run(argv, input=stdin if stdin is not None else b"", capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise HostUnreachable(f"{self.host.name}: no answer within {timeout:g} s ({self.host.ssh}).",
-                                  hint=f"check the host is up: ssh {self.host.ssh} true (then rlctl hosts check {self.host.name})"
+                                  hint=f"check the host is up: ssh {self.host.ssh} true "
+                                  f"(then rlctl hosts check {self.host.name})"
                                   ) from None
         except FileNotFoundError:
             raise RlctlError("ssh is not installed on this machine.", hint="install the OpenSSH client") from None
