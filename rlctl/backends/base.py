@@ -241,6 +241,16 @@ class Backend:
                 outside.append((s, "rlctl renders no in-loop eval for it"))
         return inside, outside
 
+    def in_loop_eval_run(self, recipe: Recipe) -> dict[str, Any] | None:
+        """What the backend's own in-loop eval runs, read from what this adapter renders (extras included): an
+        rlctl.evals.in_loop.context(set, temperature, n, greedy), kept in the run directory at launch so that its
+        metrics are named `eval/<set>/<mode>` (docs/eval.md). None: no in-loop eval rendered."""
+        del recipe  # Unused
+        return None
+
+    # An adapter whose parser reads in-loop eval metrics defines `name_in_loop_evals(record, ctx) -> record`: the
+    # record with its `eval/<source>/<backend metric>` keys renamed for the context above (rlctl.evals.in_loop).
+
     def prompt_limit(self, recipe: Recipe) -> str | None:
         """How this backend (release) holds prompts to data.max_prompt_tokens, in words (it truncates them, drops
         them, fails on them); None: it does not, so a longer prompt reaches the inference engine as it is and a

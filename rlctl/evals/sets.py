@@ -166,8 +166,10 @@ def primary_key_from_run(run_dir: Path) -> str | None:
 
 
 def resolve_key(primary: str | None, keys: Any) -> str | None:
-    """The stream key a primary eval is judged by: itself when the stream has it; else, for a set the backend
-    evaluates in-loop under its own metric names (eval/default/pass1, ...), that set's first quality metric."""
+    """The stream key a primary eval is judged by: itself when the stream has it; else the score of the first data
+    source of an in-loop eval that logs several (eval/<set>/<mode>/<source>, rlctl.evals.in_loop); else, for a run
+    whose in-loop evals keep the backend's own names (no recipe: eval/default/pass1, ...), that set's first quality
+    metric."""
     from rlctl.runs.health import quality_eval_key
 
     if not primary:
@@ -175,6 +177,11 @@ def resolve_key(primary: str | None, keys: Any) -> str | None:
     keys = list(keys)
     if primary in keys:
         return primary
+    subs = {"mean_correct", "response_tokens", "response_length_mean", "truncated_rate"}
+    per_source = sorted(k for k in keys if k.startswith(primary + "/") and "/" not in k[len(primary) + 1:]
+                        and k[len(primary) + 1:] not in subs)
+    if per_source:
+        return per_source[0]
     prefix = "/".join(primary.split("/")[:2]) + "/"
     return quality_eval_key([k for k in keys if k.startswith(prefix)], prefix)
 

@@ -492,8 +492,13 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
                          "checkpoints": str(ckpt) if ckpt else None})
     st = ingest(run_dir, backend, final=True) or IngestState()
     structured, bad = 0, 0
+    from rlctl.evals import in_loop
+
+    rename = in_loop.renamer(ad, run_dir)
     for rs in rows.values():
         recs, nbad = rows_to_records(ad.log_parser(run_dir), rs)
+        if rename is not None:
+            recs = [rename(r) for r in recs]
         write_records(run_dir / METRICS, recs)
         structured += len(recs)
         bad += nbad

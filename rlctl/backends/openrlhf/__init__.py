@@ -452,6 +452,31 @@ class OpenRLHFBackend(Backend):
 
         return parse(line)
 
+    def in_loop_eval_run(self, recipe: Recipe) -> dict[str, Any] | None:
+        """The eval OpenRLHF runs with the rendered flags (--eval_dataset, --eval_temperature,
+        --eval_n_samples_per_prompt or their dotted names; an extra given twice: argparse keeps the last)."""
+        from rlctl.evals.in_loop import context
+        from rlctl.evals.sets import LEGACY
+
+        rel = self.release(recipe)
+        argv = self.render(recipe).argv
+
+        def last(concept: str) -> str | None:
+            flag = rel.flag(concept)
+            idx = [i for i, a in enumerate(argv) if a == flag and i + 1 < len(argv)]
+            return argv[idx[-1] + 1] if idx else None
+
+        if last("eval_dataset") is None:
+            return None
+        t = float(last("eval_temperature") or rel.default("eval_temperature") or 0.0)
+        n = int(last("eval_n_samples_per_prompt") or rel.default("eval_n_samples_per_prompt") or 1)
+        return context(LEGACY, t, n)
+
+    def name_in_loop_evals(self, rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+        from rlctl.backends.openrlhf.metrics import name_in_loop_evals
+
+        return name_in_loop_evals(rec, ctx)
+
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe
         P = arch.params

@@ -311,6 +311,23 @@ class TRLBackend(Backend):
 
         return parse(line)
 
+    def in_loop_eval_run(self, recipe: Recipe) -> dict[str, Any] | None:
+        """GRPOTrainer's own evaluation as rendered (eval_strategy, extras included): it samples at the training
+        temperature, num_generations_eval (else num_generations) completions per prompt (grpo_trainer.py)."""
+        from rlctl.evals.in_loop import context
+        from rlctl.evals.sets import LEGACY
+
+        cfg = self.grpo_config(recipe, None)
+        if not recipe.data.eval or cfg.get("eval_strategy", "no") == "no":
+            return None
+        n = cfg.get("num_generations_eval") or cfg.get("num_generations") or recipe.rollout.group_size
+        return context(LEGACY, float(cfg.get("temperature", 1.0)), int(n))
+
+    def name_in_loop_evals(self, rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+        from rlctl.backends.trl.metrics import name_in_loop_evals
+
+        return name_in_loop_evals(rec, ctx)
+
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         from rlctl.backends.trl.checkpoints import find
 

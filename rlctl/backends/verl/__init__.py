@@ -358,6 +358,26 @@ class VerlBackend(Backend):
 
         return parse(line)
 
+    def in_loop_eval_run(self, recipe: Recipe) -> dict[str, Any] | None:
+        """The validation verl runs with the rendered overrides (data.val_files with trainer.test_freq > 0 or
+        val_before_train; actor_rollout_ref.rollout.val_kwargs.temperature/n/do_sample; the last of a key wins)."""
+        from rlctl.evals.in_loop import context
+        from rlctl.evals.sets import LEGACY
+
+        if not recipe.data.eval:
+            return None  # the validation set rendered without data.eval is never run (test_freq -1)
+        o = dict(self.overrides(recipe, None))
+        if (o.get("trainer.test_freq") or -1) <= 0 and not o.get("trainer.val_before_train"):
+            return None
+        kw = f"{A}.rollout.val_kwargs"
+        return context(LEGACY, float(o.get(f"{kw}.temperature", 0.0)), int(o.get(f"{kw}.n", 1)),
+                       greedy=not o.get(f"{kw}.do_sample", False))
+
+    def name_in_loop_evals(self, rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+        from rlctl.backends.verl.metrics import name_in_loop_evals
+
+        return name_in_loop_evals(rec, ctx)
+
     def metric_bulk(self, text: str) -> dict[int, dict[str, Any]]:
         """The records of a chunk's plain step lines, read together (the stream's fast path): see verl/metrics.py."""
         from rlctl.backends.verl.metrics import bulk
