@@ -354,12 +354,25 @@ class Backend:
         return max(total_steps // every, 1) if every else 1
 
     def kept_checkpoints(self, recipe: Recipe) -> int | None:
-        """How many checkpoints will really stay on disk (after the backend's and rlctl's pruning); None = all."""
-        return recipe.checkpoint.keep_last
+        """How many checkpoints will really stay on disk (after the backend's and rlctl's pruning); None = all.
+        When rlctl rotates (rotation_by_rlctl), the best-eval checkpoint may be one more."""
+        keep = recipe.checkpoint.keep_last
+        return keep + 1 if keep and self.rotation_by_rlctl(recipe) and self.prune_during_run(recipe) else keep
 
     def prune_during_run(self, recipe: Recipe) -> bool:
         """True when rlctl must prune to keep_last while the run goes (the backend keeps more on its own)."""
         return False
+
+    # what becomes of the backend's own checkpoint rotation when rlctl rotates instead (render/preflight's note)
+    own_rotation: ClassVar[str | None] = None
+
+    def rotation_by_rlctl(self, recipe: Recipe) -> bool:
+        """keep_last with eval sets: a backend's rotation deletes by age, the best-eval checkpoint included, so the
+        adapter renders its own rotation (`own_rotation`) off and rlctl's supervisor prunes to keep_last, never the
+        checkpoint marked best (nor one still to be evaluated): rlctl.runs.checkpoints.prune_during_run."""
+        from rlctl.evals.sets import eval_sets
+
+        return bool(recipe.checkpoint.keep_last) and bool(eval_sets(recipe))
 
     # ---- checks ------------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any, family: str) -> list[Any]:

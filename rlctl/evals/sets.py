@@ -110,6 +110,20 @@ def eval_findings(recipe: Recipe, backend: Any, version: str | None) -> list[Any
         out.append(Finding("note", f"eval.sets.{s.name}" if not s.legacy else "data.eval",
                            f"eval set {s.name!r} ({s.mode}) cannot run in-loop on {backend.name} {version or ''}"
                            .rstrip() + f": {why}; evaluated by rlctl on each checkpoint instead ({s.key})"))
+    if backend.rotation_by_rlctl(recipe):
+        n, own, best = recipe.checkpoint.keep_last, backend.own_rotation, primary_set(recipe)
+        where = f"{backend.name}'s own rotation deletes by age, so {own}; " if own else ""
+        if backend.prune_during_run(recipe):
+            by = best.key if best else "the primary eval"
+            out.append(Finding("note", "checkpoint.keep_last",
+                               f"rotation by rlctl, keeps the best-eval checkpoint: {where}rlctl prunes to the {n} "
+                               f"newest complete checkpoints plus the best by {by} (and any not yet evaluated), so "
+                               f"up to {n + 1} stay on disk"))
+        else:
+            out.append(Finding("warn", "checkpoint.keep_last",
+                               f"{backend.name} rotates checkpoints by age and rlctl cannot prune for it: the "
+                               "best-eval checkpoint may be deleted", "unset checkpoint.keep_last and prune with "
+                               "`rlctl ckpt prune RUN --keep-last N --keep-best`"))
     if recipe.eval.evaluator == "command" and not recipe.eval.command:
         out.append(Finding("error", "eval.command", "eval.evaluator = command without eval.command"))
     return out
@@ -180,8 +194,9 @@ def resolve_key(primary: str | None, keys: Any) -> str | None:
     subs = {"mean_correct", "response_tokens", "response_length_mean", "truncated_rate"}
     per_source = sorted(k for k in keys if k.startswith(primary + "/") and "/" not in k[len(primary) + 1:]
                         and k[len(primary) + 1:] not in subs)
-    if per_source:
-        return per_source[0]
+    found = quality_eval_key(per_source, primary + "/")
+    if found:
+        return found
     prefix = "/".join(primary.split("/")[:2]) + "/"
     return quality_eval_key([k for k in keys if k.startswith(prefix)], prefix)
 

@@ -26,6 +26,7 @@ LOSS_TYPE = {"grpo": "grpo", "dr_grpo": "dr_grpo", "reinforce_baseline": "grpo",
 
 class TRLBackend(Backend):
     name = "trl"
+    own_rotation = "save_total_limit is not rendered"
     packages = ("trl", "transformers")
     needs_local_install = True  # the runner runs in rlctl's own Python
     runs_on_cpu = True
@@ -158,7 +159,7 @@ class TRLBackend(Backend):
             cfg["save_steps"] = r.checkpoint.every
         else:
             cfg["save_strategy"] = "no"
-        if r.checkpoint.keep_last and not self._evaluates_checkpoints(r):
+        if r.checkpoint.keep_last and not self.rotation_by_rlctl(r):
             cfg["save_total_limit"] = r.checkpoint.keep_last  # with checkpoint evals rlctl prunes (keeps the best)
         if isinstance(r.checkpoint.resume, int):  # "latest" is resolved to a step number by rlctl launch/restart
             cfg["resume_from_checkpoint"] = f"{r.checkpoint.dir}/checkpoint-{r.checkpoint.resume}"

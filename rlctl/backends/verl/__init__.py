@@ -58,6 +58,7 @@ def snapshot(version: str) -> dict[str, Any]:
 class VerlBackend(Backend):
     name = "verl"
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
+    own_rotation = "trainer.max_actor_ckpt_to_keep (and max_critic_ckpt_to_keep) stays at null, keep all"
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
     # update_actor splits each GPU's share of a mini-batch into micro batches, the last one smaller: no divisibility
     # by micro x GPUs (placement_rules checks what verl asserts: the mini-batch over the data-parallel ranks)
@@ -263,7 +264,9 @@ class VerlBackend(Backend):
             o += [("trainer.total_epochs", it), ("trainer.total_training_steps", it)]
         else:
             o.append(("trainer.total_epochs", r.train.episodes or 1))
-        if r.checkpoint.keep_last:
+        if r.checkpoint.keep_last and not self.rotation_by_rlctl(r):
+            # with eval sets rlctl rotates, keeping the best-eval checkpoint: left at verl's null, which keeps all
+            # (utils/checkpoint/checkpoint_manager.py register_checkpoint, 0.9.0 and 0.9.1)
             o.append(("trainer.max_actor_ckpt_to_keep", r.checkpoint.keep_last))
             if r.algorithm.name == "ppo":
                 o.append(("trainer.max_critic_ckpt_to_keep", r.checkpoint.keep_last))
@@ -407,8 +410,9 @@ class VerlBackend(Backend):
         return actor + hf + critic, what
 
     def kept_checkpoints(self, recipe: Recipe) -> int | None:
-        # verl rotates actor/ (and critic/) dirs to max_*_ckpt_to_keep, and rlctl prunes what a restart leaves
-        return recipe.checkpoint.keep_last
+        # verl rotates actor/ (and critic/) dirs to max_*_ckpt_to_keep, and rlctl prunes what a restart leaves (with
+        # eval sets rlctl alone rotates, and keeps the best-eval checkpoint too)
+        return super().kept_checkpoints(recipe)
 
     def prune_during_run(self, recipe: Recipe) -> bool:
         """verl's checkpoint manager remembers only the checkpoints saved by this process (previous_saved_paths,
