@@ -370,9 +370,8 @@ class Backend:
         """keep_last with eval sets: a backend's rotation deletes by age, the best-eval checkpoint included, so the
         adapter renders its own rotation (`own_rotation`) off and rlctl's supervisor prunes to keep_last, never the
         checkpoint marked best (nor one still to be evaluated): rlctl.runs.checkpoints.prune_during_run."""
-        from rlctl.evals.sets import eval_sets
-
-        return bool(recipe.checkpoint.keep_last) and bool(eval_sets(recipe))
+        has_sets = bool(recipe.data.eval or recipe.eval.sets)  # what rlctl.evals.sets.eval_sets reads
+        return bool(recipe.checkpoint.keep_last) and has_sets
 
     # ---- checks ------------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any, family: str) -> list[Any]:
