@@ -110,7 +110,7 @@ def eval_findings(recipe: Recipe, backend: Any, version: str | None) -> list[Any
         out.append(Finding("note", f"eval.sets.{s.name}" if not s.legacy else "data.eval",
                            f"eval set {s.name!r} ({s.mode}) cannot run in-loop on {backend.name} {version or ''}"
                            .rstrip() + f": {why}; evaluated by rlctl on each checkpoint instead ({s.key})"))
-    if backend.rotation_by_rlctl(recipe):
+    if getattr(backend, "rotation_by_rlctl", lambda r: False)(recipe):
         n, own, best = recipe.checkpoint.keep_last, backend.own_rotation, primary_set(recipe)
         where = f"{backend.name}'s own rotation deletes by age, so {own}; " if own else ""
         if backend.prune_during_run(recipe):

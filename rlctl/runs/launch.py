@@ -185,7 +185,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     from rlctl.evals.in_loop import write_context
 
     # what the backend's own eval runs, as rendered: its metrics are named eval/<set>/<mode> (docs/eval.md)
-    write_context(run_dir, prep.backend.in_loop_eval_run(recipe))
+    in_loop = getattr(prep.backend, "in_loop_eval_run", None)  # a plugin adapter may not define it
+    write_context(run_dir, in_loop(recipe) if in_loop else None)
 
     packages = (*prep.backend.packages, *prep.backend.recorded_packages)
     (run_dir / "env.json").write_text(json.dumps(environment_record(Path.cwd(), packages), indent=2))
