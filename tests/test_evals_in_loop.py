@@ -195,3 +195,21 @@ def test_best_mark_from_the_stream_when_evals_run_in_loop_only(tmp_path):
     assert read_state(run)["best_checkpoint"]["step"] == 4 and read_state(run)["best_checkpoint"]["key"] == key
     prune_during_run(run, spec, 1)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-4", "checkpoint-8"]
+
+
+def test_primary_is_the_mode_the_backend_really_ran(cli, tmp_path):
+    from rlctl.evals.sets import primary_key, primary_key_from_run
+
+    ob = get_backend("openrlhf")
+    extra = "backend.openrlhf.extra={eval_temperature = 1.0, eval_n_samples_per_prompt = 4}"
+    assert primary_key(load(OPENRLHF).recipe, ob) == "eval/default/greedy_pass@1"
+    r = load(OPENRLHF, [extra]).recipe
+    assert primary_key(r, ob) == "eval/default/sampling_pass@4"  # the extra changed what OpenRLHF runs
+    res = cli("render", str(OPENRLHF), "--set", extra)
+    assert res.code == 0 and "eval set 'default' runs in-loop as sampling_pass@4" in res.err
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.toml").write_text(f'[data]\neval = "{PROMPTS}"\n[eval]\nevery = 2\n')
+    assert primary_key_from_run(run) == "eval/default/greedy_pass@1"
+    write_context(run, ob.in_loop_eval_run(r))
+    assert primary_key_from_run(run) == "eval/default/sampling_pass@4"

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlctl.evals.sets import mode_label
+from rlctl.evals.sets import IN_LOOP_EVAL, mode_label, read_context
 
-IN_LOOP_EVAL = "in_loop_eval.json"
+__all__ = ["IN_LOOP_EVAL", "context", "named", "read_context", "renamer", "write_context"]
 
 
 def context(set_name: str, temperature: float, n: int, greedy: bool | None = None, **extra: Any) -> dict[str, Any]:
@@ -41,17 +41,6 @@ def context(set_name: str, temperature: float, n: int, greedy: bool | None = Non
 def write_context(run_dir: Path, ctx: dict[str, Any] | None) -> None:
     if ctx:
         (run_dir / IN_LOOP_EVAL).write_text(json.dumps(ctx, indent=2) + "\n")
-
-
-def read_context(run_dir: Path | None) -> dict[str, Any] | None:
-    if run_dir is None or not (run_dir / IN_LOOP_EVAL).is_file():  # missing, or a FIFO that would block
-        return None
-    try:
-        ctx = json.loads((run_dir / IN_LOOP_EVAL).read_text())
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(ctx, dict) and isinstance(ctx.get("set"), str) and isinstance(ctx.get("mode"), str)
-    return ctx if ok else None
 
 
 def renamer(adapter: Any, run_dir: Path | None) -> Callable[[dict[str, Any]], dict[str, Any]] | None:

@@ -569,6 +569,15 @@ class Supervisor:
                         *([float((self.spec.get("evals") or {}).get("timeout_s") or 3600)]
                           if why in ("finished", "exited early") else []))
         self.evals_hook("mark_best")
+        # the last prune: checkpoints saved or evaluated since the last housekeeping tick (keep_last + the best)
+        if not self.spec.get("evals"):
+            with contextlib.suppress(Exception):
+                self._mark_best_from_stream()
+        if self.spec.get("keep_last"):
+            from rlctl.runs.checkpoints import prune_during_run
+
+            with contextlib.suppress(Exception):
+                prune_during_run(self.run_dir, self.spec, self.spec["keep_last"])
         if self.gpu is not None:
             with contextlib.suppress(Exception):
                 self.gpu.close()
