@@ -187,5 +187,8 @@ every = 2
     assert not [k for k in keys if not k.startswith(("eval/default/sampling_pass@8/", "eval/default/greedy_pass@1"))]
     best = read_state(run)["best_checkpoint"]
     assert best["key"] == "eval/default/greedy_pass@1"
+    from rlctl.evals.sets import primary_key_from_run
+
+    assert primary_key_from_run(run) == "eval/default/greedy_pass@1"  # TRL's own eval never scores the set
     left = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("checkpoint-*"))
     assert left == sorted({6, best["step"]} - {0}), (left, best)

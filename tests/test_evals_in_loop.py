@@ -72,6 +72,7 @@ def test_trl_in_loop_eval_samples_like_training():
     r = load(QUICK, [f"data.eval={json.dumps(str(PROMPTS))}", "eval.every=2"]).recipe
     ctx = get_backend("trl").in_loop_eval_run(r)
     assert ctx["mode"] == f"sampling_pass@{r.rollout.group_size}" and ctx["temperature"] == r.rollout.temperature
+    assert ctx["scores_set"] is False  # rlctl evaluates the set in its own mode: TRL's eval is never its score
     assert get_backend("trl").in_loop_eval_run(load(QUICK).recipe) is None
 
 

@@ -201,7 +201,8 @@ def primary_key_from_run(run_dir: Path) -> str | None:
     wanted = run_eval_config(run_dir)["eval"].get("primary")
     s = next((s for s in sets if s.name == wanted), sets[0])
     ctx = read_context(run_dir)
-    return f"eval/{s.name}/{ctx['mode']}" if ctx and ctx["set"] == s.name and s.legacy else s.key
+    scores = ctx and ctx["set"] == s.name and s.legacy and ctx.get("scores_set", True)
+    return f"eval/{s.name}/{ctx['mode']}" if scores else s.key
 
 
 def primary_key(recipe: Recipe, backend: Any) -> str | None:

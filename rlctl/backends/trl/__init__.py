@@ -322,7 +322,8 @@ class TRLBackend(Backend):
         if not recipe.data.eval or cfg.get("eval_strategy", "no") == "no":
             return None
         n = cfg.get("num_generations_eval") or cfg.get("num_generations") or recipe.rollout.group_size
-        return context(LEGACY, float(cfg.get("temperature", 1.0)), int(n))
+        # not the set's evaluation (rlctl evaluates the set in its own mode): never its primary score
+        return context(LEGACY, float(cfg.get("temperature", 1.0)), int(n), scores_set=False)
 
     def name_in_loop_evals(self, rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
         from rlctl.backends.trl.metrics import name_in_loop_evals
