@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.metrics.stream import METRICS, by_step, iter_metrics
-from tests.conftest import FIXTURES, run_cli
+from tests.conftest import FIXTURES, RECIPES, run_cli
 
 WHEELS = Path(os.environ.get("RLCTL_TEST_WHEELS", Path.home() / ".cache" / "rlctl-test-wheels"))
 
@@ -182,6 +182,18 @@ def verl_console(version: str, data: list[tuple[int, dict]]) -> str:
             logger.log(data=d, step=step)
     return buf.getvalue()
 
+
+def test_openrlhf_in_loop_evals_named_by_the_recipe(runs, tmp_path):
+    """attach --recipe: the recipe's render says what the in-loop eval ran, so its metrics are eval/<set>/<mode>
+    (issue 24); without a recipe the backend's names stay (the test above)."""
+    out = openrlhf_output("0.9.3", tmp_path / "out")  # its eval: eval_aime_pass1 0.3, eval_aime_pass8 0.5
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(f'extends = "{RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"}"\n'
+                      "[eval]\ntemperature = 0.6\nn_samples = 8\n")
+    res, run, _ = attach(str(out), "--backend", "openrlhf", "--name", "orl-r", "--recipe", str(recipe))
+    assert res.code == 0, res.out + res.err
+    ev = {k: v for k, v in merged(run)[4].items() if k.startswith("eval/")}
+    assert ev == {"eval/default/sampling_pass@8": 0.5, "eval/default/sampling_pass@8/mean_correct": 0.3}
 
 @pytest.mark.parametrize("version", ["0.2.0.post2", "0.4.1", "0.9.1"])
 def test_verl_console_from_its_own_logger(version, runs, tmp_path):

@@ -155,3 +155,40 @@ def test_lora_checkpoint_eval_matches_the_merged_model(tmp_path):
     plain, _ = Generator(base, None).generate(prompts, 1, 0.0, 12)
     assert texts == want
     assert texts != plain  # the adapter really changes the outputs (non-zero LoRA weights)
+
+
+def test_trl_in_loop_eval_named_by_mode_and_best_kept_by_rlctl_rotation(env):  # noqa: F811
+    """The single-set form on TRL (issue 24): GRPOTrainer's own eval (training temperature, num_generations) is named
+    for what it ran, eval/default/sampling_pass@8/..., next to rlctl's greedy eval of the same set; keep_last = 1 with
+    the set: no save_total_limit, rlctl rotates and the best-eval checkpoint stays."""
+    recipe = env["cwd"] / "r.toml"
+    recipe.write_text(f'''extends = "{QUICK}"
+[data]
+eval = "{PROMPTS}"
+[rollout]
+max_tokens = 8
+[train]
+steps = 6
+[checkpoint]
+every = 2
+keep_last = 1
+[eval]
+every = 2
+''')
+    r = rlctl(env, "render", str(recipe))
+    assert "rotation by rlctl, keeps the best-eval checkpoint" in r.stderr and "save_total_limit" not in r.stdout
+    r = rlctl(env, "launch", str(recipe), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = only_run(env["runs"])
+    assert json.loads((run / "in_loop_eval.json").read_text())["mode"] == "sampling_pass@8"
+    keys = {k for e in evals_at(run).values() for k in e}
+    assert "eval/default/sampling_pass@8/reward" in keys, keys  # TRL's eval_reward: the mean, no pass@k
+    assert "eval/default/greedy_pass@1" in keys  # rlctl's checkpoint evaluator, the set's own mode
+    assert not [k for k in keys if not k.startswith(("eval/default/sampling_pass@8/", "eval/default/greedy_pass@1"))]
+    best = read_state(run)["best_checkpoint"]
+    assert best["key"] == "eval/default/greedy_pass@1"
+    from rlctl.evals.sets import primary_key_from_run
+
+    assert primary_key_from_run(run) == "eval/default/greedy_pass@1"  # TRL's own eval never scores the set
+    left = sorted(int(p.name.split("-")[1]) for p in (run / "checkpoints").glob("checkpoint-*"))
+    assert left == sorted({6, best["step"]} - {0}), (left, best)

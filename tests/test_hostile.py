@@ -86,6 +86,7 @@ def test_fifos_and_devices_never_hang(cli, world):
     (run / "state.json").write_text(json.dumps({"status": "finished", "backend": "trl"}))
     os.mkfifo(run / "stdout.log")
     os.mkfifo(run / "metrics.jsonl")
+    os.mkfifo(run / "in_loop_eval.json")  # the in-loop eval context the stream reads (rlctl.evals.in_loop)
     res = cli("status", "r1", cwd=world)
     assert res.code == 0 and "Traceback" not in res.err
 

@@ -241,6 +241,16 @@ class Backend:
                 outside.append((s, "rlctl renders no in-loop eval for it"))
         return inside, outside
 
+    def in_loop_eval_run(self, recipe: Recipe) -> dict[str, Any] | None:
+        """What the backend's own in-loop eval runs, read from what this adapter renders (extras included): an
+        rlctl.evals.in_loop.context(set, temperature, n, greedy), kept in the run directory at launch so that its
+        metrics are named `eval/<set>/<mode>` (docs/eval.md). None: no in-loop eval rendered."""
+        del recipe  # Unused
+        return None
+
+    # An adapter whose parser reads in-loop eval metrics defines `name_in_loop_evals(record, ctx) -> record`: the
+    # record with its `eval/<source>/<backend metric>` keys renamed for the context above (rlctl.evals.in_loop).
+
     def prompt_limit(self, recipe: Recipe) -> str | None:
         """How this backend (release) holds prompts to data.max_prompt_tokens, in words (it truncates them, drops
         them, fails on them); None: it does not, so a longer prompt reaches the inference engine as it is and a
@@ -344,12 +354,24 @@ class Backend:
         return max(total_steps // every, 1) if every else 1
 
     def kept_checkpoints(self, recipe: Recipe) -> int | None:
-        """How many checkpoints will really stay on disk (after the backend's and rlctl's pruning); None = all."""
-        return recipe.checkpoint.keep_last
+        """How many checkpoints will really stay on disk (after the backend's and rlctl's pruning); None = all.
+        When rlctl rotates (rotation_by_rlctl), the best-eval checkpoint may be one more."""
+        keep = recipe.checkpoint.keep_last
+        return keep + 1 if keep and self.rotation_by_rlctl(recipe) and self.prune_during_run(recipe) else keep
 
     def prune_during_run(self, recipe: Recipe) -> bool:
         """True when rlctl must prune to keep_last while the run goes (the backend keeps more on its own)."""
         return False
+
+    # what becomes of the backend's own checkpoint rotation when rlctl rotates instead (render/preflight's note)
+    own_rotation: ClassVar[str | None] = None
+
+    def rotation_by_rlctl(self, recipe: Recipe) -> bool:
+        """keep_last with eval sets: a backend's rotation deletes by age, the best-eval checkpoint included, so the
+        adapter renders its own rotation (`own_rotation`) off and rlctl's supervisor prunes to keep_last, never the
+        checkpoint marked best (nor one still to be evaluated): rlctl.runs.checkpoints.prune_during_run."""
+        has_sets = bool(recipe.data.eval or recipe.eval.sets)  # what rlctl.evals.sets.eval_sets reads
+        return bool(recipe.checkpoint.keep_last) and has_sets
 
     # ---- checks ------------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any, family: str) -> list[Any]:

@@ -28,20 +28,19 @@ from rlctl.metrics.stream import METRICS, write_records
 
 def evals_spec(recipe: Any, backend: Any) -> dict[str, Any] | None:
     """What the supervisor needs to evaluate checkpoints (plain JSON), or None when nothing is evaluated by rlctl."""
-    from rlctl.evals.sets import checkpoint_sets, primary_set
+    from rlctl.evals.sets import checkpoint_sets, primary_key
 
     sets = checkpoint_sets(recipe, backend)
     if not sets and not recipe.run.stop_when:
         return None
     r = recipe
-    primary = primary_set(r)
     return {
         "sets": [s.to_dict() for s in sets], "evaluator": r.eval.evaluator, "command": r.eval.command,
         "base_model": r.model.path, "dtype": r.model.dtype, "seed": r.train.seed,
         "input_key": r.data.input_key, "label_key": r.data.label_key,
         "reward_file": r.reward.function, "reward_name": r.reward.function_name,
         "baseline": r.eval.baseline, "gpu": r.eval.gpu, "timeout_s": r.eval.timeout_s,
-        "primary": primary.key if primary else None, "stop_when": list(r.run.stop_when),
+        "primary": primary_key(r, backend), "stop_when": list(r.run.stop_when),
         "lora": r.lora is not None,
     }
 

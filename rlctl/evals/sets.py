@@ -14,6 +14,7 @@ The recipe's single-set form (`data.eval` + `[eval] every/temperature/n_samples`
 
 from __future__ import annotations
 
+import json
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from rlctl.recipe.schema import Recipe
 
 LEGACY = "default"
+IN_LOOP_EVAL = "in_loop_eval.json"  # what a backend's in-loop eval ran (rlctl.evals.in_loop), in the run directory
 
 
 @dataclass
@@ -106,10 +108,32 @@ def eval_findings(recipe: Recipe, backend: Any, version: str | None) -> list[Any
     from rlctl.backends.base import Finding
 
     out = []
+    inside, _ = split_in_loop(recipe, backend)
+    run = getattr(backend, "in_loop_eval_run", None)
+    ran = run(recipe) if run and inside else None
+    for s in inside:  # an extra that changes the backend's eval flags changes its mode: its metrics say which
+        if ran and ran.get("mode") != s.mode:
+            out.append(Finding("warn", "data.eval", f"eval set {s.name!r} runs in-loop as {ran['mode']} (the rendered "
+                               f"eval flags, extras included), not {s.mode}: its metrics are eval/{s.name}/"
+                               f"{ran['mode']}", "set the eval through [eval], not backend extras"))
     for s, why in split_in_loop(recipe, backend)[1]:
         out.append(Finding("note", f"eval.sets.{s.name}" if not s.legacy else "data.eval",
                            f"eval set {s.name!r} ({s.mode}) cannot run in-loop on {backend.name} {version or ''}"
                            .rstrip() + f": {why}; evaluated by rlctl on each checkpoint instead ({s.key})"))
+    if getattr(backend, "rotation_by_rlctl", lambda r: False)(recipe):
+        n, own, best = recipe.checkpoint.keep_last, backend.own_rotation, primary_set(recipe)
+        where = f"{backend.name}'s own rotation deletes by age, so {own}; " if own else ""
+        if backend.prune_during_run(recipe):
+            by = best.key if best else "the primary eval"
+            out.append(Finding("note", "checkpoint.keep_last",
+                               f"rotation by rlctl, keeps the best-eval checkpoint: {where}rlctl prunes to the {n} "
+                               f"newest complete checkpoints plus the best by {by} (and any not yet evaluated), so "
+                               f"up to {n + 1} stay on disk"))
+        else:
+            out.append(Finding("warn", "checkpoint.keep_last",
+                               f"{backend.name} rotates checkpoints by age and rlctl cannot prune for it: the "
+                               "best-eval checkpoint may be deleted", "unset checkpoint.keep_last and prune with "
+                               "`rlctl ckpt prune RUN --keep-last N --keep-best`"))
     if recipe.eval.evaluator == "command" and not recipe.eval.command:
         out.append(Finding("error", "eval.command", "eval.evaluator = command without eval.command"))
     return out
@@ -156,18 +180,48 @@ def sets_from_run(run_dir: Path) -> list[EvalSet]:
     return out
 
 
+def read_context(run_dir: Path | None) -> dict[str, Any] | None:
+    """The in-loop eval context kept at launch (rlctl.evals.in_loop), or None."""
+    if run_dir is None or not (run_dir / IN_LOOP_EVAL).is_file():  # missing, or a FIFO that would block
+        return None
+    try:
+        ctx = json.loads((run_dir / IN_LOOP_EVAL).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(ctx, dict) and isinstance(ctx.get("set"), str) and isinstance(ctx.get("mode"), str)
+    return ctx if ok else None
+
+
 def primary_key_from_run(run_dir: Path) -> str | None:
-    """The primary eval metric of a run (its primary set's key), or None when the recipe declares no sets."""
+    """The primary eval metric of a run (its primary set's key), or None when the recipe declares no sets. A set the
+    backend evaluates in-loop is named for the mode it really ran (rlctl.evals.in_loop, in_loop_eval.json)."""
     sets = sets_from_run(run_dir)
     if not sets:
         return None
     wanted = run_eval_config(run_dir)["eval"].get("primary")
-    return next((s for s in sets if s.name == wanted), sets[0]).key
+    s = next((s for s in sets if s.name == wanted), sets[0])
+    ctx = read_context(run_dir)
+    scores = ctx and ctx["set"] == s.name and s.legacy and ctx.get("scores_set", True)
+    return f"eval/{s.name}/{ctx['mode']}" if scores else s.key
+
+
+def primary_key(recipe: Recipe, backend: Any) -> str | None:
+    """The primary eval metric of a recipe on a backend: its primary set's key, in the mode the backend's in-loop eval
+    really runs when that set is evaluated in-loop."""
+    s = primary_set(recipe)
+    if s is None:
+        return None
+    run = getattr(backend, "in_loop_eval_run", None)
+    inside = [x.name for x in split_in_loop(recipe, backend)[0]]
+    ctx = run(recipe) if run and s.name in inside else None
+    return f"eval/{s.name}/{ctx['mode']}" if ctx and ctx.get("set") == s.name else s.key
 
 
 def resolve_key(primary: str | None, keys: Any) -> str | None:
-    """The stream key a primary eval is judged by: itself when the stream has it; else, for a set the backend
-    evaluates in-loop under its own metric names (eval/default/pass1, ...), that set's first quality metric."""
+    """The stream key a primary eval is judged by: itself when the stream has it; else the score of the first data
+    source of an in-loop eval that logs several (eval/<set>/<mode>/<source>, rlctl.evals.in_loop); else, for a run
+    whose in-loop evals keep the backend's own names (no recipe: eval/default/pass1, ...), that set's first quality
+    metric."""
     from rlctl.runs.health import quality_eval_key
 
     if not primary:
@@ -175,6 +229,12 @@ def resolve_key(primary: str | None, keys: Any) -> str | None:
     keys = list(keys)
     if primary in keys:
         return primary
+    subs = {"mean_correct", "response_tokens", "response_length_mean", "truncated_rate"}
+    per_source = sorted(k for k in keys if k.startswith(primary + "/") and "/" not in k[len(primary) + 1:]
+                        and k[len(primary) + 1:] not in subs)
+    found = quality_eval_key(per_source, primary + "/")
+    if found:
+        return found
     prefix = "/".join(primary.split("/")[:2]) + "/"
     return quality_eval_key([k for k in keys if k.startswith(prefix)], prefix)
 

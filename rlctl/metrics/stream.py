@@ -214,6 +214,9 @@ def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | No
         # the bulk reader knows the adapter's own lines only: not for a per-run parser (attach's metrics map)
         bulk = getattr(ad, "metric_bulk", None) if parse == ad.parse else None
         reader = _Reader(parse, tuple(needles or ()), run_dir / METRICS, bulk)
+        from rlctl.evals import in_loop
+
+        reader.rename = in_loop.renamer(ad, run_dir)  # in-loop evals as eval/<set>/<mode> (docs/eval.md)
         reader.floor = step_floor(run_dir)
         for name in files:
             states[name] = reader.file(run_dir / name, states.get(name, IngestState()), final)
@@ -230,6 +233,7 @@ class _Reader:
                  bulk: Callable[[str], dict[int, dict[str, Any]]] | None = None):
         self.parser, self.needles, self.out, self.bulk = parser, needles, out, bulk
         self.floor = -1
+        self.rename: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def file(self, log: Path, st: IngestState, final: bool) -> IngestState:
         try:
@@ -330,6 +334,8 @@ class _Reader:
 
     def emit(self, records: list[dict[str, Any]], st: IngestState) -> None:
         records = [r for r in assign_steps(records, st) if r["step"] > self.floor]
+        if self.rename is not None:
+            records = [self.rename(r) for r in records]
         st.records += len(records)
         write_records(self.out, records)
 

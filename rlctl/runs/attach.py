@@ -480,6 +480,7 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
         raise RlctlError(f"unknown backend {backend!r}; installed backends: {', '.join(sorted(available()))}.")
     run_dir = create_run_dir(root or runs_root(), name or _default_name(p))
     _write_parser_options(run_dir, ad, options)
+    _write_in_loop_eval(run_dir, ad, recipe)
     ckpt = checkpoint_root(backend, src)
     _write_recipe(run_dir, backend, ckpt)
     _link_logs(run_dir, src.logs)
@@ -492,12 +493,32 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
                          "checkpoints": str(ckpt) if ckpt else None})
     st = ingest(run_dir, backend, final=True) or IngestState()
     structured, bad = 0, 0
+    from rlctl.evals import in_loop
+
+    rename = in_loop.renamer(ad, run_dir)
     for rs in rows.values():
         recs, nbad = rows_to_records(ad.log_parser(run_dir), rs)
+        if rename is not None:
+            recs = [rename(r) for r in recs]
         write_records(run_dir / METRICS, recs)
         structured += len(recs)
         bad += nbad
     return Attached(run_dir, backend, st, structured, bad, st.lines, note)
+
+
+def _write_in_loop_eval(run_dir: Path, ad: Any, recipe: str | None) -> None:
+    """With --recipe: what the backend's in-loop eval ran, as the recipe renders it, so that its metrics are named
+    eval/<set>/<mode> (rlctl.evals.in_loop); without one, the backend's own names stay."""
+    if recipe is None or not hasattr(ad, "in_loop_eval_run"):
+        return
+    from rlctl.evals.in_loop import write_context
+    from rlctl.recipe.loader import load
+
+    try:
+        ctx = ad.in_loop_eval_run(load(Path(recipe)).recipe)
+    except Exception:  # a recipe this machine cannot render (another release, paths elsewhere): names stay raw
+        return
+    write_context(run_dir, ctx)
 
 
 def _write_parser_options(run_dir: Path, ad: Any, options: dict[str, Any] | None) -> None:

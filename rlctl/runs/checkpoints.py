@@ -51,7 +51,9 @@ def latest_complete(backend: str, run_dir: Path) -> Checkpoint | None:
 
 
 def best_checkpoint(run_dir: Path, metric_prefix: str = "eval/") -> tuple[int, str, float] | None:
-    """The step whose eval quality metric (one key, see quality_eval_key) was highest: (step, key, value)."""
+    """The step whose eval quality metric was highest: (step, key, value). The key: the run's primary eval when its
+    recipe declares eval sets (so a backend's other in-loop metrics never decide), else one quality-looking key."""
+    from rlctl.evals.sets import primary_key_from_run, resolve_key
     from rlctl.metrics.stream import METRICS, by_step, iter_metrics
     from rlctl.runs.health import quality_eval_key
 
@@ -59,7 +61,7 @@ def best_checkpoint(run_dir: Path, metric_prefix: str = "eval/") -> tuple[int, s
     seen: dict[str, None] = {}
     for rec in merged.values():
         seen.update(dict.fromkeys(rec))
-    key = quality_eval_key(seen, metric_prefix)
+    key = resolve_key(primary_key_from_run(run_dir), seen) or quality_eval_key(seen, metric_prefix)
     best = None
     for step, rec in merged.items():
         v = rec.get(key) if key else None
@@ -132,6 +134,13 @@ def marked_best(run_dir: Path) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None
 
 
+def _marked_base(run_dir: Path) -> bool:
+    from rlctl.core.state import read_state
+
+    mark = read_state(run_dir).get("best_checkpoint")
+    return isinstance(mark, dict) and mark.get("step") == 0
+
+
 def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = False, dry_run: bool = False,
           root: Path | None = None, keep_steps: set[int] | None = None) -> list[Checkpoint]:
     root = root or checkpoint_dir(run_dir)
@@ -145,6 +154,8 @@ def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = False, 
     marked = marked_best(run_dir) if keep_best else None
     if marked is not None:
         keep_steps.add(marked)
+    elif keep_best and _marked_base(run_dir):
+        pass  # the base model (step 0) beats every checkpoint so far: no checkpoint is the best one
     elif keep_best:
         best = best_checkpoint(run_dir)
         if best is not None:

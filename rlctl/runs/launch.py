@@ -182,6 +182,11 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     (run_dir / "recipe.toml").write_text(dump_toml(data))
     plan = prep.backend.prepare_launch(prep.plan, run_dir)
     plan.write(run_dir)
+    from rlctl.evals.in_loop import write_context
+
+    # what the backend's own eval runs, as rendered: its metrics are named eval/<set>/<mode> (docs/eval.md)
+    in_loop = getattr(prep.backend, "in_loop_eval_run", None)  # a plugin adapter may not define it
+    write_context(run_dir, in_loop(recipe) if in_loop else None)
 
     packages = (*prep.backend.packages, *prep.backend.recorded_packages)
     (run_dir / "env.json").write_text(json.dumps(environment_record(Path.cwd(), packages), indent=2))

@@ -113,6 +113,7 @@ class Supervisor:
         self.handle: RunHandle | None = None
         self.stop_requested_at: float | None = None
         self.pending: dict[str, Any] = {}  # state updates a full disk refused, retried every tick
+        self._best_marked: dict[str, Any] | None = None  # the last best mark written from the stream
         self.disk_full: str | None = None
         self.detector: StallDetector | None = None
         self.log_pos = 0
@@ -514,6 +515,9 @@ class Supervisor:
         from rlctl.runs.checkpoints import disk_watch, prune_during_run
 
         keep = self.spec.get("keep_last")
+        if not self.spec.get("evals"):  # evals in-loop only: the best mark comes from the backend's own evals
+            with contextlib.suppress(Exception):
+                self._mark_best_from_stream()
         with contextlib.suppress(Exception):
             if keep:
                 prune_during_run(self.run_dir, self.spec, keep)
@@ -532,6 +536,19 @@ class Supervisor:
             self.syncer.tick(final=final)
         except Exception as e:  # a sync problem never stops the run; it is recorded
             self.event(event="sync_error", error=str(e))
+
+    def _mark_best_from_stream(self) -> None:
+        """A run whose eval sets the backend evaluates in-loop (no rlctl checkpoint evals): the best checkpoint by
+        the recipe's primary eval, read from the stream, marked in state.json as rlctl's own evals mark it, so that
+        pruning, `ckpt prune --keep-best` and `launch --resume` keep and find it."""
+        from rlctl.evals.loop import best_mark
+        from rlctl.evals.sets import primary_key_from_run
+
+        primary = primary_key_from_run(self.run_dir)
+        best = best_mark(self.run_dir, self.spec["backend"], primary) if primary else None
+        if best is not None and best != self._best_marked:
+            self.state(best_checkpoint=best)
+            self._best_marked = best
 
     def evals_hook(self, what: str, *args: Any) -> None:
         """rlctl.evals.loop (docs/eval.md): the baseline, checkpoint evals in their own processes, stop_when. A
@@ -552,6 +569,15 @@ class Supervisor:
                         *([float((self.spec.get("evals") or {}).get("timeout_s") or 3600)]
                           if why in ("finished", "exited early") else []))
         self.evals_hook("mark_best")
+        # the last prune: checkpoints saved or evaluated since the last housekeeping tick (keep_last + the best)
+        if not self.spec.get("evals"):
+            with contextlib.suppress(Exception):
+                self._mark_best_from_stream()
+        if self.spec.get("keep_last"):
+            from rlctl.runs.checkpoints import prune_during_run
+
+            with contextlib.suppress(Exception):
+                prune_during_run(self.run_dir, self.spec, self.spec["keep_last"])
         if self.gpu is not None:
             with contextlib.suppress(Exception):
                 self.gpu.close()

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from rlctl.backends.openrlhf import WANDB_FLAG_VALUE, OpenRLHFBackend
+from rlctl.backends.openrlhf import NO_ROTATION, WANDB_FLAG_VALUE, OpenRLHFBackend
 from rlctl.backends.openrlhf.releases import release
 from rlctl.backends.openrlhf.steps import plan_steps
 from rlctl.recipe.planning import prepare
@@ -287,7 +287,8 @@ def check_meaning(o: OpenRLHF, v: str, prep, args: Any, train_locals: dict[str, 
     assert value(args, v, "save_hf_ckpt") is True
     assert value(args, v, "disable_ds_ckpt") == (not ck.save_optimizer)
     assert value(args, v, "save_steps") == (ck.every or -1)
-    assert value(args, v, "max_ckpt_num") == (ck.keep_last or 3)
+    # with eval sets rlctl rotates (keeping the best-eval checkpoint): OpenRLHF's count is one it never reaches
+    assert value(args, v, "max_ckpt_num") == (NO_ROTATION if BACKEND.rotation_by_rlctl(r) else ck.keep_last or 3)
     assert value(args, v, "load_checkpoint") == (ck.resume != "off")
     if rel.best_checkpoints and ck.keep_last and r.data.eval:
         assert value(args, v, "best_metric_key") == "none"  # no best_global_stepN_hf exports past keep_last
@@ -620,7 +621,8 @@ def test_checkpoint_layout_and_retention_on_disk(version, save_optimizer, files,
 
 def test_bundled_recipe_disk_count_is_what_stays(files):
     prep = prepare(RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml")
-    assert BACKEND.prune_during_run(prep.recipe) and BACKEND.kept_checkpoints(prep.recipe) == 3
+    # keep_last = 3 and its OOD probe is an eval set: the 3 newest plus the best-eval checkpoint (issue 24)
+    assert BACKEND.prune_during_run(prep.recipe) and BACKEND.kept_checkpoints(prep.recipe) == 4
 
 
 def test_contexts_leave_no_stub_behind():
@@ -654,6 +656,50 @@ def test_error_findings_are_what_openrlhf_itself_rejects(version, sets, key, fil
     assert key in [f.key for f in BACKEND.unhonoured(prep.recipe) if f.level == "error"]
     with OpenRLHF(version) as o, pytest.raises(AssertionError):
         o.parse(entry(prep))
+
+
+@pytest.mark.parametrize("version", ["0.9.3", "0.11.2"])
+def test_rotation_by_rlctl_keeps_the_best_eval_checkpoint(version, files, tmp_path):
+    """keep_last with an eval set (issue 24): OpenRLHF's own save_ckpt, run with the rendered --max_ckpt_num, deletes
+    no DeepSpeed state; rlctl's pruning then keeps the keep_last newest plus the checkpoint marked best, whole."""
+    from rlctl.core.state import write_state
+    from rlctl.runs.checkpoints import prune
+
+    run = tmp_path / "run-20261125-000000"
+    ckpt = run / "checkpoints"
+    prep = prepare(recipe_file(files, version), [f"checkpoint.dir={json.dumps(str(ckpt))}", "checkpoint.keep_last=2",
+                                                 "checkpoint.save_optimizer=true", "eval.every=5",
+                                                 f"data.eval={json.dumps(str(files['data']))}"])
+    assert BACKEND.rotation_by_rlctl(prep.recipe) and BACKEND.prune_during_run(prep.recipe)
+    assert any(f.key == "checkpoint.keep_last" and "rotation by rlctl, keeps the best-eval checkpoint" in f.message
+               for f in prep.validate())
+    with OpenRLHF(version) as o:
+        args, _, _ = o.parse(entry(prep))
+    assert value(args, version, "max_ckpt_num") == NO_ROTATION
+    with OpenRLHF(version, SAVE_MODULES) as o:
+        ds = o.module("openrlhf.utils.deepspeed.deepspeed")
+        actor_mod = o.module("openrlhf.trainer.ray.ppo_actor")
+        strategy = ds.DeepspeedStrategy.__new__(ds.DeepspeedStrategy)
+        strategy.args = args
+        strategy.is_rank_0 = lambda: True
+        strategy.print = lambda *a, **k: None
+        strategy.save_model = _save_model
+        actor = types.SimpleNamespace(model=_fake_engine_class(sys.modules["deepspeed"])())
+        me = types.SimpleNamespace(strategy=strategy, actor=actor, ema_model=None, tokenizer=object(),
+                                   disable_ds_ckpt=False, save_hf_ckpt=True)
+        for i, step in enumerate(range(5, 35, 5)):
+            actor_mod.PolicyModelActor.save_checkpoint(me, f"global_step{step}", {"global_step": step})
+            for p in [*ckpt.glob("global_step*"), *ckpt.glob("_actor/global_step*")]:
+                if p.name.startswith(f"global_step{step}"):
+                    os.utime(p, (1000 + i, 1000 + i))
+    ds_dirs = sorted(int(p.name[11:]) for p in (ckpt / "_actor").glob("global_step*"))
+    assert ds_dirs == list(range(5, 35, 5))  # OpenRLHF rotated nothing away
+    write_state(run, backend="openrlhf", best_checkpoint={"step": 10, "key": "eval/default/greedy_pass@1",
+                                                          "value": 0.9})
+    prune("openrlhf", run, 2, keep_best=True, root=ckpt)
+    assert sorted(int(p.name[11:]) for p in (ckpt / "_actor").glob("global_step*")) == [10, 25, 30]
+    assert sorted(int(p.name[11:-3]) for p in ckpt.glob("global_step*_hf")) == [10, 25, 30]
+    assert BACKEND.kept_checkpoints(prep.recipe) == 3  # keep_last + the best, in the disk estimate
 
 
 @pytest.mark.parametrize("version", ["0.9.3", "0.10.2", "0.11.2"])

@@ -148,13 +148,19 @@ def verl_results(workdir):
         r = recipe_for(version, ["resources.gpus_per_node=3", ODD_EXTRA], {})
         jobs.append({"id": "odd_gpus", "overrides": VERL.render(r, DATASET).argv[3:], "cwd": str(workdir)})
         # retention: saves every 10 iterations, keep 2, then a restart (a new process, a new checkpoint manager)
+        # (no eval set: with one, rlctl rotates instead, below)
         r = recipe_for(version, ["checkpoint.every=10", "checkpoint.keep_last=2", "checkpoint.dir=ckpt-" + version],
-                       {})
+                       {"eval": None})
         jobs.append({"id": "retention", "overrides": VERL.render(r, DATASET).argv[3:], "cwd": str(workdir),
+                     "checkpoints": [[10, 20, 30, 40], [50, 60]]})
+        # with an eval set verl keeps every checkpoint (rlctl prunes, keeping the best-eval one)
+        r = recipe_for(version, ["checkpoint.every=10", "checkpoint.keep_last=2", f"checkpoint.dir=evals-{version}"],
+                       {})
+        jobs.append({"id": "retention_evals", "overrides": VERL.render(r, DATASET).argv[3:], "cwd": str(workdir),
                      "checkpoints": [[10, 20, 30, 40], [50, 60]]})
         # the same, then rlctl prunes to keep_last, then verl resumes (resume = latest): it must find its step
         r = recipe_for(version, ["checkpoint.every=10", "checkpoint.keep_last=2", "checkpoint.resume=latest",
-                                 f"checkpoint.dir=resume-{version}/ckpt"], {})
+                                 f"checkpoint.dir=resume-{version}/ckpt"], {"eval": None})
         jobs.append({"id": "retention_resume", "overrides": VERL.render(r, DATASET).argv[3:], "cwd": str(workdir),
                      "checkpoints": [[10, 20, 30, 40], [50, 60]], "prune_keep_last": 2, "resume": True})
         r = recipe_for(version, ["checkpoint.resume=50", f"checkpoint.dir=resume-{version}/ckpt"], {})
@@ -292,7 +298,9 @@ def test_meaning(verl_results, workdir, version, name):
         every = r.eval.every if r.eval.every % k == 0 else max(r.eval.every // k, 1) * k
         assert (every == r.eval.every) == ("eval.every" not in unhonoured)
         assert [s * k for s in loop["tests"][1:-1]] == list(range(every, iterations * k, every))
-    assert v["trainer.max_actor_ckpt_to_keep"] == r.checkpoint.keep_last
+    # with eval sets rlctl rotates (keeping the best-eval checkpoint): verl's null, keep all
+    own = None if VERL.rotation_by_rlctl(r) else r.checkpoint.keep_last
+    assert v["trainer.max_actor_ckpt_to_keep"] == own
     assert v["trainer.resume_mode"] == {"off": "disable", "latest": "auto"}.get(str(r.checkpoint.resume), "resume_path")
     if v["trainer.resume_mode"] == "resume_path":
         assert v["trainer.resume_from_path"] == f"{r.checkpoint.dir}/global_step_{r.checkpoint.resume}"
@@ -350,7 +358,7 @@ def test_meaning(verl_results, workdir, version, name):
     assert res["use_critic"] == (r.algorithm.name == "ppo")
     if r.algorithm.name == "ppo":
         assert v["critic.model.path"] == r.model.path
-        assert v["trainer.max_critic_ckpt_to_keep"] == r.checkpoint.keep_last
+        assert v["trainer.max_critic_ckpt_to_keep"] == own
         assert v["critic.ppo_mini_batch_size"] == v[f"{A}.actor.ppo_mini_batch_size"]
 
 
@@ -477,7 +485,7 @@ def test_retention_on_verls_layout(verl_results, workdir, version, tmp_path):
     assert "error" not in verl_results[version]["retention"]
     root = tmp_path / "run" / "ckpt"
     shutil.copytree(workdir / f"ckpt-{version}", root)
-    r = load(SEED, ["checkpoint.every=10", "checkpoint.keep_last=2"]).recipe
+    r = load(SEED, ["checkpoint.every=10", "checkpoint.keep_last=2", 'data.eval=""']).recipe
     found = VERL.checkpoints(root)
     # verl rotated actor/ within each process lifetime, but a restart starts a new manager: 30 and 40 stay, and the
     # rotated steps keep global_step_N/data.pt
@@ -494,6 +502,26 @@ def test_retention_on_verls_layout(verl_results, workdir, version, tmp_path):
     assert [c.step for c in doomed] == [10, 20, 30, 40]
     assert [(c.step, c.complete) for c in VERL.checkpoints(root)] == [(50, True), (60, True)]
 
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_rotation_by_rlctl_keeps_the_best_eval_checkpoint(verl_results, workdir, version, tmp_path):
+    """keep_last with an eval set (issue 24): verl, run with the rendered config, rotates nothing away; rlctl's pruning
+    keeps the keep_last newest plus the checkpoint marked best."""
+    import shutil
+
+    from rlctl.core.state import write_state
+
+    assert "error" not in verl_results[version]["retention_evals"]
+    run = tmp_path / "run-20261125-000000"
+    root = run / "ckpt"
+    shutil.copytree(workdir / f"evals-{version}", root)
+    r = load(SEED, ["checkpoint.every=10", "checkpoint.keep_last=2"]).recipe
+    assert VERL.rotation_by_rlctl(r) and VERL.prune_during_run(r) and VERL.kept_checkpoints(r) == 3
+    assert [(c.step, c.complete) for c in VERL.checkpoints(root)] == [(s, True) for s in (10, 20, 30, 40, 50, 60)]
+    write_state(run, backend="verl", best_checkpoint={"step": 20, "key": "eval/default/greedy_pass@1", "value": 0.6})
+    doomed = ck.prune("verl", run, 2, keep_best=True, root=root)
+    assert [c.step for c in doomed] == [10, 30, 40]
+    assert [(c.step, c.complete) for c in VERL.checkpoints(root)] == [(20, True), (50, True), (60, True)]
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_resume_after_rlctl_pruning(verl_results, workdir, version):

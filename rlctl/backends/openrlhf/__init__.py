@@ -45,6 +45,10 @@ def _fmt(v: Any) -> str:
     return repr(v) if isinstance(v, float) else str(v)  # repr: the shortest text that parses back to the same float
 
 
+# --max_ckpt_num when rlctl rotates instead (never reached: OpenRLHF has no value that turns its rotation off)
+NO_ROTATION = 2**31 - 1
+
+
 @dataclass
 class RayJobPlan(LaunchPlan):
     """A `ray job submit` plan. Its launch.sh builds `--runtime-env-json` when it runs, from the shell's environment
@@ -92,6 +96,7 @@ class RayJobPlan(LaunchPlan):
 class OpenRLHFBackend(Backend):
     name = "openrlhf"
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
+    own_rotation = "--max_ckpt_num (--ckpt.max_num) is set to 2147483647, a count never reached"
     sharding = "deepspeed"  # memory engine: ZeRO stage from train.zero_stage
     foreach_adam = False  # DeepSpeed's FusedAdam (strategy.create_optimizer)
     # bytes per (token x vocab) of the actor's log-probs: fp32 logits kept alive to the optimizer step (Actor.forward
@@ -229,7 +234,10 @@ class OpenRLHFBackend(Backend):
             ("save_hf_ckpt", True),
         ]
         if ck.keep_last:
-            c.append(("max_ckpt_num", ck.keep_last))
+            # with eval sets rlctl rotates (keeping the best-eval checkpoint): save_ckpt deletes the oldest while
+            # `len(subdirs) >= max_num` (utils/deepspeed/deepspeed.py, 0.9.3 to 0.11.2) and no value switches that
+            # off (0 would empty the directory), so a count never reached
+            c.append(("max_ckpt_num", NO_ROTATION if self.rotation_by_rlctl(r) else ck.keep_last))
             if rel.best_checkpoints and r.data.eval:
                 c.append(("best_metric_key", "none"))  # best_global_stepN_hf exports would pile up past keep_last
         if not ck.save_optimizer:
@@ -475,6 +483,31 @@ class OpenRLHFBackend(Backend):
 
         return parse(line)
 
+    def in_loop_eval_run(self, recipe: Recipe) -> dict[str, Any] | None:
+        """The eval OpenRLHF runs with the rendered flags (--eval_dataset, --eval_temperature,
+        --eval_n_samples_per_prompt or their dotted names; an extra given twice: argparse keeps the last)."""
+        from rlctl.evals.in_loop import context
+        from rlctl.evals.sets import LEGACY
+
+        rel = self.release(recipe)
+        argv = self.render(recipe).argv
+
+        def last(concept: str) -> str | None:
+            flag = rel.flag(concept)
+            idx = [i for i, a in enumerate(argv) if a == flag and i + 1 < len(argv)]
+            return argv[idx[-1] + 1] if idx else None
+
+        if last("eval_dataset") is None:
+            return None
+        t = float(last("eval_temperature") or rel.default("eval_temperature") or 0.0)
+        n = int(last("eval_n_samples_per_prompt") or rel.default("eval_n_samples_per_prompt") or 1)
+        return context(LEGACY, t, n)
+
+    def name_in_loop_evals(self, rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+        from rlctl.backends.openrlhf.metrics import name_in_loop_evals
+
+        return name_in_loop_evals(rec, ctx)
+
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe
         P = arch.params
@@ -492,8 +525,9 @@ class OpenRLHFBackend(Backend):
 
     def kept_checkpoints(self, recipe: Recipe) -> int | None:
         """keep_last when set (OpenRLHF rotates the DeepSpeed states, rlctl the HF exports; best_global_stepN exports
-        are switched off with --best_metric_key none); None (all) otherwise: every HF export stays."""
-        return recipe.checkpoint.keep_last
+        are switched off with --best_metric_key none; with eval sets rlctl rotates both and keeps the best too);
+        None (all) otherwise: every HF export stays."""
+        return super().kept_checkpoints(recipe)
 
     def preflight(self, ctx: Any, family: str) -> list[Any]:
         from rlctl.backends.openrlhf.honour import preflight

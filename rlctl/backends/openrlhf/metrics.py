@@ -174,3 +174,36 @@ def eval_record(step: int, raw: dict[str, Any]) -> dict[str, Any]:
     for k, v in raw.items():
         rec.update(_eval_key(k, v))
     return rec
+
+
+# ---- in-loop eval names (rlctl.evals.in_loop) ------------------------------------------------------------------
+# `evaluate()` (trainer/ppo_trainer.py, 0.9.3 and 0.11.2), per datasource (the data's `datasource` field, else
+# "default"), over n = --eval_n_samples_per_prompt samples at --eval_temperature: `pass{n}` the mean over prompts of
+# the max reward (pass@n with 0/1 rewards), `pass1` the mean reward of all samples; 0.11 adds `response_length_mean`
+# and `truncated_rate` per datasource and over all (`eval_response_length_mean`, read as eval/default/...).
+_SOURCE_METRIC = re.compile(r"^eval/(.+)/(pass\d+|response_length_mean|truncated_rate)$")
+
+
+def name_in_loop_evals(rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+    """The record with its in-loop eval keys named eval/<set>/<mode>[/...] for what OpenRLHF ran (ctx)."""
+    from rlctl.evals.in_loop import named
+
+    n = int(ctx.get("n", 1))
+    parts = {k: _SOURCE_METRIC.match(k) for k in rec if k.startswith("eval/")}
+    # the whole-eval lengths of 0.11 are read as source `default`; a source of its own only where it logs pass@
+    sources = sorted({m.group(1) for m in parts.values() if m and m.group(2).startswith("pass")}) or ["default"]
+    out: dict[str, Any] = {}
+    for k, v in rec.items():
+        m = parts.get(k)
+        if m is None:
+            out[k] = v
+            continue
+        source, metric = m.groups()
+        many = sources if source in sources else [source]  # 0.11's overall lengths: under the set itself
+        if metric == f"pass{n}":
+            out[named(ctx, many, source, None)] = v
+        elif metric == "pass1":  # n > 1: the mean reward of all samples
+            out[named(ctx, many, source, "mean_correct")] = v
+        else:
+            out[named(ctx, many, source, metric)] = v
+    return out

@@ -76,6 +76,7 @@ AMBIGUOUS = {"0.1.0": ("v0.2", "v0.3.0", "v0.4.0")}
 
 class PrimeRLBackend(Backend):
     name = "prime_rl"
+    own_rotation = "ckpt.keep_last is not rendered (null: never cleans)"
     sharding = "fsdp"  # memory engine: FSDP2, fp32 sharded master parameters
     lora_base_master = True  # the FSDP trainer loads the whole model in fp32, frozen base included
     packages = ("prime-rl", "prime_rl")
@@ -202,7 +203,9 @@ class PrimeRLBackend(Backend):
             ckpt: dict[str, Any] = {}
             if ck.every:
                 ckpt["interval"] = ck.every
-            if ck.keep_last:
+            if ck.keep_last and not self.rotation_by_rlctl(r):
+                # with eval sets rlctl rotates, keeping the best-eval checkpoint: left at prime-rl's null, which
+                # never cleans by recency (CheckpointConfig.keep_last, v0.3.0 and v0.8.0)
                 ckpt["keep_last"] = ck.keep_last
             if isinstance(ck.resume, int):  # "latest" is resolved to a step number by `rlctl launch`
                 ckpt["resume_step"] = ck.resume
@@ -309,7 +312,10 @@ class PrimeRLBackend(Backend):
         if recipe.checkpoint.resume == "latest":
             plan.notes.append("checkpoint.resume = latest: ckpt.resume_step is set to the newest complete step by "
                               "`rlctl launch --resume RUN` and by restarts; a fresh run has nothing to resume")
-        if recipe.checkpoint.keep_last:
+        if recipe.checkpoint.keep_last and self.rotation_by_rlctl(recipe):
+            plan.notes.append(f"ckpt.keep_last is not rendered: rlctl prunes checkpoints/, weights/ and run_default/ "
+                              f"to {recipe.checkpoint.keep_last} plus the best-eval checkpoint")
+        elif recipe.checkpoint.keep_last:
             plan.notes.append(f"prime-rl's ckpt.keep_last prunes checkpoints/ and weights/ itself; rlctl prunes the "
                               f"orchestrator checkpoints and kept broadcasts (run_default/) to "
                               f"{recipe.checkpoint.keep_last}")

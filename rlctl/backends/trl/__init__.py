@@ -26,6 +26,7 @@ LOSS_TYPE = {"grpo": "grpo", "dr_grpo": "dr_grpo", "reinforce_baseline": "grpo",
 
 class TRLBackend(Backend):
     name = "trl"
+    own_rotation = "save_total_limit is not rendered"
     packages = ("trl", "transformers")
     needs_local_install = True  # the runner runs in rlctl's own Python
     runs_on_cpu = True
@@ -158,7 +159,7 @@ class TRLBackend(Backend):
             cfg["save_steps"] = r.checkpoint.every
         else:
             cfg["save_strategy"] = "no"
-        if r.checkpoint.keep_last and not self._evaluates_checkpoints(r):
+        if r.checkpoint.keep_last and not self.rotation_by_rlctl(r):
             cfg["save_total_limit"] = r.checkpoint.keep_last  # with checkpoint evals rlctl prunes (keeps the best)
         if isinstance(r.checkpoint.resume, int):  # "latest" is resolved to a step number by rlctl launch/restart
             cfg["resume_from_checkpoint"] = f"{r.checkpoint.dir}/checkpoint-{r.checkpoint.resume}"
@@ -317,6 +318,24 @@ class TRLBackend(Backend):
         from rlctl.backends.trl.metrics import parse
 
         return parse(line)
+
+    def in_loop_eval_run(self, recipe: Recipe) -> dict[str, Any] | None:
+        """GRPOTrainer's own evaluation as rendered (eval_strategy, extras included): it samples at the training
+        temperature, num_generations_eval (else num_generations) completions per prompt (grpo_trainer.py)."""
+        from rlctl.evals.in_loop import context
+        from rlctl.evals.sets import LEGACY
+
+        cfg = self.grpo_config(recipe, None)
+        if not recipe.data.eval or cfg.get("eval_strategy", "no") == "no":
+            return None
+        n = cfg.get("num_generations_eval") or cfg.get("num_generations") or recipe.rollout.group_size
+        # not the set's evaluation (rlctl evaluates the set in its own mode): never its primary score
+        return context(LEGACY, float(cfg.get("temperature", 1.0)), int(n), scores_set=False)
+
+    def name_in_loop_evals(self, rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+        from rlctl.backends.trl.metrics import name_in_loop_evals
+
+        return name_in_loop_evals(rec, ctx)
 
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         from rlctl.backends.trl.checkpoints import find

@@ -147,3 +147,12 @@ def parse_state(text: str) -> list[dict[str, Any]]:
             if rec:
                 out.append(rec)
     return out
+
+
+def name_in_loop_evals(rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+    """The record with GRPOTrainer's eval keys (eval/default/<key>, from `eval_<key>`) named for what it ran: every
+    one under eval/<set>/<mode>/<key> (the mean reward of its samples is no pass@k: none is the mode's score)."""
+    from rlctl.evals.in_loop import named
+
+    return {named(ctx, [""], "", k[len("eval/default/"):]) if k.startswith("eval/default/") else k: v
+            for k, v in rec.items()}

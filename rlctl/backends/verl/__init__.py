@@ -58,6 +58,7 @@ def snapshot(version: str) -> dict[str, Any]:
 class VerlBackend(Backend):
     name = "verl"
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
+    own_rotation = "trainer.max_actor_ckpt_to_keep (and max_critic_ckpt_to_keep) stays at null, keep all"
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
     # update_actor splits each GPU's share of a mini-batch into micro batches, the last one smaller: no divisibility
     # by micro x GPUs (placement_rules checks what verl asserts: the mini-batch over the data-parallel ranks)
@@ -263,7 +264,9 @@ class VerlBackend(Backend):
             o += [("trainer.total_epochs", it), ("trainer.total_training_steps", it)]
         else:
             o.append(("trainer.total_epochs", r.train.episodes or 1))
-        if r.checkpoint.keep_last:
+        if r.checkpoint.keep_last and not self.rotation_by_rlctl(r):
+            # with eval sets rlctl rotates, keeping the best-eval checkpoint: left at verl's null, which keeps all
+            # (utils/checkpoint/checkpoint_manager.py register_checkpoint, 0.9.0 and 0.9.1)
             o.append(("trainer.max_actor_ckpt_to_keep", r.checkpoint.keep_last))
             if r.algorithm.name == "ppo":
                 o.append(("trainer.max_critic_ckpt_to_keep", r.checkpoint.keep_last))
@@ -358,6 +361,26 @@ class VerlBackend(Backend):
 
         return parse(line)
 
+    def in_loop_eval_run(self, recipe: Recipe) -> dict[str, Any] | None:
+        """The validation verl runs with the rendered overrides (data.val_files with trainer.test_freq > 0 or
+        val_before_train; actor_rollout_ref.rollout.val_kwargs.temperature/n/do_sample; the last of a key wins)."""
+        from rlctl.evals.in_loop import context
+        from rlctl.evals.sets import LEGACY
+
+        if not recipe.data.eval:
+            return None  # the validation set rendered without data.eval is never run (test_freq -1)
+        o = dict(self.overrides(recipe, None))
+        if (o.get("trainer.test_freq") or -1) <= 0 and not o.get("trainer.val_before_train"):
+            return None
+        kw = f"{A}.rollout.val_kwargs"
+        return context(LEGACY, float(o.get(f"{kw}.temperature", 0.0)), int(o.get(f"{kw}.n", 1)),
+                       greedy=not o.get(f"{kw}.do_sample", False))
+
+    def name_in_loop_evals(self, rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+        from rlctl.backends.verl.metrics import name_in_loop_evals
+
+        return name_in_loop_evals(rec, ctx)
+
     def metric_bulk(self, text: str) -> dict[int, dict[str, Any]]:
         """The records of a chunk's plain step lines, read together (the stream's fast path): see verl/metrics.py."""
         from rlctl.backends.verl.metrics import bulk
@@ -387,8 +410,9 @@ class VerlBackend(Backend):
         return actor + hf + critic, what
 
     def kept_checkpoints(self, recipe: Recipe) -> int | None:
-        # verl rotates actor/ (and critic/) dirs to max_*_ckpt_to_keep, and rlctl prunes what a restart leaves
-        return recipe.checkpoint.keep_last
+        # verl rotates actor/ (and critic/) dirs to max_*_ckpt_to_keep, and rlctl prunes what a restart leaves (with
+        # eval sets rlctl alone rotates, and keeps the best-eval checkpoint too)
+        return super().kept_checkpoints(recipe)
 
     def prune_during_run(self, recipe: Recipe) -> bool:
         """verl's checkpoint manager remembers only the checkpoints saved by this process (previous_saved_paths,

@@ -171,3 +171,50 @@ def record(step: int, raw: dict[str, Any]) -> dict[str, Any]:
     for k, v in evals.items():
         rec["eval/" + k.split("/", 1)[1]] = number(v)
     return rec
+
+
+# ---- in-loop eval names (rlctl.evals.in_loop) ------------------------------------------------------------------
+# `_val_metrics_update` (trainer/ppo/ray_trainer.py, 0.9) over process_validation_metrics (metric_utils.py): per
+# data_source and variable (`acc` when the reward function returns one, else `reward`; also its extra infos), over
+# the N = val_kwargs.n responses: `mean@N`, and with N > 1 `std@N`, `best@n/mean|std`, `worst@n/...`, `maj@n/...`
+# for bootstrapped subsets n <= N. Its core variable's `mean@1` (N = 1) or `best@N/mean` (pass@N) is the mode's
+# score; `mean@N` of N > 1 is the mean over all samples. 0.2's `val/test_score/<data_source>` is the mean score.
+_VAL_METRIC = re.compile(r"^eval/(.+)/([^/]+)/((?:mean|std)@\d+|(?:best|worst|maj)@\d+/(?:mean|std))$")
+_TEST_SCORE = re.compile(r"^eval/test_score/(.+)$")
+
+
+def name_in_loop_evals(rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, Any]:
+    """The record with its in-loop eval keys named eval/<set>/<mode>[/...] for what verl ran (ctx)."""
+    from rlctl.evals.in_loop import named
+
+    n = int(ctx.get("n", 1))
+    parsed: dict[str, tuple[str, str, str]] = {}
+    for k in rec:
+        if not k.startswith("eval/"):
+            continue
+        t = _TEST_SCORE.match(k)
+        m = None if t else _VAL_METRIC.match(k)
+        if t:
+            parsed[k] = (t.group(1), "score", f"mean@{n}")
+        elif m:
+            parsed[k] = (m.group(1), m.group(2), m.group(3))
+    sources = sorted({p[0] for p in parsed.values()}) or [""]
+    core = {s: "acc" if any(p[0] == s and p[1] == "acc" for p in parsed.values()) else
+            "score" if any(p[0] == s and p[1] == "score" for p in parsed.values()) and
+            not any(p[0] == s and p[1] == "reward" for p in parsed.values()) else "reward" for s in sources}
+    score = "mean@1" if n == 1 else f"best@{n}/mean"
+    out: dict[str, Any] = {}
+    for k, v in rec.items():
+        if not k.startswith("eval/"):
+            out[k] = v
+        elif k not in parsed:  # val-aux/num_turns/...: not per source, under the set
+            out[named(ctx, [""], "", k[len("eval/"):])] = v
+        else:
+            source, var, metric = parsed[k]
+            if var == core[source] and metric == score:
+                out[named(ctx, sources, source, None)] = v
+            elif var == core[source] and metric == f"mean@{n}":
+                out[named(ctx, sources, source, "mean_correct")] = v
+            else:
+                out[named(ctx, sources, source, f"{var}/{metric}")] = v
+    return out
