@@ -21,6 +21,7 @@ import pytest
 
 from rlctl.core.state import read_state
 from tests.conftest import RECIPES, ROOT, run_cli
+from tests.remote_sshd import sshd  # noqa: F401 - the session fixture (one sshd per test session)
 
 BANDIT = ROOT / "tests" / "fixtures" / "experiments" / "bandit.py"
 
@@ -373,3 +374,114 @@ def test_a_queue_killed_between_creating_a_run_and_recording_it_adopts_it(w):
     v = q.queue["variants"]
     assert v["a0-s42"]["state"] == "done" and v["a0-s42"]["run_dir"].endswith("e-a0-s42-20261125-000000")
     assert v["a1-s42"]["state"] == "queued"  # never created: launched again, once
+
+
+# -- placement across SSH hosts (a real OpenSSH server on loopback) ---------------------------------------------------
+
+@pytest.fixture
+def two_hosts(w, sshd, monkeypatch):  # noqa: F811
+    """Two hosts, `h1` and `h2`: the same loopback sshd, each with its own workdir (so where a run went shows)."""
+    import uuid
+
+    from tests.remote_sshd import ALIAS
+
+    ctl = Path(f"/tmp/rlctl-x-{uuid.uuid4().hex[:8]}")  # ControlPath sockets need a short path
+    for k, v in {"RLCTL_SSH_CONFIG": str(sshd.client_config), "RLCTL_SSH_CONTROL_DIR": str(ctl),
+                 "RLCTL_SSH_TIMEOUT": "5"}.items():
+        monkeypatch.setenv(k, v)
+        w["env"][k] = v
+    work = {h: w["dir"] / f"remote-{h}" for h in ("h1", "h2")}
+    for h, wd in work.items():
+        r = cli(w, "hosts", "add", h, ALIAS, "--workdir", str(wd), "--python", sys.executable,
+                "--env", f"PYTHONPATH={ROOT}")
+        assert r.code == 0, r.err
+    yield {**w, "work": work, "sshd": sshd, "ctl": ctl, "alias": ALIAS}
+    for wd in work.values():
+        _kill_all(wd / "runs")
+    with contextlib.suppress(Exception):
+        subprocess.run(["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={ctl}/%C", "-O", "exit", ALIAS],
+                       capture_output=True, timeout=10)
+
+
+def _spans(dirs: list[Path]) -> list[tuple[float, float]]:
+    return [(read_state(p)["started_at"], read_state(p).get("ended_at") or time.time()) for p in dirs]
+
+
+def _max_overlap(spans: list[tuple[float, float]]) -> int:
+    return max((sum(s <= t < e for s, e in spans) for t, _ in spans), default=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sweep_on_two_ssh_hosts(two_hosts):
+    w = two_hosts
+    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=8, sleep=0.3))
+    t0 = time.time()
+    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=1e-6,0.5", "--seeds", "3", "--on", "h1,h2",
+              "--parallel", "2", "--name", "sh", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "sh" / "queue.log").read_text()
+    print(f"ssh sweep: {time.time() - t0:.0f} s")
+    local = run_dirs(w, "sh-")
+    assert len(local) == 6 and all(read_state(p)["status"] == "finished" for p in local)
+    by_host: dict[str, list[Path]] = {}
+    for p in local:
+        st = read_state(p)
+        assert st["executor"] == "ssh"
+        remote_dir = Path(st["remote_run_dir"])
+        assert remote_dir.parent == w["work"][st["host"]] / "runs"  # it ran in that host's workdir
+        assert read_state(remote_dir)["status"] == "finished"
+        by_host.setdefault(st["host"], []).append(remote_dir)
+    assert set(by_host) == {"h1", "h2"}, by_host
+    for h, dirs in by_host.items():  # never more at once on a host than its slots
+        assert _max_overlap(_spans(dirs)) <= 2, (h, _spans(dirs))
+    st = cli(w, "status", "--experiment", "sh")
+    assert st.code == 0 and "h1" in st.out and "h2" in st.out and st.out.count("finished") == 6, st.out
+    rows = json.loads(cli(w, "status", "--experiment", "sh", "--json").out)
+    assert {x["status"] for x in rows} == {"finished"} and len(rows) == 6
+    c = cli(w, "compare", "sh", "--json")
+    assert c.code == 0, c.err
+    (t,) = json.loads(c.out)["comparisons"]
+    assert t["test"]["significant"], c.out  # the remote runs' metrics were read
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_host_going_down_mid_sweep_is_said_and_nothing_hangs(two_hosts):
+    """sshd stops while a run is on each host: the queue says so, places nothing there, gives up after
+    RLCTL_EXP_UNREACHABLE_S; status answers at once; once the host is back, resume finishes without relaunching."""
+    w = two_hosts
+    w["env"]["RLCTL_EXP_UNREACHABLE_S"] = "8"
+    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=30, sleep=0.5))
+    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=0.1,0.5", "--seeds", "2", "--on", "h1,h2", "--name", "dn")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert wait_for(lambda: sum(v.get("state") == "running" for v in queue_record(w, "dn")["variants"].values()) == 2)
+    remote = [Path(read_state(p)["remote_run_dir"]) for p in run_dirs(w, "dn-")]
+    assert wait_for(lambda: all(read_state(p).get("status") == "running" for p in remote))
+    w["sshd"].stop()
+    try:
+        log = w["runs"] / "_experiments" / "dn" / "queue.log"
+        assert wait_for(lambda: all(f"host {h} unreachable:" in log.read_text() for h in ("h1", "h2")),
+                        timeout=60), log.read_text()
+        t0 = time.time()
+        st = rlctl(w, "status", "--experiment", "dn", "--timeout", "3", timeout=60)
+        assert st.returncode == 0 and st.stdout.count("unreachable") == 2, st.stdout + st.stderr
+        assert time.time() - t0 < 30
+        shown = cli(w, "experiment", "show", "dn")
+        assert shown.out.count("host unreachable since") == 2 and "hosts not answering: h1" in shown.out, shown.out
+        # the queue gives up on them (does not wait forever) and launches nothing on the dead hosts
+        assert wait_for(lambda: queue_record(w, "dn").get("state") == "incomplete", timeout=90), log.read_text()
+        q = queue_record(w, "dn")["variants"]
+        assert sorted(v.get("status") for v in q.values() if v.get("state") == "done") == ["unreachable"] * 2, q
+        assert sum(v.get("state") == "queued" for v in q.values()) == 2 and "launch failed" not in log.read_text()
+        assert "2 unreachable, and no host answers" in log.read_text() and "experiment resume dn" in log.read_text()
+        shown = cli(w, "experiment", "show", "dn")
+        assert shown.out.count("unreachable for 8 s") == 2 and "queue incomplete" in shown.out, shown.out
+    finally:
+        w["sshd"].start()
+    # the runs went on over there; resume finds them finished and runs the two left, each once
+    assert wait_for(lambda: all(read_state(p).get("status") == "finished" for p in remote), timeout=120)
+    r = rlctl(w, "experiment", "resume", "dn", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "dn" / "queue.log").read_text()
+    dirs = run_dirs(w, "dn-")
+    assert len(dirs) == 4 and all(read_state(p)["status"] == "finished" for p in dirs), [
+        (p.name, read_state(p).get("status")) for p in dirs]

@@ -316,6 +316,10 @@ def show(exp: ExpArg, as_json: JsonOpt = False) -> None:
              + (f"running (pid {pid})" if pid else mf.read_queue(d).get("state", "-")),
              f"commit {git.get('commit', 'unknown')}" + (" (dirty)" if git.get("dirty") else "")
              + (f"  patches {', '.join(m['patches'])}" if m.get("patches") else "")]
+    down = mf.read_queue(d).get("hosts_down") or {}
+    if down:
+        lines.append("hosts not answering: " + ", ".join(
+            f"{h} (since {time.strftime('%H:%M:%S', time.localtime(t))})" for h, t in down.items()))
     for a in m["arms"]:
         diff = "; ".join(f"{k}: {v[0]} -> {v[1]}" for k, v in (a.get("diff") or {}).items()) or "(base)"
         lines.append(f"  {a['id']}: {a['label']}   diff: {diff}")
@@ -323,7 +327,9 @@ def show(exp: ExpArg, as_json: JsonOpt = False) -> None:
         run = Path(r["run_dir"]).name if r["run_dir"] else "-"
         where = (r.get("slot") or {}).get("name") if isinstance(r.get("slot"), dict) else None
         lines.append(f"    {r['id']:<16} {r['queue']:<13} {r.get('status') or '-':<10} {run}"
-                     + (f"  on {where}" if where else "") + (f"  ! {r['error']}" if r.get("error") else ""))
+                     + (f"  on {where}" if where else "") + (f"  ! {r['error']}" if r.get("error") else "")
+                     + (f"  ! host unreachable since {time.strftime('%H:%M:%S', time.localtime(since))}"
+                        if (since := r.get("unreachable_since")) else ""))
     _echo("\n".join(lines))
 
 
