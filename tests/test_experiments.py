@@ -485,3 +485,35 @@ def test_a_host_going_down_mid_sweep_is_said_and_nothing_hangs(two_hosts):
     dirs = run_dirs(w, "dn-")
     assert len(dirs) == 4 and all(read_state(p)["status"] == "finished" for p in dirs), [
         (p.name, read_state(p).get("status")) for p in dirs]
+
+
+# -- placement on a Ray cluster (a real head on loopback) --------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sweep_on_a_ray_cluster_runs_each_variant_as_a_ray_job(w, tmp_path):
+    pytest.importorskip("ray.job_submission")
+    from rlctl.executors.ray import LocalHead, cluster_info
+
+    (tmp_path / "head").mkdir()
+    head = LocalHead(tmp_path / "head", num_gpus=0)  # the user's cluster: rlctl must not stop it
+    address = head.start()
+    try:
+        (w["dir"] / "b.toml").write_text(bandit_recipe(steps=8))
+        t0 = time.time()
+        r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=1e-6,0.5", "--seeds", "2", "--executor", "ray",
+                  "--address", address, "--parallel", "2", "--name", "ry", "--wait")
+        assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "ry" / "queue.log").read_text()
+        print(f"ray sweep: {time.time() - t0:.0f} s")
+        dirs = run_dirs(w, "ry-")
+        assert len(dirs) == 4
+        for p in dirs:
+            st = read_state(p)
+            assert st["status"] == "finished" and st["executor"] == "ray", st
+            assert st["ray_job_status"] == "SUCCEEDED" and st["ray_address"] == address and not st["ray_started_head"]
+        assert _max_overlap(_spans(dirs)) <= 2
+        assert cluster_info(address)["nodes"]
+        c = cli(w, "compare", "ry", "--json")
+        assert c.code == 0 and len(json.loads(c.out)["comparisons"]) == 1, c.err
+    finally:
+        head.stop()
