@@ -382,7 +382,9 @@ def test_quickstart_queue_survives_kill_9_and_resumes_without_relaunching_then_e
                     timeout=300)
     long = run_dirs(w, "k-a1")[0]
     assert read_state(long)["status"] == "running"  # still going when the queue comes back
-    assert "queue running" not in cli(w, "experiment", "show", "k").out  # the truth: no queue
+    shown = cli(w, "experiment", "show", "k").out  # the truth: the record says running, the queue is gone
+    assert "queue dead (pid" in shown and "rlctl experiment resume k" in shown, shown
+    assert "queue dead" in cli(w, "experiment", "list").out
     r = rlctl(w, "experiment", "resume", "k", "--wait", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:] + _log(w, "k")
     dirs = run_dirs(w, "k-")

@@ -277,7 +277,7 @@ def _is_experiment(ref: str) -> bool:
 def list_(as_json: JsonOpt = False) -> None:
     """Experiments with how many of their runs are queued, running, done."""
     from rlctl.experiments import manifest as mf
-    from rlctl.experiments.queue import queue_alive
+    from rlctl.experiments.queue import queue_state
 
     out = []
     for d in mf.list_experiments():
@@ -287,7 +287,7 @@ def list_(as_json: JsonOpt = False) -> None:
             counts[r["queue"]] = counts.get(r["queue"], 0) + 1
         m = mf.read_manifest(d)
         out.append({"name": d.name, "kind": m.get("kind"), "arms": len(m.get("arms", [])), "seeds": m["seeds"],
-                    "queue": "running" if queue_alive(d) else mf.read_queue(d).get("state", "-"), "variants": counts})
+                    "queue": queue_state(d), "variants": counts})
     if as_json:
         _echo(json.dumps(out, indent=2))
     elif not out:
@@ -302,7 +302,7 @@ def list_(as_json: JsonOpt = False) -> None:
 def show(exp: ExpArg, as_json: JsonOpt = False) -> None:
     """An experiment's arms (with their recipe diffs), variants, runs and where each is."""
     from rlctl.experiments import manifest as mf
-    from rlctl.experiments.queue import queue_alive
+    from rlctl.experiments.queue import queue_alive, queue_state
 
     d = mf.find_experiment(exp)
     m = mf.read_manifest(d)
@@ -311,9 +311,7 @@ def show(exp: ExpArg, as_json: JsonOpt = False) -> None:
         _echo(json.dumps({"manifest": m, "variants": rows, "queue_pid": queue_alive(d)}, indent=2, default=str))
         return
     git = m.get("git") or {}
-    pid = queue_alive(d)
-    lines = [f"{m['name']}  ({m['kind']}, {len(m['arms'])} arms x {m['seeds']} seeds)  queue "
-             + (f"running (pid {pid})" if pid else mf.read_queue(d).get("state", "-")),
+    lines = [f"{m['name']}  ({m['kind']}, {len(m['arms'])} arms x {m['seeds']} seeds)  queue {queue_state(d)}",
              f"commit {git.get('commit', 'unknown')}" + (" (dirty)" if git.get("dirty") else "")
              + (f"  patches {', '.join(m['patches'])}" if m.get("patches") else "")]
     down = mf.read_queue(d).get("hosts_down") or {}

@@ -368,6 +368,17 @@ def queue_alive(d: Path) -> int | None:
     return pid if isinstance(pid, int) and q.get("state") == "running" and process_alive(pid, ct) else None
 
 
+def queue_state(d: Path) -> str:
+    """What the queue is doing, true even after a kill -9 (its record then still says running)."""
+    q = read_json(d / QUEUE)
+    pid = queue_alive(d)
+    if pid:
+        return f"running (pid {pid})"
+    if q.get("state") == "running":
+        return f"dead (pid {q.get('pid')} is gone; rlctl experiment resume {d.name})"
+    return str(q.get("state") or "-")
+
+
 def start_detached(d: Path, timeout: float = 30.0) -> int:
     """Start the queue in its own session; returns its pid once it has recorded itself (or one already runs)."""
     pid = queue_alive(d)
