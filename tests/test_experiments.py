@@ -578,3 +578,23 @@ def test_sweep_on_a_ray_cluster_runs_each_variant_as_a_ray_job(w, tmp_path):
         assert c.code == 0 and len(json.loads(c.out)["comparisons"]) == 1, c.err
     finally:
         head.stop()
+
+
+def test_a_down_host_gets_no_new_run_and_the_queue_ends_only_when_every_host_is_gone(w, monkeypatch):
+    from rlctl.experiments import queue as qm
+    from rlctl.experiments.manifest import write_manifest
+
+    cap = qm.Capacity.from_placement({"parallel": 1, "hosts": ["h1", "h2"], "executor": "ssh"})
+    assert cap.take("x", 0, down={"h1"}).host == "h2" and cap.take("y", 0, down={"h1"}) is None
+    d = w["runs"] / "_experiments" / "g"
+    write_manifest(d, {"name": "g", "arms": [], "seeds": 1, "variants": [],
+                       "placement": {"hosts": ["h1", "h2"], "parallel": 1, "runs_root": str(w["runs"])}})
+    q = qm.Queue(d)
+    monkeypatch.setattr(qm, "UNREACHABLE_S", 0.0)
+    assert not q.all_hosts_gone()  # no host known down: never "gone", even with a zero give-up time
+    q.mark_down("h1")
+    assert q.skip_hosts() == {"h1"} and not q.all_hosts_gone()
+    q.mark_down("h2")
+    assert q.all_hosts_gone()
+    monkeypatch.setattr(qm, "RETRY_S", 0.0)
+    assert q.skip_hosts() == set()  # time for one more try on each

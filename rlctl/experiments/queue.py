@@ -293,8 +293,8 @@ class Queue:
     def all_hosts_gone(self) -> bool:
         """Every host down for UNREACHABLE_S, none of our runs left to wait for: nothing more can happen."""
         hosts = self.cap.placement.get("hosts") or [None]
-        return not self.running() and all(time.time() - self.down.get(h, {}).get("since", time.time())
-                                          >= UNREACHABLE_S for h in hosts)
+        return not self.running() and all(h in self.down and time.time() - self.down[h]["since"] >= UNREACHABLE_S
+                                          for h in hosts)
 
     # -- the loop --------------------------------------------------------------------------------------------------
     def pending(self) -> list[dict[str, Any]]:
