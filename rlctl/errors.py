@@ -25,6 +25,13 @@ class RecipeError(RlctlError):
     """A recipe file that cannot be used: unreadable, malformed, or not matching the schema."""
 
 
+class Unreachable(RlctlError):
+    """A place to run (a host, a cluster) did not answer: an executor's error, so that the experiment queue holds
+    its variants back instead of failing them."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
 class CheckFailed(RlctlError):
     exit_code = EXIT_CHECK_FAILED
 

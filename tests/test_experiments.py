@@ -3,8 +3,10 @@ queue surviving kill -9 and resumed without relaunching what ran, a variant kill
 policy, `compare` finding a real learning-rate effect and no difference between identical arms; the status index
 never broken by damaged or foreign directories.
 
-The fast end-to-end runs use a real learner that needs no torch (tests/fixtures/experiments/bandit.py, REINFORCE on
-a 4-armed bandit, through the command backend); the 2x2x2 grid runs the CPU quickstart (TRL)."""
+The lr effect, identical arms, the killed variant, kill -9 of the queue and the 2x2x2 grid run the CPU quickstart
+(real GRPO with TRL). Placement (SSH hosts on a loopback sshd, a Ray head on loopback) and stop/resume use a real
+learner that needs no torch (tests/fixtures/experiments/bandit.py, REINFORCE on a 4-armed bandit, through the command
+backend): what they test is where runs go, not what they learn."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pytest
 
 from rlctl.core.state import read_state
 from tests.conftest import RECIPES, ROOT, run_cli
+from tests.remote_sshd import sshd  # noqa: F401 - the session fixture (one sshd per test session)
 
 BANDIT = ROOT / "tests" / "fixtures" / "experiments" / "bandit.py"
 
@@ -253,78 +256,8 @@ def test_status_index_survives_damage_and_follows_changes(w):
 # -- real runs ------------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_lr_effect_is_significant_and_identical_arms_are_not(w):
-    (w["dir"] / "b.toml").write_text(bandit_recipe())
-    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=1e-6,0.5", "--seeds", "3", "--parallel", "2", "--name", "lr",
-              "--wait")
-    assert r.returncode == 0, r.stderr[-3000:]
-    shown = cli(w, "experiment", "show", "lr")
-    assert shown.out.count(" done ") == 6 and "finished" in shown.out, shown.out
-    r = cli(w, "compare", "lr", "--report", "lr.md", "--json")
-    assert r.code == 0, r.err
-    c = json.loads(r.out)
-    (t,) = c["comparisons"]
-    assert c["metric"] == "reward/mean" and c["test"].startswith("paired t-test by seed")
-    assert t["test"]["significant"] and t["test"]["diff"] > 0.2 and "significant at alpha 0.05" in t["verdict"]
-    md = (w["dir"] / "lr.md").read_text()
-    assert "**Question.**" in md and "`optim.lr`: 0.5 -> 1e-06" in md and "**Verdict**" in md and "lr.png" in md
-    assert (w["dir"] / "lr.png").stat().st_size > 1000
-    # two identical arms, different seeds: Welch, and said plainly
-    (w["dir"] / "b2.toml").write_text(bandit_recipe(seed=1000))
-    r = rlctl(w, "ab", "b.toml", "b2.toml", "--seeds", "4", "--parallel", "2", "--name", "same", "--wait")
-    assert r.returncode == 0, r.stderr[-3000:]
-    r = cli(w, "compare", "same")
-    assert r.code == 0, r.err
-    assert "Welch's t-test (the arms do not share the same seeds)" in r.out
-    assert "no significant difference at this n (4 seeds per arm)" in r.out, r.out
-    assert "seeds per arm would show an effect this size" in r.out
-    # status: grouped by experiment, one experiment alone
-    st = cli(w, "status")
-    assert "experiment lr (6 runs)" in st.out and "experiment same (8 runs)" in st.out
-    one = json.loads(cli(w, "status", "--experiment", "lr", "--json").out)
-    assert len(one) == 6 and {x["experiment"] for x in one} == {"lr"}
-
-
-@pytest.mark.slow
-def test_queue_survives_kill_9_and_resumes_without_relaunching_then_extends(w):
-    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=12, sleep=0.5))
-    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=0.1,0.5", "--seeds", "2", "--parallel", "2", "--name", "k")
-    assert r.returncode == 0, r.stderr[-3000:]
-    q = queue_record(w, "k")
-    assert wait_for(lambda: sum(v.get("state") == "running" for v in queue_record(w, "k")["variants"].values()) == 2)
-    os.kill(q["pid"], signal.SIGKILL)  # rlctl's queue dies; the runs (own sessions, own supervisors) go on
-    assert wait_for(lambda: all(read_state(p).get("status") == "finished" for p in run_dirs(w, "k-")), timeout=120)
-    assert len(run_dirs(w, "k-")) == 2
-    r = rlctl(w, "experiment", "resume", "k", "--wait")
-    assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "k" / "queue.log").read_text()
-    dirs = run_dirs(w, "k-")
-    assert len(dirs) == 4, [d.name for d in dirs]  # the two that ran are not launched again
-    assert all(read_state(p)["status"] == "finished" for p in dirs)
-    # --seeds more: only the new seeds run
-    r = rlctl(w, "sweep", "b.toml", "--name", "k", "--seeds", "3", "--wait")
-    assert r.returncode == 0, r.stderr[-3000:]
-    dirs = run_dirs(w, "k-")
-    assert len(dirs) == 6 and sorted({d.name.rsplit("-", 2)[0] for d in dirs}) == [
-        "k-a0-s42", "k-a0-s43", "k-a0-s44", "k-a1-s42", "k-a1-s43", "k-a1-s44"]
-
-
-@pytest.mark.slow
-def test_a_variant_killed_mid_run_restarts_and_stop_then_resume(w):
-    import psutil
-
-    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=10, sleep=0.5, restart="on-failure"))
-    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=0.1,0.5", "--parallel", "2", "--name", "r")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert wait_for(lambda: len(run_dirs(w, "r-a0")) == 1 and read_state(run_dirs(w, "r-a0")[0]).get("pid"))
-    run = run_dirs(w, "r-a0")[0]
-    assert wait_for(lambda: psutil.Process(read_state(run)["pid"]).children())
-    trainer = psutil.Process(read_state(run)["pid"]).children()[0]
-    trainer.kill()  # the OOM killer
-    assert wait_for(lambda: queue_record(w, "r").get("state") == "finished", timeout=180), queue_record(w, "r")
-    st = read_state(run)
-    assert st["status"] == "finished" and len(st["attempts"]) == 2 and st["attempts"][0]["outcome"] == "failed"
-    assert read_state(run_dirs(w, "r-a1")[0])["status"] == "finished"  # the other variant was never held up
-    # stop mid-way, resume: the stopped run continues (its own supervisor), nothing is launched twice
+def test_stop_then_resume_continues_the_stopped_run_and_launches_nothing_twice(w):
+    """`experiment stop` mid-way, `experiment resume`: the stopped run continues (its own supervisor)."""
     (w["dir"] / "slow.toml").write_text(bandit_recipe(steps=40, sleep=0.3))
     r = rlctl(w, "sweep", "slow.toml", "--grid", "optim.lr=0.1,0.5", "--parallel", "1", "--name", "s")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -335,6 +268,135 @@ def test_a_variant_killed_mid_run_restarts_and_stop_then_resume(w):
     r = rlctl(w, "experiment", "resume", "s", "--wait")
     assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "s" / "queue.log").read_text()
     assert len(run_dirs(w, "s-")) == 2 and all(read_state(p)["status"] == "finished" for p in run_dirs(w, "s-"))
+
+
+# -- the CPU quickstart (real GRPO with TRL on a tiny local Qwen2; reward = fraction of 'a') ------------------------
+
+
+@pytest.fixture(scope="module")
+def model_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture
+def qs(w, model_cache):
+    """The quickstart copied here (q.toml), and the same recipe with other seeds (q2.toml: train.seed 1000)."""
+    import shutil
+
+    pytest.importorskip("trl")
+    w["env"]["RLCTL_MODEL_CACHE"] = str(model_cache)
+    shutil.copytree(RECIPES / "quickstart", w["dir"] / "quickstart")
+    text = (RECIPES / "quickstart.toml").read_text()
+    (w["dir"] / "q.toml").write_text(text)
+    assert "\n[train]\n" in text
+    (w["dir"] / "q2.toml").write_text(text.replace("\n[train]\n", "\n[train]\nseed = 1000\n", 1))
+    return w
+
+
+def _log(w, exp: str) -> str:
+    p = w["runs"] / "_experiments" / exp / "queue.log"
+    return p.read_text() if p.is_file() else ""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_quickstart_lr_effect_is_significant_and_identical_arms_are_not(qs):
+    w = qs
+    t0 = time.time()
+    r = rlctl(w, "sweep", "q.toml", "--set", "train.steps=30", "--grid", "optim.lr=1e-6,5e-3", "--seeds", "3",
+              "--parallel", "2", "--name", "lr", "--wait", timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:] + _log(w, "lr")
+    print(f"lr sweep (6 runs): {time.time() - t0:.0f} s")
+    shown = cli(w, "experiment", "show", "lr")
+    assert shown.out.count(" done ") == 6 and "finished" in shown.out, shown.out
+    r = cli(w, "compare", "lr", "--report", "lr.md", "--json")
+    assert r.code == 0, r.err
+    c = json.loads(r.out)
+    (t,) = c["comparisons"]
+    print("lr:", t["verdict"])
+    # a0 is lr 1e-6 (the recipe's 5e-3 changed), a1 the recipe's own lr: a1 - a0 > 0, clearly
+    assert c["metric"] == "reward/mean" and c["test"].startswith("paired t-test by seed")
+    assert t["test"]["significant"] and t["test"]["p"] < 0.05 and "significant at alpha 0.05" in t["verdict"]
+    assert abs(t["test"]["diff"]) > 0.2, t
+    md = (w["dir"] / "lr.md").read_text()
+    assert "`optim.lr`: 0.005 -> 1e-06" in md and "**Verdict**" in md and "lr.png" in md
+    assert (w["dir"] / "lr.png").stat().st_size > 1000
+    # two identical arms that differ only in their seeds: Welch, and "no significant difference"
+    t0 = time.time()
+    r = rlctl(w, "ab", "q.toml", "q2.toml", "--set", "train.steps=30", "--seeds", "3", "--parallel", "2",
+              "--name", "same", "--wait", timeout=1500)
+    assert r.returncode == 0, r.stderr[-3000:] + _log(w, "same")
+    print(f"identical arms (6 runs): {time.time() - t0:.0f} s")
+    r = cli(w, "compare", "same")
+    assert r.code == 0, r.err
+    print("same:", r.out)
+    assert "Welch's t-test (the arms do not share the same seeds)" in r.out
+    assert "no significant difference at this n (3 seeds per arm)" in r.out, r.out
+    st = cli(w, "status")
+    assert "experiment lr (6 runs)" in st.out and "experiment same (6 runs)" in st.out
+    one = json.loads(cli(w, "status", "--experiment", "lr", "--json").out)
+    assert len(one) == 6 and {x["experiment"] for x in one} == {"lr"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_quickstart_variant_whose_trainer_is_killed_restarts_by_its_policy_and_completes(qs):
+    import psutil
+
+    w = qs
+    r = rlctl(w, "sweep", "q.toml", "--set", "train.steps=30", "--set", "run.restart=on-failure", "--set",
+              "checkpoint.every=10", "--grid", "optim.lr=1e-6,5e-3", "--parallel", "2", "--name", "r")
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    def stepped() -> bool:  # a0's trainer is past its first steps
+        dirs = run_dirs(w, "r-a0")
+        return bool(dirs) and (dirs[0] / "metrics.jsonl").is_file() and len(
+            (dirs[0] / "metrics.jsonl").read_text().splitlines()) >= 3
+
+    assert wait_for(stepped, timeout=300), _log(w, "r")
+    run = run_dirs(w, "r-a0")[0]
+    trainer = psutil.Process(read_state(run)["pid"]).children()[0]
+    trainer.kill()  # the OOM killer
+    assert wait_for(lambda: queue_record(w, "r").get("state") == "finished", timeout=900), _log(w, "r")
+    st = read_state(run)
+    assert st["status"] == "finished" and len(st["attempts"]) == 2 and st["attempts"][0]["outcome"] == "failed", st
+    assert st["attempts"][1]["restart"] and st["attempts"][1]["last_step"] == 30
+    other = read_state(run_dirs(w, "r-a1")[0])  # the other variant was never held up
+    assert other["status"] == "finished" and len(other["attempts"]) == 1
+    assert len(run_dirs(w, "r-")) == 2  # the restart is the run's own, not a new variant
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_quickstart_queue_survives_kill_9_and_resumes_without_relaunching_then_extends(qs):
+    """kill -9 of the queue while two runs go: one finishes meanwhile, one still runs when the queue is resumed.
+    The resumed queue adopts the running one (not launched twice), does not relaunch the finished one; --seeds 2
+    then runs only the new seeds."""
+    w = qs
+    r = rlctl(w, "sweep", "q.toml", "--grid", "train.steps=4,60", "--parallel", "2", "--name", "k")
+    assert r.returncode == 0, r.stderr[-3000:]
+    q = queue_record(w, "k")
+    assert wait_for(lambda: sum(v.get("state") == "running" for v in queue_record(w, "k")["variants"].values()) == 2)
+    os.kill(q["pid"], signal.SIGKILL)  # rlctl's queue dies; the runs (own sessions, own supervisors) go on
+    assert wait_for(lambda: run_dirs(w, "k-a0") and read_state(run_dirs(w, "k-a0")[0]).get("status") == "finished",
+                    timeout=300)
+    long = run_dirs(w, "k-a1")[0]
+    assert read_state(long)["status"] == "running"  # still going when the queue comes back
+    shown = cli(w, "experiment", "show", "k").out  # the truth: the record says running, the queue is gone
+    assert "queue dead (pid" in shown and "rlctl experiment resume k" in shown, shown
+    assert "queue dead" in cli(w, "experiment", "list").out
+    r = rlctl(w, "experiment", "resume", "k", "--wait", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:] + _log(w, "k")
+    dirs = run_dirs(w, "k-")
+    assert len(dirs) == 2, [d.name for d in dirs]  # neither launched again
+    assert all(read_state(p)["status"] == "finished" for p in dirs)
+    assert len(read_state(long)["attempts"]) == 1  # adopted, not restarted
+    # --seeds more: only the new seeds run
+    r = rlctl(w, "sweep", "q.toml", "--name", "k", "--seeds", "2", "--wait", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:] + _log(w, "k")
+    dirs = run_dirs(w, "k-")
+    assert sorted(d.name.rsplit("-", 2)[0] for d in dirs) == ["k-a0-s42", "k-a0-s43", "k-a1-s42", "k-a1-s43"]
+    assert all(read_state(p)["status"] == "finished" for p in dirs)
 
 
 @pytest.mark.slow
@@ -373,3 +435,166 @@ def test_a_queue_killed_between_creating_a_run_and_recording_it_adopts_it(w):
     v = q.queue["variants"]
     assert v["a0-s42"]["state"] == "done" and v["a0-s42"]["run_dir"].endswith("e-a0-s42-20261125-000000")
     assert v["a1-s42"]["state"] == "queued"  # never created: launched again, once
+
+
+# -- placement across SSH hosts (a real OpenSSH server on loopback) ---------------------------------------------------
+
+@pytest.fixture
+def two_hosts(w, sshd, monkeypatch):  # noqa: F811
+    """Two hosts, `h1` and `h2`: the same loopback sshd, each with its own workdir (so where a run went shows)."""
+    import uuid
+
+    from tests.remote_sshd import ALIAS
+
+    ctl = Path(f"/tmp/rlctl-x-{uuid.uuid4().hex[:8]}")  # ControlPath sockets need a short path
+    for k, v in {"RLCTL_SSH_CONFIG": str(sshd.client_config), "RLCTL_SSH_CONTROL_DIR": str(ctl),
+                 "RLCTL_SSH_TIMEOUT": "5"}.items():
+        monkeypatch.setenv(k, v)
+        w["env"][k] = v
+    work = {h: w["dir"] / f"remote-{h}" for h in ("h1", "h2")}
+    for h, wd in work.items():
+        r = cli(w, "hosts", "add", h, ALIAS, "--workdir", str(wd), "--python", sys.executable,
+                "--env", f"PYTHONPATH={ROOT}")
+        assert r.code == 0, r.err
+    yield {**w, "work": work, "sshd": sshd, "ctl": ctl, "alias": ALIAS}
+    for wd in work.values():
+        _kill_all(wd / "runs")
+    with contextlib.suppress(Exception):
+        subprocess.run(["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={ctl}/%C", "-O", "exit", ALIAS],
+                       capture_output=True, timeout=10)
+
+
+def _spans(dirs: list[Path]) -> list[tuple[float, float]]:
+    return [(read_state(p)["started_at"], read_state(p).get("ended_at") or time.time()) for p in dirs]
+
+
+def _max_overlap(spans: list[tuple[float, float]]) -> int:
+    return max((sum(s <= t < e for s, e in spans) for t, _ in spans), default=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sweep_on_two_ssh_hosts(two_hosts):
+    w = two_hosts
+    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=8, sleep=0.3))
+    t0 = time.time()
+    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=1e-6,0.5", "--seeds", "3", "--on", "h1,h2",
+              "--parallel", "2", "--name", "sh", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "sh" / "queue.log").read_text()
+    print(f"ssh sweep: {time.time() - t0:.0f} s")
+    local = run_dirs(w, "sh-")
+    assert len(local) == 6 and all(read_state(p)["status"] == "finished" for p in local)
+    by_host: dict[str, list[Path]] = {}
+    for p in local:
+        st = read_state(p)
+        assert st["executor"] == "ssh"
+        remote_dir = Path(st["remote_run_dir"])
+        assert remote_dir.parent == w["work"][st["host"]] / "runs"  # it ran in that host's workdir
+        assert read_state(remote_dir)["status"] == "finished"
+        by_host.setdefault(st["host"], []).append(remote_dir)
+    assert set(by_host) == {"h1", "h2"}, by_host
+    for h, dirs in by_host.items():  # never more at once on a host than its slots
+        assert _max_overlap(_spans(dirs)) <= 2, (h, _spans(dirs))
+    st = cli(w, "status", "--experiment", "sh")
+    assert st.code == 0 and "h1" in st.out and "h2" in st.out and st.out.count("finished") == 6, st.out
+    rows = json.loads(cli(w, "status", "--experiment", "sh", "--json").out)
+    assert {x["status"] for x in rows} == {"finished"} and len(rows) == 6
+    c = cli(w, "compare", "sh", "--json")
+    assert c.code == 0, c.err
+    (t,) = json.loads(c.out)["comparisons"]
+    assert t["test"]["significant"], c.out  # the remote runs' metrics were read
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_host_going_down_mid_sweep_is_said_and_nothing_hangs(two_hosts):
+    """sshd stops while a run is on each host: the queue says so, places nothing there, gives up after
+    RLCTL_EXP_UNREACHABLE_S; status answers at once; once the host is back, resume finishes without relaunching."""
+    w = two_hosts
+    w["env"]["RLCTL_EXP_UNREACHABLE_S"] = "8"
+    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=30, sleep=0.5))
+    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=0.1,0.5", "--seeds", "2", "--on", "h1,h2", "--name", "dn")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert wait_for(lambda: sum(v.get("state") == "running" for v in queue_record(w, "dn")["variants"].values()) == 2)
+    remote = [Path(read_state(p)["remote_run_dir"]) for p in run_dirs(w, "dn-")]
+    assert wait_for(lambda: all(read_state(p).get("status") == "running" for p in remote))
+    w["sshd"].stop()
+    try:
+        log = w["runs"] / "_experiments" / "dn" / "queue.log"
+        assert wait_for(lambda: all(f"host {h} unreachable:" in log.read_text() for h in ("h1", "h2")),
+                        timeout=60), log.read_text()
+        t0 = time.time()
+        st = rlctl(w, "status", "--experiment", "dn", "--timeout", "3", timeout=60)
+        assert st.returncode == 0 and st.stdout.count("unreachable") == 2, st.stdout + st.stderr
+        assert time.time() - t0 < 30
+        shown = cli(w, "experiment", "show", "dn")
+        assert shown.out.count("host unreachable since") == 2 and "hosts not answering: h1" in shown.out, shown.out
+        # the queue gives up on them (does not wait forever) and launches nothing on the dead hosts
+        assert wait_for(lambda: queue_record(w, "dn").get("state") == "incomplete", timeout=90), log.read_text()
+        q = queue_record(w, "dn")["variants"]
+        assert sorted(v.get("status") for v in q.values() if v.get("state") == "done") == ["unreachable"] * 2, q
+        assert sum(v.get("state") == "queued" for v in q.values()) == 2 and "launch failed" not in log.read_text()
+        assert "2 unreachable, and no host answers" in log.read_text() and "experiment resume dn" in log.read_text()
+        shown = cli(w, "experiment", "show", "dn")
+        assert shown.out.count("unreachable for 8 s") == 2 and "queue incomplete" in shown.out, shown.out
+    finally:
+        w["sshd"].start()
+    # the runs went on over there; resume finds them finished and runs the two left, each once
+    assert wait_for(lambda: all(read_state(p).get("status") == "finished" for p in remote), timeout=120)
+    r = rlctl(w, "experiment", "resume", "dn", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "dn" / "queue.log").read_text()
+    dirs = run_dirs(w, "dn-")
+    assert len(dirs) == 4 and all(read_state(p)["status"] == "finished" for p in dirs), [
+        (p.name, read_state(p).get("status")) for p in dirs]
+
+
+# -- placement on a Ray cluster (a real head on loopback) --------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sweep_on_a_ray_cluster_runs_each_variant_as_a_ray_job(w, tmp_path):
+    pytest.importorskip("ray.job_submission")
+    from rlctl.executors.ray import LocalHead, cluster_info
+
+    (tmp_path / "head").mkdir()
+    head = LocalHead(tmp_path / "head", num_gpus=0)  # the user's cluster: rlctl must not stop it
+    address = head.start()
+    try:
+        (w["dir"] / "b.toml").write_text(bandit_recipe(steps=8))
+        t0 = time.time()
+        r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=1e-6,0.5", "--seeds", "2", "--executor", "ray",
+                  "--address", address, "--parallel", "2", "--name", "ry", "--wait")
+        assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "ry" / "queue.log").read_text()
+        print(f"ray sweep: {time.time() - t0:.0f} s")
+        dirs = run_dirs(w, "ry-")
+        assert len(dirs) == 4
+        for p in dirs:
+            st = read_state(p)
+            assert st["status"] == "finished" and st["executor"] == "ray", st
+            assert st["ray_job_status"] == "SUCCEEDED" and st["ray_address"] == address and not st["ray_started_head"]
+        assert _max_overlap(_spans(dirs)) <= 2
+        assert cluster_info(address)["nodes"]
+        c = cli(w, "compare", "ry", "--json")
+        assert c.code == 0 and len(json.loads(c.out)["comparisons"]) == 1, c.err
+    finally:
+        head.stop()
+
+
+def test_a_down_host_gets_no_new_run_and_the_queue_ends_only_when_every_host_is_gone(w, monkeypatch):
+    from rlctl.experiments import queue as qm
+    from rlctl.experiments.manifest import write_manifest
+
+    cap = qm.Capacity.from_placement({"parallel": 1, "hosts": ["h1", "h2"], "executor": "ssh"})
+    assert cap.take("x", 0, down={"h1"}).host == "h2" and cap.take("y", 0, down={"h1"}) is None
+    d = w["runs"] / "_experiments" / "g"
+    write_manifest(d, {"name": "g", "arms": [], "seeds": 1, "variants": [],
+                       "placement": {"hosts": ["h1", "h2"], "parallel": 1, "runs_root": str(w["runs"])}})
+    q = qm.Queue(d)
+    monkeypatch.setattr(qm, "UNREACHABLE_S", 0.0)
+    assert not q.all_hosts_gone()  # no host known down: never "gone", even with a zero give-up time
+    q.mark_down("h1")
+    assert q.skip_hosts() == {"h1"} and not q.all_hosts_gone()
+    q.mark_down("h2")
+    assert q.all_hosts_gone()
+    monkeypatch.setattr(qm, "RETRY_S", 0.0)
+    assert q.skip_hosts() == set()  # time for one more try on each

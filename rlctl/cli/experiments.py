@@ -277,7 +277,7 @@ def _is_experiment(ref: str) -> bool:
 def list_(as_json: JsonOpt = False) -> None:
     """Experiments with how many of their runs are queued, running, done."""
     from rlctl.experiments import manifest as mf
-    from rlctl.experiments.queue import queue_alive
+    from rlctl.experiments.queue import queue_state
 
     out = []
     for d in mf.list_experiments():
@@ -287,7 +287,7 @@ def list_(as_json: JsonOpt = False) -> None:
             counts[r["queue"]] = counts.get(r["queue"], 0) + 1
         m = mf.read_manifest(d)
         out.append({"name": d.name, "kind": m.get("kind"), "arms": len(m.get("arms", [])), "seeds": m["seeds"],
-                    "queue": "running" if queue_alive(d) else mf.read_queue(d).get("state", "-"), "variants": counts})
+                    "queue": queue_state(d), "variants": counts})
     if as_json:
         _echo(json.dumps(out, indent=2))
     elif not out:
@@ -302,7 +302,7 @@ def list_(as_json: JsonOpt = False) -> None:
 def show(exp: ExpArg, as_json: JsonOpt = False) -> None:
     """An experiment's arms (with their recipe diffs), variants, runs and where each is."""
     from rlctl.experiments import manifest as mf
-    from rlctl.experiments.queue import queue_alive
+    from rlctl.experiments.queue import queue_alive, queue_state
 
     d = mf.find_experiment(exp)
     m = mf.read_manifest(d)
@@ -311,11 +311,13 @@ def show(exp: ExpArg, as_json: JsonOpt = False) -> None:
         _echo(json.dumps({"manifest": m, "variants": rows, "queue_pid": queue_alive(d)}, indent=2, default=str))
         return
     git = m.get("git") or {}
-    pid = queue_alive(d)
-    lines = [f"{m['name']}  ({m['kind']}, {len(m['arms'])} arms x {m['seeds']} seeds)  queue "
-             + (f"running (pid {pid})" if pid else mf.read_queue(d).get("state", "-")),
+    lines = [f"{m['name']}  ({m['kind']}, {len(m['arms'])} arms x {m['seeds']} seeds)  queue {queue_state(d)}",
              f"commit {git.get('commit', 'unknown')}" + (" (dirty)" if git.get("dirty") else "")
              + (f"  patches {', '.join(m['patches'])}" if m.get("patches") else "")]
+    down = mf.read_queue(d).get("hosts_down") or {}
+    if down:
+        lines.append("hosts not answering: " + ", ".join(
+            f"{h} (since {time.strftime('%H:%M:%S', time.localtime(t))})" for h, t in down.items()))
     for a in m["arms"]:
         diff = "; ".join(f"{k}: {v[0]} -> {v[1]}" for k, v in (a.get("diff") or {}).items()) or "(base)"
         lines.append(f"  {a['id']}: {a['label']}   diff: {diff}")
@@ -323,7 +325,9 @@ def show(exp: ExpArg, as_json: JsonOpt = False) -> None:
         run = Path(r["run_dir"]).name if r["run_dir"] else "-"
         where = (r.get("slot") or {}).get("name") if isinstance(r.get("slot"), dict) else None
         lines.append(f"    {r['id']:<16} {r['queue']:<13} {r.get('status') or '-':<10} {run}"
-                     + (f"  on {where}" if where else "") + (f"  ! {r['error']}" if r.get("error") else ""))
+                     + (f"  on {where}" if where else "") + (f"  ! {r['error']}" if r.get("error") else "")
+                     + (f"  ! host unreachable since {time.strftime('%H:%M:%S', time.localtime(since))}"
+                        if (since := r.get("unreachable_since")) else ""))
     _echo("\n".join(lines))
 
 

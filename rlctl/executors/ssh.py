@@ -32,7 +32,7 @@ from rlctl.core.state import ACTIVE, read_state, write_state
 from rlctl.errors import CheckFailed, RlctlError
 from rlctl.executors.base import Executor
 from rlctl.executors.ssh_remote import BLOBS, sha256_file
-from rlctl.executors.ssh_runner import Runner
+from rlctl.executors.ssh_runner import HostUnreachable, Runner
 
 MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl", "env.json", "recipe.toml",
           "supervisor.log", "gpu_memory.jsonl")
@@ -251,7 +251,11 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
         print(f"rlctl: sending {len(shas)} file(s) to {host.name} (only those it lacks travel)", file=out)
         send_blobs(runner, shas, timeout=60)
     print(f"rlctl: preflight and start on {host.name} (its GPUs, disk and backend)", file=out)
-    answer = call_remote(runner, "launch", request, timeout=600)
+    try:
+        answer = call_remote(runner, "launch", request, timeout=600)
+    except HostUnreachable as e:  # the host may have started the run before the answer was lost: not "try again"
+        raise CheckFailed(f"{e.message} (while starting the run there: it may have started on {host.name})",
+                          hint=f"rlctl hosts check {host.name}; its runs are under {host.workdir}/runs") from None
     name = answer["name"]
     local = runs_root() / name
     local.mkdir(parents=True, exist_ok=False)

@@ -30,13 +30,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rlctl.core.host import Host
-from rlctl.errors import RlctlError
+from rlctl.errors import RlctlError, Unreachable
 
 CONNECT_TIMEOUT = 10
 DEFAULT_TIMEOUT = 60.0
 
 
-class HostUnreachable(RlctlError):
+class HostUnreachable(Unreachable):
     """The host did not answer (refused, timed out, name unknown, connection lost)."""
 
     exit_code = 1

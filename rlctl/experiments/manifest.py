@@ -122,5 +122,6 @@ def variant_status(d: Path, manifest: dict[str, Any] | None = None,
         run_dir = q.get("run_dir")
         st = read_state(Path(run_dir)) if run_dir else {}
         rows.append({**v, "queue": q.get("state", "queued"), "run_dir": run_dir, "slot": q.get("slot"),
-                     "status": st.get("status"), "error": q.get("error")})
+                     "status": st.get("status"), "error": q.get("error"),
+                     "unreachable_since": q.get("unreachable_since")})
     return rows

@@ -27,12 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlctl.errors import RlctlError
+from rlctl.errors import RlctlError, Unreachable
 from rlctl.experiments.manifest import LOG, QUEUE, read_json, read_manifest, read_queue, write_json
 
 LOCK = "queue.lock"
 TICK = 1.0
 DONE = ("done", "launch-failed")
+# how long a run's host may stay unreachable before its variant is settled as "unreachable" (the queue then ends
+# instead of waiting forever; `experiment resume` asks again)
+UNREACHABLE_S = float(os.environ.get("RLCTL_EXP_UNREACHABLE_S", "1800"))
+RETRY_S = float(os.environ.get("RLCTL_EXP_RETRY_S", "30"))  # a down host with no run to ask: one launch try per
 
 
 @dataclass
@@ -63,12 +67,15 @@ class Capacity:
         return cls(placement, list(placement.get("gpu_ids") or []))
 
     def take(self, variant: str, gpus_needed: int, need_gib: float | None = None,
-             free_gib: dict[int, float] | None = None) -> Slot | None:
+             free_gib: dict[int, float] | None = None, down: set[str | None] | None = None) -> Slot | None:
         """A slot for a variant needing `gpus_needed` GPUs on one machine, each with `need_gib` free (its memory
-        plan; `free_gib` is what each local GPU has free now), or None while no such slot is open."""
+        plan; `free_gib` is what each local GPU has free now), or None while no such slot is open. Hosts in `down`
+        (a run there does not answer) get nothing new."""
         parallel = int(self.placement.get("parallel") or 1)
         hosts: list[str | None] = list(self.placement.get("hosts") or [None])
         for host in hosts:
+            if down and host in down:
+                continue
             on_host = [u for u in self.used.values() if u[0] == host]
             places = sorted(set(range(parallel)) - {u[2] for u in on_host})
             if not places:
@@ -118,6 +125,7 @@ class Queue:
     def __init__(self, d: Path):
         self.dir = d
         self.stopping = False
+        self.down: dict[str | None, dict[str, float]] = {}  # host -> {since, tried}: it did not answer
         self.queue = read_queue(d)
         self.manifest = read_manifest(d)
         self.cap = Capacity.from_placement(self.manifest.get("placement") or {})
@@ -148,8 +156,8 @@ class Queue:
                     r.update(state="running", run_dir=str(found[-1]))
                 else:
                     r.update(state="queued")
-            if r["state"] == "done" and r.get("status") == "stopped" and r.get("run_dir"):
-                r["state"] = "running"  # stopped with the experiment: resumed with it
+            if r["state"] == "done" and r.get("status") in ("stopped", "unreachable") and r.get("run_dir"):
+                r["state"] = "running"  # stopped with the experiment, or its host was down: asked again
             if r["state"] != "running" or not r.get("run_dir"):
                 continue
             run_dir = Path(r["run_dir"])
@@ -189,6 +197,12 @@ class Queue:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slot.gpus))
         try:
             run_dir, _ = do_launch(opts, out=sys.stdout)
+        except Unreachable as e:  # the place did not answer: the variant waits (elsewhere, or for the host)
+            r.update(state="queued", slot=None, error=None)
+            self.cap.free(v["id"])
+            self.mark_down(slot.host)
+            self.log(f"{v['id']}: not launched, {slot.host or 'local'} unreachable: {e.message}")
+            return
         except (RlctlError, OSError) as e:
             r.update(state="launch-failed", error=str(e), ended_at=time.time())
             self.cap.free(v["id"])
@@ -214,18 +228,57 @@ class Queue:
         """Record the variants whose runs ended (however: finished, failed after its restarts, stopped, lost)."""
         from rlctl.runs.state import ACTIVE, read_state, settled_status
 
+        silent: set[str | None] = set()
+        answered: set[str | None] = set()
         for vid, r in self.queue["variants"].items():
             if r.get("state") != "running" or not r.get("run_dir"):
                 continue
             run_dir = Path(r["run_dir"])
-            try:
-                status = settled_status(run_dir, read_state(run_dir))
+            host = (r.get("slot") or {}).get("host")
+            try:  # one unanswered call per down host and tick: the others on it would wait out the same timeout
+                status = "unreachable" if host is not None and host in silent else \
+                    settled_status(run_dir, read_state(run_dir))
             except Exception as e:  # a damaged run directory ends its variant, not the queue
                 status = f"unreadable ({type(e).__name__})"
+            if status == "unreachable":  # the run may well go on there: its slot stays held, the host gets no more
+                silent.add(host)
+                self.mark_down(host)
+                if "unreachable_since" not in r:
+                    r["unreachable_since"] = time.time()
+                    self.log(f"{vid}: host {host or 'local'} unreachable: "
+                             f"{read_state(run_dir).get('unreachable') or 'no answer'}")
+                if time.time() - r["unreachable_since"] < UNREACHABLE_S:
+                    continue
+                r.update(state="done", status="unreachable", ended_at=time.time(),
+                         error=f"host {host} unreachable for {UNREACHABLE_S:.0f} s; "
+                               f"rlctl experiment resume {self.manifest['name']} asks again")
+                self.cap.free(vid)
+                self.log(f"{vid}: unreachable; given up on for now")
+                continue
+            answered.add(host)
+            if r.pop("unreachable_since", None) is not None:
+                self.log(f"{vid}: host {host or 'local'} answers again")
+                r.pop("error", None)
             if status not in ACTIVE:
                 r.update(state="done", status=status, ended_at=time.time())
                 self.cap.free(vid)
                 self.log(f"{vid}: {status}")
+        for host in answered - silent:
+            self.down.pop(host, None)
+
+    def mark_down(self, host: str | None) -> None:
+        now = time.time()
+        self.down.setdefault(host, {"since": now})["tried"] = now
+
+    def skip_hosts(self) -> set[str | None]:
+        """Hosts that get no new run now: down, and tried less than RETRY_S ago (a launch there is the probe)."""
+        return {h for h, d in self.down.items() if time.time() - d["tried"] < RETRY_S}
+
+    def all_hosts_gone(self) -> bool:
+        """Every host down for UNREACHABLE_S, none of our runs left to wait for: nothing more can happen."""
+        hosts = self.cap.placement.get("hosts") or [None]
+        return not self.running() and all(h in self.down and time.time() - self.down[h]["since"] >= UNREACHABLE_S
+                                          for h in hosts)
 
     # -- the loop --------------------------------------------------------------------------------------------------
     def pending(self) -> list[dict[str, Any]]:
@@ -247,18 +300,26 @@ class Queue:
             free_gib = local_gpu_free_gib() if self.cap.gpu_ids and self.pending() else None
             for v in self.pending():
                 need = needs.get(v["id"]) or {}
-                slot = self.cap.take(v["id"], int(need.get("gpus") or 0), need.get("gib"), free_gib)
+                slot = self.cap.take(v["id"], int(need.get("gpus") or 0), need.get("gib"), free_gib,
+                                     self.skip_hosts())
                 if slot is None:
                     break
                 self.launch(v, slot)
                 self.save()
                 if self.stopping:
                     break
-            self.save()
+            self.save(hosts_down={h or "local": d["since"] for h, d in self.down.items()})
+            lost = [vid for vid, r in self.queue["variants"].items() if r.get("status") == "unreachable"]
             if not self.pending() and not self.running():
-                self.save(state="finished", ended_at=time.time())
-                self.log("all variants done")
+                self.save(state="incomplete" if lost else "finished", ended_at=time.time())
+                self.log(f"all variants done; {len(lost)} unreachable ({', '.join(lost)}): rlctl experiment resume "
+                         f"{self.manifest['name']} once their host is back" if lost else "all variants done")
                 return 0
+            if self.pending() and self.all_hosts_gone():
+                self.save(state="incomplete", ended_at=time.time())
+                self.log(f"{len(self.pending())} variants wait, {len(lost)} unreachable, and no host answers for "
+                         f"{UNREACHABLE_S:.0f} s: rlctl experiment resume {self.manifest['name']} once one is back")
+                return 1
             time.sleep(TICK)
 
     def stop_all(self) -> int:
@@ -289,6 +350,17 @@ def queue_alive(d: Path) -> int | None:
     q = read_json(d / QUEUE)
     pid, ct = q.get("pid"), q.get("create_time")
     return pid if isinstance(pid, int) and q.get("state") == "running" and process_alive(pid, ct) else None
+
+
+def queue_state(d: Path) -> str:
+    """What the queue is doing, true even after a kill -9 (its record then still says running)."""
+    q = read_json(d / QUEUE)
+    pid = queue_alive(d)
+    if pid:
+        return f"running (pid {pid})"
+    if q.get("state") == "running":
+        return f"dead (pid {q.get('pid')} is gone; rlctl experiment resume {d.name})"
+    return str(q.get("state") or "-")
 
 
 def start_detached(d: Path, timeout: float = 30.0) -> int:
