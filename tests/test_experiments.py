@@ -598,3 +598,21 @@ def test_a_down_host_gets_no_new_run_and_the_queue_ends_only_when_every_host_is_
     assert q.all_hosts_gone()
     monkeypatch.setattr(qm, "RETRY_S", 0.0)
     assert q.skip_hosts() == set()  # time for one more try on each
+
+
+def test_compare_says_when_an_eval_is_not_the_same_measurement(w):
+    """Two runs whose eval set `ood` shares its name and mode label but not its temperature: compare says their
+    numbers are different measurements (issue 24: two modes are never compared by accident)."""
+    runs = w["runs"]
+    for name, seed, temp in (("t6-1", 1, 0.6), ("t6-2", 2, 0.6), ("t10-1", 1, 1.0), ("t10-2", 2, 1.0)):
+        d = _fake_run(runs, name)
+        (d / "recipe.toml").write_text(f'[train]\nseed = {seed}\n[eval.sets.ood]\ndata = "ood.jsonl"\n'
+                                       f'temperature = {temp}\nn = 8\nmode = "sampling_pass@8"\n')
+        with (d / "metrics.jsonl").open("a") as fh:
+            fh.write(json.dumps({"step": 3, "time": time.time(), "eval/ood/sampling_pass@8": 0.5 + seed / 10}) + "\n")
+    r = cli(w, "compare", "t6-1", "t6-2", "t10-1", "t10-2", "--metric", "eval/ood/sampling_pass@8")
+    assert r.code == 0, r.err
+    assert "eval set 'ood' is not measured the same way in every run (temperature differ" in r.out
+    assert "temperature=0.6" in r.out and "temperature=1.0" in r.out
+    same = cli(w, "compare", "t6-1", "t6-2", "--metric", "eval/ood/sampling_pass@8")
+    assert same.code == 0 and "not measured the same way" not in same.out

@@ -156,6 +156,9 @@ def compare(arms: list[dict[str, Any]], runs: dict[str, list[tuple[Path, int | N
         if ar.values:
             ar.interval = stats.t_interval(ar.values)
         results.append(ar)
+    mismatch = eval_mismatch(metric, all_dirs)
+    if mismatch:
+        notes.append(mismatch)
     paired_ok, why = _pairable(arms, results)
     tests = []
     base = results[0]
@@ -176,6 +179,33 @@ def compare(arms: list[dict[str, Any]], runs: dict[str, list[tuple[Path, int | N
         notes.append(f"{len(tests)} comparisons against {base.id}: with Bonferroni, call p < {0.05 / len(tests):.3g} "
                      "significant")
     return Comparison(metric, window, results, tests, why, notes)
+
+
+# what makes two evals of one set the same measurement: a name shared by two modes or two temperatures is not
+_MEASUREMENT = ("data", "temperature", "n", "k", "max_tokens", "grader", "threshold", "limit")
+
+
+def eval_mismatch(metric: str, run_dirs: list[Path]) -> str | None:
+    """A note when the runs measured an eval metric differently (its set's data, temperature, samples, k, max tokens,
+    grader or limit differ between them): their numbers share a name, not a measurement."""
+    from rlctl.evals.sets import sets_from_run
+
+    parts = metric.split("/")
+    if len(parts) < 3 or parts[0] != "eval":
+        return None
+    seen: dict[tuple[Any, ...], list[str]] = {}
+    for rd in run_dirs:
+        s = next((x for x in sets_from_run(rd) if x.name == parts[1]), None)
+        if s is not None:
+            seen.setdefault(tuple(getattr(s, f) for f in _MEASUREMENT), []).append(rd.name)
+    if len(seen) < 2:
+        return None
+    sigs = list(seen)
+    differ = [f for i, f in enumerate(_MEASUREMENT) if len({sig[i] for sig in sigs}) > 1]
+    each = "; ".join(f"{', '.join(runs[:3])}{' ...' if len(runs) > 3 else ''}: "
+                     + ", ".join(f"{f}={sig[_MEASUREMENT.index(f)]}" for f in differ) for sig, runs in seen.items())
+    return (f"WARNING: eval set {parts[1]!r} is not measured the same way in every run ({', '.join(differ)} differ: "
+            f"{each}); {metric} compares different measurements")
 
 
 def _by_seed(a: ArmResult, b: ArmResult) -> tuple[list[float], list[float]]:
