@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
+from itertools import chain
 from math import isfinite
+from operator import itemgetter
 from typing import Any
 
 from rlctl.metrics import clean_value, unify
 
-__all__ = ["ANSI", "Header", "Incomplete", "KeyMap", "Malformed", "clean_value", "flat_dict", "json_numbers",
-           "json_objects", "key_values", "literal_dict", "number", "plain_numbers", "strip_ansi", "strip_prefixes",
-           "unify"]
+__all__ = ["ANSI", "DICT_RE", "Header", "Incomplete", "KeyMap", "Malformed", "RowPlans", "clean_value", "flat_dict",
+           "json_numbers", "json_objects", "key_values", "literal_dict", "literal_rows", "number", "plain_numbers",
+           "plain_rows", "strip_ansi", "strip_prefixes", "unify"]
 
 
 class Malformed(ValueError):
@@ -173,6 +176,86 @@ def plain_numbers(d: Any, strings: bool = False) -> bool:
             return False
         values = [v for v in values if type(v) is not str]
     return sum(map(abs, values)) < 1e15
+
+
+def plain_rows(rows: list[Any]) -> list[bool]:
+    """plain_numbers(row) of every row (numbers only), checked for the whole list at once in C where all pass (the
+    common case: a log repeats one kind of line), else row by row."""
+    if all(type(r) is dict for r in rows):
+        values = list(chain.from_iterable(map(dict.values, rows)))
+        if set(map(type, values)) <= _NUMERIC and sum(map(abs, values)) < 1e15:
+            return [True] * len(rows)
+    return [plain_numbers(r) for r in rows]
+
+
+# A flat dict of numbers as Python prints it, keys in single quotes, values bare or quoted (transformers' `'0.1234'`):
+# a pattern adapters embed in their line patterns; what it matches, literal_rows reads exactly as literal_dict does
+_KEY_CHARS = r"[ !#-&(-\[\]-z|~]*"  # printable ASCII but quotes, backslash and braces
+_DICT_VALUE = "(?:'[-+.0-9eE]+'|[-+.0-9eE]+)"  # a number or not: the JSON parser decides
+DICT_RE = rf"\{{'{_KEY_CHARS}': {_DICT_VALUE}(?:, '{_KEY_CHARS}': {_DICT_VALUE})*\}}"
+
+
+def literal_rows(texts: list[str]) -> list[dict[str, Any] | None]:
+    """literal_dict of each text, each matching DICT_RE, for many texts in one JSON parse: each a dict of plain
+    numbers, or None where literal_dict's JSON path would not read it so (left to literal_dict). DICT_RE makes the
+    quoted values the only `'` after `': ` and before `, '` or `}`: unquoting those is what _QUOTED_NUMBER does, one
+    match at a time."""
+    if not texts:
+        return []
+    text = ("[" + ",".join(texts) + "]").replace("': '", "': ").replace("', '", ", '").replace("'}", "}")
+    rows = json_objects(text.replace("'", '"'))
+    if rows is None or len(rows) != len(texts):  # a value that is no JSON number: each text on its own
+        rows = [_literal_json(t) for t in texts]
+    return [r if ok else None for r, ok in zip(rows, plain_rows(rows), strict=True)]
+
+
+def _literal_json(text: str) -> Any:
+    """literal_dict's JSON path for one text: what it reads, or None."""
+    try:
+        return _json_loads(_QUOTED_NUMBER.sub(r"\1", text).replace("'", '"'))
+    except ValueError:
+        return None
+
+
+Plan = tuple[tuple[str, ...], Callable[[list[Any]], Any]]
+
+
+class RowPlans:
+    """How a row of plain numbers becomes its record, worked out once per set of keys (a log repeats them): the
+    record's names and a getter of its values in that order (`make(keys)` gives the names and the values' positions,
+    or None where the adapter's own parse must read such rows)."""
+
+    MAX = 4096
+
+    def __init__(self, make: Callable[[tuple[str, ...]], tuple[list[str], list[int]] | None]):
+        self.make = make
+        self._plans: dict[tuple[str, ...], Plan | None] = {}
+
+    def get(self, keys: tuple[str, ...]) -> Plan | None:
+        plan = self._plans.get(keys, ...)
+        if plan is ...:
+            made = self.make(keys)
+            plan = None
+            if made is not None and made[1]:
+                names, order = made
+                if order == list(range(len(keys))):
+                    plan = (tuple(names), _identity)
+                elif len(order) == 1:
+                    plan = (tuple(names), _single(order[0]))
+                else:
+                    plan = (tuple(names), itemgetter(*order))
+            if len(self._plans) >= self.MAX:
+                self._plans.clear()
+            self._plans[keys] = plan
+        return plan
+
+
+def _identity(values: list[Any]) -> list[Any]:
+    return values
+
+
+def _single(i: int) -> Callable[[list[Any]], tuple[Any]]:
+    return lambda values: (values[i],)
 
 
 class KeyMap:

@@ -19,6 +19,8 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from itertools import accumulate, compress, repeat
+from operator import add, contains, or_
 from pathlib import Path
 from stat import S_ISREG
 from typing import Any
@@ -414,7 +416,16 @@ class _Reader:
 
 
 def _needle_lines(text: str, needles: tuple[str, ...]) -> list[int]:
-    """Where the lines holding any needle start, in order: one str.find run per needle, one step per hit."""
+    """Where the lines holding any needle start, in order: one str.find run per needle, one step per hit; where most
+    lines hold one (a log of metrics lines), every line tested in C instead."""
+    sample = text[:65536]  # the density of a chunk's first lines: counting all of it costs what finding does
+    if sum(map(sample.count, needles)) * 4 > sample.count("\n"):
+        lines = text.split("\n")
+        starts_of = accumulate(map(add, map(len, lines), repeat(1)), initial=0)  # each line's offset
+        mask: Iterator[bool] = map(contains, lines, repeat(needles[0]))
+        for needle in needles[1:]:
+            mask = map(or_, mask, map(contains, lines, repeat(needle)))
+        return list(compress(starts_of, mask))
     starts: set[int] = set()
     find, rfind = text.find, text.rfind
     for needle in needles:

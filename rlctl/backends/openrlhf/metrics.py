@@ -24,11 +24,14 @@ import re
 from typing import Any
 
 from rlctl.metrics.parsers import (
+    DICT_RE,
     Incomplete,
     KeyMap,
     Malformed,
+    RowPlans,
     key_values,
     literal_dict,
+    literal_rows,
     number,
     strip_prefixes,
     unify,
@@ -174,3 +177,45 @@ def eval_record(step: int, raw: dict[str, Any]) -> dict[str, Any]:
     for k, v in raw.items():
         rec.update(_eval_key(k, v))
     return rec
+
+
+# a `Global step` line as OpenRLHF prints it, plain (no colours, CR frames or blanks around it), behind Ray's prefix
+# (RAY_PREFIX as strip_prefixes removes it) and its logging prefix (_LOG_PREFIX), its dict one of numbers
+_BULK = re.compile(r"^(?:\((?:[\w.:\-]+ )?pid=\d+(?:, \w+=[^,)\n\r\x1b]*)*\) ?)?"
+                   r"(?:(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] )?(?:✨ )?"
+                   f"Global step (\\d+): ({DICT_RE})$", re.M)
+_RESERVED = frozenset(("global_step", "train/global_step", "eval/global_step", "_step", "_timestamp", "_runtime",
+                       "step", "time"))
+
+
+def _plan(keys: tuple[str, ...]) -> tuple[list[str], list[int]] | None:
+    """What `record` makes of a Global step dict with these keys (after its step), or None where it is more than
+    a renaming (a step, W&B or eval key in the dict): left to parse."""
+    if any(k in _RESERVED or k.startswith(("eval/", "train/")) for k in keys):
+        return None
+    names = _KEYS.names(keys)
+    return (["step", *names], list(range(len(keys) + 1))) if names is not None else None
+
+
+_PLANS = RowPlans(_plan)
+
+
+def bulk(text: str) -> dict[int, dict[str, Any]]:
+    """The records of a chunk's plain `Global step` lines, by the offset where each line starts, their dicts read by
+    one JSON parse in C: exactly what `parse` makes of each (tests/test_ingest_speed.py). Other lines are left to
+    `parse`."""
+    starts, steps, texts = [], [], []
+    for m in _BULK.finditer(text):
+        starts.append(m.start())
+        steps.append(m.group(1))
+        texts.append(m.group(2))
+    out = {}
+    get = _PLANS.get
+    for start, step, row in zip(starts, steps, literal_rows(texts), strict=True):
+        if row is None:
+            continue
+        plan = get(tuple(row))
+        if plan is not None:
+            out[start] = dict(zip(plan[0], (int(step), *row.values()), strict=True))
+    return out
+

@@ -30,7 +30,16 @@ import re
 from typing import Any
 
 from rlctl.metrics import UNIFIED, clean_value
-from rlctl.metrics.parsers import Incomplete, Malformed, number, strip_prefixes, unify
+from rlctl.metrics.parsers import (
+    Incomplete,
+    Malformed,
+    RowPlans,
+    json_objects,
+    number,
+    plain_rows,
+    strip_prefixes,
+    unify,
+)
 
 NAME = "prime_rl"
 
@@ -175,3 +184,67 @@ def _fields(body: str) -> dict[str, Any]:
         vm = _UNITS.match(value) or _LEADING.match(value)
         fields[key] = vm.group(1) if vm else value
     return fields
+
+
+# A v0.3 step line, plain (no colours, CR frames or blanks around it; loguru's time and level before it), each field
+# `Key: number` with an optional unit, `Time` in seconds with at most 6 decimals (what `duration` rounds to keeps
+# it as written). Every value is a JSON number (exponents of 2 digits at most: never inf), units are dropped by
+# parse (_UNITS) and here alike.
+_KEY = r"[A-Z][A-Za-z.\-]*(?: [A-Za-z.\-]+)*"
+_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,2})?"
+_UNIT_NAMES = (" tokens/sample", " tokens/s", " GiB", "%", "s")  # longest first: each is cut before the next
+_FIELD = rf"(?:Time: [0-9]{{1,9}}\.[0-9]{{1,6}}s|(?!Time: ){_KEY}: {_NUMBER}(?: tokens/sample| tokens/s| GiB|%|s)?)"
+_BULK = re.compile(rf"^(?:[0-9][0-9]:[0-9][0-9]:[0-9][0-9] +[A-Z]+ )?Step ([0-9]+) \| ({_FIELD}(?: \| {_FIELD})*)$",
+                   re.M)
+
+
+def _plan(keys: tuple[str, ...]) -> tuple[list[str], list[int]] | None:
+    """What `parse` makes of a step line with these fields (values at 1.., the step at 0): names and positions,
+    mapped fields first; None for a line with a fraction field (`Truncation`, a percentage made a fraction)."""
+    if any(k in FRACTIONS for k in keys):
+        return None
+    trainer = "Loss" in keys or "Grad. Norm" in keys
+    mapping = TRAINER_MAP if trainer else ORCH_MAP
+    prefix = "trainer_" if trainer else ""
+    names, order = ["step"], [0]
+    for i, k in enumerate(keys, 1):
+        if k in mapping:
+            names.append(mapping[k])
+            order.append(i)
+    for i, k in enumerate(keys, 1):
+        name = prefix + _lower(k)
+        if k not in mapping and name != "step" and name != "time":  # unify leaves those out
+            names.append(f"{NAME}/{name}")
+            order.append(i)
+    return names, order
+
+
+_PLANS = RowPlans(_plan)
+
+
+def bulk(text: str) -> dict[int, dict[str, Any]]:
+    """The records of a chunk's plain v0.3 step lines, by the offset where each line starts, their fields read by
+    one JSON parse in C: exactly what `parse` makes of each (tests/test_ingest_speed.py). Other lines are left to
+    `parse`."""
+    starts, steps, bodies = [], [], []
+    for m in _BULK.finditer(text):
+        starts.append(m.start())
+        steps.append(m.group(1))
+        bodies.append(m.group(2))
+    if not bodies:
+        return {}
+    t = "\n".join(bodies) + "\n"
+    for unit in _UNIT_NAMES:  # a unit is followed by the next field or the line's end; a key, by `: `
+        if unit + " | " in t or unit + "\n" in t:
+            t = t.replace(unit + " | ", " | ").replace(unit + "\n", "\n")
+    rows = json_objects('[{"' + t[:-1].replace(": ", '": ').replace(" | ", ', "').replace("\n", '}, {"') + "}]")
+    if rows is None or len(rows) != len(bodies):
+        return {}
+    out = {}
+    get = _PLANS.get
+    for start, step, row, ok in zip(starts, steps, rows, plain_rows(rows), strict=True):
+        plan = get(tuple(row)) if ok else None
+        if plan is not None:
+            out[start] = dict(zip(plan[0], plan[1]((int(step), *row.values())), strict=True))
+    return out
+

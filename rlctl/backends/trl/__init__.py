@@ -311,6 +311,13 @@ class TRLBackend(Backend):
 
         return parse(line)
 
+    def metric_bulk(self, text: str) -> dict[int, dict[str, Any]]:
+        """The records of a chunk's plain metrics lines, read together (the stream's fast path): see
+        trl/metrics.py."""
+        from rlctl.backends.trl.metrics import bulk
+
+        return bulk(text)
+
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         from rlctl.backends.trl.checkpoints import find
 

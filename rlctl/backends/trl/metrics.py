@@ -17,9 +17,20 @@ GRPOTrainer's keys: `reward`, `reward_std`, `rewards/<func>/mean`, `kl`, `entrop
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from rlctl.metrics.parsers import Header, KeyMap, Malformed, literal_dict, number, strip_prefixes
+from rlctl.metrics.parsers import (
+    DICT_RE,
+    Header,
+    KeyMap,
+    Malformed,
+    RowPlans,
+    literal_dict,
+    literal_rows,
+    number,
+    strip_prefixes,
+)
 
 NAME = "trl"
 
@@ -132,6 +143,55 @@ def record(raw: dict[str, Any], counted: bool = True) -> dict[str, Any] | None:
     for k, v in evals.items():
         rec[f"eval/default/{k[5:]}"] = number(v)
     return rec
+
+
+# a console dict of numbers on a line of its own (no colours, CR frames or blanks around it)
+_BULK = re.compile(f"^{DICT_RE}$", re.M)
+_TRAIN_EXACT = frozenset(k.strip("'") for k in TRAIN_KEYS + SUMMARY_KEYS + ("'step'",) if k.endswith("'"))
+_TRAIN_PREFIXES = tuple(k.strip("'") for k in TRAIN_KEYS + SUMMARY_KEYS if not k.endswith("'"))
+
+
+def _plan(keys: tuple[str, ...]) -> tuple[list[str], list[int]] | None:
+    """What `parse` and `record` make of a plain dict with these keys: its names and values' positions, or None
+    (a dict parse ignores, an eval or summary dict without its step: left to parse)."""
+    if not any(k in _TRAIN_EXACT or k.startswith(_TRAIN_PREFIXES) for k in keys):
+        return None
+    evals = [i for i, k in enumerate(keys) if k.startswith("eval_")]
+    has_step = "step" in keys
+    if not has_step and (evals or "train_runtime" in keys):
+        return None
+    rest = [i for i, k in enumerate(keys) if not k.startswith("eval_") and k != "step" and k != "time"]
+    rest_keys = tuple(keys[i] for i in rest)
+    names = (_KEYS if "clip_ratio/region_mean" not in rest_keys else _KEYS_REGION).names(rest_keys)
+    if names is None:
+        return None
+    order = ([keys.index("step")] if has_step else []) + rest + evals
+    return (["step"] if has_step else []) + list(names) + [f"eval/default/{keys[i][5:]}" for i in evals], order
+
+
+_PLANS = RowPlans(_plan)
+
+
+def bulk(text: str) -> dict[int, dict[str, Any]]:
+    """The records of a chunk's plain console dicts, by the offset where each line starts, all read by one JSON parse
+    in C: exactly what `parse` makes of each (tests/test_ingest_speed.py). Other lines are left to `parse`."""
+    starts, texts = [], []
+    for m in _BULK.finditer(text):
+        starts.append(m.start())
+        texts.append(m.group())
+    out = {}
+    get = _PLANS.get
+    for start, row in zip(starts, literal_rows(texts), strict=True):
+        if row is None:
+            continue
+        plan = get(tuple(row))
+        if plan is None:
+            continue
+        values = list(row.values())
+        if "step" in row and type(row["step"]) is not int:
+            continue  # a float step: parse's int(number(..))
+        out[start] = dict(zip(plan[0], plan[1](values), strict=True))
+    return out
 
 
 def parse_state(text: str) -> list[dict[str, Any]]:
