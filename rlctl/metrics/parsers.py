@@ -18,16 +18,16 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable
-from itertools import chain
+from itertools import accumulate, chain, compress, repeat
 from math import isfinite
-from operator import itemgetter
+from operator import add, and_, contains, itemgetter
 from typing import Any
 
 from rlctl.metrics import clean_value, unify
 
-__all__ = ["ANSI", "DICT_RE", "Header", "Incomplete", "KeyMap", "Malformed", "RowPlans", "clean_value", "flat_dict",
-           "json_numbers", "json_objects", "key_values", "literal_dict", "literal_rows", "number", "plain_numbers",
-           "plain_rows", "strip_ansi", "strip_prefixes", "unify"]
+__all__ = ["ANSI", "Header", "Incomplete", "KeyMap", "Malformed", "RowPlans", "clean_value", "flat_dict",
+           "json_numbers", "json_objects", "key_values", "lines_with", "literal_dict", "literal_rows", "number",
+           "plain_lines", "plain_numbers", "plain_rows", "strip_ansi", "strip_prefixes", "unify"]
 
 
 class Malformed(ValueError):
@@ -188,23 +188,50 @@ def plain_rows(rows: list[Any]) -> list[bool]:
     return [plain_numbers(r) for r in rows]
 
 
-# A flat dict of numbers as Python prints it, keys in single quotes, values bare or quoted (transformers' `'0.1234'`):
-# a pattern adapters embed in their line patterns; what it matches, literal_rows reads exactly as literal_dict does
-_KEY_CHARS = r"[ !#-&(-\[\]-z|~]*"  # printable ASCII but quotes, backslash and braces
-_DICT_VALUE = "(?:'[-+.0-9eE]+'|[-+.0-9eE]+)"  # a number or not: the JSON parser decides
-DICT_RE = rf"\{{'{_KEY_CHARS}': {_DICT_VALUE}(?:, '{_KEY_CHARS}': {_DICT_VALUE})*\}}"
+def lines_with(text: str, needle: str) -> tuple[list[int], list[str]]:
+    """The lines of `text` holding `needle` and where each starts, every line tested in a C loop (a bulk reader's
+    first step over a chunk of mostly metrics lines)."""
+    lines = text.split("\n")
+    mask = list(map(contains, lines, repeat(needle)))
+    return list(compress(accumulate(map(add, map(len, lines), repeat(1)), initial=0), mask)), list(
+        compress(lines, mask))
+
+
+def plain_lines(starts: list[int], lines: list[str], head: str, tail: str, ascii_only: bool = True
+                ) -> tuple[list[int], list[str]]:
+    """The lines (and their starts) that begin with `head`, end with `tail` and are printable (no colours, CR frames,
+    tabs or other control characters for the line parser to handle; ASCII too unless not `ascii_only`), each test a
+    C loop over all."""
+    mask = list(map(and_, map(str.startswith, lines, repeat(head)), map(str.endswith, lines, repeat(tail))))
+    if not all(mask):
+        starts, lines = list(compress(starts, mask)), list(compress(lines, mask))
+    joined = "".join(lines)
+    if not ((joined.isascii() or not ascii_only) and joined.isprintable()):
+        mask = list(map(and_, map(str.isascii, lines), map(str.isprintable, lines)) if ascii_only else
+                    map(str.isprintable, lines))
+        starts, lines = list(compress(starts, mask)), list(compress(lines, mask))
+    return starts, lines
 
 
 def literal_rows(texts: list[str]) -> list[dict[str, Any] | None]:
-    """literal_dict of each text, each matching DICT_RE, for many texts in one JSON parse: each a dict of plain
-    numbers, or None where literal_dict's JSON path would not read it so (left to literal_dict). DICT_RE makes the
-    quoted values the only `'` after `': ` and before `, '` or `}`: unquoting those is what _QUOTED_NUMBER does, one
-    match at a time."""
-    if not texts:
+    """literal_dict of each text (`{...}` as Python prints a dict, from its `{` to its `}`), for many texts in one
+    JSON parse: each a dict of plain numbers, or None where literal_dict's JSON path would not read it so (left to
+    literal_dict). The texts are joined only when none holds another brace, so each JSON value is exactly one text;
+    a quoted value (transformers' `'0.1234'`) is read as the JSON number it holds: what _QUOTED_NUMBER gives, or
+    the value `number` makes of the string (plain_rows rules out the rest)."""
+    n = len(texts)
+    if not n:
         return []
-    text = ("[" + ",".join(texts) + "]").replace("': '", "': ").replace("', '", ", '").replace("'}", "}")
-    rows = json_objects(text.replace("'", '"'))
-    if rows is None or len(rows) != len(texts):  # a value that is no JSON number: each text on its own
+    joined = ",".join(texts)
+    rows: Any = None
+    if '"' not in joined and "\\" not in joined and joined.count("{") == n and joined.count("}") == n:
+        text = "[" + joined.replace("'", '"') + "]"
+        rows = json_objects(text)
+    if rows is not None and len(rows) == n and '": "' in text:
+        # quoted values: each quote in the text is a JSON string's own (it parsed), so a string value is the one
+        # after `": ` and before `, "` or `}`: unquoted, it is read as a JSON number (or the text is no JSON)
+        rows = json_objects(text.replace('": "', '": ').replace('", "', ', "').replace('"}', "}"))
+    if rows is None or len(rows) != n:  # one text is no such JSON: each on its own
         rows = [_literal_json(t) for t in texts]
     return [r if ok else None for r, ok in zip(rows, plain_rows(rows), strict=True)]
 

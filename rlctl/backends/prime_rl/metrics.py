@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import accumulate, compress, repeat
+from operator import add, contains
 from typing import Any
 
 from rlctl.metrics import UNIFIED, clean_value
@@ -186,65 +188,98 @@ def _fields(body: str) -> dict[str, Any]:
     return fields
 
 
-# A v0.3 step line, plain (no colours, CR frames or blanks around it; loguru's time and level before it), each field
-# `Key: number` with an optional unit, `Time` in seconds with at most 6 decimals (what `duration` rounds to keeps
-# it as written). Every value is a JSON number (exponents of 2 digits at most: never inf), units are dropped by
-# parse (_UNITS) and here alike.
-_KEY = r"[A-Z][A-Za-z.\-]*(?: [A-Za-z.\-]+)*"
-_NUMBER = r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,2})?"
+# v0.3 step lines read in bulk: loguru's time and level before `Step N | `, then `Key: number` fields with an optional
+# unit (dropped, as _UNITS does), `Time` in seconds as `12.34s` with at most 6 decimals (which `duration` keeps as
+# written). All checked in C over the chunk's step lines; the fields then read by one JSON parse, each line an object
+# whose first key ("\x00", no field's) holds its step.
+_HEADS = re.compile(r"(?:(?:[0-9][0-9]:[0-9][0-9]:[0-9][0-9] +[A-Z]+ )?\n)*")  # each line's, newline-ended
+_TIMES = re.compile(r"Time: ([^ |\n]*)")
+_TIME_VALUES = re.compile(r"(?:[0-9]{1,9}\.[0-9]{1,6}s\n)*")
 _UNIT_NAMES = (" tokens/sample", " tokens/s", " GiB", "%", "s")  # longest first: each is cut before the next
-_FIELD = rf"(?:Time: [0-9]{{1,9}}\.[0-9]{{1,6}}s|(?!Time: ){_KEY}: {_NUMBER}(?: tokens/sample| tokens/s| GiB|%|s)?)"
-_BULK = re.compile(rf"^(?:[0-9][0-9]:[0-9][0-9]:[0-9][0-9] +[A-Z]+ )?Step ([0-9]+) \| ({_FIELD}(?: \| {_FIELD})*)$",
-                   re.M)
+_STEP_KEY = "\x00"
 
 
 def _plan(keys: tuple[str, ...]) -> tuple[list[str], list[int]] | None:
-    """What `parse` makes of a step line with these fields (values at 1.., the step at 0): names and positions,
-    mapped fields first; None for a line with a fraction field (`Truncation`, a percentage made a fraction)."""
-    if any(k in FRACTIONS for k in keys):
+    """What `parse` makes of a step line with these fields (the step first, as _STEP_KEY): the names in the
+    fields' order; None where that is more than a renaming: a key `_fields` would strip or read as v0.8, a fraction
+    (`Truncation`, a percentage made a fraction), a name unify leaves out."""
+    if keys[0] != _STEP_KEY or _STEP_KEY in keys[1:]:
         return None
+    for k in keys[1:]:
+        if not k or k != k.strip() or k in FRACTIONS or not k[0].isalpha():
+            return None
     trainer = "Loss" in keys or "Grad. Norm" in keys
     mapping = TRAINER_MAP if trainer else ORCH_MAP
     prefix = "trainer_" if trainer else ""
-    names, order = ["step"], [0]
-    for i, k in enumerate(keys, 1):
+    names = ["step"]
+    for k in keys[1:]:
         if k in mapping:
             names.append(mapping[k])
-            order.append(i)
-    for i, k in enumerate(keys, 1):
-        name = prefix + _lower(k)
-        if k not in mapping and name != "step" and name != "time":  # unify leaves those out
+        else:
+            name = prefix + _lower(k)
+            if name in ("step", "time"):  # unify leaves those out
+                return None
             names.append(f"{NAME}/{name}")
-            order.append(i)
-    return names, order
+    return names, list(range(len(keys)))
 
 
 _PLANS = RowPlans(_plan)
 
 
 def bulk(text: str) -> dict[int, dict[str, Any]]:
-    """The records of a chunk's plain v0.3 step lines, by the offset where each line starts, their fields read by
-    one JSON parse in C: exactly what `parse` makes of each (tests/test_ingest_speed.py). Other lines are left to
-    `parse`."""
-    starts, steps, bodies = [], [], []
-    for m in _BULK.finditer(text):
-        starts.append(m.start())
-        steps.append(m.group(1))
-        bodies.append(m.group(2))
-    if not bodies:
+    """The records of a chunk's plain v0.3 step lines, by the offset where each line starts: exactly what `parse`
+    makes of each (tests/test_ingest_speed.py). Other lines are left to `parse`. Every step per line is a C loop."""
+    lines = text.split("\n")
+    mask = list(map(contains, lines, repeat("Step ")))
+    starts = list(compress(accumulate(map(add, map(len, lines), repeat(1)), initial=0), mask))
+    if not starts:
         return {}
-    t = "\n".join(bodies) + "\n"
+    heads, _, rests = zip(*map(str.partition, compress(lines, mask), repeat("Step ")), strict=True)
+    steps, seps, _ = zip(*map(str.partition, rests, repeat(" | ")), strict=True)
+    if not _plain(heads, steps, seps, rests):
+        return _one_by_one(starts, heads, steps, seps, rests)
+    rows = json_objects(_json("\n".join(rests)))
+    if rows is None or len(rows) != len(starts):
+        return _one_by_one(starts, heads, steps, seps, rests)
+    return _records(starts, rows)
+
+
+def _plain(heads: Any, steps: Any, seps: Any, rests: Any) -> bool:
+    """Step lines as plain as the bulk reader needs: printable ASCII (no colours, CR frames, tabs), loguru's head,
+    a step of digits and ` | ` after it, times as `12.34s`."""
+    t = "\n".join(rests) + "\n"
+    return (t.isascii() and t.replace("\n", " ").isprintable() and all(seps) and all(steps)
+            and "".join(steps).isdigit() and _HEADS.fullmatch("\n".join(heads) + "\n") is not None
+            and _TIME_VALUES.fullmatch("".join(v + "\n" for v in _TIMES.findall(t))) is not None)
+
+
+def _json(rests: str) -> str:
+    """Step lines after `Step ` (`N | Key: value unit | ...`, joined by newlines) as a JSON array of objects, each
+    with its step first (as _STEP_KEY) and the units dropped."""
+    t = rests + "\n"
     for unit in _UNIT_NAMES:  # a unit is followed by the next field or the line's end; a key, by `: `
         if unit + " | " in t or unit + "\n" in t:
             t = t.replace(unit + " | ", " | ").replace(unit + "\n", "\n")
-    rows = json_objects('[{"' + t[:-1].replace(": ", '": ').replace(" | ", ', "').replace("\n", '}, {"') + "}]")
-    if rows is None or len(rows) != len(bodies):
-        return {}
+    body = t[:-1].replace(": ", '": ').replace(" | ", ', "').replace("\n", '}, {"\\u0000": ')
+    return '[{"\\u0000": ' + body + "}]"
+
+
+def _records(starts: list[int], rows: list[Any]) -> dict[int, dict[str, Any]]:
+    keys = set(map(tuple, filter(None, rows)))
+    plan = _PLANS.get(next(iter(keys))) if len(keys) == 1 and None not in rows else None
+    if plan is not None and all(plain_rows(rows)):  # one set of keys (a log's usual case): renamed in C
+        return dict(zip(starts, map(dict, map(zip, repeat(plan[0]), map(dict.values, rows))), strict=True))
     out = {}
     get = _PLANS.get
-    for start, step, row, ok in zip(starts, steps, rows, plain_rows(rows), strict=True):
-        plan = get(tuple(row)) if ok else None
+    for start, row, ok in zip(starts, rows, plain_rows(rows), strict=True):
+        plan = get(tuple(row)) if ok and row is not None else None
         if plan is not None:
-            out[start] = dict(zip(plan[0], plan[1]((int(step), *row.values())), strict=True))
+            out[start] = dict(zip(plan[0], row.values(), strict=True))
     return out
 
+
+def _one_by_one(starts: list[int], heads: Any, steps: Any, seps: Any, rests: Any) -> dict[int, dict[str, Any]]:
+    """The plain lines of a chunk that has others, one JSON parse each."""
+    keep = [i for i in range(len(starts)) if _plain(heads[i:i + 1], steps[i:i + 1], seps[i:i + 1], rests[i:i + 1])]
+    rows = [json_objects(_json(rests[i])) for i in keep]
+    return _records([starts[i] for i in keep], [r[0] if r and len(r) == 1 else None for r in rows])

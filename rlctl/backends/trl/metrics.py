@@ -17,18 +17,20 @@ GRPOTrainer's keys: `reward`, `reward_std`, `rewards/<func>/mean`, `kl`, `entrop
 from __future__ import annotations
 
 import json
-import re
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from rlctl.metrics.parsers import (
-    DICT_RE,
     Header,
     KeyMap,
     Malformed,
     RowPlans,
+    lines_with,
     literal_dict,
     literal_rows,
     number,
+    plain_lines,
     strip_prefixes,
 )
 
@@ -145,8 +147,6 @@ def record(raw: dict[str, Any], counted: bool = True) -> dict[str, Any] | None:
     return rec
 
 
-# a console dict of numbers on a line of its own (no colours, CR frames or blanks around it)
-_BULK = re.compile(f"^{DICT_RE}$", re.M)
 _TRAIN_EXACT = frozenset(k.strip("'") for k in TRAIN_KEYS + SUMMARY_KEYS + ("'step'",) if k.endswith("'"))
 _TRAIN_PREFIXES = tuple(k.strip("'") for k in TRAIN_KEYS + SUMMARY_KEYS if not k.endswith("'"))
 
@@ -173,25 +173,29 @@ _PLANS = RowPlans(_plan)
 
 
 def bulk(text: str) -> dict[int, dict[str, Any]]:
-    """The records of a chunk's plain console dicts, by the offset where each line starts, all read by one JSON parse
-    in C: exactly what `parse` makes of each (tests/test_ingest_speed.py). Other lines are left to `parse`."""
-    starts, texts = [], []
-    for m in _BULK.finditer(text):
-        starts.append(m.start())
-        texts.append(m.group())
+    """The records of a chunk's plain console dicts (a line that is one dict of numbers, nothing around it), by the
+    offset where each line starts, all read by one JSON parse in C: exactly what `parse` makes of each
+    (tests/test_ingest_speed.py). Other lines are left to `parse`."""
+    starts, lines = plain_lines(*lines_with(text, "{'"), "{'", "}")
+    rows = literal_rows(lines)
+    keys = set(map(tuple, filter(None, rows)))
+    if len(keys) == 1 and None not in rows:  # one set of keys (a log's usual case): renamed in C
+        plan = _PLANS.get(keys.pop())
+        if plan is not None and (plan[0][0] != "step" or _int_steps(rows)):
+            return dict(zip(starts, map(dict, map(zip, repeat(plan[0]), map(plan[1], map(list, map(
+                dict.values, rows))))), strict=True))
     out = {}
     get = _PLANS.get
-    for start, row in zip(starts, literal_rows(texts), strict=True):
-        if row is None:
+    for start, row in zip(starts, rows, strict=True):
+        plan = get(tuple(row)) if row is not None else None
+        if plan is None or ("step" in row and type(row["step"]) is not int):  # a float step: parse's int(..)
             continue
-        plan = get(tuple(row))
-        if plan is None:
-            continue
-        values = list(row.values())
-        if "step" in row and type(row["step"]) is not int:
-            continue  # a float step: parse's int(number(..))
-        out[start] = dict(zip(plan[0], plan[1](values), strict=True))
+        out[start] = dict(zip(plan[0], plan[1](list(row.values())), strict=True))
     return out
+
+
+def _int_steps(rows: list[Any]) -> bool:
+    return set(map(type, map(itemgetter("step"), rows))) == {int}
 
 
 def parse_state(text: str) -> list[dict[str, Any]]:
