@@ -211,7 +211,7 @@ def bulk(text: str) -> dict[int, dict[str, Any]]:
     heads, _, rests = zip(*map(str.partition, lines, repeat("Global step ")), strict=True)
     steps, _, dicts = zip(*map(str.partition, rests, repeat(": ")), strict=True)
     if not (all(steps) and "".join(steps).isdigit() and all(map(str.startswith, dicts, repeat("{")))
-            and _HEADS.fullmatch("\n".join(heads) + "\n")):
+            and _HEADS.fullmatch("\n".join(set(heads)) + "\n")):  # a log repeats its heads
         return _one_by_one(starts, heads, steps, dicts)
     rows = literal_rows(list(dicts))
     keys = set(map(tuple, filter(None, rows)))

@@ -249,8 +249,8 @@ def _plain(heads: Any, steps: Any, seps: Any, rests: Any) -> bool:
     a step of digits and ` | ` after it, times as `12.34s`."""
     t = "\n".join(rests) + "\n"
     return (t.isascii() and t.replace("\n", " ").isprintable() and all(seps) and all(steps)
-            and "".join(steps).isdigit() and _HEADS.fullmatch("\n".join(heads) + "\n") is not None
-            and _TIME_VALUES.fullmatch("".join(v + "\n" for v in _TIMES.findall(t))) is not None)
+            and "".join(steps).isdigit() and _HEADS.fullmatch("\n".join(set(heads)) + "\n") is not None  # a log repeats its heads
+            and _TIME_VALUES.fullmatch("".join(map(add, _TIMES.findall(t), repeat("\n")))) is not None)
 
 
 def _json(rests: str) -> str:
