@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import json
 import re
-from itertools import accumulate, compress, repeat
-from operator import add, contains
+from itertools import repeat
+from operator import add, itemgetter
 from typing import Any
 
 from rlctl.metrics import UNIFIED, clean_value
@@ -37,6 +37,7 @@ from rlctl.metrics.parsers import (
     Malformed,
     RowPlans,
     json_objects,
+    lines_with,
     number,
     plain_rows,
     strip_prefixes,
@@ -196,15 +197,15 @@ _HEADS = re.compile(r"(?:(?:[0-9][0-9]:[0-9][0-9]:[0-9][0-9] +[A-Z]+ )?\n)*")  #
 _TIMES = re.compile(r"Time: ([^ |\n]*)")
 _TIME_VALUES = re.compile(r"(?:[0-9]{1,9}\.[0-9]{1,6}s\n)*")
 _UNIT_NAMES = (" tokens/sample", " tokens/s", " GiB", "%", "s")  # longest first: each is cut before the next
-_STEP_KEY = "\x00"
+_HEAD_KEY, _STEP_KEY = "\x00", "\x01"  # no field's keys (printable)
 
 
 def _plan(keys: tuple[str, ...]) -> tuple[list[str], list[int]] | None:
     """What `parse` makes of a step line with these fields (the step first, as _STEP_KEY): the names in the
     fields' order; None where that is more than a renaming: a key `_fields` would strip or read as v0.8, a fraction
     (`Truncation`, a percentage made a fraction), a name unify leaves out."""
-    if keys[0] != _STEP_KEY or _STEP_KEY in keys[1:]:
-        return None
+    if len(keys) < 2 or keys[0] != _STEP_KEY or _STEP_KEY in keys[1:] or _HEAD_KEY in keys:
+        return None  # a line without fields (no ` | `), or one the JSON was not built from
     for k in keys[1:]:
         if not k or k != k.strip() or k in FRACTIONS or not k[0].isalpha():
             return None
@@ -229,57 +230,58 @@ _PLANS = RowPlans(_plan)
 def bulk(text: str) -> dict[int, dict[str, Any]]:
     """The records of a chunk's plain v0.3 step lines, by the offset where each line starts: exactly what `parse`
     makes of each (tests/test_ingest_speed.py). Other lines are left to `parse`. Every step per line is a C loop."""
-    lines = text.split("\n")
-    mask = list(map(contains, lines, repeat("Step ")))
-    starts = list(compress(accumulate(map(add, map(len, lines), repeat(1)), initial=0), mask))
-    if not starts:
+    starts, lines = lines_with(text, "Step ")
+    if not lines:
         return {}
-    heads, _, rests = zip(*map(str.partition, compress(lines, mask), repeat("Step ")), strict=True)
-    steps, seps, _ = zip(*map(str.partition, rests, repeat(" | ")), strict=True)
-    if not _plain(heads, steps, seps, rests):
-        return _one_by_one(starts, heads, steps, seps, rests)
-    rows = json_objects(_json("\n".join(rests)))
-    if rows is None or len(rows) != len(starts):
-        return _one_by_one(starts, heads, steps, seps, rests)
+    if len(lines) > 1:
+        out = _block(starts, lines)
+        if out is not None:
+            return out
+    out = {}
+    for start, line in zip(starts, lines, strict=True):  # a chunk with other lines: each on its own
+        out.update(_block([start], [line]) or {})
+    return out
+
+
+def _block(starts: list[int], lines: list[str]) -> dict[int, dict[str, Any]] | None:
+    """The records of step lines all plain, or None: printable ASCII (no colours, CR frames, tabs), one `Step N | `
+    each after loguru's head, a step of digits, times as `12.34s`."""
+    j = "\n".join(lines)
+    if not (j.isascii() and j.replace("\n", " ").isprintable() and j.count("Step ") == len(lines) and '"' not in j
+            and "\\" not in j and "Step -" not in j and "Step  " not in j and "  |" not in j
+            and _TIME_VALUES.fullmatch("".join(map(add, _TIMES.findall(j), repeat("\n"))))):
+        return None
+    rows = json_objects(_json(j))
+    if rows is None or len(rows) != len(lines):
+        return None
+    heads = set(map(dict.pop, rows, repeat(_HEAD_KEY)))  # what came before `Step `, the same on most lines
+    if not _HEADS.fullmatch("".join(map(add, heads, repeat("\n")))):
+        return None
     return _records(starts, rows)
 
 
-def _plain(heads: Any, steps: Any, seps: Any, rests: Any) -> bool:
-    """Step lines as plain as the bulk reader needs: printable ASCII (no colours, CR frames, tabs), loguru's head,
-    a step of digits and ` | ` after it, times as `12.34s`."""
-    t = "\n".join(rests) + "\n"
-    return (t.isascii() and t.replace("\n", " ").isprintable() and all(seps) and all(steps)
-            and "".join(steps).isdigit() and _HEADS.fullmatch("\n".join(set(heads)) + "\n") is not None  # a log repeats its heads
-            and _TIME_VALUES.fullmatch("".join(map(add, _TIMES.findall(t), repeat("\n")))) is not None)
-
-
-def _json(rests: str) -> str:
-    """Step lines after `Step ` (`N | Key: value unit | ...`, joined by newlines) as a JSON array of objects, each
-    with its step first (as _STEP_KEY) and the units dropped."""
-    t = rests + "\n"
+def _json(lines: str) -> str:
+    """Step lines (joined by newlines) as a JSON array of objects: what came before `Step ` (_HEAD_KEY), the step
+    (_STEP_KEY), the fields with their units dropped."""
+    t = lines + "\n"
     for unit in _UNIT_NAMES:  # a unit is followed by the next field or the line's end; a key, by `: `
         if unit + " | " in t or unit + "\n" in t:
             t = t.replace(unit + " | ", " | ").replace(unit + "\n", "\n")
-    body = t[:-1].replace(": ", '": ').replace(" | ", ', "').replace("\n", '}, {"\\u0000": ')
-    return '[{"\\u0000": ' + body + "}]"
+    t = t[:-1].replace(": ", '": ').replace(" | ", ', "').replace("Step ", '", "\\u0001": ')
+    return '[{"\\u0000": "' + t.replace("\n", '}, {"\\u0000": "') + "}]"
 
 
 def _records(starts: list[int], rows: list[Any]) -> dict[int, dict[str, Any]]:
-    keys = set(map(tuple, filter(None, rows)))
-    plan = _PLANS.get(next(iter(keys))) if len(keys) == 1 and None not in rows else None
-    if plan is not None and all(plain_rows(rows)):  # one set of keys (a log's usual case): renamed in C
+    """Rows of step lines (step first) as records; a step that is no int is parse's (`Step 5.0 | ..` is garbled)."""
+    keys = set(map(tuple, rows))
+    plan = _PLANS.get(next(iter(keys))) if len(keys) == 1 else None
+    if plan is not None and set(map(type, map(itemgetter(_STEP_KEY), rows))) == {int} and all(plain_rows(rows)):
+        # one set of keys (a log's usual case): renamed in C
         return dict(zip(starts, map(dict, map(zip, repeat(plan[0]), map(dict.values, rows))), strict=True))
     out = {}
     get = _PLANS.get
     for start, row, ok in zip(starts, rows, plain_rows(rows), strict=True):
-        plan = get(tuple(row)) if ok and row is not None else None
-        if plan is not None:
+        plan = get(tuple(row)) if ok else None
+        if plan is not None and type(row[_STEP_KEY]) is int:
             out[start] = dict(zip(plan[0], row.values(), strict=True))
     return out
-
-
-def _one_by_one(starts: list[int], heads: Any, steps: Any, seps: Any, rests: Any) -> dict[int, dict[str, Any]]:
-    """The plain lines of a chunk that has others, one JSON parse each."""
-    keep = [i for i in range(len(starts)) if _plain(heads[i:i + 1], steps[i:i + 1], seps[i:i + 1], rests[i:i + 1])]
-    rows = [json_objects(_json(rests[i])) for i in keep]
-    return _records([starts[i] for i in keep], [r[0] if r and len(r) == 1 else None for r in rows])
