@@ -199,16 +199,15 @@ def lines_with(text: str, needle: str) -> tuple[list[int], list[str]]:
 
 def plain_lines(starts: list[int], lines: list[str], head: str, tail: str, ascii_only: bool = True
                 ) -> tuple[list[int], list[str]]:
-    """The lines (and their starts) that begin with `head`, end with `tail` and are printable (no colours, CR frames,
-    tabs or other control characters for the line parser to handle; ASCII too unless not `ascii_only`), each test a
-    C loop over all."""
+    """The lines (and their starts) that begin with `head`, end with `tail`, hold no tab or CR (split_segments'
+    frames) and are ASCII unless not `ascii_only`, each test a C loop over all. For a caller that reads them as JSON,
+    which allows no other control character (and checks what comes before `head` itself)."""
     mask = list(map(and_, map(str.startswith, lines, repeat(head)), map(str.endswith, lines, repeat(tail))))
     if not all(mask):
         starts, lines = list(compress(starts, mask)), list(compress(lines, mask))
     joined = "".join(lines)
-    if not ((joined.isascii() or not ascii_only) and joined.isprintable()):
-        mask = list(map(and_, map(str.isascii, lines), map(str.isprintable, lines)) if ascii_only else
-                    map(str.isprintable, lines))
+    if "\t" in joined or "\r" in joined or (ascii_only and not joined.isascii()):
+        mask = [(line.isascii() or not ascii_only) and "\t" not in line and "\r" not in line for line in lines]
         starts, lines = list(compress(starts, mask)), list(compress(lines, mask))
     return starts, lines
 

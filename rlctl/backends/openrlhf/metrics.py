@@ -183,7 +183,7 @@ def eval_record(step: int, raw: dict[str, Any]) -> dict[str, Any]:
 
 # What may come before `Global step N: {...}` on a line read in bulk: Ray's prefix (as strip_prefixes removes it),
 # OpenRLHF's logging prefix and its ✨; each line's, newline-ended
-_HEADS = re.compile(r"(?:(?:\((?:[\w.:\-]+ )?pid=\d+(?:, \w+=[^,)\n\r\x1b]*)*\) ?)?"
+_HEADS = re.compile(r"(?:(?:\((?:[\w.:\-]+ )?pid=\d+(?:, \w+=[^,)\x00-\x1f]*)*\) ?)?"
                     r"(?:(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] )?(?:✨ )?\n)*")
 _RESERVED = frozenset(("global_step", "train/global_step", "eval/global_step", "_step", "_timestamp", "_runtime",
                        "step", "time"))

@@ -191,8 +191,8 @@ def _fields(body: str) -> dict[str, Any]:
 
 # v0.3 step lines read in bulk: loguru's time and level before `Step N | `, then `Key: number` fields with an optional
 # unit (dropped, as _UNITS does), `Time` in seconds as `12.34s` with at most 6 decimals (which `duration` keeps as
-# written). All checked in C over the chunk's step lines; the fields then read by one JSON parse, each line an object
-# whose first key ("\x00", no field's) holds its step.
+# written). All checked in C over the chunk's step lines; the lines then read by one JSON parse, each an object of
+# what came before `Step ` (_HEAD_KEY), the step (_STEP_KEY) and the fields.
 _HEADS = re.compile(r"(?:(?:[0-9][0-9]:[0-9][0-9]:[0-9][0-9] +[A-Z]+ )?\n)*")  # each line's, newline-ended
 _TIMES = re.compile(r"Time: ([^ |\n]*)")
 _TIME_VALUES = re.compile(r"(?:[0-9]{1,9}\.[0-9]{1,6}s\n)*")
@@ -247,7 +247,8 @@ def _block(starts: list[int], lines: list[str]) -> dict[int, dict[str, Any]] | N
     """The records of step lines all plain, or None: printable ASCII (no colours, CR frames, tabs), one `Step N | `
     each after loguru's head, a step of digits, times as `12.34s`."""
     j = "\n".join(lines)
-    if not (j.isascii() and j.replace("\n", " ").isprintable() and j.count("Step ") == len(lines) and '"' not in j
+    # JSON allows no control character but \t and \r (split_segments' frames) between tokens: ruled out here
+    if not (j.isascii() and "\r" not in j and "\t" not in j and j.count("Step ") == len(lines) and '"' not in j
             and "\\" not in j and "Step -" not in j and "Step  " not in j and "  |" not in j
             and _TIME_VALUES.fullmatch("".join(map(add, _TIMES.findall(j), repeat("\n"))))):
         return None
