@@ -26,8 +26,9 @@ from typing import Any
 from rlctl.metrics import clean_value, unify
 
 __all__ = ["ANSI", "Header", "Incomplete", "KeyMap", "Malformed", "RowPlans", "clean_value", "flat_dict",
-           "json_numbers", "json_objects", "key_values", "lines_with", "literal_dict", "literal_rows", "number",
-           "plain_lines", "plain_numbers", "plain_rows", "strip_ansi", "strip_prefixes", "unify"]
+           "forget_lines", "json_numbers", "json_objects", "key_values", "lines_with", "literal_dict", "literal_rows",
+           "number", "plain_lines", "plain_numbers", "plain_rows", "split_lines", "strip_ansi", "strip_prefixes",
+           "unify"]
 
 
 class Malformed(ValueError):
@@ -188,13 +189,31 @@ def plain_rows(rows: list[Any]) -> list[bool]:
     return [plain_numbers(r) for r in rows]
 
 
+def split_lines(text: str) -> tuple[list[str], list[int]]:
+    """A chunk's lines and where each starts, worked out once per chunk (a bulk reader and the stream both need
+    them): the last chunk's are kept until `forget_lines`."""
+    global _SPLIT
+    cached = _SPLIT  # one read: another thread may ingest another run meanwhile
+    if cached[0] is not text:
+        lines = text.split("\n")
+        cached = _SPLIT = (text, lines, list(accumulate(map(add, map(len, lines), repeat(1)), initial=0)))
+    return cached[1], cached[2]
+
+
+def forget_lines() -> None:
+    global _SPLIT
+    _SPLIT = ("", [], [])
+
+
+_SPLIT: tuple[str, list[str], list[int]] = ("", [], [])
+
+
 def lines_with(text: str, needle: str) -> tuple[list[int], list[str]]:
     """The lines of `text` holding `needle` and where each starts, every line tested in a C loop (a bulk reader's
     first step over a chunk of mostly metrics lines)."""
-    lines = text.split("\n")
+    lines, starts = split_lines(text)
     mask = list(map(contains, lines, repeat(needle)))
-    return list(compress(accumulate(map(add, map(len, lines), repeat(1)), initial=0), mask)), list(
-        compress(lines, mask))
+    return list(compress(starts, mask)), list(compress(lines, mask))
 
 
 def plain_lines(starts: list[int], lines: list[str], head: str, tail: str, ascii_only: bool = True

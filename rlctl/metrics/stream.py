@@ -20,13 +20,13 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from itertools import accumulate, compress, repeat
-from operator import add, contains, not_, or_
+from itertools import compress, repeat
+from operator import contains, not_, or_
 from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
-from rlctl.metrics.parsers import Header, Incomplete, strip_ansi
+from rlctl.metrics.parsers import Header, Incomplete, forget_lines, split_lines, strip_ansi
 
 LOG = "stdout.log"
 BACKEND_METRICS = "backend_metrics.jsonl"  # structured metrics a backend writes itself (e.g. through rlctl's patch)
@@ -338,6 +338,7 @@ class _Reader:
                 self.line(text[pos:end], st, records)
             pos = end + 1
         st.lines = count.upto(n + 1)
+        forget_lines()  # the chunk's lines, kept for the bulk reader and the needles
         self.emit(records, st)
 
     def consume_lines(self, text: str, st: IngestState) -> None:
@@ -446,10 +447,9 @@ def _needle_lines(text: str, needles: tuple[str, ...], skip: dict[int, Any] | No
     """Where the lines holding any needle start, in order (but those starting at a key of `skip`): one str.find
     run per needle, one step per hit; where most lines hold one (a log of metrics lines), every line tested in C."""
     if skip is not None or _dense(text, needles):
-        lines = text.split("\n")
-        starts_of: Iterator[int] = accumulate(map(add, map(len, lines), repeat(1)), initial=0)  # line offsets
+        lines, starts = split_lines(text)
+        starts_of: Iterator[int] = iter(starts)
         if skip:  # the lines read in bulk already are not looked at
-            starts = list(starts_of)
             keep = list(map(not_, map(skip.__contains__, starts)))
             lines, starts_of = list(compress(lines, keep)), compress(starts, keep)
         mask: Iterator[bool] = map(contains, lines, repeat(needles[0]))
