@@ -264,12 +264,12 @@ def _block(starts: list[int], lines: list[str]) -> dict[int, dict[str, Any]] | N
 def _json(lines: str) -> str:
     """Step lines (joined by newlines) as a JSON array of objects: what came before `Step ` (_HEAD_KEY), the step
     (_STEP_KEY), the fields with their units dropped."""
-    t = lines + "\n"
-    for unit in _UNIT_NAMES:  # a unit is followed by the next field or the line's end; a key, by `: `
-        if unit + " | " in t or unit + "\n" in t:
-            t = t.replace(unit + " | ", " | ").replace(unit + "\n", "\n")
-    t = t[:-1].replace(": ", '": ').replace(" | ", ', "').replace("Step ", '", "\\u0001": ')
-    return '[{"\\u0000": "' + t.replace("\n", '}, {"\\u0000": "') + "}]"
+    t = lines.replace("\n", " |\n") + " |"  # every field then ends in ` |`: a unit is cut where it is followed by it
+    for unit in _UNIT_NAMES:  # (a key, by `: `)
+        if unit + " |" in t:
+            t = t.replace(unit + " |", " |")
+    t = t[:-2].replace(": ", '": ').replace(" | ", ', "').replace("Step ", '", "\\u0001": ')
+    return '[{"\\u0000": "' + t.replace(" |\n", '}, {"\\u0000": "') + "}]"
 
 
 def _records(starts: list[int], rows: list[Any]) -> dict[int, dict[str, Any]]:
