@@ -127,8 +127,10 @@ def bulk(text: str) -> dict[int, dict[str, Any]]:
     if not lines:
         return {}
     j = "\n".join(lines)
-    # _plain: ASCII, no tabs; JSON allows no other control character but \r (split_segments' frames) between tokens
-    if "\r" not in j and "step: " not in j and "step:-" not in j and _plain(j.replace("\n", "\x00")):
+    # as _plain, but keys with blanks around them or none (`-  `, ` :`, ` - :`) are left to _plan, which sees each set
+    # of keys once; JSON allows no control character but \r (split_segments' frames) and \t between tokens
+    if (j.isascii() and "\r" not in j and "\t" not in j and '"' not in j and "\\" not in j and "{" not in j
+            and ": -" not in j and "step: " not in j and "step:-" not in j):
         # each line one object: its first key is what comes before `:N` (Ray's prefix and `step`), checked after
         rows = json_objects("[" + _json_text(j).replace("\n", '},{"') + "]")
         if rows is not None and len(rows) == len(lines):
@@ -143,7 +145,10 @@ def bulk(text: str) -> dict[int, dict[str, Any]]:
 
 
 def _plan(keys: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The names of a line's keys, its first (`... step`) the step's."""
+    """The names of a line's keys, its first (`... step`) the step's; None for a key parse's loop would strip or
+    find empty."""
+    if any(not k or k != k.strip() for k in keys[1:]):
+        return None
     names = _names(keys[1:]) if len(keys) > 1 else None
     return ("step", *names) if names is not None else None
 
