@@ -231,6 +231,12 @@ def plain_lines(starts: list[int], lines: list[str], head: str, tail: str, ascii
     return starts, lines
 
 
+# A dict's repr with only its quotes, colons, commas and braces left: `{'':'','':}` (each key quoted, each value
+# quoted or not), what literal_rows checks a line's quotes against (none in a key or value)
+_SKELETON = re.compile(rb"\{'':(?:'')?(?:,'':(?:'')?)*\}")
+_NOT_SKELETON = bytes(c for c in range(256) if c not in b"':,{}\n")
+
+
 def literal_rows(texts: list[str]) -> list[dict[str, Any] | None]:
     """literal_dict of each text (`{...}` as Python prints a dict, from its `{` to its `}`), for many texts in one
     JSON parse: each a dict of plain numbers, or None where literal_dict's JSON path would not read it so (left to
@@ -244,11 +250,12 @@ def literal_rows(texts: list[str]) -> list[dict[str, Any] | None]:
     rows: Any = None
     if '"' not in joined and "\\" not in joined and joined.count("{") == n and joined.count("}") == n:
         text = "[" + joined.replace("'", '"') + "]"
-        rows = json_objects(text)
-    if rows is not None and len(rows) == n and '": "' in text:
-        # quoted values: each quote in the text is a JSON string's own (it parsed), so a string value is the one
-        # after `": ` and before `, "` or `}`: unquoted, it is read as a JSON number (or the text is no JSON)
-        rows = json_objects(text.replace('": "', '": ').replace('", "', ', "').replace('"}', "}"))
+        if '": "' not in text:  # no quoted value: the text is literal_dict's JSON
+            rows = json_objects(text)
+        elif all(map(_SKELETON.fullmatch, set("\n".join(texts).encode().translate(None, _NOT_SKELETON).split(b"\n")))):
+            # quoted values (transformers' `'0.1234'`), each quote where a dict's repr puts it (the skeleton
+            # says so): a string value is the one after `": ` and before `, "` or `}`, unquoted
+            rows = json_objects(text.replace('": "', '": ').replace('", "', ', "').replace('"}', "}"))
     if rows is None or len(rows) != n:  # one text is no such JSON: each on its own
         rows = [_literal_json(t) for t in texts]
     return [r if ok else None for r, ok in zip(rows, plain_rows(rows), strict=True)]
