@@ -240,7 +240,8 @@ _NOT_SKELETON = bytes(c for c in range(256) if c not in b"':,{}\n")
 def literal_rows(texts: list[str]) -> list[dict[str, Any] | None]:
     """literal_dict of each text (`{...}` as Python prints a dict, from its `{` to its `}`), for many texts in one
     JSON parse: each a dict of plain numbers, or None where literal_dict's JSON path would not read it so (left to
-    literal_dict). The texts are joined only when none holds another brace, so each JSON value is exactly one text;
+    literal_dict). The texts are joined only when none holds another brace (or with quoted values, when each has a
+    dict's skeleton), so each JSON value is exactly one text;
     a quoted value (transformers' `'0.1234'`) is read as the JSON number it holds: what _QUOTED_NUMBER gives, or
     the value `number` makes of the string (plain_rows rules out the rest)."""
     n = len(texts)
@@ -248,10 +249,10 @@ def literal_rows(texts: list[str]) -> list[dict[str, Any] | None]:
         return []
     joined = ",".join(texts)
     rows: Any = None
-    if '"' not in joined and "\\" not in joined and joined.count("{") == n and joined.count("}") == n:
+    if '"' not in joined and "\\" not in joined:
         text = "[" + joined.replace("'", '"') + "]"
         if '": "' not in text:  # no quoted value: the text is literal_dict's JSON
-            rows = json_objects(text)
+            rows = json_objects(text) if joined.count("{") == n and joined.count("}") == n else None
         elif all(map(_SKELETON.fullmatch, set("\n".join(texts).encode().translate(None, _NOT_SKELETON).split(b"\n")))):
             # quoted values (transformers' `'0.1234'`), each quote where a dict's repr puts it (the skeleton
             # says so): a string value is the one after `": ` and before `, "` or `}`, unquoted
