@@ -212,3 +212,77 @@ def test_following_a_growing_log_reads_only_the_new_bytes(tmp_path):
     assert (run / METRICS).stat().st_size > metrics_size
     recs = stream.tail_records(run / METRICS, 4096)
     assert recs[-1]["step"] == 30001
+
+
+# ---- the bulk readers on whole chunks: edge lines among many plain ones -----------------------------------------
+
+GOOD = {
+    "verl": "(TaskRunner pid=7) step:{} - actor/pg_loss:0.013 - critic/score/mean:0.41 - actor/lr:1e-06",
+    "prime_rl": "02:33:26 SUCCESS Step {} | Time: 73.77s | Reward: 0.3887 | Throughput: 2408.9 tokens/s | "
+                "Seq. Length: 345.6 tokens/sample | Async Level: 1",
+    "openrlhf": "(PPOTrainer pid=4242) INFO 01-06 09:20:11 ppo_trainer.py:321] ✨ Global step {}: {{'policy_loss': "
+                "-0.0123, 'actor_lr': 5e-07, 'kl': 0.0004, 'reward': 0.43}}",
+    "trl": "{{'loss': '0.0123', 'grad_norm': '0.51', 'learning_rate': '1e-06', 'reward': '0.43', 'step': {}}}",
+    "command": '{{"rlctl_command": {{"step": {}, "policy_loss": 0.0123, "reward/mean": 0.43, "kl": 0.001}}}}',
+}
+EDGES = {
+    "verl": ["(TaskRunner pid=8) step:3 - actor/pg_loss:0.5", "(pid=1, ip=10.0.0.1) step:3 - a:1",
+             "(pid=1, ip=::1) step:3 - a:1", "step:-0 - a:1", "step: 5 - a:1", "step:5 - a:1 -", "step:05 - a:1",
+             "step:5 - a:1 - global_step:3", "step:5 - a:nan", "step:5 - a:1e400", "step:5 - a:12345678901234567",
+             "step:5 - a:1\r - b:2", "\x1b[36mstep:5 - a:1\x1b[0m", "step:5", "step:5 - step:6", "step:5 - time:1",
+             "x step:5 - a:1", "step:5 - a:1  - b:2", "step:5 - a:true", "step:5 - a:[1]", "step:5 - a :1",
+             "step:5 - a:1 -  b:2", "step:5 - :1", "step:5 - a:1 - :2", "step:5 - a: -1", "step:5 - a:1 - b: - c:2"],
+    "prime_rl": ["02:33:26 SUCCESS Step 5", "02:33:26 SUCCESS Step -0 | Reward: 1", "Step 5.0 | Reward: 1",
+                 "Step 05 | Reward: 1", "Step  5 | Reward: 1", "Step 5  | Reward: 1", "Step 5 | Time: 73.77 s",
+                 "Step 5 | Time: 5s", "Step 5 | Time: 1.1234567s", "Step 5 | Time: 73.77", "Step 5 | Time: 1m 5s",
+                 "\x1b[32mStep 5 | Reward: 1\x1b[0m", "Step 5 | Truncation: 5%", "Step 5 |  Reward: 1",
+                 "Step 5 | Reward: 1  | Loss: 2", "Step 5 | Foo GiB: 5 GiB", "Step 5 | Reward: 1e400",
+                 "Step 5 | Reward: 12345678901234567", "Step 5 | Reward: 1 | Reward: 2", "Step 5 | TIME: 1",
+                 "Step 5 | Peak Mem.: 71.2/80.0 GiB (89.0%)", "Step 5 | Reward 0.5", "Step 5 | Step: 3",
+                 "Step 5 | Reward: 5tokens/s", "Step 5 | Reward:\t1", "INFO Step 5 | Reward: 1", "Step 5 | Reward: 1s"],
+    "openrlhf": ["Global step 5: {'kl': 1}", "✨ Global step 5: {'kl': 1}", "Global step 5:  {'kl': 1}",
+                 "Global step 05: {'kl': 1}", "Global step 5: {'train/x': 1}", "Global step 5: {'global_step': 3}",
+                 "(PPOTrainer pid=1, ip=10.0.0.1) Global step 5: {'kl': '0.5'}", "Global step 5: {'kl': nan}",
+                 "Global step 5: {'kl': 1, ...}", "Global step 5: {'kl': 1}\r", "x Global step 5: {'kl': 1}",
+                 "Global step 5: {'a': '1, 'b': 2', 'c': 3}", "Global step 5: {'kl': 12345678901234567}"],
+    "trl": ["{'a': '1, 'b': 2', 'c': 3, 'loss': 1}", "{'loss': '0.5', 'step': 5.0}", "{'loss': 'nan', 'step': 3}",
+            "{'loss': '1e400', 'step': 3}", "{'loss': '12345678901234567'}", "{'loss': 1}\t", "{'eval_loss': 1}",
+            "{'loss': '0.5 '}", "{'loss': ' 1'}", "{'loss': '01'}", "{'loss': True}", "{'loss': '0.5', 'time': 1}",
+            "{'loss': 1, 'clip_ratio/region_mean': 2, 'clip_ratio': 3}", "{'x': 1}", "{'loss': {'a': 1}}",
+            "{'loss': '0.5'} {'loss': 2}", "{'train_runtime': 5}", "{'loss': 1, 'step': '4'}", "{'loss': \"x\"}"],
+    "command": ['{"rlctl_command": {"step": 1, "loss": NaN}}', '{"rlctl_command": {"step": 1.5, "loss": 1}}',
+                '{"rlctl_command": {"loss": 1}}', '{"rlctl_command": {"step": 1, "loss": "x"}}',
+                '{"rlctl_command": {"step": 1, "loss": 1}, "other": 2}', '{"rlctl_command": {"step": 1}}\r',
+                '{"rlctl_command": {"step": 1, "loss": 123456789012345678901}}', '{"rlctl_command": 5}}',
+                '{"rlctl_command": {"step": true}}', '{"rlctl_command": {"step": 1, "l": [1]}}'],
+}
+
+
+def with_and_without_bulk(log: Path, backend: str, tmp: Path) -> tuple:
+    """(line by line, bulk): the same reader with and without the adapter's bulk reader (parse is the oracle, for
+    lines the reference reads otherwise by design, e.g. garbled steps)."""
+    ad = adapter(backend)
+    out = []
+    for bulk in (None, ad.metric_bulk):
+        reader = _Reader(ad.parse, tuple(ad.metric_needles), tmp / "m.jsonl", bulk)
+        st = reader.file(log, IngestState(), True)
+        out.append((_records(tmp / "m.jsonl"), st.lines, st.records, st.skipped, st.examples, st.last_step))
+        (tmp / "m.jsonl").unlink(missing_ok=True)
+    return tuple(out)
+
+
+@pytest.mark.parametrize("backend", list(GOOD))
+def test_bulk_readers_fall_back_exactly_on_every_edge_line(backend, tmp_path):
+    """Each edge line among 40 plain ones (a chunk the bulk reader takes whole, then not), one at a time and all
+    together: the records, counts and examples are parse's line by line."""
+    good = [GOOD[backend].format(i) for i in range(1, 41)]
+    name = "backend_metrics.jsonl" if backend == "command" else "gen.log"
+    for edge in [*EDGES[backend], "\n".join(EDGES[backend])]:
+        log = tmp_path / name
+        log.write_text("\n".join(good[:20] + [edge] + good[20:]) + "\n")
+        old, new = with_and_without_bulk(log, backend, tmp_path)
+        assert new == old, edge
+    log.write_text("\n".join(good) + "\n")
+    old, new = with_and_without_bulk(log, backend, tmp_path)
+    assert new == old and len(new[0]) == 40
+    assert len(adapter(backend).metric_bulk(log.read_text())) == 40  # all read in bulk

@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
+from itertools import accumulate, chain, compress, repeat
 from math import isfinite
+from operator import add, and_, contains, itemgetter
 from typing import Any
 
 from rlctl.metrics import clean_value, unify
 
-__all__ = ["ANSI", "Header", "Incomplete", "KeyMap", "Malformed", "clean_value", "flat_dict", "json_numbers",
-           "json_objects", "key_values", "literal_dict", "number", "plain_numbers", "strip_ansi", "strip_prefixes",
+__all__ = ["ANSI", "Header", "Incomplete", "KeyMap", "Malformed", "RowPlans", "clean_value", "flat_dict",
+           "forget_lines", "json_numbers", "json_objects", "key_values", "lines_with", "literal_dict", "literal_rows",
+           "number", "plain_lines", "plain_numbers", "plain_rows", "split_lines", "strip_ansi", "strip_prefixes",
            "unify"]
 
 
@@ -173,6 +177,138 @@ def plain_numbers(d: Any, strings: bool = False) -> bool:
             return False
         values = [v for v in values if type(v) is not str]
     return sum(map(abs, values)) < 1e15
+
+
+def plain_rows(rows: list[Any]) -> list[bool]:
+    """plain_numbers(row) of every row (numbers only), checked for the whole list at once in C where all pass (the
+    common case: a log repeats one kind of line), else row by row."""
+    if all(type(r) is dict for r in rows):
+        values = list(chain.from_iterable(map(dict.values, rows)))
+        if set(map(type, values)) <= _NUMERIC and sum(map(abs, values)) < 1e15:
+            return [True] * len(rows)
+    return [plain_numbers(r) for r in rows]
+
+
+def split_lines(text: str) -> tuple[list[str], list[int]]:
+    """A chunk's lines and where each starts, worked out once per chunk (a bulk reader and the stream both need
+    them): the last chunk's are kept until `forget_lines`."""
+    global _SPLIT
+    cached = _SPLIT  # one read: another thread may ingest another run meanwhile
+    if cached[0] is not text:
+        lines = text.split("\n")
+        cached = _SPLIT = (text, lines, list(accumulate(map(add, map(len, lines), repeat(1)), initial=0)))
+    return cached[1], cached[2]
+
+
+def forget_lines() -> None:
+    global _SPLIT
+    _SPLIT = ("", [], [])
+
+
+_SPLIT: tuple[str, list[str], list[int]] = ("", [], [])
+
+
+def lines_with(text: str, needle: str) -> tuple[list[int], list[str]]:
+    """The lines of `text` holding `needle` and where each starts, every line tested in a C loop (a bulk reader's
+    first step over a chunk of mostly metrics lines)."""
+    lines, starts = split_lines(text)
+    mask = list(map(contains, lines, repeat(needle)))
+    return list(compress(starts, mask)), list(compress(lines, mask))
+
+
+def plain_lines(starts: list[int], lines: list[str], head: str, tail: str, ascii_only: bool = True
+                ) -> tuple[list[int], list[str]]:
+    """The lines (and their starts) that begin with `head`, end with `tail`, hold no tab or CR (split_segments'
+    frames) and are ASCII unless not `ascii_only`, each test a C loop over all. For a caller that reads them as JSON,
+    which allows no other control character (and checks what comes before `head` itself)."""
+    mask = list(map(and_, map(str.startswith, lines, repeat(head)), map(str.endswith, lines, repeat(tail))))
+    if not all(mask):
+        starts, lines = list(compress(starts, mask)), list(compress(lines, mask))
+    joined = "".join(lines)
+    if "\t" in joined or "\r" in joined or (ascii_only and not joined.isascii()):
+        mask = [(line.isascii() or not ascii_only) and "\t" not in line and "\r" not in line for line in lines]
+        starts, lines = list(compress(starts, mask)), list(compress(lines, mask))
+    return starts, lines
+
+
+# A dict's repr with only its quotes, colons, commas and braces left: `{'':'','':}` (each key quoted, each value
+# quoted or not), what literal_rows checks a line's quotes against (none in a key or value)
+_SKELETON = re.compile(rb"\{'':(?:'')?(?:,'':(?:'')?)*\}")
+_NOT_SKELETON = bytes(c for c in range(256) if c not in b"':,{}\n")
+
+
+def literal_rows(texts: list[str]) -> list[dict[str, Any] | None]:
+    """literal_dict of each text (`{...}` as Python prints a dict, from its `{` to its `}`), for many texts in one
+    JSON parse: each a dict of plain numbers, or None where literal_dict's JSON path would not read it so (left to
+    literal_dict). The texts are joined only when none holds another brace (or with quoted values, when each has a
+    dict's skeleton), so each JSON value is exactly one text;
+    a quoted value (transformers' `'0.1234'`) is read as the JSON number it holds: what _QUOTED_NUMBER gives, or
+    the value `number` makes of the string (plain_rows rules out the rest)."""
+    n = len(texts)
+    if not n:
+        return []
+    joined = ",".join(texts)
+    rows: Any = None
+    if '"' not in joined and "\\" not in joined:
+        text = "[" + joined.replace("'", '"') + "]"
+        if '": "' not in text:  # no quoted value: the text is literal_dict's JSON
+            rows = json_objects(text) if joined.count("{") == n and joined.count("}") == n else None
+        elif all(map(_SKELETON.fullmatch, set("\n".join(texts).encode().translate(None, _NOT_SKELETON).split(b"\n")))):
+            # quoted values (transformers' `'0.1234'`), each quote where a dict's repr puts it (the skeleton
+            # says so): a string value is the one after `": ` and before `, "` or `}`, unquoted
+            rows = json_objects(text.replace('": "', '": ').replace('", "', ', "').replace('"}', "}"))
+    if rows is None or len(rows) != n:  # one text is no such JSON: each on its own
+        rows = [_literal_json(t) for t in texts]
+    return [r if ok else None for r, ok in zip(rows, plain_rows(rows), strict=True)]
+
+
+def _literal_json(text: str) -> Any:
+    """literal_dict's JSON path for one text: what it reads, or None."""
+    try:
+        return _json_loads(_QUOTED_NUMBER.sub(r"\1", text).replace("'", '"'))
+    except ValueError:
+        return None
+
+
+Plan = tuple[tuple[str, ...], Callable[[list[Any]], Any]]
+
+
+class RowPlans:
+    """How a row of plain numbers becomes its record, worked out once per set of keys (a log repeats them): the
+    record's names and a getter of its values in that order (`make(keys)` gives the names and the values' positions,
+    or None where the adapter's own parse must read such rows)."""
+
+    MAX = 4096
+
+    def __init__(self, make: Callable[[tuple[str, ...]], tuple[list[str], list[int]] | None]):
+        self.make = make
+        self._plans: dict[tuple[str, ...], Plan | None] = {}
+
+    def get(self, keys: tuple[str, ...]) -> Plan | None:
+        plan = self._plans.get(keys, ...)
+        if plan is ...:
+            made = self.make(keys)
+            plan = None
+            if made is not None and made[1]:
+                names, order = made
+                if order == list(range(len(keys))):
+                    plan = (tuple(names), _identity)
+                elif len(order) == 1:
+                    plan = (tuple(names), _single(order[0]))
+                else:
+                    plan = (tuple(names), itemgetter(*order))
+            if len(self._plans) >= self.MAX:
+                self._plans.clear()
+            self._plans[keys] = plan
+        return plan
+
+
+def _identity(values: list[Any]) -> list[Any]:
+    return values
+
+
+def _single(i: int) -> Callable[[list[Any]], tuple[Any]]:
+    return lambda values: (values[i],)
 
 
 class KeyMap:

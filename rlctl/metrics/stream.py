@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from itertools import compress, repeat
+from operator import contains, not_, or_
 from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
-from rlctl.metrics.parsers import Header, Incomplete, strip_ansi
+from rlctl.metrics.parsers import Header, Incomplete, forget_lines, split_lines, strip_ansi
 
 LOG = "stdout.log"
 BACKEND_METRICS = "backend_metrics.jsonl"  # structured metrics a backend writes itself (e.g. through rlctl's patch)
@@ -218,10 +221,24 @@ def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | No
 
         reader.rename = in_loop.renamer(ad, run_dir)  # in-loop evals as eval/<set>/<mode> (docs/eval.md)
         reader.floor = step_floor(run_dir)
-        for name in files:
-            states[name] = reader.file(run_dir / name, states.get(name, IngestState()), final)
+        with _no_gc():
+            for name in files:
+                states[name] = reader.file(run_dir / name, states.get(name, IngestState()), final)
         _save_states(run_dir, states)
         return _total(states)
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cycle collector paused: a chunk's records are tens of thousands of new dicts (no cycles among them), and
+    each pass of the collector over them costs a fifth of the time ingestion takes."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class _Reader:
@@ -294,8 +311,13 @@ class _Reader:
             return
         records: list[dict[str, Any]] = []
         count = _LineCount(text, st.lines)
-        hits = _needle_lines(text, self.needles)
-        done = self.bulk(text) if self.bulk is not None and hits else {}
+        done: dict[int, dict[str, Any]] = {}
+        if self.bulk is not None and _dense(text, self.needles):  # mostly metrics lines: read in bulk first
+            done = self.bulk(text)  # its lines hold a needle: the others are looked for in the lines left
+            hits = sorted([*done, *_needle_lines(text, self.needles, skip=done)])
+        else:
+            hits = _needle_lines(text, self.needles)
+            done = self.bulk(text) if self.bulk is not None and hits else {}
         n, pos, i = len(text), 0, 0
         if not st.pending and not st.context and len(done) == len(hits):  # all read in bulk (done's are hits)
             records, i = list(done.values()), len(hits)
@@ -320,6 +342,7 @@ class _Reader:
                 self.line(text[pos:end], st, records)
             pos = end + 1
         st.lines = count.upto(n + 1)
+        forget_lines()  # the chunk's lines, kept for the bulk reader and the needles
         self.emit(records, st)
 
     def consume_lines(self, text: str, st: IngestState) -> None:
@@ -419,8 +442,26 @@ class _Reader:
 
 
 
-def _needle_lines(text: str, needles: tuple[str, ...]) -> list[int]:
-    """Where the lines holding any needle start, in order: one str.find run per needle, one step per hit."""
+def _dense(text: str, needles: tuple[str, ...]) -> bool:
+    """Whether most of a chunk's lines hold a needle, judged by its first lines (counting all of it costs what
+    finding them does)."""
+    sample = text[:65536]
+    return sum(map(sample.count, needles)) * 4 > sample.count("\n")
+
+
+def _needle_lines(text: str, needles: tuple[str, ...], skip: dict[int, Any] | None = None) -> list[int]:
+    """Where the lines holding any needle start, in order (but those starting at a key of `skip`): one str.find
+    run per needle, one step per hit; where most lines hold one (a log of metrics lines), every line tested in C."""
+    if skip is not None or _dense(text, needles):
+        lines, starts = split_lines(text)
+        starts_of: Iterator[int] = iter(starts)
+        if skip:  # the lines read in bulk already are not looked at
+            keep = list(map(not_, map(skip.__contains__, starts)))
+            lines, starts_of = list(compress(lines, keep)), compress(starts, keep)
+        mask: Iterator[bool] = map(contains, lines, repeat(needles[0]))
+        for needle in needles[1:]:
+            mask = map(or_, mask, map(contains, lines, repeat(needle)))
+        return list(compress(starts_of, mask))
     starts: set[int] = set()
     find, rfind = text.find, text.rfind
     for needle in needles:

@@ -20,6 +20,7 @@ import shlex
 import shutil
 import string
 import sys
+from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -438,23 +439,26 @@ class CommandBackend(Backend):
     def metric_bulk(self, text: str) -> dict[int, dict[str, Any]]:
         """The runner's plain record lines of a chunk, read by one JSON parse in C (the stream's fast path), by the
         offset where each line starts: exactly what `parse` makes of each; the other lines are left to `parse`."""
-        from rlctl.metrics.parsers import json_objects, plain_numbers
+        from rlctl.metrics.parsers import json_objects, lines_with, plain_lines, plain_numbers, plain_rows
 
-        starts, lines = [], []
-        for m in _BULK.finditer(text):
-            starts.append(m.start())
-            lines.append(m.group(0))
+        head = '{"' + _runner.RECORD_KEY + '": {'
+        starts, lines = plain_lines(*lines_with(text, head), head, "}}", ascii_only=False)
         rows = json_objects("[" + ",".join(lines) + "]") if lines else None
-        if rows is None or len(rows) != len(lines):
-            return {}
+        if rows is not None and len(rows) == len(lines):
+            # each line one value (their count says so); a number or a string in C, as the standard library reads it
+            inners = list(map(dict.get, rows, repeat(_runner.RECORD_KEY))) if set(map(type, rows)) == {dict} else []
+            if (inners and all(plain_rows(inners))
+                    and set(map(type, map(dict.get, inners, repeat("step"), repeat(0)))) == {int}):
+                return dict(zip(starts, inners, strict=True))  # numbers clean_value keeps; int steps (or none)
         out = {}
-        for start, row in zip(starts, rows, strict=True):
-            inner = row.get(_runner.RECORD_KEY) if type(row) is dict else None
-            if not plain_numbers(inner):
+        for m in _BULK.finditer(text):  # a chunk with other lines: each on its own
+            try:
+                row = json.loads(m.group(0))
+            except ValueError:
                 continue
-            step = inner.get("step", ...)
-            if step is ... or type(step) is int:
-                out[start] = inner  # numbers clean_value keeps as they are, the step an int (or none: counted)
+            inner = row.get(_runner.RECORD_KEY) if type(row) is dict else None
+            if plain_numbers(inner) and type(inner.get("step", 0)) is int:
+                out[m.start()] = inner
         return out
 
     # ---- checkpoints -----------------------------------------------------------------------------------------------

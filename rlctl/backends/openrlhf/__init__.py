@@ -508,6 +508,13 @@ class OpenRLHFBackend(Backend):
 
         return name_in_loop_evals(rec, ctx)
 
+    def metric_bulk(self, text: str) -> dict[int, dict[str, Any]]:
+        """The records of a chunk's plain metrics lines, read together (the stream's fast path): see
+        openrlhf/metrics.py."""
+        from rlctl.backends.openrlhf.metrics import bulk
+
+        return bulk(text)
+
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe
         P = arch.params

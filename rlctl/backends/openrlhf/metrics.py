@@ -21,15 +21,20 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import chain, repeat
 from typing import Any
 
 from rlctl.metrics.parsers import (
     Incomplete,
     KeyMap,
     Malformed,
+    RowPlans,
     key_values,
+    lines_with,
     literal_dict,
+    literal_rows,
     number,
+    plain_lines,
     strip_prefixes,
     unify,
 )
@@ -206,4 +211,64 @@ def name_in_loop_evals(rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, An
             out[named(ctx, many, source, "mean_correct")] = v
         else:
             out[named(ctx, many, source, metric)] = v
+
+
+# What may come before `Global step N: {...}` on a line read in bulk: Ray's prefix (as strip_prefixes removes it),
+# OpenRLHF's logging prefix and its ✨; each line's, newline-ended
+_HEADS = re.compile(r"(?:(?:\((?:[\w.:\-]+ )?pid=\d+(?:, \w+=[^,)\x00-\x1f]*)*\) ?)?"
+                    r"(?:(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] )?(?:✨ )?\n)*")
+_RESERVED = frozenset(("global_step", "train/global_step", "eval/global_step", "_step", "_timestamp", "_runtime",
+                       "step", "time"))
+
+
+def _plan(keys: tuple[str, ...]) -> tuple[list[str], list[int]] | None:
+    """What `record` makes of a Global step dict with these keys (after its step), or None where it is more than
+    a renaming (a step, W&B or eval key in the dict): left to parse."""
+    if any(k in _RESERVED or k.startswith(("eval/", "train/")) for k in keys):
+        return None
+    names = _KEYS.names(keys)
+    return (["step", *names], list(range(len(keys) + 1))) if names is not None else None
+
+
+_PLANS = RowPlans(_plan)
+
+
+def bulk(text: str) -> dict[int, dict[str, Any]]:
+    """The records of a chunk's plain `Global step N: {...}` lines (a dict of numbers ending the line), by the
+    offset where each line starts, their dicts read by one JSON parse in C: exactly what `parse` makes of each
+    (tests/test_ingest_speed.py). Other lines are left to `parse`."""
+    starts, lines = plain_lines(*lines_with(text, "Global step "), "", "}", ascii_only=False)
+    if not lines:
+        return {}
+    heads, _, rests = zip(*map(str.partition, lines, repeat("Global step ")), strict=True)
+    steps, _, dicts = zip(*map(str.partition, rests, repeat(": ")), strict=True)
+    if not (all(steps) and "".join(steps).isdigit() and all(map(str.startswith, dicts, repeat("{")))
+            and _HEADS.fullmatch("\n".join(set(heads)) + "\n")):  # a log repeats its heads
+        return _one_by_one(starts, heads, steps, dicts)
+    rows = literal_rows(list(dicts))
+    keys = set(map(tuple, filter(None, rows)))
+    if len(keys) == 1 and None not in rows:  # one set of keys (a log's usual case): renamed in C
+        plan = _PLANS.get(keys.pop())
+        if plan is not None:
+            values = map(chain, zip(map(int, steps)), map(dict.values, rows))
+            return dict(zip(starts, map(dict, map(zip, repeat(plan[0]), values)), strict=True))
+    out = {}
+    get = _PLANS.get
+    for start, step, row in zip(starts, steps, rows, strict=True):
+        plan = get(tuple(row)) if row is not None else None
+        if plan is not None:
+            out[start] = dict(zip(plan[0], (int(step), *row.values()), strict=True))
+    return out
+
+
+def _one_by_one(starts: list[int], heads: Any, steps: Any, dicts: Any) -> dict[int, dict[str, Any]]:
+    """The plain lines of a chunk that has others."""
+    keep = [i for i, (h, s, d) in enumerate(zip(heads, steps, dicts, strict=True))
+            if s.isdigit() and d.startswith("{") and _HEADS.fullmatch(h + "\n")]
+    rows = literal_rows([dicts[i] for i in keep])
+    out = {}
+    for i, row in zip(keep, rows, strict=True):
+        plan = _PLANS.get(tuple(row)) if row is not None else None
+        if plan is not None:
+            out[starts[i]] = dict(zip(plan[0], (int(steps[i]), *row.values()), strict=True))
     return out

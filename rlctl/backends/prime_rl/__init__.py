@@ -373,6 +373,13 @@ class PrimeRLBackend(Backend):
 
         return parse(line)
 
+    def metric_bulk(self, text: str) -> dict[int, dict[str, Any]]:
+        """The records of a chunk's plain metrics lines, read together (the stream's fast path): see
+        prime_rl/metrics.py."""
+        from rlctl.backends.prime_rl.metrics import bulk
+
+        return bulk(text)
+
     # ---- checkpoints and disk --------------------------------------------------------------------------------
     def prune_during_run(self, recipe: Recipe) -> bool:
         """prime-rl prunes checkpoints/step_N and weights/step_N to keep_last itself (trainer/ckpt.py maybe_clean),

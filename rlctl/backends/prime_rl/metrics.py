@@ -27,10 +27,22 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import repeat
+from operator import add, itemgetter
 from typing import Any
 
 from rlctl.metrics import UNIFIED, clean_value
-from rlctl.metrics.parsers import Incomplete, Malformed, number, strip_prefixes, unify
+from rlctl.metrics.parsers import (
+    Incomplete,
+    Malformed,
+    RowPlans,
+    json_objects,
+    lines_with,
+    number,
+    plain_rows,
+    strip_prefixes,
+    unify,
+)
 
 NAME = "prime_rl"
 
@@ -175,3 +187,102 @@ def _fields(body: str) -> dict[str, Any]:
         vm = _UNITS.match(value) or _LEADING.match(value)
         fields[key] = vm.group(1) if vm else value
     return fields
+
+
+# v0.3 step lines read in bulk: loguru's time and level before `Step N | `, then `Key: number` fields with an optional
+# unit (dropped, as _UNITS does), `Time` in seconds as `12.34s` with at most 6 decimals (which `duration` keeps as
+# written). All checked in C over the chunk's step lines; the lines then read by one JSON parse, each an object of
+# what came before `Step ` (_HEAD_KEY), the step (_STEP_KEY) and the fields.
+_HEADS = re.compile(r"(?:(?:[0-9][0-9]:[0-9][0-9]:[0-9][0-9] +[A-Z]+ )?\n)*")  # each line's, newline-ended
+_TIMES = re.compile(r"Time: ([^ |\n]*)")
+_TIME_VALUES = re.compile(r"(?:[0-9]{1,9}\.[0-9]{1,6}s\n)*")
+_UNIT_NAMES = (" tokens/sample", " tokens/s", " GiB", "%", "s")  # longest first: each is cut before the next
+_HEAD_KEY, _STEP_KEY = "\x00", "\x01"  # no field's keys (printable)
+
+
+def _plan(keys: tuple[str, ...]) -> tuple[list[str], list[int]] | None:
+    """What `parse` makes of a step line with these fields (the step first, as _STEP_KEY): the names in the
+    fields' order; None where that is more than a renaming: a key `_fields` would strip or read as v0.8, a fraction
+    (`Truncation`, a percentage made a fraction), a name unify leaves out."""
+    if len(keys) < 2 or keys[0] != _STEP_KEY or _STEP_KEY in keys[1:] or _HEAD_KEY in keys:
+        return None  # a line without fields (no ` | `), or one the JSON was not built from
+    for k in keys[1:]:
+        if not k or k != k.strip() or k in FRACTIONS or not k[0].isalpha():
+            return None
+    trainer = "Loss" in keys or "Grad. Norm" in keys
+    mapping = TRAINER_MAP if trainer else ORCH_MAP
+    prefix = "trainer_" if trainer else ""
+    names = ["step"]
+    for k in keys[1:]:
+        if k in mapping:
+            names.append(mapping[k])
+        else:
+            name = prefix + _lower(k)
+            if name in ("step", "time"):  # unify leaves those out
+                return None
+            names.append(f"{NAME}/{name}")
+    return names, list(range(len(keys)))
+
+
+_PLANS = RowPlans(_plan)
+
+
+def bulk(text: str) -> dict[int, dict[str, Any]]:
+    """The records of a chunk's plain v0.3 step lines, by the offset where each line starts: exactly what `parse`
+    makes of each (tests/test_ingest_speed.py). Other lines are left to `parse`. Every step per line is a C loop."""
+    starts, lines = lines_with(text, "Step ")
+    if not lines:
+        return {}
+    if len(lines) > 1:
+        out = _block(starts, lines)
+        if out is not None:
+            return out
+    out = {}
+    for start, line in zip(starts, lines, strict=True):  # a chunk with other lines: each on its own
+        out.update(_block([start], [line]) or {})
+    return out
+
+
+def _block(starts: list[int], lines: list[str]) -> dict[int, dict[str, Any]] | None:
+    """The records of step lines all plain, or None: printable ASCII (no colours, CR frames, tabs), one `Step N | `
+    each after loguru's head, a step of digits, times as `12.34s`."""
+    j = "\n".join(lines)
+    # JSON allows no control character but \t and \r (split_segments' frames) between tokens: ruled out here
+    if not (j.isascii() and "\r" not in j and "\t" not in j and j.count("Step ") == len(lines) and '"' not in j
+            and "\\" not in j and "Step -" not in j and "Step  " not in j and "  |" not in j
+            and _TIME_VALUES.fullmatch("".join(map(add, _TIMES.findall(j), repeat("\n"))))):
+        return None
+    rows = json_objects(_json(j))
+    if rows is None or len(rows) != len(lines):
+        return None
+    heads = set(map(dict.pop, rows, repeat(_HEAD_KEY)))  # what came before `Step `, the same on most lines
+    if not _HEADS.fullmatch("".join(map(add, heads, repeat("\n")))):
+        return None
+    return _records(starts, rows)
+
+
+def _json(lines: str) -> str:
+    """Step lines (joined by newlines) as a JSON array of objects: what came before `Step ` (_HEAD_KEY), the step
+    (_STEP_KEY), the fields with their units dropped."""
+    t = lines.replace("\n", " |\n") + " |"  # every field then ends in ` |`: a unit is cut where it is followed by it
+    for unit in _UNIT_NAMES:  # (a key, by `: `)
+        if unit + " |" in t:
+            t = t.replace(unit + " |", " |")
+    t = t[:-2].replace(": ", '": ').replace(" | ", ', "').replace("Step ", '", "\\u0001": ')
+    return '[{"\\u0000": "' + t.replace(" |\n", '}, {"\\u0000": "') + "}]"
+
+
+def _records(starts: list[int], rows: list[Any]) -> dict[int, dict[str, Any]]:
+    """Rows of step lines (step first) as records; a step that is no int is parse's (`Step 5.0 | ..` is garbled)."""
+    keys = set(map(tuple, rows))
+    plan = _PLANS.get(next(iter(keys))) if len(keys) == 1 else None
+    if plan is not None and set(map(type, map(itemgetter(_STEP_KEY), rows))) == {int} and all(plain_rows(rows)):
+        # one set of keys (a log's usual case): renamed in C
+        return dict(zip(starts, map(dict, map(zip, repeat(plan[0]), map(dict.values, rows))), strict=True))
+    out = {}
+    get = _PLANS.get
+    for start, row, ok in zip(starts, rows, plain_rows(rows), strict=True):
+        plan = get(tuple(row)) if ok else None
+        if plan is not None and type(row[_STEP_KEY]) is int:
+            out[start] = dict(zip(plan[0], row.values(), strict=True))
+    return out

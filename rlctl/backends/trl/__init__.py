@@ -337,6 +337,13 @@ class TRLBackend(Backend):
 
         return name_in_loop_evals(rec, ctx)
 
+    def metric_bulk(self, text: str) -> dict[int, dict[str, Any]]:
+        """The records of a chunk's plain metrics lines, read together (the stream's fast path): see
+        trl/metrics.py."""
+        from rlctl.backends.trl.metrics import bulk
+
+        return bulk(text)
+
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         from rlctl.backends.trl.checkpoints import find
 

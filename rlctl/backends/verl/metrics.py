@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import repeat
+from operator import add
 from typing import Any
 
 from rlctl.metrics.parsers import (
@@ -22,8 +24,10 @@ from rlctl.metrics.parsers import (
     Malformed,
     json_numbers,
     json_objects,
+    lines_with,
     number,
     plain_numbers,
+    plain_rows,
     strip_prefixes,
     unify,
 )
@@ -112,30 +116,56 @@ def _fast(body: str) -> dict[str, Any] | None:
 _BULK = re.compile(r"^(?:\((?:[\w.:\-]+ )?pid=\d+(?:, \w+=[^,)\n]*)*\) ?)?step:(\d+) - ([!-~][ -~]*)$", re.M)
 
 
+# the first key of a step line read as JSON: Ray's prefix (as strip_prefixes removes it) and `step`, newline-ended
+_HEADS = re.compile(r"(?:(?:\((?:[\w.:\-]+ )?pid=\d+(?:, \w+=[^,)\x00-\x1f]*)*\) ?)?step\n)*")
+
+
 def bulk(text: str) -> dict[int, dict[str, Any]]:
     """The records of a chunk's plain step lines, by the offset where each line starts, all read by one JSON parse
     in C: exactly what `parse` makes of each (tests/test_ingest_speed.py). Other lines are left to `parse`."""
-    starts, steps, bodies = [], [], []
+    starts, lines = lines_with(text, "step:")
+    if not lines:
+        return {}
+    j = "\n".join(lines)
+    # as _plain, but keys with blanks around them or none (`-  `, ` :`, ` - :`) are left to _plan, which sees each set
+    # of keys once; JSON allows no control character but \r (split_segments' frames) and \t between tokens
+    if (j.isascii() and "\r" not in j and "\t" not in j and '"' not in j and "\\" not in j and "{" not in j
+            and ": -" not in j and "step: " not in j and "step:-" not in j):
+        # each line one object: its first key is what comes before `:N` (Ray's prefix and `step`), checked after
+        rows = json_objects("[" + _json_text(j).replace("\n", '},{"') + "]")
+        if rows is not None and len(rows) == len(lines):
+            keys = set(map(tuple, rows))
+            plans = {k: _plan(k) for k in keys} if len(keys) <= 64 else {}
+            if (plans and None not in plans.values() and all(plain_rows(rows))
+                    and set(map(type, map(next, map(iter, map(dict.values, rows))))) == {int}
+                    and _HEADS.fullmatch("".join(map(add, {k[0] for k in keys}, repeat("\n"))))):
+                names = repeat(plans[keys.pop()]) if len(keys) == 1 else map(plans.__getitem__, map(tuple, rows))
+                return dict(zip(starts, map(dict, map(zip, names, map(dict.values, rows))), strict=True))
+    return _by_line(text)
+
+
+def _plan(keys: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The names of a line's keys, its first (`... step`) the step's; None for a key parse's loop would strip or
+    find empty."""
+    if any(not k or k != k.strip() for k in keys[1:]):
+        return None
+    names = _names(keys[1:]) if len(keys) > 1 else None
+    return ("step", *names) if names is not None else None
+
+
+def _by_line(text: str) -> dict[int, dict[str, Any]]:
+    """The plain step lines of a chunk that has others, each read on its own."""
+    out = {}
     for m in _BULK.finditer(text):
         step, body = m.groups()
         body = body.rstrip(" -")
         if body and "[repeated" not in body:  # Ray's dedup suffix: parse strips it
-            starts.append(m.start())
-            steps.append(step)
-            bodies.append(body)
-    if not bodies:
-        return {}
-    joined = "\x00".join(bodies)
-    dicts = json_objects("[" + _json_text(joined).replace("\x00", '},{"') + "]") if _plain(joined) else None
-    if dicts is None or len(dicts) != len(bodies):
-        dicts = [_fast(b) for b in bodies]
-    out = {}
-    for start, step, d in zip(starts, steps, dicts, strict=True):
-        if d is None or not plain_numbers(d):
-            continue
-        names = _names(tuple(d))
-        if names is not None:
-            out[start] = {"step": int(step), **dict(zip(names, d.values(), strict=True))}
+            d = _fast(body)
+            if d is None or not plain_numbers(d):
+                continue
+            names = _names(tuple(d))
+            if names is not None:
+                out[m.start()] = {"step": int(step), **dict(zip(names, d.values(), strict=True))}
     return out
 
 
