@@ -211,6 +211,7 @@ def name_in_loop_evals(rec: dict[str, Any], ctx: dict[str, Any]) -> dict[str, An
             out[named(ctx, many, source, "mean_correct")] = v
         else:
             out[named(ctx, many, source, metric)] = v
+    return out
 
 
 # What may come before `Global step N: {...}` on a line read in bulk: Ray's prefix (as strip_prefixes removes it),
