@@ -310,3 +310,28 @@ def test_adapters_expose_their_metrics_module():
         adapter = get_backend(name)
         assert tuple(adapter.metric_needles) == tuple(mod.NEEDLES), name
         assert adapter.parse("no metrics here") is None
+
+
+def test_ingest_lock_one_writer_and_each_callers_rule(tmp_path):
+    """The ingest lock, taken in one place: while another holder has it, ingest skips its round, an eval result is
+    appended anyway after its wait (one write), and a wait that ends in time gets the lock."""
+    import fcntl
+    import threading
+
+    from rlctl.evals.loop import append_metrics
+    from rlctl.metrics.stream import INGEST_LOCK, ingest, ingest_lock
+
+    (tmp_path / "stdout.log").write_text("step:1 - actor/pg_loss:0.5\n")
+    with open(tmp_path / INGEST_LOCK, "w") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        assert ingest(tmp_path, "verl") is None  # busy: this round is skipped, nothing half-written
+        with ingest_lock(tmp_path, wait=0.2) as held:
+            assert not held
+        threading.Timer(0.3, lambda: fcntl.flock(other, fcntl.LOCK_UN)).start()
+        with ingest_lock(tmp_path, wait=5) as held:
+            assert held
+    append_metrics(tmp_path, 2, {"eval/x/greedy_pass@1": 0.5})
+    st = ingest(tmp_path, "verl")
+    assert st is not None and st.records == 1
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and '"eval/x/greedy_pass@1"' in lines[0]

@@ -9,7 +9,6 @@ in <run>/evals/: step-N.json (spec), step-N.out.json (results), step-N.log, and 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -22,7 +21,7 @@ from typing import Any
 from rlctl.errors import RlctlError
 from rlctl.evals.ledger import EVALS, read_ledger, write_ledger
 from rlctl.evals.sets import EvalSet, resolve_key
-from rlctl.metrics.stream import METRICS, write_records
+from rlctl.metrics.stream import METRICS, ingest_lock, write_records
 
 # ---- the eval part of a launch spec ------------------------------------------------------------------------------
 
@@ -116,16 +115,7 @@ def append_metrics(run_dir: Path, step: int, metrics: dict[str, float]) -> None:
     """One record at the checkpoint's step, written under the ingest lock (one write: readers never see half)."""
     if not metrics:
         return
-    with open(run_dir / ".ingest.lock", "w") as lock:
-        deadline = time.time() + 30
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError:
-                if time.time() > deadline:
-                    break  # a stuck ingester: append anyway (one write)
-                time.sleep(0.05)
+    with ingest_lock(run_dir, wait=30):  # a stuck ingester: append anyway (one write)
         write_records(run_dir / METRICS, [{"step": step, **metrics}])
 
 

@@ -198,6 +198,28 @@ def step_floor(run_dir: Path) -> int:
         return -1
 
 
+INGEST_LOCK = ".ingest.lock"
+
+
+@contextlib.contextmanager
+def ingest_lock(run_dir: Path, wait: float = 0.0) -> Iterator[bool]:
+    """The run's ingest lock (one writer of metrics.jsonl and .ingest.json at a time), tried for up to `wait`
+    seconds; yields whether it is held, so each caller decides what a busy lock means (ingest: skip this round; an
+    eval result: append anyway, in one write; a restart's step reset: leave it)."""
+    with open(run_dir / INGEST_LOCK, "w") as lock:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.05)
+        yield True
+
+
 def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | None:
     """Parse whatever complete lines the logs gained since last time. With final=True a last line without a
     newline is parsed too (the process has ended), and a record left unfinished is counted as not understood.
@@ -206,10 +228,8 @@ def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | No
     files = log_files(run_dir)
     if ad is None or not files:
         return None
-    with open(run_dir / ".ingest.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+    with ingest_lock(run_dir) as held:
+        if not held:
             return None
         states = _load_states(run_dir)
         parse = ad.log_parser(run_dir) if hasattr(ad, "log_parser") else ad.parse

@@ -226,18 +226,11 @@ class Supervisor:
 
     def _reset_ingested_step(self, base: int) -> None:
         """At a restart: counting continues from the checkpoint's step (what the new attempt repeats from)."""
-        import fcntl
+        from rlctl.metrics.stream import ingest_lock
 
-        with contextlib.suppress(OSError, ValueError), open(self.run_dir / ".ingest.lock", "w") as lock:
-            deadline = time.time() + 10
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError:
-                    if time.time() > deadline:
-                        return
-                    time.sleep(0.05)
+        with contextlib.suppress(OSError, ValueError), ingest_lock(self.run_dir, wait=10) as held:
+            if not held:
+                return
             raw = json.loads((self.run_dir / INGEST_STATE).read_text())
             for st in raw.values():
                 if isinstance(st, dict):
