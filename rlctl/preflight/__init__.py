@@ -60,8 +60,10 @@ class Context:
 
     def __init__(self, prepared: Any):
         self.prepared = prepared
-        self.recipe = prepared.recipe
         self.backend = prepared.backend
+        # the checks read the values that would run: where the backend's pass-through options override what it
+        # renders from the recipe, those (Backend.effective), each said in the results it could change
+        self.recipe, self.overridden = prepared.backend.effective(prepared.recipe)
         self.dataset_size: int | None = prepared.dataset_size
 
     @cached_property
@@ -154,6 +156,10 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
         if out is None:
             continue
         out = out if isinstance(out, list) else [out]
+        if ctx.overridden:  # a verdict computed from an overriding value names it (the recipe key is not what ran)
+            for r in out:
+                if r.verdict in (FAIL, WARN):
+                    r.figure += f" (checked with what would run: {'; '.join(ctx.overridden)})"
         if only:  # a check that runs others (env.executor) returns only those asked for
             out = [r for r in out if any(_selects(name, o, aliases) and (o not in aliases or r.check == o)
                                          for o in only)]

@@ -463,6 +463,14 @@ class OpenRLHFBackend(Backend):
 
         return recipe.algorithm.name != "dr_grpo" or version_key(self.target_version(recipe)) >= version_key("0.11.0")
 
+    def effective(self, recipe: Recipe) -> tuple[Recipe, list[str]]:
+        """backend.openrlhf.extra overrides what rlctl renders (argparse takes the last value): the recipe that
+        renders the command that runs (argv.py); the recipe itself where none does (render refuses that)."""
+        from rlctl.backends.openrlhf.argv import effective
+
+        eff = effective(self, recipe)
+        return eff.recipe, eff.lines
+
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.openrlhf.honour import placement_errors
 
