@@ -69,12 +69,17 @@ NO_RECIPE_KEY = {"actor_num_nodes", "ref_num_nodes", "critic_num_nodes", "actor_
                  "lr_scheduler", "prompt_max_len", "generate_max_len", "max_len", "max_new_tokens", "param_dtype",
                  "save_path", "ckpt_path", "save_hf_ckpt", "disable_ds_ckpt", "load_checkpoint", "best_metric_key",
                  "remote_rm_url", "apply_chat_template", "tensorboard", "wandb_key"}
+# flags render derives from an overridden value that no rlctl check reads, so the effective recipe may render them
+# otherwise than the command that runs: --best_metric_key none comes with checkpoint.keep_last (best-eval HF exports
+# off); an --max_ckpt_num extra leaves them on, which changes what stays on disk, not a verdict
+UNREAD = {"best_metric_key"}
 # algorithm.name from --advantage_estimator: gae (ppo) renders the critic too, so it never maps from another estimator
 ESTIMATOR_NAME = {"group_norm": "grpo", "dr_grpo": "dr_grpo", "reinforce_baseline": "reinforce_baseline"}
-# derived by render from the overridden values, pinned to what the command keeps: the actor's GPUs per node
-# (ref and critic get the same count): resources.trainer_gpus, whose length per node is what render gives them
+# derived by render from the overridden values, pinned to what the command keeps: the actor's GPUs per node (ref and
+# critic get the same count; resources.trainer_gpus, whose length per node is what render gives them: GPU ids are
+# not read), and the rollout's micro batch (the trainer's when rollout.micro_batch_size is unset)
 PINNED = {"actor_num_gpus_per_node": "resources.trainer_gpus", "ref_num_gpus_per_node": "resources.trainer_gpus",
-          "critic_num_gpus_per_node": "resources.trainer_gpus"}
+          "critic_num_gpus_per_node": "resources.trainer_gpus", "micro_rollout_batch_size": "rollout.micro_batch_size"}
 TYPES = {"int": int, "float": float, "str": str}
 
 
@@ -266,17 +271,19 @@ def effective(backend: Any, recipe: Recipe) -> Effective:
             ran = parse(version, backend.cli_args(eff, extra=known)[0])
         except Refused as e:
             return refuse(f"the recipe with it renders a command argparse refuses ({e})", "remove it")
-        moved = [d for d, v in vars(after).items() if getattr(ran, d, None) != v]
+        moved = [d for d, v in vars(after).items() if getattr(ran, d, None) != v and concept_of.get(d) not in UNREAD]
         if not moved:
             break
         unpinnable = [d for d in moved if concept_of.get(d) not in PINNED]
         if unpinnable:
             return refuse(f"a recipe with it renders {', '.join('--' + d for d in unpinnable)} otherwise",
                           f"remove it, and set {RECIPE_KEY.get(overrides[0].concept, 'the recipe keys')} instead")
-        counts = {getattr(after, d) for d in moved}
-        if len(counts) > 1:
-            return refuse("the actor, ref and critic would get different GPU counts", "remove it")
-        pins["resources.trainer_gpus"] = list(range(counts.pop()))  # GPU ids: only their count per node is read
+        for key in {PINNED[concept_of[d]] for d in moved}:
+            kept = {getattr(after, d) for d in moved if PINNED[concept_of[d]] == key}
+            if len(kept) > 1:
+                return refuse(f"the flags {key} renders would get different values", "remove it")
+            n = kept.pop()
+            pins[key] = list(range(n)) if key == "resources.trainer_gpus" else n
     else:
         return refuse("render's derived values do not settle", "remove it")
     out = list(said)
@@ -289,7 +296,7 @@ def effective(backend: Any, recipe: Recipe) -> Effective:
                            f"{k} = {v!r} {where}", f"set {k} = {v!r} instead"))
         lines.append(f"{o.key} = {o.new!r} in place of {k} = {_get(recipe, k)!r}")
     for k, v in pins.items():
-        lines.append(f"{k} = {v!r}, the actor's GPUs per node the command keeps")
+        lines.append(f"{k} = {v!r}, as the command keeps it")
     return Effective(eff, out, lines)
 
 
