@@ -17,10 +17,12 @@ other dialect's spelling (`--max_ckpt_num` / `--ckpt.max_num`), a store_true fla
 flag given none, a list, a wrong type or choice, an abbreviation, an unknown flag. train_ppo_ray's argparse decides
 (last wins, or an error). rlctl checks what would run (rlctl/backends/openrlhf/argv.py): an override's value
 goes back into its recipe key (the effective recipe) and rlctl's checks read it; its verdict must equal OpenRLHF's on
-the case itself. One class of case is treated apart, by name: an override of a concept with no recipe key
-(argv.NO_RECIPE_KEY, e.g. the actor's GPUs per node) or that no recipe renders (a value the recipe cannot hold, a
-derived flag that moves with it): rlctl refuses it on purpose ("rlctl cannot check what would run"), whatever
-OpenRLHF would do; `unmapped()` asserts that refusal and that it names the extra, and the case is not compared.
+the case itself. One class of case is treated apart, by name: an override whose value no recipe key can hold (a
+concept in argv.NO_RECIPE_KEY, e.g. the actor's GPUs per node; an advantage estimator rlctl has no algorithm for,
+or any other on a ppo recipe;
+a LoRA flag on a recipe without [lora]): rlctl refuses it on purpose ("rlctl cannot check what would run"), whatever
+OpenRLHF would do; `unmapped()` asserts that refusal, that it names the extra, and that rlctl refuses so for nothing
+else; the case is not compared with OpenRLHF.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from rlctl.backends.openrlhf import OpenRLHFBackend
-from rlctl.backends.openrlhf.argv import NO_RECIPE_KEY
+from rlctl.backends.openrlhf.argv import ESTIMATOR_NAME, NO_RECIPE_KEY
 from rlctl.backends.openrlhf.releases import FLAGS, release
 from tests.conformance._agreement import disagreement, peft_accepts, profile, rlctl_verdict, workdir
 from tests.conformance._openrlhf_support import OpenRLHF, dest
@@ -95,6 +97,8 @@ EXTRAS: list[tuple[str, str, Any] | None] = [
     ("prefix", "max_ckpt_num", 4), ("prefix", "eps_clip", 0.3),  # abbreviations (unique or ambiguous)
     ("raw", "nope_flag", 1),
     ("concept", "actor_num_gpus_per_node", 1),  # no recipe key: refused on purpose (unmapped())
+    ("concept", "advantage_estimator", "dr_grpo"), ("concept", "advantage_estimator", "rloo"),  # rloo: no algorithm
+    ("concept", "lora_rank", 16),  # lora.rank where the case has [lora]; LoRA turned on by one flag otherwise
 ]
 
 
@@ -207,19 +211,25 @@ UNCHECKABLE = "rlctl cannot check what would run"
 
 def unmapped(c: dict[str, Any], reasons: list[str]) -> bool:
     """Whether rlctl refused the case's extra as an override it cannot check (module docstring): then the case is not
-    compared with OpenRLHF. Asserted to happen exactly where the extra is a concept with no recipe key; any other such
-    refusal (a value the recipe cannot hold, a derived flag that moves) is printed as a disagreement to look at."""
+    compared with OpenRLHF. Allowed only where no recipe key can hold the value (`no_key`: a concept in
+    argv.NO_RECIPE_KEY, an advantage estimator with no rlctl algorithm, a LoRA flag on a recipe without [lora]); any
+    other such refusal (a value the recipe cannot hold, a derived flag that moves) fails the test as a disagreement."""
     entry = extra_entry(c)
     said = any(UNCHECKABLE in r for r in reasons)
     if entry is None:
         assert not said, reasons
         return False
-    no_key = c["extra"][0] != "raw" and c["extra"][1] in NO_RECIPE_KEY
-    if no_key:
-        assert said and any(f"backend.openrlhf.extra.{entry[0]}" in r for r in reasons), (c, reasons)
-    else:
-        assert not said, f"an override rlctl cannot check, not listed in NO_RECIPE_KEY\n  case: {c}\n  {reasons}"
-    return no_key
+    how, name, value = c["extra"]
+    no_key = how != "raw" and (
+        name in NO_RECIPE_KEY  # argv.NO_RECIPE_KEY: rendered from several keys, or rlctl's own plumbing
+        # an estimator rlctl has no algorithm for, or any other on a ppo recipe (which renders the critic too)
+        or (name == "advantage_estimator" and (value not in ESTIMATOR_NAME or c["algorithm.name"] == "ppo"))
+        or (name.startswith("lora_") or name == "target_modules") and c["lora"] is None)  # LoRA on takes 3 keys
+    if said:  # refused for that and nothing else may be: named, and only a concept with no recipe key
+        assert no_key and any(f"backend.openrlhf.extra.{entry[0]}" in r for r in reasons), (
+            f"an override rlctl cannot check, not listed in NO_RECIPE_KEY\n  case: {c}\n  {reasons}")
+    # not said for a no-key concept: the extra repeats the value rlctl renders, so what runs is what was checked
+    return said
 
 
 # named regression cases: each a disagreement found by generation (issue 22), fixed in rlctl
@@ -299,6 +309,8 @@ ACTOR_GPUS = {**EXTRA_BASE, "extra": ("concept", "actor_num_gpus_per_node", 1)} 
 @example(EXTRA_FIXES_PLACEMENT)
 @example({**COLOCATE_OVERRIDE, "rollout.engines": 4})
 @example(ACTOR_GPUS)
+@example({**EXTRA_BASE, "algorithm.name": "ppo", "extra": ("concept", "advantage_estimator", "dr_grpo")})
+@example({**ACTOR_GPUS, "resources.gpus_per_node": 1, "rollout.engines": 1})  # renders 1 too: not an override
 @example({**EXTRA_BASE, "extra": ("alias", "max_ckpt_num", 3)})
 @example({**EXTRA_BASE, "version": "0.11.2", "extra": ("alias", "max_ckpt_num", 3)})
 def test_rlctl_and_openrlhf_agree(c):

@@ -73,7 +73,8 @@ NO_RECIPE_KEY = {"actor_num_nodes", "ref_num_nodes", "critic_num_nodes", "actor_
 # otherwise than the command that runs: --best_metric_key none comes with checkpoint.keep_last (best-eval HF exports
 # off); an --max_ckpt_num extra leaves them on, which changes what stays on disk, not a verdict
 UNREAD = {"best_metric_key"}
-# algorithm.name from --advantage_estimator: gae (ppo) renders the critic too, so it never maps from another estimator
+# algorithm.name from --advantage_estimator: gae (ppo) renders the critic too, so it never maps to or from another
+# estimator
 ESTIMATOR_NAME = {"group_norm": "grpo", "dr_grpo": "dr_grpo", "reinforce_baseline": "reinforce_baseline"}
 # derived by render from the overridden values, pinned to what the command keeps: the actor's GPUs per node (ref and
 # critic get the same count; resources.trainer_gpus, whose length per node is what render gives them: GPU ids are
@@ -212,6 +213,8 @@ def _recipe_value(concept: str, value: Any, recipe: Recipe) -> Any:
     if concept in NO_RECIPE_KEY or concept not in RECIPE_KEY:
         raise KeyError(concept)
     if concept == "advantage_estimator":
+        if recipe.algorithm.name == "ppo":
+            raise KeyError(concept)  # ppo renders the critic's flags, which no other algorithm.name renders
         return ESTIMATOR_NAME[value]
     if concept in ("lora_rank", "lora_alpha", "target_modules", "lora_dropout") and recipe.lora is None:
         raise KeyError(concept)  # turning LoRA on takes more than one key (rank, alpha, targets)
