@@ -268,12 +268,12 @@ class Backend:
         """Samples one rollout generates as this backend counts them (default: prompts_per_step x group_size)."""
         return recipe.samples_per_rollout
 
-    def effective(self, recipe: Recipe) -> tuple[Recipe, list[str]]:
-        """The recipe with the values the rendered command really runs with, and one line per value that differs
-        from the recipe's (what replaced it). A backend whose pass-through options can override what it renders from
-        the recipe returns the recipe those options amount to, so that preflight checks what would run, not what the
-        recipe says; by default the recipe is what runs."""
-        return recipe, []
+    def effective(self, recipe: Recipe) -> tuple[Recipe, dict[str, str]]:
+        """The recipe with the values the rendered command really runs with, and for each recipe key whose value
+        differs from the recipe's, what replaced it (one line). A backend whose pass-through options can override
+        what it renders from the recipe returns the recipe those options amount to, so that preflight checks what
+        would run, not what the recipe says; by default the recipe is what runs."""
+        return recipe, {}
 
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         """Placements of GPUs, engines and TP that this backend's own code refuses beyond rlctl's shared arithmetic

@@ -159,7 +159,13 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
         if ctx.overridden:  # a verdict computed from an overriding value names it (the recipe key is not what ran)
             for r in out:
                 if r.verdict in (FAIL, WARN):
-                    r.figure += f" (checked with what would run: {'; '.join(ctx.overridden)})"
+                    r.figure += f" (checked with what would run: {'; '.join(ctx.overridden.values())})"
+                if r.set and set(r.set) & set(ctx.overridden):
+                    # setting a key whose value is overridden changes nothing that runs: no machine-readable fix
+                    keys = ", ".join(sorted(set(r.set) & set(ctx.overridden)))
+                    r.fix = f"{r.fix or ''} (first remove what overrides {keys}: until then, setting it changes " \
+                            "nothing that runs)".strip()
+                    r.set = None
         if only:  # a check that runs others (env.executor) returns only those asked for
             out = [r for r in out if any(_selects(name, o, aliases) and (o not in aliases or r.check == o)
                                          for o in only)]

@@ -463,7 +463,7 @@ class OpenRLHFBackend(Backend):
 
         return recipe.algorithm.name != "dr_grpo" or version_key(self.target_version(recipe)) >= version_key("0.11.0")
 
-    def effective(self, recipe: Recipe) -> tuple[Recipe, list[str]]:
+    def effective(self, recipe: Recipe) -> tuple[Recipe, dict[str, str]]:
         """backend.openrlhf.extra overrides what rlctl renders (argparse takes the last value): the recipe that
         renders the command that runs (argv.py); the recipe itself where none does (render refuses that)."""
         from rlctl.backends.openrlhf.argv import effective

@@ -151,7 +151,7 @@ class Effective:
 
     recipe: Recipe
     findings: list[Finding] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
+    lines: dict[str, str] = field(default_factory=dict)  # recipe key -> what replaced its value
 
     @property
     def overridden(self) -> bool:
@@ -290,16 +290,16 @@ def effective(backend: Any, recipe: Recipe) -> Effective:
     else:
         return refuse("render's derived values do not settle", "remove it")
     out = list(said)
-    lines = []
+    lines: dict[str, str] = {}
     for o in overrides:
         k = RECIPE_KEY[o.concept]
         v = values[k]
         out.append(Finding("warn", o.key, f"{o.key}{o.spelled} overrides {o.flag} {o.old!r} ({o.was}) with {o.new!r}: "
                            f"argparse takes the last value, the extra wins; the checks used the extra's value, as "
                            f"{k} = {v!r} {where}", f"set {k} = {v!r} instead"))
-        lines.append(f"{o.key} = {o.new!r} in place of {k} = {_get(recipe, k)!r}")
+        lines[k] = f"{o.key} = {o.new!r} in place of {k} = {_get(recipe, k)!r}"
     for k, v in pins.items():
-        lines.append(f"{k} = {v!r}, as the command keeps it")
+        lines[k] = f"{k} = {v!r}, as the command keeps it"
     return Effective(eff, out, lines)
 
 

@@ -27,12 +27,11 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
     eff = effective(backend, recipe)
     found = _unhonoured(backend, eff.recipe)
     if eff.overridden:
-        trainer_pin = any(line.startswith("resources.trainer_gpus") for line in eff.lines)
-        if trainer_pin and recipe.resources.trainer_gpus is None:  # rlctl's pin, not the user's GPU ids
+        if "resources.trainer_gpus" in eff.lines and recipe.resources.trainer_gpus is None:  # rlctl's pin
             found = [f for f in found if f.key != "resources.trainer_gpus"]
         for f in found:
             if f.level == "error":
-                f.message += f" (checked with what would run: {'; '.join(eff.lines)})"
+                f.message += f" (checked with what would run: {'; '.join(eff.lines.values())})"
     return found + eff.findings
 
 
