@@ -338,5 +338,13 @@ def test_extra_collisions_are_said():
         # what the checks find on the extra's values names the extra: TP 2 asks Ray for 2 + 2 x 2 GPUs of 4
         tp = rlctl_verdict(base(version), sets_of({**TP_OVERRIDE, "version": version}))
         assert not tp.accepted and all("extra" in r for r in tp.reasons), tp.reasons
+        # a computed fix never sets a key an extra overrides (the extra would still win): micro 3 does not divide 16
+        from rlctl import preflight as pf
+
+        micro = rlctl_verdict(base(version), sets_of({**EXTRA_BASE, "version": version,
+                                                      "extra": ("concept", "micro_train_batch_size", 3)}))
+        batch_check = [r for r in pf.run(micro.prep, ["placement"]) if r.check == "placement.batch"]
+        assert batch_check[0].verdict == pf.FAIL and "extra" in batch_check[0].figure, batch_check
+        assert all("train.micro_batch_size" not in (r.set or {}) for r in batch_check), batch_check
         # an extra that makes the run fit is checked as such (EXTRA_FIXES_PLACEMENT)
         assert rlctl_verdict(base(version), sets_of({**EXTRA_FIXES_PLACEMENT, "version": version})).accepted
