@@ -99,6 +99,8 @@ EXTRAS: list[tuple[str, str, Any] | None] = [
     ("concept", "actor_num_gpus_per_node", 1),  # no recipe key: refused on purpose (unmapped())
     ("concept", "advantage_estimator", "dr_grpo"), ("concept", "advantage_estimator", "rloo"),  # rloo: no algorithm
     ("concept", "lora_rank", 16),  # lora.rank where the case has [lora]; LoRA turned on by one flag otherwise
+    ("concept", "rollout_batch_size", 1), ("concept", "micro_rollout_batch_size", 4), ("concept", "vllm_tp", 4),
+    ("concept", "target_modules", ["nope_proj"]), ("concept", "target_modules", ["q_proj"]),  # peft decides
 ]
 
 
