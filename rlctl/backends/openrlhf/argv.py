@@ -9,8 +9,9 @@ a value of the wrong type or outside its choices, or an unknown flag is refused.
   value argparse ends up with is put back into the recipe key it was rendered from (RECIPE_KEY, in the recipe's unit),
   giving the effective recipe; render's checks (unhonoured: the release's asserts, placement, batches) and preflight's
   (Backend.effective: placement, memory, TP, LoRA) run on it. The effective recipe must render exactly the command
-  that runs (argparse's namespace, compared flag by flag); a value render derives from the overridden one (the actor's
-  GPUs per node, from the engines x TP it leaves free) is pinned to what the command keeps (resources.trainer_gpus).
+  that runs (argparse's namespace, compared flag by flag); a value render derives from the overridden one is pinned to
+  what the command keeps (PINNED: the actor's GPUs per node, rendered from the engines x TP they leave free, as
+  resources.trainer_gpus; the rollout micro batch, rendered from the trainer's).
   So: an error the checks find on the effective values is rlctl's refusal, naming the extra; otherwise a warning (the
   extra wins; set the recipe key instead). Where no recipe renders the command that runs (a concept with no recipe
   key, a value the recipe cannot hold, a flag that moves with the overridden one and cannot be pinned) rlctl cannot
@@ -25,6 +26,8 @@ import argparse
 from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from rlctl.backends.base import Finding
 from rlctl.backends.openrlhf.releases import FLAGS, release
@@ -266,7 +269,7 @@ def effective(backend: Any, recipe: Recipe) -> Effective:
     for _ in range(3):  # set the overrides, then pin what render derives from them, until the command is the same
         try:
             eff = _with(recipe, {**values, **pins})
-        except Exception as e:  # noqa: BLE001 - pydantic's ValidationError: the recipe cannot hold the value
+        except ValidationError as e:  # the recipe cannot hold the value (a bound, a rule between keys)
             msg = str(e).splitlines()
             return refuse(f"the recipe cannot hold it ({'; '.join(m.strip() for m in msg[1:3])})",
                           "remove it, or set a value the recipe accepts")
