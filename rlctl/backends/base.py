@@ -153,6 +153,9 @@ class Backend:
     # True: the trainer's optimizer steps count micro batches across rollouts (DeepSpeed's accumulation), so a rollout
     # need not split into whole train batches (the adapter warns that updates straddle rollouts)
     updates_straddle_rollouts: ClassVar[bool] = False
+    # True: an inference engine's tensor parallel group may span nodes (its workers are placed by Ray wherever GPUs
+    # are free), so TP > gpus_per_node runs, slowly, over the network: a warning, not a failure
+    tp_spans_nodes: ClassVar[bool] = False
     # True: a train batch that is not a multiple of micro batch x GPUs still runs (TRL rounds the accumulation, verl
     # makes the last micro batch smaller) rather than being refused; the adapter says what runs
     train_batch_rounds: ClassVar[bool] = False

@@ -274,6 +274,11 @@ MICRO_PINS_ROLLOUT = {**EXTRA_BASE, "extra": ("concept", "micro_train_batch_size
 KEEP_LAST_FROM_EXTRA = {**EXTRA_BASE, "data.eval": True, "extra": ("concept", "max_ckpt_num", 5)}  # best_metric_key
 # rendered from TP 2: the actor gets max(4 - 2 x 2, 1) = 1 GPU, 1 + 4 > 4; the extra's TP 1 keeps that actor: 1 + 2
 EXTRA_FIXES_PLACEMENT = {**EXTRA_BASE, "rollout.tensor_parallel": 2, "extra": ("concept", "vllm_tp", 1)}
+# TP 2 on 2 nodes of 1 GPU: OpenRLHF's vLLM engine spreads its TP group over the nodes (Ray, PACK); rlctl refused
+# TP > gpus_per_node for every backend (found by generation: the recipe path never generated it)
+TP_SPANS_NODES = {**EXTRA_BASE, "resources.nodes": 2, "resources.gpus_per_node": 1, "resources.colocate": True,
+                  "rollout.engines": 1, "rollout.prompts_per_step": 1, "rollout.group_size": 2,
+                  "train.train_batch_size": 2, "train.micro_batch_size": 1, "extra": ("concept", "vllm_tp", 2)}
 ACTOR_GPUS = {**EXTRA_BASE, "extra": ("concept", "actor_num_gpus_per_node", 1)}  # no recipe key: refused (unmapped)
 
 
@@ -311,6 +316,8 @@ ACTOR_GPUS = {**EXTRA_BASE, "extra": ("concept", "actor_num_gpus_per_node", 1)} 
 @example(EXTRA_FIXES_PLACEMENT)
 @example({**COLOCATE_OVERRIDE, "rollout.engines": 4})
 @example(ACTOR_GPUS)
+@example(TP_SPANS_NODES)
+@example({**TP_SPANS_NODES, "version": "0.11.2"})
 @example({**EXTRA_BASE, "algorithm.name": "ppo", "extra": ("concept", "advantage_estimator", "dr_grpo")})
 @example({**ACTOR_GPUS, "resources.gpus_per_node": 1, "rollout.engines": 1})  # renders 1 too: not an override
 @example({**EXTRA_BASE, "extra": ("alias", "max_ckpt_num", 3)})

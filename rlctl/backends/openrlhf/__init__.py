@@ -98,6 +98,9 @@ class OpenRLHFBackend(Backend):
     # casts the full-sequence logits) and flash-attn's cross-entropy gradient; 8.9 measured (bench/gpu_deepspeed.py)
     logit_bytes = 8.9
     updates_straddle_rollouts = True  # DeepSpeed counts micro batches across rollouts (honour.py warns)
+    # vLLM engines with TP > 1 use Ray's executor in a PACK placement group of one-GPU bundles, which Ray may spread
+    # over nodes (trainer/ray/vllm_engine.py create_vllm_engines, every release): a TP group need not fit one node
+    tp_spans_nodes = True
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
     known_versions = KNOWN_VERSIONS
