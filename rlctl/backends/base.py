@@ -134,6 +134,18 @@ class UnknownVersion(RlctlError):
     """A backend release rlctl has no dialect for: never guessed from a neighbour."""
 
 
+
+@dataclass
+class EffectiveRecipe:
+    """What would run, as a recipe (Backend.effective)."""
+
+    recipe: Any
+    # recipe key -> what replaced its value (one line, said with every check that could read it)
+    replaced: dict[str, str] = field(default_factory=dict)
+    # recipe keys a pass-through option sets, whatever the value: setting them in the recipe changes nothing that
+    # runs, so a computed fix must not set them
+    held: frozenset[str] = frozenset()
+
 class Backend:
     """One RL framework, as rlctl knows it. Stateless and cheap; never imports the backend's runtime.
 
@@ -271,12 +283,11 @@ class Backend:
         """Samples one rollout generates as this backend counts them (default: prompts_per_step x group_size)."""
         return recipe.samples_per_rollout
 
-    def effective(self, recipe: Recipe) -> tuple[Recipe, dict[str, str]]:
-        """The recipe with the values the rendered command really runs with, and for each recipe key whose value
-        differs from the recipe's, what replaced it (one line). A backend whose pass-through options can override
-        what it renders from the recipe returns the recipe those options amount to, so that preflight checks what
-        would run, not what the recipe says; by default the recipe is what runs."""
-        return recipe, {}
+    def effective(self, recipe: Recipe) -> EffectiveRecipe:
+        """The recipe with the values the rendered command really runs with (EffectiveRecipe). A backend whose
+        pass-through options can override what it renders from the recipe returns the recipe those options amount
+        to, so that preflight checks what would run, not what the recipe says; by default the recipe is what runs."""
+        return EffectiveRecipe(recipe)
 
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         """Placements of GPUs, engines and TP that this backend's own code refuses beyond rlctl's shared arithmetic

@@ -63,7 +63,8 @@ class Context:
         self.backend = prepared.backend
         # the checks read the values that would run: where the backend's pass-through options override what it
         # renders from the recipe, those (Backend.effective), each said in the results it could change
-        self.recipe, self.overridden = prepared.backend.effective(prepared.recipe)
+        eff = prepared.backend.effective(prepared.recipe)
+        self.recipe, self.overridden, self.held = eff.recipe, eff.replaced, eff.held | set(eff.replaced)
         self.dataset_size: int | None = prepared.dataset_size
 
     @cached_property
@@ -156,16 +157,15 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
         if out is None:
             continue
         out = out if isinstance(out, list) else [out]
-        if ctx.overridden:  # a verdict computed from an overriding value names it (the recipe key is not what ran)
-            for r in out:
-                if r.verdict in (FAIL, WARN):
-                    r.figure += f" (checked with what would run: {'; '.join(ctx.overridden.values())})"
-                if r.set and set(r.set) & set(ctx.overridden):
-                    # setting a key whose value is overridden changes nothing that runs: no machine-readable fix
-                    keys = ", ".join(sorted(set(r.set) & set(ctx.overridden)))
-                    r.fix = f"{r.fix or ''} (first remove what overrides {keys}: until then, setting it changes " \
-                            "nothing that runs)".strip()
-                    r.set = None
+        for r in out:
+            if ctx.overridden and r.verdict in (FAIL, WARN):  # computed from an overriding value: name it
+                r.figure += f" (checked with what would run: {'; '.join(ctx.overridden.values())})"
+            if r.set and set(r.set) & ctx.held:
+                # setting a key a pass-through option sets changes nothing that runs: no machine-readable fix
+                keys = ", ".join(sorted(set(r.set) & ctx.held))
+                r.fix = f"{r.fix or ''} (first remove the backend option that sets {keys}: until then, setting it " \
+                        "changes nothing that runs)".strip()
+                r.set = None
         if only:  # a check that runs others (env.executor) returns only those asked for
             out = [r for r in out if any(_selects(name, o, aliases) and (o not in aliases or r.check == o)
                                          for o in only)]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import argparse_flags, package_file
-from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, check_keys
+from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, EffectiveRecipe, Finding, LaunchPlan, check_keys
 from rlctl.backends.openrlhf.releases import FLAGS, KNOWN_VERSIONS, Release, release
 from rlctl.backends.openrlhf.steps import DEFAULT_WARMUP_RATIO, Steps, plan_steps, warmup_ratio_for
 from rlctl.estimate.schedules import hf_schedule
@@ -466,13 +466,13 @@ class OpenRLHFBackend(Backend):
 
         return recipe.algorithm.name != "dr_grpo" or version_key(self.target_version(recipe)) >= version_key("0.11.0")
 
-    def effective(self, recipe: Recipe) -> tuple[Recipe, dict[str, str]]:
+    def effective(self, recipe: Recipe) -> EffectiveRecipe:
         """backend.openrlhf.extra overrides what rlctl renders (argparse takes the last value): the recipe that
         renders the command that runs (argv.py); the recipe itself where none does (render refuses that)."""
         from rlctl.backends.openrlhf.argv import effective
 
         eff = effective(self, recipe)
-        return eff.recipe, eff.lines
+        return EffectiveRecipe(eff.recipe, eff.lines, frozenset(eff.held))
 
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.openrlhf.honour import placement_errors

@@ -155,6 +155,7 @@ class Effective:
     recipe: Recipe
     findings: list[Finding] = field(default_factory=list)
     lines: dict[str, str] = field(default_factory=dict)  # recipe key -> what replaced its value
+    held: set[str] = field(default_factory=set)  # recipe keys an extra's flag is rendered from, whatever its value
 
     @property
     def overridden(self) -> bool:
@@ -241,6 +242,17 @@ def _with(recipe: Recipe, values: dict[str, Any]) -> Recipe:
 
 def effective(backend: Any, recipe: Recipe) -> Effective:
     """The recipe that renders what would run (module docstring), with what to say about each extra."""
+    eff = _effective(backend, recipe)
+    version = backend.target_version(recipe)
+    if recipe.backend.extra() and version in backend.known_versions:
+        rel = release(version)
+        concept_of = {rel.flag(c): c for c in FLAGS if rel.flag(c)}
+        flags = {resolve(version, k) for k, v in recipe.backend.extra().items() if v is not False and v is not None}
+        eff.held = {RECIPE_KEY[concept_of[f]] for f in flags if concept_of.get(f) in RECIPE_KEY}
+    return eff
+
+
+def _effective(backend: Any, recipe: Recipe) -> Effective:
     if not recipe.backend.extra():
         return Effective(recipe)
     version = backend.target_version(recipe)
