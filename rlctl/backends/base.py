@@ -289,6 +289,12 @@ class Backend:
         to, so that preflight checks what would run, not what the recipe says; by default the recipe is what runs."""
         return EffectiveRecipe(recipe)
 
+    def complete_fix(self, recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
+        """A computed fix (recipe keys -> values) with whatever else it needs so that the backend's pass-through
+        options do not newly override what the fixed recipe renders (an option that repeated a derived value would
+        otherwise start overriding it); by default the fix as it is."""
+        return values
+
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         """Placements of GPUs, engines and TP that this backend's own code refuses beyond rlctl's shared arithmetic
         (e.g. a colocation that must be exactly engines x TP). unhonoured() reports them (render refuses) and

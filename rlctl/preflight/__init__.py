@@ -158,6 +158,8 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
             continue
         out = out if isinstance(out, list) else [out]
         for r in out:
+            if r.set:
+                r.set = ctx.backend.complete_fix(ctx.prepared.recipe, r.set)
             if ctx.overridden and r.verdict in (FAIL, WARN):  # computed from an overriding value: name it
                 r.figure += f" (checked with what would run: {'; '.join(ctx.overridden.values())})"
             if r.set and set(r.set) & ctx.held:

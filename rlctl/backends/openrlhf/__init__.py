@@ -474,6 +474,11 @@ class OpenRLHFBackend(Backend):
         eff = effective(self, recipe)
         return EffectiveRecipe(eff.recipe, eff.lines, frozenset(eff.held))
 
+    def complete_fix(self, recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
+        from rlctl.backends.openrlhf.argv import complete_fix
+
+        return complete_fix(self, recipe, values)
+
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.openrlhf.honour import placement_errors
 

@@ -318,6 +318,29 @@ def _effective(backend: Any, recipe: Recipe) -> Effective:
     return Effective(eff, out, lines)
 
 
+def complete_fix(backend: Any, recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
+    """The fix plus the recipe key of each flag an extra would newly override once it is applied, set to the extra's
+    value: an extra that repeated a value render derives (--micro_rollout_batch_size from train.micro_batch_size)
+    keeps what it held, and the fix makes nothing else say more."""
+    if not recipe.backend.extra():
+        return values
+    try:
+        fixed = _with(recipe, values)
+    except (KeyError, TypeError, ValidationError):
+        return values  # not a recipe: the fix is said as it is
+    before = {o.flag for o in _read(backend, recipe)[1]}
+    out = dict(values)
+    for o in _read(backend, fixed)[1]:
+        key = RECIPE_KEY.get(o.concept)
+        if o.flag in before or key is None or key in values:
+            continue
+        try:
+            out[key] = _recipe_value(o.concept, o.new, fixed)
+        except KeyError:
+            continue
+    return out
+
+
 def _get(recipe: Any, dotted: str) -> Any:
     for p in dotted.split("."):
         recipe = getattr(recipe, p, None)
