@@ -314,7 +314,8 @@ def _effective(backend: Any, recipe: Recipe) -> Effective:
                            f"{k} = {v!r} {where}", f"set {k} = {v!r} instead"))
         lines[k] = f"{o.key} = {o.new!r} in place of {k} = {_get(recipe, k)!r}"
     for k, v in pins.items():
-        lines[k] = f"{k} = {v!r}, as the command keeps it"
+        kept = f"the actor's {len(v)} GPU(s) per node" if k == "resources.trainer_gpus" else "its value"
+        lines[k] = f"{k} = {v!r} ({kept}, which the command keeps)"
     return Effective(eff, out, lines)
 
 
