@@ -134,6 +134,18 @@ class UnknownVersion(RlctlError):
     """A backend release rlctl has no dialect for: never guessed from a neighbour."""
 
 
+
+@dataclass
+class EffectiveRecipe:
+    """What would run, as a recipe (Backend.effective)."""
+
+    recipe: Any
+    # recipe key -> what replaced its value (one line, said with every check that could read it)
+    replaced: dict[str, str] = field(default_factory=dict)
+    # recipe keys a pass-through option sets, whatever the value: setting them in the recipe changes nothing that
+    # runs, so a computed fix must not set them
+    held: frozenset[str] = frozenset()
+
 class Backend:
     """One RL framework, as rlctl knows it. Stateless and cheap; never imports the backend's runtime.
 
@@ -153,6 +165,9 @@ class Backend:
     # True: the trainer's optimizer steps count micro batches across rollouts (DeepSpeed's accumulation), so a rollout
     # need not split into whole train batches (the adapter warns that updates straddle rollouts)
     updates_straddle_rollouts: ClassVar[bool] = False
+    # True: an inference engine's tensor parallel group may span nodes (its workers are placed by Ray wherever GPUs
+    # are free), so TP > gpus_per_node runs, slowly, over the network: a warning, not a failure
+    tp_spans_nodes: ClassVar[bool] = False
     # True: a train batch that is not a multiple of micro batch x GPUs still runs (TRL rounds the accumulation, verl
     # makes the last micro batch smaller) rather than being refused; the adapter says what runs
     train_batch_rounds: ClassVar[bool] = False
@@ -277,6 +292,18 @@ class Backend:
     def samples_per_step(self, recipe: Recipe) -> int:
         """Samples one rollout generates as this backend counts them (default: prompts_per_step x group_size)."""
         return recipe.samples_per_rollout
+
+    def effective(self, recipe: Recipe) -> EffectiveRecipe:
+        """The recipe with the values the rendered command really runs with (EffectiveRecipe). A backend whose
+        pass-through options can override what it renders from the recipe returns the recipe those options amount
+        to, so that preflight checks what would run, not what the recipe says; by default the recipe is what runs."""
+        return EffectiveRecipe(recipe)
+
+    def complete_fix(self, recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
+        """A computed fix (recipe keys -> values) with whatever else it needs so that the backend's pass-through
+        options do not newly override what the fixed recipe renders (an option that repeated a derived value would
+        otherwise start overriding it); by default the fix as it is."""
+        return values
 
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         """Placements of GPUs, engines and TP that this backend's own code refuses beyond rlctl's shared arithmetic

@@ -60,8 +60,11 @@ class Context:
 
     def __init__(self, prepared: Any):
         self.prepared = prepared
-        self.recipe = prepared.recipe
         self.backend = prepared.backend
+        # the checks read the values that would run: where the backend's pass-through options override what it
+        # renders from the recipe, those (Backend.effective), each said in the results it could change
+        eff = prepared.backend.effective(prepared.recipe)
+        self.recipe, self.overridden, self.held = eff.recipe, eff.replaced, eff.held | set(eff.replaced)
         self.dataset_size: int | None = prepared.dataset_size
 
     @cached_property
@@ -154,6 +157,17 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
         if out is None:
             continue
         out = out if isinstance(out, list) else [out]
+        for r in out:
+            if r.set:
+                r.set = ctx.backend.complete_fix(ctx.prepared.recipe, r.set)
+            if ctx.overridden and r.verdict in (FAIL, WARN):  # computed from an overriding value: name it
+                r.figure += f" (checked with what would run: {'; '.join(ctx.overridden.values())})"
+            if r.set and set(r.set) & ctx.held:
+                # setting a key a pass-through option sets changes nothing that runs: no machine-readable fix
+                keys = ", ".join(sorted(set(r.set) & ctx.held))
+                r.fix = f"{r.fix or ''} (first remove the backend option that sets {keys}: until then, setting it " \
+                        "changes nothing that runs)".strip()
+                r.set = None
         if only:  # a check that runs others (env.executor) returns only those asked for
             out = [r for r in out if any(_selects(name, o, aliases) and (o not in aliases or r.check == o)
                                          for o in only)]

@@ -45,16 +45,22 @@ def gpus(ctx: Context) -> Result:
         if trainer == 0:
             return Result("placement.gpus", FAIL, f"no GPU left for the trainer ({how} of {have})",
                           "fewer engines / smaller TP, more GPUs, or resources.colocate = true")
+    spans = None
     if r.rollout.tensor_parallel > per_node:
-        return Result("placement.gpus", FAIL, f"TP {r.rollout.tensor_parallel} > {per_node} GPUs per node",
-                      "a vLLM engine's tensor parallel group must fit in one node")
+        if not ctx.backend.tp_spans_nodes:
+            return Result("placement.gpus", FAIL, f"TP {r.rollout.tensor_parallel} > {per_node} GPUs per node",
+                          "a vLLM engine's tensor parallel group must fit in one node")
+        # the backend places a TP group across nodes (Backend.tp_spans_nodes): it runs, its all-reduces cross nodes
+        spans = Result("placement.gpus", WARN, f"TP {r.rollout.tensor_parallel} > {per_node} GPUs per node: each "
+                       f"engine's tensor parallel group spans nodes, its all-reduces go over the network ({how})",
+                       f"rollout.tensor_parallel <= {per_node} (more engines instead) keeps each engine on one node")
     if need > have:
         return Result("placement.gpus", FAIL, f"needs {need} GPUs ({how}) but the recipe has {res.nodes} x {per_node}",
                       "add GPUs (resources.nodes / gpus_per_node), fewer engines, or colocate")
     own = [f for f in ctx.backend.placement_errors(r) if f.level == "error"]
     if own:  # what the backend's own code refuses beyond the shared arithmetic (render refuses it too)
         return Result("placement.gpus", FAIL, f"{own[0].message}: {how}", own[0].fix)
-    return Result("placement.gpus", OK, f"{how} on {res.nodes} x {per_node} GPUs")
+    return spans or Result("placement.gpus", OK, f"{how} on {res.nodes} x {per_node} GPUs")
 
 
 @check("placement.tensor_parallel")

@@ -15,9 +15,14 @@ job meets before its first step, each from the code that decides it:
 `extra` entries that collide with what rlctl renders (EXTRAS): the same flag with the same or another value, the
 other dialect's spelling (`--max_ckpt_num` / `--ckpt.max_num`), a store_true flag given a value or `false`, a valued
 flag given none, a list, a wrong type or choice, an abbreviation, an unknown flag. train_ppo_ray's argparse decides
-(last wins, or an error). Where an extra overrides a value rlctl's checks are computed from, rlctl refuses on
-purpose and names the recipe key to set (rlctl/backends/openrlhf/argv.py): that refusal is said, and the recipe its
-fix names must then agree with OpenRLHF like any other case.
+(last wins, or an error). rlctl checks what would run (rlctl/backends/openrlhf/argv.py): an override's value
+goes back into its recipe key (the effective recipe) and rlctl's checks read it; its verdict must equal OpenRLHF's on
+the case itself. One class of case is treated apart, by name: an override whose value no recipe key can hold (a
+concept in argv.NO_RECIPE_KEY, e.g. the actor's GPUs per node; an advantage estimator rlctl has no algorithm for,
+or any other on a ppo recipe;
+a LoRA flag on a recipe without [lora]): rlctl refuses it on purpose ("rlctl cannot check what would run"), whatever
+OpenRLHF would do; `unmapped()` asserts that refusal, that it names the extra, and that rlctl refuses so for nothing
+else; the case is not compared with OpenRLHF.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from rlctl.backends.openrlhf import OpenRLHFBackend
-from rlctl.backends.openrlhf.argv import RECIPE_KEY
+from rlctl.backends.openrlhf.argv import ESTIMATOR_NAME, NO_RECIPE_KEY
 from rlctl.backends.openrlhf.releases import FLAGS, release
 from tests.conformance._agreement import disagreement, peft_accepts, profile, rlctl_verdict, workdir
 from tests.conformance._openrlhf_support import OpenRLHF, dest
@@ -91,6 +96,11 @@ EXTRAS: list[tuple[str, str, Any] | None] = [
     ("concept", "seed", "abc"), ("concept", "train_batch_size", 2.5), ("concept", "kl_estimator", "k9"),
     ("prefix", "max_ckpt_num", 4), ("prefix", "eps_clip", 0.3),  # abbreviations (unique or ambiguous)
     ("raw", "nope_flag", 1),
+    ("concept", "actor_num_gpus_per_node", 1),  # no recipe key: refused on purpose (unmapped())
+    ("concept", "advantage_estimator", "dr_grpo"), ("concept", "advantage_estimator", "rloo"),  # rloo: no algorithm
+    ("concept", "lora_rank", 16),  # lora.rank where the case has [lora]; LoRA turned on by one flag otherwise
+    ("concept", "rollout_batch_size", 1), ("concept", "micro_rollout_batch_size", 4), ("concept", "vllm_tp", 4),
+    ("concept", "target_modules", ["nope_proj"]), ("concept", "target_modules", ["q_proj"]),  # peft decides
 ]
 
 
@@ -115,7 +125,7 @@ def extra_entry(c: dict[str, Any]) -> tuple[str, Any] | None:
 def cases(draw) -> dict[str, Any]:
     gpus = draw(st.sampled_from([1, 2, 4, 8]))
     tp = draw(st.sampled_from([1, 2, 4]))
-    assume(tp <= gpus)
+    assume(tp <= gpus * 2)  # a TP group may span two nodes (Backend.tp_spans_nodes)
     c = {
         "version": draw(st.sampled_from(VERSIONS)),
         "resources.nodes": draw(st.sampled_from([1, 1, 2])),
@@ -191,29 +201,37 @@ def check(c: dict[str, Any]) -> None:
     if ours.prep is None:  # refused at the recipe: the backend never sees it; only peft-invalid targets may be
         assert c["lora"] is not None and "all-linear" in str(c["lora"]), ours.reasons
         return
+    if unmapped(c, ours.reasons):
+        return
     argv = BACKEND.entrypoint(ours.prep.plan)[3:]
     theirs = openrlhf_verdict(version, argv, c["resources.nodes"] * c["resources.gpus_per_node"])
-    folded = fold(c, ours.reasons)
-    if folded is not None:  # refused on purpose, said with its fix: the fixed recipe must agree
-        check(folded)
-        return
     assert ours.accepted == theirs[0], disagreement(c, ours, theirs)
 
 
-CASE_KEY = {"train.train_batch_size", "train.micro_batch_size", "rollout.tensor_parallel", "rollout.engines",
-            "rollout.group_size", "resources.colocate"}
+UNCHECKABLE = "rlctl cannot check what would run"
 
 
-def fold(c: dict[str, Any], reasons: list[str]) -> dict[str, Any] | None:
-    """The case with an extra that overrides a checked value moved to the recipe key rlctl's refusal names; None when
-    rlctl did not refuse it for that."""
+def unmapped(c: dict[str, Any], reasons: list[str]) -> bool:
+    """Whether rlctl refused the case's extra as an override it cannot check (module docstring): then the case is not
+    compared with OpenRLHF. Allowed only where no recipe key can hold the value (`no_key`: a concept in
+    argv.NO_RECIPE_KEY, an advantage estimator with no rlctl algorithm, a LoRA flag on a recipe without [lora]); any
+    other such refusal (a value the recipe cannot hold, a derived flag that moves) fails the test as a disagreement."""
     entry = extra_entry(c)
-    if entry is None or not any("what would run is not what was checked" in r for r in reasons):
-        return None
+    said = any(UNCHECKABLE in r for r in reasons)
+    if entry is None:
+        assert not said, reasons
+        return False
     how, name, value = c["extra"]
-    key = RECIPE_KEY.get(name)
-    assert key in CASE_KEY, (c, reasons)
-    return {**c, key: bool(value) if key == "resources.colocate" else entry[1], "extra": None}
+    no_key = how != "raw" and (
+        name in NO_RECIPE_KEY  # argv.NO_RECIPE_KEY: rendered from several keys, or rlctl's own plumbing
+        # an estimator rlctl has no algorithm for, or any other on a ppo recipe (which renders the critic too)
+        or (name == "advantage_estimator" and (value not in ESTIMATOR_NAME or c["algorithm.name"] == "ppo"))
+        or (name.startswith("lora_") or name == "target_modules") and c["lora"] is None)  # LoRA on takes 3 keys
+    if said:  # refused for that and nothing else may be: named, and only a concept with no recipe key
+        assert no_key and any(f"backend.openrlhf.extra.{entry[0]}" in r for r in reasons), (
+            f"an override rlctl cannot check, not listed in NO_RECIPE_KEY\n  case: {c}\n  {reasons}")
+    # not said for a no-key concept: the extra repeats the value rlctl renders, so what runs is what was checked
+    return said
 
 
 # named regression cases: each a disagreement found by generation (issue 22), fixed in rlctl
@@ -246,10 +264,22 @@ WRONG_TYPE = {**EXTRA_BASE, "extra": ("concept", "seed", "abc")}  # invalid int 
 FLOAT_FOR_INT = {**EXTRA_BASE, "extra": ("concept", "train_batch_size", 2.5)}
 NOT_A_CHOICE = {**EXTRA_BASE, "extra": ("concept", "kl_estimator", "k9")}
 ABBREVIATION = {**EXTRA_BASE, "extra": ("prefix", "max_ckpt_num", 4)}  # argparse reads --max_ckpt_n: rlctl refused it
-# ... and what now agrees only by saying it: overrides of checked values are refused with the recipe key to set
+# overrides of checked values: checked as the effective recipe (the extra's value in its recipe key)
 BATCH_OVERRIDE = {**EXTRA_BASE, "extra": ("concept", "train_batch_size", 8)}
 COLOCATE_OVERRIDE = {**EXTRA_BASE, "extra": ("concept", "colocate_all", True)}
 STORE_TRUE_FALSE = {**EXTRA_BASE, "extra": ("concept", "gradient_checkpointing", False)}  # a warning: stays on
+# found by generation checking the effective recipe: render derives other flags from the overridden key, so the
+# effective recipe must pin them to what the command keeps, or leave out one no check reads
+MICRO_PINS_ROLLOUT = {**EXTRA_BASE, "extra": ("concept", "micro_train_batch_size", 1)}  # --micro_rollout_batch_size
+KEEP_LAST_FROM_EXTRA = {**EXTRA_BASE, "data.eval": True, "extra": ("concept", "max_ckpt_num", 5)}  # best_metric_key
+# rendered from TP 2: the actor gets max(4 - 2 x 2, 1) = 1 GPU, 1 + 4 > 4; the extra's TP 1 keeps that actor: 1 + 2
+EXTRA_FIXES_PLACEMENT = {**EXTRA_BASE, "rollout.tensor_parallel": 2, "extra": ("concept", "vllm_tp", 1)}
+# TP 2 on 2 nodes of 1 GPU: OpenRLHF's vLLM engine spreads its TP group over the nodes (Ray, PACK); rlctl refused
+# TP > gpus_per_node for every backend (found by generation: the recipe path never generated it)
+TP_SPANS_NODES = {**EXTRA_BASE, "resources.nodes": 2, "resources.gpus_per_node": 1, "resources.colocate": True,
+                  "rollout.engines": 1, "rollout.prompts_per_step": 1, "rollout.group_size": 2,
+                  "train.train_batch_size": 2, "train.micro_batch_size": 1, "extra": ("concept", "vllm_tp", 2)}
+ACTOR_GPUS = {**EXTRA_BASE, "extra": ("concept", "actor_num_gpus_per_node", 1)}  # no recipe key: refused (unmapped)
 
 
 @pytest.mark.slow
@@ -279,6 +309,17 @@ STORE_TRUE_FALSE = {**EXTRA_BASE, "extra": ("concept", "gradient_checkpointing",
 @example(BATCH_OVERRIDE)
 @example(COLOCATE_OVERRIDE)
 @example(STORE_TRUE_FALSE)
+@example(MICRO_PINS_ROLLOUT)
+@example({**MICRO_PINS_ROLLOUT, "version": "0.11.2"})
+@example(KEEP_LAST_FROM_EXTRA)
+@example({**KEEP_LAST_FROM_EXTRA, "version": "0.11.2"})
+@example(EXTRA_FIXES_PLACEMENT)
+@example({**COLOCATE_OVERRIDE, "rollout.engines": 4})
+@example(ACTOR_GPUS)
+@example(TP_SPANS_NODES)
+@example({**TP_SPANS_NODES, "version": "0.11.2"})
+@example({**EXTRA_BASE, "algorithm.name": "ppo", "extra": ("concept", "advantage_estimator", "dr_grpo")})
+@example({**ACTOR_GPUS, "resources.gpus_per_node": 1, "rollout.engines": 1})  # renders 1 too: not an override
 @example({**EXTRA_BASE, "extra": ("alias", "max_ckpt_num", 3)})
 @example({**EXTRA_BASE, "version": "0.11.2", "extra": ("alias", "max_ckpt_num", 3)})
 def test_rlctl_and_openrlhf_agree(c):
@@ -286,8 +327,8 @@ def test_rlctl_and_openrlhf_agree(c):
 
 
 def test_extra_collisions_are_said():
-    """Nothing silent: an extra that changes what rlctl renders is a finding (a warning where the run goes on with the
-    extra's value, an error where rlctl's checks read the value it overrides); the same value said again is none."""
+    """Nothing silent: an extra that changes what rlctl renders is a finding (a warning: the extra wins, the checks
+    used its value; an error where no recipe key can hold it); the same value said again is none."""
     def said(c: dict[str, Any]) -> list[tuple[str, str]]:
         prep = rlctl_verdict(base(c["version"]), sets_of(c)).prep
         return [(f.level, f.message) for f in prep.validate() if f.key.startswith("backend.openrlhf.extra")]
@@ -296,7 +337,23 @@ def test_extra_collisions_are_said():
         seed = said({**EXTRA_BASE, "version": version, "extra": ("concept", "seed", 7)})
         assert [lv for lv, _ in seed] == ["warn"] and "the extra wins" in seed[0][1], seed
         batch = said({**BATCH_OVERRIDE, "version": version})
-        assert [lv for lv, _ in batch] == ["error"] and "16" in batch[0][1] and "8" in batch[0][1], batch
+        assert [lv for lv, _ in batch] == ["warn"] and "16" in batch[0][1] and "8" in batch[0][1], batch
+        assert "the checks used the extra's value" in batch[0][1] and "train.train_batch_size" in batch[0][1], batch
+        actor = said({**EXTRA_BASE, "version": version, "extra": ("concept", "actor_num_gpus_per_node", 1)})
+        assert [lv for lv, _ in actor] == ["error"] and UNCHECKABLE in actor[0][1], actor
         off = said({**STORE_TRUE_FALSE, "version": version})
         assert [lv for lv, _ in off] == ["warn"] and "stays on" in off[0][1], off
         assert said({**EXTRA_BASE, "version": version, "extra": ("concept", "seed", "same")}) == []
+        # what the checks find on the extra's values names the extra: TP 2 asks Ray for 2 + 2 x 2 GPUs of 4
+        tp = rlctl_verdict(base(version), sets_of({**TP_OVERRIDE, "version": version}))
+        assert not tp.accepted and all("extra" in r for r in tp.reasons), tp.reasons
+        # a computed fix never sets a key an extra overrides (the extra would still win): micro 3 does not divide 16
+        from rlctl import preflight as pf
+
+        micro = rlctl_verdict(base(version), sets_of({**EXTRA_BASE, "version": version,
+                                                      "extra": ("concept", "micro_train_batch_size", 3)}))
+        batch_check = [r for r in pf.run(micro.prep, ["placement"]) if r.check == "placement.batch"]
+        assert batch_check[0].verdict == pf.FAIL and "extra" in batch_check[0].figure, batch_check
+        assert all("train.micro_batch_size" not in (r.set or {}) for r in batch_check), batch_check
+        # an extra that makes the run fit is checked as such (EXTRA_FIXES_PLACEMENT)
+        assert rlctl_verdict(base(version), sets_of({**EXTRA_FIXES_PLACEMENT, "version": version})).accepted

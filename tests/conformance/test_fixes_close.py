@@ -108,6 +108,16 @@ def recipes(draw) -> tuple[Path, list[str]]:
 @example((vrl.base("0.9.0"), ["resources.nodes=1", "resources.gpus_per_node=4", "resources.colocate=true",
                                "rollout.tensor_parallel=1", "rollout.prompts_per_step=8", "rollout.group_size=5",
                                "train.train_batch_size=16", "train.micro_batch_size=2", 'algorithm.name="grpo"']))
+# found by generation: an extra repeating micro_train_batch_size holds it; a fix setting train.micro_batch_size is none
+@example((orl.base("0.9.3"), ["resources.nodes=2", "resources.gpus_per_node=4", "resources.colocate=false",
+                              "rollout.engines=2", "rollout.tensor_parallel=2", "rollout.prompts_per_step=1",
+                              "rollout.group_size=1", "train.train_batch_size=4", "train.micro_batch_size=2",
+                              'algorithm.name="grpo"', 'backend.openrlhf.extra={"micro_train_batch_size"=2}']))
+# ... and one repeating micro_rollout_batch_size: the fix of train.micro_batch_size keeps the rollout's at the extra's
+@example((orl.base("0.9.3"), ["resources.nodes=1", "resources.gpus_per_node=1", "resources.colocate=false",
+                              "rollout.engines=1", "rollout.tensor_parallel=1", "rollout.prompts_per_step=1",
+                              "rollout.group_size=1", "train.train_batch_size=2", "train.micro_batch_size=4",
+                              'algorithm.name="grpo"', 'backend.openrlhf.extra={"micro_rollout_batch_size"=4}']))
 def test_every_computed_fix_closes_its_check(case):
     path, sets = case
     problems = close_all(path, sets)

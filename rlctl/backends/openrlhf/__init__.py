@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import argparse_flags, package_file
-from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, check_keys
+from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, EffectiveRecipe, Finding, LaunchPlan, check_keys
 from rlctl.backends.openrlhf.releases import FLAGS, KNOWN_VERSIONS, Release, release
 from rlctl.backends.openrlhf.steps import DEFAULT_WARMUP_RATIO, Steps, plan_steps, warmup_ratio_for
 from rlctl.estimate.schedules import hf_schedule
@@ -103,6 +103,9 @@ class OpenRLHFBackend(Backend):
     # casts the full-sequence logits) and flash-attn's cross-entropy gradient; 8.9 measured (bench/gpu_deepspeed.py)
     logit_bytes = 8.9
     updates_straddle_rollouts = True  # DeepSpeed counts micro batches across rollouts (honour.py warns)
+    # vLLM engines with TP > 1 use Ray's executor in a PACK placement group of one-GPU bundles, which Ray may spread
+    # over nodes (trainer/ray/vllm_engine.py create_vllm_engines, every release): a TP group need not fit one node
+    tp_spans_nodes = True
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
     known_versions = KNOWN_VERSIONS
@@ -470,6 +473,19 @@ class OpenRLHFBackend(Backend):
         from rlctl.backends.base import version_key
 
         return recipe.algorithm.name != "dr_grpo" or version_key(self.target_version(recipe)) >= version_key("0.11.0")
+
+    def effective(self, recipe: Recipe) -> EffectiveRecipe:
+        """backend.openrlhf.extra overrides what rlctl renders (argparse takes the last value): the recipe that
+        renders the command that runs (argv.py); the recipe itself where none does (render refuses that)."""
+        from rlctl.backends.openrlhf.argv import effective
+
+        eff = effective(self, recipe)
+        return EffectiveRecipe(eff.recipe, eff.lines, frozenset(eff.held))
+
+    def complete_fix(self, recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
+        from rlctl.backends.openrlhf.argv import complete_fix
+
+        return complete_fix(self, recipe, values)
 
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.openrlhf.honour import placement_errors

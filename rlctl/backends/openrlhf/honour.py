@@ -20,6 +20,22 @@ if TYPE_CHECKING:
 
 
 def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
+    """What the release cannot honour, checked on what would run: where backend.openrlhf.extra overrides a value
+    rendered from the recipe, on the effective recipe (argv.py), each of its errors naming the overriding extra."""
+    from rlctl.backends.openrlhf.argv import effective
+
+    eff = effective(backend, recipe)
+    found = _unhonoured(backend, eff.recipe)
+    if eff.overridden:
+        if "resources.trainer_gpus" in eff.lines and recipe.resources.trainer_gpus is None:  # rlctl's pin
+            found = [f for f in found if f.key != "resources.trainer_gpus"]
+        for f in found:
+            if f.level == "error":
+                f.message += f" (checked with what would run: {'; '.join(eff.lines.values())})"
+    return found + eff.findings
+
+
+def _unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
     r = recipe
     version = backend.target_version(r)
     rel = backend.release(r)
@@ -162,11 +178,7 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
         if k in r.env and r.env[k] != v:
             add("warn", f"env.{k}", f"train() starts Ray with {k}={v}, which replaces the recipe's {r.env[k]!r} for "
                 "the trainer's actors", f"openrlhf >= 0.9.10 keeps the job's {k}")
-    # backend.openrlhf.extra as train_ppo_ray's argparse reads it (appended last: an extra overrides the recipe)
-    from rlctl.backends.openrlhf.argv import extra_findings
-
-    out += extra_findings(backend, r)
-    return out
+    return out  # backend.openrlhf.extra: unhonoured() adds what argv.py says of it
 
 
 def placement_errors(backend: Any, recipe: Recipe) -> list[Finding]:
