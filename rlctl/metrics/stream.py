@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import compress, repeat
-from operator import contains, not_, or_
+from operator import contains, itemgetter, not_, or_
 from pathlib import Path
 from stat import S_ISREG
 from typing import Any
@@ -109,8 +109,15 @@ def parse_line(parser: Callable[[str], dict[str, Any] | None], line: str) -> tup
     return records, skipped
 
 
+_INT = {int}
+
+
 def assign_steps(records: list[dict[str, Any]], st: IngestState) -> list[dict[str, Any]]:
     """Give every record an int step: its own, the next counted one (no `step`), or the current one (None)."""
+    steps = list(map(dict.get, records, repeat("step")))
+    if steps and set(map(type, steps)) == _INT:  # every record with its own int step (the common case): as they are
+        st.last_step = steps[-1]
+        return records
     out = []
     for rec in records:
         step = rec.get("step", ...)
@@ -356,7 +363,9 @@ class _Reader:
         self.emit(records, st)
 
     def emit(self, records: list[dict[str, Any]], st: IngestState) -> None:
-        records = [r for r in assign_steps(records, st) if r["step"] > self.floor]
+        records = assign_steps(records, st)
+        if records and min(map(itemgetter("step"), records)) <= self.floor:
+            records = [r for r in records if r["step"] > self.floor]
         if self.rename is not None:
             records = [self.rename(r) for r in records]
         st.records += len(records)
