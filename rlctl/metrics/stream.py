@@ -163,10 +163,14 @@ def _lines(records: list[dict[str, Any]], t: float) -> bytes | None:
         blob = _orjson.dumps(records, default=str)
     except TypeError:
         return None
-    if blob.count(b"},{") != len(records) - 1 or b'"time":' in blob or not blob.endswith(b"}]"):
+    if b'"time":' in blob or not blob.endswith(b"}]"):
         return None
     end = b',"time":' + json.dumps(t).encode() + b"}"
-    return blob[1:-2].replace(b"},{", end + b"\n{") + end + b"\n"
+    sep = end + b"\n{"
+    out = blob.replace(b"},{", sep)
+    if len(out) - len(blob) != (len(records) - 1) * (len(sep) - 3):  # one `},{` between each two records, no other
+        return None
+    return b"".join((memoryview(out)[1:-2], end, b"\n"))
 
 
 def write_records(path: Path, records: list[dict[str, Any]], now: float | None = None) -> None:
@@ -277,12 +281,15 @@ class _Reader:
                 chunk = fh.read(CHUNK)
                 if not chunk:
                     break
-                data = carry + chunk
+                data = carry + chunk if carry else chunk
                 cut = data.rfind(b"\n")
                 if cut < 0:
                     carry = data
                     continue
-                complete, carry = data[: cut + 1], data[cut + 1:]
+                if cut == len(data) - 1:  # the chunk ends with its line (no copy of 8 MiB)
+                    complete, carry = data, b""
+                else:
+                    complete, carry = data[: cut + 1], data[cut + 1:]
                 self.consume(complete, st)
                 st.offset += len(complete)
             if final and carry:

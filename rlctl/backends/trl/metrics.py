@@ -209,7 +209,7 @@ def bulk(text: str) -> dict[int, dict[str, Any]]:
 # as JSON numbers (anything else fails the parse) whose magnitudes sum below 1e15 (template_rows): no integer part
 # of 16 digits, no value that JSON and `number` would read differently.
 _T_PAIR = re.compile(r"'([\w/.@-]+)': ('?)(" + _JSON_NUMBER + r")\2", re.ASCII)
-_T_VALUE, _T_INT = "([0-9.eE+-]+)", "(-?[0-9]+)"
+_T_VALUE, _T_INT = "([0-9.eE+-]++)", "(-?[0-9]++)"  # possessive (never followed by such a character): 3x faster
 _TEMPLATES: dict[str, Any] = {}
 _DIGITS = re.compile(r"[0-9]+")
 
