@@ -324,9 +324,10 @@ class _Reader:
             self.consume_lines(text, st)
             return
         records: list[dict[str, Any]] = []
-        count = _LineCount(text, st.lines)
+        dense = self.bulk is not None and _dense(text, self.needles)
+        count = _LineCount(text, st.lines, split_lines(text) if dense else None)
         done: dict[int, dict[str, Any]] = {}
-        if self.bulk is not None and _dense(text, self.needles):  # mostly metrics lines: read in bulk first
+        if dense:  # mostly metrics lines: read in bulk first
             done = self.bulk(text)  # its lines hold a needle: the others are looked for in the lines left
             hits = sorted([*done, *_needle_lines(text, self.needles, skip=done)])
         else:
@@ -496,13 +497,17 @@ class _LineCount:
     """How many non-empty lines of `text` (pieces between newlines) end before a position, plus a base: counted
     incrementally (positions only grow), blank lines located once per chunk."""
 
-    def __init__(self, text: str, base: int):
+    def __init__(self, text: str, base: int, split: tuple[list[str], list[int]] | None = None):
         self.text, self.pos, self.value = text, 0, base
-        self.blanks: list[int] = [0] if text.startswith("\n") else []  # newline positions that end an empty line
-        p = text.find("\n\n")
-        while p >= 0:
-            self.blanks.append(p + 1)
-            p = text.find("\n\n", p + 1)
+        if split is not None:  # the chunk's lines (split_lines): an empty one but the last piece ends at its start
+            lines, starts = split
+            self.blanks: list[int] = list(compress(starts[:-1], map(not_, lines[:-1])))
+        else:
+            self.blanks = [0] if text.startswith("\n") else []  # newline positions that end an empty line
+            p = text.find("\n\n")
+            while p >= 0:
+                self.blanks.append(p + 1)
+                p = text.find("\n\n", p + 1)
         self.bi = 0
 
     def upto(self, p: int) -> int:
