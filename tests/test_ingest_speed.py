@@ -286,3 +286,84 @@ def test_bulk_readers_fall_back_exactly_on_every_edge_line(backend, tmp_path):
     old, new = with_and_without_bulk(log, backend, tmp_path)
     assert new == old and len(new[0]) == 40
     assert len(adapter(backend).metric_bulk(log.read_text())) == 40  # all read in bulk
+
+
+# ---- the bulk readers' one-template blocks: every line the first one's keys and units, any numbers -----------------
+
+VALID_NUMBER = st.one_of(
+    st.integers(0, 10**6).map(str), st.floats(0, 1e6, allow_nan=False).map(repr),
+    st.decimals(0, 10**6, places=8, allow_nan=False, allow_infinity=False).map(str),
+    st.decimals(0, 10**3, places=2, allow_nan=False, allow_infinity=False).map(str),
+)
+PLAIN_NUMBER = st.one_of(
+    VALID_NUMBER, st.integers(0, 10**16).map(str), st.floats(0, 1e16, allow_nan=False).map(repr),
+    st.sampled_from(["0", "0.0", "00", "01", "1.", ".5", "1.0000001", "999999999999999", "1000000000000000",
+                     "0.1234567890123456789", "1e-06", "1E5", "-0", "-1.5", "5e400", "1e-400", "1.2.3", "e5", "+1"]),
+)
+PRIME_FIELDS = [("Time", "s"), ("Reward", ""), ("Throughput", " tokens/s"), ("Seq. Length", " tokens/sample"),
+                ("Async Level", ""), ("Loss", ""), ("Grad. Norm", ""), ("Peak Mem.", " GiB"), ("MFU", "%"),
+                ("Max. Off-Policy Level", ""), ("Odd", "s"), ("Step", ""), ("Truncation", "%")]
+EXAMPLES = 200
+TRL_KEYS = ["loss", "grad_norm", "learning_rate", "reward", "kl", "eval_loss", "time", "clip_ratio",
+            "clip_ratio/region_mean", "x", "train_runtime", "episode"]
+
+
+@st.composite
+def prime_block(draw) -> list[str]:
+    fields = draw(st.lists(st.sampled_from(PRIME_FIELDS), min_size=1, max_size=5, unique=True))
+    head = draw(st.sampled_from(["02:33:26 SUCCESS ", "", "02:33:26  INFO ", "2:33:26 SUCCESS "]))
+    odd = draw(st.booleans())  # odd numbers and steps among the plain ones, or none
+    numbers = PLAIN_NUMBER if odd else VALID_NUMBER
+    times = st.one_of(numbers, st.sampled_from(["73.77", "0.5", "1.1234567", "123456789.5", "1234567890.5"]))
+    steps = st.integers(0, 10**6).map(str)
+    if odd:
+        steps = st.one_of(steps, st.integers(0, 10**16).map(str), st.sampled_from(["05", "-1", "5.0", ""]))
+    out = []
+    for _ in range(draw(st.integers(2, 8))):
+        step = draw(steps)
+        body = " | ".join(f"{k}: {draw(times if k == 'Time' else numbers)}{u}" for k, u in fields)
+        out.append(f"{head}Step {step} | {body}")
+    return out
+
+
+@st.composite
+def trl_block(draw) -> list[str]:
+    keys = draw(st.lists(st.sampled_from(TRL_KEYS), min_size=1, max_size=5, unique=True))
+    quotes = [draw(st.sampled_from(["'", ""])) for _ in keys]
+    step = draw(st.sampled_from(["", "'step': {}, ", ", 'step': {}"]))
+    odd = draw(st.booleans())
+    numbers = PLAIN_NUMBER if odd else VALID_NUMBER
+    steps = st.integers(0, 10**6).map(str)
+    if odd:
+        steps = st.one_of(steps, st.integers(-5, 10**16).map(str), st.sampled_from(["05", "5.0", "-0", "1e3"]))
+    out = []
+    for _ in range(draw(st.integers(2, 8))):
+        inner = ", ".join(f"'{k}': {q}{draw(numbers)}{q}" for k, q in zip(keys, quotes, strict=True))
+        s = draw(steps)
+        inner = step.format(s) + inner if step.startswith("'") else inner + step.format(s)
+        out.append("{" + inner + "}")
+    return out
+
+
+@pytest.mark.parametrize("backend,blocks", [("prime_rl", prime_block()), ("trl", trl_block())])
+def test_one_template_blocks_read_exactly_as_parse(backend, blocks, tmp_path):
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(blocks)
+    def check(lines):
+        log = tmp_path / "gen.log"
+        log.write_text("\n".join(lines) + "\n")
+        old, new = with_and_without_bulk(log, backend, tmp_path)
+        assert new == old, log.read_text()
+
+    check()
+
+
+@pytest.mark.parametrize("backend", ["prime_rl", "trl"])
+def test_one_template_blocks_are_read_by_their_template(backend):
+    from rlctl.backends.prime_rl import metrics as prime_rl
+    from rlctl.backends.trl import metrics as trl
+
+    module = {"prime_rl": prime_rl, "trl": trl}[backend]
+    lines = [GOOD[backend].format(i) for i in range(1, 41)]
+    out = module._uniform(list(range(40)), lines)
+    assert out is not None and list(out.values()) == [adapter(backend).parse(line) for line in lines]

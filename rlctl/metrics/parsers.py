@@ -28,7 +28,7 @@ from rlctl.metrics import clean_value, unify
 __all__ = ["ANSI", "Header", "Incomplete", "KeyMap", "Malformed", "RowPlans", "clean_value", "flat_dict",
            "forget_lines", "json_numbers", "json_objects", "key_values", "lines_with", "literal_dict", "literal_rows",
            "number", "plain_lines", "plain_numbers", "plain_rows", "split_lines", "strip_ansi", "strip_prefixes",
-           "unify"]
+           "template_rows", "unify"]
 
 
 class Malformed(ValueError):
@@ -260,6 +260,27 @@ def literal_rows(texts: list[str]) -> list[dict[str, Any] | None]:
     if rows is None or len(rows) != n:  # one text is no such JSON: each on its own
         rows = [_literal_json(t) for t in texts]
     return [r if ok else None for r, ok in zip(rows, plain_rows(rows), strict=True)]
+
+
+def template_rows(lines: list[str], template: re.Pattern[str]) -> list[list[Any]] | None:
+    """The numbers of lines that all match one line template (`^...$`, MULTILINE, a group per number, each group
+    JSON's number grammar or narrower), a list per line in the groups' order, read by one findall and one JSON
+    parse; None unless every line matches and the values pass plain_rows' check (the caller then takes its
+    general path)."""
+    rows = template.findall("\n".join(lines))
+    if len(rows) != len(lines):  # a match never spans two lines: every line matched, whole
+        return None
+    joined = "],[".join(rows) if template.groups == 1 else "],[".join(map(",".join, rows))
+    try:
+        values = _json_loads("[[" + joined + "]]")
+    except ValueError:
+        return None
+    if type(values) is not list or len(values) != len(lines):
+        return None
+    flat = list(chain.from_iterable(values))
+    if not set(map(type, flat)) <= _NUMERIC or not sum(map(abs, flat)) < 1e15:
+        return None
+    return values
 
 
 def _literal_json(text: str) -> Any:

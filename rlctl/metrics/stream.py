@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import compress, repeat
-from operator import contains, not_, or_
+from operator import contains, itemgetter, not_, or_
 from pathlib import Path
 from stat import S_ISREG
 from typing import Any
@@ -109,8 +109,15 @@ def parse_line(parser: Callable[[str], dict[str, Any] | None], line: str) -> tup
     return records, skipped
 
 
+_INT = {int}
+
+
 def assign_steps(records: list[dict[str, Any]], st: IngestState) -> list[dict[str, Any]]:
     """Give every record an int step: its own, the next counted one (no `step`), or the current one (None)."""
+    steps = list(map(dict.get, records, repeat("step")))
+    if steps and set(map(type, steps)) == _INT:  # every record with its own int step (the common case): as they are
+        st.last_step = steps[-1]
+        return records
     out = []
     for rec in records:
         step = rec.get("step", ...)
@@ -156,10 +163,14 @@ def _lines(records: list[dict[str, Any]], t: float) -> bytes | None:
         blob = _orjson.dumps(records, default=str)
     except TypeError:
         return None
-    if blob.count(b"},{") != len(records) - 1 or b'"time":' in blob or not blob.endswith(b"}]"):
+    if b'"time":' in blob or not blob.endswith(b"}]"):
         return None
     end = b',"time":' + json.dumps(t).encode() + b"}"
-    return blob[1:-2].replace(b"},{", end + b"\n{") + end + b"\n"
+    sep = end + b"\n{"
+    out = blob.replace(b"},{", sep)
+    if len(out) - len(blob) != (len(records) - 1) * (len(sep) - 3):  # one `},{` between each two records, no other
+        return None
+    return b"".join((memoryview(out)[1:-2], end, b"\n"))
 
 
 def write_records(path: Path, records: list[dict[str, Any]], now: float | None = None) -> None:
@@ -290,12 +301,15 @@ class _Reader:
                 chunk = fh.read(CHUNK)
                 if not chunk:
                     break
-                data = carry + chunk
+                data = carry + chunk if carry else chunk
                 cut = data.rfind(b"\n")
                 if cut < 0:
                     carry = data
                     continue
-                complete, carry = data[: cut + 1], data[cut + 1:]
+                if cut == len(data) - 1:  # the chunk ends with its line (no copy of 8 MiB)
+                    complete, carry = data, b""
+                else:
+                    complete, carry = data[: cut + 1], data[cut + 1:]
                 self.consume(complete, st)
                 st.offset += len(complete)
             if final and carry:
@@ -330,9 +344,10 @@ class _Reader:
             self.consume_lines(text, st)
             return
         records: list[dict[str, Any]] = []
-        count = _LineCount(text, st.lines)
+        dense = self.bulk is not None and _dense(text, self.needles)
+        count = _LineCount(text, st.lines, split_lines(text) if dense else None)
         done: dict[int, dict[str, Any]] = {}
-        if self.bulk is not None and _dense(text, self.needles):  # mostly metrics lines: read in bulk first
+        if dense:  # mostly metrics lines: read in bulk first
             done = self.bulk(text)  # its lines hold a needle: the others are looked for in the lines left
             hits = sorted([*done, *_needle_lines(text, self.needles, skip=done)])
         else:
@@ -376,7 +391,9 @@ class _Reader:
         self.emit(records, st)
 
     def emit(self, records: list[dict[str, Any]], st: IngestState) -> None:
-        records = [r for r in assign_steps(records, st) if r["step"] > self.floor]
+        records = assign_steps(records, st)
+        if records and min(map(itemgetter("step"), records)) <= self.floor:
+            records = [r for r in records if r["step"] > self.floor]
         if self.rename is not None:
             records = [self.rename(r) for r in records]
         st.records += len(records)
@@ -500,13 +517,17 @@ class _LineCount:
     """How many non-empty lines of `text` (pieces between newlines) end before a position, plus a base: counted
     incrementally (positions only grow), blank lines located once per chunk."""
 
-    def __init__(self, text: str, base: int):
+    def __init__(self, text: str, base: int, split: tuple[list[str], list[int]] | None = None):
         self.text, self.pos, self.value = text, 0, base
-        self.blanks: list[int] = [0] if text.startswith("\n") else []  # newline positions that end an empty line
-        p = text.find("\n\n")
-        while p >= 0:
-            self.blanks.append(p + 1)
-            p = text.find("\n\n", p + 1)
+        if split is not None:  # the chunk's lines (split_lines): an empty one but the last piece ends at its start
+            lines, starts = split
+            self.blanks: list[int] = list(compress(starts[:-1], map(not_, lines[:-1])))
+        else:
+            self.blanks = [0] if text.startswith("\n") else []  # newline positions that end an empty line
+            p = text.find("\n\n")
+            while p >= 0:
+                self.blanks.append(p + 1)
+                p = text.find("\n\n", p + 1)
         self.bi = 0
 
     def upto(self, p: int) -> int:
