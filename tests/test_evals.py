@@ -236,3 +236,13 @@ def test_by_hand_evals_survive_the_supervisors_ledger_writes(tmp_path):
     assert set(led["done"]) == {"0", "2"} and led["by_hand"][0]["host"] == "spare"
     rec = json.loads((run / "metrics.jsonl").read_text())
     assert rec["step"] == 2 and rec["eval/x/greedy_pass@1"] == 0.5
+
+
+def test_vllm_max_lora_rank_is_one_vllm_accepts():
+    """vLLM's LoRAConfig refuses a max_lora_rank outside its fixed list (a rank-12 adapter with max_lora_rank=12 is a
+    ValueError): rlctl's evaluator rounds an adapter's rank up to the next accepted value."""
+    from rlctl.evals.generate import VLLM_LORA_RANKS, vllm_max_lora_rank
+
+    assert [vllm_max_lora_rank(r) for r in (1, 8, 12, 16, 24, 64, 100, 300, 512)] == [8, 8, 16, 16, 32, 64, 128, 320,
+                                                                                      512]
+    assert all(vllm_max_lora_rank(r) in VLLM_LORA_RANKS and vllm_max_lora_rank(r) >= r for r in range(1, 513))

@@ -85,6 +85,17 @@ def generate_hf(model: Any, tok: Any, prompts: list[str], n: int, temperature: f
     return texts, lengths
 
 
+# LoRAConfig.__post_init__ accepts only these max_lora_rank values (vllm/config: 8..64 up to 0.5, then up to 256, then
+# 320 and 512 too): any other value is a ValueError, so an adapter's rank is rounded up to the next one
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_max_lora_rank(rank: int) -> int:
+    """The least max_lora_rank vLLM accepts that serves an adapter of this rank (the largest where none does: vLLM
+    then says so itself)."""
+    return next((r for r in VLLM_LORA_RANKS if r >= rank), VLLM_LORA_RANKS[-1])
+
+
 def load_vllm(path: str, base: str | None, seed: int, dtype: str) -> tuple[Any, Any]:
     """(vLLM engine, LoRA request or None): an adapter directory is served on its base with enable_lora."""
     from vllm import LLM
@@ -96,7 +107,8 @@ def load_vllm(path: str, base: str | None, seed: int, dtype: str) -> tuple[Any, 
     from vllm.lora.request import LoRARequest
 
     rank = int(getattr(PeftConfig.from_pretrained(path), "r", 16) or 16)
-    llm = LLM(model=base or adapter, dtype=dtype, enable_lora=True, max_lora_rank=max(rank, 8), seed=seed)
+    llm = LLM(model=base or adapter, dtype=dtype, enable_lora=True, max_lora_rank=vllm_max_lora_rank(rank),
+              seed=seed)
     return llm, LoRARequest("checkpoint", 1, path)
 
 
