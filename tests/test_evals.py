@@ -246,3 +246,32 @@ def test_vllm_max_lora_rank_is_one_vllm_accepts():
     assert [vllm_max_lora_rank(r) for r in (1, 8, 12, 16, 24, 64, 100, 300, 512)] == [8, 8, 16, 16, 32, 64, 128, 320,
                                                                                       512]
     assert all(vllm_max_lora_rank(r) in VLLM_LORA_RANKS and vllm_max_lora_rank(r) >= r for r in range(1, 513))
+
+
+def test_vllm_greedy_pass_at_k_sends_each_prompt_k_times(monkeypatch):
+    """vLLM's SamplingParams refuses n > 1 at temperature 0 (its _verify_greedy_sampling, every release): a greedy
+    pass@k set (nondet_proxy_pass@k) goes as k requests of n = 1 per prompt, regrouped in order. No vLLM here: its
+    SamplingParams' rule and the shape of its outputs stand in, nothing else."""
+    import sys
+    import types
+
+    from rlctl.evals.generate import generate_vllm
+
+    class SamplingParams:
+        def __init__(self, n, temperature, top_p, max_tokens, seed):
+            if temperature < 1e-5 and n > 1:
+                raise ValueError(f"n must be 1 when using greedy sampling, got {n}.")
+            self.n = n
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=SamplingParams))
+
+    class LLM:
+        def generate(self, prompts, params, lora_request=None):
+            out = types.SimpleNamespace
+            return [out(outputs=[out(text=f"{p}#{j}", token_ids=[0] * len(p)) for j in range(params.n)])
+                    for p in prompts]
+
+    texts, lens = generate_vllm(LLM(), None, ["ab", "c"], 3, 0.0, 8, 0)
+    assert texts == [["ab#0"] * 3, ["c#0"] * 3] and lens == [[2, 2, 2], [1, 1, 1]]
+    texts, _ = generate_vllm(LLM(), None, ["ab", "c"], 2, 0.6, 8, 0)
+    assert texts == [["ab#0", "ab#1"], ["c#0", "c#1"]]

@@ -116,9 +116,17 @@ def generate_vllm(llm: Any, lora: Any, prompts: list[str], n: int, temperature: 
                   seed: int) -> tuple[list[list[str]], list[list[int]]]:
     from vllm import SamplingParams
 
-    params = SamplingParams(n=n, temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
-    outs = llm.generate(prompts, params, lora_request=lora)
-    return ([[c.text for c in o.outputs] for o in outs], [[len(c.token_ids) for c in o.outputs] for o in outs])
+    if temperature <= 0 and n > 1:
+        # SamplingParams refuses n > 1 with greedy sampling ("n must be 1 when using greedy sampling"; best_of in
+        # older releases): each prompt goes n times as its own request, which is what a greedy pass@k measures
+        params = SamplingParams(n=1, temperature=0.0, top_p=1.0, max_tokens=max_tokens, seed=seed)
+        outs = llm.generate([p for p in prompts for _ in range(n)], params, lora_request=lora)
+        flat = [o.outputs[0] for o in outs]
+        groups = [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+    else:
+        params = SamplingParams(n=n, temperature=temperature, top_p=1.0, max_tokens=max_tokens, seed=seed)
+        groups = [list(o.outputs) for o in llm.generate(prompts, params, lora_request=lora)]
+    return [[c.text for c in g] for g in groups], [[len(c.token_ids) for c in g] for g in groups]
 
 
 class Generator:
