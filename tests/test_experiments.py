@@ -192,6 +192,37 @@ def test_gpu_slots_have_the_memory_the_plan_says():
     assert cap.take("any", 1, None, free).gpus == (3,)  # no plan (no model config): placed by count alone
 
 
+def test_gpu_slots_with_the_placement_the_cli_records():
+    """`rlctl sweep` without --executor records `executor: None`; that is this machine, and its GPUs are slots
+    (before the fix every run got no CUDA_VISIBLE_DEVICES at all: all of them on every GPU, found on 2 real GPUs)."""
+    from rlctl.experiments.queue import Capacity
+
+    placement = {"parallel": 2, "hosts": None, "executor": None, "address": None, "force": False, "gpu_ids": [0, 1],
+                 "needs": {}}
+    cap = Capacity.from_placement(placement)
+    a, b = cap.take("a", 1, 15.8, {0: 79.1, 1: 79.1}), cap.take("b", 1, 15.8, {0: 79.1, 1: 79.1})
+    assert (a.gpus, b.gpus, a.name) == ((0,), (1,), "local:gpu0")
+    assert cap.take("c", 1) is None
+    cap.free("a")
+    assert cap.take("c", 1, 15.8, {0: 63.0, 1: 0.9}).gpus == (0,)
+    ray = Capacity.from_placement({**placement, "executor": "ray", "gpu_ids": [0, 1]})
+    assert ray.take("r", 1).gpus == ()  # a Ray cluster places its jobs itself
+
+
+def test_a_slot_names_its_gpus_in_nvidia_smi_order(monkeypatch):
+    """The slot's indices are nvidia-smi's (PCI bus order): the run gets CUDA_DEVICE_ORDER=PCI_BUS_ID with them, so
+    CUDA's index 0 is that GPU on a machine of mixed GPUs too; the queue's own environment is restored after."""
+    from rlctl.experiments.queue import visible_gpus
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    with visible_gpus((2,)):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "2" and os.environ["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and "CUDA_DEVICE_ORDER" not in os.environ
+    with visible_gpus(()):  # a CPU slot changes nothing
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and "CUDA_DEVICE_ORDER" not in os.environ
+
+
 def test_the_plan_memory_a_variant_needs():
     from rlctl.experiments.variants import planned_gib
     from rlctl.preflight import Result

@@ -81,7 +81,9 @@ class Capacity:
             if not places:
                 continue
             gpus: tuple[int, ...] = ()
-            if gpus_needed and host is None and self.placement.get("executor", "local") == "local" and self.gpu_ids:
+            # the CLI records `executor: None` when --executor is not given: that is this machine too
+            local = (self.placement.get("executor") or "local") == "local"
+            if gpus_needed and host is None and local and self.gpu_ids:
                 taken = {g for _, gs, _ in on_host for g in gs}
                 free = [g for g in self.gpu_ids if g not in taken]
                 if need_gib and free_gib:  # another process may hold memory on a GPU no run of ours uses
@@ -100,6 +102,27 @@ class Capacity:
 
     def free(self, variant: str) -> None:
         self.used.pop(variant, None)
+
+
+@contextlib.contextmanager
+def visible_gpus(gpus: tuple[int, ...]):
+    """The environment a run launched in this block inherits: CUDA_VISIBLE_DEVICES = the slot's GPU indices, and
+    CUDA_DEVICE_ORDER = PCI_BUS_ID, since the indices are nvidia-smi's (PCI bus order) and CUDA's default order
+    (fastest first) can name another GPU by the same index on a machine of mixed GPUs. Restored afterwards."""
+    if not gpus:
+        yield
+        return
+    keys = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+    old = {k: os.environ.get(k) for k in keys}
+    os.environ.update(CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)), CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def local_gpu_ids() -> list[int]:
@@ -192,11 +215,9 @@ class Queue:
                              address=placement.get("address"))
         if slot.host is not None:
             opts.on = slot.host  # type: ignore[attr-defined]  # the SSH executor's LaunchOptions field
-        old = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if slot.gpus:
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, slot.gpus))
         try:
-            run_dir, _ = do_launch(opts, out=sys.stdout)
+            with visible_gpus(slot.gpus):
+                run_dir, _ = do_launch(opts, out=sys.stdout)
         except Unreachable as e:  # the place did not answer: the variant waits (elsewhere, or for the host)
             r.update(state="queued", slot=None, error=None)
             self.cap.free(v["id"])
@@ -213,12 +234,6 @@ class Queue:
             self.cap.free(v["id"])
             self.log(f"{v['id']}: launch failed: {type(e).__name__}: {e}")
             return
-        finally:
-            if slot.gpus:
-                if old is None:
-                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-                else:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = old
         write_json(run_dir / "experiment.json", {"experiment": self.manifest["name"], "variant": v["id"],
                                                   "arm": v["arm"], "seed": v["seed"], "slot": slot.to_dict()})
         r.update(state="running", run_dir=str(run_dir))
