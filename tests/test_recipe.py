@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -183,3 +184,26 @@ def test_bundled_recipe_by_name(cli, tmp_path):
     res = cli("recipe", "show", "quickstart", cwd=tmp_path)
     assert res.code == 0, res.err
     assert 'name = "quickstart"' in res.out
+
+
+def test_tiny_model_made_once_when_runs_start_together(tmp_path):
+    """Two runs resolving the same `random:` model at once (a sweep's first two slots): each loads a whole model,
+    one directory results, no temporary folder is left behind."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from pathlib import Path; from rlctl.recipe.tiny_model import resolve_model; "
+            "from transformers import AutoModelForCausalLM, AutoTokenizer; "
+            "p = resolve_model('random:qwen2', Path(sys.argv[1])); AutoModelForCausalLM.from_pretrained(p); "
+            "AutoTokenizer.from_pretrained(p); print(p)")
+    import time
+
+    procs = []
+    for _ in range(6):  # started a little apart, as a queue launches: one may look while another writes
+        procs.append(subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+        time.sleep(0.15)
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-1500:] for _, e in outs]
+    assert len({o.strip() for o, _ in outs}) == 1
+    assert [x.name for x in tmp_path.iterdir()] == [Path(outs[0][0].strip()).name]

@@ -96,5 +96,23 @@ def resolve_model(source: str, cache_dir: Path) -> str:
         return source
     target = cache_dir / cache_key(source)
     if not (target / "config.json").is_file():
-        make_tiny(target, source)
+        # built aside and renamed into place: runs started together (a sweep's first slots) never load a model
+        # another one is still writing (config.json lands before the weights)
+        import os
+        import shutil
+        import tempfile
+
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache_dir))
+        try:
+            make_tiny(tmp, source)
+            if target.exists() and not (target / "config.json").is_file():
+                shutil.rmtree(target, ignore_errors=True)  # a half-made model from an older rlctl
+            try:
+                os.rename(tmp, target)
+            except OSError:  # another run renamed its own first: the same model (same seed), use it
+                if not (target / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
