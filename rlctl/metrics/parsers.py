@@ -283,6 +283,40 @@ def template_rows(lines: list[str], template: re.Pattern[str]) -> list[list[Any]
     return values
 
 
+class LineTemplates:
+    """One format's line templates, made once per line shape (the line with its digits as 0) by `build(line)` ->
+    (regex for template_rows, record names, a reorder of each row's values or None) or None where lines of that
+    shape are no template's; bounded, so a log of ever-new shapes cannot grow it."""
+
+    _DIGITS = re.compile(r"[0-9]+")
+
+    def __init__(self, build: Callable[[str], tuple[re.Pattern[str], Any, Any] | None]):
+        self.build = build
+        self.cache: dict[str, tuple[re.Pattern[str], Any, Any] | None] = {}
+
+    def get(self, line: str) -> tuple[re.Pattern[str], Any, Any] | None:
+        shape = self._DIGITS.sub("0", line)
+        if shape in self.cache:
+            return self.cache[shape]
+        out = self.build(line)
+        if len(self.cache) >= 256:
+            self.cache.clear()
+        self.cache[shape] = out
+        return out
+
+    def records(self, starts: list[int], lines: list[str]) -> dict[int, dict[str, Any]] | None:
+        """The records of lines that all match the first one's template, by where each starts, or None."""
+        template = self.get(lines[0])
+        if template is None:
+            return None
+        regex, names, reorder = template
+        values = template_rows(lines, regex)
+        if values is None:
+            return None
+        rows = values if reorder is None else map(reorder, values)
+        return dict(zip(starts, map(dict, map(zip, repeat(names), rows)), strict=True))
+
+
 def _literal_json(text: str) -> Any:
     """literal_dict's JSON path for one text: what it reads, or None."""
     try:

@@ -34,6 +34,7 @@ from typing import Any
 from rlctl.metrics import UNIFIED, clean_value
 from rlctl.metrics.parsers import (
     Incomplete,
+    LineTemplates,
     Malformed,
     RowPlans,
     json_objects,
@@ -41,7 +42,6 @@ from rlctl.metrics.parsers import (
     number,
     plain_rows,
     strip_prefixes,
-    template_rows,
     unify,
 )
 
@@ -304,15 +304,10 @@ _T_FIELD = re.compile(r"([A-Za-z](?:[A-Za-z .\-]*[A-Za-z.])?): ([0-9][0-9.]*)( t
 _T_NUMBER = r"([0-9][0-9.]*+)"
 _T_TIME = r"([0-9]{1,9}+\.[0-9]{1,6}+)"
 _T_STEP = r"([0-9]++)"
-_TEMPLATES: dict[str, tuple[re.Pattern[str], tuple[str, ...]] | None] = {}
-_DIGITS = re.compile(r"[0-9]+")
 
 
-def _template(line: str) -> tuple[re.Pattern[str], tuple[str, ...]] | None:
+def _template(line: str) -> tuple[re.Pattern[str], tuple[str, ...], None] | None:
     """The regex of lines like `line` (its head, keys and units) and their records' names, or None."""
-    shape = _DIGITS.sub("0", line)
-    if shape in _TEMPLATES:
-        return _TEMPLATES[shape]
     out = None
     at = line.find("Step ")
     head, (_, sep, body) = line[:at], line[at + 5:].partition(" | ")
@@ -326,19 +321,8 @@ def _template(line: str) -> tuple[re.Pattern[str], tuple[str, ...]] | None:
                 if m:
                     rx += (re.escape(f" | {m.group(1)}: ") + (_T_TIME if m.group(1) == "Time" else _T_NUMBER)
                            + re.escape(m.group(3)))
-            out = re.compile(rx + "$", re.MULTILINE), plan[0]
-    if len(_TEMPLATES) >= 256:
-        _TEMPLATES.clear()
-    _TEMPLATES[shape] = out
+            out = re.compile(rx + "$", re.MULTILINE), plan[0], None
     return out
 
 
-def _uniform(starts: list[int], lines: list[str]) -> dict[int, dict[str, Any]] | None:
-    """The records of step lines that all match the first one's template, or None."""
-    template = _template(lines[0])
-    if template is None:
-        return None
-    values = template_rows(lines, template[0])
-    if values is None:
-        return None
-    return dict(zip(starts, map(dict, map(zip, repeat(template[1]), values)), strict=True))
+_uniform = LineTemplates(_template).records  # step lines that all match the first one's template

@@ -26,6 +26,7 @@ from rlctl.metrics.parsers import (
     _JSON_NUMBER,
     Header,
     KeyMap,
+    LineTemplates,
     Malformed,
     RowPlans,
     lines_with,
@@ -34,7 +35,6 @@ from rlctl.metrics.parsers import (
     number,
     plain_lines,
     strip_prefixes,
-    template_rows,
 )
 
 NAME = "trl"
@@ -210,15 +210,10 @@ def bulk(text: str) -> dict[int, dict[str, Any]]:
 # of 16 digits, no value that JSON and `number` would read differently.
 _T_PAIR = re.compile(r"'([\w/.@-]+)': ('?)(" + _JSON_NUMBER + r")\2", re.ASCII)
 _T_VALUE, _T_INT = "([0-9.eE+-]++)", "(-?[0-9]++)"  # possessive (never followed by such a character): 3x faster
-_TEMPLATES: dict[str, Any] = {}
-_DIGITS = re.compile(r"[0-9]+")
 
 
 def _template(line: str) -> Any:
-    """The regex of dict lines like `line` and their plan, or None."""
-    shape = _DIGITS.sub("0", line)
-    if shape in _TEMPLATES:
-        return _TEMPLATES[shape]
+    """The regex of dict lines like `line`, their records' names and the reorder of their values, or None."""
     out = None
     pairs = [_T_PAIR.fullmatch(p) for p in line[1:-1].split(", ")] if line[:2] == "{'" and line[-1:] == "}" else []
     if pairs and all(pairs):
@@ -228,23 +223,11 @@ def _template(line: str) -> Any:
             rx = "^" + re.escape("{") + ", ".join(
                 re.escape(f"'{m.group(1)}': {m.group(2)}") + (_T_INT if m.group(1) == "step" else _T_VALUE)
                 + re.escape(m.group(2)) for m in pairs if m)
-            out = re.compile(rx + re.escape("}") + "$", re.MULTILINE), plan
-    if len(_TEMPLATES) >= 256:
-        _TEMPLATES.clear()
-    _TEMPLATES[shape] = out
+            out = re.compile(rx + re.escape("}") + "$", re.MULTILINE), *plan
     return out
 
 
-def _uniform(starts: list[int], lines: list[str]) -> dict[int, dict[str, Any]] | None:
-    """The records of dict lines that all match the first one's template, or None."""
-    template = _template(lines[0])
-    if template is None:
-        return None
-    values = template_rows(lines, template[0])
-    if values is None:
-        return None
-    names, order = template[1]
-    return dict(zip(starts, map(dict, map(zip, repeat(names), map(order, values))), strict=True))
+_uniform = LineTemplates(_template).records  # dict lines that all match the first one's template
 
 
 def _int_steps(rows: list[Any]) -> bool:
