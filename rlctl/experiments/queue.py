@@ -112,17 +112,10 @@ def visible_gpus(gpus: tuple[int, ...]):
     if not gpus:
         yield
         return
-    keys = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
-    old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)), CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    try:
+    from rlctl.core.environ import environ
+
+    with environ(CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)), CUDA_DEVICE_ORDER="PCI_BUS_ID"):
         yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def local_gpu_ids() -> list[int]:

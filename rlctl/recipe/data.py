@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,25 +166,11 @@ def hf_cache_dir(kind: str, repo_id: str) -> Path | None:
     return p if p.is_dir() else None
 
 
-class _Offline:
+def _offline() -> contextlib.AbstractContextManager[None]:
     """Hugging Face libraries offline for a while: a preflight never downloads."""
+    from rlctl.core.environ import environ
 
-    KEYS = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-
-    def __enter__(self) -> None:
-        import os
-
-        self.old = {k: os.environ.get(k) for k in self.KEYS}
-        os.environ.update({k: "1" for k in self.KEYS})
-
-    def __exit__(self, *exc: object) -> None:
-        import os
-
-        for k, v in self.old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return environ(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
 
 
 def environment_module(env_id: str) -> str:
@@ -210,7 +197,7 @@ def prompt_texts(recipe: Any, limit: int) -> tuple[list[str] | None, int, str]:
             found = False
         if found:
             try:
-                with _Offline():
+                with _offline():
                     loaded = importlib.import_module(module).load_environment(**dict(env.args or {}))
                     ds = getattr(loaded, "dataset", None)
                     if ds is None and hasattr(loaded, "get_dataset"):
@@ -228,7 +215,7 @@ def prompt_texts(recipe: Any, limit: int) -> tuple[list[str] | None, int, str]:
                                  f"{type(e).__name__}: {str(e)[:160]}")
     if hf_cache_dir("datasets", r.data.train) is not None and importlib.util.find_spec("datasets") is not None:
         try:
-            with _Offline():
+            with _offline():
                 import datasets
 
                 ds = datasets.load_dataset(r.data.train, split="train")
