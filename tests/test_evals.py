@@ -238,6 +238,26 @@ def test_by_hand_evals_survive_the_supervisors_ledger_writes(tmp_path):
     assert rec["step"] == 2 and rec["eval/x/greedy_pass@1"] == 0.5
 
 
+def test_status_shows_a_by_hand_eval_failure_until_a_later_success(tmp_path, cli, monkeypatch):
+    from rlctl.core.state import write_state
+    from rlctl.evals.loop import record_by_hand
+    from rlctl.runs.status import by_hand_failures
+
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(tmp_path / "runs"))
+    run = tmp_path / "runs" / "r-20261125-000000"
+    run.mkdir(parents=True)
+    write_state(run, backend="trl", status="finished")
+    record_by_hand(run, 2, {}, "set gsm8k: CUDA out of memory", ["gsm8k"], host="spare")
+    record_by_hand(run, 4, {}, "timed out after 60 s (eval.timeout_s)", ["gsm8k"])
+    (f2, f4) = by_hand_failures(run)
+    assert (f2["step"], f2["host"], f4["step"]) == (2, "spare", 4) and "out of memory" in f2["error"]
+    assert f4["log"].endswith("evals/step-4.log")
+    res = cli("status", run.name)
+    assert "eval by hand on spare failed at step 2: set gsm8k: CUDA out of memory" in res.out, res.out
+    record_by_hand(run, 2, {"eval/gsm8k/greedy_pass@1": 0.5}, None, ["gsm8k"], host="spare")  # the retry worked
+    assert [f["step"] for f in by_hand_failures(run)] == [4]
+
+
 def test_vllm_max_lora_rank_is_one_vllm_accepts():
     """vLLM's LoRAConfig refuses a max_lora_rank outside its fixed list (a rank-12 adapter with max_lora_rank=12 is a
     ValueError): rlctl's evaluator rounds an adapter's rank up to the next accepted value."""

@@ -62,7 +62,8 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         **summary(rs),
         "metrics": metrics,
         "evals": eval_lines(rs, merged),
-        "eval_failures": [f for f in _list(rs.state.get("eval_failures")) if isinstance(f, dict)],
+        "eval_failures": [f for f in _list(rs.state.get("eval_failures")) if isinstance(f, dict)]
+        + by_hand_failures(rs.path),
         "stopped_by": _dict(rs.state.get("stopped_by")),
         "best_checkpoint": _dict(rs.state.get("best_checkpoint")),
         "health": [f.__dict__ for f in health_flags(merged)],
@@ -79,6 +80,20 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
         "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
     }
+
+
+def by_hand_failures(run_dir: Path) -> list[dict[str, Any]]:
+    """`rlctl eval` failures (here or --on a host) still standing: a step whose latest by-hand eval failed. The
+    supervisor's own eval failures are in state.json; these live only in the eval ledger."""
+    from rlctl.evals.ledger import EVALS, read_ledger
+
+    latest: dict[int, dict[str, Any]] = {}
+    for e in _list(read_ledger(run_dir).get("by_hand")):
+        if isinstance(e, dict) and isinstance(e.get("step"), int):
+            latest[e["step"]] = e  # appended in order: a later success clears an earlier failure
+    return [{"step": step, "error": e.get("error") or "failed", "by_hand": True, "host": e.get("host"),
+             "log": str(run_dir / EVALS / f"step-{step}.log")}
+            for step, e in sorted(latest.items()) if e.get("outcome") == "failed"]
 
 
 def _dict(v: Any) -> dict[str, Any] | None:
@@ -172,7 +187,8 @@ def _detail_text(d: dict[str, Any]) -> str:
     if d.get("stopped_by"):
         lines.append(f"  stopped by stop_when {d['stopped_by'].get('rule')}: {d['stopped_by'].get('message')}")
     for f in d.get("eval_failures") or []:
-        lines.append(f"  ! eval failed at step {f.get('step')}: {f.get('error')} (log {f.get('log')})")
+        how = (" by hand" + (f" on {f['host']}" if f.get("host") else "")) if f.get("by_hand") else ""
+        lines.append(f"  ! eval{how} failed at step {f.get('step')}: {f.get('error')} (log {f.get('log')})")
     if d["health"]:
         lines.append("")
         lines += [f"  ! {f['message']}: {f['action']}" for f in d["health"]]
