@@ -295,3 +295,19 @@ def test_vllm_greedy_pass_at_k_sends_each_prompt_k_times(monkeypatch):
     assert texts == [["ab#0"] * 3, ["c#0"] * 3] and lens == [[2, 2, 2], [1, 1, 1]]
     texts, _ = generate_vllm(LLM(), None, ["ab", "c"], 2, 0.6, 8, 0)
     assert texts == [["ab#0", "ab#1"], ["c#0", "c#1"]]
+
+
+def test_adopt_job_takes_only_the_same_job(tmp_path):
+    """A job picked up after a cut connection must be the very job asked for: same spec, its result written."""
+    from rlctl.evals.loop import adopt_job, job_files, pid_file, write_job
+
+    ev = {"evaluator": "command", "command": "x {output}", "timeout_s": 5}
+    sets = [{"name": "s", "data": "d.jsonl"}]
+    out = tmp_path / "evals"
+    write_job(out, ev, 4, "/m/checkpoint-4", sets, None)
+    pid_file(out, 4).write_text(json.dumps({"pid": 2 ** 22 + 7, "job": "x"}))  # no such process
+    assert adopt_job(ev, 4, "/m/checkpoint-4", sets, out, None) is None  # it died before writing results
+    job_files(out, 4)[1].write_text(json.dumps({"metrics": {"eval/s/greedy_pass@1": 0.25}}))
+    assert adopt_job(ev, 4, "/m/checkpoint-4", sets, out, None) == ({"eval/s/greedy_pass@1": 0.25}, None)
+    assert adopt_job(ev, 4, "/m/checkpoint-6", sets, out, None) is None  # another model: not this job
+    assert adopt_job({**ev, "command": "y {output}"}, 4, "/m/checkpoint-4", sets, out, None) is None

@@ -448,7 +448,9 @@ def test_eval_on_host_faults_unreachable_cut_and_full_disk(remote, cli, monkeypa
     the one in flight not at all; the host's disk full during the checkpoint push: said, with the fix."""
     recipe = eval_recipe(remote["tmp"])
     script = recipe.parent / "eval_posthoc.py"
-    script.write_text("import time, sys\nif int(sys.argv[1]) == 4:\n    time.sleep(30)\n" + EVAL_SCRIPT)
+    calls = remote["tmp"] / "calls.log"  # each evaluator start, to tell a picked-up job from a second one
+    script.write_text(f"import time, sys\nopen({str(calls)!r}, 'a').write(sys.argv[1] + '\\n')\n"
+                      "if int(sys.argv[1]) == 4:\n    time.sleep(20)\n" + EVAL_SCRIPT)
     run = fake_run(remote["runs"], recipe)
     monkeypatch.chdir(remote["tmp"])
     remote["sshd"].stop()
@@ -464,7 +466,7 @@ def test_eval_on_host_faults_unreachable_cut_and_full_disk(remote, cli, monkeypa
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         spec = remote["work"] / "runs" / run.name / "evals" / "step-4.json"
-        assert wait_for(spec.is_file, timeout=60)  # step 4's job runs there (30 s): cut the connection now
+        assert wait_for(spec.is_file, timeout=60)  # step 4's job runs there (20 s): cut the connection now
         time.sleep(1)
         subprocess.run(["ssh", "-F", os.environ["RLCTL_SSH_CONFIG"], "-o", f"ControlPath={remote['ctl']}/%C", "-O",
                         "exit", ALIAS], capture_output=True, timeout=10)
@@ -475,6 +477,15 @@ def test_eval_on_host_faults_unreachable_cut_and_full_disk(remote, cli, monkeypa
     assert "recorded: step 0, step 2; not recorded: step 4" in err and "Traceback" not in err, err
     ev = stream(run)  # every line whole (stream() parses each)
     assert sorted(ev) == [0, 2]
+    # again: step 4's job, still running there, is picked up and recorded once; nothing is evaluated twice
+    r = cli("eval", run.name, "--step", "4", "--on", "box")
+    assert r.code == 0, r.out + r.err
+    assert "step 4 was in flight on box" in r.err, r.err
+    assert stream(run)[4]["eval/probe/greedy_pass@1"] == pytest.approx(0.4)
+    assert sorted(calls.read_text().split()) == ["0", "2", "4"]
+    assert not list((run / "evals").glob("*.pending"))
+    r = cli("eval", run.name, "--step", "4", "--on", "box")  # asked again on purpose: evaluated again
+    assert r.code == 0 and "in flight" not in r.err and sorted(calls.read_text().split()) == ["0", "2", "4", "4"]
 
     small = tmp_path / "small"
     small.mkdir()

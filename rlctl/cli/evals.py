@@ -97,7 +97,7 @@ def eval_cmd(
         try:
             for a in ex.eval_on(on, ev, [s for s, _ in jobs], run_dir=run_dir,
                                 model=target if run_dir is None else None, recipe=recipe_path,
-                                set_names=set_name, gpu=gpu, recipe_given=recipe is not None):
+                                set_names=set_name, gpu=gpu, recipe_given=recipe is not None, pending_dir=out_dir):
                 metrics = {k: float(v) for k, v in (a.get("metrics") or {}).items()}
                 if not a.get("in_place"):  # bring the results home: the job's JSON, then the stream (one write)
                     _save_result(out_dir, a)
@@ -109,7 +109,8 @@ def eval_cmd(
             left = [s for s, _ in jobs if s not in done]
             if done:  # what came back before the failure is recorded; say which steps are still to do
                 e.message += (f"\n  recorded: {', '.join(f'step {s}' for s in done) or 'nothing'}; not recorded: "
-                              f"{', '.join(f'step {s}' for s in left)} (run the command again for them)")
+                              f"{', '.join(f'step {s}' for s in left)} (run the command again for them: a job "
+                              "still running there is picked up, not started twice)")
             raise
     else:
         for s_step, model in jobs:

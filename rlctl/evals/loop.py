@@ -73,19 +73,24 @@ def job_env(gpu: str | None) -> dict[str, str]:
     return env
 
 
+def job_spec(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]],
+             run_dir: Path | None) -> dict[str, Any]:
+    spec = {**{k: ev.get(k) for k in ("evaluator", "command", "base_model", "dtype", "seed", "input_key",
+                                       "label_key", "reward_file", "reward_name", "timeout_s")},
+            "sets": sets, "step": step, "model": model, "output": str(job_files(out_dir, step)[1]),
+            "run_dir": str(run_dir) if run_dir else None}
+    if step == 0:
+        spec["base_model"] = None  # the base model itself
+    return spec
+
+
 def write_job(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]],
               run_dir: Path | None) -> tuple[Path, Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file, out_file, log = job_files(out_dir, step)
     with contextlib.suppress(OSError):
         out_file.unlink()
-    spec = {**{k: ev.get(k) for k in ("evaluator", "command", "base_model", "dtype", "seed", "input_key",
-                                       "label_key", "reward_file", "reward_name", "timeout_s")},
-            "sets": sets, "step": step, "model": model, "output": str(out_file),
-            "run_dir": str(run_dir) if run_dir else None}
-    if step == 0:
-        spec["base_model"] = None  # the base model itself
-    spec_file.write_text(json.dumps(spec, indent=2) + "\n")
+    spec_file.write_text(json.dumps(job_spec(out_dir, ev, step, model, sets, run_dir), indent=2) + "\n")
     return spec_file, out_file, log
 
 
@@ -103,7 +108,8 @@ def read_result(out_file: Path, log: Path, code: int | None) -> tuple[dict[str, 
         tail = ""
         with contextlib.suppress(OSError):
             tail = log.read_text(errors="replace").strip().splitlines()[-1:][0] if log.stat().st_size else ""
-        why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        why = (f"killed by signal {-code}" if code is not None and code < 0 else
+               f"exit code {code}" if code is not None else "it ended")
         return {}, f"evaluator crashed ({why}) before writing results" + (f": {tail[:300]}" if tail else "")
     metrics = {k: v for k, v in (res.get("metrics") or {}).items() if isinstance(v, (int, float)) and v == v}
     errors = res.get("errors") or {}
@@ -360,7 +366,7 @@ def log_tail(log: Path, lines: int = 20, limit: int = 8000) -> str:
 
 
 def record_by_hand(run_dir: Path, step: int, metrics: dict[str, float], failure: str | None,
-                   sets: list[str], host: str | None = None) -> None:
+                   sets: list[str], host: str | None = None, job: str | None = None) -> None:
     """A by-hand eval's result in the run: its metrics at the checkpoint's step (one write), and a line in the
     ledger's `by_hand` list (apart from `done`, which the supervisor's own evals keep)."""
     append_metrics(run_dir, step, metrics)
@@ -369,6 +375,8 @@ def record_by_hand(run_dir: Path, step: int, metrics: dict[str, float], failure:
                              "metrics": sorted(metrics), "at": time.time()}
     if host:
         entry["host"] = host
+    if job:
+        entry["job"] = job
     if failure:
         entry["error"] = failure
     ledger.setdefault("by_hand", []).append(entry)
@@ -377,9 +385,12 @@ def record_by_hand(run_dir: Path, step: int, metrics: dict[str, float], failure:
 
 def run_job_here(ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]], out_dir: Path,
                  run_dir: Path | None, timeout: float | None = None) -> tuple[dict[str, float], str | None]:
-    """Run one eval job in its own process on this machine and wait: (metrics, failure or None)."""
+    """Run one eval job in its own process on this machine and wait: (metrics, failure or None). The job's pid is
+    kept beside its spec (step-N.pid) so that a caller cut off while it runs (`rlctl eval --on HOST` over a lost
+    connection) can pick it up again: adopt_job."""
     spec_file, out_file, log = write_job(out_dir, ev, step, model, sets, run_dir)
     proc = start_job(spec_file, log, ev.get("gpu"))
+    pid_file(out_dir, step).write_text(json.dumps({"pid": proc.pid, "job": f"{proc.pid}-{time.time():.6f}"}))
     limit = timeout or float(ev.get("timeout_s") or 3600)
     try:
         code = proc.wait(timeout=limit)
@@ -393,6 +404,56 @@ def run_job_here(ev: dict[str, Any], step: int, model: str, sets: list[dict[str,
             os.killpg(proc.pid, signal.SIGKILL)
         raise
     return read_result(out_file, log, code)
+
+
+def pid_file(out_dir: Path, step: int) -> Path:
+    return out_dir / f"step-{step}.pid"
+
+
+def job_id(out_dir: Path, step: int) -> str | None:
+    """The id of the step's newest job here (its pid and start time), None when there is none."""
+    try:
+        return str(json.loads(pid_file(out_dir, step).read_text())["job"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def adopt_job(ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]], out_dir: Path,
+              run_dir: Path | None, timeout: float | None = None) -> tuple[dict[str, float], str | None] | None:
+    """The result of this very job (same spec: model, sets, evaluator) started earlier by a caller that was cut
+    off: waited for while it still runs, read when it finished unclaimed. None when there is no such job (it never
+    started, its spec differs, or it died before writing results): the caller runs it again."""
+    spec_file, out_file, log = job_files(out_dir, step)
+    try:
+        same = json.loads(spec_file.read_text()) == job_spec(out_dir, ev, step, model, sets, run_dir)
+        pid = int(json.loads(pid_file(out_dir, step).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not same:
+        return None
+    deadline = time.monotonic() + (timeout or float(ev.get("timeout_s") or 3600))
+    while _is_job(pid, spec_file):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            return {}, f"timed out after {timeout or ev.get('timeout_s') or 3600:g} s (eval.timeout_s)"
+        time.sleep(0.5)
+    if not out_file.is_file():
+        return None
+    return read_result(out_file, log, None)
+
+
+def _is_job(pid: int, spec_file: Path) -> bool:
+    """pid is alive and is this spec's eval job (not a reused pid)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True  # no /proc (macOS): alive is all that can be told
+    return spec_file.name in cmdline and "rlctl.evals.job" in cmdline
 
 
 def remote_executor(host: str) -> Any:

@@ -628,9 +628,16 @@ def _eval_secrets() -> dict[str, str]:
     return {n: os.environ[n] for n in sorted(names)}
 
 
+def _pending_on(mark: Path) -> str | None:
+    try:
+        return str(json.loads(mark.read_text())["host"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path | None = None,
             model: str | None = None, recipe: str | None = None, set_names: list[str] | None = None,
-            gpu: str | None = None, recipe_given: bool = True, out: Any = None) -> Any:
+            gpu: str | None = None, recipe_given: bool = True, out: Any = None, pending_dir: Path | None = None) -> Any:
     """`rlctl eval ... --on HOST`: one eval job per step on the host, under its own rlctl (its GPUs, `gpu` as
     CUDA_VISIBLE_DEVICES there). Yields each step's answer {step, model, metrics, error, result, log_tail, host,
     in_place} once it is complete, so a caller records only finished results.
@@ -639,7 +646,11 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
       already is not sent), the sets' files and the recipe go content-addressed; the caller records the results;
     - a run that lives on HOST: evaluated there in place, results into its stream there (the mirror refreshed);
       with its own recipe there, unless `recipe_given` (--recipe: its sets' files travel as for a local run);
-    - no run: the base model `model` (a local model directory travels too)."""
+    - no run: the base model `model` (a local model directory travels too).
+
+    A step in flight is marked in `pending_dir` (step-N.pending) until its answer has been recorded: after a cut
+    connection the next call asks the host to pick that job up (still running, or finished unclaimed) instead of
+    evaluating the step twice."""
     from rlctl.evals.loop import model_dir
     from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
 
@@ -690,8 +701,17 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
         else:
             base_req.update(model=model, name=Path(str(model)).name)
     for s in steps:
-        print(f"rlctl: evaluating step {s} on {host.name}", file=out)
-        req = {**base_req, "step": s, **({"model_path": model_paths[s]} if s in model_paths else {})}
+        mark = pending_dir / f"step-{s}.pending" if pending_dir is not None else None
+        adopt = mark is not None and _pending_on(mark) == host.name
+        if adopt:
+            print(f"rlctl: step {s} was in flight on {host.name} when a connection was lost: picking up that job "
+                  "(still running or finished there), not starting another", file=out)
+        else:
+            print(f"rlctl: evaluating step {s} on {host.name}", file=out)
+        if mark is not None:
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.write_text(json.dumps({"host": host.name, "at": time.time()}) + "\n")
+        req = {**base_req, "step": s, "adopt": adopt, **({"model_path": model_paths[s]} if s in model_paths else {})}
         try:
             answer = call_remote(runner, "eval", req, timeout=timeout)
         except RlctlError as e:
@@ -700,6 +720,8 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
                                     "shows it), then run the eval again")
             raise
         yield {**answer, "host": host.name, "in_place": in_place}
+        if mark is not None:  # the caller has recorded it
+            mark.unlink(missing_ok=True)
     if in_place and run_dir is not None:  # the results are in the host's stream: refresh the local mirror
         with contextlib.suppress(RlctlError):
             SSHExecutor().status(run_dir, read_state(run_dir))

@@ -243,8 +243,17 @@ def remote_eval(req: dict[str, Any]) -> dict[str, Any]:
     """`rlctl eval --on HOST`, one checkpoint (or the base model) per request: the job runs here in its own process
     (python -m rlctl.evals.job, this host's GPUs) and the answer carries its results and log tail. In place (a run
     that lives here) the results also go into that run's stream and ledger, as a local `rlctl eval` does."""
-    from rlctl.evals.ledger import EVALS
-    from rlctl.evals.loop import hand_spec, job_files, log_tail, model_dir, record_by_hand, run_job_here
+    from rlctl.evals.ledger import EVALS, read_ledger
+    from rlctl.evals.loop import (
+        adopt_job,
+        hand_spec,
+        job_files,
+        job_id,
+        log_tail,
+        model_dir,
+        record_by_hand,
+        run_job_here,
+    )
 
     if req.get("probe"):  # the laptop checks that this rlctl knows remote evals before sending anything
         return {"eval": True}
@@ -286,10 +295,18 @@ def remote_eval(req: dict[str, Any]) -> dict[str, Any]:
     else:
         model = staged.get(str(req["model"]), str(req["model"]))
         out_dir = (Path("rlctl-evals") / Path(str(req.get("name") or "model")).name).resolve()
-    metrics, failure = run_job_here(ev, step, model, ev["sets"], out_dir, run_dir)
+    # a step the laptop lost when its connection was cut: that job (still running, or finished unclaimed) is
+    # picked up rather than run twice
+    adopted = adopt_job(ev, step, model, ev["sets"], out_dir, run_dir) if req.get("adopt") else None
+    metrics, failure = adopted or run_job_here(ev, step, model, ev["sets"], out_dir, run_dir)
     _, out_file, log = job_files(out_dir, step)
-    if req.get("in_place") and run_dir is not None:
-        record_by_hand(run_dir, step, metrics, failure, [s["name"] for s in ev["sets"]])
+    job = job_id(out_dir, step)
+    # in place, the process the cut connection left may have recorded this job already (an ssh command gets no
+    # SIGHUP): once only
+    recorded = adopted is not None and run_dir is not None and any(
+        isinstance(e, dict) and e.get("job") == job for e in read_ledger(run_dir).get("by_hand") or [])
+    if req.get("in_place") and run_dir is not None and not recorded:
+        record_by_hand(run_dir, step, metrics, failure, [s["name"] for s in ev["sets"]], job=job)
     result = None
     if out_file.is_file():
         try:
@@ -297,7 +314,7 @@ def remote_eval(req: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             result = None
     return {"step": step, "model": model, "metrics": metrics, "error": failure, "result": result,
-            "log_tail": log_tail(log), "log": str(log.resolve())}
+            "log_tail": log_tail(log), "log": str(log.resolve()), "adopted": adopted is not None}
 
 
 def _stage_once(manifest: dict[str, str], token: str) -> Path:
