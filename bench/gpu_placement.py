@@ -15,8 +15,11 @@ GPU's UUID (torch) and its start and end. Checks: every run finished; each ran o
 Phase 2: a hog (plain torch) holds GPU 1 until less than the plan is free there; a sweep of --variants2 variants
 must then run all on GPU 0, one after another.
 
+Phase 3 (--phase3): a grid over resources.gpus_per_node = 2, 1 with 2 seeds: a 2-GPU run gets both GPUs
+(CUDA_VISIBLE_DEVICES=0,1, two devices seen) and nothing runs beside it; 1-GPU runs share the machine as in phase 1.
+
 Prints a JSON summary; --out DIR gets it (summary.json) and the logs.
-Usage: python bench/gpu_placement.py --out DIR [--dry] [--variants 4] [--variants2 3] [--seconds 20]
+Usage: python bench/gpu_placement.py --out DIR [--dry] [--variants 4] [--variants2 3] [--seconds 20] [--phase3]
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ rec = {"name": a.name, "seed": a.seed, "lr": a.lr, "pid": os.getpid(), "start": 
 if a.dry:
     dev = "cpu"
     rec.update(device_count=len((rec["cuda_visible_devices"] or "").split(",")),
-               uuid="GPU-FAKE-" + str(rec["cuda_visible_devices"]), free_before_gib=None, total_gib=None)
+               uuid="GPU-FAKE-" + str(rec["cuda_visible_devices"]).split(",")[0], free_before_gib=None, total_gib=None)
 else:
     dev = "cuda"
     torch.cuda.init()
@@ -203,10 +206,10 @@ def plan_gib(w: Path, recipe: Path) -> tuple[float | None, list]:
     return next(iter(needs.values()))["gib"], [p.__dict__ for p in problems]
 
 
-def sweep(w: Path, env: dict, name: str, lrs: list[str], seeds: int, log: Path) -> dict:
+def sweep(w: Path, env: dict, name: str, lrs: list[str], seeds: int, log: Path, grid: tuple[str, ...] = ()) -> dict:
     t0 = time.time()
     args = [sys.executable, "-m", "rlctl.cli", "sweep", "recipe.toml", "--grid", "optim.lr=" + ",".join(lrs),
-            "--seeds", str(seeds), "--name", name, "--force", "--wait"]
+            *[x for g in grid for x in ("--grid", g)], "--seeds", str(seeds), "--name", name, "--force", "--wait"]
     p = subprocess.run(args, cwd=w, env=env, capture_output=True, text=True, timeout=480)
     log.write_text(f"$ {' '.join(args)}\nexit {p.returncode}\n--- stdout\n{p.stdout}\n--- stderr\n{p.stderr}\n")
     exp = w / "runs" / "_experiments" / name
@@ -241,6 +244,7 @@ def check_phase(res: dict, w: Path, uuids: dict[int, str], samples: list[dict], 
     """The checks of one sweep: finished, right GPU, no overlap on a physical GPU, memory as planned."""
     m, q = res["manifest"], res["queue"]
     needs = (m.get("placement") or {}).get("needs") or {}
+    arm_sets = {a["id"]: a.get("sets") or [] for a in m.get("arms", [])}
     runs, problems = [], []
     for v in m.get("variants", []):
         r = (q.get("variants") or {}).get(v["id"], {})
@@ -261,10 +265,14 @@ def check_phase(res: dict, w: Path, uuids: dict[int, str], samples: list[dict], 
         if not rec:
             problems.append(f"{v['id']}: no trainer record")
             continue
-        if len(slot_gpus) != 1 or rec.get("cuda_visible_devices") != ",".join(map(str, slot_gpus)):
+        if not slot_gpus or rec.get("cuda_visible_devices") != ",".join(map(str, slot_gpus)):
             problems.append(f"{v['id']}: slot {slot_gpus} but CUDA_VISIBLE_DEVICES={rec.get('cuda_visible_devices')}")
-        if rec.get("device_count") != 1:
-            problems.append(f"{v['id']}: saw {rec.get('device_count')} GPUs, not 1")
+        if rec.get("device_count") != len(slot_gpus):
+            problems.append(f"{v['id']}: saw {rec.get('device_count')} GPUs, its slot has {len(slot_gpus)}")
+        sets = dict(x.split("=", 1) for x in arm_sets.get(v.get("arm"), []) if "=" in x)
+        want = sets.get("resources.gpus_per_node", 1)
+        if len(slot_gpus) != int(want):
+            problems.append(f"{v['id']}: asks {want} GPU(s), its slot has {slot_gpus}")
         if slot_gpus and _norm(uuids.get(slot_gpus[0])) != _norm(rec.get("uuid")):
             problems.append(f"{v['id']}: slot GPU {slot_gpus[0]} is {uuids.get(slot_gpus[0])} by nvidia-smi, "
                             f"the trainer ran on {rec.get('uuid')}")
@@ -281,6 +289,13 @@ def check_phase(res: dict, w: Path, uuids: dict[int, str], samples: list[dict], 
             if b["start"] < a["end"]:
                 problems.append(f"{a['variant']} and {b['variant']} overlap on {u}: "
                                 f"{a['start']:.1f}-{a['end']:.1f} vs {b['start']:.1f}-{b['end']:.1f}")
+    # no two runs whose slots share a GPU index ran at once (multi-GPU slots: the first UUID is not all of it)
+    timed = [r for r in runs if r["start"] and r["end"] and r["slot"]]
+    for i, a in enumerate(timed):
+        for b in timed[i + 1:]:
+            if set(a["slot"]) & set(b["slot"]) and a["start"] < b["end"] and b["start"] < a["end"]:
+                problems.append(f"{a['variant']} {a['slot']} and {b['variant']} {b['slot']} ran at once on a shared "
+                                "GPU")
     # the same by nvidia-smi's process list (independent of the trainers)
     ours = {r["pid"]: r["variant"] for r in runs if r["pid"]}
     smi_overlap, seen_on, smi_mib = [], {}, {}
@@ -327,6 +342,8 @@ def main() -> int:
     ap.add_argument("--variants2", type=int, default=3, help="phase 2: 1 lr x this many seeds")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--phase1-only", action="store_true", help="no hog phase (e.g. a baseline of another rlctl)")
+    ap.add_argument("--phase3", action="store_true", help="also runs of 2 GPUs next to runs of 1 (a grid over "
+                    "resources.gpus_per_node = 2, 1 with 2 seeds)")
     a = ap.parse_args()
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -434,8 +451,20 @@ def main() -> int:
     if summary["phase2"]["max_runs_at_once"] > 1:
         summary["phase2"]["problems"].append("phase 2 ran more than one at once on GPU 0")
         summary["phase2"]["ok"] = False
-    mon.stop_flag = True
     summary["ok"] = summary["phase1"]["ok"] and summary["phase2"]["ok"]
+    if a.phase3:  # 2-GPU runs take both GPUs alone; 1-GPU runs fill the GPUs otherwise
+        n2 = len(mon.samples)
+        r3 = sweep(w, env, "place3", ["0.04"], 2, out / "phase3.log", grid=("resources.gpus_per_node=2,1",))
+        summary["phase3"] = check_phase(r3, w, uuids, list(mon.samples[n2:]))
+        sizes = sorted(len(r["slot"]) for r in summary["phase3"]["runs"])
+        if sizes != [1, 1, 2, 2]:
+            summary["phase3"]["problems"].append(f"slot sizes {sizes}, expected two of 1 GPU and two of 2")
+            summary["phase3"]["ok"] = False
+        if summary["phase3"]["max_runs_at_once"] < 2:  # the two 1-GPU runs fit side by side
+            summary["phase3"]["problems"].append("the 1-GPU runs never ran side by side on the two GPUs")
+            summary["phase3"]["ok"] = False
+        summary["ok"] = summary["ok"] and summary["phase3"]["ok"]
+    mon.stop_flag = True
     return finish(summary, out, w)
 
 

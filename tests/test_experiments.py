@@ -209,6 +209,22 @@ def test_gpu_slots_with_the_placement_the_cli_records():
     assert ray.take("r", 1).gpus == ()  # a Ray cluster places its jobs itself
 
 
+def test_runs_of_two_gpus_and_of_one_share_a_machine(monkeypatch):
+    """A sweep mixing 2-GPU and 1-GPU variants on 2 GPUs: the 2-GPU runs take both, the 1-GPU runs go side by side
+    (`parallel` counts the smallest fit; it was 2 // 2 = 1, so the 1-GPU runs went one at a time, seen on 2 H100s)."""
+    from rlctl.cli.experiments import _placement
+    from rlctl.experiments.queue import Capacity
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    needs = {"a0-s1": {"gpus": 2, "gib": 8.0}, "a1-s1": {"gpus": 1, "gib": 8.0}, "a1-s2": {"gpus": 1, "gib": 8.0}}
+    placement = _placement(None, None, None, None, False, needs)
+    assert placement["parallel"] == 2 and placement["gpu_ids"] == [0, 1]
+    cap = Capacity.from_placement(placement)
+    assert cap.take("a0-s1", 2).gpus == (0, 1) and cap.take("a1-s1", 1) is None
+    cap.free("a0-s1")
+    assert (cap.take("a1-s1", 1).gpus, cap.take("a1-s2", 1).gpus) == ((0,), (1,))
+
+
 def test_a_slot_names_its_gpus_in_nvidia_smi_order(monkeypatch):
     """The slot's indices are nvidia-smi's (PCI bus order): the run gets CUDA_DEVICE_ORDER=PCI_BUS_ID with them, so
     CUDA's index 0 is that GPU on a machine of mixed GPUs too; the queue's own environment is restored after."""

@@ -66,8 +66,9 @@ def _placement(parallel: int | None, on: str | None, executor: str | None, addre
         if max_gpus > len(gpu_ids):
             raise RlctlError(f"a variant needs {max_gpus} GPUs and this machine offers {len(gpu_ids)} "
                              f"({gpu_ids or 'none'}).", hint="use --executor ray or --on HOST, or fewer GPUs")
-        if parallel is None:
-            parallel = max(len(gpu_ids) // max_gpus, 1)
+        if parallel is None:  # as many runs as the smallest fit; the GPU count keeps any two off the same GPUs
+            min_gpus = min((n.get("gpus") or 0 for n in needs.values() if n.get("gpus")), default=max_gpus)
+            parallel = max(len(gpu_ids) // min_gpus, 1)
     if max_gpus and any((n.get("nodes") or 1) > 1 for n in needs.values()) and place == "local" and not hosts:
         raise RlctlError("a variant needs more than one node; this machine is one.", hint="--executor ray")
     return {"parallel": parallel or 1, "hosts": hosts, "executor": executor, "address": address, "force": force,
