@@ -327,7 +327,7 @@ def model_cache(tmp_path_factory):
 
 @pytest.fixture
 def qs(w, model_cache):
-    """The quickstart copied here (q.toml), and the same recipe with other seeds (q2.toml: train.seed 1000)."""
+    """The quickstart copied here (q.toml), and the same recipe with other seeds (q2.toml: train.seed 7)."""
     import shutil
 
     pytest.importorskip("trl")
@@ -336,7 +336,7 @@ def qs(w, model_cache):
     text = (RECIPES / "quickstart.toml").read_text()
     (w["dir"] / "q.toml").write_text(text)
     assert "\n[train]\n" in text
-    (w["dir"] / "q2.toml").write_text(text.replace("\n[train]\n", "\n[train]\nseed = 1000\n", 1))
+    (w["dir"] / "q2.toml").write_text(text.replace("\n[train]\n", "\n[train]\nseed = 7\n", 1))
     return w
 
 
@@ -350,7 +350,8 @@ def _log(w, exp: str) -> str:
 def test_quickstart_lr_effect_is_significant_and_identical_arms_are_not(qs):
     w = qs
     t0 = time.time()
-    r = rlctl(w, "sweep", "q.toml", "--set", "train.steps=30", "--grid", "optim.lr=1e-6,5e-3", "--seeds", "3",
+    # 12 steps: at lr 3e-2 the quickstart saturates by then (the recipe's 5e-3 needs ~30; the suite's time)
+    r = rlctl(w, "sweep", "q.toml", "--set", "train.steps=12", "--grid", "optim.lr=1e-6,3e-2", "--seeds", "3",
               "--parallel", "2", "--name", "lr", "--wait", timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:] + _log(w, "lr")
     print(f"lr sweep (6 runs): {time.time() - t0:.0f} s")
@@ -361,7 +362,7 @@ def test_quickstart_lr_effect_is_significant_and_identical_arms_are_not(qs):
     c = json.loads(r.out)
     (t,) = c["comparisons"]
     print("lr:", t["verdict"])
-    # a0 is lr 1e-6 (the recipe's 5e-3 changed), a1 the recipe's own lr: a1 - a0 > 0, clearly
+    # a0 is lr 1e-6, a1 lr 3e-2 (the recipe's 5e-3 changed in both): a1 - a0 > 0, clearly
     assert c["metric"] == "reward/mean" and c["test"].startswith("paired t-test by seed")
     assert t["test"]["significant"] and t["test"]["p"] < 0.05 and "significant at alpha 0.05" in t["verdict"]
     assert abs(t["test"]["diff"]) > 0.2, t
@@ -370,7 +371,7 @@ def test_quickstart_lr_effect_is_significant_and_identical_arms_are_not(qs):
     assert (w["dir"] / "lr.png").stat().st_size > 1000
     # two identical arms that differ only in their seeds: Welch, and "no significant difference"
     t0 = time.time()
-    r = rlctl(w, "ab", "q.toml", "q2.toml", "--set", "train.steps=30", "--seeds", "3", "--parallel", "2",
+    r = rlctl(w, "ab", "q.toml", "q2.toml", "--set", "train.steps=6", "--seeds", "3", "--parallel", "2",
               "--name", "same", "--wait", timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:] + _log(w, "same")
     print(f"identical arms (6 runs): {time.time() - t0:.0f} s")

@@ -162,7 +162,7 @@ def test_ray_job_killed_then_stalled_is_restarted_from_its_checkpoint_and_finish
     r = rlctl(env, "launch", QUICK, "--executor", "ray", "--detach", "--restart", "always", "--max-restarts", "2",
               "--set", "train.steps=12", "--set", "checkpoint.every=4", "--set", f'reward.function="{reward}"',
               "--set", "run.stall.floor_s=4", "--set", "run.stall.k=3", "--set", "run.stall.slow_step_s=8",
-              "--set", "run.stall.first_step_s=180", timeout=300)
+              "--set", "run.stall.first_step_s=45", timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     run = env["runs"] / r.stdout.strip()
     ckpt4 = run / "checkpoints" / "checkpoint-4" / "trainer_state.json"

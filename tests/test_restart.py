@@ -139,7 +139,7 @@ def test_hung_reward_is_detected_restarted_and_given_up_with_evidence(env, tmp_p
     reward.write_text(HANGING_REWARD)
     r = rlctl(env, "launch", QUICK, "--restart", "on-stall", "--max-restarts", "1", "--grace", "3",
               "--set", "train.steps=50", "--set", f'reward.function="{reward}"',
-              "--set", "run.stall.floor_s=4", "--set", "run.stall.k=3", "--set", "run.stall.first_step_s=120",
+              "--set", "run.stall.floor_s=4", "--set", "run.stall.k=3", "--set", "run.stall.first_step_s=40",
               timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
     run = only_run(env["runs"])
