@@ -628,6 +628,36 @@ def test_sweep_on_a_ray_cluster_runs_each_variant_as_a_ray_job(w, tmp_path):
         head.stop()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_sweep_on_ray_without_an_address_gives_each_run_its_own_head(w):
+    """`--executor ray` and no cluster: each run starts a head of its own on loopback (distinct ports and temp
+    dirs, two at once here) and stops it when it ends; nothing of Ray is left running."""
+    pytest.importorskip("ray.job_submission")
+    import psutil
+
+    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=4))
+    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=1e-6,0.5", "--executor", "ray", "--parallel", "2",
+              "--name", "own", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "own" / "queue.log").read_text()
+    states = [read_state(p) for p in run_dirs(w, "own-")]
+    assert len(states) == 2 and all(st["status"] == "finished" and st["ray_job_status"] == "SUCCEEDED"
+                                    and st["ray_started_head"] for st in states), states
+    assert len({st["ray_address"] for st in states}) == 2 and len({st["ray_head_temp_dir"] for st in states}) == 2
+    assert _max_overlap(_spans(run_dirs(w, "own-"))) <= 2
+
+    def heads_left() -> list[int]:
+        temps = {st["ray_head_temp_dir"] for st in states}
+        left = []
+        for p in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if any(t in " ".join(p.info["cmdline"] or []) for t in temps):
+                    left.append(p.pid)
+        return left
+
+    assert wait_for(lambda: not heads_left(), timeout=30), heads_left()
+
+
 def test_a_down_host_gets_no_new_run_and_the_queue_ends_only_when_every_host_is_gone(w, monkeypatch):
     from rlctl.experiments import queue as qm
     from rlctl.experiments.manifest import write_manifest
