@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -311,3 +312,6 @@ def test_adopt_job_takes_only_the_same_job(tmp_path):
     assert adopt_job(ev, 4, "/m/checkpoint-4", sets, out, None) == ({"eval/s/greedy_pass@1": 0.25}, None)
     assert adopt_job(ev, 4, "/m/checkpoint-6", sets, out, None) is None  # another model: not this job
     assert adopt_job({**ev, "command": "y {output}"}, 4, "/m/checkpoint-4", sets, out, None) is None
+    pid_file(out, 4).unlink()
+    os.mkfifo(pid_file(out, 4))  # hostile: never read (it would block), nothing adopted
+    assert adopt_job(ev, 4, "/m/checkpoint-4", sets, out, None) is None

@@ -412,6 +412,8 @@ def pid_file(out_dir: Path, step: int) -> Path:
 
 def job_id(out_dir: Path, step: int) -> str | None:
     """The id of the step's newest job here (its pid and start time), None when there is none."""
+    if not pid_file(out_dir, step).is_file():
+        return None
     try:
         return str(json.loads(pid_file(out_dir, step).read_text())["job"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -424,6 +426,8 @@ def adopt_job(ev: dict[str, Any], step: int, model: str, sets: list[dict[str, An
     off: waited for while it still runs, read when it finished unclaimed. None when there is no such job (it never
     started, its spec differs, or it died before writing results): the caller runs it again."""
     spec_file, out_file, log = job_files(out_dir, step)
+    if not (spec_file.is_file() and pid_file(out_dir, step).is_file()):  # missing, or a FIFO that would block
+        return None
     try:
         same = json.loads(spec_file.read_text()) == job_spec(out_dir, ev, step, model, sets, run_dir)
         pid = int(json.loads(pid_file(out_dir, step).read_text())["pid"])

@@ -629,6 +629,9 @@ def _eval_secrets() -> dict[str, str]:
 
 
 def _pending_on(mark: Path) -> str | None:
+    if mark.exists() and not mark.is_file():  # never read a FIFO (it would block) nor write over a directory
+        raise RlctlError(f"{mark}: not a file; rlctl keeps a step's pending mark there.",
+                         hint=f"remove it: rm -r {mark}")
     try:
         return str(json.loads(mark.read_text())["host"])
     except (OSError, ValueError, KeyError, TypeError):
