@@ -39,6 +39,7 @@ def s3(tmp_path):
     """A real S3-compatible server (moto in server mode) on a free loopback port, with one bucket."""
     import s3fs  # noqa: F401 - the [sync] extra, part of the dev install: a missing one is a failure, not a skip
 
+    from rlctl.core.environ import environ
     from rlctl.executors.ray import free_port
 
     port = free_port()
@@ -46,28 +47,22 @@ def s3(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
              "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    old = {k: os.environ.get(k) for k in creds}
-    os.environ.update(creds)
     try:
-        import s3fs
+        with environ(**creds):  # restored (unset ones unset) when the test ends
+            import s3fs
 
-        deadline = time.time() + 30
-        while True:
-            try:
-                fs = s3fs.S3FileSystem(skip_instance_cache=True)
-                fs.mkdir("rlctl-test")
-                break
-            except Exception:
-                if time.time() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.3)
-        yield {"url": "s3://rlctl-test", "env": creds, "fs": fs}
+            deadline = time.time() + 30
+            while True:
+                try:
+                    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+                    fs.mkdir("rlctl-test")
+                    break
+                except Exception:
+                    if time.time() > deadline or proc.poll() is not None:
+                        raise
+                    time.sleep(0.3)
+            yield {"url": "s3://rlctl-test", "env": creds, "fs": fs}
     finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 

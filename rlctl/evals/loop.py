@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlctl.core.state import process_alive, process_create_time
 from rlctl.errors import RlctlError
 from rlctl.evals.ledger import EVALS, read_ledger, write_ledger
 from rlctl.evals.sets import EvalSet, resolve_key
@@ -71,6 +72,11 @@ def job_env(gpu: str | None) -> dict[str, str]:
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     return env
+
+
+def job_limit(ev: dict[str, Any], timeout: float | None = None) -> float:
+    """How long one eval job may run: `timeout` when given, else eval.timeout_s (default an hour)."""
+    return timeout or float(ev.get("timeout_s") or 3600)
 
 
 def job_spec(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]],
@@ -239,7 +245,7 @@ class CheckpointEvals:
         step, proc, *_ = self.job
         code = proc.poll()
         if code is None:
-            if time.time() - self.job[4] > float(self.ev.get("timeout_s") or 3600):
+            if time.time() - self.job[4] > job_limit(self.ev):
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -390,8 +396,9 @@ def run_job_here(ev: dict[str, Any], step: int, model: str, sets: list[dict[str,
     connection) can pick it up again: adopt_job."""
     spec_file, out_file, log = write_job(out_dir, ev, step, model, sets, run_dir)
     proc = start_job(spec_file, log, ev.get("gpu"))
-    pid_file(out_dir, step).write_text(json.dumps({"pid": proc.pid, "job": f"{proc.pid}-{time.time():.6f}"}))
-    limit = timeout or float(ev.get("timeout_s") or 3600)
+    pid_file(out_dir, step).write_text(json.dumps({"pid": proc.pid, "create_time": process_create_time(proc.pid),
+                                                   "job": f"{proc.pid}-{time.time():.6f}"}))
+    limit = job_limit(ev, timeout)
     try:
         code = proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
@@ -430,34 +437,23 @@ def adopt_job(ev: dict[str, Any], step: int, model: str, sets: list[dict[str, An
         return None
     try:
         same = json.loads(spec_file.read_text()) == job_spec(out_dir, ev, step, model, sets, run_dir)
-        pid = int(json.loads(pid_file(out_dir, step).read_text())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+        rec = json.loads(pid_file(out_dir, step).read_text())
+        pid, created = int(rec["pid"]), rec.get("create_time")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     if not same:
         return None
-    deadline = time.monotonic() + (timeout or float(ev.get("timeout_s") or 3600))
-    while _is_job(pid, spec_file):
+    limit = job_limit(ev, timeout)
+    deadline = time.monotonic() + limit
+    while process_alive(pid, created):  # that very process (a reused pid has another start time)
         if time.monotonic() > deadline:
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
-            return {}, f"timed out after {timeout or ev.get('timeout_s') or 3600:g} s (eval.timeout_s)"
+            return {}, f"timed out after {limit:g} s (eval.timeout_s)"
         time.sleep(0.5)
     if not out_file.is_file():
         return None
     return read_result(out_file, log, None)
-
-
-def _is_job(pid: int, spec_file: Path) -> bool:
-    """pid is alive and is this spec's eval job (not a reused pid)."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return False
-        return True  # no /proc (macOS): alive is all that can be told
-    return spec_file.name in cmdline and "rlctl.evals.job" in cmdline
 
 
 def remote_executor(host: str) -> Any:

@@ -86,13 +86,14 @@ def by_hand_failures(run_dir: Path) -> list[dict[str, Any]]:
     """`rlctl eval` failures (here or --on a host) still standing: a step whose latest by-hand eval failed. The
     supervisor's own eval failures are in state.json; these live only in the eval ledger."""
     from rlctl.evals.ledger import EVALS, read_ledger
+    from rlctl.evals.loop import job_files
 
     latest: dict[int, dict[str, Any]] = {}
     for e in _list(read_ledger(run_dir).get("by_hand")):
         if isinstance(e, dict) and isinstance(e.get("step"), int):
             latest[e["step"]] = e  # appended in order: a later success clears an earlier failure
     return [{"step": step, "error": e.get("error") or "failed", "by_hand": True, "host": e.get("host"),
-             "log": str(run_dir / EVALS / f"step-{step}.log")}
+             "log": str(job_files(run_dir / EVALS, step)[2])}
             for step, e in sorted(latest.items()) if e.get("outcome") == "failed"]
 
 
