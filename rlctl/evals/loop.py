@@ -81,6 +81,11 @@ def job_limit(ev: dict[str, Any], timeout: float | None = None) -> float:
 
 def job_spec(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]],
              run_dir: Path | None) -> dict[str, Any]:
+    # the job runs in its spec's folder: every path it gets is absolute (`rlctl eval` with the default ./runs hands
+    # relative ones); a model that is no local path (a hub id, random:) stays as it is
+    out_dir = out_dir.absolute()
+    run_dir = run_dir.absolute() if run_dir else None
+    model = str(Path(model).absolute()) if Path(model).exists() else model
     spec = {**{k: ev.get(k) for k in ("evaluator", "command", "base_model", "dtype", "seed", "input_key",
                                        "label_key", "reward_file", "reward_name", "timeout_s")},
             "sets": sets, "step": step, "model": model, "output": str(job_files(out_dir, step)[1]),
@@ -92,6 +97,7 @@ def job_spec(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: lis
 
 def write_job(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]],
               run_dir: Path | None) -> tuple[Path, Path, Path]:
+    out_dir = out_dir.absolute()  # the job runs in its spec's folder (job_spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file, out_file, log = job_files(out_dir, step)
     with contextlib.suppress(OSError):
