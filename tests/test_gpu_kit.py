@@ -113,3 +113,13 @@ def test_every_stack_has_a_lock_that_carries_its_backend(stack):
     own = {"trl-vllm": "trl", "verl": "verl", "openrlhf": "openrlhf"}[stack]
     assert own in pins
     assert not {"torch", "flashinfer-python", "nvidia-cutlass-dsl"} & carried  # the device's, or never imported
+
+
+def test_resplit_keeps_the_whole(packed, tmp_path):
+    gpu, out = packed
+    whole = json.loads((out / "manifest.json").read_text())["whole"]
+    pieces = kit.resplit(out, 5 * 1024)
+    assert all(p["bytes"] <= 5 * 1024 for p in pieces) and kit.verify(out) == []
+    assert json.loads((out / "manifest.json").read_text())["whole"] == whole
+    r = go(gpu, tmp_path, "kit-test")
+    assert r.returncode == 0, r.stdout + r.stderr

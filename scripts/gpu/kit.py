@@ -351,6 +351,31 @@ def copy_kit(out_root: Path) -> None:
             shutil.copy2(KIT / f, kit_out / f)
 
 
+def resplit(folder: Path, piece_bytes: int) -> list[dict]:
+    """Cut a packed stack's pieces again at another size (the whole and its sha256 stay): fewer transfers when the
+    working tree beside them is small."""
+    if verify(folder):
+        raise KitError(f"{folder}: the pieces do not match manifest.json; rebuild instead")
+    m = json.loads((folder / "manifest.json").read_text())
+    old = [folder / p["name"] for p in m["pieces"]]
+    whole = folder / "site.tar.xz"
+    with open(whole, "wb") as out:
+        for p in old:
+            out.write(p.read_bytes())
+    for p in old:
+        p.unlink()
+    pieces = []
+    with open(whole, "rb") as fh:
+        for i, block in enumerate(iter(lambda: fh.read(piece_bytes), b"")):
+            (folder / f"site.tar.xz.{i:02d}").write_bytes(block)
+            pieces.append({"name": f"site.tar.xz.{i:02d}", "bytes": len(block),
+                           "sha256": hashlib.sha256(block).hexdigest()})
+    whole.unlink()
+    m["pieces"] = pieces
+    (folder / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
+    return pieces
+
+
 def verify(folder: Path) -> list[str]:
     """Problems with a packed stack's pieces (missing, wrong size, wrong sha256), none when it is whole."""
     m = json.loads((folder / "manifest.json").read_text())
@@ -381,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--piece-mib", type=int, default=56, help="piece size (MiB): one transfer carries one piece")
     c = sub.add_parser("verify")
     c.add_argument("folder", type=Path)
+    e = sub.add_parser("resplit", help="cut a packed stack's pieces again at another size")
+    e.add_argument("folder", type=Path)
+    e.add_argument("--piece-mib", type=int, required=True)
     d = sub.add_parser("rlctl", help="rlctl's wheel from this checkout and the kit's scripts, into OUT/rlctl, OUT/kit")
     d.add_argument("--out", type=Path, default=ROOT / ".gpu")
     args = ap.parse_args(argv)
@@ -394,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{out}: {len(m['pieces'])} piece(s), {m['whole']['bytes'] / MiB:.1f} MiB packed, "
                   f"{m['unpacked_bytes'] / MiB:.0f} MiB unpacked before slimming, "
                   f"{sum(r['bytes'] for r in m['slimmed']) / MiB:.0f} MiB slimmed, {len(m['packages'])} packages")
+        elif args.cmd == "resplit":
+            print(f"{args.folder}: {len(resplit(args.folder, args.piece_mib * MiB))} piece(s)")
         elif args.cmd == "rlctl":
             print(rlctl_wheel(args.out / "rlctl"))
             copy_kit(args.out)

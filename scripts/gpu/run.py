@@ -38,8 +38,16 @@ KIT = Path(__file__).resolve().parent
 STARTED = time.time()
 
 
+DEADLINE = [float("inf")]  # this call's end (--budget-s): every wait stops there and says so
+CURRENT: dict[str, Any] = {}  # the part in progress, written out every 20 s (a call cut short keeps what it saw)
+
+
 def now() -> float:
     return round(time.time() - STARTED, 3)
+
+
+def left() -> float:
+    return DEADLINE[0] - time.time()
 
 
 # ---- NVML ------------------------------------------------------------------------------------------------------------
@@ -114,8 +122,8 @@ def cmdline(pid: int) -> str:
 
 # ---- running rlctl ---------------------------------------------------------------------------------------------------
 class Ctx:
-    def __init__(self, stack: str, work: Path, cpu: bool, log: list[str]):
-        self.stack, self.work, self.cpu, self.log = stack, work, cpu, log
+    def __init__(self, stack: str, work: Path, cpu: bool, log: list[str], render_only: bool = False):
+        self.stack, self.work, self.cpu, self.log, self.render_only = stack, work, cpu, log, render_only
         self.env = dict(os.environ)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
 
@@ -127,6 +135,7 @@ class Ctx:
     def rlctl(self, *args: str, timeout: float = 300) -> dict:
         """`rlctl ARGS` from the work directory (README defaults: ./runs); its exit code and output verbatim."""
         t = time.time()
+        timeout = min(timeout, max(left(), 20))
         try:
             p = subprocess.run([sys.executable, "-m", "rlctl.cli", *args], cwd=self.work, env=self.env,
                                capture_output=True, text=True, timeout=timeout)
@@ -174,11 +183,13 @@ def complete_checkpoints(ctx: Ctx, run: Path) -> list[int]:
 
 def wait_for(ctx: Ctx, what: str, cond, timeout: float, every: float = 0.2) -> bool:
     t = time.time()
+    timeout = min(timeout, max(left(), 0))
     while time.time() - t < timeout:
         if cond():
             return True
         time.sleep(every)
-    ctx.say(f"timed out after {timeout:.0f} s waiting for {what}")
+    why = "this call's time (--budget-s) ran out" if left() <= 1 else f"timed out after {timeout:.0f} s"
+    ctx.say(f"{why} waiting for {what}")
     return False
 
 
@@ -240,9 +251,9 @@ def log_tail(run: Path, n: int = 120) -> list[str]:
 
 
 # vLLM's own lines about memory and start-up: what the engine says it took, next to NVML and the plan
-VLLM_LINES = re.compile(r"(Model loading took|KV cache|Available KV cache memory|Graph capturing|memory profiling|"
-                        r"Memory profiling|gpu_memory_utilization|Free memory on device|init engine|torch.compile takes|"
-                        r"non-torch|weights memory|CUDA graph|sleep mode|Sleep mode|woke up|Maximum concurrency)", re.I)
+VLLM_LINES = re.compile(r"(Model loading took|KV cache|Graph capturing|memory profiling|gpu_memory_utilization|"
+                        r"Free memory on device|init engine|torch.compile takes|non-torch|weights memory|CUDA graph|"
+                        r"sleep mode|woke up|Maximum concurrency|OutOfMemory|out of memory)", re.I)
 
 
 def vllm_lines(run: Path) -> list[str]:
@@ -324,23 +335,16 @@ def write_data(work: Path) -> dict[str, Path]:
     return {"train": train, "probe": probe, "reward": reward}
 
 
-def make_model(ctx: Ctx, shape: str) -> tuple[str, dict]:
-    """A randomly initialised model of a public shape (rlctl.recipe.models.KNOWN) with rlctl's byte-level tokenizer,
-    bf16 on disk like the real one; on a CPU rlctl's own tiny model (`rlctl model tiny`)."""
-    out = ctx.work / "models" / (shape.replace("/", "_") if not ctx.cpu else "tiny")
-    if (out / "config.json").is_file():
-        return str(out), _read_json(out / "config.json") or {}
-    if ctx.cpu:
-        r = ctx.rlctl("model", "tiny", str(out))
-        if r["exit"] != 0:
-            raise RuntimeError(f"rlctl model tiny failed: {r['stderr']}")
-        return str(out), _read_json(out / "config.json") or {}
-    code = f"""
+# verl (and OpenRLHF with --apply_chat_template) put the prompts through the tokenizer's chat template: the plain text
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+MODEL_CODE = """
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 from rlctl.recipe.models import KNOWN
 from rlctl.recipe.tiny_model import byte_tokenizer
-a = KNOWN[{shape.lower()!r}]
+a = KNOWN[{shape!r}]
 tok = byte_tokenizer()
 c = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                 num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
@@ -351,9 +355,32 @@ with torch.device("cuda"):
     m = Qwen2ForCausalLM(c).to(torch.bfloat16)
 m.generation_config.eos_token_id = tok.eos_token_id
 m.generation_config.pad_token_id = tok.eos_token_id
-m.save_pretrained({str(out)!r})
-tok.save_pretrained({str(out)!r})
+tok.chat_template = {chat!r}
+m.save_pretrained({out!r})
+tok.save_pretrained({out!r})
 """
+
+
+def make_model(ctx: Ctx, shape: str) -> tuple[str, dict]:
+    """A randomly initialised model of a public shape (rlctl.recipe.models.KNOWN) with rlctl's byte-level tokenizer,
+    bf16 on disk like the real one; on a CPU rlctl's own tiny model (`rlctl model tiny`)."""
+    out = ctx.work / "models" / (shape.replace("/", "_") if not ctx.cpu else "tiny")
+    if (out / "config.json").is_file():
+        return str(out), _read_json(out / "config.json") or {}
+    if ctx.render_only:  # the shape alone (config + tokenizer): what render and preflight read
+        code = MODEL_CODE.replace('with torch.device("cuda"):\n    m = Qwen2ForCausalLM(c).to(torch.bfloat16)\n', "")
+        code = code.replace("m.generation_config.eos_token_id = tok.eos_token_id\n", "")
+        code = code.replace("m.generation_config.pad_token_id = tok.eos_token_id\n", "")
+        code = code.replace("m.save_pretrained(", "c.save_pretrained(")
+        subprocess.run([sys.executable, "-c", code.format(shape=shape.lower(), out=str(out), chat=CHAT_TEMPLATE)],
+                       check=True, cwd=ctx.work, env=ctx.env, timeout=300)
+        return str(out), _read_json(out / "config.json") or {}
+    if ctx.cpu:
+        r = ctx.rlctl("model", "tiny", str(out))
+        if r["exit"] != 0:
+            raise RuntimeError(f"rlctl model tiny failed: {r['stderr']}")
+        return str(out), _read_json(out / "config.json") or {}
+    code = MODEL_CODE.format(shape=shape.lower(), out=str(out), chat=CHAT_TEMPLATE)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ctx.work, env=ctx.env, timeout=300)
     return str(out), _read_json(out / "config.json") or {}
 
@@ -396,6 +423,52 @@ def trl_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, steps:
     return str(path)
 
 
+def write_parquet(work: Path, data: dict[str, Path]) -> dict[str, Path]:
+    """verl's data format (a chat prompt, data_source, reward_model.ground_truth) and a reward in its signature."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = {}
+    for key in ("train", "probe"):
+        rows = [json.loads(line) for line in data[key].read_text().splitlines()]
+        table = [{"data_source": "a_fraction", "prompt": [{"role": "user", "content": r["prompt"]}],
+                  "ability": "toy", "reward_model": {"style": "rule", "ground_truth": r["label"]},
+                  "extra_info": {"index": i}} for i, r in enumerate(rows)]
+        out[key] = work / "data" / f"{key}.parquet"
+        pq.write_table(pa.Table.from_pylist(table), out[key])
+    out["reward"] = work / "data" / "verl_reward.py"
+    out["reward"].write_text(
+        '"""The fraction of \'a\' characters (the quickstart\'s reward) in verl\'s compute_score signature."""\n\n\n'
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
+        "    return solution_str.count('a') / len(solution_str) if solution_str else 0.0\n")
+    return out
+
+
+def verl_recipe(ctx: Ctx, name: str, model: str, pq_data: dict[str, Path], *, steps: int, every: int, gpus: int = 1,
+                lora: int = 0) -> str:
+    lines = [f'name = "{name}"', "[backend]", 'name = "verl"', 'version = "0.9.1"',
+             "[model]", f'path = "{model}"', 'dtype = "bfloat16"', "max_model_len = 256"]
+    if lora:
+        lines += ["[lora]", f"rank = {lora}", f"alpha = {2 * lora}", 'target_modules = "all-linear"']
+    lines += ["[data]", f'train = "{pq_data["train"]}"', f'eval = "{pq_data["probe"]}"', 'input_key = "prompt"',
+              'label_key = "ground_truth"', "max_prompt_tokens = 32",
+              "[rollout]", "group_size = 8", "prompts_per_step = 4", "max_tokens = 96", "temperature = 1.0",
+              "gpu_memory_utilization = 0.3",
+              "[algorithm]", 'name = "grpo"', "kl_coef = 0.04", "use_kl_loss = true",
+              "[optim]", "lr = 1e-5", 'schedule = "constant"',
+              "[train]", f"steps = {steps}", "train_batch_size = 32", "micro_batch_size = 8",
+              "gradient_checkpointing = false",
+              "[resources]", "nodes = 1", f"gpus_per_node = {gpus}", 'gpu = "H100-80GB"', "colocate = true",
+              "[reward]", f'function = "{pq_data["reward"]}"', 'function_name = "compute_score"',
+              "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
+              "[run]", 'restart = "on-failure"', "max_restarts = 3",
+              "[eval]", f"every = {every}", "temperature = 0.0"]
+    path = ctx.work / "recipes" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
 # ---- one run, launched, killed, resumed ------------------------------------------------------------------------------
 TRL_KEYS = ["reward/mean", "reward/std", "kl", "lr", "entropy", "grad_norm", "policy_loss", "clip_ratio",
             "response_length/mean", "time/step", "throughput/tokens_per_s"]
@@ -405,8 +478,12 @@ def launched_run(ctx: Ctx, nv: Nvml, name: str, recipe: str, *, total: int, kill
                  marker: str, keys: list[str], step_timeout: float) -> dict:
     """Launch detached; at each kill point (kind, checkpoint step) kill; let rlctl restart; wait for the end."""
     res: dict[str, Any] = {"recipe": Path(recipe).read_text(), "events": []}
+    CURRENT["res"] = res
     ev = res["events"]
     res["preflight"] = ctx.rlctl("preflight", recipe, "--json")
+    if ctx.render_only:  # the GPU recipe as rlctl renders it, on any machine: nothing launched, nothing measured
+        res["render"] = ctx.rlctl("render", recipe)
+        return res
     t0 = now()
     ev.append({"t": t0, "what": "before launch", **gpu_at(nv)})
     launch = ctx.rlctl("launch", recipe, "--detach", "--name", name, timeout=600)
@@ -517,6 +594,8 @@ def part_trl_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict
 
 def eval_after(ctx: Ctx, nv: Nvml, run: Path, step: int) -> dict:
     """`rlctl eval RUN --step N --json` on a finished run, with the GPU's memory in its window."""
+    if left() < 120:
+        return {"skipped": "less than two minutes of this call's time left"}
     t0 = now()
     r = ctx.rlctl("eval", run.name, "--step", str(step), "--json", timeout=600)
     r["nvml_window"] = nv.window(t0)
@@ -533,8 +612,35 @@ def part_trl_trainer_only(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path])
                         marker="rlctl.backends.trl.runner", keys=TRL_KEYS, step_timeout=300)
 
 
+VERL_KEYS = ["reward/mean", "reward/std", "kl", "lr", "entropy", "grad_norm", "policy_loss", "clip_ratio",
+             "response_length/mean", "time/step", "throughput/tokens_per_s", "eval/default/greedy_pass@1"]
+
+
+def part_verl_1gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """verl's hybrid engine on one GPU (FSDP actor + vLLM asleep while it trains): two kills; its in-loop eval
+    (val before train and every `every`); rlctl's evaluator on vLLM for the last checkpoint afterwards."""
+    pq_data = write_parquet(ctx.work, data)
+    steps, every = 12, 4
+    recipe = verl_recipe(ctx, "verl-1gpu", model, pq_data, steps=steps, every=every)
+    res = launched_run(ctx, nv, "verl-1gpu", recipe, total=steps, kills=[("driver", every), ("all", 2 * every)],
+                       marker="verl.trainer.main_ppo", keys=VERL_KEYS, step_timeout=420)
+    run = run_dir(ctx, "verl-1gpu")
+    if run is not None:
+        res["eval_after"] = eval_after(ctx, nv, run, steps)
+    return res
+
+
+def part_verl_2gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    pq_data = write_parquet(ctx.work, data)
+    steps, every = 6, 3
+    recipe = verl_recipe(ctx, "verl-2gpu", model, pq_data, steps=steps, every=every, gpus=2)
+    return launched_run(ctx, nv, "verl-2gpu", recipe, total=steps, kills=[("driver", every)],
+                        marker="verl.trainer.main_ppo", keys=VERL_KEYS, step_timeout=420)
+
+
 PARTS = {
     "trl-vllm": {"full": part_trl_full, "lora": part_trl_lora, "trainer-only": part_trl_trainer_only},
+    "verl": {"1gpu": part_verl_1gpu, "2gpu": part_verl_2gpu},
 }
 SHAPE = "Qwen/Qwen2.5-0.5B"
 
@@ -571,14 +677,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpurun"))
     ap.add_argument("--assemble-report", type=Path, help="assemble.py's report, kept in the evidence")
     ap.add_argument("--cpu", action="store_true", help="the same logic on a CPU: tiny model, no vLLM, no NVML")
+    ap.add_argument("--render-only", action="store_true",
+                    help="write each part's GPU recipe and data, `rlctl render` and `rlctl preflight` them; no run")
+    ap.add_argument("--budget-s", type=float, help="this call's time: waits end there, the evidence so far is written")
     args = ap.parse_args(argv)
+    if args.budget_s:
+        DEADLINE[0] = time.time() + args.budget_s
     parts = args.part or list(PARTS[args.stack])
     work = args.work / args.stack
     work.mkdir(parents=True, exist_ok=True)
     evidence_path = work / "evidence.json"
     ev = _read_json(evidence_path) or {
         "stack": args.stack, "written_by": "scripts/gpu/run.py", "cpu_dry_run": args.cpu, "parts": {}, "log": []}
-    ctx = Ctx(args.stack, work, args.cpu, ev["log"])
+    ctx = Ctx(args.stack, work, args.cpu, ev["log"], render_only=args.render_only)
     nv = Nvml()
     nv.start()
     ev["machine"] = machine(nv)
@@ -595,8 +706,21 @@ def main(argv: list[str] | None = None) -> int:
         data = write_data(work)
         model, config = make_model(ctx, SHAPE)
         ev["model"] = {"shape": SHAPE if not args.cpu else "rlctl model tiny", "path": model, "config": config}
+        stop = threading.Event()
+
+        def keep_writing() -> None:
+            while not stop.wait(20):
+                with contextlib.suppress(Exception):
+                    if CURRENT.get("part") and CURRENT.get("res") is not None:
+                        ev["parts"][CURRENT["part"]] = {**CURRENT["res"], "in_progress": True}
+                    _write(ev, nv, evidence_path, out_file)
+        threading.Thread(target=keep_writing, daemon=True).start()
         for part in parts:
+            if left() < 60:
+                ctx.say(f"part {part}: not started, less than a minute of this call's time left")
+                continue
             ctx.say(f"part {part}")
+            CURRENT.update(part=part, res=None)
             t = time.time()
             try:
                 res = PARTS[args.stack][part](ctx, nv, model, data)
@@ -605,8 +729,10 @@ def main(argv: list[str] | None = None) -> int:
 
                 res = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
             res["wall_s"] = round(time.time() - t, 1)
+            CURRENT.update(part=None, res=None)
             ev["parts"][part] = res
             _write(ev, nv, evidence_path, out_file)
+        stop.set()
     finally:
         nv.stop.set()
         nv.join(timeout=2)
