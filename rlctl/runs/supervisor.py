@@ -596,6 +596,7 @@ class Supervisor:
 def start_detached(run_dir: Path, env: dict[str, str], resume: bool = False, timeout: float = 180.0) -> None:
     """A supervisor in its own session (`python -m rlctl.runs.supervisor RUN_DIR`); returns once it runs an
     attempt (or failed to)."""
+    run_dir = run_dir.absolute()  # it runs in the run directory: a relative path (the default ./runs) is not there
     args = [sys.executable, "-m", "rlctl.runs.supervisor", str(run_dir)] + (["--resume"] if resume else [])
     with open(run_dir / "supervisor.log", "ab") as log:
         p = subprocess.Popen(args, env=env, cwd=run_dir, stdin=subprocess.DEVNULL, stdout=log,
