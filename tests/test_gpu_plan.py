@@ -78,8 +78,8 @@ def _fake_nvml(monkeypatch, used: dict[int, list[float]]) -> None:
     last = {i: v[-1] for i, v in used.items()}
     fake = types.SimpleNamespace(
         nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: len(used),
-        nvmlDeviceGetHandleByIndex=lambda i: i,
-        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=NVML_TOTAL * GiB,
+        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=NVML_TOTAL * GiB, free=0,
                                                                 used=next(its[h], last[h]) * GiB))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
 
@@ -298,10 +298,15 @@ def test_the_eval_job_gives_vllm_the_planned_arguments(monkeypatch):
     assert {k: seen[k] for k in args} == args
 
 
-def test_preflight_fails_with_a_fix_when_the_evaluator_cannot_fit(cli, write):
-    """vLLM for rollouts at 0.8 beside the trainer leaves no room for the evaluator, and no other GPU is free (this
-    machine has none): FAIL, with the rollout utilization that makes room computed — and it does."""
+def test_preflight_fails_with_a_fix_when_the_evaluator_cannot_fit(cli, write, monkeypatch):
+    """vLLM for rollouts at 0.8 beside the trainer leaves no room for the evaluator, and no other GPU is free (NVML
+    sees one H100, in use): FAIL, with the rollout utilization that makes room computed — and it does. With a second
+    GPU idle: WARN, evals wait for it."""
     text = TRL_COLOCATED.replace("gpu_memory_utilization = 0.3", "gpu_memory_utilization = 0.8") + EVAL_SET
+    _fake_nvml(monkeypatch, {0: [35.0], 1: [BEFORE]})
+    warn = _preflight(cli, write, text)["memory.gpus"]
+    assert warn["verdict"] == "warn" and "GPU 1 is free now" in warn["figure"] and 'eval.gpu = "1"' in warn["fix"]
+    _fake_nvml(monkeypatch, {0: [35.0]})
     res = _preflight(cli, write, text)
     assert res["memory.colocation"]["verdict"] == "ok"  # trainer and rollout vLLM fit together
     gpus = res["memory.gpus"]

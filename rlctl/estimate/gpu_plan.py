@@ -182,12 +182,12 @@ class GpuPlan:
 
 
 def run_devices(recipe: Recipe, environ: dict[str, str] | None = None) -> list[str]:
-    """The run's GPUs as CUDA_VISIBLE_DEVICES ids: the recipe's env, else the launching environment's, else the
-    first gpus_per_node of the machine (what the trainer takes when nothing restricts it)."""
+    """The run's GPUs as CUDA_VISIBLE_DEVICES ids: the first gpus_per_node of the recipe's env's, else of the
+    launching environment's, else of the machine's (what the run takes when nothing restricts it)."""
     env = os.environ if environ is None else environ
     spec = recipe.env.get("CUDA_VISIBLE_DEVICES") or env.get("CUDA_VISIBLE_DEVICES") or ""
-    ids = [x.strip() for x in spec.split(",") if x.strip()]
-    return ids or [str(i) for i in range(recipe.resources.gpus_per_node)]
+    ids = [x.strip() for x in spec.split(",") if x.strip()] or [str(i) for i in range(recipe.resources.gpus_per_node)]
+    return ids[:recipe.resources.gpus_per_node]
 
 
 def _eval_sets(recipe: Recipe) -> list[Any]:
@@ -202,6 +202,9 @@ def _eval_sets(recipe: Recipe) -> list[Any]:
 def _eval_engine(recipe: Recipe, arch: Arch, total: float, sets: list[Any], devices: list[str],
                  gpus: list[GpuShare], placed: bool) -> EvalEngine:
     r = recipe
+    if r.model.dtype == "float32":  # the evaluator serves a float32 model in bfloat16 (rlctl.evals.generate)
+        r = r.model_copy(deep=True)
+        r.model.dtype = "bfloat16"
     version = _version(EVAL_VLLM_VERSION)
     weights = arch.weight_bytes_on_disk or arch.params * DTYPE_BYTES[r.model.dtype]
     acts = vllm_activations(r, arch, total, EVAL_BATCHED_TOKENS, 1, version)

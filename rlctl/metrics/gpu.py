@@ -278,6 +278,10 @@ def verdict_line(run_dir: Path) -> str | None:
     if not s.get("nvml"):
         return f"GPU memory: not measured ({s.get('reason') or 'no NVML'}); check skipped"
     gpus = {k: g for k, g in (s.get("gpus") or {}).items() if isinstance(g, dict) and _num(g.get("total_gib"))}
+    plan = s.get("plan") if isinstance(s.get("plan"), dict) else {}
+    # NVML sampled every GPU the run could see: judge only those it uses, where the plan says which
+    mine = {k: g for k, g in gpus.items() if k in {str(d) for d in plan.get("run_devices") or []}}
+    gpus = mine or gpus
     if not gpus:
         return None
 
@@ -289,7 +293,6 @@ def verdict_line(run_dir: Path) -> str | None:
         return (f"GPU memory: not measured: the run ended before loading anything on the GPU (peak "
                 f"{_num(g.get('peak_gib')) or 0.0:.1f} GiB of {g['total_gib']:.1f} on GPU {i}, "
                 f"{_num(g.get('used_before_gib')) or 0.0:.1f} in use before the run); nothing to compare with the plan")
-    plan = s.get("plan") if isinstance(s.get("plan"), dict) else {}
 
     def head(k: str, g: dict[str, Any], key: str = "peak_gib") -> str:
         before = _num(g.get("used_before_gib")) or 0.0
