@@ -67,15 +67,16 @@ def stack(name: str) -> dict:
 # ---- lock ----------------------------------------------------------------------------------------------------------
 def lock_inputs(name: str) -> tuple[list[str], list[str]]:
     """(requirements, uv overrides) of a stack: rlctl's own needs + the stack's, pinned to the device's versions
-    except where the stack carries its own, the never-imported kernels excluded by a marker that is never true."""
+    except the packages the stack carries itself (`carry`, `overrides`), the never-imported kernels excluded by a
+    marker that is never true. An override wins over every requirement (vLLM pins numba, whose numpy range the
+    image's numpy is outside of, and runs with the image's numba): a release that refuses the image's version at
+    import is named in `carry`, and the resolver then picks what it accepts."""
     data = stacks()
     s = stack(name)
     reqs = list(data["common"]["requires"]) + list(s["requires"])
-    own = {norm(o.split("=")[0].split(";")[0].split("<")[0].split(">")[0].split("!")[0].strip())
-           for o in s.get("overrides", [])}
+    own = carried_anyway(name) | {norm(re.split(r"[=<>!;\s]", o, maxsplit=1)[0]) for o in s.get("overrides", [])}
     over = [f"{k}=={v}" for k, v in data["device"]["versions"].items() if norm(k) not in own]
-    over += list(s.get("overrides", []))
-    over += [f"{n}; sys_platform == 'never'" for n in data["common"]["never"]]
+    over += list(s.get("overrides", [])) + [f"{n}; sys_platform == 'never'" for n in data["common"]["never"]]
     return reqs, over
 
 

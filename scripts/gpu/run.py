@@ -193,6 +193,10 @@ def wait_for(ctx: Ctx, what: str, cond, timeout: float, every: float = 0.2) -> b
     return False
 
 
+class RunOver(Exception):
+    """The run ended while a kill point was awaited."""
+
+
 def attempt_processes(run: Path, with_supervisor: bool) -> list[int]:
     """Every live process of the run's current attempt: its process group (the wrapper, the driver, whatever they
     started there), their descendants wherever they went (Ray workers, vLLM engines started in a new session), and
@@ -291,9 +295,17 @@ def collect(ctx: Ctx, name: str, run: Path, keys: list[str]) -> dict:
     evals = run / "evals"
     if evals.is_dir():
         out["evals"] = {p.name: _read_json(p) for p in sorted(evals.glob("*.json"))}
-        out["eval_logs"] = {p.name: p.read_text(errors="replace").splitlines()[-40:]
-                            for p in sorted(evals.glob("*.log"))}
+        out["eval_logs"] = {p.name: _why_and_tail(p) for p in sorted(evals.glob("*.log"))}
     return out
+
+
+WHY = re.compile(r"(Error|error:|memory|Memory|CUDA|Free memory|KV cache|gpu_memory_utilization)")
+
+
+def _why_and_tail(p: Path) -> dict:
+    """A log's lines that say why something failed (errors, memory) and its last 40 lines."""
+    lines = p.read_text(errors="replace").splitlines()
+    return {"why": [ln[:400] for ln in lines if WHY.search(ln)][-60:], "tail": lines[-40:]}
 
 
 def _read_json(p: Path) -> Any:
@@ -477,7 +489,7 @@ TRL_KEYS = ["reward/mean", "reward/std", "kl", "lr", "entropy", "grad_norm", "po
 def launched_run(ctx: Ctx, nv: Nvml, name: str, recipe: str, *, total: int, kills: list[tuple[str, int]],
                  marker: str, keys: list[str], step_timeout: float) -> dict:
     """Launch detached; at each kill point (kind, checkpoint step) kill; let rlctl restart; wait for the end."""
-    res: dict[str, Any] = {"recipe": Path(recipe).read_text(), "events": []}
+    res: dict[str, Any] = {"recipe": Path(recipe).read_text(), "events": [], "call_started": STARTED}
     CURRENT["res"] = res
     ev = res["events"]
     res["preflight"] = ctx.rlctl("preflight", recipe, "--json")
@@ -496,15 +508,23 @@ def launched_run(ctx: Ctx, nv: Nvml, name: str, recipe: str, *, total: int, kill
     for i, (kind, ckpt) in enumerate(kills):
         # kill i+1 comes in attempt i+1, once checkpoint `ckpt` is complete and a step past it has been logged
         def ready(ckpt=ckpt, attempt=i + 1) -> bool:
-            if (state(run).get("attempt") or 0) != attempt or state(run).get("status") != "running":
+            st = state(run)
+            if st.get("status") in ("finished", "failed", "stopped"):
+                raise RunOver(st.get("status"))
+            if (st.get("attempt") or 0) < attempt or st.get("status") != "running":
                 return False
             steps = metric_steps(run)
             if not steps or max(steps) < ckpt + 1:
                 return False
             done = complete_checkpoints(ctx, run)
             return bool(done) and done[-1] >= ckpt
-        if not wait_for(ctx, f"{name}: checkpoint {ckpt} and one more step before kill {i + 1}", ready,
-                        step_timeout, every=0.3):
+        try:
+            got_there = wait_for(ctx, f"{name}: checkpoint {ckpt} and one more step before kill {i + 1}", ready,
+                                 step_timeout, every=0.3)
+        except RunOver as over:
+            got_there = False
+            ctx.say(f"{name}: the run ended ({over}) before kill {i + 1}")
+        if not got_there:
             res["kill_error"] = f"kill {i + 1} ({kind}): the run did not get there"
             break
         done = complete_checkpoints(ctx, run)
@@ -620,7 +640,7 @@ def part_verl_1gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dic
     """verl's hybrid engine on one GPU (FSDP actor + vLLM asleep while it trains): two kills; its in-loop eval
     (val before train and every `every`); rlctl's evaluator on vLLM for the last checkpoint afterwards."""
     pq_data = write_parquet(ctx.work, data)
-    steps, every = 12, 4
+    steps, every = 8, 2
     recipe = verl_recipe(ctx, "verl-1gpu", model, pq_data, steps=steps, every=every)
     res = launched_run(ctx, nv, "verl-1gpu", recipe, total=steps, kills=[("driver", every), ("all", 2 * every)],
                        marker="verl.trainer.main_ppo", keys=VERL_KEYS, step_timeout=420)
@@ -720,7 +740,9 @@ def main(argv: list[str] | None = None) -> int:
                 ctx.say(f"part {part}: not started, less than a minute of this call's time left")
                 continue
             ctx.say(f"part {part}")
-            CURRENT.update(part=part, res=None)
+            done = [k for k in ev["parts"] if k.split("#")[0] == part]
+            key = part if not done else f"{part}#{len(done) + 1}"  # a part run again is kept beside the first
+            CURRENT.update(part=key, res=None)
             t = time.time()
             try:
                 res = PARTS[args.stack][part](ctx, nv, model, data)
@@ -730,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
                 res = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
             res["wall_s"] = round(time.time() - t, 1)
             CURRENT.update(part=None, res=None)
-            ev["parts"][part] = res
+            ev["parts"][key] = res
             _write(ev, nv, evidence_path, out_file)
         stop.set()
     finally:
