@@ -27,7 +27,8 @@ def wheel(folder: Path, name: str, version: str, files: dict[str, bytes], pureli
     with zipfile.ZipFile(path, "w") as z:
         for rel, data in files.items():
             z.writestr(prefix + rel, data)
-        z.writestr(f"{name}-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n")
+        meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n\n"
+        z.writestr(f"{name}-{version}.dist-info/METADATA", meta)
     return path
 
 

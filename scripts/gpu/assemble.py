@@ -117,7 +117,8 @@ def write_env(site: Path, env: dict[str, str], bases: list[Path]) -> dict[str, s
 
 def import_checks(stack: str, env: dict[str, str]) -> list[dict]:
     out = []
-    for spec in IMPORTS.get(stack, ["rlctl.cli"]):
+    # RLCTL_GPU_QUICK=1: rlctl's CLI alone (a stack whose imports an earlier call on the same release checked)
+    for spec in ["rlctl.cli"] if os.environ.get("RLCTL_GPU_QUICK") else IMPORTS.get(stack, ["rlctl.cli"]):
         mod, _, attr = spec.partition(":")
         code = (f"import importlib, time; t = time.time(); m = importlib.import_module({mod!r}); "
                 + (f"getattr(m, {attr!r}); " if attr else "")

@@ -6,10 +6,10 @@
     python scripts/gpu/report.py --write    # put it into docs/gpu.md between its markers
 
 A part still in progress when its call ended (`in_progress`) is left out: it measured nothing whole. Memory: the
-NVML peak over the GPU's use before the run, split by whether an rlctl evaluator (EVAL_PROCS in NVML's process
-list) was on the GPU within a second and a half, against rlctl's plan
-from the part's own `rlctl preflight --json` (memory.colocation: trainer + rollout vLLM; memory.gpus: + the
-evaluator's planned footprint when it is planned beside the run).
+NVML peak over the card's own use (the least NVML saw in the part's window), split by whether an rlctl evaluator
+(EVAL_PROCS in NVML's process list) was on the GPU within a second and a half, against rlctl's plan from the part's
+own `rlctl preflight --json` (memory.colocation: trainer + rollout vLLM; memory.gpus: + the evaluator's planned
+footprint when it is planned beside the run).
 """
 
 from __future__ import annotations
@@ -101,7 +101,9 @@ def measured(doc: dict, part: dict) -> dict[str, float]:
     marks = EVAL_PROCS.get(doc.get("stack"), OTHER_EVAL_PROCS)
     evals = sorted(p["t"] for p in call.get("processes", []) if any(m in p.get("cmd", "") for m in marks)
                    and t0 <= p["t"] <= t1)
-    base = samples[0][1]
+    # the card's own use: the least NVML saw in the window (a reading right before `rlctl launch` can hold an
+    # evaluator of the previous run still finishing: trl-vllm-2's LoRA started beside 2.2 GiB of one)
+    base = min(s[1] for s in samples)
 
     def near_eval(t: float) -> bool:
         import bisect

@@ -640,9 +640,11 @@ def part_verl_1gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dic
     """verl's hybrid engine on one GPU (FSDP actor + vLLM asleep while it trains): two kills; its in-loop eval
     (val before train and every `every`); rlctl's evaluator on vLLM for the last checkpoint afterwards."""
     pq_data = write_parquet(ctx.work, data)
-    steps, every = 8, 2
+    steps, every = 6, 2
     recipe = verl_recipe(ctx, "verl-1gpu", model, pq_data, steps=steps, every=every)
-    res = launched_run(ctx, nv, "verl-1gpu", recipe, total=steps, kills=[("driver", every), ("all", 2 * every)],
+    kills = [("driver", every), ("all", 2 * every)] if os.environ.get("RLCTL_GPU_KILLS", "2") == "2" else \
+        [("driver", every)]
+    res = launched_run(ctx, nv, "verl-1gpu", recipe, total=steps, kills=kills,
                        marker="verl.trainer.main_ppo", keys=VERL_KEYS, step_timeout=420)
     run = run_dir(ctx, "verl-1gpu")
     if run is not None:
