@@ -458,7 +458,11 @@ def write_parquet(work: Path, data: dict[str, Path]) -> dict[str, Path]:
 
 def verl_recipe(ctx: Ctx, name: str, model: str, pq_data: dict[str, Path], *, steps: int, every: int, gpus: int = 1,
                 lora: int = 0) -> str:
-    lines = [f'name = "{name}"', "[backend]", 'name = "verl"', 'version = "0.9.1"',
+    # verl's FSDP engine asks transformers for FlashAttention-2 unless override_config says otherwise
+    # (workers/config/model.py); flash-attn is source-only and not carried: "FlashAttention2 has been toggled on,
+    # but ... doesn't seem to be installed" on the H100 (docs/gpu/verl-2.json)
+    lines = [f'name = "{name}"', "[backend]", 'name = "verl"', 'version = "0.9.1"', "[backend.verl.extra]",
+             '"+actor_rollout_ref.model.override_config.attn_implementation" = "sdpa"',
              "[model]", f'path = "{model}"', 'dtype = "bfloat16"', "max_model_len = 256"]
     if lora:
         lines += ["[lora]", f"rank = {lora}", f"alpha = {2 * lora}", 'target_modules = "all-linear"']
