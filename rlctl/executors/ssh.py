@@ -524,13 +524,27 @@ def ckpt_pull(run_dir: Path, step: int | None, to: Path | None, out: Any = None)
 
 
 def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) -> str:
-    """Copy one complete checkpoint of a run (local, or pulled from its host first) to another host, as a run
-    record there of the same name: `rlctl launch RECIPE --on HOST --resume RUN` then resumes from it."""
+    """Copy one complete checkpoint of a run (local, or on another host: from there directly when it reaches this
+    one, else through here) to a host, as a run record there of the same name: `rlctl launch RECIPE --on HOST
+    --resume RUN` then resumes from it."""
     from rlctl.runs.checkpoints import find_checkpoints
     from rlctl.runs.state import read_state as rs
 
     state = rs(run_dir)
+    host = get_host(host_name)
     if state.get("executor") == "ssh":
+        where, remote_dir = _handle(state)
+        if where.name != host.name:  # host to host (through here only when they do not reach each other)
+            src = Runner(where)
+            answer = call_remote(src, "ckpt", {"run_dir": remote_dir, "step": step}, timeout=600)
+            if not answer.get("pick"):
+                raise RlctlError(f"{run_dir.name}: no complete checkpoint on {where.name}"
+                                 + (f" at step {step}" if step is not None else "") + ".",
+                                 hint=f"rlctl ckpt list {run_dir.name}")
+            n, route = relay_checkpoints(src, Runner(host), run_dir.name, {**answer, "picks": [answer["pick"]]}, out)
+            how = {"already there": "already there", "directly": f"copied from {where.name} directly"}.get(
+                route, f"copied from {where.name} {route}")
+            return f"step {answer['pick']['step']} of {run_dir.name} is on {host.name} ({n} files, {how}, verified)"
         ckpt_pull(run_dir, step, None)
     backend = state.get("backend", "")
     ckpts = [c for c in find_checkpoints(backend, run_dir) if c.complete and (step is None or c.step == step)]
@@ -538,7 +552,6 @@ def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) 
         raise RlctlError(f"{run_dir.name}: no complete checkpoint" + (f" at step {step}" if step is not None else "")
                          + ".", hint=f"rlctl ckpt list {run_dir.name}")
     pick = ckpts[-1]
-    host = get_host(host_name)
     n, _ = push_checkpoints(run_dir, [pick], Runner(host))
     return f"step {pick.step} of {run_dir.name} is on {host.name} ({n} files, verified)"
 
@@ -582,8 +595,8 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
 SCRIPT_SUFFIXES = (".py", ".sh")  # words of an eval command naming a local script: shipped with the sets
 
 
-def eval_files(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[Path]:
-    """The local files (or directories) an eval spec needs on a host: each set's data, the reward file, a local
+def eval_paths(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[str]:
+    """The paths an eval spec names that a host needs, wherever they are: each set's data, the reward file, a local
     base model (with `base`: for the baseline or LoRA adapters), the command evaluator's scripts, and `extra` (the
     recipe, a local model)."""
     import shlex
@@ -593,33 +606,42 @@ def eval_files(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[
         cands.append(ev.get("base_model"))
     if ev.get("command"):
         cands += [w for w in shlex.split(ev["command"]) if w.endswith(SCRIPT_SUFFIXES)]
-    out: dict[Path, None] = {}
+    out: dict[str, None] = {}
     for c in cands:
-        if isinstance(c, str) and c and "://" not in c and not c.startswith("random:") and Path(c).exists():
-            out.setdefault(Path(c), None)
+        if isinstance(c, str) and c and "://" not in c and not c.startswith("random:"):
+            out.setdefault(c, None)
     return list(out)
+
+
+def eval_files(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[Path]:
+    """Of eval_paths, the local files (or directories) that exist here."""
+    return [Path(c) for c in eval_paths(ev, extra, base) if Path(c).exists()]
 
 
 def stage_manifest(paths: list[Path]) -> tuple[dict[str, str], dict[str, str], dict[str, Path]]:
     """(manifest {rel: sha256}, staged {local path as written: rel}, blobs {sha256: file}) for these files and
     directories, relative to their common parent: laid out on the host as here, content-addressed."""
-    files: dict[Path, Path] = {}  # resolved file -> itself
-    tops = [p.resolve() for p in paths]
-    for t in tops:
-        items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and ".git" not in x.parts)
-        for x in items:
-            files.setdefault(x.resolve(), x)
-    if not files:
-        return {}, {}, {}
-    base = Path(os.path.commonpath([str(t.parent) for t in tops] + [str(f.parent) for f in files]))
-    manifest, blobs = {}, {}
-    for f in files:
-        sha = sha256_file(f)
-        manifest[str(f.relative_to(base))] = sha
-        blobs[sha] = f
-    staged = {str(p): str(t.relative_to(base)) for p, t in zip(paths, tops, strict=True)}
-    staged.update({str(t): str(t.relative_to(base)) for t in tops})
+    from rlctl.executors.ssh_remote import describe, tree
+
+    sets = {str(p): {"resolved": str(p.resolve()), "files": describe(tree(p.resolve(), staged=True))}
+            for p in paths}
+    manifest, staged = stage_layout(sets)
+    blobs = {f["sha256"]: Path(f["path"]) for s in sets.values() for f in s["files"]}
     return manifest, staged, blobs
+
+
+def stage_layout(sets: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """(manifest {rel: sha256}, staged {path as written: rel}) of file sets {path as written: {resolved, files:
+    [{path, sha256}]}} (wherever they are: here, or on a run's host), relative to their common parent."""
+    files = {f["path"]: f["sha256"] for s in sets.values() for f in s["files"]}
+    if not files:
+        return {}, {}
+    tops = [s["resolved"] for s in sets.values()]
+    base = Path(os.path.commonpath([str(Path(t).parent) for t in tops] + [str(Path(f).parent) for f in files]))
+    manifest = {str(Path(f).relative_to(base)): sha for f, sha in files.items()}
+    staged = {p: str(Path(s["resolved"]).relative_to(base)) for p, s in sets.items()}
+    staged.update({s["resolved"]: str(Path(s["resolved"]).relative_to(base)) for s in sets.values()})
+    return manifest, staged
 
 
 def _eval_secrets() -> dict[str, str]:
@@ -636,6 +658,44 @@ def _pending_on(mark: Path) -> str | None:
         return str(json.loads(mark.read_text())["host"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _stage_from(src: Runner, dst: Runner, paths: list[str], out: Any, no_route: dict[tuple[str, str], str]
+                ) -> tuple[dict[str, str], dict[str, str]]:
+    """The files these paths name on `src` (a run's host), as blobs on `dst` (copied host to host when they are not
+    there yet): (manifest, staged) of their stage there."""
+    from rlctl.executors.ssh_relay import relay
+
+    sets = call_remote(src, "files", {"paths": paths}, timeout=600).get("files") or {}
+    manifest, staged = stage_layout(sets)
+    blobs = {f["sha256"]: {**f, "rel": f["sha256"]} for st in sets.values() for f in st["files"]}
+    if blobs:
+        n, route = relay(src, dst, list(blobs.values()), BLOBS, out, no_route=no_route)
+        if n:
+            print(f"rlctl: eval sets' files ({n}) copied from {src.host.name} to {dst.host.name} {route} (verified)",
+                  file=out)
+    return manifest, staged
+
+
+def relay_checkpoints(src: Runner, dst: Runner, name: str, picks: dict[str, Any], out: Any,
+                      no_route: dict[tuple[str, str], str] | None = None) -> tuple[int, str]:
+    """These checkpoints of a run on `src` (the "ckpt" verb's answer: root, backend, picks with their files) to
+    `dst` as a run record of the same name, host to host (ssh_relay), each file's size and sha256 checked there.
+    (number of files, the route: "already there", "directly" or "through this machine")."""
+    from rlctl.executors.ssh_relay import relay
+
+    root = str(picks["root"]).rstrip("/")
+    files = {f["rel"]: {**f, "path": f"{root}/{f['rel']}"} for p in picks["picks"] for f in p["files"]}
+    sums = [{k: f[k] for k in ("rel", "size", "sha256")} for f in files.values()]
+    request = {"name": name, "backend": picks.get("backend") or "", "files": sums,
+               "source": f"{src.host.name}:{name}"}
+    have = call_remote(dst, "adopt", {**request, "check": True}, timeout=600)
+    if not have.get("missing") and have.get("adopted"):
+        return len(files), "already there"
+    _, route = relay(src, dst, list(files.values()), f"runs/{name}/checkpoints", out, missing=have.get("missing"),
+                     no_route=no_route)
+    call_remote(dst, "adopt", request, timeout=600)
+    return len(files), route
 
 
 def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path | None = None,
@@ -664,33 +724,53 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
     timeout = float(ev.get("timeout_s") or 3600) + 600  # the job's own limit, plus loading the model
     base_req: dict[str, Any] = {"env": _eval_secrets()}
     in_place = False
+    source: Runner | None = None  # a run that lives on another host: its checkpoints come from there
+    no_route: dict[tuple[str, str], str] = {}  # host pairs whose direct copy failed in this command
+    remote_dir = ""
     if run_dir is not None and read_state(run_dir).get("executor") == "ssh":
         where, remote_dir = _handle(read_state(run_dir))
-        if where.name != host.name:
-            raise RlctlError(f"--on {host.name}: {run_dir.name} lives on {where.name}; its checkpoints and metrics "
-                             "are there.", hint=f"rlctl eval {run_dir.name} --on {where.name}")
-        in_place = True
-        base_req.update(in_place=True, run_dir=remote_dir, set_names=set_names, gpu=gpu)
+        if where.name == host.name:
+            in_place = True
+            base_req.update(in_place=True, run_dir=remote_dir, set_names=set_names, gpu=gpu)
+        else:
+            source = Runner(where, connect_timeout=SSHExecutor.timeout)
     # reachable, and an rlctl there that knows remote evals (an older one answers with its usage line)
     call_remote(runner, "eval", {"probe": True}, timeout=max(30.0, SSHExecutor.timeout))
     picks = []
-    if run_dir is not None and not in_place:
+    far: dict[str, Any] = {}  # a run on another host: what an evaluator loads of each checkpoint, as it is there
+    if source is not None:
+        far = call_remote(source, "ckpt", {"run_dir": remote_dir, "steps": [s for s in steps if s > 0]}, timeout=600)
+    elif run_dir is not None and not in_place:
         picks = [c for c in find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
                  if c.complete and c.step in steps and c.step > 0]
     # a local base model travels only when it is evaluated (step 0), under LoRA adapters, or for its tokenizer
     base = 0 in steps or any((Path(model_dir(c)) / "adapter_config.json").is_file()
-                             or not (Path(model_dir(c)) / "tokenizer_config.json").is_file() for c in picks)
+                             or not (Path(model_dir(c)) / "tokenizer_config.json").is_file() for c in picks) \
+        or any(p["adapter"] or not p["tokenizer"] for p in far.get("picks") or [])
     if not in_place or recipe_given:
-        manifest, staged, blobs = stage_manifest(eval_files(ev, [x for x in (recipe, model) if x], base))
-        if blobs:
-            print(f"rlctl: sending {len(blobs)} file(s) to {host.name} (eval sets, recipe; only those it lacks)",
-                  file=out)
-            send_blobs(runner, blobs, timeout=60)
+        extra = [x for x in (recipe, model) if x]
+        if source is not None and not recipe_given:  # the run's own recipe: the files it names are on its host
+            manifest, staged = _stage_from(source, runner, eval_paths(ev, [], base), out, no_route)
+        else:
+            manifest, staged, blobs = stage_manifest(eval_files(ev, extra, base))
+            if blobs:
+                print(f"rlctl: sending {len(blobs)} file(s) to {host.name} (eval sets, recipe; only those it lacks)",
+                      file=out)
+                send_blobs(runner, blobs, timeout=60)
         # the stage is named by its content: the next eval of the same files reuses it (no second copy of a model)
         token = "eval-" + hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:20]
         base_req.update(token=token, manifest=manifest, staged=staged, ev=ev)
         if in_place:
             pass  # its checkpoints are there
+        elif source is not None and run_dir is not None:
+            if far.get("picks"):
+                n, route = relay_checkpoints(source, runner, run_dir.name, far, out, no_route)
+                done = "already on" if route == "already there" else f"copied from {source.host.name} to"
+                how = f" {route}" if route != "already there" else ""
+                print(f"rlctl: checkpoint(s) of step {', '.join(str(p['step']) for p in far['picks'])} {done} "
+                      f"{host.name}{how} ({n} files, verified)", file=out)
+            model_paths = {p["step"]: f"runs/{run_dir.name}/checkpoints/{p['model']}" for p in far.get("picks") or []}
+            base_req["run_dir"] = f"runs/{run_dir.name}"
         elif run_dir is not None:
             if picks:
                 n, sent = push_checkpoints(run_dir, picks, runner, eval_only=True)
@@ -722,9 +802,15 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
                 e.hint = e.hint or (f"free space in {host.workdir} on {host.name} (rlctl hosts check {host.name} "
                                     "shows it), then run the eval again")
             raise
-        yield {**answer, "host": host.name, "in_place": in_place}
+        if source is not None:  # the run's stream is on its host: the result goes there (the mirror follows)
+            call_remote(source, "record", {"run_dir": remote_dir, "step": s, "metrics": answer.get("metrics") or {},
+                                           "error": answer.get("error"), "sets": [x["name"] for x in ev["sets"]],
+                                           "host": host.name,
+                                           "job": f"{host.name}:{answer['job']}" if answer.get("job") else None},
+                        timeout=120)
+        yield {**answer, "host": host.name, "in_place": in_place, "recorded": in_place or source is not None}
         if mark is not None:  # the caller has recorded it
             mark.unlink(missing_ok=True)
-    if in_place and run_dir is not None:  # the results are in the host's stream: refresh the local mirror
+    if (in_place or source is not None) and run_dir is not None:  # results in the host's stream: refresh the mirror
         with contextlib.suppress(RlctlError):
             SSHExecutor().status(run_dir, read_state(run_dir))
