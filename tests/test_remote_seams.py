@@ -202,3 +202,60 @@ def test_ckpt_push_of_a_run_on_box1_goes_host_to_host(world, trained_on_box1):
     for f in (there / "checkpoints" / "checkpoint-2").iterdir():
         assert (on_spare / "checkpoints" / "checkpoint-2" / f.name).read_bytes() == f.read_bytes()
     assert read_state(on_spare)["pushed_from"] == f"box1:{name}"
+
+
+# ---- 2.6: a run rlctl did not start, on box1, attached with its recipe (seed 003's own trainer) -------------------
+DR_GRPO = """name = "rl-practice-dr-grpo"
+[backend]
+name = "command"
+[backend.command]
+command = ["torchrun", "--nproc_per_node=2", "rl_training/runners/rl_runner.py", "--save-dir", "{checkpoint_dir}"]
+metrics_file = "training_runs/run_*/logs/train_log.jsonl"
+step_key = "iteration"
+metrics_map = { avg_reward = "reward/mean", loss = "policy_loss", kl = "kl" }
+checkpoint_pattern = "step_{step}"
+checkpoint_marker = "training_info.json"
+[model]
+path = "Qwen/Qwen2.5-1.5B"
+[data]
+train = "gsm8k"
+[checkpoint]
+dir = "training_state"
+every = 2
+"""
+
+
+def _train_log(steps: range) -> str:
+    return "".join(json.dumps({"iteration": s, "avg_reward": 0.1 * s, "loss": 1.0 / s, "kl": 0.01}) + "\n"
+                   for s in steps)
+
+
+def test_attach_on_box1_with_the_recipe_follows_the_stream_and_finds_checkpoints(world):
+    """`rlctl attach box1:~/RL_Practice --recipe dr-grpo.toml`: the recipe's metrics map and step key read the
+    trainer's JSONL as a local attach does; `status RUN` shows the lines the trainer writes later on box1; `ckpt
+    list RUN` lists its step_N checkpoints, complete or not."""
+    practice = world.tmp / "box1-RL_Practice"  # the team's checkout on box1, where its trainer writes
+    log = practice / "training_runs" / "run_1" / "logs" / "train_log.jsonl"
+    log.parent.mkdir(parents=True)
+    log.write_text(_train_log(range(1, 5)))
+    for s in (2, 4):
+        (practice / "training_state" / f"step_{s}").mkdir(parents=True)
+        (practice / "training_state" / f"step_{s}" / "adapter_model.safetensors").write_bytes(b"w" * 64)
+    (practice / "training_state" / "step_2" / "training_info.json").write_text("{}")  # step 4: still being saved
+    (world.laptop / "dr-grpo.toml").write_text(DR_GRPO)
+    r = cli("attach", f"box1:{practice}", "--recipe", "dr-grpo.toml", "--name", "drgrpo")
+    assert r.code == 0, r.out + r.err
+    name = next(p.name for p in (world.laptop / "runs").iterdir() if p.name.startswith("drgrpo"))
+    d = json.loads(cli("status", name, "--json").out)
+    assert d["step"] == 4 and d["metrics"]["reward/mean"]["latest"] == pytest.approx(0.4), d
+    assert d["metrics"]["policy_loss"]["latest"] == pytest.approx(0.25)
+    recs = stream(world.laptop / "runs" / name)
+    assert recs and not any(k.startswith("command/") for rec in recs for k in rec), recs[-1]  # every key mapped
+    with log.open("a") as fh:  # the trainer goes on, on box1
+        fh.write(_train_log(range(5, 7)))
+    d = json.loads(cli("status", name, "--json").out)
+    assert d["step"] == 6 and d["metrics"]["reward/mean"]["latest"] == pytest.approx(0.6), d
+    r = cli("ckpt", "list", name, "--json")
+    assert r.code == 0, r.out + r.err
+    rows = {c["step"]: c["complete"] for c in json.loads(r.out)["checkpoints"]}
+    assert rows == {2: True, 4: False}, r.out

@@ -310,7 +310,8 @@ def _handle(state: dict[str, Any]) -> tuple[Host, str]:
 
 def mirror(run_dir: Path, runner: Runner, remote_dir: str, timeout: float = 60.0) -> None:
     """Pull the remote run's log, metrics and small records into the local run directory (rsync: only what changed)."""
-    extra = [f"--include=/{n}" for n in MIRROR] + ["--include=/attempts/***", "--exclude=*"]
+    # --copy-links: an attached run's stdout.log links to the trainer's log there; here it is that log's content
+    extra = ["--copy-links", *(f"--include=/{n}" for n in MIRROR), "--include=/attempts/***", "--exclude=*"]
     runner.rsync([remote_dir.rstrip("/") + "/"], str(run_dir) + "/", up=False, extra=extra, timeout=timeout)
 
 
@@ -377,7 +378,8 @@ class SSHExecutor(Executor):
     ckpt_pull = staticmethod(lambda run_dir, step, to: ckpt_pull(run_dir, step, to))
     ckpt_push = staticmethod(lambda run_dir, step, host_name: ckpt_push(run_dir, step, host_name))
     run_remote_rlctl = staticmethod(lambda host_name, args, sync_dir=None: run_remote_rlctl(host_name, args, sync_dir))
-    attach_remote = staticmethod(lambda host_name, path, backend, name: attach_remote(host_name, path, backend, name))
+    attach_remote = staticmethod(lambda host_name, path, backend, name, **kw: attach_remote(host_name, path, backend,
+                                                                                           name, **kw))
     eval_on = staticmethod(lambda host_name, ev, steps, **kw: eval_on(host_name, ev, steps, **kw))
 
     @staticmethod
@@ -448,18 +450,22 @@ def run_remote_rlctl(host_name: str, args: list[str], sync_dir: Path | None = No
     return p.returncode, p.stdout.rstrip("\n"), p.stderr
 
 
-def attach_remote(host_name: str, path: str, backend: str, name: str | None, out: Any = None
-                  ) -> tuple[str, int, Path]:
-    """`rlctl attach HOST:PATH`: the host's rlctl makes the run directory there (for a run rlctl did not start);
-    this side keeps a local record of the same name, followed like any remote run."""
+def attach_remote(host_name: str, path: str, backend: str, name: str | None, out: Any = None,
+                  recipe: str | None = None, metrics_map: str | None = None) -> tuple[str, int, Path]:
+    """`rlctl attach HOST:PATH [--recipe R] [--metrics-map M]`: the host's rlctl makes the run directory there (for a
+    run rlctl did not start), with the recipe (its extends chain sent content-addressed) read as a local attach
+    reads it; this side keeps a local record of the same name, followed like any remote run."""
     import re
 
     from rlctl.runs.state import runs_root
 
     host = get_host(host_name)
     runner = Runner(host)
-    p = runner.rlctl(["attach", path, "--backend", backend, *(["--name", name] if name else [])], timeout=600,
-                     check=False)
+    args = ["attach", path, "--backend", backend, *(["--name", name] if name else []),
+            *(["--metrics-map", metrics_map] if metrics_map else [])]
+    if recipe is not None:
+        args += ["--recipe", _stage_recipe(runner, recipe)]
+    p = runner.rlctl(args, timeout=600, check=False)
     err = remote_rlctl_error(host, p)
     if err:
         raise err
@@ -478,6 +484,19 @@ def attach_remote(host_name: str, path: str, backend: str, name: str | None, out
     with contextlib.suppress(RlctlError):
         mirror(local, runner, remote_dir)
     return f"{host.name}: {p.stdout.strip()}\nlocal record: {local}", p.returncode, local
+
+
+def _stage_recipe(runner: Runner, recipe: str) -> str:
+    """A recipe and its extends chain on the host, laid out as here (content-addressed: only what it lacks travels);
+    the path of the recipe there."""
+    from rlctl.recipe.loader import load
+
+    resolved = load(recipe)
+    manifest, staged, blobs = stage_manifest([Path(p) for p in resolved.chain])
+    send_blobs(runner, blobs, timeout=60)
+    token = "recipe-" + hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:20]
+    stage = call_remote(runner, "stage", {"manifest": manifest, "token": token}, timeout=120)["stage"]
+    return f"{stage}/{staged[str(resolved.path)]}"
 
 
 # ---- checkpoints --------------------------------------------------------------------------------------------------

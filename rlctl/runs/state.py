@@ -65,6 +65,14 @@ def true_status(run_dir: Path, state: dict[str, Any], last_step_time: float | No
     return status
 
 
+def _elsewhere(state: dict[str, Any]) -> bool:
+    """The run lives on another machine (its executor says so)."""
+    from rlctl import executors
+
+    name = state.get("executor")
+    return name in executors.registry() and bool(getattr(executors.get(name), "remote", False))
+
+
 def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) -> RunStatus:
     from rlctl.metrics.stream import METRICS, by_step, tail_records
     from rlctl.metrics.stream import ingest as do_ingest
@@ -75,6 +83,12 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
             # the executor settles the outcome (and copies a remote job's new logs when nobody follows it), so
             # the ingest below sees everything and true_status reads the settled state
             settled_status(run_dir, state)
+            state = read_state(run_dir)
+    elif state.get("status") == "attached" and _elsewhere(state):
+        with contextlib.suppress(Exception):  # a run rlctl follows on another machine: its log may have grown there
+            from rlctl import executors
+
+            executors.get(state["executor"]).catch_up_logs(run_dir, state)
             state = read_state(run_dir)
     if ingest and state.get("backend"):
         with contextlib.suppress(Exception):  # status must answer even on a damaged run directory
