@@ -259,3 +259,97 @@ def test_attach_on_box1_with_the_recipe_follows_the_stream_and_finds_checkpoints
     assert r.code == 0, r.out + r.err
     rows = {c["step"]: c["complete"] for c in json.loads(r.out)["checkpoints"]}
     assert rows == {2: True, 4: False}, r.out
+
+
+# ---- 2.7: the host's disk fills while the trainer saves a checkpoint ----------------------------------------------
+@pytest.fixture
+def tiny(world):
+    """Host `tiny`: its workdir on a 4 MB tmpfs of its own (root only)."""
+    mnt = world.tmp / "tiny-disk"
+    mnt.mkdir(exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        r = cli("hosts", "add", *host_args(world.tmp, "tiny", world.bins["tiny"], workdir=mnt / "rlctl"))
+        assert r.code == 0, r.err
+        yield mnt
+    finally:
+        for run in (mnt / "rlctl" / "runs").glob("*") if (mnt / "rlctl" / "runs").is_dir() else []:
+            st = read_state(run)
+            for key in ("pgid", "supervisor_pid"):
+                if st.get(key):
+                    with contextlib.suppress(OSError):
+                        os.killpg(st[key], signal.SIGKILL) if key == "pgid" else os.kill(st[key], signal.SIGKILL)
+        cli("hosts", "remove", "tiny")
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_run_whose_host_disk_filled_says_so(world, tiny):
+    """Trained on `tiny`; once checkpoint-2 is saved, other data fills its disk (200 kB left): the trainer dies
+    saving checkpoint-4 (safetensors: "No space left on device"), the supervisor there records only "failed, exit
+    code 1". status, status RUN and --json say "failed: disk full on tiny while saving checkpoint-4" (found on tiny,
+    from what the full disk left there), and still do after `rlctl hosts remove tiny`."""
+    (world.laptop / "q.toml").write_text(f'extends = "{QUICK}"\n[train]\nsteps = 6\n[checkpoint]\nevery = 2\n')
+    r = cli("launch", "q.toml", "--on", "tiny", "--detach", *SMALL)
+    assert r.code == 0, r.out + r.err
+    name = r.out.strip().splitlines()[-1]
+    there = Path(read_state(world.laptop / "runs" / name)["remote_run_dir"])
+    assert wait_for(lambda: (there / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file(), timeout=300)
+    free = os.statvfs(tiny).f_bavail * os.statvfs(tiny).f_frsize
+    with open(tiny / "other-data.bin", "wb") as fh:  # someone else's files fill the disk
+        os.posix_fallocate(fh.fileno(), 0, free - 200_000)
+    assert wait_for(lambda: (there / "checkpoints" / "checkpoint-4").is_dir(), timeout=300)
+    want = "failed: disk full on tiny while saving checkpoint-4"
+
+    def settled() -> bool:
+        return json.loads(cli("status", name, "--json").out)["status"] != "running"
+
+    assert wait_for(settled, timeout=300, interval=2)
+    d = json.loads(cli("status", name, "--json").out)
+    assert d["status"] == "failed" and d["reason"] == want[len("failed: "):], d
+    assert want in cli("status", name).out
+    assert want in cli("status").out
+    assert cli("hosts", "remove", "tiny").code == 0
+    assert want in cli("status", name).out and want in cli("status").out
+    d = json.loads(cli("status", name, "--json").out)
+    assert d["status"] == "failed" and d["reason"] == want[len("failed: "):], d
+
+
+def test_a_run_lost_on_a_full_disk_here_is_failed_with_the_cause(tmp_path, monkeypatch):
+    """The same evidence on this machine, for the worst case: the disk stayed full, so neither the trainer's exit
+    record nor the supervisor's outcome could be written, and the supervisor is gone (killed): the run is not `lost`
+    but "failed: disk full on <this machine> while saving checkpoint-4" (status, status RUN, --json)."""
+    import socket
+
+    from rlctl.core.state import write_state
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        for k in list(os.environ):
+            if k.startswith("RLCTL_"):
+                monkeypatch.delenv(k)
+        monkeypatch.chdir(disk)
+        run = disk / "runs" / "q-20261127-000000"  # what the supervisor left: running, its processes gone
+        (run / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+        (run / "checkpoints" / "checkpoint-2" / "trainer_state.json").write_text("{}")
+        (run / "checkpoints" / "checkpoint-4").mkdir()
+        (run / "checkpoints" / "checkpoint-4" / "config.json").write_text("{}")
+        (run / "recipe.toml").write_text('[backend]\nname = "trl"\n[checkpoint]\ndir = "checkpoints"\n')
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        write_state(run, name=run.name, status="running", backend="trl", executor="local", started_at=time.time(),
+                    handle={"executor": "local", "ref": {"pid": dead.pid, "pgid": dead.pid}, "attempt": 1},
+                    supervisor_pid=dead.pid)
+        with open(disk / "filler", "wb", buffering=0) as fh, contextlib.suppress(OSError):  # the disk stays full
+            while True:
+                fh.write(b"\0" * 4096)
+        want = f"failed: disk full on {socket.gethostname()} while saving checkpoint-4"
+        d = json.loads(cli("status", run.name, "--json").out)
+        assert d["status"] == "failed" and f"failed: {d['reason']}" == want and d["disk_full"], d
+        assert want in cli("status", run.name).out
+        assert want in cli("status").out
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)

@@ -38,7 +38,7 @@ MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl"
           "supervisor.log", "gpu_memory.jsonl")
 FORWARD = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # sent when set here, besides the recipe's refs
 STATE_KEYS = ("status", "exit_code", "started_at", "ended_at", "total_steps", "optimizer_steps", "backend", "version",
-              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight")
+              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "cause")
 
 
 def remote_rlctl_error(host: Host, p: subprocess.CompletedProcess[str]) -> RlctlError | None:
@@ -325,6 +325,8 @@ def record(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     updates = {k: st[k] for k in STATE_KEYS if k in st}
     if summ.get("status") and summ["status"] not in ACTIVE + ("stalled", "lost"):
         updates["status"] = summ["status"]  # settled there (finished, failed, stopped); stalled/lost: keep asking
+    if isinstance(summ.get("cause"), dict):  # why it failed, told there (when its disk let nothing be written)
+        updates["cause"] = summ["cause"]
     write_state(run_dir, **updates, remote_summary=summ, last_contact=time.time(), unreachable=None)
     return summ
 

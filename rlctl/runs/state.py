@@ -25,6 +25,7 @@ class RunStatus:
     latest: dict[str, Any]
     last_step_time: float | None
     records: list[dict[str, Any]] = field(default_factory=list)  # the tail of metrics.jsonl that was read
+    cause: dict[str, Any] | None = None  # why a failed run failed, when rlctl can tell (rlctl.runs.disk_full)
 
     @property
     def elapsed(self) -> float | None:
@@ -100,5 +101,11 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     times = [t for r in records if isinstance(t := r.get("time"), (int, float)) and not isinstance(t, bool)]
     last_time = max(times, default=None)  # a damaged record (time null or text) has no time
     status = true_status(run_dir, state, last_time, stall_after)
+    if _elsewhere(state):  # told by its host (the poll above recorded it)
+        cause = state.get("cause") if status == "failed" and isinstance(state.get("cause"), dict) else None
+    else:
+        from rlctl.runs.disk_full import settle
+
+        status, cause = settle(run_dir, state, status)
     return RunStatus(run_dir.name, run_dir, state, status, step, state.get("total_steps"), latest, last_time,
-                     records)
+                     records, cause)
