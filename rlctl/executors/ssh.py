@@ -31,54 +31,15 @@ from rlctl.core.host import Host, get_host
 from rlctl.core.state import ACTIVE, read_state, write_state
 from rlctl.errors import CheckFailed, RlctlError
 from rlctl.executors.base import Executor
+from rlctl.executors.ssh_relay import relay
 from rlctl.executors.ssh_remote import BLOBS, sha256_file
-from rlctl.executors.ssh_runner import HostUnreachable, Runner
+from rlctl.executors.ssh_runner import HostUnreachable, Runner, call_remote, local_version, remote_rlctl_error
 
 MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl", "env.json", "recipe.toml",
           "supervisor.log", "gpu_memory.jsonl")
 FORWARD = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # sent when set here, besides the recipe's refs
 STATE_KEYS = ("status", "exit_code", "started_at", "ended_at", "total_steps", "optimizer_steps", "backend", "version",
               "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "cause")
-
-
-def remote_rlctl_error(host: Host, p: subprocess.CompletedProcess[str]) -> RlctlError | None:
-    """A remote rlctl that is missing or cannot answer, as a clear error with the one install command."""
-    text = (p.stderr or "") + (p.stdout or "")
-    if "No module named rlctl" in text or "No module named 'rlctl'" in text:
-        return RlctlError(f"{host.name}: rlctl is not installed for {host.python} there.",
-                          hint=f"rlctl hosts install {host.name} (pip-installs rlctl {_version()} there), or set "
-                               f"the host's python to an interpreter that has it")
-    if "No module named rlctl.executors.ssh_remote" in text or "usage: python -m rlctl.executors.ssh_remote" in text:
-        return RlctlError(f"{host.name}: its rlctl is older than this one ({_version()}) and does not know the "
-                          "remote commands.", hint=f"rlctl hosts install {host.name}")
-    return None
-
-
-def _version() -> str:
-    from rlctl import __version__
-
-    return __version__
-
-
-def call_remote(runner: Runner, verb: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One round trip: `python -m rlctl.executors.ssh_remote VERB` there, a JSON request on stdin, a JSON answer
-    on stdout."""
-    p = runner.run([*runner.python_argv(), "-m", "rlctl.executors.ssh_remote", verb],
-                   stdin=json.dumps(request).encode(), timeout=timeout, check=False)
-    if p.returncode != 0:
-        err = remote_rlctl_error(runner.host, p)
-        if err:
-            raise err
-        msg = (p.stderr.strip() or f"exit {p.returncode}").removeprefix("rlctl: ")
-        if p.stdout.strip():  # e.g. the preflight table of a launch that failed there
-            msg += "\n" + p.stdout.strip()
-        cls = CheckFailed if p.returncode == 1 else RlctlError
-        raise cls(f"{runner.host.name}: {msg}")
-    try:
-        return json.loads(p.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise RlctlError(f"{runner.host.name}: the remote rlctl answered {p.stdout.strip()[-200:]!r}, not JSON.",
-                         hint=f"rlctl hosts check {runner.host.name}") from None
 
 
 # ---- facts -------------------------------------------------------------------------------------------------------
@@ -91,15 +52,15 @@ def host_facts(host: Host, timeout: float = 30.0) -> dict[str, Any]:
     if p.returncode != 0:
         err = remote_rlctl_error(host, p)
         if err is None and "No such command" in (p.stderr + p.stdout):
-            err = RlctlError(f"{host.name}: its rlctl has no `facts` command (older than {_version()}).",
+            err = RlctlError(f"{host.name}: its rlctl has no `facts` command (older than {local_version()}).",
                              hint=f"rlctl hosts install {host.name}")
         raise err or RlctlError(f"{host.name}: rlctl facts failed: {(p.stderr or p.stdout).strip()[-300:]}")
     try:
         facts = MachineFacts.from_dict(json.loads(p.stdout.strip().splitlines()[-1])).to_dict()
     except (ValueError, IndexError, TypeError):
         raise RlctlError(f"{host.name}: rlctl facts answered {p.stdout.strip()[-200:]!r}, not JSON.") from None
-    if _older(facts["rlctl_version"], _version()):
-        raise RlctlError(f"{host.name}: rlctl {facts['rlctl_version']} there is older than {_version()} here.",
+    if _older(facts["rlctl_version"], local_version()):
+        raise RlctlError(f"{host.name}: rlctl {facts['rlctl_version']} there is older than {local_version()} here.",
                          hint=f"rlctl hosts install {host.name}")
     return facts
 
@@ -685,8 +646,6 @@ def _stage_from(src: Runner, dst: Runner, paths: list[str], out: Any, no_route: 
                 ) -> tuple[dict[str, str], dict[str, str]]:
     """The files these paths name on `src` (a run's host), as blobs on `dst` (copied host to host when they are not
     there yet): (manifest, staged) of their stage there."""
-    from rlctl.executors.ssh_relay import relay
-
     sets = call_remote(src, "files", {"paths": paths}, timeout=600).get("files") or {}
     manifest, staged = stage_layout(sets)
     blobs = {f["sha256"]: {**f, "rel": f["sha256"]} for st in sets.values() for f in st["files"]}
@@ -703,8 +662,6 @@ def relay_checkpoints(src: Runner, dst: Runner, name: str, picks: dict[str, Any]
     """These checkpoints of a run on `src` (the "ckpt" verb's answer: root, backend, picks with their files) to
     `dst` as a run record of the same name, host to host (ssh_relay), each file's size and sha256 checked there.
     (number of files, the route: "already there", "directly" or "through this machine")."""
-    from rlctl.executors.ssh_relay import relay
-
     root = str(picks["root"]).rstrip("/")
     files = {f["rel"]: {**f, "path": f"{root}/{f['rel']}"} for p in picks["picks"] for f in p["files"]}
     sums = [{k: f[k] for k in ("rel", "size", "sha256")} for f in files.values()]

@@ -19,13 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError
-from rlctl.executors.ssh_runner import Runner
+from rlctl.executors.ssh_runner import Runner, call_remote
 
 
 def missing_there(dst: Runner, dest: str, files: list[dict[str, Any]]) -> list[str]:
     """Which files (rel, size, sha256) are not intact under `dest` on the destination (relative to its workdir)."""
-    from rlctl.executors.ssh import call_remote
-
     answer = call_remote(dst, "verify", {"dest": dst.abs(dest), "files": _sums(files)}, timeout=600)
     return list(answer.get("bad") or [])
 
@@ -37,8 +35,6 @@ def relay(src: Runner, dst: Runner, files: list[dict[str, Any]], dest: str, out:
     caller has asked already; `no_route`: {(source, destination): why} shared by the copies of one command, so that a
     pair whose direct copy failed is tried (and said) once. (files sent, route): route is "already there",
     "directly" or "through this machine"."""
-    from rlctl.executors.ssh import call_remote
-
     out = out or sys.stderr
     todo = set(missing_there(dst, dest, files) if missing is None else missing)
     if not todo:
