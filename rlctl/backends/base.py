@@ -367,6 +367,11 @@ class Backend:
         """The checkpoints under a checkpoint root, oldest first, each marked complete or not."""
         return []
 
+    def describe_checkpoints(self, recipe: Recipe, root: Path) -> None:
+        """A run rlctl did not start (`attach --recipe`): leave under `root` what `checkpoints(root)` needs to read the
+        recipe's checkpoint layout, as a launch would. Nothing for a backend whose layout is its own."""
+        del recipe, root  # Unused
+
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         """(bytes one checkpoint takes on disk, what it holds). Default: an HF model (or adapter) + fp32 Adam."""
         r = recipe
