@@ -457,7 +457,7 @@ class Supervisor:
         self._ingest()
         if self.gpu is not None:
             with contextlib.suppress(Exception):
-                self.gpu.tick()
+                self.gpu.tick(eval_running=bool(getattr(self.evals, "running", False)))
         self.evals_hook("tick")
         self.sink_pump()
         self._housekeeping()
