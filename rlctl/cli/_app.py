@@ -41,6 +41,24 @@ def _echo(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+def _json(obj: object) -> str:
+    """--json output that every JSON parser reads: a non-finite number (a degenerate t, an unbounded interval) is
+    null, never Python's bare Infinity/NaN; what JSON cannot hold (a path) is its text."""
+    import json
+    import math
+
+    def clean(x: object) -> object:
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(obj), indent=2, default=str, allow_nan=False)
+
+
 def _seconds(option: str, value: float, *, positive: bool = False) -> float:
     """A duration option: a finite number, >= 0 (or > 0); nan and inf are usage errors, not hangs."""
     import math
