@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.test_experiments import _kill_all, bandit_recipe
+from tests.test_experiments import bandit_recipe
 
 scipy_stats = pytest.importorskip("scipy.stats")
 
@@ -31,25 +27,6 @@ def strict_json(text: str):
         raise ValueError(f"not JSON: a bare {name}")
 
     return json.loads(text, parse_constant=refuse)
-
-
-@pytest.fixture
-def user(tmp_path):
-    """A working directory with every default: `rlctl` on PATH, runs under ./runs, a HOME of its own."""
-    home = tmp_path / "home"
-    home.mkdir()
-    work = tmp_path / "work"
-    work.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCTL_")}
-    env["HOME"] = str(home)
-    exe = shutil.which("rlctl", path=str(Path(sys.executable).parent)) or shutil.which("rlctl")
-    assert exe, "the rlctl console script (pip install -e .)"
-
-    def rlctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([exe, *args], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
-
-    yield work, rlctl
-    _kill_all(work / "runs")
 
 
 def shift_recipe(gate: Path) -> str:
