@@ -120,8 +120,9 @@ def user(tmp_path):
     exe = shutil.which("rlctl", path=str(Path(sys.executable).parent)) or shutil.which("rlctl")
     assert exe, "the rlctl console script (pip install -e .)"
 
-    def rlctl(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([exe, *args], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    def rlctl(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([exe, *args], cwd=cwd or work, env=env, capture_output=True, text=True,
+                              timeout=timeout)
 
     yield work, rlctl
     from tests.test_experiments import _kill_all

@@ -32,6 +32,20 @@ app.add_typer(ckpt_app, name="ckpt")
 model_app = typer.Typer(help="Models for smoke tests.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
+def _print_version(value: bool) -> None:
+    if value:
+        from rlctl import __version__
+
+        _echo(f"rlctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print rlctl's version and exit.")] = False) -> None:
+    del version  # Unused: the callback answers
+
+
 RecipeArg = Annotated[str, typer.Argument(help="Recipe TOML file (or the name of a bundled recipe).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set rollout.group_size=16")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]

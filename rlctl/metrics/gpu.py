@@ -199,6 +199,19 @@ def oom_line(run_dir: Path, summary: dict[str, Any] | None) -> str | None:
     return line
 
 
+def asks_for_gpus(run_dir: Path) -> bool:
+    """False for a run whose recipe asks for no GPU (`resources.gpus_per_node = 0`: the CPU quickstart): its GPU
+    memory is no question, so no line says it was "not measured". A run without its recipe (attached) may have
+    used one."""
+    import tomllib
+
+    try:
+        resources = tomllib.loads((run_dir / "recipe.toml").read_text()).get("resources")
+    except (OSError, ValueError):
+        return True
+    return not (isinstance(resources, dict) and resources.get("gpus_per_node") == 0)
+
+
 def verdict_line(run_dir: Path) -> str | None:
     """`GPU memory: peak 31.2 GiB of 79.6 (GPU 0), plan said 29.8 GiB per trainer GPU: within 15%`, or why not; a run
     whose log says it ran out of memory gets that instead (oom_line)."""
@@ -206,7 +219,7 @@ def verdict_line(run_dir: Path) -> str | None:
     oom = oom_line(run_dir, s)
     if oom is not None:
         return oom
-    if s is None:
+    if s is None or not asks_for_gpus(run_dir):
         return None
     if not s.get("nvml"):
         return f"GPU memory: not measured ({s.get('reason') or 'no NVML'}); check skipped"

@@ -238,7 +238,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     progress.done(run_dir)
     from rlctl.metrics.gpu import verdict_line  # measured peak (NVML) vs the plan; says so when not measured
 
-    if (gpu_line := verdict_line(run_dir)) and (opts.smoke or recipe.resources.gpus_per_node > 0):
+    if gpu_line := verdict_line(run_dir):  # none for a CPU recipe (gpus_per_node = 0)
         print(gpu_line, file=out)
     return run_dir, code
 
