@@ -124,6 +124,8 @@ def user(tmp_path):
         return subprocess.run([exe, *args], cwd=cwd or work, env=env, capture_output=True, text=True,
                               timeout=timeout)
 
+    rlctl.env = env  # type: ignore[attr-defined]  # e.g. the ssh config a test's sshd needs (RLCTL_SSH_CONFIG)
+
     yield work, rlctl
     from tests.test_experiments import _kill_all
 
