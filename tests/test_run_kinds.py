@@ -81,6 +81,36 @@ def test_resume_supervise_and_eval_of_an_attached_run_say_why_not(user):
     assert r.returncode == 0 and "is not running (attached)" in r.stdout, r.stdout + r.stderr
 
 
+def test_stop_of_an_attached_run_being_followed_ends_the_following(user):
+    """`rlctl attach --follow` shows the run as running; stop (and stop --dry-run, which said "unknown executor
+    'attached'") ends the following, not the run rlctl did not start, and the run is attached again."""
+    import shutil
+    import subprocess
+    import sys
+
+    work, rlctl = user
+    (work / "train.log").write_text("".join(f"step {i} | reward 0.{i}\n" for i in range(1, 6)))
+    (work / "b.toml").write_text(bandit_recipe())
+    exe = shutil.which("rlctl", path=str(Path(sys.executable).parent))
+    follower = subprocess.Popen([exe, "attach", "train.log", "--backend", "command", "--recipe", "b.toml",
+                                 "--name", "fol", "--follow"], cwd=work, env=rlctl.env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        runs = work / "runs"
+        assert wait_for(lambda: runs.is_dir() and any(status_of(d) == "running" for d in runs.iterdir()), 60)
+        run = next(runs.iterdir())
+        r = rlctl("stop", run.name, "--dry-run")
+        assert r.returncode == 0 and "would end the following of" in r.stdout and "not stopped" in r.stdout, \
+            r.stdout + r.stderr
+        r = rlctl("stop", run.name, "--grace", "10")
+        assert r.returncode == 0 and "no longer followed" in r.stdout and "Status: attached" in r.stdout, \
+            r.stdout + r.stderr
+        assert follower.wait(timeout=30) is not None and status_of(run) == "attached"
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+
+
 @pytest.mark.timeout(600)
 def test_resume_and_supervise_of_a_run_on_a_host(held, sshd):  # noqa: F811
     work, rlctl = held
