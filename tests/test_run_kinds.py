@@ -6,7 +6,7 @@ running at step 2 by its gate file until the test lets it go.
 Issue 30 §5: `rlctl resume` of a stopped run in the default relative ./runs started a supervisor that could not
 find its run and said "stopped (attempt 1)" (nothing else); `resume` of a run on a host said "no readable
 .launch.json; it was not started by this rlctl"; `resume`, `supervise` and `eval` of an attached run gave
-errors that named no reason."""
+errors that named no reason; `stop` of a run whose host is down said "is not running", exit 0."""
 
 from __future__ import annotations
 
@@ -125,6 +125,14 @@ def test_resume_and_supervise_of_a_run_on_a_host(held, sshd):  # noqa: F811
     name = r.stdout.strip().splitlines()[-1]
     there = work / "remote" / "runs" / name
     assert wait_for(lambda: len(records(there)) >= 2)
+    sshd.stop()  # the host goes down: stop cannot reach the run, and says so (it said "is not running", exit 0)
+    try:
+        r = rlctl("stop", name, "--grace", "5")
+        assert r.returncode == 1 and f"{name} was not stopped" in r.stderr and "may still run there" in r.stderr, \
+            r.stdout + r.stderr
+    finally:
+        sshd.start()
+    assert status_of(there) == "running"
     assert rlctl("stop", name, "--grace", "5").returncode == 0 and status_of(there) == "stopped"
     r = rlctl("supervise", name)
     assert r.returncode == 2 and f"{name} runs on box" in r.stderr and f"rlctl supervise {there}" in r.stderr, \

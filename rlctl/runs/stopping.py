@@ -52,6 +52,13 @@ def stop_run(run_dir: Path, grace: float = 30.0) -> str:
     if state.get("executor") == ATTACHED and state.get("status") in ACTIVE:
         return _stop_following(run_dir, state, grace)
     status = settled_status(run_dir, state)  # a run that ended while nobody watched is recorded as it ended
+    if status == "unreachable":  # its host did not answer: the run may well go on there
+        from rlctl.errors import Unreachable
+
+        st = read_state(run_dir)
+        raise Unreachable(f"{run_dir.name} was not stopped: {st.get('unreachable') or 'its host did not answer'}; "
+                          f"last known state: {st.get('status')}, so it may still run there.",
+                          hint=f"when the host answers again: rlctl stop {run_dir.name}")
     if status not in ACTIVE:
         code = read_state(run_dir).get("exit_code")
         return f"{run_dir.name} is not running ({status}" + (f", exit code {code})." if code is not None else ").")
