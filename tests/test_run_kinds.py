@@ -142,4 +142,8 @@ def test_resume_and_supervise_of_a_run_on_a_host(held, sshd):  # noqa: F811
     assert status_of(there) == "running"
     (work / "gate" / "42").write_text("")
     assert wait_for(lambda: status_of(there) == "finished")
+    # logs and metrics bring the host's newest lines first, as status and doctor do (they showed the last mirror)
+    r = rlctl("logs", name, "-n", "1")
+    assert r.returncode == 0 and r.stdout.startswith("step 6 |"), r.stdout + r.stderr
+    assert rlctl("metrics", name, "--csv").stdout.strip().splitlines()[-1].startswith("6,"), "metrics: stale"
     assert "finished" in rlctl("status", name).stdout
