@@ -376,7 +376,8 @@ def unfinished_lines(c: Comparison) -> list[str]:
     """Which runs the table leaves out (or takes in on their values so far), by name."""
     out = []
     if c.left_out:
-        out.append(f"left out: {_count(c.left_out)} (--include-running compares them on their values so far):")
+        started = "the started ones" if any(u.status == "queued" for u in c.left_out) else "them"
+        out.append(f"left out: {_count(c.left_out)} (--include-running compares {started} on their values so far):")
         out += [f"  {u.words()}" for u in c.left_out]
     if c.included_unfinished:
         out.append(f"included on their values so far (--include-running): {_count(c.included_unfinished)}:")
