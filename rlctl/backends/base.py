@@ -46,6 +46,11 @@ class LaunchPlan:
     # variables the argv refers to as ${NAME} and what to set them to: launch.sh checks them before anything runs
     required_env: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """The backend and its release as people read them: `trl 1.16.0`, `command (any version)`, never `None`."""
+        return f"{self.backend} {self.version or '(any version)'}"
+
     def masked_env(self) -> dict[str, str]:
         return {k: (f"${{{k}}}" if is_secret_name(k) else v) for k, v in self.env.items()}
 
@@ -69,7 +74,7 @@ class LaunchPlan:
         return "\n".join(lines) + "\n"
 
     def render_text(self) -> str:
-        parts = [f"# backend: {self.backend} {self.version or '(any version)'}"]
+        parts = [f"# backend: {self.label}"]
         if self.total_steps is not None:
             parts.append(f"# optimizer steps: {self.total_steps}")
         parts += [f"# note: {n}" for n in self.notes]

@@ -94,6 +94,6 @@ def preflight(
     else:
         from rlctl.ui.tables import preflight_table
 
-        preflight_table(results, f"preflight: {prep.resolved.path.name} ({prep.plan.backend} {prep.plan.version})")
+        preflight_table(results, f"preflight: {prep.resolved.path.name} ({prep.plan.label})")
     if pf.failed(results):
         raise typer.Exit(EXIT_CHECK_FAILED)

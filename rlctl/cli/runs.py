@@ -83,27 +83,16 @@ def stop(
 ) -> None:
     """Stop a run cleanly: SIGTERM to its process group (or the Ray job), SIGKILL after the grace period."""
     from rlctl.runs.state import find_run
-    from rlctl.runs.stopping import stop_run
+    from rlctl.runs.stopping import stop_plan, stop_run
 
     _seconds("--grace", grace)
     run_dir = find_run(run)
     if dry_run:
-        _echo(_stop_plan(run_dir, grace))
+        _echo(stop_plan(run_dir, grace))
         return
     _echo(stop_run(run_dir, grace))
 
 
-def _stop_plan(run_dir: Path, grace: float) -> str:
-    """What `rlctl stop` would do to a run, from its recorded state; nothing is signalled."""
-    from rlctl.runs.state import ACTIVE, read_state
-
-    st = read_state(run_dir)
-    status = st.get("status", "unknown")
-    if status not in ACTIVE:
-        return f"{run_dir.name} is {status}: stop would do nothing."
-    from rlctl import executors
-
-    return executors.get(st.get("executor")).stop_plan(run_dir, st, grace)
 
 
 @app.command()

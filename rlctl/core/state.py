@@ -61,6 +61,12 @@ def runs_root() -> Path:
     return Path(os.environ.get("RLCTL_RUNS_DIR", "runs"))
 
 
+# said wherever a run is looked for and not found: a run lives where it was launched, not in one place per user
+WHERE_RUNS_LIVE = "runs live in ./runs of the directory rlctl was run from (or $RLCTL_RUNS_DIR)"
+FIND_A_RUN = ("cd to the directory you launched from, or give the run's directory (rlctl status PATH/runs/RUN), "
+              "or set RLCTL_RUNS_DIR to that runs directory")
+
+
 # The type each well-known field must have; a damaged state.json (hand-edited, half-written, another tool's)
 # loses the fields that do not fit instead of breaking every command that reads it.
 _NUMBER = (int, float)
@@ -171,7 +177,9 @@ def find_run(ref: str, root: Path | None = None) -> Path:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        known = ", ".join(r.name for r in runs[-5:]) or "none"
-        raise RlctlError(f"no run {ref!r} under {root}.", hint=f"recent runs: {known} (see rlctl status)")
+        if runs:
+            raise RlctlError(f"no run {ref!r} in {root.absolute()}.",
+                             hint=f"recent runs: {', '.join(r.name for r in runs[-5:])} (see rlctl status)")
+        raise RlctlError(f"no run {ref!r} in {root.absolute()}: {WHERE_RUNS_LIVE}.", hint=FIND_A_RUN)
     raise RlctlError(f"{ref!r} matches {len(matches)} runs: {', '.join(r.name for r in matches[:5])}.",
                      hint="give more of the name")

@@ -380,6 +380,21 @@ class SSHExecutor(Executor):
         self.status(run_dir, read_state(run_dir))
         return f"{host.name}: {p.stdout.strip()}"
 
+    def resume_there(self, run_dir: Path, state: dict[str, Any]) -> str | None:
+        """The host's own rlctl resumes the run there (its supervisor lives there), as stop does."""
+        host, remote_dir = _handle(state)
+        runner = Runner(host, connect_timeout=self.timeout)
+        p = runner.rlctl(["resume", remote_dir], timeout=300, check=False)
+        if p.returncode != 0:
+            raise remote_rlctl_error(host, p) or RlctlError(f"{host.name}: resume failed: "
+                                                           f"{(p.stderr or p.stdout).strip()[-300:]}")
+        self.status(run_dir, read_state(run_dir))
+        return f"{host.name}: {p.stdout.strip()}"
+
+    def supervised_on(self, state: dict[str, Any]) -> tuple[str, str] | None:
+        host, remote_dir = _handle(state)
+        return host.name, remote_dir
+
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         host, remote_dir = _handle(state)
         return (f"would run `rlctl stop {remote_dir} --grace {grace:g}` on {host.name}: SIGTERM to the run's process "

@@ -238,7 +238,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     progress.done(run_dir)
     from rlctl.metrics.gpu import verdict_line  # measured peak (NVML) vs the plan; says so when not measured
 
-    if (gpu_line := verdict_line(run_dir)) and (opts.smoke or recipe.resources.gpus_per_node > 0):
+    if gpu_line := verdict_line(run_dir):  # none for a CPU recipe (gpus_per_node = 0)
         print(gpu_line, file=out)
     return run_dir, code
 
@@ -267,6 +267,11 @@ def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
         return ckpt
     ckpt = latest_complete(backend.name, old_run)
     if ckpt is None:
+        host = read_state(old_run).get("host")
+        if host:  # a run on an SSH host: its checkpoints are there, not in this record of it
+            raise RlctlError(f"{old_run.name} ran on {host}: no complete checkpoint of it is on this machine.",
+                             hint=f"resume it on {host} (rlctl launch RECIPE --on {host} --resume {old_run.name}), "
+                                  f"or bring its newest checkpoint here first (rlctl ckpt pull {old_run.name})")
         raise RlctlError(f"{old_run.name} has no complete checkpoint to resume from.",
                          hint="rlctl ckpt list " + old_run.name)
     return ckpt

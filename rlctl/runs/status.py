@@ -307,7 +307,12 @@ def render(run: str | None, as_json: bool, stall_after: float, experiment: str |
             return json.dumps(rows, indent=2, default=str)
         groups = [(f"experiment {e} ({len(g)} runs)" if e else None, _table(g)) for e, g in grouped(rows)]
         text = "\n\n".join(f"{h}\n{t}" if h else t for h, t in groups)
-        return text if rows else "no runs yet (rlctl launch RECIPE)"
+        if rows:
+            return text
+        from rlctl.core.state import FIND_A_RUN, WHERE_RUNS_LIVE, runs_root
+
+        return (f"no runs in {runs_root().absolute()}: {WHERE_RUNS_LIVE}. rlctl launch RECIPE starts one here; "
+                f"for a run launched elsewhere, {FIND_A_RUN}.")
     d = detail(run_status(find_run(run), stall_after))
     return json.dumps(d, indent=2, default=str) if as_json else _detail_text(d)
 
