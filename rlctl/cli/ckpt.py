@@ -36,22 +36,29 @@ def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
         _echo(f"step {r['step']:>7}  {'complete' if r['complete'] else 'INCOMPLETE':<10}  {r['bytes'] / 1e9:8.2f} GB  "
               f"{r['path']}")
     if best:
-        _echo(f"best eval: {best[1]} = {best[2]:.4g} at step {best[0]}")
+        _echo(f"best eval: {best['key']} = {best['value']:.4g} at step {best['step']}"
+              + (" (the base model)" if best["step"] == 0 else ""))
 
 
 @ckpt_app.command("prune")
 def ckpt_prune(
     run: RunArg,
     keep_last: Annotated[int, typer.Option("--keep-last", help="Complete checkpoints to keep (>= 1).")],
-    keep_best: Annotated[bool, typer.Option("--keep-best", help="Also keep the one at the best eval.")] = False,
+    keep_best: Annotated[bool, typer.Option("--keep-best/--no-keep-best", help="Keep the checkpoint with the best "
+                                            "eval (the default); --no-keep-best deletes it too.")] = True,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be deleted.")] = False,
 ) -> None:
-    """Delete old checkpoints; never the newest complete one, one being written, or anything outside the run."""
-    from rlctl.runs.checkpoints import prune
+    """Delete old checkpoints; never the newest complete one, one being written, anything outside the run, nor
+    (unless --no-keep-best) the one with the best eval."""
+    from rlctl.runs.checkpoints import best_checkpoint, prune
     from rlctl.runs.state import find_run, read_state
 
     run_dir = find_run(run)
     backend = read_state(run_dir).get("backend", "")
+    best = best_checkpoint(run_dir, backend) if keep_best else None  # the rule prune keeps it by
+    if best is not None and best["step"] > 0:
+        _echo(f"keeping step {best['step']}: the best eval ({best['key']} = {best['value']:.4g}); "
+              "--no-keep-best deletes it too")
     doomed = prune(backend, run_dir, keep_last, keep_best, dry_run=True)
     sizes = {c.step: c.size() for c in doomed}
     for c in doomed:

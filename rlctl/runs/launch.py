@@ -256,10 +256,11 @@ def _ckpt_root(run: Path) -> Path:
 def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
     """The parent run's newest complete checkpoint — or, when a stop_when rule stopped it, the checkpoint marked
     best by its primary eval (docs/eval.md) — or a clear error."""
-    from rlctl.runs.checkpoints import find_checkpoints, latest_complete, marked_best
+    from rlctl.runs.checkpoints import best_checkpoint, find_checkpoints, latest_complete
     from rlctl.runs.state import read_state
 
-    best = marked_best(old_run) if read_state(old_run).get("stopped_by") else None
+    mark = best_checkpoint(old_run, backend.name) if read_state(old_run).get("stopped_by") else None
+    best = mark["step"] if mark else None
     ckpt = next((c for c in find_checkpoints(backend.name, old_run) if c.complete and c.step == best), None)
     if ckpt is not None:
         print(f"rlctl: resuming from step {best}, the checkpoint {old_run.name} marked best "
