@@ -267,8 +267,8 @@ def test_eval_every_that_checkpoints_cannot_serve(tmp_path_factory):
 # ---- 2.12: LR "reaches 30% of the target by step 20" ----------------------------------------------------------------
 
 def test_lr_check_means_reached_by_the_step(tmp_path_factory):
-    from transformers import get_scheduler
     import torch
+    from transformers import get_scheduler
 
     u = new_user(tmp_path_factory)
     sets = ["--set", "optim.schedule=cosine", "--set", "train.steps=20", "--set", "preflight.lr_check_step=20"]
