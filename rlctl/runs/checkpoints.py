@@ -45,6 +45,22 @@ def find_checkpoints(backend: str, run_dir: Path, root: Path | None = None) -> l
     return adapter.checkpoints(root) if root.is_dir() else []
 
 
+WEIGHTS = ("adapter_model.safetensors", "model.safetensors", "model-*-of-*.safetensors")
+
+
+def final_saves(backend: str, run_dir: Path) -> list[Path]:
+    """Folders of weights without a step in the checkpoint directory — the final model a backend saves at the end
+    (TRL's `final/`, a `step_final/`) — oldest first. Pruning never touches them: they are not stepped checkpoints."""
+    root = checkpoint_dir(run_dir)
+    known = {p for c in find_checkpoints(backend, run_dir) for p in c.paths()}
+    try:
+        found = [d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and d not in known
+                 and any(next(d.glob(w), None) for w in WEIGHTS)] if root.is_dir() else []
+        return sorted(found, key=lambda d: d.stat().st_mtime)
+    except OSError:
+        return []
+
+
 def latest_complete(backend: str, run_dir: Path) -> Checkpoint | None:
     done = [c for c in find_checkpoints(backend, run_dir) if c.complete]
     return done[-1] if done else None
