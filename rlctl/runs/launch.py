@@ -81,8 +81,9 @@ def masked_config(recipe: Any) -> dict[str, Any]:
 
 
 def _model_cache() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "rlctl" / "models")
+    from rlctl.recipe.tiny_model import model_cache
+
+    return str(model_cache().absolute())
 
 
 def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
@@ -150,7 +151,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     if "wandb" in recipe.logging.rlctl_sinks and recipe.logging.wandb is None:
         raise RlctlError("logging.rlctl_sinks has wandb but there is no [logging.wandb] table.",
                          hint='add [logging.wandb] project = "..."')
-    extra = {"RLCTL_RUN_DIR": "", "RLCTL_MODEL_CACHE": os.environ.get("RLCTL_MODEL_CACHE", _model_cache()),
+    extra = {"RLCTL_RUN_DIR": "", "RLCTL_MODEL_CACHE": _model_cache(),
              "PYTHONUNBUFFERED": "1"}
     child_env = child_environment(prep.plan.env, extra)  # fails before anything is written if a secret is missing
 

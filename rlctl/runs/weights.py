@@ -231,15 +231,15 @@ def start_weights(run_dir: Path) -> Path | None:
         return None
     path = Path(model)
     if model.startswith("random:"):
-        import os
 
         from rlctl.recipe.tiny_model import cache_key
 
         try:
             cache = json.loads((run_dir / ".launch.json").read_text())["env_extra"]["RLCTL_MODEL_CACHE"]
         except (OSError, ValueError, KeyError, TypeError):  # no launch record: the cache launch uses by default
-            cache = os.environ.get("RLCTL_MODEL_CACHE") or str(
-                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlctl" / "models")
+            from rlctl.recipe.tiny_model import model_cache
+
+            cache = str(model_cache())
         try:
             path = Path(cache) / cache_key(model)
         except Exception:  # a source that no longer parses

@@ -64,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlctl.recipe.tiny_model import resolve_model
+    from rlctl.recipe.tiny_model import model_cache, resolve_model
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model_path = resolve_model(cfg["model"], Path(os.environ.get("RLCTL_MODEL_CACHE", ".rlctl-models")))
+    model_path = resolve_model(cfg["model"], model_cache())
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
