@@ -222,12 +222,35 @@ def test_prune_keeps_the_best_by_default_and_says_so(trained):
 
 # ---- 2.14: the quickstart keeps its final model; doctor --weights with nothing to compare ------------------------
 
+def wait_for(pred, timeout: float = 600.0) -> bool:
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.5)
+    return False
+
+
 def test_the_quickstart_keeps_its_final_model(tmp_path_factory):
+    """Also the sibling of 2.1: `rlctl resume RUN` after a killed rlctl, with the default ./runs (the supervisor it
+    starts runs in the run directory, and was handed `runs/<run>`)."""
+    from rlctl.runs.state import process_alive
+
     u = new_user(tmp_path_factory)
     try:
-        r = u("launch", "recipes/quickstart.toml", *SMALL, "--set", "train.steps=2", timeout=900)
+        r = u("launch", "recipes/quickstart.toml", *SMALL, "--set", "train.steps=4", "--detach", timeout=300)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         run = u.run_dir("quickstart")
+        first = read_state(run)["supervisor_pid"]
+        os.kill(first, signal.SIGKILL)  # rlctl killed (a reboot of the laptop's session): the trainer goes on
+        r = u("resume", "quickstart")
+        assert r.returncode == 0 and "supervised already" not in r.stdout, r.stdout + r.stderr
+        st = read_state(run)
+        assert st["supervisor_pid"] != first and process_alive(st["supervisor_pid"]), (st, r.stdout)
+        assert wait_for(lambda: read_state(run).get("status") in ("finished", "failed", "lost", "stopped"))
+        assert read_state(run)["status"] == "finished", (read_state(run), (run / "supervisor.log").read_text())
         assert (run / "checkpoints" / "final" / "model.safetensors").is_file()
         listed = u("ckpt", "list", "quickstart")
         assert "final" in listed.stdout and "no checkpoints" not in listed.stdout, listed.stdout
