@@ -66,7 +66,8 @@ def latest_complete(backend: str, run_dir: Path) -> Checkpoint | None:
     return done[-1] if done else None
 
 
-def best_from_stream(run_dir: Path, backend: str, primary: str | None = None) -> dict[str, Any] | None:
+def best_from_stream(run_dir: Path, backend: str, primary: str | None = None,
+                     root: Path | None = None) -> dict[str, Any] | None:
     """The complete checkpoint (or step 0, the base model) whose primary eval in the stream is highest:
     {"step", "key", "value", "path"}. The key: `primary`, else the primary set's of the run's recipe, resolved to what
     the stream holds; a run whose recipe declares no eval sets (an attached run) is judged by its first
@@ -83,7 +84,7 @@ def best_from_stream(run_dir: Path, backend: str, primary: str | None = None) ->
     key = resolve_key(declared, seen) if declared else quality_eval_key(seen)
     if not key:
         return None
-    ckpts = {c.step: c for c in find_checkpoints(backend, run_dir) if c.complete}
+    ckpts = {c.step: c for c in find_checkpoints(backend, run_dir, root) if c.complete}
     best: dict[str, Any] | None = None
     for step, rec in merged.items():
         v = rec.get(key)
@@ -95,21 +96,22 @@ def best_from_stream(run_dir: Path, backend: str, primary: str | None = None) ->
     return best
 
 
-def best_checkpoint(run_dir: Path, backend: str | None = None) -> dict[str, Any] | None:
-    """The run's best checkpoint, the one rule `ckpt prune`, in-run rotation, the disk watch, `launch --resume` and
-    `ckpt list` share: the mark in state.json (rlctl marks it from the stream whenever evals land:
-    rlctl.evals.loop.mark_best) while it names a complete checkpoint (or step 0: the base model beat them all),
-    else the same rule computed from the stream now (best_from_stream). None: no eval to rank by."""
+def best_checkpoint(run_dir: Path, backend: str | None = None, root: Path | None = None) -> dict[str, Any] | None:
+    """The run's best checkpoint, {"step", "key", "value", "path"} — the one rule `ckpt prune`, in-run rotation, the
+    disk watch, `launch --resume` and `ckpt list` share: the mark in state.json (rlctl marks it from the stream
+    whenever evals land: rlctl.evals.loop.mark_best) while it names a complete checkpoint (or step 0: the base model
+    beat them all), else the same rule computed from the stream now (best_from_stream). None: no eval to rank by."""
     from rlctl.core.state import read_state
 
     state = read_state(run_dir)
     backend = backend if backend is not None else str(state.get("backend") or "")
     mark = state.get("best_checkpoint")
-    step = mark.get("step") if isinstance(mark, dict) else None
-    if isinstance(step, int) and not isinstance(step, bool) and (
-            step == 0 or any(c.step == step and c.complete for c in find_checkpoints(backend, run_dir))):
-        return mark  # type: ignore[return-value]
-    return best_from_stream(run_dir, backend)
+    if isinstance(mark, dict) and isinstance(mark.get("key"), str) and isinstance(mark.get("value"), (int, float)):
+        step = mark.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and (
+                step == 0 or any(c.step == step and c.complete for c in find_checkpoints(backend, run_dir, root))):
+            return mark
+    return best_from_stream(run_dir, backend, root=root)
 
 
 def _real(p: Path) -> Path:
@@ -179,7 +181,7 @@ def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = True, d
     root = prunable_root(run_dir, root)
     ckpts = find_checkpoints(backend, run_dir, root)
     keep_steps = set(keep_steps or ())
-    best = best_checkpoint(run_dir, backend) if keep_best else None
+    best = best_checkpoint(run_dir, backend, root) if keep_best else None
     if best is not None and best["step"] > 0:  # step 0: the base model beat every checkpoint, none is kept for it
         keep_steps.add(best["step"])
     doomed = plan_prune(ckpts, keep_last, keep_steps)
