@@ -184,6 +184,8 @@ class Backend:
     # trainable parameters (sqrt of exp_avg_sq); fused implementations (torch fused, DeepSpeed FusedAdam) none
     foreach_adam: ClassVar[bool] = True
     table_model: ClassVar[type | None] = None  # pydantic model of `[backend.<name>]` (a BackendExtra subclass)
+    # keys of that table that name local files or directories: resolved like every recipe path (rlctl.recipe.paths)
+    table_paths: ClassVar[tuple[str, ...]] = ()
     metric_needles: ClassVar[tuple[str, ...]] = ()  # cheap substrings a metrics line contains (a pre-filter)
 
     # ---- version ---------------------------------------------------------------------------------------------

@@ -221,6 +221,7 @@ def doctor(
     run_dir = find_run(run)
     settled_status(run_dir)  # a live run's executor brings its newest log here first (a remote run's mirror)
     findings = diagnose(run_dir)
+    unweighed = None
     if weights or between:
         from rlctl.runs.weights import weights_finding
 
@@ -229,16 +230,25 @@ def doctor(
         import struct
 
         try:
-            findings.append(weights_finding(run_dir, pair=(between[0], between[1]) if between else None))
+            found = weights_finding(run_dir, pair=(between[0], between[1]) if between else None)
         except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:  # damaged or not safetensors
             where = f"--between {between[0]} {between[1]}" if between else f"{run_dir.name}'s checkpoints"
             raise RlctlError(f"{where}: cannot read the weights ({e}).",
                              hint="give two checkpoint directories or .safetensors files") from None
+        if found is None:  # nothing to compare: said, not reported as a frozen-weights finding
+            from rlctl.runs.weights import nothing_to_compare
+
+            unweighed = nothing_to_compare(run_dir)
+        else:
+            findings.append(found)
     if as_json:
-        _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings)}, indent=2))
-    elif not findings:
-        _echo(f"{run_dir.name}: no findings")
+        _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings),
+                          **({"weights": {"compared": False, "why": unweighed}} if unweighed else {})}, indent=2))
     else:
+        if unweighed:
+            _echo(f"weights: {unweighed}")
+        if not findings:
+            _echo(f"{run_dir.name}: no findings")
         for f in findings:
             _echo(f"[{f.severity}] {f.rule}: {f.message}\n    -> {f.action}")
     if any(f.severity == "critical" for f in findings):

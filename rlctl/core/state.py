@@ -57,8 +57,10 @@ def read_exit_record(run_dir: Path, attempt: int) -> dict[str, Any] | None:
 
 
 def runs_root() -> Path:
-    """Where run directories live: $RLCTL_RUNS_DIR, else ./runs."""
-    return Path(os.environ.get("RLCTL_RUNS_DIR", "runs"))
+    """Where run directories live: $RLCTL_RUNS_DIR, else ./runs — made absolute here, once, against the directory
+    the command was typed in: a run directory is handed to processes that run elsewhere (the supervisor and eval
+    jobs start in the run directory), so a relative one would name another place there."""
+    return Path(os.environ.get("RLCTL_RUNS_DIR", "runs")).absolute()
 
 
 # said wherever a run is looked for and not found: a run lives where it was launched, not in one place per user
@@ -167,8 +169,8 @@ def find_run(ref: str, root: Path | None = None) -> Path:
     """A run by directory path, full name, or unique prefix of its name."""
     p = Path(ref)
     if p.is_dir() and (p / STATE).is_file():
-        return p
-    root = root or runs_root()
+        return p.absolute()  # as runs_root: the run's directory must mean the same in a process started elsewhere
+    root = (root or runs_root()).absolute()
     runs = list_runs(root)
     exact = [r for r in runs if r.name == ref]
     if exact:

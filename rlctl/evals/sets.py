@@ -133,7 +133,7 @@ def eval_findings(recipe: Recipe, backend: Any, version: str | None) -> list[Any
             out.append(Finding("warn", "checkpoint.keep_last",
                                f"{backend.name} rotates checkpoints by age and rlctl cannot prune for it: the "
                                "best-eval checkpoint may be deleted", "unset checkpoint.keep_last and prune with "
-                               "`rlctl ckpt prune RUN --keep-last N --keep-best`"))
+                               "`rlctl ckpt prune RUN --keep-last N` (it keeps the best)"))
     if recipe.eval.evaluator == "command" and not recipe.eval.command:
         out.append(Finding("error", "eval.command", "eval.evaluator = command without eval.command"))
     return out

@@ -81,24 +81,15 @@ def _older(theirs: str, ours: str) -> bool:
 
 # ---- launch ------------------------------------------------------------------------------------------------------
 def _path_values(prep: Any) -> list[tuple[str, str]]:
-    """(dotted key, value) of each recipe key that names a path: the loader's PATH_KEYS and each eval set's data
-    (a set's checkpoint evals run on the host, so its data must be there)."""
+    """(dotted key, absolute path) of each recipe key that names a local path, as the loader resolved it
+    (rlctl.recipe.paths), each eval set's data included (its checkpoint evals run on the host). A backend's own
+    install (`backend.<name>.checkout`) lives on the host, as its Python does: it is not staged."""
     import re
 
-    from rlctl.recipe.loader import PATH_KEYS
+    from rlctl.recipe.paths import local_paths
 
-    data = prep.resolved.data
-    out = []
-    for key in PATH_KEYS:
-        section, _, name = key.partition(".")
-        sect = data.get(section)
-        out.append((key, sect.get(name) if isinstance(sect, dict) else None))
-    ev = data.get("eval") if isinstance(data.get("eval"), dict) else {}
-    sets = ev.get("sets") if isinstance(ev.get("sets"), dict) else {}
-    for name, st in sets.items():
-        if isinstance(st, dict) and re.fullmatch(r"[A-Za-z0-9_]+", str(name)):  # --set takes plain key parts
-            out.append((f"eval.sets.{name}.data", st.get("data")))
-    return [(k, v) for k, v in out if isinstance(v, str) and "://" not in v and not v.startswith("random:")]
+    return [(k, v) for k, v in local_paths(prep.resolved.data) if not k.startswith("backend.")
+            and re.fullmatch(r"[A-Za-z0-9_.]+", k)]  # --set takes plain key parts
 
 
 def referenced_files(prep: Any) -> list[Path]:
@@ -106,9 +97,7 @@ def referenced_files(prep: Any) -> list[Path]:
     named directory)."""
     files: list[Path] = [Path(p) for p in prep.resolved.chain]
     for _, value in _path_values(prep):
-        p = Path(value).expanduser()
-        if not p.is_absolute():
-            p = prep.resolved.path.parent / p
+        p = Path(value)
         if p.is_file():
             files.append(p.resolve())
         elif p.is_dir():
@@ -124,8 +113,7 @@ def path_keys(prep: Any, base: Path) -> dict[str, str]:
     sets it to its own copy (an absolute path on the laptop means nothing there)."""
     out = {}
     for key, value in _path_values(prep):
-        p = Path(value).expanduser()
-        p = p if p.is_absolute() else prep.resolved.path.parent / p
+        p = Path(value)
         if p.exists():
             with contextlib.suppress(ValueError):
                 out[key] = str(p.resolve().relative_to(base))

@@ -81,8 +81,9 @@ def masked_config(recipe: Any) -> dict[str, Any]:
 
 
 def _model_cache() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "rlctl" / "models")
+    from rlctl.recipe.tiny_model import model_cache
+
+    return str(model_cache().absolute())
 
 
 def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
@@ -150,7 +151,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     if "wandb" in recipe.logging.rlctl_sinks and recipe.logging.wandb is None:
         raise RlctlError("logging.rlctl_sinks has wandb but there is no [logging.wandb] table.",
                          hint='add [logging.wandb] project = "..."')
-    extra = {"RLCTL_RUN_DIR": "", "RLCTL_MODEL_CACHE": os.environ.get("RLCTL_MODEL_CACHE", _model_cache()),
+    extra = {"RLCTL_RUN_DIR": "", "RLCTL_MODEL_CACHE": _model_cache(),
              "PYTHONUNBUFFERED": "1"}
     child_env = child_environment(prep.plan.env, extra)  # fails before anything is written if a secret is missing
 
@@ -256,10 +257,11 @@ def _ckpt_root(run: Path) -> Path:
 def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
     """The parent run's newest complete checkpoint — or, when a stop_when rule stopped it, the checkpoint marked
     best by its primary eval (docs/eval.md) — or a clear error."""
-    from rlctl.runs.checkpoints import find_checkpoints, latest_complete, marked_best
+    from rlctl.runs.checkpoints import best_checkpoint, find_checkpoints, latest_complete
     from rlctl.runs.state import read_state
 
-    best = marked_best(old_run) if read_state(old_run).get("stopped_by") else None
+    mark = best_checkpoint(old_run, backend.name) if read_state(old_run).get("stopped_by") else None
+    best = mark["step"] if mark else None
     ckpt = next((c for c in find_checkpoints(backend.name, old_run) if c.complete and c.step == best), None)
     if ckpt is not None:
         print(f"rlctl: resuming from step {best}, the checkpoint {old_run.name} marked best "

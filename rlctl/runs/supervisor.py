@@ -533,15 +533,16 @@ class Supervisor:
     def _mark_best_from_stream(self) -> None:
         """A run whose eval sets the backend evaluates in-loop (no rlctl checkpoint evals): the best checkpoint by
         the recipe's primary eval, read from the stream, marked in state.json as rlctl's own evals mark it, so that
-        pruning, `ckpt prune --keep-best` and `launch --resume` keep and find it."""
-        from rlctl.evals.loop import best_mark
+        pruning, `ckpt prune` and `launch --resume` keep and find it (rlctl.runs.checkpoints.best_checkpoint)."""
+        from rlctl.evals.loop import mark_best
         from rlctl.evals.sets import primary_key_from_run
 
-        primary = primary_key_from_run(self.run_dir)
-        best = best_mark(self.run_dir, self.spec["backend"], primary) if primary else None
-        if best is not None and best != self._best_marked:
-            self.state(best_checkpoint=best)
-            self._best_marked = best
+        def write(**kw: Any) -> None:
+            if kw["best_checkpoint"] != self._best_marked:
+                self.state(**kw)
+                self._best_marked = kw["best_checkpoint"]
+
+        mark_best(self.run_dir, self.spec["backend"], primary_key_from_run(self.run_dir), write)
 
     def evals_hook(self, what: str, *args: Any) -> None:
         """rlctl.evals.loop (docs/eval.md): the baseline, checkpoint evals in their own processes, stop_when. A

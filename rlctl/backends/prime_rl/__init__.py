@@ -86,6 +86,7 @@ class PrimeRLBackend(Backend):
     known_versions = ("0.3.0", "0.8.0")
     metric_needles = ("Step ", "╰─")  # as in prime_rl/metrics.py NEEDLES
     table_model = PrimeRLTable
+    table_paths = ("checkout",)  # a checkout named in a recipe is found next to the recipe, as its data is
     install_hint = ("prime-rl is not on PyPI: git clone https://github.com/PrimeIntellect-ai/prime-rl, check out the "
                     "tag (e.g. v0.8.0), `uv sync`, and set backend.prime_rl.checkout (or $PRIME_RL_DIR) to it")
 
