@@ -75,54 +75,58 @@ def os_error_message(e: OSError) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every error becomes a message and an exit code (0 ok, 1 a check failed, 2 usage or input
     error), never a traceback. Set RLCTL_DEBUG=1 to see the traceback of an internal error."""
-    import contextlib
+    from rlctl.cli._fast import tolerant_streams
+
+    tolerant_streams()
+    try:
+        rc = app(args=argv, prog_name="rlctl", standalone_mode=False)
+        code = rc if isinstance(rc, int) else 0
+    except BaseException as e:  # noqa: BLE001 - exit_code re-raises what it does not handle (SystemExit, ...)
+        code = exit_code(e)
+    sys.exit(code)
+
+
+def exit_code(e: BaseException) -> int:
+    """What rlctl says about an exception that ended a command (on stderr) and its exit code; the one error policy
+    of the full command line and of its fast path (rlctl/cli/_fast.py). Re-raises what is no error of a command."""
     import os
 
     usage_types = _usage_error_types()
     exit_types, abort_types = _exit_types()
-    for stream in (sys.stdout, sys.stderr):  # an ASCII-only terminal (LANG=C) gets '?' for a sparkline, not a crash
-        reconfigure = getattr(stream, "reconfigure", None)
-        if callable(reconfigure):
-            with contextlib.suppress(ValueError, OSError):
-                reconfigure(errors="replace")
-    try:
-        rc = app(args=argv, prog_name="rlctl", standalone_mode=False)
-        code = rc if isinstance(rc, int) else 0
-    except RlctlError as e:
+    if isinstance(e, RlctlError):
         typer.echo(f"rlctl: {e}", err=True)
-        code = e.exit_code
-    except exit_types as e:
-        code = int(getattr(e, "exit_code", 1) or 0)
-    except abort_types:
+        return e.exit_code
+    if isinstance(e, exit_types):
+        return int(getattr(e, "exit_code", 1) or 0)
+    if isinstance(e, abort_types):
         typer.echo("rlctl: aborted", err=True)
-        code = 130
-    except KeyboardInterrupt:
-        code = 130
-    except usage_types as e:  # usage errors: unknown command/option, missing argument, bad value
+        return 130
+    if isinstance(e, KeyboardInterrupt):
+        return 130
+    if isinstance(e, usage_types):  # usage errors: unknown command/option, missing argument, bad value
         try:
             e.show()  # type: ignore[attr-defined]
         except Exception:  # a typer/click pair that cannot format its own usage line: the message alone
             fmt = getattr(e, "format_message", None)
             typer.echo(f"rlctl: {fmt() if callable(fmt) else e}\n  fix: rlctl --help lists the commands and "
                        "options.", err=True)
-        code = EXIT_USAGE
-    except BrokenPipeError:  # `rlctl ... | head`
-        code = 0
-    except OSError as e:
+        return EXIT_USAGE
+    if isinstance(e, BrokenPipeError):  # `rlctl ... | head`
+        return 0
+    if isinstance(e, OSError):
         typer.echo(f"rlctl: {os_error_message(e)}", err=True)
-        code = EXIT_USAGE
-    except RecursionError:
+        return EXIT_USAGE
+    if isinstance(e, RecursionError):
         typer.echo("rlctl: input nested too deeply to read.", err=True)
-        code = EXIT_USAGE
-    except Exception as e:
-        if isinstance(e, ValueError) and ("null byte" in str(e) or "null character" in str(e)):
-            typer.echo("rlctl: a path or name contains a NUL character (\\0), which no file name can hold.\n"
-                       "  fix: check the value for stray escape sequences such as \\u0000.", err=True)
-            code = EXIT_USAGE
-        else:  # a bug in rlctl: still no traceback, but say so plainly
-            if os.environ.get("RLCTL_DEBUG"):
-                raise
-            typer.echo(f"rlctl: internal error: {type(e).__name__}: {e}\n  fix: this is a bug in rlctl; rerun "
-                       "with RLCTL_DEBUG=1 for the traceback and report it.", err=True)
-            code = EXIT_CHECK_FAILED
-    sys.exit(code)
+        return EXIT_USAGE
+    if not isinstance(e, Exception):
+        raise e
+    if isinstance(e, ValueError) and ("null byte" in str(e) or "null character" in str(e)):
+        typer.echo("rlctl: a path or name contains a NUL character (\\0), which no file name can hold.\n"
+                   "  fix: check the value for stray escape sequences such as \\u0000.", err=True)
+        return EXIT_USAGE
+    if os.environ.get("RLCTL_DEBUG"):  # a bug in rlctl: still no traceback, but say so plainly
+        raise e
+    typer.echo(f"rlctl: internal error: {type(e).__name__}: {e}\n  fix: this is a bug in rlctl; rerun "
+               "with RLCTL_DEBUG=1 for the traceback and report it.", err=True)
+    return EXIT_CHECK_FAILED

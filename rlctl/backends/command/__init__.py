@@ -99,6 +99,11 @@ class _AttachedParser:
             return None
         return {k: (v if k == "step" else clean_value(v)) for k, v in rec.items()}
 
+    def metric_bulk(self, text: str) -> dict[int, dict[str, Any]]:
+        """The runner's own record lines of a chunk, read in bulk: the adapter's bulk reader reads only lines that
+        begin with the record's head, which this parser hands to the adapter's parse too."""
+        return self.backend.metric_bulk(text)
+
 
 class CommandOptions(BackendExtra):
     """`[backend.command]`: how to run, follow, checkpoint and resume a trainer rlctl does not know."""
