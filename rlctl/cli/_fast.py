@@ -4,7 +4,7 @@ the plain forms of `rlctl status` (the table of runs, the command people run mos
 full command (rlctl.runs.status.render; rlctl.runs.attach). Anything else (a run name, --watch, --follow, --help,
 an option this parser does not know or a value it does not accept) goes to the full CLI. Status prints nothing
 unless it answers (any error: the full CLI answers instead); attach, once it starts, ends here, its errors said by
-the full CLI's one error policy (rlctl.cli._main.exit_code)."""
+the full CLI's one error policy (rlctl.cli._errors)."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def _attach(args: list[str]) -> int | None:
         sys.stdout.flush()
         return code
     except BaseException as e:  # noqa: BLE001 - exit_code re-raises what it does not handle (SystemExit, ...)
-        from rlctl.cli._main import exit_code
+        from rlctl.cli._errors import exit_code
 
         return exit_code(e)
 
