@@ -375,13 +375,15 @@ OTHER_JSON = st.sampled_from(['{"step": 3, "loss": 0.5}', '{"epoch": 1, "train":
                               "plain text", "", '  {"rlctl_command": {"step": 4, "loss": 1}}', "loss=0.5 step=9"])
 
 
-def test_the_attached_command_parser_reads_in_bulk_exactly_line_by_line(tmp_path):
+@pytest.mark.parametrize("patterns", [[r"loss=(?P<loss>[0-9.]+) step=(?P<step>\d+)"], []])
+def test_the_attached_command_parser_reads_in_bulk_exactly_line_by_line(patterns, tmp_path):
     """The runner's records among any trainer's JSON lines and noise, through attach's per-run parser (a metrics map,
-    a log pattern): its bulk reader (the runner's lines) and line by line give the same records and counts."""
+    a log pattern or none): its bulk reader (the runner's lines) and needle (`{`, without patterns) and line by line
+    with every line looked at give the same records and counts."""
     ad = adapter("command")
-    parse = ad.options_parser({"metrics_map": {"loss": "policy_loss"}, "step_key": "step",
-                               "log_pattern": [r"loss=(?P<loss>[0-9.]+) step=(?P<step>\d+)"]})
+    parse = ad.options_parser({"metrics_map": {"loss": "policy_loss"}, "step_key": "step", "log_pattern": patterns})
     assert parse is not ad.parse and parse.metric_bulk
+    assert parse.metric_needles == (() if patterns else ("{",))
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(st.lists(st.one_of(command_line(), OTHER_JSON), min_size=1, max_size=12), st.randoms(use_true_random=False))
@@ -389,8 +391,8 @@ def test_the_attached_command_parser_reads_in_bulk_exactly_line_by_line(tmp_path
         log = tmp_path / "gen.log"
         log.write_text(_log(generated, rnd))
         out = []
-        for bulk in (None, parse.metric_bulk):
-            reader = _Reader(parse, tuple(parse.metric_needles), tmp_path / "m.jsonl", bulk)
+        for needles, bulk in (((), None), (tuple(parse.metric_needles), parse.metric_bulk)):
+            reader = _Reader(parse, needles, tmp_path / "m.jsonl", bulk)
             st_ = reader.file(log, IngestState(), True)
             out.append((_records(tmp_path / "m.jsonl"), st_.lines, st_.records, st_.skipped, st_.examples))
             (tmp_path / "m.jsonl").unlink(missing_ok=True)

@@ -46,13 +46,15 @@ class _AttachedParser:
     """Reads an attached trainer's own output: JSON lines (nested objects flattened with '/') and the log patterns,
     keys named by the metrics map, the rest kept as command/<key>; the runner's own records as well."""
 
-    metric_needles: tuple[str, ...] = ()  # any line may hold metrics
+    metric_needles: tuple[str, ...] = ()  # with log patterns, any line may hold metrics
 
     def __init__(self, backend: CommandBackend, options: dict[str, Any]):
         self.backend = backend
         self.tr = _runner.Translator({"patterns": options.get("log_pattern") or [],
                                       "map": options.get("metrics_map") or {},
                                       "step_key": options.get("step_key") or "step"})
+        if not self.tr.patterns:  # JSON lines only (the runner's among them): a line without `{` holds none
+            self.metric_needles = ("{",)
 
     def __call__(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
         from rlctl.metrics import clean_value
