@@ -151,6 +151,21 @@ class EffectiveRecipe:
     # runs, so a computed fix must not set them
     held: frozenset[str] = frozenset()
 
+
+class LazyTable:
+    """A `table_model` named "module:Class", imported when first asked for: an adapter whose `[backend.<name>]` table
+    is a pydantic model keeps pydantic's import (~0.1 s) out of the commands that only read its logs (attach,
+    status), which load the adapter and never look at the table."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __get__(self, obj: Any, owner: Any = None) -> type:
+        import importlib
+
+        module, _, name = self.path.partition(":")
+        return getattr(importlib.import_module(module), name)
+
 class Backend:
     """One RL framework, as rlctl knows it. Stateless and cheap; never imports the backend's runtime.
 
