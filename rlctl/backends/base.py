@@ -276,6 +276,11 @@ class Backend:
     def enforces_prompt_limit(self, recipe: Recipe) -> bool:
         return self.prompt_limit(recipe) is not None
 
+    def engine_context(self, recipe: Recipe) -> tuple[int, str]:
+        """(the context length the backend gives its inference engine (vLLM's max_model_len), how it is set).
+        Default: model.max_model_len, rendered as it is; an adapter that sizes vLLM otherwise says so."""
+        return recipe.model.max_model_len, "max_model_len"
+
     def refuses_single_sample(self, recipe: Recipe) -> bool:
         """Whether this backend's own code refuses the recipe's group-normalised algorithm with group_size 1."""
         return self.refuses_single_sample_groups

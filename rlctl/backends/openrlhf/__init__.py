@@ -118,6 +118,16 @@ class OpenRLHFBackend(Backend):
             return "OpenRLHF cuts prompts to data.max_len - max_new_tokens (truncation)"
         return "OpenRLHF truncates prompts to --prompt_max_len"
 
+    def engine_context(self, recipe: Recipe) -> tuple[int, str]:
+        """vLLM's max_model_len as OpenRLHF sizes it, whatever model.max_model_len says: train_ppo_ray.py train()
+        `max_len = args.max_len if args.max_len else args.prompt_max_len + args.generate_max_len` (0.9.3-0.9.7), then
+        `args.data.max_len` / `--max_len` (0.9.8 on), passed to create_vllm_engines as max_model_len. rlctl renders
+        both as data.max_prompt_tokens + rollout.max_tokens (an extra that sets them is refused: argv.NO_RECIPE_KEY)."""
+        r = recipe
+        how = ("--prompt_max_len + --generate_max_len" if release(self.target_version(r)).flag("prompt_max_len")
+               else release(self.target_version(r)).flag("max_len"))
+        return r.data.max_prompt_tokens + r.rollout.max_tokens, f"OpenRLHF sizes vLLM to {how}"
+
     def stall_patterns(self) -> list[str]:
         """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""
         return [
