@@ -115,7 +115,7 @@ def budget(ctx: Context) -> list[Result]:
         room = context - prompt
         if not known:  # the number would come from an assumed prompt length: the formula, and what to measure
             fix = (f"set rollout.max_tokens <= {context} - the longest prompt in tokens (chat template included); "
-                   f"measure it: {MEASURE_HOW}")
+                   f"{MEASURE_HOW}")
         elif room > 0:
             fix = f"set rollout.max_tokens <= {room}"
         else:
@@ -161,7 +161,7 @@ def budget(ctx: Context) -> list[Result]:
                           + ": long samples are truncated or dropped in training",
                           f"set train.seq_len >= {need} if memory allows" if known else
                           f"set train.seq_len >= the longest prompt + {r.rollout.max_tokens} if memory allows; "
-                          f"measure it: {MEASURE_HOW}"))
+                          f"{MEASURE_HOW}"))
     return out
 
 
