@@ -307,11 +307,40 @@ def test_disk_fails_when_checkpoints_do_not_fit(monkeypatch, tmp_path):
 
 
 def test_disk_ok_for_lora_adapters(tmp_path):
-    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', only=["disk"])
+    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', "train.zero_stage=2", only=["disk"])
     assert one(res, "disk.checkpoints").verdict == "ok"
     assert "disk.deepspeed" not in [r.check for r in res]  # save_optimizer = false
-    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', "checkpoint.save_optimizer=true", only=["disk"])
+    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', "train.zero_stage=2", "checkpoint.save_optimizer=true",
+                  only=["disk"])
     assert verdicts(res, "disk.deepspeed") == ["warn"]
+
+
+def test_disk_counts_the_lora_zero3_shard_leak(monkeypatch, tmp_path):
+    """Issue 30 point 2.10, seed 001 §4: OpenRLHF LoRA + ZeRO-3 without a save fix leaves ~203 GB of full-model
+    shards next to each 91 MB adapter. On the seed's 1 TB /mnt/data the seed's recipe (keep_last 3 and an eval set:
+    rlctl keeps the best besides, and writes the next before the oldest goes: 5 copies) does not fit."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**12, 0, 10**12))
+    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', only=["disk"])
+    r = one(res, "disk.checkpoints")
+    assert r.verdict == "fail", r
+    assert 200e9 < r.data["per_checkpoint"] < 206e9 and r.data["count"] == 5
+    assert "full-model shards" in r.figure and "keep_last 3 + the best-eval checkpoint + the one being written = 5" \
+        in r.figure
+    assert r.set == {"checkpoint.keep_last": 2}  # 2 + the best + the one written = 4 x 203 GB fit in 900 GB
+    # the rotation note at render/preflight counts the same copies as the disk check (one function)
+    note = [f for f in prepare(OPENRLHF, [f'checkpoint.dir="{tmp_path}"']).validate()
+            if f.key == "checkpoint.keep_last" and f.level == "note"]
+    assert note and "up to 4 stay on disk" in note[0].message and "= 5 while the next is saved" in note[0].message
+    # ZeRO-2 saves the adapter alone
+    assert one(results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', "train.zero_stage=2", only=["disk"]),
+               "disk.checkpoints").verdict == "ok"
+    # without an eval set OpenRLHF's own rotation plus rlctl's pruning of the HF exports: 3 + the one written
+    plain = one(results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', 'data.eval=""', "checkpoint.keep_last=4",
+                        only=["disk"]), "disk.checkpoints")
+    assert plain.verdict == "fail" and plain.data["count"] == 5 and "the best-eval" not in plain.figure
+    assert "train.zero_stage = 2" in plain.fix or plain.set == {"checkpoint.keep_last": 3}
 
 
 # ---- environment ----------------------------------------------------------------------------------------------

@@ -409,11 +409,6 @@ class VerlBackend(Backend):
         what += " (actor and critic)" if critic else ""
         return actor + hf + critic, what
 
-    def kept_checkpoints(self, recipe: Recipe) -> int | None:
-        # verl rotates actor/ (and critic/) dirs to max_*_ckpt_to_keep, and rlctl prunes what a restart leaves (with
-        # eval sets rlctl alone rotates, and keeps the best-eval checkpoint too)
-        return super().kept_checkpoints(recipe)
-
     def prune_during_run(self, recipe: Recipe) -> bool:
         """verl's checkpoint manager remembers only the checkpoints saved by this process (previous_saved_paths,
         checkpoint_manager.py register_checkpoint): after a resume or restart the older ones are never deleted, and
