@@ -324,6 +324,49 @@ def _resume(root: Path, cfg: Any) -> dict[str, Any]:
     return {"global_steps": t.global_steps, **loaded}
 
 
+def _statements(path: Path, function: str, match: str) -> list[Any]:
+    """The top-level statements of one of verl's functions whose source contains `match`, in order (verl's own
+    lines, compiled where a whole function cannot run without a GPU)."""
+    tree = ast.parse(path.read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == function)
+    found = [st for st in fn.body if match in ast.unparse(st)]
+    if not found:
+        raise RuntimeError(f"{path.name} {function}: no statement with {match!r}")
+    return found
+
+
+def _dataset(root: Path, cfg: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """verl's RLHFDataset (utils/dataset/rl_dataset.py) on the rendered data config and the recipe's files, with the
+    job's tokenizer; then, for each row it yields, the reads of the reward manager (experimental/reward_loop/
+    reward_manager/naive.py run_single: its `data_source = ...` and `ground_truth = ...` lines)."""
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    tok = AutoTokenizer.from_pretrained(job["tokenizer"])
+    reads = _statements(root / "verl/experimental/reward_loop/reward_manager/naive.py", "run_single",
+                        "data_item.non_tensor_batch[")
+    module = ast.Module(body=[st for st in reads if isinstance(st, ast.Assign)], type_ignores=[])
+    code = compile(module, "naive.py", "exec")
+    out: dict[str, Any] = {}
+    for key in ("train_files", "val_files"):
+        files = cfg.data[key]
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                ds = RLHFDataset(data_files=files, tokenizer=tok, config=cfg.data)
+        except Exception as e:  # verl's own refusal of the files
+            out[key] = {"error": f"RLHFDataset: {type(e).__name__}: {e}"[:400]}
+            continue
+        res: dict[str, Any] = {"rows": len(ds)}
+        try:
+            for i in range(len(ds)):
+                row = ds[i]
+                exec(code, {"data_item": types.SimpleNamespace(non_tensor_batch=row)})
+        except Exception as e:
+            res["error"] = f"reward manager: {type(e).__name__}: {e}"[:400]
+        out[key] = res
+    return out
+
+
 def _job(root: Path, job: dict[str, Any], compose: Any) -> dict[str, Any]:
     from omegaconf import open_dict
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -368,6 +411,8 @@ def _job(root: Path, job: dict[str, Any], compose: Any) -> dict[str, Any]:
         out["pruned"] = [c.step for c in prune("verl", ckpt_root.parent, job["prune_keep_last"], root=ckpt_root)]
     if job.get("resume"):
         out["resume"] = _resume(root, cfg)
+    if job.get("tokenizer"):
+        out["dataset"] = _dataset(root, cfg, job)
     return out
 
 

@@ -498,6 +498,10 @@ class VerlBackend(Backend):
             return placement_rules(r) + nodes_rule(r, os.environ) + self.token_budget_rules(r)
         if family == "env":
             return wandb_reaches_job(r, os.environ)
+        if family == "reference":
+            from rlctl.backends.verl.data import data_format
+
+            return data_format(ctx)
         return []
 
 
