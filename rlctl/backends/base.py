@@ -315,6 +315,24 @@ class Backend:
         """Whether trainer and engines share GPUs as this backend runs the recipe (verl's hybrid engine always)."""
         return recipe.resources.colocate
 
+    def gpu_roles(self, recipe: Recipe) -> list[set[str]] | None:
+        """What each GPU of a node holds as this backend places the run, by the run's local GPU index: "trainer",
+        "vllm" (the rollout engines) or both (the memory plan adds them up per GPU); None where the backend's
+        scheduler picks which GPU holds what (Ray placement groups): only the counts are known then. Default: the
+        recipe's trainer_gpus / inference_gpus; colocated, every GPU holds both; else the engines on the first
+        GPUs and the trainer on the rest."""
+        r, res = recipe, recipe.resources
+        n = res.gpus_per_node
+        if not self.uses_vllm(r):
+            return [{"trainer"} for _ in range(n)]
+        both = self.colocated(r)
+        n_inf = r.inference_gpu_count // max(res.nodes, 1)
+        inf = set(res.inference_gpus) if res.inference_gpus is not None else \
+            set(range(n)) if both else set(range(min(n_inf, n)))
+        trn = set(res.trainer_gpus) if res.trainer_gpus is not None else \
+            set(range(n)) if both else set(range(n)) - inf
+        return [{role for role, ids in (("trainer", trn), ("vllm", inf)) if i in ids} for i in range(n)]
+
     def trainer_gpus(self, recipe: Recipe) -> int:
         """GPUs the trainer runs on as this backend places it (its data-parallel size)."""
         return recipe.total_gpus if self.colocated(recipe) and recipe.resources.trainer_gpus is None \
@@ -397,6 +415,11 @@ class Backend:
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         """The checkpoints under a checkpoint root, oldest first, each marked complete or not."""
         return []
+
+    def describe_checkpoints(self, recipe: Recipe, root: Path) -> None:
+        """A run rlctl did not start (`attach --recipe`): leave under `root` what `checkpoints(root)` needs to read the
+        recipe's checkpoint layout, as a launch would. Nothing for a backend whose layout is its own."""
+        del recipe, root  # Unused
 
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         """(bytes one checkpoint takes on disk, what it holds). Default: an HF model (or adapter) + fp32 Adam."""

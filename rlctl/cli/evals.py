@@ -101,7 +101,7 @@ def eval_cmd(
                 metrics = {k: float(v) for k, v in (a.get("metrics") or {}).items()}
                 if not a.get("in_place"):  # bring the results home: the job's JSON, then the stream (one write)
                     _save_result(out_dir, a)
-                    if run_dir is not None:
+                    if run_dir is not None and not a.get("recorded"):  # a run on a host: recorded in its stream there
                         record_by_hand(run_dir, a["step"], metrics, a.get("error"), set_names, host=on)
                 done.append(a["step"])
                 show(a["step"], a.get("model", ""), metrics, a.get("error"), a.get("log_tail") or "")

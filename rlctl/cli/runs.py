@@ -147,7 +147,8 @@ def attach(
 
         if follow:
             raise RlctlError("--follow with HOST:PATH: follow it with `rlctl logs RUN -f` (or status) instead.")
-        text, code, _ = executors.get("ssh").attach_remote(*path.split(":", 1), backend, name)
+        text, code, _ = executors.get("ssh").attach_remote(*path.split(":", 1), backend, name, recipe=recipe,
+                                                           metrics_map=metrics_map)
         _echo(text)
         raise typer.Exit(code)
     attached = do_attach(path, backend=backend, name=name, address=address, recipe=recipe,

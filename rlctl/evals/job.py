@@ -108,7 +108,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         cache = Path(spec.get("model_cache") or os.environ.get("RLCTL_MODEL_CACHE", ".rlctl-models"))
         model = resolve_model(spec["model"], cache)
         base = resolve_model(spec["base_model"], cache) if spec.get("base_model") else None
-        gen = Generator(model, base, spec.get("dtype", "float32"), int(spec.get("seed", 0)), spec.get("engine"))
+        gen = Generator(model, base, spec.get("dtype", "float32"), int(spec.get("seed", 0)), spec.get("engine"),
+                        spec.get("engine_args") or {})
         result["engine"] = gen.engine
     for s in sets:
         try:

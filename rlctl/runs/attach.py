@@ -481,7 +481,7 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
     run_dir = create_run_dir(root or runs_root(), name or _default_name(p))
     _write_parser_options(run_dir, ad, options)
     _write_in_loop_eval(run_dir, ad, recipe)
-    ckpt = checkpoint_root(backend, src)
+    ckpt = _recipe_checkpoints(ad, recipe, p) or checkpoint_root(backend, src)
     _write_recipe(run_dir, backend, ckpt)
     _link_logs(run_dir, src.logs)
     mtimes = [q.stat().st_mtime for q in [*src.logs, *src.tensorboard, *src.wandb] if q.exists()]
@@ -504,6 +504,25 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
         structured += len(recs)
         bad += nbad
     return Attached(run_dir, backend, st, structured, bad, st.lines, note)
+
+
+def _recipe_checkpoints(ad: Any, recipe: str | None, p: Path) -> Path | None:
+    """With --recipe: its checkpoint.dir (relative: inside the attached directory, where the trainer ran), its
+    layout told to the adapter as a launch would; None when it holds no checkpoint."""
+    if recipe is None:
+        return None
+    from rlctl.recipe.loader import load
+
+    rec = load(Path(recipe)).recipe
+    d = Path(rec.checkpoint.dir).expanduser()
+    if not d.is_absolute():
+        if not p.is_dir():
+            return None
+        d = p / d
+    if not d.is_dir():
+        return None
+    ad.describe_checkpoints(rec, d)
+    return d if ad.checkpoints(d) else None
 
 
 def _write_in_loop_eval(run_dir: Path, ad: Any, recipe: str | None) -> None:

@@ -208,7 +208,7 @@ class Supervisor:
         ref = self.handle.ref
         self.state(status="stopping" if self.stop_requested_at else "running", attempt=self.attempt,
                    stop_requested_at=self.stop_requested_at, exit_code=None, ended_at=None, gave_up=None,
-                   outcome=None, settled_by=None, error=None,
+                   outcome=None, settled_by=None, error=None, cause=None,
                    attempts=self.attempts, handle=self.handle.to_dict(), executor=self.executor.name,
                    restart={"mode": self.policy.mode, "max_restarts": self.policy.max_restarts},
                    pid=ref.get("pid"), pgid=ref.get("pgid"), pid_create_time=ref.get("create_time"),
@@ -457,7 +457,7 @@ class Supervisor:
         self._ingest()
         if self.gpu is not None:
             with contextlib.suppress(Exception):
-                self.gpu.tick()
+                self.gpu.tick(eval_running=bool(getattr(self.evals, "running", False)))
         self.evals_hook("tick")
         self.sink_pump()
         self._housekeeping()

@@ -462,6 +462,14 @@ class CommandBackend(Backend):
         return out
 
     # ---- checkpoints -----------------------------------------------------------------------------------------------
+    def describe_checkpoints(self, recipe: Recipe, root: Path) -> None:
+        """The runner's layout descriptor under root (the recipe's checkpoint_pattern and marker), as a launch writes
+        it there; one already there is kept."""
+        table = recipe.backend.table(self.name)
+        if isinstance(table, CommandOptions) and table.checkpoint_pattern and not (root / _runner.DESCRIPTOR).exists():
+            _runner.write_descriptor({"checkpoint": {"dir": str(root), "pattern": table.checkpoint_pattern,
+                                                     "marker": table.checkpoint_marker}})
+
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         """The checkpoint folders under root, as the runner described them in root/.rlctl-checkpoints.json."""
         from rlctl.backends.layout import Checkpoint

@@ -138,6 +138,11 @@ class OpenRLHFBackend(Backend):
             r"RayActorError|ActorDiedError|The actor died unexpectedly",
         ]
 
+    def gpu_roles(self, recipe: Recipe) -> list[set[str]] | None:
+        """Colocated (--colocate_all_models), every GPU holds an actor and an engine; else Ray's placement groups
+        pick which GPU holds which: only the counts are known."""
+        return super().gpu_roles(recipe) if self.colocated(recipe) else None
+
     def colocation_mode(self, recipe: Recipe) -> str:
         """Colocated vLLM sleeps while training with --vllm_enable_sleep (<= 0.10.1.post2) / --vllm.enable_sleep."""
         extra = {k.lstrip("-") for k, v in recipe.backend.extra().items() if v}

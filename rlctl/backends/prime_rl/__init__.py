@@ -165,6 +165,12 @@ class PrimeRLBackend(Backend):
             trn_ids = [g for g in range(res.gpus_per_node) if g not in inf_ids]
         return inf_ids, trn_ids
 
+    def gpu_roles(self, recipe: Recipe) -> list[set[str]] | None:
+        """As rendered: inference_gpu_ids / trainer_gpu_ids (v0.3), num_infer_gpus first then num_train_gpus (v0.8)."""
+        inf_ids, trn_ids = self.gpu_ids(recipe)
+        return [{role for role, ids in (("trainer", trn_ids), ("vllm", inf_ids)) if i in ids}
+                for i in range(recipe.resources.gpus_per_node)]
+
     # ---- render ----------------------------------------------------------------------------------------------
     def config(self, recipe: Recipe, dataset_size: int | None, version: str | None = None) -> dict[str, Any]:
         r = recipe
