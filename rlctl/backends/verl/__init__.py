@@ -557,7 +557,8 @@ def placement_rules(recipe: Recipe) -> list[Any]:
         # verl/utils/config.py validate_config: real_train_batch_size % minimal_bsz (n_gpus) == 0
         out.append(Result("placement.batch", FAIL,
                           f"a rollout of {rollout_samples} samples does not split over {n_gpus} GPUs: verl's "
-                          "validate_config refuses it", "make prompts_per_step x group_size a multiple of the GPUs"))
+                          "validate_config refuses it (utils/config.py: `real_train_batch_size % minimal_bsz == 0`)",
+                          "make prompts_per_step x group_size a multiple of the GPUs"))
     if n_gpus and (tbs // g) * g % n_gpus:
         # workers/engine_workers.py train_mini_batch (update_actor's work on each rank): `assert mini_batch_size %
         # self.engine.get_data_parallel_size() == 0`, after the first rollout

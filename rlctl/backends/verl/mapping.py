@@ -33,7 +33,8 @@ def unhonoured(adapter: Any, recipe: Recipe, snap: dict[str, Any]) -> list[Findi
     if r.rollout.prompts_per_step < mini:
         add("error", "train.train_batch_size",
             f"the mini-batch ({mini} prompts) is larger than a rollout ({r.rollout.prompts_per_step} prompts): "
-            "verl's ActorConfig.validate rejects it", "lower train.train_batch_size")
+            "verl's ActorConfig.validate rejects it (workers/config/actor.py: \"train_batch_size must be >= "
+            "actor.ppo_mini_batch_size\")", "lower train.train_batch_size")
     elif r.rollout.prompts_per_step % mini:
         # each rank's share of the rollout is cut into mini-batches by utils/tensordict_utils.py make_iterator,
         # `assert tensordict.batch_size[0] % mini_batch_size == 0` (engine_workers.py train_mini_batch calls it)
