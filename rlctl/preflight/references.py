@@ -157,7 +157,7 @@ def data(ctx: Context) -> list[Result]:
         out.append(_data_result(ctx, "data.eval", d.eval))
     for name, s in ctx.recipe.eval.sets.items():
         out.append(_data_result(ctx, f"eval.sets.{name}.data", s.data))
-    return out
+    return out + ctx.backend.preflight(ctx, "reference")  # the columns and shapes the backend reads
 
 
 @check("reference.model")

@@ -385,9 +385,6 @@ class PrimeRLBackend(Backend):
         rlctl prunes those while the run goes."""
         return bool(recipe.checkpoint.keep_last)
 
-    def kept_checkpoints(self, recipe: Recipe) -> int | None:
-        return recipe.checkpoint.keep_last
-
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe
         P = arch.params
