@@ -22,7 +22,7 @@ import string
 import sys
 from itertools import repeat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -135,6 +135,10 @@ class CommandOptions(BackendExtra):
     resume_command: list[str] | str | None = Field(
         default=None, description="A whole other command that resumes (instead of command + resume_args); same "
         "placeholders as resume_args.")
+    multi_node: Literal["ray", "torchrun"] | None = Field(
+        default=None, description="How the command spans resources.nodes > 1 on a batch cluster: `ray` (it joins the "
+        "Ray cluster the job brings up, through RAY_ADDRESS) or `torchrun` (one copy per node, rendezvous on the "
+        "first; the default when the command starts with torchrun).")
 
     @field_validator("log_pattern")
     @classmethod
@@ -198,6 +202,14 @@ class CommandBackend(Backend):
 
     def uses_vllm(self, recipe: Recipe) -> bool:
         return False  # unknown: no vLLM rule applies to a command rlctl cannot see into
+
+    def multi_node(self, recipe: Recipe) -> str | None:
+        opts = recipe.backend.table(NAME)
+        if getattr(opts, "multi_node", None):
+            return opts.multi_node
+        command = getattr(opts, "command", None)
+        first = _argv(command)[:1] if command else []
+        return "torchrun" if first and Path(first[0]).name == "torchrun" else None
 
     def options(self, recipe: Recipe) -> CommandOptions:
         table = recipe.backend.table(self.name)

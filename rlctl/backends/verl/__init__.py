@@ -57,6 +57,7 @@ def snapshot(version: str) -> dict[str, Any]:
 
 class VerlBackend(Backend):
     name = "verl"
+    multi_node_launcher = "ray"  # its trainer and vLLM engines are Ray actors placed over the cluster
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
     own_rotation = "trainer.max_actor_ckpt_to_keep (and max_critic_ckpt_to_keep) stays at null, keep all"
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
