@@ -217,7 +217,7 @@ def test_preempted_and_node_failure_are_said(sl, write):
     _wait(lambda: "preempted" in rlctl("status", pre.name).stdout, 60, "preempted said", pre)
 
     r = rlctl("launch", str(sleeper), "--executor", "slurm", "--detach", "--name", "nf",
-              "--set", "executor.slurm.requeue=false", "--set", "executor.slurm.sbatch=[\"-w\", \"n2\"]")
+              "--set", "executor.slurm.requeue=false", "--set", "executor.slurm.sbatch=[\"--nodelist=n2\"]")
     assert r.returncode == 0, r.stderr
     nf = next((work / "runs").glob("nf-*"))
     _wait(lambda: _state(nf).get("status") == "running", 60, "running", nf)
