@@ -71,6 +71,14 @@ def _wait(cond, timeout: float, what: str, run_dir: Path | None = None):
     raise AssertionError(f"{what} not within {timeout:.0f} s{extra}")
 
 
+def _said(run_dir: Path) -> str:
+    out = (run_dir / "state.json").read_text()
+    for p in sorted(run_dir.glob("slurm-*.out")) + [run_dir / "stdout.log", run_dir / "supervisor.log"]:
+        if p.exists():
+            out += f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+    return out
+
+
 def _job(run_dir: Path) -> str:
     return str(_state(run_dir)["slurm_job_id"])
 
@@ -147,9 +155,9 @@ def test_quickstart_runs_as_a_slurm_job(sl):
 def test_scancel_mid_run_and_stop(sl):
     """scancel by hand is said as cancelled; rlctl stop is said as stopped (TERM to the job's rlctl first)."""
     work, rlctl, cluster = sl
-    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--name", "a")
+    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--name", "a", "--set", "train.steps=400")
     assert r.returncode == 0, r.stderr
-    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--name", "b")
+    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--name", "b", "--set", "train.steps=400")
     assert r.returncode == 0, r.stderr
     a, b = (next((work / "runs").glob(f"{n}-*")) for n in "ab")
     _wait(lambda: _state(a).get("status") == "running" and _state(b).get("status") == "running", 120,
@@ -165,7 +173,8 @@ def test_requeue_resumes_from_the_checkpoint(sl):
     """`scontrol requeue` (what preemption with requeue, or an admin, does): the next allocation resumes from the
     last complete checkpoint, and the run finishes all its steps."""
     work, rlctl, cluster = sl
-    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--set", "checkpoint.every=10")
+    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--set", "checkpoint.every=10",
+              "--set", "train.steps=30")
     assert r.returncode == 0, r.stderr
     run = _run_dir(work)
     _wait(lambda: _complete_ckpt(run, 10), 180, "a complete checkpoint", run)
@@ -177,7 +186,7 @@ def test_requeue_resumes_from_the_checkpoint(sl):
           (rlctl("status", run.name) and _state(run).get("status") not in
            ("queued", "starting", "running", "stopping", "requeued")), 300, "finished", run)
     st = _state(run)
-    assert st["status"] == "finished", st
+    assert st["status"] == "finished", _said(run)
     assert len(st["slurm_allocations"]) == 2 and st["slurm_allocations"][1]["restart"] == 1
     assert st["attempts"][-1]["from_step"] >= 10, st["attempts"]
     assert "restarting from checkpoint step" in (run / "stdout.log").read_text()
@@ -188,7 +197,7 @@ def test_time_limit_checkpoints_and_requeues(sl):
     allocation resumes there."""
     work, rlctl, cluster = sl
     r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--time", "1",
-              "--set", "checkpoint.every=1000", "--set", "executor.slurm.signal_before=50")
+              "--set", "checkpoint.every=1000", "--set", "executor.slurm.signal_before=50", "--set", "train.steps=40")
     assert r.returncode == 0, r.stderr
     run = _run_dir(work)
     job = _job(run)

@@ -17,7 +17,7 @@ from typing import Any
 from rlctl.errors import RlctlError
 
 STATE = "state.json"
-ACTIVE = ("queued", "starting", "running", "stopping", "restarting", "requeued")  # queued/requeued: a batch job
+ACTIVE = ("queued", "starting", "running", "stopping", "restarting")  # queued: a batch job waits for its allocation
 
 
 ATTEMPTS = "attempts"
