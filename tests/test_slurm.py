@@ -7,16 +7,18 @@ default (./runs); the only difference from a user's shell is SLURM_CONF (a login
 
 from __future__ import annotations
 
+import contextlib
 import json
-import sys
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES
+from tests.conftest import RECIPES, ROOT
+from tests.remote_sshd import ALIAS, sshd  # noqa: F401 - the session fixture
 from tests.slurm_cluster import SlurmCluster, ensure_slurm, start_cluster
 
 
@@ -202,6 +204,7 @@ def test_time_limit_checkpoints_and_requeues(sl):
     run = _run_dir(work)
     job = _job(run)
     _wait(lambda: len(_state(run).get("slurm_allocations") or []) >= 1 and
+          (run / "stdout.log").exists() and
           "time limit is near" in (run / "stdout.log").read_text(errors="replace"), 120, "the USR1 signal", run)
     _release(cluster, job)
     cluster.scontrol("update", f"jobid={job}", "TimeLimit=10")  # the next allocation has time to finish
@@ -286,3 +289,28 @@ def test_two_nodes_ray_job_sees_both(sl, write):
     assert r.returncode == 0, r.stderr + log + "".join(p.read_text() for p in run.glob("slurm-*.out"))
     assert "Ray cluster up: 2 node(s) joined (n1, n2)" in log
     assert f"ray nodes: ['{cluster.addr('n1')}', '{cluster.addr('n2')}']" in log
+
+
+def test_launch_from_the_laptop_through_the_login_node(sshd, cluster, tmp_path, monkeypatch, cli, write):  # noqa: F811
+    """`--on login --executor slurm`: the login node is an SSH host; rlctl there submits the job, and the laptop's
+    status follows it through the host."""
+    ctl = Path(f"/tmp/rlctl-t-{os.urandom(4).hex()}")
+    monkeypatch.setenv("RLCTL_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("RLCTL_SSH_CONFIG", str(sshd.client_config))
+    monkeypatch.setenv("RLCTL_SSH_CONTROL_DIR", str(ctl))
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(tmp_path / "laptop-runs"))
+    r = cli("hosts", "add", "login", ALIAS, "--workdir", str(tmp_path / "login"), "--python", sys.executable,
+            "--env", f"PYTHONPATH={ROOT}", "--env", f"SLURM_CONF={cluster.conf}")
+    assert r.code == 0, r.err
+    rec = write("hello.toml", _command_recipe("echo hello from the job"))
+    r = cli("launch", str(rec), "--on", "login", "--executor", "slurm", "--partition", "debug", "--detach")
+    assert r.code == 0, r.err + r.out
+    name = r.out.strip().splitlines()[-1]
+    _wait(lambda: "finished" in cli("status", name).out, 120, "finished on the cluster")
+    remote = next((tmp_path / "login" / "runs").glob("cmd-*"))
+    st = _state(remote)
+    assert st["executor"] == "slurm" and st["slurm_allocations"], st
+    assert "hello from the job" in cli("logs", name).out
+    with contextlib.suppress(Exception):
+        subprocess.run(["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={ctl}/%C", "-O", "exit", ALIAS],
+                       capture_output=True, timeout=10)

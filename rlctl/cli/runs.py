@@ -34,7 +34,8 @@ def launch(
     resume: Annotated[str | None, typer.Option(
         "--resume", help="Resume from a run's newest complete checkpoint (copied), or a synced one (s3://...).",
     )] = None,
-    executor: Annotated[str | None, typer.Option("--executor", help="local (default), ray, slurm, or a plugin's.")] = None,
+    executor: Annotated[str | None, typer.Option(
+        "--executor", help="local (default), ray, slurm, or a plugin's.")] = None,
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (with --executor ray).")] = None,
     grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL on stop.")] = 30.0,
     restart: Annotated[str | None, typer.Option(

@@ -20,8 +20,8 @@ import tomlkit.exceptions
 from pydantic import ValidationError
 
 from rlctl.backends import available as available_backends
-from rlctl.executors import available as available_executors
 from rlctl.errors import RecipeError
+from rlctl.executors import available as available_executors
 from rlctl.recipe.schema import (
     ALIASES,
     SECTIONS,

@@ -155,8 +155,8 @@ def run(run_dir: Path) -> int:
 
 def wait_ray(run_dir: Path, address: str, nodes_file: Path, timeout: float) -> int:
     """Every node of the allocation in the Ray cluster, or a failure naming those that are not (never a hang)."""
-    from rlctl.executors.ray import cluster_info
     from rlctl.errors import RlctlError
+    from rlctl.executors.ray import cluster_info
 
     deadline = time.time() + timeout
     nodes: dict[str, str] = {}

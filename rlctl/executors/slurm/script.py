@@ -12,8 +12,8 @@ time limit.
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rlctl.executors.slurm.options import SlurmOptions
@@ -65,7 +65,8 @@ def _ray_block(shape: JobShape, opts: SlurmOptions, python: str, run_dir: str) -
     per_node = 'export RAY_TMPDIR=/tmp/rlctl-ray-$SLURM_JOB_ID-$SLURMD_NODENAME; mkdir -p "$RAY_TMPDIR"; '
     head = (f"{per_node}exec {ray} start --head --node-ip-address=$head_ip --port={opts.ray_port} --num-gpus={g} "
             "--include-dashboard=true --dashboard-host=0.0.0.0 --dashboard-port=8265 --disable-usage-stats --block")
-    worker = f"{per_node}exec {ray} start --address=$head_ip:{opts.ray_port} --num-gpus={g} --disable-usage-stats --block"
+    worker = (f"{per_node}exec {ray} start --address=$head_ip:{opts.ray_port} --num-gpus={g} "
+              "--disable-usage-stats --block")
     return [
         "",
         f"# ---- a Ray cluster over the {shape.nodes} node(s): head on the first, a worker on each other (srun)",
@@ -111,8 +112,9 @@ def render(shape: JobShape, opts: SlurmOptions, run_dir: str, python: str) -> st
         f"RUN_DIR={q(run_dir)}",
         "# the run directory as the login node wrote it must be visible here: a filesystem both share",
         'if [ ! -f "$RUN_DIR/.launch.json" ]; then',
-        '  echo "rlctl: the run directory $RUN_DIR is not visible on node ${SLURMD_NODENAME:-$(hostname)}: rlctl needs '
-        'a filesystem shared by the login and compute nodes (launch from a directory on it, or set RLCTL_RUNS_DIR)" >&2',
+        '  echo "rlctl: the run directory $RUN_DIR is not visible on node ${SLURMD_NODENAME:-$(hostname)}: rlctl '
+        'needs a filesystem shared by the login and compute nodes (launch from a directory on it, or set '
+        'RLCTL_RUNS_DIR)" >&2',
         "  exit 2",
         "fi",
         'cd "$RUN_DIR"',
