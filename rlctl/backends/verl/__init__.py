@@ -538,11 +538,12 @@ def placement_rules(recipe: Recipe) -> list[Any]:
 def nodes_rule(recipe: Recipe, environ: Any) -> list[Any]:
     """main_ppo calls ray.init() when Ray is not initialised: without a cluster address that is a one-machine Ray,
     and verl's resource pool (trainer.nnodes x n_gpus_per_node GPUs) never fits: the run waits forever."""
+    from rlctl import executors
     from rlctl.preflight import FAIL, Result
 
     r = recipe
-    if r.resources.nodes <= 1 or r.resources.executor == "ray":
-        return []
+    if r.resources.nodes <= 1 or getattr(executors.executor_class(r.resources.executor), "gives_ray_cluster", False):
+        return []  # the Ray executor's cluster, or one a batch job brings up over its nodes (RAY_ADDRESS set)
     if r.env.get("RAY_ADDRESS") or environ.get("RAY_ADDRESS"):
         return []
     return [Result("placement.nodes", FAIL, f"resources.nodes = {r.resources.nodes}, but main_ppo would start a "

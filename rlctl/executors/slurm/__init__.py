@@ -25,16 +25,11 @@ from rlctl.errors import RlctlError
 from rlctl.executors.base import RunHandle
 from rlctl.executors.local import LocalExecutor
 from rlctl.executors.slurm import queue
-from rlctl.executors.slurm.options import SlurmOptions
+from rlctl.executors.slurm.options import SlurmOptions, options_of
 from rlctl.executors.slurm.script import SCRIPT, render, shape_of
 
 NAME = "slurm"
 ALLOCATIONS = "slurm_allocations"  # state.json: one record per allocation the job ran in
-
-
-def options_of(recipe: Any) -> SlurmOptions:
-    table = recipe.executor.table(NAME)
-    return table if isinstance(table, SlurmOptions) else SlurmOptions()
 
 
 def python_of(opts: SlurmOptions) -> str:
@@ -57,6 +52,7 @@ def _job_id(state: dict[str, Any]) -> str | None:
 class SlurmExecutor(LocalExecutor):
     name: ClassVar[str] = NAME
     remote: ClassVar[bool] = True  # the job runs on compute nodes: their GPUs and packages, not the login node's
+    gives_ray_cluster: ClassVar[bool] = True
     checks: ClassVar[tuple[str, ...]] = ("env.slurm",)
     table_model: ClassVar[type] = SlurmOptions
 

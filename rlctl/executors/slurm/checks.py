@@ -39,7 +39,7 @@ def partition_nodes(partition: str | None) -> list[dict[str, Any]] | None:
 
 
 def preflight(ctx: Any) -> list[Any]:
-    from rlctl.executors.slurm import options_of
+    from rlctl.executors.slurm.options import options_of
     from rlctl.preflight import FAIL, OK, Result
 
     if shutil.which("sbatch") is None:

@@ -4,6 +4,7 @@ validated like a backend's `[backend.<name>]`). `rlctl launch --partition/--acco
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -87,3 +88,9 @@ class SlurmOptions(BaseModel):
             if not o.startswith("-") or "\n" in o:
                 raise ValueError(f"{o!r}: each entry is one sbatch option, e.g. \"--exclusive\"")
         return v
+
+
+def options_of(recipe: Any) -> SlurmOptions:
+    """The recipe's `[executor.slurm]` (defaults when it has none)."""
+    table = recipe.executor.table("slurm")
+    return table if isinstance(table, SlurmOptions) else SlurmOptions()
