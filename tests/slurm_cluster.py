@@ -6,7 +6,8 @@ task plugin, no cgroups, cons_tres on CPUs, no accounting: `sacct` answers that 
 executor works from squeue/scontrol alone). Each slurmd lives in its own network namespace joined by a bridge (a
 node of its own address, as on a real cluster; Debian's slurmd cannot run twice on one address). The filesystem is
 shared, as between a login node and compute nodes. Partitions: `debug` (default, jobs there are requeued when
-preempted) and `urgent` (preempts `debug`), `cancel` (jobs there are cancelled when preempted).
+preempted) and `urgent` (preempts `debug`), `cancel` (jobs there are cancelled when preempted). `private/` under the
+cluster's directory is hidden from the nodes (a tmpfs over it in their mount namespace): a disk that is not shared.
 """
 
 from __future__ import annotations
@@ -179,7 +180,12 @@ PartitionName=urgent Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=2 Pree
         self._wait(lambda: self.scontrol("ping").returncode == 0, timeout, "slurmctld did not answer")
         for node in self.nodes:
             (r / "spool" / node).mkdir(parents=True, exist_ok=True)
-            self._spawn(f"slurmd-{node}", ["/usr/sbin/slurmd", "-D", "-N", node, "-f", str(self.conf)],
+            # a mount namespace of its own where `private/` is an empty tmpfs: a directory the login node has and
+            # the compute nodes do not (the run directory on a disk that is not shared)
+            (r / "private").mkdir(exist_ok=True)
+            slurmd = f"exec /usr/sbin/slurmd -D -N {node} -f {self.conf}"
+            self._spawn(f"slurmd-{node}", ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                                           f"mount -t tmpfs tmpfs {r / 'private'} && {slurmd}"],
                         netns=self.netns[node])
         self._wait(self.all_idle, timeout, "the nodes did not come up idle")
 

@@ -242,6 +242,33 @@ def test_preempted_and_node_failure_are_said(sl, write):
     assert "a node of the job failed" in s, s
 
 
+def test_run_directory_not_shared_is_said(sl, write):
+    """A run directory the compute nodes do not see (a local disk of the login node): a clear failure."""
+    work, rlctl, cluster = sl
+    here = cluster.root / "private" / "work"
+    here.mkdir(parents=True, exist_ok=True)
+    (here / "hello.toml").write_text(_command_recipe("echo hello"))
+    r = rlctl("launch", "hello.toml", "--executor", "slurm", "--detach", cwd=here)
+    assert r.returncode == 0, r.stderr
+    run = next((here / "runs").glob("cmd-*"))
+    _wait(lambda: "failed" in rlctl("status", str(run)).stdout, 60, "failed", run)
+    s = rlctl("status", str(run)).stdout
+    assert "without reaching the run directory" in s and "filesystem the compute nodes share" in s, s
+
+
+def test_time_limit_reached_is_timeout(sl, write):
+    """A job that reaches its time limit anyway (no signal, no requeue) is said as timeout, with its checkpoint."""
+    work, rlctl, cluster = sl
+    rec = write("long.toml", _command_recipe("sleep 600"))
+    r = rlctl("launch", str(rec), "--executor", "slurm", "--detach", "--time", "1",
+              "--set", "executor.slurm.signal_before=0", "--set", "executor.slurm.requeue=false")
+    assert r.returncode == 0, r.stderr
+    run = _run_dir(work)
+    _wait(lambda: "timeout" in rlctl("status", run.name).stdout, 150, "timeout said", run)
+    s = rlctl("status", run.name).stdout
+    assert "the job reached its time limit; no complete checkpoint" in s, s
+
+
 def _command_recipe(command: str, extra: str = "") -> str:
     return f"""
 name = "cmd"
@@ -310,7 +337,8 @@ def test_launch_from_the_laptop_through_the_login_node(sshd, cluster, tmp_path, 
     remote = next((tmp_path / "login" / "runs").glob("cmd-*"))
     st = _state(remote)
     assert st["executor"] == "slurm" and st["slurm_allocations"], st
-    assert "hello from the job" in cli("logs", name).out
+    assert "hello from the job" in (remote / "stdout.log").read_text()
+    assert "hello from the job" in (tmp_path / "laptop-runs" / name / "stdout.log").read_text()  # the mirror
     with contextlib.suppress(Exception):
         subprocess.run(["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={ctl}/%C", "-O", "exit", ALIAS],
                        capture_output=True, timeout=10)
