@@ -140,7 +140,7 @@ def test_two_nodes_render_ray_bring_up(user, write):
 def test_quickstart_runs_as_a_slurm_job(sl):
     """The README's main command, placed on SLURM: submitted, followed to the end, the same run directory."""
     work, rlctl, cluster = sl
-    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--partition", "debug", timeout=400)
+    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--partition", "debug", timeout=900)
     assert r.returncode == 0, r.stderr + r.stdout
     run = _run_dir(work)
     st = _state(run)
@@ -199,7 +199,7 @@ def test_time_limit_checkpoints_and_requeues(sl):
     allocation resumes there."""
     work, rlctl, cluster = sl
     r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--time", "1",
-              "--set", "checkpoint.every=1000", "--set", "executor.slurm.signal_before=50", "--set", "train.steps=40")
+              "--set", "checkpoint.every=1000", "--set", "executor.slurm.signal_before=50", "--set", "train.steps=12")
     assert r.returncode == 0, r.stderr
     run = _run_dir(work)
     job = _job(run)
@@ -208,7 +208,7 @@ def test_time_limit_checkpoints_and_requeues(sl):
           "time limit is near" in (run / "stdout.log").read_text(errors="replace"), 120, "the USR1 signal", run)
     _release(cluster, job)
     cluster.scontrol("update", f"jobid={job}", "TimeLimit=10")  # the next allocation has time to finish
-    _wait(lambda: _state(run).get("status") == "finished", 300, "finished", run)
+    _wait(lambda: _state(run).get("status") == "finished", 400, "finished", run)
     st = _state(run)
     assert st["slurm_allocations"][-1]["restart"] >= 1
     assert st["attempts"][-1]["from_step"], st["attempts"]  # saved on the signal, resumed there
