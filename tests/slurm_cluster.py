@@ -254,6 +254,7 @@ PartitionName=urgent Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=2 Pree
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         if self.bridge:
             subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _run(argv: list[str]) -> None:
