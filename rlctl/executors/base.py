@@ -34,6 +34,7 @@ class Executor:
     copies_working_dir: ClassVar[bool] = False  # the job runs in a copy of the run directory (paths must be absolute)
     remote: ClassVar[bool] = False  # the job runs on other machines: their packages and GPUs, not this one's
     checks: ClassVar[tuple[str, ...]] = ()  # the preflight check names `preflight` reports (for --only)
+    gives_ray_cluster: ClassVar[bool] = False  # the job finds a Ray cluster over its nodes (RAY_ADDRESS is set)
 
     # ---- checks ------------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any) -> list[Any]:

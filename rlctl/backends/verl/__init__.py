@@ -57,6 +57,7 @@ def snapshot(version: str) -> dict[str, Any]:
 
 class VerlBackend(Backend):
     name = "verl"
+    multi_node_launcher = "ray"  # its trainer and vLLM engines are Ray actors placed over the cluster
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
     own_rotation = "trainer.max_actor_ckpt_to_keep (and max_critic_ckpt_to_keep) stays at null, keep all"
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
@@ -611,11 +612,12 @@ def nodes_rule(recipe: Recipe, environ: Any) -> list[Any]:
     (ray_init_address); otherwise it starts a Ray of this machine alone, and verl's resource pool of nnodes x
     n_gpus_per_node GPUs fails its check (single_controller/ray/base.py ResourcePoolManager._check_resource_available:
     ValueError "Total available GPUs ... is less than total desired GPUs ...")."""
+    from rlctl import executors
     from rlctl.preflight import FAIL, OK, Result
 
     r = recipe
-    if r.resources.nodes <= 1 or r.resources.executor == "ray":
-        return []
+    if r.resources.nodes <= 1 or getattr(executors.executor_class(r.resources.executor), "gives_ray_cluster", False):
+        return []  # the Ray executor's cluster, or one a batch job brings up over its nodes (RAY_ADDRESS set)
     need = f"{r.resources.nodes} x {r.resources.gpus_per_node} GPUs"
     address, where = ray_init_address(r, environ)
     if address:
