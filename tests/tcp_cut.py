@@ -43,20 +43,39 @@ def serve(listen: int, target: int) -> None:
         threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
 
 
+def _quiet_port() -> int:
+    """A free port below the kernel's ephemeral range: while the forwarder is down, no outgoing connection can take
+    it as its own source port (which would keep the forwarder from listening there again)."""
+    import random
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            low = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
 class Cut:
     """The forwarder as a process: up() starts it (on the same port each time), down() kills it."""
 
     def __init__(self, target: int):
-        from rlctl.executors.ray import free_port
-
         self.target = target
-        self.port = free_port()
+        self.port = _quiet_port()
         self.proc: subprocess.Popen | None = None
 
     def up(self) -> None:
         deadline = time.time() + 20
         while True:  # the port may linger a moment after down()
-            self.proc = subprocess.Popen([sys.executable, "-m", "tests.tcp_cut", str(self.port), str(self.target)],
+            self.proc = subprocess.Popen([sys.executable, __file__, str(self.port), str(self.target)],
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
             if self.proc.stdout.readline().strip() == "ready":
                 return
