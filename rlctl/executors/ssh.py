@@ -592,6 +592,11 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
             items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())
             files += [{"rel": str(x.resolve().relative_to(root)), "size": x.stat().st_size,
                        "sha256": sha256_file(x)} for x in items]
+    if not eval_only:  # the small files at the top of the root (a `latest` pointer, a layout descriptor) go too
+        for m in sorted(root.iterdir()):
+            if m.is_file() and not m.is_symlink() and m.stat().st_size < (1 << 20) and m.name not in tops:
+                tops.append(m.name)
+                files.append({"rel": m.name, "size": m.stat().st_size, "sha256": sha256_file(m)})
     name = as_name or run_dir.name  # the record there (a failover names one of its own: never a run's directory)
     request = {"name": name, "backend": backend, "files": files,
                "source": f"{state.get('host') or 'local'}:{run_dir.name}"}

@@ -279,6 +279,12 @@ def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict
                 tops.append(str(t.resolve().relative_to(root)))
             except ValueError:
                 continue
+        # the small files at the top of the checkpoint root travel too (a `latest` pointer, the command backend's
+        # descriptor of its layout): without them a copy elsewhere is not recognised, nor resumed from
+        for m in sorted(root.iterdir()) if root.is_dir() else []:
+            if m.is_file() and not m.is_symlink() and m.stat().st_size < (1 << 20):
+                tops.append(m.name)
+                files.append({"rel": m.name, "size": m.stat().st_size, "sha256": sha256_file(m)})
         answer["pick"] = {"step": pick.step, "tops": tops, "files": files}
     return answer
 

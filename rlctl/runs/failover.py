@@ -73,6 +73,33 @@ def lineage_lines(state: dict[str, Any]) -> list[str]:
     return out
 
 
+def _records(text: str) -> list[dict[str, Any]]:
+    import json
+
+    out = []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _spans(steps: list[int]) -> str:
+    """[1, 2, 3, 7] -> "1-3, 7"."""
+    out, start, prev = [], steps[0], steps[0]
+    for s in [*steps[1:], None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        out.append(f"{start}-{prev}" if prev != start else str(start))
+        if s is not None:
+            start = prev = s
+    return ", ".join(out)
+
+
 class Failover:
     """One pool run as a watcher sees it. `pick(exclude)` -> (place or None, notes) chooses where a failover goes
     (default: the first place of the pool, not excluded, that fits the plan, as the executor reads its facts)."""
@@ -298,7 +325,16 @@ class Failover:
                 data = None
         if data is None:
             data = stream_upto(self.run_dir, int(source["step"]))
-        return data.decode("utf-8", errors="replace")
+        text = data.decode("utf-8", errors="replace")
+        steps = {r.get("step") for r in _records(text)}
+        missing = [s for s in range(1, int(source["step"]) + 1) if s not in steps]
+        if missing and len(missing) < int(source["step"]):
+            self.say(f"the stream carried over lacks step(s) {_spans(missing)}: they were never read from the old "
+                     "host; rlctl logs RUN --metrics shows the rest")
+        elif missing:
+            self.say(f"no record of steps 1-{source['step']} reached this machine: the new attempt's stream starts "
+                     f"at step {int(source['step']) + 1}")
+        return text
 
     # ---- earlier attempts, events -----------------------------------------------------------------------------
     def _old_attempts(self, ex: Any, pool: dict[str, Any]) -> None:
