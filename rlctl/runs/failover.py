@@ -323,8 +323,18 @@ class Failover:
                 data = read_stream(str(source["url"]), source["_manifest"])
             except Exception:
                 data = None
+        here = stream_upto(self.run_dir, int(source["step"]))
         if data is None:
-            data = stream_upto(self.run_dir, int(source["step"]))
+            data = here
+        elif here:  # steps the synced copy lacks, from this machine's mirror (each step's records from one place)
+            import json
+
+            have = {r.get("step") for r in _records(data.decode("utf-8", errors="replace"))}
+            extra = [r for r in _records(here.decode("utf-8", errors="replace")) if r.get("step") not in have]
+            if extra:
+                merged = _records(data.decode("utf-8", errors="replace")) + extra
+                merged.sort(key=lambda r: (r.get("step") if isinstance(r.get("step"), int) else -1))
+                data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in merged).encode()
         text = data.decode("utf-8", errors="replace")
         steps = {r.get("step") for r in _records(text)}
         missing = [s for s in range(1, int(source["step"]) + 1) if s not in steps]

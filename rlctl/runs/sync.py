@@ -27,6 +27,7 @@ from typing import Any
 from rlctl.errors import RlctlError
 
 SYNC_STATE = ".sync.json"
+STREAM_WAIT_S = 30.0  # how long a complete checkpoint waits for the stream to reach its step before it is synced
 # the credentials a store's client reads from the environment, by URL scheme: what a remote launch forwards (through
 # the remote process's stdin, never a file or a command line) when the recipe syncs there
 STORE_ENV = {
@@ -269,12 +270,33 @@ class CheckpointSync:
         self.thread: threading.Thread | None = None
         self.error: str | None = None
         self.superseded: dict[str, Any] | None = None
+        self.first_seen: dict[int, float] = {}  # step -> when its checkpoint was first seen complete
 
-    def pending(self) -> list[Any]:
+    def pending(self, final: bool = True) -> list[Any]:
+        """Complete checkpoints not synced yet. While the run goes on (not `final`), one whose step the stream has
+        not reached yet waits up to STREAM_WAIT_S: a trainer may finish saving before its log line for that step is
+        read, and the stream uploaded with the checkpoint is what a resumed attempt starts from."""
         from rlctl.runs.checkpoints import find_checkpoints
 
-        ckpts = find_checkpoints(self.backend, self.run_dir)
-        return [c for c in ckpts if c.complete and c.step not in self.done]
+        ckpts = [c for c in find_checkpoints(self.backend, self.run_dir) if c.complete and c.step not in self.done]
+        if final or not ckpts:
+            return ckpts
+        reached = self._stream_step()
+        now = time.time()
+        out = []
+        for c in ckpts:
+            seen = self.first_seen.setdefault(c.step, now)
+            if reached is None or reached >= c.step or now - seen >= STREAM_WAIT_S:
+                out.append(c)
+        return out
+
+    def _stream_step(self) -> int | None:
+        from rlctl.metrics.stream import METRICS, tail_records
+
+        try:
+            return max((r["step"] for r in tail_records(self.run_dir / METRICS, max_bytes=1 << 16)), default=None)
+        except Exception:
+            return None
 
     def tick(self, final: bool = False) -> None:
         if self.thread is not None and self.thread.is_alive():
@@ -284,7 +306,7 @@ class CheckpointSync:
                 return
         if self.superseded is not None:
             return
-        todo = self.pending()
+        todo = self.pending(final)
         if not todo:
             return
         if final:
