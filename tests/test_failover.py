@@ -251,6 +251,12 @@ def test_watch_of_a_run_that_does_not_exist_is_bad_input(tmp_path, monkeypatch):
     assert "no run 'no-such-run'" in r.err and "Traceback" not in r.err, r.err
     r = cli("watch", "--interval", "0")
     assert r.code == 2 and "--interval" in r.err, r.err
+    (tmp_path / "runs" / "solo").mkdir(parents=True)  # a run on one machine: nothing to move it to
+    (tmp_path / "runs" / "solo" / "state.json").write_text(json.dumps({"name": "solo", "status": "running"}))
+    r = cli("watch", "solo")
+    assert r.code == 2 and "not a pool run" in r.err and "--on HOST1,HOST2" in r.err, r.err
+    r = cli("watch")  # no pool run here: nothing to wait for
+    assert r.code == 0 and "no pool run" in r.out, r.out + r.err
 
 
 def test_a_pool_without_checkpoint_sync_is_warned_at_preflight(world):

@@ -66,12 +66,17 @@ def watch(
     answering without the run's processes) moves to another host of its pool from its newest complete checkpoint;
     an old host that comes back has its attempt stopped; [run] on_event runs on failover, death and finish. Returns
     when the runs have ended (exit 0 when all finished)."""
-    from rlctl.runs.state import find_run
+    from rlctl.runs.state import find_run, read_state
     from rlctl.runs.watch import pool_runs
     from rlctl.runs.watch import watch as do_watch
 
     _seconds("--interval", interval, positive=True)
     dirs = [find_run(r) for r in runs] if runs else pool_runs()
+    for d in dirs:
+        if not isinstance(read_state(d).get("pool"), dict):
+            raise RlctlError(f"{d.name} is not a pool run: there is no other host to move it to.",
+                             hint=f"launch with --on HOST1,HOST2 (or [run] on = [...]) for that; rlctl logs -f "
+                                  f"{d.name} follows this one")
     raise typer.Exit(do_watch(dirs, interval, once))
 
 

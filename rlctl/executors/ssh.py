@@ -134,7 +134,7 @@ def path_keys(prep: Any, base: Path) -> dict[str, str]:
 
 def secrets_to_send(prep: Any) -> dict[str, str]:
     from rlctl.runs.rundir import SECRET_REF
-    from rlctl.runs.sync import store_env_names
+    from rlctl.runs.store import store_env_names
 
     names = {m.group(1) for v in prep.plan.env.values() if (m := SECRET_REF.match(str(v)))}
     names |= {n for n in FORWARD if n in os.environ}
@@ -218,7 +218,7 @@ def launch_remote(opts: Any, host_name: str, out: Any = None, *, prep: Any = Non
         print(f"rlctl: sending {len(shas)} file(s) to {host.name} (only those it lacks travel)", file=out)
         send_blobs(runner, shas, timeout=60)
         if pool is not None:
-            from rlctl.executors.ssh_pool import keep_inputs
+            from rlctl.executors.ssh_inputs import keep_inputs
 
             inputs = keep_inputs(shas, runs_root(), request["token"])
     print(f"rlctl: preflight and start on {host.name} (its GPUs, disk and backend)", file=out)
@@ -236,7 +236,7 @@ def launch_remote(opts: Any, host_name: str, out: Any = None, *, prep: Any = Non
                 recipe=str(prep.resolved.path), remote_run_dir=answer["run_dir"], git_sha=answer.get("git_sha"),
                 last_contact=time.time(), **{k: remote_state[k] for k in STATE_KEYS if k in remote_state})
     if pool is not None:
-        from rlctl.executors.ssh_pool import record_pool
+        from rlctl.executors.ssh_inputs import record_pool
 
         record_pool(local, pool, request, shas, env, inputs, host.name, answer, lineage or {})
     with contextlib.suppress(RlctlError):
@@ -338,33 +338,16 @@ def poll_many(run_dirs: list[Path], timeout: float = 5.0, stall_after: float = 1
     return rows
 
 
-def _pool() -> Any:
-    from rlctl.executors import ssh_pool
-
-    return ssh_pool
-
-
 class SSHExecutor(Executor):
-    """Runs live on an SSH host under its own rlctl; this side polls, mirrors and stops them."""
+    """Runs live on an SSH host under its own rlctl; this side polls, mirrors and stops them. (Registered as "ssh"
+    with its pools: rlctl.executors.ssh_pool.SSHPoolExecutor.)"""
 
     name: ClassVar[str] = "ssh"
     remote: ClassVar[bool] = True
     timeout: ClassVar[float] = float(os.environ.get("RLCTL_SSH_TIMEOUT", "10"))
 
-    def launch(self, opts: Any, host_name: str | list[str], out: Any = None) -> tuple[Path, int]:
-        if isinstance(host_name, list):  # a pool: the first host that fits (rlctl.executors.ssh_pool)
-            return _pool().launch_pool(opts, host_name, out)
+    def launch(self, opts: Any, host_name: str, out: Any = None) -> tuple[Path, int]:
         return launch_remote(opts, host_name, out)
-
-    # pools (rlctl.runs.failover asks these; rlctl.executors.ssh_pool answers)
-    pools: ClassVar[bool] = True
-    pick_place = staticmethod(lambda places, needs, exclude=(), out=None: _pool().pick_host(places, needs, exclude,
-                                                                                             out))
-    probe = staticmethod(lambda run_dir, ref, current=False: _pool().probe(run_dir, ref, current))
-    relaunch = staticmethod(lambda run_dir, place, lineage, source, out=None: _pool().relaunch(run_dir, place, lineage,
-                                                                                            source, out))
-    stop_attempt = staticmethod(lambda ref, grace=10.0: _pool().stop_attempt(ref, grace))
-    attempt_ref = staticmethod(lambda run_dir, place, generation: _pool().attempt_ref(run_dir, place, generation))
 
     # the verbs the CLI asks for through the registry (the core names no executor module)
     host_facts = staticmethod(lambda host, timeout=30.0: host_facts(host, timeout))

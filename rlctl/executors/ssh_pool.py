@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rlctl.core.host import get_host
 from rlctl.core.state import ACTIVE, read_state, write_state
 from rlctl.errors import CheckFailed, RlctlError
-
-INPUTS = "inputs"  # copies of a pool run's inputs in its record, by sha256: a failover sends the same bytes
-INPUT_COPY_MAX = 64 << 20  # bigger inputs are not copied: they must still be unchanged where they were
+from rlctl.executors.ssh import SSHExecutor
+from rlctl.executors.ssh_inputs import inputs_of
 
 
 def pick_host(hosts: list[str], needs: dict[str, Any], exclude: Any = (), out: Any = None
@@ -123,61 +121,6 @@ class _Ctx:
         self.recipe = recipe
 
 
-def keep_inputs(shas: dict[str, Path], root: Path, token: str) -> Path:
-    """Copies of a pool run's inputs (up to INPUT_COPY_MAX each), named by sha256, in a directory that becomes the
-    record's `inputs/`: a failover days later sends the bytes the run started with, whatever changed here since."""
-    d = root / f".inputs-{token}"
-    d.mkdir(parents=True, exist_ok=True)
-    for sha, f in shas.items():
-        with contextlib.suppress(OSError):
-            if f.stat().st_size <= INPUT_COPY_MAX:
-                shutil.copyfile(f, d / sha)
-    return d
-
-
-def record_pool(local: Path, pool: dict[str, Any], request: dict[str, Any], shas: dict[str, Path],
-                env: dict[str, str], inputs: Path | None, host: str, answer: dict[str, Any],
-                lineage: dict[str, Any]) -> None:
-    """The pool, what starting the run elsewhere needs (never a secret's value: only its name), and attempt #1."""
-    if inputs is not None and inputs.is_dir():
-        os.replace(inputs, local / INPUTS)
-    keep = {k: request[k] for k in ("manifest", "recipe", "paths", "git") if k in request}
-    options = {k: v for k, v in request["options"].items() if k not in ("resume", "lineage", "name")}
-    bundle = (request.get("git") or {}).get("bundle_sha256")  # a temporary file: only its copy stays
-    sources = {sha: str(p) for sha, p in shas.items() if sha != bundle}
-    entry = {"generation": int(lineage.get("generation") or 1), "token": lineage.get("token"), "host": host,
-             "ref": {"host": host, "run_dir": answer["run_dir"]}, "from_step": None, "started_at": time.time()}
-    write_state(local, pool={**pool, "request": {**keep, "options": options}, "env_names": sorted(env),
-                             "sources": sources}, lineage=[entry])
-
-
-def _inputs(run_dir: Path, pool: dict[str, Any]) -> dict[str, Path]:
-    """{sha256: a file with those bytes}: where it was when the run started, else the record's copy."""
-    from rlctl.executors.ssh_remote import sha256_file
-
-    req = pool.get("request") or {}
-    wanted = set((req.get("manifest") or {}).values())
-    if (req.get("git") or {}).get("bundle_sha256"):
-        wanted.add(req["git"]["bundle_sha256"])
-    sources = pool.get("sources") or {}
-    out: dict[str, Path] = {}
-    missing = []
-    for sha in sorted(wanted):
-        copy = run_dir / INPUTS / sha
-        src = Path(sources[sha]) if sha in sources else None
-        if copy.is_file():
-            out[sha] = copy
-        elif src is not None and src.is_file() and sha256_file(src) == sha:
-            out[sha] = src
-        else:
-            missing.append(sources.get(sha) or sha[:12])
-    if missing:
-        raise RlctlError(f"{run_dir.name}: input(s) changed or gone since the run started, and too big to have been "
-                         f"kept: {', '.join(missing[:3])}; the run cannot be started elsewhere with the same bytes.",
-                         hint="put them back as they were, or launch a new run with --resume")
-    return out
-
-
 def relaunch(run_dir: Path, place: str, lineage: dict[str, Any], source: dict[str, Any], out: Any = None
              ) -> dict[str, Any]:
     """The run's next attempt on `place`: the same inputs and options as its launch, a run directory named
@@ -201,7 +144,7 @@ def relaunch(run_dir: Path, place: str, lineage: dict[str, Any], source: dict[st
                          "have it: its next attempt would start without it.",
                          hint=f"export {missing[0]}=... where rlctl watch runs")
     env = {n: os.environ[n] for n in pool.get("env_names") or []}
-    shas = _inputs(run_dir.resolve(), pool)
+    shas = inputs_of(run_dir.resolve(), pool)
     send_blobs(runner, shas, timeout=60)
     name = f"{run_dir.name}-g{int(lineage['generation'])}"
     options = {**(req.get("options") or {}), "name": name, "exact_name": True, "lineage": lineage}
@@ -242,7 +185,7 @@ def probe(run_dir: Path, ref: dict[str, Any], current: bool = False) -> dict[str
     """One round trip to the attempt `ref` ({host, run_dir}): {"state": alive | ended | unreachable | gone, "why",
     "status", "step", "outcome", "superseded_by"}. For the run's current attempt (`current`), its state and the
     mirror here are refreshed as `rlctl status` does."""
-    from rlctl.executors.ssh import SSHExecutor, mirror, record
+    from rlctl.executors.ssh import mirror, record
     from rlctl.executors.ssh_runner import Runner, call_remote
 
     try:
@@ -292,3 +235,31 @@ def stop_attempt(ref: dict[str, Any], grace: float = 10.0) -> str:
         raise remote_rlctl_error(host, p) or RlctlError(f"{host.name}: stop failed: "
                                                        f"{(p.stderr or p.stdout).strip()[-300:]}")
     return p.stdout.strip()
+
+
+class SSHPoolExecutor(SSHExecutor):
+    """The SSH executor (registered as "ssh") with its pools: what rlctl.runs.failover asks of it."""
+
+    pools: ClassVar[bool] = True
+
+    def launch(self, opts: Any, host_name: str | list[str], out: Any = None) -> tuple[Path, int]:
+        if isinstance(host_name, list):  # a pool: the first host that fits
+            return launch_pool(opts, host_name, out)
+        return super().launch(opts, host_name, out)
+
+    def pick_place(self, places: list[str], needs: dict[str, Any], exclude: Any = (), out: Any = None
+                   ) -> tuple[str | None, list[str]]:
+        return pick_host(places, needs, exclude, out)
+
+    def probe(self, run_dir: Path, ref: dict[str, Any], current: bool = False) -> dict[str, Any]:
+        return probe(run_dir, ref, current)
+
+    def relaunch(self, run_dir: Path, place: str, lineage: dict[str, Any], source: dict[str, Any],
+                 out: Any = None) -> dict[str, Any]:
+        return relaunch(run_dir, place, lineage, source, out)
+
+    def attempt_ref(self, run_dir: Path, place: str, generation: int) -> dict[str, Any]:
+        return attempt_ref(run_dir, place, generation)
+
+    def stop_attempt(self, ref: dict[str, Any], grace: float = 10.0) -> str:
+        return stop_attempt(ref, grace)

@@ -120,11 +120,10 @@ class Failover:
         """Look at the run once and act on what is seen; returns its status (ended ones: finished/failed/stopped)."""
         st = read_state(self.run_dir)
         pool = st.get("pool")
-        if not isinstance(pool, dict):  # an ordinary run: watched to its end, nothing to move
+        if not isinstance(pool, dict):  # an ordinary run (the queue asks of all its runs): nothing to move
             from rlctl.runs.state import settled_status
 
-            status = settled_status(self.run_dir, st)
-            return "failed" if status == "lost" else status
+            return settled_status(self.run_dir, st)
         from rlctl import executors
 
         ex = executors.get(str(pool.get("executor") or st.get("executor")))

@@ -92,7 +92,7 @@ def history(fs: Any, root: str) -> list[dict[str, Any]]:
 def claim(url: str, record: dict[str, Any], settle: float = SETTLE_S) -> dict[str, Any]:
     """Claim the next generation for a new attempt: {generation, token, claimed_at, ...record}. ClaimLost when
     another claimant's write of the same generation stands."""
-    from rlctl.runs.sync import store
+    from rlctl.runs.store import store
 
     fs, root = store(url)
     cur = current(fs, root)
@@ -120,7 +120,7 @@ def fence_spec(url: str, record: dict[str, Any], host: str, failover_after_s: fl
 
 def amend(url: str, generation: int, token: str, **fields: Any) -> None:
     """Add what is known after the launch (the run directory there) to one's own claim; another's is left alone."""
-    from rlctl.runs.sync import store
+    from rlctl.runs.store import store
 
     fs, root = store(url)
     rec = read_generation(fs, root, generation)
@@ -153,7 +153,7 @@ class Fence:
         return cls(spec) if isinstance(spec, dict) and spec.get("url") and spec.get("token") else None
 
     def _read(self) -> str:
-        from rlctl.runs.sync import store
+        from rlctl.runs.store import store
 
         now = time.time()
         self.checked_at = now
