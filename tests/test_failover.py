@@ -410,3 +410,37 @@ def test_a_pool_without_sync_fails_over_from_the_laptop_copy_and_stops_the_old_a
     assert w.wait(timeout=180) == 0, log.read_text()
     assert read_state(target)["status"] == "finished"
     assert sorted(stream_steps(local)) == list(range(1, steps + 1)), stream_steps(local)
+
+
+def test_an_experiment_queue_moves_a_run_whose_host_is_gone(world):
+    """`rlctl sweep ... --on box1,box2`: the queue follows each run by the same rule as `rlctl watch`: box1 gone, the
+    variant's run moves to box2 from the store's copy, its slot with it, and the experiment finishes."""
+    from rlctl.runs.sync import read_latest
+
+    url = f"s3://{BUCKET}/exp"
+    steps = 40
+    (world.laptop / "exp.toml").write_text(recipe(world, steps=steps, sync=url, pool=["box1", "box2"]))
+    r = cli("sweep", "exp.toml", "--grid", "optim.lr=0.05", "--on", "box1,box2", "--name", "fo")
+    assert r.code == 0, r.out + r.err
+    exp = world.laptop / "runs" / "_experiments" / "fo"
+
+    def variant() -> dict:
+        q = json.loads((exp / "queue.json").read_text())
+        return next(iter(q["variants"].values()), {}) if q.get("variants") else {}
+
+    assert wait_for(lambda: (exp / "queue.json").is_file() and variant().get("state") == "running", timeout=120)
+    run = Path(variant()["run_dir"])
+    assert read_state(run)["host"] == "box1" and isinstance(read_state(run).get("pool"), dict)
+    assert wait_for(lambda: (m := read_latest(url)) is not None and m["step"] >= 4, timeout=120)
+    world.cut.down()
+    try:
+        assert wait_for(lambda: read_state(run).get("host") == "box2", timeout=120), (exp / "queue.log").read_text()
+    finally:
+        world.cut.up()
+    assert wait_for(lambda: json.loads((exp / "queue.json").read_text()).get("state") == "finished", timeout=180), \
+        (exp / "queue.log").read_text()
+    v = variant()
+    assert v["status"] == "finished" and v["slot"]["host"] == "box2", v
+    assert [e["host"] for e in read_state(run)["lineage"]] == ["box1", "box2"]
+    assert sorted(stream_steps(run)) == list(range(1, steps + 1)), stream_steps(run)
+    assert "#2 on box2 from step" in (exp / "queue.log").read_text()

@@ -28,7 +28,7 @@ LOCK = ".watch.lock"
 HOLDER = ".watch.json"
 
 
-def _hold(run_dir: Path) -> IO[str] | None:
+def hold(run_dir: Path) -> IO[str] | None:
     """This process holds the run's watch lock from now on, or None when another watcher does."""
     fh = open(run_dir / LOCK, "a")  # noqa: SIM115 - held for the watcher's life
     try:
@@ -70,7 +70,7 @@ def watch(runs: list[Path], interval: float, once: bool = False, out: Any = None
     try:
         while True:
             for d in runs:
-                if d not in held and (fh := _hold(d)) is not None:
+                if d not in held and (fh := hold(d)) is not None:
                     held[d] = fh
                     looks[d].say("watching" + (" (taking over from a watcher that stopped)" if d in waiting_said
                                                else ""))
