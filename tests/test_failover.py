@@ -431,7 +431,9 @@ def test_an_experiment_queue_moves_a_run_whose_host_is_gone(world):
     assert wait_for(lambda: (exp / "queue.json").is_file() and variant().get("state") == "running", timeout=120)
     run = Path(variant()["run_dir"])
     assert read_state(run)["host"] == "box1" and isinstance(read_state(run).get("pool"), dict)
-    assert wait_for(lambda: (m := read_latest(url)) is not None and m["step"] >= 4, timeout=120)
+    own = read_state(run)["pool"]["sync"]  # each variant its own store under the recipe's: never shared
+    assert own == f"{url}/{run.name.rsplit('-', 2)[0]}", own  # .../fo-a0-s42
+    assert wait_for(lambda: (m := read_latest(own)) is not None and m["step"] >= 4, timeout=120)
     world.cut.down()
     try:
         assert wait_for(lambda: read_state(run).get("host") == "box2", timeout=120), (exp / "queue.log").read_text()

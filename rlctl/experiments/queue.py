@@ -213,6 +213,8 @@ class Queue:
         hosts = list(placement.get("hosts") or [])
         if slot.host is not None:  # with several hosts, a pool run of them (its slot's host first): it can move
             opts.on = [slot.host, *[h for h in hosts if h != slot.host]] if len(hosts) > 1 else slot.host
+            if len(hosts) > 1:
+                opts.sets = [*opts.sets, *_own_store(arm["recipe"], opts.sets, v["run_name"])]
         try:
             with visible_gpus(slot.gpus):
                 run_dir, _ = do_launch(opts, out=sys.stdout)
@@ -402,6 +404,20 @@ class Queue:
         self.save(state="stopped", ended_at=time.time())
         self.log("stopped")
         return 0
+
+
+def _own_store(recipe: str, sets: list[str], run_name: str) -> list[str]:
+    """A pool run fences its attempts in its checkpoint.sync store, so two variants must not share one: each gets a
+    prefix of its own under the recipe's URL (--set checkpoint.sync=URL/<variant's run name>)."""
+    import json
+
+    from rlctl.recipe.loader import load
+
+    try:
+        url = load(recipe, sets).recipe.checkpoint.sync
+    except Exception:  # the launch says what is wrong with the recipe
+        return []
+    return [f"checkpoint.sync={json.dumps(url.rstrip('/') + '/' + run_name)}"] if url else []
 
 
 def _create_time() -> float | None:
