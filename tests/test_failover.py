@@ -376,13 +376,16 @@ def test_a_run_whose_host_is_lost_finishes_on_another_host_of_the_pool(world):
     assert len(on_box2()) == 1
 
 
-def test_a_pool_without_sync_fails_over_from_the_laptop_copy_and_stops_the_old_attempt(world):
+def test_a_pool_without_sync_fails_over_from_the_laptop_copy_and_stops_the_old_attempt(world, monkeypatch):
     """No checkpoint.sync (warned at launch): the newest complete checkpoint the laptop can reach is the one `rlctl
     ckpt pull` brought here; nothing can tell box1's attempt it was superseded, so when box1 answers again the
-    watcher stops it there and says so."""
+    watcher stops it there and says so. A secret given with --set is never kept in the record: the failover reads it
+    from the environment again."""
     steps = 30
+    secret = "pool-s3cr3t-value"
+    monkeypatch.setenv("POOL_TOKEN", secret)  # the user's environment, where rlctl watch runs too
     (world.laptop / "nosync.toml").write_text(recipe(world, steps=steps, sync=None, pool=["box1", "box2"]))
-    r = cli("launch", "nosync.toml", "--detach", "--name", "nosync")
+    r = cli("launch", "nosync.toml", "--detach", "--name", "nosync", "--set", f"env.POOL_TOKEN={secret}")
     assert r.code == 0, r.out + r.err
     assert "checkpoint.sync" in r.err and "from step 0" in r.err, r.err  # the preflight warning, on the laptop
     name = r.out.strip().splitlines()[-1]
@@ -410,6 +413,8 @@ def test_a_pool_without_sync_fails_over_from_the_laptop_copy_and_stops_the_old_a
     assert w.wait(timeout=180) == 0, log.read_text()
     assert read_state(target)["status"] == "finished"
     assert sorted(stream_steps(local)) == list(range(1, steps + 1)), stream_steps(local)
+    for f in [local / "state.json", *local.rglob("*")]:
+        assert not f.is_file() or secret.encode() not in f.read_bytes(), f
 
 
 def test_an_experiment_queue_moves_a_run_whose_host_is_gone(world):

@@ -36,8 +36,14 @@ def record_pool(local: Path, pool: dict[str, Any], request: dict[str, Any], shas
     """The pool, what starting the run elsewhere needs (never a secret's value: only its name), and attempt #1."""
     if inputs is not None and inputs.is_dir():
         os.replace(inputs, local / INPUTS)
+    from rlctl.core.secrets import is_secret_name
+
     keep = {k: request[k] for k in ("manifest", "recipe", "paths", "git") if k in request}
     options = {k: v for k, v in request["options"].items() if k not in ("resume", "lineage", "name")}
+    # a secret given as --set KEY=VALUE is never written: only its key, its value read from the environment again
+    sets = [str(x) for x in options.get("sets") or []]
+    options["sets"] = [x for x in sets if not is_secret_name(x.partition("=")[0])]
+    options["secret_sets"] = [x.partition("=")[0] for x in sets if is_secret_name(x.partition("=")[0])]
     bundle = (request.get("git") or {}).get("bundle_sha256")  # a temporary file: only its copy stays
     sources = {sha: str(p) for sha, p in shas.items() if sha != bundle}
     entry = {"generation": int(lineage.get("generation") or 1), "token": lineage.get("token"), "host": host,

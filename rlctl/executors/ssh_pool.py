@@ -144,10 +144,12 @@ def relaunch(run_dir: Path, place: str, lineage: dict[str, Any], source: dict[st
                          "have it: its next attempt would start without it.",
                          hint=f"export {missing[0]}=... where rlctl watch runs")
     env = {n: os.environ[n] for n in pool.get("env_names") or []}
+    options = {**(req.get("options") or {})}
+    options["sets"] = [*options.get("sets", []), *_secret_sets(run_dir, options.pop("secret_sets", []))]
     shas = inputs_of(run_dir.resolve(), pool)
     send_blobs(runner, shas, timeout=60)
     name = f"{run_dir.name}-g{int(lineage['generation'])}"
-    options = {**(req.get("options") or {}), "name": name, "exact_name": True, "lineage": lineage}
+    options.update(name=name, exact_name=True, lineage=lineage)
     if source.get("kind") == "store":
         options.update(resume=source["url"], resume_manifest=source["manifest"])
     elif source.get("kind") == "local":
@@ -165,6 +167,23 @@ def relaunch(run_dir: Path, place: str, lineage: dict[str, Any], source: dict[st
     ref = {"host": place, "run_dir": answer["run_dir"]}
     make_current(run_dir, ref, answer.get("state") or {})
     return ref
+
+
+def _secret_sets(run_dir: Path, keys: list[str]) -> list[str]:
+    """The run's `--set KEY=SECRET` again, each value from the environment (the record kept only the key): the
+    variable named like the key's last part (env.HF_TOKEN -> HF_TOKEN, hub_token -> HUB_TOKEN or hub_token)."""
+    import json
+
+    out = []
+    for key in keys:
+        leaf = key.rsplit(".", 1)[-1]
+        name = next((n for n in (leaf, leaf.upper()) if n in os.environ), None)
+        if name is None:
+            raise RlctlError(f"{run_dir.name} was launched with --set {key}=... (a secret: its value was not kept) "
+                             f"and {leaf.upper()} is not in this environment.",
+                             hint=f"export {leaf.upper()}=... where rlctl watch runs")
+        out.append(f"{key}={json.dumps(os.environ[name])}")
+    return out
 
 
 def attempt_ref(run_dir: Path, place: str, generation: int) -> dict[str, Any]:
