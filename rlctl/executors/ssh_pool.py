@@ -107,7 +107,13 @@ def launch_pool(opts: Any, hosts: list[str], out: Any = None) -> tuple[Path, int
     print(f"rlctl: pool {', '.join(hosts)}: on {host}", file=out)
     pool = {"executor": "ssh", "hosts": list(hosts), "failover_after_s": r.run.failover_after_s,
             "on_event": r.run.on_event, "sync": sync, "needs": needs}
-    local, code = launch_remote(opts, host, out, prep=prep, pool=pool, lineage=lineage)
+    try:
+        local, code = launch_remote(opts, host, out, prep=prep, pool=pool, lineage=lineage)
+    except BaseException:
+        if sync:  # nothing started: the claim goes, so the next launch finds the store as it was
+            with contextlib.suppress(Exception):
+                fencing.withdraw(sync, lineage["generation"], token)
+        raise
     if sync:
         with contextlib.suppress(Exception):
             fencing.amend(sync, lineage["generation"], token, run_dir=read_state(local).get("remote_run_dir"))

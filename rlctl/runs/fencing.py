@@ -110,6 +110,16 @@ def claim(url: str, record: dict[str, Any], settle: float = SETTLE_S) -> dict[st
     return rec
 
 
+def withdraw(url: str, generation: int, token: str) -> None:
+    """Take back one's own claim whose attempt never started (a launch that failed): the store is as before."""
+    from rlctl.runs.store import store
+
+    fs, root = store(url)
+    rec = read_generation(fs, root, generation)
+    if rec is not None and rec.get("token") == token and read_generation(fs, root, generation + 1) is None:
+        fs.rm(_path(root, generation))
+
+
 def fence_spec(url: str, record: dict[str, Any], host: str, failover_after_s: float) -> dict[str, Any]:
     """What an attempt's supervisor gets (spec "fence"): it checks its generation every `every_s`, and writes only
     while confirmed within `lease_s`: half the time a watcher waits before it claims the next generation."""

@@ -50,6 +50,19 @@ def _holder(run_dir: Path) -> str:
         return "another rlctl watch"
 
 
+def unsettled(run_dir: Path) -> list[str]:
+    """Earlier attempts no watcher has seen end (their host never answered again): what becomes of them."""
+    from rlctl.runs.failover import lineage_of
+
+    st = read_state(run_dir)
+    lin = lineage_of(st)
+    synced = bool((st.get("pool") or {}).get("sync"))
+    how = ("it stops itself at its next look at the store" if synced else
+           f"`rlctl watch {run_dir.name}` stops it once that host answers")
+    return [f"attempt #{e.get('generation')} on {e.get('host')} was not seen to end ({e.get('host')} did not answer "
+            f"again): {how}" for e in lin[:-1] if not e.get("settled")]
+
+
 def pool_runs() -> list[Path]:
     """The runs here that have a pool and have not ended."""
     return [d for d in list_runs() if isinstance(read_state(d).get("pool"), dict)
@@ -97,6 +110,8 @@ def watch(runs: list[Path], interval: float, once: bool = False, out: Any = None
         wait_all()
     for d in runs:
         out.write(f"{d.name}: {status.get(d, 'unknown')}\n")
+        for note in unsettled(d):
+            out.write(f"  {note}\n")
     out.flush()
     if once:
         return 0
