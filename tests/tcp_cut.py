@@ -73,6 +73,8 @@ class Cut:
         self.proc: subprocess.Popen | None = None
 
     def up(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return  # up already
         deadline = time.time() + 20
         while True:  # the port may linger a moment after down()
             self.proc = subprocess.Popen([sys.executable, __file__, str(self.port), str(self.target)],

@@ -276,6 +276,7 @@ def test_a_run_whose_host_is_lost_finishes_on_another_host_of_the_pool(world):
     itself (it still reaches the store) and writes nothing more; box1 comes back and the watcher says what became of
     its attempt. The run finishes on box2: steps 1..N once in the stream, one `latest` writer at a time, one W&B run
     id; status shows the lineage; on_event ran for the failover and the finish."""
+    world.cut.up()  # whatever an earlier test left
     url = f"s3://{BUCKET}/pool"
     steps = 60
     (world.laptop / "pool.toml").write_text(recipe(world, steps=steps, sync=url, pool=["tiny", "box1", "box2"]))
@@ -381,6 +382,7 @@ def test_a_pool_without_sync_fails_over_from_the_laptop_copy_and_stops_the_old_a
     ckpt pull` brought here; nothing can tell box1's attempt it was superseded, so when box1 answers again the
     watcher stops it there and says so. A secret given with --set is never kept in the record: the failover reads it
     from the environment again."""
+    world.cut.up()
     steps = 30
     secret = "pool-s3cr3t-value"
     monkeypatch.setenv("POOL_TOKEN", secret)  # the user's environment, where rlctl watch runs too
@@ -422,6 +424,7 @@ def test_an_experiment_queue_moves_a_run_whose_host_is_gone(world):
     variant's run moves to box2 from the store's copy, its slot with it, and the experiment finishes."""
     from rlctl.runs.sync import read_latest
 
+    world.cut.up()
     url = f"s3://{BUCKET}/exp"
     steps = 40
     (world.laptop / "exp.toml").write_text(recipe(world, steps=steps, sync=url, pool=["box1", "box2"]))
