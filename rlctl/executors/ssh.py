@@ -298,6 +298,13 @@ def record(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     st = entry.get("state") or {}
     summ = entry.get("summary") or {}
     updates = {k: st[k] for k in STATE_KEYS if k in st}
+    here = read_state(run_dir)
+    if isinstance(here.get("lineage"), list) and isinstance(here.get("started_at"), (int, float)):
+        # a pool run began with its first attempt, wherever that ran: its elapsed time counts from there
+        updates.pop("started_at", None)
+        if summ.get("elapsed_s") is not None:
+            end = st.get("ended_at") if summ.get("status") not in ACTIVE + ("stalled",) else None
+            summ = {**summ, "elapsed_s": (end if isinstance(end, (int, float)) else time.time()) - here["started_at"]}
     if summ.get("status") and summ["status"] not in ACTIVE + ("stalled", "lost"):
         updates["status"] = summ["status"]  # settled there (finished, failed, stopped); stalled/lost: keep asking
     if isinstance(summ.get("cause"), dict):  # why it failed, told there (when its disk let nothing be written)

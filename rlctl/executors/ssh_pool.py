@@ -203,7 +203,8 @@ def make_current(run_dir: Path, ref: dict[str, Any], there: dict[str, Any]) -> N
 
     write_state(run_dir, executor="ssh", host=ref["host"], remote_run_dir=ref["run_dir"],
                 handle={"executor": "ssh", "ref": dict(ref), "attempt": 1}, last_contact=time.time(),
-                unreachable=None, **{k: there[k] for k in STATE_KEYS if k in there and k != "wandb_run_id"})
+                unreachable=None, **{k: there[k] for k in STATE_KEYS if k in there
+                                     and k not in ("wandb_run_id", "started_at")})  # the run began with attempt #1
 
 
 def probe(run_dir: Path, ref: dict[str, Any], current: bool = False) -> dict[str, Any]:
