@@ -365,6 +365,7 @@ def test_a_run_whose_host_is_lost_finishes_on_another_host_of_the_pool(world):
     assert "#1 on box1" in shown.out and "superseded" in shown.out, shown.out
     d = json.loads(cli("status", name, "--json").out)
     assert [a["host"] for a in d["lineage"]] == ["box1", "box2"], d.get("lineage")
+    assert d["elapsed_s"] >= st2["ended_at"] - read_state(there1)["started_at"] - 1  # from attempt #1 on, not box2's
     # on_event: once for the failover, once for the finish; the event in the environment, never a secret in argv
     events = [json.loads(x) for x in (world.laptop / "events.jsonl").read_text().splitlines()]
     assert [e["RLCTL_EVENT"] for e in events] == ["failover", "finish"], events

@@ -145,7 +145,7 @@ class Failover:
         if seen["state"] == "alive":
             if st.get("unreachable_since"):
                 self.say(f"{cur['host']} answers again")
-                write_state(self.run_dir, unreachable_since=None)
+                write_state(self.run_dir, unreachable_since=None, unreachable_seen_at=None)
             return str(seen.get("status") or "running")
         if seen["state"] == "ended":
             status = str(seen.get("status"))
@@ -153,13 +153,15 @@ class Failover:
             self._ended(read_state(self.run_dir), status)
             return status
         now = time.time()
+        limit = float(pool.get("failover_after_s") or 300)
         since = float(st.get("unreachable_since") or now)
+        if now - float(st.get("unreachable_seen_at") or now) > 2 * limit:
+            since = now  # nobody looked for a while (a laptop asleep): the count starts again, from what is seen now
         if seen["state"] == "unreachable":
-            limit = float(pool.get("failover_after_s") or 300)
-            if not st.get("unreachable_since"):
-                write_state(self.run_dir, unreachable_since=since)
+            if not st.get("unreachable_since") or since == now:
                 self.say(f"{cur['host']} unreachable ({seen.get('why')}); the run fails over if it stays so for "
                          f"{limit:g} s")
+            write_state(self.run_dir, unreachable_since=since, unreachable_seen_at=now)
             if now - since < limit:
                 return "unreachable"
             why = f"unreachable for {now - since:.0f} s"
