@@ -54,8 +54,10 @@ def lineage_lines(state: dict[str, Any]) -> list[str]:
         return []
     store = f"checkpoints in {pool['sync']}" if pool.get("sync") else \
         "no checkpoint.sync: a failover starts from a copy pulled here, or step 0"
-    out = [f"  pool: {', '.join(pool.get('hosts') or [])} (failover after {float(pool.get('failover_after_s') or 0):g}"
-           f" s without its host; {store})"]
+    hosts = pool.get("hosts") if isinstance(pool.get("hosts"), list) else []
+    after = pool.get("failover_after_s")
+    after = f"{after:g}" if isinstance(after, (int, float)) and not isinstance(after, bool) else "?"
+    out = [f"  pool: {', '.join(str(h) for h in hosts)} (failover after {after} s without its host; {store})"]
     prev: dict[str, Any] | None = None
     for e in lin:
         frm = f"from step {e['from_step']}" if e.get("from_step") is not None else "from the start"
