@@ -374,7 +374,7 @@ class CommandBackend(Backend):
         """The runner's layout descriptor under root (the recipe's checkpoint_pattern and marker), as a launch writes
         it there; one already there is kept."""
         table = recipe.backend.table(self.name)
-        if isinstance(table, CommandOptions) and table.checkpoint_pattern and not (root / _runner.DESCRIPTOR).exists():
+        if isinstance(table, _options()) and table.checkpoint_pattern and not (root / _runner.DESCRIPTOR).exists():
             _runner.write_descriptor({"checkpoint": {"dir": str(root), "pattern": table.checkpoint_pattern,
                                                      "marker": table.checkpoint_marker}})
 
