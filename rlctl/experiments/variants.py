@@ -101,11 +101,12 @@ def flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def recipe_data(recipe: str, sets: list[str]) -> dict[str, Any]:
-    """The resolved recipe (extends, --set, defaults) as flat dotted keys, without the sweep table."""
+def recipe_data(recipe: str, sets: list[str], options: dict[str, str] | None = None) -> dict[str, Any]:
+    """The resolved recipe (extends, --set, defaults) as flat dotted keys, without the sweep table. `options`: the
+    option each grid key came from (an error about its value names it)."""
     from rlctl.recipe.loader import load
 
-    r = load(recipe, sets).recipe
+    r = load(recipe, sets, options).recipe
     data = flat(r.model_dump(mode="json", exclude_none=True))
     return {k: v for k, v in data.items() if not k.startswith("sweep.")}
 
@@ -115,15 +116,17 @@ def diff(base: dict[str, Any], other: dict[str, Any]) -> dict[str, list[Any]]:
     return {k: [base.get(k), other.get(k)] for k in keys if base.get(k) != other.get(k) and k != SEED_KEY}
 
 
-def grid_arms(recipe: str, grid: list[tuple[str, list[str]]], sets: list[str]) -> list[Arm]:
-    """Every combination of the grid's values, in order, as arms of one recipe."""
+def grid_arms(recipe: str, grid: list[tuple[str, list[str]]], sets: list[str], where: str = "--grid") -> list[Arm]:
+    """Every combination of the grid's values, in order, as arms of one recipe (`where`: the option the grid came
+    from, --grid or the recipe's [sweep] grid)."""
     path = str(Path(recipe).resolve()) if Path(recipe).exists() else recipe
     base = recipe_data(path, sets)
     arms = []
     combos = list(itertools.product(*[[(k, v) for v in vals] for k, vals in grid])) if grid else [()]
+    options = {k: where for k, _ in grid}
     for i, combo in enumerate(combos):
         extra = [f"{k}={v}" for k, v in combo]
-        data = recipe_data(path, [*sets, *extra])
+        data = recipe_data(path, [*sets, *extra], options)
         label = " ".join(extra) or "base"
         arms.append(Arm(f"a{i}", path, [*sets, *extra], label, diff(base, data), data.get("patches.set"),
                         int(data.get(SEED_KEY, 0))))
