@@ -5,6 +5,7 @@ fixture). Each test failed before its fix."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from tests.test_experiments import bandit_recipe
@@ -15,6 +16,50 @@ def project(work: Path, steps: int = 2, sleep: float = 0.0, extra: str = "") -> 
     (work / "prompts.jsonl").write_text('{"input": "a"}\n{"input": "b"}\n')
     (work / "b.toml").write_text(bandit_recipe(steps=steps, sleep=sleep) + extra)
     return work / "b.toml"
+
+
+COUNTER = Path(__file__).resolve().parent / "fixtures" / "command" / "counter_trainer.py"
+
+
+def counter_project(work: Path, steps: int = 6, extra: str = "") -> Path:
+    """A custom trainer's recipe (the command backend: seed 003's checkpoint layout, step_N/ with a marker written
+    last, resumed with --resume PATH), standard library only: seconds on a CPU."""
+    cmd = [sys.executable, str(COUNTER), "--steps", "{steps}", "--save-every", "{checkpoint_every}", "--out",
+           "{checkpoint_dir}"]
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n{"input": "b"}\n')
+    (work / "c.toml").write_text(f"""name = "counter"
+[backend]
+name = "command"
+[backend.command]
+command = {json.dumps(cmd)}
+log_pattern = 'step (?P<step>\\d+) \\| reward (?P<reward>\\S+)'
+metrics_map = {{reward = "reward/mean"}}
+checkpoint_pattern = "step_{{step}}"
+checkpoint_marker = "training_info.json"
+resume_args = ["--resume", "{{path}}"]
+[model]
+path = "random:qwen2?hidden=64&layers=2"
+dtype = "float32"
+max_model_len = 128
+[data]
+train = "prompts.jsonl"
+max_prompt_tokens = 32
+[rollout]
+group_size = 4
+prompts_per_step = 2
+max_tokens = 16
+[train]
+steps = {steps}
+train_batch_size = 8
+micro_batch_size = 4
+[resources]
+gpus_per_node = 0
+gpu = "cpu"
+[checkpoint]
+dir = "training_state"
+every = 2
+""" + extra)
+    return work / "c.toml"
 
 
 # ---- env values are strings: a number typed for env.X is that string ---------------------------------------------
@@ -47,3 +92,74 @@ def _recipe_env(run: Path) -> dict[str, str]:
 
     return tomllib.loads((run / "recipe.toml").read_text()).get("env", {})
 
+
+
+# ---- an experiment's arms keep their --set paths resolved -----------------------------------------------------------
+
+def test_an_experiment_extended_from_another_directory_keeps_its_set_paths(user, tmp_path):
+    """`rlctl sweep ... --set data.train=data/p.jsonl`, then, from another directory, `rlctl experiment resume EXP
+    --seeds 2`: the new variants read the file the --set named where it was typed (before: the arms kept the words
+    as typed and the queue, started elsewhere, resolved them there: preflight failed, "does not exist")."""
+    work, rlctl = user
+    project(work)
+    (work / "data").mkdir()
+    (work / "data" / "p.jsonl").write_text('{"input": "c"}\n')
+    r = rlctl("sweep", "b.toml", "--set", "data.train=data/p.jsonl", "--grid", "optim.lr=0.1,0.5", "--name", "lrs",
+              "--wait", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    r = rlctl("experiment", "resume", "lrs", "--seeds", "2", "--wait", cwd=other, timeout=600)
+    assert r.returncode == 0 and "2 runs added" in r.stderr, r.stdout + r.stderr
+    runs = sorted((work / "runs").glob("lrs-*"))
+    assert len(runs) == 4 and not (other / "runs").exists(), runs
+    for run in runs:
+        assert _recipe(run)["data"]["train"] == str(work / "data" / "p.jsonl"), run
+    shown = json.loads(rlctl("experiment", "show", "lrs", "--json", cwd=other).stdout)
+    arms = shown["manifest"]["arms"]
+    assert all(str(work / "data" / "p.jsonl") in " ".join(a["sets"]) for a in arms), arms
+
+
+def _recipe(run: Path) -> dict:
+    import tomllib
+
+    return tomllib.loads((run / "recipe.toml").read_text())
+
+
+# ---- launch --resume of a run that still trains -------------------------------------------------------------------
+
+def wait_for(pred, timeout: float = 120.0) -> bool:
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_resume_of_a_running_run_is_refused_unless_forced(user):
+    """`rlctl launch R --resume RUN` while RUN still trains started a second run from its checkpoint beside it,
+    silently; now exit 2 with the fix (stop it first, or --force to fork on purpose, said when it happens)."""
+    work, rlctl = user
+    gate = work / "gate"
+    gate.mkdir()
+    counter_project(work, extra=f'[env]\nTRAINER_GATE = "{gate}"\n')  # held after its first save
+    r = rlctl("launch", "c.toml", "--detach")
+    assert r.returncode == 0, r.stderr
+    name = r.stdout.strip().splitlines()[-1]
+    run = work / "runs" / name
+    assert wait_for(lambda: (run / "training_state" / "step_2" / "training_info.json").is_file())
+    r = rlctl("launch", "c.toml", "--resume", name)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert f"--resume {name}: that run is still running" in r.stderr and "a fork" in r.stderr, r.stderr
+    assert f"rlctl stop {name}" in r.stderr and "--force" in r.stderr
+    assert len(list((work / "runs").iterdir())) == 1  # nothing was made
+    r = rlctl("launch", "c.toml", "--resume", name, "--force", "--name", "fork", "--detach")
+    assert r.returncode == 0 and f"{name} is still running: forking it (--force)" in r.stderr, r.stderr
+    (gate / "go").write_text("")  # both go on and end
+    fork = work / "runs" / r.stdout.strip().splitlines()[-1]
+    for d in (run, fork):
+        assert wait_for(lambda d=d: json.loads(rlctl("status", d.name, "--json").stdout)["status"] == "finished")
+    assert "step 3 |" in (fork / "stdout.log").read_text() and "step 1 |" not in (fork / "stdout.log").read_text()

@@ -312,6 +312,23 @@ def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path],
         origins[dotted] = Path((options or {}).get(dotted, SET))
 
 
+def resolved_sets(sets: list[str], base: Path) -> list[str]:
+    """`--set` expressions as they must be kept to mean the same elsewhere (an experiment's arms, replayed by its
+    queue in whatever directory it was started from): a path key's value made absolute against `base`
+    (rlctl.recipe.paths), every other expression as typed."""
+    out = []
+    for expr in sets:
+        keys, value = parse_set(expr)
+        fragment: Any = value
+        for k in reversed(keys):
+            fragment = {k: fragment}
+        paths.resolve(fragment, base)
+        for k in keys:
+            fragment = fragment[k]
+        out.append(f"{'.'.join(keys)}={json.dumps(fragment)}" if fragment != value else expr)
+    return out
+
+
 # --------------------------------------------------------------------------------------------------------------
 # validation with useful messages
 
