@@ -132,6 +132,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         recipe.checkpoint.resume = remote["step"]
     elif opts.resume:
         resumed_from = find_run(opts.resume)
+        _not_running(resumed_from, opts.force, out)
         parent_ckpt = _parent_checkpoint(prep.backend, resumed_from)
         recipe.checkpoint.resume = parent_ckpt.step
     prep.plan = prep.backend.render(recipe, prep.dataset_size)
@@ -252,6 +253,23 @@ def _ckpt_root(run: Path) -> Path:
     from rlctl.runs.checkpoints import checkpoint_dir
 
     return checkpoint_dir(run)
+
+
+def _not_running(parent: Path, force: bool, out: Any) -> None:
+    """--resume of a run that still trains would start a second run from its checkpoint beside it (a fork, both
+    writing their own checkpoints): refused unless --force, and said either way."""
+    from rlctl.runs.state import ACTIVE, settled_status
+
+    status = settled_status(parent)
+    if status not in ACTIVE:
+        return
+    if not force:
+        raise RlctlError(f"--resume {parent.name}: that run is still {status}; a new run from its checkpoint would "
+                         "train beside it (a fork), not take over.",
+                         hint=f"stop it first (rlctl stop {parent.name}) and launch again to continue it; or add "
+                              "--force to fork it on purpose")
+    print(f"rlctl: {parent.name} is still {status}: forking it (--force); it goes on, the new run starts from its "
+          "checkpoint", file=out)
 
 
 def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
