@@ -163,3 +163,38 @@ def test_resume_of_a_running_run_is_refused_unless_forced(user):
     for d in (run, fork):
         assert wait_for(lambda d=d: json.loads(rlctl("status", d.name, "--json").stdout)["status"] == "finished")
     assert "step 3 |" in (fork / "stdout.log").read_text() and "step 1 |" not in (fork / "stdout.log").read_text()
+
+
+# ---- a script named in eval.command is the recipe's, as its other paths are ----------------------------------------
+PROBE = '''import json, sys
+json.dump({"primary": int(sys.argv[1]) / 10}, open(sys.argv[2], "w"))
+'''
+
+
+def test_eval_command_script_is_found_next_to_the_recipe(user):
+    """eval.command = "python probe.py {step} {output}" in exp/c.toml (probe.py beside it): the checkpoint evals run
+    in <run>/evals, where `probe.py` was looked up before (every eval failed: "No such file"); now it is the recipe
+    file's probe.py, as data and reward files are, in the run and by hand."""
+    work, rlctl = user
+    (work / "exp").mkdir()
+    counter_project(work / "exp", extra=f'''[eval]
+evaluator = "command"
+command = "{sys.executable} probe.py {{step}} {{output}}"
+primary = "probe"
+baseline = false
+[eval.sets.probe]
+data = "prompts.jsonl"
+''')
+    (work / "exp" / "probe.py").write_text(PROBE)
+    r = rlctl("launch", "exp/c.toml", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    name = next((work / "runs").iterdir()).name
+    d = json.loads(rlctl("status", name, "--json").stdout)
+    assert not d.get("eval_failures"), d.get("eval_failures")
+    values = {rec["step"]: rec["eval/probe/greedy_pass@1"] for rec in map(json.loads, (
+        work / "runs" / name / "metrics.jsonl").read_text().splitlines()) if "eval/probe/greedy_pass@1" in rec}
+    assert values == {2: 0.2, 4: 0.4, 6: 0.6}, values
+    r = rlctl("eval", name, "--step", "4", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["results"][0]["metrics"]["eval/probe/greedy_pass@1"] == 0.4, r
+    shown = json.loads(rlctl("recipe", "show", "exp/c.toml", "--json").stdout)
+    assert str(work / "exp" / "probe.py") in shown["eval"]["command"], shown["eval"]
