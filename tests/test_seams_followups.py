@@ -198,3 +198,28 @@ data = "prompts.jsonl"
     assert r.returncode == 0 and json.loads(r.stdout)["results"][0]["metrics"]["eval/probe/greedy_pass@1"] == 0.4, r
     shown = json.loads(rlctl("recipe", "show", "exp/c.toml", "--json").stdout)
     assert str(work / "exp" / "probe.py") in shown["eval"]["command"], shown["eval"]
+
+
+# ---- resume when the new supervisor dies at once ------------------------------------------------------------------
+
+def test_resume_says_when_the_new_supervisor_dies_at_once(user):
+    """A stopped run whose executor is gone (a plugin executor uninstalled since): `rlctl resume RUN` starts a
+    supervisor that dies at once. Exit 1 and the end of its supervisor.log (the error itself, not only its last
+    line), not exit 2 with a `fix:` line out of context."""
+    work, rlctl = user
+    gate = work / "gate"
+    gate.mkdir()
+    counter_project(work, extra=f'[env]\nTRAINER_GATE = "{gate}"\n')
+    r = rlctl("launch", "c.toml", "--detach")
+    assert r.returncode == 0, r.stderr
+    name = r.stdout.strip().splitlines()[-1]
+    run = work / "runs" / name
+    assert wait_for(lambda: (run / "training_state" / "step_2" / "training_info.json").is_file())
+    assert rlctl("stop", name).returncode == 0
+    spec = json.loads((run / ".launch.json").read_text())
+    (run / ".launch.json").write_text(json.dumps({**spec, "executor": "k8s"}))  # a plugin's, not installed here
+    r = rlctl("resume", name)
+    assert r.returncode == 1 and "Traceback" not in r.stderr.split("  | ")[0], r.stdout + r.stderr
+    assert "the supervisor exited (code 1) before it took the run up" in r.stderr, r.stderr
+    assert "unknown executor 'k8s'" in r.stderr and f"see {run / 'supervisor.log'}" in r.stderr, r.stderr
+    assert "stopped" not in r.stdout and "running" not in r.stdout, r.stdout
