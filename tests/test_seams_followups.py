@@ -223,3 +223,35 @@ def test_resume_says_when_the_new_supervisor_dies_at_once(user):
     assert "the supervisor exited (code 1) before it took the run up" in r.stderr, r.stderr
     assert "unknown executor 'k8s'" in r.stderr and f"see {run / 'supervisor.log'}" in r.stderr, r.stderr
     assert "stopped" not in r.stdout and "running" not in r.stdout, r.stdout
+
+
+# ---- TRL colocates vLLM by default: the trainer runs on every GPU -------------------------------------------------
+
+def test_trl_colocated_vllm_trains_on_every_gpu(user):
+    """TRL 1.16's GRPOConfig colocates vLLM by default (vllm_mode "colocate"): on 2 GPUs without
+    resources.colocate the trainer still runs on both (data parallel 2), so a train batch of 32 in micro batches of
+    8 takes 2 accumulation steps, not 4 (which trained on 64 samples per step). With vllm_mode = "server" vLLM has a
+    GPU of its own and the trainer the other one."""
+    from tests.conftest import RECIPES
+
+    work, rlctl = user
+    (work / "t.toml").write_text(f'''extends = "{RECIPES / 'quickstart.toml'}"
+[model]
+path = "Qwen/Qwen2.5-0.5B"
+[train]
+train_batch_size = 32
+micro_batch_size = 8
+[backend.trl.extra]
+use_vllm = true
+[resources]
+gpus_per_node = 2
+gpu = "H100"
+''')
+    for mode, accum in ((None, 2), ("server", 4)):
+        sets = ["--set", f"backend.trl.extra.vllm_mode={mode}"] if mode else []
+        out = work / f"out-{mode}"
+        r = rlctl("render", "t.toml", *sets, "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        grpo = json.loads((out / "trl_config.json").read_text())["grpo"]
+        assert grpo["per_device_train_batch_size"] * grpo["gradient_accumulation_steps"] * (2 if accum == 2 else 1) \
+            == 32 and grpo["gradient_accumulation_steps"] == accum, (mode, grpo)
