@@ -39,7 +39,8 @@ MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl"
           "supervisor.log", "gpu_memory.jsonl")
 FORWARD = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # sent when set here, besides the recipe's refs
 STATE_KEYS = ("status", "exit_code", "started_at", "ended_at", "total_steps", "optimizer_steps", "backend", "version",
-              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "cause")
+              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "cause",
+              "eval_failures", "best_checkpoint", "stopped_by")
 
 
 # ---- facts -------------------------------------------------------------------------------------------------------
@@ -92,11 +93,19 @@ def _path_values(prep: Any) -> list[tuple[str, str]]:
             and re.fullmatch(r"[A-Za-z0-9_.]+", k)]  # --set takes plain key parts
 
 
+def _script_values(prep: Any) -> list[tuple[str, str]]:
+    """(command key, absolute path) of each local script a command key names (eval.command's eval script): the
+    host's run evaluates with the copy sent, not the laptop's path (rlctl.recipe.paths)."""
+    from rlctl.recipe.paths import command_scripts
+
+    return [(k, v) for k, v in command_scripts(prep.resolved.data) if Path(v).is_file()]
+
+
 def referenced_files(prep: Any) -> list[Path]:
     """Every local file the recipe needs: its extends chain, and what its path keys name (files, or all files of a
-    named directory)."""
+    named directory), the scripts its commands name included."""
     files: list[Path] = [Path(p) for p in prep.resolved.chain]
-    for _, value in _path_values(prep):
+    for _, value in _path_values(prep) + _script_values(prep):
         p = Path(value)
         if p.is_file():
             files.append(p.resolve())
@@ -117,6 +126,22 @@ def path_keys(prep: Any, base: Path) -> dict[str, str]:
         if p.exists():
             with contextlib.suppress(ValueError):
                 out[key] = str(p.resolve().relative_to(base))
+    return out
+
+
+def command_keys(prep: Any, base: Path) -> dict[str, list[Any]]:
+    """Each command key that names a local script, as its words, the script given as {"staged": path relative to
+    the staged tree}: the remote side puts its own copy's path there."""
+    import shlex
+
+    scripts = {v for _, v in _script_values(prep)}
+    out: dict[str, list[Any]] = {}
+    for key in {k for k, _ in _script_values(prep)}:
+        table: Any = prep.resolved.data
+        for part in key.split("."):
+            table = table[part]
+        out[key] = [{"staged": str(Path(w).resolve().relative_to(base))} if w in scripts else w
+                    for w in shlex.split(table)]
     return out
 
 
@@ -187,6 +212,7 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
     request: dict[str, Any] = {
         "token": f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", "manifest": manifest,
         "recipe": str(prep.resolved.path.relative_to(base)), "env": env, "paths": path_keys(prep, base),
+        "commands": command_keys(prep, base),
         "options": {"sets": list(opts.sets), "smoke": opts.smoke, "name": opts.name or prep.recipe.name,
                     "force": opts.force, "resume": resume, "grace": opts.grace_seconds, "restart": opts.restart,
                     "max_restarts": opts.max_restarts}}
@@ -259,8 +285,11 @@ def _handle(state: dict[str, Any]) -> tuple[Host, str]:
 
 def mirror(run_dir: Path, runner: Runner, remote_dir: str, timeout: float = 60.0) -> None:
     """Pull the remote run's log, metrics and small records into the local run directory (rsync: only what changed)."""
-    # --copy-links: an attached run's stdout.log links to the trainer's log there; here it is that log's content
-    extra = ["--copy-links", *(f"--include=/{n}" for n in MIRROR), "--include=/attempts/***", "--exclude=*"]
+    # --copy-links: an attached run's stdout.log links to the trainer's log there; here it is that log's content.
+    # evals/evals.json: the run's eval ledger lives where the run does (by-hand evals there, in place or from
+    # another host, are recorded in it): status here reads the copy
+    extra = ["--copy-links", *(f"--include=/{n}" for n in MIRROR), "--include=/attempts/***", "--include=/evals/",
+             "--include=/evals/evals.json", "--exclude=*"]
     runner.rsync([remote_dir.rstrip("/") + "/"], str(run_dir) + "/", up=False, extra=extra, timeout=timeout)
 
 
@@ -519,9 +548,19 @@ def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) 
     host = get_host(host_name)
     if state.get("executor") == "ssh":
         where, remote_dir = _handle(state)
+        src = Runner(where)
+        answer = call_remote(src, "ckpt", {"run_dir": remote_dir, "step": step, "list": where.name == host.name},
+                             timeout=600)
+        done = [c for c in answer.get("checkpoints") or [] if c.get("complete") and c.get("step") is not None
+                and (step is None or c["step"] == step)]
+        if where.name == host.name:  # its own host: nothing to copy (a record pushed over the run would replace it)
+            if not done:
+                raise RlctlError(f"{run_dir.name}: no complete checkpoint on {where.name}"
+                                 + (f" at step {step}" if step is not None else "") + ".",
+                                 hint=f"rlctl ckpt list {run_dir.name}")
+            return (f"step {done[-1]['step']} of {run_dir.name} is on {host.name} already (the run lives there: "
+                    f"rlctl launch RECIPE --on {host.name} --resume {run_dir.name} resumes from it)")
         if where.name != host.name:  # host to host (through here only when they do not reach each other)
-            src = Runner(where)
-            answer = call_remote(src, "ckpt", {"run_dir": remote_dir, "step": step}, timeout=600)
             if not answer.get("pick"):
                 raise RlctlError(f"{run_dir.name}: no complete checkpoint on {where.name}"
                                  + (f" at step {step}" if step is not None else "") + ".",
@@ -555,8 +594,11 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
     backend = state.get("backend", "")
     root = checkpoint_dir(run_dir).resolve()
     tops, files = [], []
-    for pick in picks:
-        for t in [Path(model_dir(pick))] if eval_only else pick.paths():
+    from rlctl.runs.checkpoints import root_markers
+
+    markers = [] if eval_only else root_markers(root)  # what a resume there reads besides the checkpoint
+    for pick, extra in zip(picks, [markers] + [[]] * (len(picks) - 1), strict=True):
+        for t in [Path(model_dir(pick))] if eval_only else [*pick.paths(), *extra]:
             rel = t.resolve().relative_to(root)
             tops.append(str(rel))
             items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())

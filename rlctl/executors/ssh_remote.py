@@ -206,6 +206,11 @@ def remote_launch(req: dict[str, Any]) -> dict[str, Any]:
     o = dict(req.get("options") or {})
     sets = list(o.get("sets") or [])
     sets += [f"{k}={stage / rel}" for k, rel in (req.get("paths") or {}).items()]  # the staged copies, not the laptop's
+    import shlex
+
+    for k, words in (req.get("commands") or {}).items():  # a command's scripts: their staged copies too
+        line = shlex.join(str(stage / w["staged"]) if isinstance(w, dict) else str(w) for w in words)
+        sets.append(f"{k}={json.dumps(line)}")
     opts = LaunchOptions(recipe=str(stage / req["recipe"]), sets=sets, detach=True,
                          smoke=bool(o.get("smoke")), name=o.get("name"), force=bool(o.get("force")),
                          resume=o.get("resume"), grace_seconds=float(o.get("grace", 30.0)),
@@ -261,8 +266,11 @@ def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict
             raise RlctlError(f"step {step} of {p.name} is not a complete checkpoint; only complete ones are moved.",
                              hint="rlctl ckpt list " + p.name)
     if pick is not None:
+        from rlctl.runs.checkpoints import root_markers
+
         files = []
-        for top in pick.paths():
+        tops_paths = [*pick.paths(), *root_markers(root)]  # with what a resume from the copy reads besides it
+        for top in tops_paths:
             top = top.resolve()
             items = [top] if top.is_file() else sorted(x for x in top.rglob("*") if x.is_file() and not x.is_symlink())
             for f in items:
@@ -272,7 +280,7 @@ def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict
                     continue
                 files.append({"rel": str(rel), "size": f.stat().st_size, "sha256": sha256_file(f)})
         tops = []
-        for t in pick.paths():
+        for t in tops_paths:
             try:
                 tops.append(str(t.resolve().relative_to(root)))
             except ValueError:

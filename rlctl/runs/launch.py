@@ -328,10 +328,10 @@ def stage_checkpoint(ckpt: Any, parent_root: Path, dest_root: Path) -> list[Path
         else:
             shutil.copy2(src, dst)
         copied.append(dst)
-    if parent_root.is_dir():
-        for p in parent_root.iterdir():
-            small = p.is_file() and not p.is_symlink() and p.stat().st_size < (1 << 20)
-            if small and not (dest_root / p.name).exists():
-                shutil.copy2(p, dest_root / p.name)
-                copied.append(dest_root / p.name)
+    from rlctl.runs.checkpoints import root_markers
+
+    for p in root_markers(parent_root):
+        if not (dest_root / p.name).exists():
+            shutil.copy2(p, dest_root / p.name)
+            copied.append(dest_root / p.name)
     return copied

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlctl.runs.state import RunStatus, find_run, run_status
+from rlctl.runs.state import RunStatus, find_run, read_state, run_status
 from rlctl.ui.progress import fmt_duration, fmt_num
 
 ENDED = ("finished", "failed", "stopped")  # a run's outcome: it changes no more
@@ -89,17 +89,27 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
 
 def by_hand_failures(run_dir: Path) -> list[dict[str, Any]]:
     """`rlctl eval` failures (here or --on a host) still standing: a step whose latest by-hand eval failed. The
-    supervisor's own eval failures are in state.json; these live only in the eval ledger."""
+    supervisor's own eval failures are in state.json; these live only in the eval ledger (a run on an SSH host: the
+    host's, mirrored here; an entry without a host ran where the run lives, its log there)."""
     from rlctl.evals.ledger import EVALS, read_ledger
     from rlctl.evals.loop import job_files
 
+    state = read_state(run_dir)
+    run_host, remote_dir = state.get("host"), state.get("remote_run_dir")
     latest: dict[int, dict[str, Any]] = {}
     for e in _list(read_ledger(run_dir).get("by_hand")):
         if isinstance(e, dict) and isinstance(e.get("step"), int):
             latest[e["step"]] = e  # appended in order: a later success clears an earlier failure
-    return [{"step": step, "error": e.get("error") or "failed", "by_hand": True, "host": e.get("host"),
-             "log": str(job_files(run_dir / EVALS, step)[2])}
-            for step, e in sorted(latest.items()) if e.get("outcome") == "failed"]
+    out = []
+    for step, e in sorted(latest.items()):
+        if e.get("outcome") != "failed":
+            continue
+        log = job_files(run_dir / EVALS, step)[2]
+        host = e.get("host") or run_host
+        where = str(log) if log.is_file() or not (host == run_host and remote_dir) else \
+            f"{run_host}:{job_files(Path(remote_dir) / EVALS, step)[2]}"
+        out.append({"step": step, "error": e.get("error") or "failed", "by_hand": True, "host": host, "log": where})
+    return out
 
 
 def _dict(v: Any) -> dict[str, Any] | None:
