@@ -15,6 +15,8 @@ standard library only: tests/fixtures/command/counter_trainer.py). Each test fai
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -131,3 +133,47 @@ def test_ckpt_push_of_a_host_run_and_resume_on_the_other_host(world, on_box1):  
     assert wait_for(lambda: read_state(on_spare).get("status") in ("finished", "failed"), timeout=300)
     log = (on_spare / "stdout.log").read_text()
     assert read_state(on_spare)["status"] == "finished" and "step 7 |" in log and "step 1 |" not in log, log[-1500:]
+
+
+# ---- a recipe in a git checkout whose HEAD is on no remote: HEAD's files travel, not the history ------------------
+
+def _git(repo: Path, *args: str) -> str:
+    p = subprocess.run(["git", "-C", str(repo), "-c", "user.name=u", "-c", "user.email=u@example.com", *args],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def test_launch_on_a_small_host_from_an_unpushed_checkout(world, tiny):  # noqa: F811
+    """The team's checkout holds 3 MB of data in its history (added, then removed) and its HEAD is on no remote
+    branch: `launch --on tiny` (a 4 MB disk) sends HEAD's files alone and the run starts (it sent the whole
+    repository and git's clone there failed: "unable to write file"). A HEAD whose files do not fit there either:
+    "disk full on tiny while ...", exit 1."""
+    proj = world.laptop / "proj"
+    proj.mkdir()
+    _git(proj, "init", "-q")
+    counter_project(proj)
+    (proj / "old-data.bin").write_bytes(os.urandom(3_000_000))
+    _git(proj, "add", ".")
+    _git(proj, "commit", "-qm", "a recipe and data")
+    _git(proj, "rm", "-q", "old-data.bin")
+    _git(proj, "commit", "-qm", "the data moved to the bucket")
+    head = _git(proj, "rev-parse", "HEAD")
+    r = cli("launch", "proj/c.toml", "--on", "tiny", "--detach")
+    assert r.code == 0, r.out + r.err
+    there = Path(read_state(world.laptop / "runs" / r.out.strip().splitlines()[-1])["remote_run_dir"])
+    assert read_state(world.laptop / "runs" / there.name)["git_sha"] == head
+    repos = tiny / "rlctl" / ".rlctl" / "repos" / head
+    assert (repos / "c.toml").is_file() and not (repos / "old-data.bin").exists()
+    assert wait_for(lambda: read_state(there).get("status") in ("finished", "failed"), timeout=300)
+    assert _git(proj, "status", "--porcelain") == "" and _git(proj, "rev-parse", "HEAD") == head  # untouched
+    # HEAD itself too large for what is left there: the bundle fits once, its clone does not
+    free = os.statvfs(tiny).f_bavail * os.statvfs(tiny).f_frsize
+    (proj / "weights.bin").write_bytes(os.urandom(int(free * 0.6)))
+    _git(proj, "add", ".")
+    _git(proj, "commit", "-qm", "weights")
+    r = cli("launch", "proj/c.toml", "--on", "tiny", "--detach")
+    assert r.code == 1 and "Traceback" not in r.err, r.out + r.err
+    assert "disk full on tiny while" in r.err and "unable to write" not in r.err.split("disk full")[0], r.err
+    assert "free space" in r.err and "rlctl hosts check tiny" in r.err, r.err
+    assert not (tiny / "rlctl" / ".rlctl" / "repos" / _git(proj, "rev-parse", "HEAD")).exists()  # space given back

@@ -159,9 +159,14 @@ def secrets_to_send(prep: Any) -> dict[str, str]:
 
 
 def git_bundle(recipe_path: Path, tmp: Path) -> tuple[dict[str, Any], Path] | None:
-    """When the recipe lives in a git repository whose HEAD no remote branch holds: a bundle of HEAD."""
-    def git(*a: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["git", "-C", str(recipe_path.parent), *a], capture_output=True, text=True, timeout=60)
+    """When the recipe lives in a git repository whose HEAD no remote branch holds: a bundle of HEAD's files, as one
+    commit without parents (HEAD's tree, dates and message line: the same bundle each time, so it travels once). The
+    host needs the code at HEAD, not the history: a repository whose past holds large files sent whole filled small
+    disks. Made in a repository of its own under `tmp` that borrows the user's objects: the user's is not written."""
+    def git(*a: str, cwd: Path = recipe_path.parent, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(cwd), *a], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **(env or {})})
 
     try:
         head = git("rev-parse", "HEAD")
@@ -173,11 +178,22 @@ def git_bundle(recipe_path: Path, tmp: Path) -> tuple[dict[str, Any], Path] | No
     pushed = git("branch", "-r", "--contains", sha)
     if pushed.returncode == 0 and pushed.stdout.strip():
         return None  # the host can fetch it; the referenced files travel anyway
-    bundle = tmp / "code.bundle"
-    b = git("bundle", "create", str(bundle), "HEAD")
-    if b.returncode != 0:
+    tree = git("rev-parse", "HEAD^{tree}").stdout.strip()
+    objects = Path(git("rev-parse", "--path-format=absolute", "--git-common-dir").stdout.strip()) / "objects"
+    when = git("log", "-1", "--format=%cI").stdout.strip()
+    snap = tmp / "snapshot"
+    if git("init", "-q", str(snap), cwd=tmp).returncode != 0 or not tree or not objects.is_dir():
         return None
-    return {"sha": sha}, bundle
+    (snap / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+    who = {"GIT_AUTHOR_NAME": "rlctl", "GIT_AUTHOR_EMAIL": "rlctl@localhost", "GIT_COMMITTER_NAME": "rlctl",
+           "GIT_COMMITTER_EMAIL": "rlctl@localhost", "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+    commit = git("commit-tree", tree, "-m", f"rlctl: the files of {sha}", cwd=snap, env=who).stdout.strip()
+    if not commit or git("update-ref", "refs/heads/rlctl-snapshot", commit, cwd=snap).returncode != 0:
+        return None
+    bundle = tmp / "code.bundle"
+    if git("bundle", "create", str(bundle), "rlctl-snapshot", cwd=snap).returncode != 0:
+        return None
+    return {"sha": sha, "tree": tree, "commit": commit}, bundle
 
 
 def send_blobs(runner: Runner, files: dict[str, Path], timeout: float) -> None:
@@ -212,7 +228,7 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
     request: dict[str, Any] = {
         "token": f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", "manifest": manifest,
         "recipe": str(prep.resolved.path.relative_to(base)), "env": env, "paths": path_keys(prep, base),
-        "commands": command_keys(prep, base),
+        "commands": command_keys(prep, base), "host": host.name,
         "options": {"sets": list(opts.sets), "smoke": opts.smoke, "name": opts.name or prep.recipe.name,
                     "force": opts.force, "resume": resume, "grace": opts.grace_seconds, "restart": opts.restart,
                     "max_restarts": opts.max_restarts}}
