@@ -66,8 +66,11 @@ def read_manifest(d: Path) -> dict[str, Any]:
 
 
 def write_manifest(d: Path, manifest: dict[str, Any]) -> None:
+    from rlctl.core.run_places import remember
+
     d.mkdir(parents=True, exist_ok=True)
     write_json(d / MANIFEST, manifest)
+    remember(d.parent.parent)  # its runs directory: found by name from anywhere before its first run starts
 
 
 def read_queue(d: Path) -> dict[str, Any]:
