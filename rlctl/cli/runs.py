@@ -217,6 +217,8 @@ def status(
     experiment: Annotated[str | None, typer.Option("--experiment", "-e", help="Only this experiment's runs.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each SSH host of remote runs.")]
     = 5.0,
+    all_dirs: Annotated[bool, typer.Option("--all", help="The runs of every directory you launched from, not only "
+                                           "./runs.")] = False,
 ) -> None:
     """Runs at a glance (grouped by experiment), or one run's progress, metrics, health and disk."""
     from rlctl.runs.status import show_status
@@ -227,8 +229,10 @@ def status(
     import os
 
     os.environ["RLCTL_SSH_TIMEOUT"] = str(timeout)  # the SSH executor's wait for `status RUN`
+    if all_dirs and run is not None:
+        raise RlctlError("--all lists runs; with a RUN it has nothing to add.", hint=f"rlctl status {run}")
     show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after, experiment=experiment,
-                timeout=timeout)
+                timeout=timeout, all_dirs=all_dirs)
 
 
 

@@ -39,7 +39,8 @@ MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl"
           "supervisor.log", "gpu_memory.jsonl")
 FORWARD = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # sent when set here, besides the recipe's refs
 STATE_KEYS = ("status", "exit_code", "started_at", "ended_at", "total_steps", "optimizer_steps", "backend", "version",
-              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "cause")
+              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "cause",
+              "eval_failures", "best_checkpoint", "stopped_by")
 
 
 # ---- facts -------------------------------------------------------------------------------------------------------
@@ -92,11 +93,19 @@ def _path_values(prep: Any) -> list[tuple[str, str]]:
             and re.fullmatch(r"[A-Za-z0-9_.]+", k)]  # --set takes plain key parts
 
 
+def _script_values(prep: Any) -> list[tuple[str, str]]:
+    """(command key, absolute path) of each local script a command key names (eval.command's eval script): the
+    host's run evaluates with the copy sent, not the laptop's path (rlctl.recipe.paths)."""
+    from rlctl.recipe.paths import command_scripts
+
+    return [(k, v) for k, v in command_scripts(prep.resolved.data) if Path(v).is_file()]
+
+
 def referenced_files(prep: Any) -> list[Path]:
     """Every local file the recipe needs: its extends chain, and what its path keys name (files, or all files of a
-    named directory)."""
+    named directory), the scripts its commands name included."""
     files: list[Path] = [Path(p) for p in prep.resolved.chain]
-    for _, value in _path_values(prep):
+    for _, value in _path_values(prep) + _script_values(prep):
         p = Path(value)
         if p.is_file():
             files.append(p.resolve())
@@ -120,6 +129,22 @@ def path_keys(prep: Any, base: Path) -> dict[str, str]:
     return out
 
 
+def command_keys(prep: Any, base: Path) -> dict[str, list[Any]]:
+    """Each command key that names a local script, as its words, the script given as {"staged": path relative to
+    the staged tree}: the remote side puts its own copy's path there."""
+    import shlex
+
+    scripts = {v for _, v in _script_values(prep)}
+    out: dict[str, list[Any]] = {}
+    for key in {k for k, _ in _script_values(prep)}:
+        table: Any = prep.resolved.data
+        for part in key.split("."):
+            table = table[part]
+        out[key] = [{"staged": str(Path(w).resolve().relative_to(base))} if w in scripts else w
+                    for w in shlex.split(table)]
+    return out
+
+
 def secrets_to_send(prep: Any) -> dict[str, str]:
     from rlctl.runs.rundir import SECRET_REF
     from rlctl.runs.store import store_env_names
@@ -136,9 +161,14 @@ def secrets_to_send(prep: Any) -> dict[str, str]:
 
 
 def git_bundle(recipe_path: Path, tmp: Path) -> tuple[dict[str, Any], Path] | None:
-    """When the recipe lives in a git repository whose HEAD no remote branch holds: a bundle of HEAD."""
-    def git(*a: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["git", "-C", str(recipe_path.parent), *a], capture_output=True, text=True, timeout=60)
+    """When the recipe lives in a git repository whose HEAD no remote branch holds: a bundle of HEAD's files, as one
+    commit without parents (HEAD's tree, dates and message line: the same bundle each time, so it travels once). The
+    host needs the code at HEAD, not the history: a repository whose past holds large files sent whole filled small
+    disks. Made in a repository of its own under `tmp` that borrows the user's objects: the user's is not written."""
+    def git(*a: str, cwd: Path = recipe_path.parent, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(cwd), *a], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **(env or {})})
 
     try:
         head = git("rev-parse", "HEAD")
@@ -150,11 +180,22 @@ def git_bundle(recipe_path: Path, tmp: Path) -> tuple[dict[str, Any], Path] | No
     pushed = git("branch", "-r", "--contains", sha)
     if pushed.returncode == 0 and pushed.stdout.strip():
         return None  # the host can fetch it; the referenced files travel anyway
-    bundle = tmp / "code.bundle"
-    b = git("bundle", "create", str(bundle), "HEAD")
-    if b.returncode != 0:
+    tree = git("rev-parse", "HEAD^{tree}").stdout.strip()
+    objects = Path(git("rev-parse", "--path-format=absolute", "--git-common-dir").stdout.strip()) / "objects"
+    when = git("log", "-1", "--format=%cI").stdout.strip()
+    snap = tmp / "snapshot"
+    if git("init", "-q", str(snap), cwd=tmp).returncode != 0 or not tree or not objects.is_dir():
         return None
-    return {"sha": sha}, bundle
+    (snap / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+    who = {"GIT_AUTHOR_NAME": "rlctl", "GIT_AUTHOR_EMAIL": "rlctl@localhost", "GIT_COMMITTER_NAME": "rlctl",
+           "GIT_COMMITTER_EMAIL": "rlctl@localhost", "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+    commit = git("commit-tree", tree, "-m", f"rlctl: the files of {sha}", cwd=snap, env=who).stdout.strip()
+    if not commit or git("update-ref", "refs/heads/rlctl-snapshot", commit, cwd=snap).returncode != 0:
+        return None
+    bundle = tmp / "code.bundle"
+    if git("bundle", "create", str(bundle), "rlctl-snapshot", cwd=snap).returncode != 0:
+        return None
+    return {"sha": sha, "tree": tree, "commit": commit}, bundle
 
 
 def send_blobs(runner: Runner, files: dict[str, Path], timeout: float) -> None:
@@ -192,6 +233,7 @@ def launch_remote(opts: Any, host_name: str, out: Any = None, *, prep: Any = Non
     request: dict[str, Any] = {
         "token": f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", "manifest": manifest,
         "recipe": str(prep.resolved.path.relative_to(base)), "env": env, "paths": path_keys(prep, base),
+        "commands": command_keys(prep, base), "host": host.name,
         "options": {"sets": list(opts.sets), "smoke": opts.smoke, "name": opts.name or prep.recipe.name,
                     "force": opts.force, "resume": resume, "grace": opts.grace_seconds, "restart": opts.restart,
                     "max_restarts": opts.max_restarts, "executor": opts.executor, "placement": opts.placement,
@@ -274,8 +316,11 @@ def _handle(state: dict[str, Any]) -> tuple[Host, str]:
 
 def mirror(run_dir: Path, runner: Runner, remote_dir: str, timeout: float = 60.0) -> None:
     """Pull the remote run's log, metrics and small records into the local run directory (rsync: only what changed)."""
-    # --copy-links: an attached run's stdout.log links to the trainer's log there; here it is that log's content
-    extra = ["--copy-links", *(f"--include=/{n}" for n in MIRROR), "--include=/attempts/***", "--exclude=*"]
+    # --copy-links: an attached run's stdout.log links to the trainer's log there; here it is that log's content.
+    # evals/evals.json: the run's eval ledger lives where the run does (by-hand evals there, in place or from
+    # another host, are recorded in it): status here reads the copy
+    extra = ["--copy-links", *(f"--include=/{n}" for n in MIRROR), "--include=/attempts/***", "--include=/evals/",
+             "--include=/evals/evals.json", "--exclude=*"]
     runner.rsync([remote_dir.rstrip("/") + "/"], str(run_dir) + "/", up=False, extra=extra, timeout=timeout)
 
 
@@ -542,9 +587,19 @@ def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) 
     host = get_host(host_name)
     if state.get("executor") == "ssh":
         where, remote_dir = _handle(state)
+        src = Runner(where)
+        answer = call_remote(src, "ckpt", {"run_dir": remote_dir, "step": step, "list": where.name == host.name},
+                             timeout=600)
+        done = [c for c in answer.get("checkpoints") or [] if c.get("complete") and c.get("step") is not None
+                and (step is None or c["step"] == step)]
+        if where.name == host.name:  # its own host: nothing to copy (a record pushed over the run would replace it)
+            if not done:
+                raise RlctlError(f"{run_dir.name}: no complete checkpoint on {where.name}"
+                                 + (f" at step {step}" if step is not None else "") + ".",
+                                 hint=f"rlctl ckpt list {run_dir.name}")
+            return (f"step {done[-1]['step']} of {run_dir.name} is on {host.name} already (the run lives there: "
+                    f"rlctl launch RECIPE --on {host.name} --resume {run_dir.name} resumes from it)")
         if where.name != host.name:  # host to host (through here only when they do not reach each other)
-            src = Runner(where)
-            answer = call_remote(src, "ckpt", {"run_dir": remote_dir, "step": step}, timeout=600)
             if not answer.get("pick"):
                 raise RlctlError(f"{run_dir.name}: no complete checkpoint on {where.name}"
                                  + (f" at step {step}" if step is not None else "") + ".",
@@ -579,8 +634,11 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
     backend = state.get("backend", "")
     root = checkpoint_dir(run_dir).resolve()
     tops, files = [], []
-    for pick in picks:
-        for t in [Path(model_dir(pick))] if eval_only else pick.paths():
+    from rlctl.runs.checkpoints import root_markers
+
+    markers = [] if eval_only else root_markers(root)  # what a resume there reads besides the checkpoint
+    for pick, extra in zip(picks, [markers] + [[]] * (len(picks) - 1), strict=True):
+        for t in [Path(model_dir(pick))] if eval_only else [*pick.paths(), *extra]:
             rel = t.resolve().relative_to(root)
             tops.append(str(rel))
             items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())

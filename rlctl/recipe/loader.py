@@ -159,7 +159,22 @@ def read_toml(path: Path) -> tuple[dict[str, Any], str]:
         ) from None
     except Exception as e:  # tomlkit raises assorted errors on odd input; none must escape as a traceback
         raise RecipeError(f"{path}: malformed TOML: {e}.") from None
-    return _plain(doc.unwrap()), text
+    data = _plain(doc.unwrap())
+    env = doc.get("env")
+    if isinstance(data.get("env"), dict) and hasattr(env, "items"):
+        for k, v in env.items():
+            data["env"][str(k)] = env_value(data["env"][str(k)], v.as_string() if hasattr(v, "as_string") else "")
+    return data, text
+
+
+def env_value(value: Any, typed: str) -> Any:
+    """An environment variable's value is a string: a number (or true/false) given for one is the string as it was
+    typed (`0.250` stays `0.250`, `12.10` is not the float 12.1); anything else is left for validation to name."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return typed.strip() or str(value)
+    return value
 
 
 def _plain(value: Any) -> Any:
@@ -198,6 +213,9 @@ def locate(text: str, dotted: str) -> int | None:
 
 # --------------------------------------------------------------------------------------------------------------
 # extends and --set
+
+SET = "--set"
+OPTIONS = ("--grid", "[sweep] grid")  # the other options whose values reach a recipe as sets (a sweep's)
 
 
 def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[str, Path], list[Path], dict[Path, str]]:
@@ -270,11 +288,17 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
-    return key.split("."), value
+    keys = key.split(".")
+    if keys[0] == "env" and len(keys) == 2:
+        value = env_value(value, raw)
+    return keys, value
 
 
-def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path]) -> None:
-    """Each `--set k=v` over the loaded recipe; a path it gives is relative to where the command was typed."""
+def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path],
+               options: dict[str, str] | None = None) -> None:
+    """Each `--set k=v` over the loaded recipe; a path it gives is relative to where the command was typed.
+    `options` names the option a key came from when it was not --set (a sweep's `--grid`, `[sweep] grid`): an error
+    about it names that option."""
     for expr in sets:
         keys, value = parse_set(expr)
         fragment: Any = value
@@ -292,7 +316,25 @@ def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path]) 
                 node[k] = nxt
             node = nxt
         node[keys[-1]] = value
-        origins[".".join(keys)] = Path("--set")
+        dotted = ".".join(keys)
+        origins[dotted] = Path((options or {}).get(dotted, SET))
+
+
+def resolved_sets(sets: list[str], base: Path) -> list[str]:
+    """`--set` expressions as they must be kept to mean the same elsewhere (an experiment's arms, replayed by its
+    queue in whatever directory it was started from): a path key's value made absolute against `base`
+    (rlctl.recipe.paths), every other expression as typed."""
+    out = []
+    for expr in sets:
+        keys, value = parse_set(expr)
+        fragment: Any = value
+        for k in reversed(keys):
+            fragment = {k: fragment}
+        paths.resolve(fragment, base)
+        for k in keys:
+            fragment = fragment[k]
+        out.append(f"{'.'.join(keys)}={json.dumps(fragment)}" if fragment != value else expr)
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -358,8 +400,8 @@ def _where(dotted: str, origins: dict[str, Path], texts: dict[Path, str], top: P
                 break
     if src is None:
         src = top
-    if str(src) == "--set":
-        return "--set"
+    if str(src) == SET or str(src) in OPTIONS:
+        return str(src)
     line = locate(texts.get(src, ""), dotted)
     return f"{src}:{line}" if line else str(src)
 
@@ -451,12 +493,13 @@ def validate(
         raise RecipeError("\n".join(problems)) from None
 
 
-def load(path: str | Path, sets: list[str] | None = None) -> ResolvedRecipe:
-    """Load a recipe file (or a bundled recipe by name) with its extends chain and --set overrides, validated."""
+def load(path: str | Path, sets: list[str] | None = None, options: dict[str, str] | None = None) -> ResolvedRecipe:
+    """Load a recipe file (or a bundled recipe by name) with its extends chain and --set overrides, validated.
+    `options`: {dotted key: the option that set it} for keys set by another option than --set (apply_sets)."""
     p = Path(path)
     if not p.exists() and bundled_recipe(str(path)) is not None and "/" not in str(path):
         p = bundled_recipe(str(path))  # type: ignore[assignment]
     data, origins, chain, texts = _load_chain(p, [])
-    apply_sets(data, sets or [], origins)
+    apply_sets(data, sets or [], origins, options)
     recipe = validate(data, origins, texts, p.resolve())
     return ResolvedRecipe(recipe=recipe, data=data, path=p.resolve(), origins=origins, chain=chain)

@@ -575,10 +575,16 @@ class Recipe(Section):
     @property
     def trainer_gpu_count(self) -> int:
         """GPUs running the trainer across all nodes. A backend with no inference engine (`uses_vllm` false: it
-        generates in its own processes, or it is a command rlctl cannot see into) leaves no GPU to one."""
+        generates in its own processes, or it is a command rlctl cannot see into) leaves no GPU to one; one whose
+        engines share the trainer's GPUs as it runs the recipe (Backend.colocated: e.g. TRL's default vllm_mode,
+        verl's hybrid engine) trains on all of them, `resources.colocate` or not."""
         if self.resources.trainer_gpus is not None:
             return len(self.resources.trainer_gpus) * self.resources.nodes
         if self.resources.colocate or not self.uses_vllm:
+            return self.total_gpus
+        from rlctl.backends import get_backend
+
+        if get_backend(self.backend.name).colocated(self):
             return self.total_gpus
         return max(self.total_gpus - self.inference_gpu_count, 0)
 

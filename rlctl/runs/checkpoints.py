@@ -33,6 +33,20 @@ def checkpoint_dir(run_dir: Path, configured: str | None = None) -> Path:
     return p if p.is_absolute() else run_dir / p
 
 
+MARKER_MAX = 1 << 20
+
+
+def root_markers(root: Path) -> list[Path]:
+    """The small files at the top of a checkpoint root that go with any checkpoint copied out of it (a `latest`
+    pointer, the command backend's layout descriptor `.rlctl-checkpoints.json`): what a resume from a copy reads
+    besides the checkpoint itself. Regular files under 1 MiB, no links."""
+    try:
+        return sorted(p for p in root.iterdir()
+                      if p.is_file() and not p.is_symlink() and p.stat().st_size < MARKER_MAX)
+    except OSError:
+        return []
+
+
 def find_checkpoints(backend: str, run_dir: Path, root: Path | None = None) -> list[Checkpoint]:
     """The run's checkpoints in the backend's own layout (its adapter knows it), oldest first."""
     from rlctl.backends import get_backend

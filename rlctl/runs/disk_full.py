@@ -25,7 +25,12 @@ def low_disk(run_dir: Path) -> str | None:
     """"N bytes free at PATH" when the disk where the run (or its checkpoint directory) writes is full, else None."""
     from rlctl.runs.checkpoints import checkpoint_dir
 
-    for where in (run_dir, checkpoint_dir(run_dir)):
+    return low_disk_at(run_dir, checkpoint_dir(run_dir))
+
+
+def low_disk_at(*paths: Path) -> str | None:
+    """"N bytes free at PATH" for the first of these whose disk is full, else None."""
+    for where in paths:
         try:
             free = shutil.disk_usage(where).free
         except OSError:
@@ -102,10 +107,17 @@ def settle(run_dir: Path, state: dict[str, Any], status: str) -> tuple[str, dict
     return "failed", cause
 
 
+def full_while(doing: str, host: str | None) -> str:
+    """"disk full on HOST while DOING", as `say` words a run's cause (HOST: the host's name as hosts.toml has it,
+    when the laptop said it, else this machine's name)."""
+    return f"disk full on {host or socket.gethostname()} while {doing}"
+
+
 def say(cause: dict[str, Any] | None, host: str | None) -> str | None:
     """"disk full on HOST while saving checkpoint-N" (HOST: the host's name as hosts.toml has it, else this
     machine's name)."""
     if not isinstance(cause, dict) or cause.get("what") != "disk full":
         return None
-    where = host or socket.gethostname()
-    return f"disk full on {where}" + (f" while saving {cause['checkpoint']}" if cause.get("checkpoint") else "")
+    if cause.get("checkpoint"):
+        return full_while(f"saving {cause['checkpoint']}", host)
+    return f"disk full on {host or socket.gethostname()}"

@@ -162,6 +162,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         recipe.checkpoint.resume = remote["step"]
     elif opts.resume:
         resumed_from = find_run(opts.resume)
+        _not_running(resumed_from, opts.force, out)
         parent_ckpt = _parent_checkpoint(prep.backend, resumed_from)
         recipe.checkpoint.resume = parent_ckpt.step
     prep.plan = prep.backend.render(recipe, prep.dataset_size)
@@ -313,6 +314,23 @@ def _ckpt_root(run: Path) -> Path:
     return checkpoint_dir(run)
 
 
+def _not_running(parent: Path, force: bool, out: Any) -> None:
+    """--resume of a run that still trains would start a second run from its checkpoint beside it (a fork, both
+    writing their own checkpoints): refused unless --force, and said either way."""
+    from rlctl.runs.state import ACTIVE, settled_status
+
+    status = settled_status(parent)
+    if status not in ACTIVE:
+        return
+    if not force:
+        raise RlctlError(f"--resume {parent.name}: that run is still {status}; a new run from its checkpoint would "
+                         "train beside it (a fork), not take over.",
+                         hint=f"stop it first (rlctl stop {parent.name}) and launch again to continue it; or add "
+                              "--force to fork it on purpose")
+    print(f"rlctl: {parent.name} is still {status}: forking it (--force); it goes on, the new run starts from its "
+          "checkpoint", file=out)
+
+
 def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
     """The parent run's newest complete checkpoint — or, when a stop_when rule stopped it, the checkpoint marked
     best by its primary eval (docs/eval.md) — or a clear error."""
@@ -369,10 +387,10 @@ def stage_checkpoint(ckpt: Any, parent_root: Path, dest_root: Path) -> list[Path
         else:
             shutil.copy2(src, dst)
         copied.append(dst)
-    if parent_root.is_dir():
-        for p in parent_root.iterdir():
-            small = p.is_file() and not p.is_symlink() and p.stat().st_size < (1 << 20)
-            if small and not (dest_root / p.name).exists():
-                shutil.copy2(p, dest_root / p.name)
-                copied.append(dest_root / p.name)
+    from rlctl.runs.checkpoints import root_markers
+
+    for p in root_markers(parent_root):
+        if not (dest_root / p.name).exists():
+            shutil.copy2(p, dest_root / p.name)
+            copied.append(dest_root / p.name)
     return copied

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlctl.runs.state import RunStatus, find_run, run_status
+from rlctl.runs.state import RunStatus, find_run, read_state, run_status
 from rlctl.ui.progress import fmt_duration, fmt_num
 
 ENDED = ("finished", "failed", "stopped")  # a run's outcome: it changes no more
@@ -112,17 +112,27 @@ def _lineage(state: dict[str, Any]) -> list[dict[str, Any]]:
 
 def by_hand_failures(run_dir: Path) -> list[dict[str, Any]]:
     """`rlctl eval` failures (here or --on a host) still standing: a step whose latest by-hand eval failed. The
-    supervisor's own eval failures are in state.json; these live only in the eval ledger."""
+    supervisor's own eval failures are in state.json; these live only in the eval ledger (a run on an SSH host: the
+    host's, mirrored here; an entry without a host ran where the run lives, its log there)."""
     from rlctl.evals.ledger import EVALS, read_ledger
     from rlctl.evals.loop import job_files
 
+    state = read_state(run_dir)
+    run_host, remote_dir = state.get("host"), state.get("remote_run_dir")
     latest: dict[int, dict[str, Any]] = {}
     for e in _list(read_ledger(run_dir).get("by_hand")):
         if isinstance(e, dict) and isinstance(e.get("step"), int):
             latest[e["step"]] = e  # appended in order: a later success clears an earlier failure
-    return [{"step": step, "error": e.get("error") or "failed", "by_hand": True, "host": e.get("host"),
-             "log": str(job_files(run_dir / EVALS, step)[2])}
-            for step, e in sorted(latest.items()) if e.get("outcome") == "failed"]
+    out = []
+    for step, e in sorted(latest.items()):
+        if e.get("outcome") != "failed":
+            continue
+        log = job_files(run_dir / EVALS, step)[2]
+        host = e.get("host") or run_host
+        where = str(log) if log.is_file() or not (host == run_host and remote_dir) else \
+            f"{run_host}:{job_files(Path(remote_dir) / EVALS, step)[2]}"
+        out.append({"step": step, "error": e.get("error") or "failed", "by_hand": True, "host": host, "log": where})
+    return out
 
 
 def _dict(v: Any) -> dict[str, Any] | None:
@@ -321,12 +331,14 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
 
 
 def render(run: str | None, as_json: bool, stall_after: float, experiment: str | None = None,
-           timeout: float = 5.0) -> str:
+           timeout: float = 5.0, all_dirs: bool = False, root: Path | None = None) -> str:
+    if run is None and all_dirs:
+        return _render_all(as_json, stall_after, experiment, timeout)
     if run is None:  # the listing reads the index (rlctl.runs.index), never every run's logs
         from rlctl.runs.index import grouped
         from rlctl.runs.index import rows as index_rows
 
-        rows = index_rows(summary, experiment=experiment, stall_after=stall_after)
+        rows = index_rows(summary, root=root, experiment=experiment, stall_after=stall_after)
         # runs on SSH hosts: one round trip per host, hosts in parallel (the index settles none of them)
         remote = remote_rows([Path(r["path"]) for r in rows if r.get("host")], stall_after, timeout)
         rows = [{**r, **remote[Path(r["path"])]} if Path(r["path"]) in remote else {**r, "host": r.get("host")}
@@ -335,24 +347,48 @@ def render(run: str | None, as_json: bool, stall_after: float, experiment: str |
             return json.dumps(rows, indent=2, default=str)
         groups = [(f"experiment {e} ({len(g)} runs)" if e else None, _table(g)) for e, g in grouped(rows)]
         text = "\n\n".join(f"{h}\n{t}" if h else t for h, t in groups)
-        if rows:
-            return text
+        if rows or root is not None:
+            return text if rows else ""
         from rlctl.core.state import FIND_A_RUN, WHERE_RUNS_LIVE, runs_root
 
         return (f"no runs in {runs_root().absolute()}: {WHERE_RUNS_LIVE}. rlctl launch RECIPE starts one here; "
-                f"for a run launched elsewhere, {FIND_A_RUN}.")
+                f"rlctl status --all lists the runs of every directory you launched from; a run is also found by "
+                f"its name from here (rlctl status NAME); or {FIND_A_RUN}.")
     d = detail(run_status(find_run(run), stall_after))
     return json.dumps(d, indent=2, default=str) if as_json else _detail_text(d)
 
 
+def _render_all(as_json: bool, stall_after: float, experiment: str | None, timeout: float) -> str:
+    """`status --all`: the table of each runs directory this user launched in (rlctl.core.run_places), ./runs first;
+    each from its own index, as a plain `status` there."""
+    from rlctl.core.run_places import known_roots
+    from rlctl.core.state import runs_root
+
+    here = runs_root().absolute()
+    roots = [here] + [r for r in reversed(known_roots()) if r != here]
+    if as_json:
+        out = []
+        for r in roots:
+            out += [{**row, "runs_dir": str(r)} for row in json.loads(render(None, True, stall_after, experiment,
+                                                                             timeout, root=r))]
+        return json.dumps(out, indent=2, default=str)
+    parts = []
+    for r in roots:
+        text = render(None, False, stall_after, experiment, timeout, root=r) if r.is_dir() else ""
+        if text.strip():
+            parts.append(f"runs in {r}\n{text}")
+    return "\n\n".join(parts) or "no runs in any directory rlctl launched in for you"
+
+
 def show_status(run: str | None, as_json: bool = False, watch: bool = False, interval: float = 2.0,
-                stall_after: float = 1800, experiment: str | None = None, timeout: float = 5.0) -> None:
+                stall_after: float = 1800, experiment: str | None = None, timeout: float = 5.0,
+                all_dirs: bool = False) -> None:
     if not watch:
-        sys.stdout.write(render(run, as_json, stall_after, experiment, timeout) + "\n")
+        sys.stdout.write(render(run, as_json, stall_after, experiment, timeout, all_dirs) + "\n")
         return
     try:
         while True:
-            text = render(run, as_json, stall_after, experiment, timeout)
+            text = render(run, as_json, stall_after, experiment, timeout, all_dirs)
             if sys.stdout.isatty():
                 sys.stdout.write("\x1b[2J\x1b[H")
             sys.stdout.write(text + "\n")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlctl.errors import RlctlError
+from rlctl.errors import CheckFailed, RlctlError
 from rlctl.metrics.sinks import SinkPump
 from rlctl.metrics.stream import LOG, METRICS, STEP_FLOOR, ingest
 from rlctl.metrics.stream import STATE as INGEST_STATE
@@ -690,16 +690,24 @@ def start_detached(run_dir: Path, env: dict[str, str], resume: bool = False, tim
             break
         time.sleep(0.1)
     st = read_state(run_dir)
+    said = _log_since(log_path, start)
+    tail = "".join(f"\n  | {line}" for line in said[-8:])
     if st.get("status") == "failed" and st.get("error"):
-        raise RlctlError(f"{run_dir.name} failed to start: {st['error']} (see {log_path})")
-    if p.poll() not in (None, 0) and st.get("supervisor_pid") != p.pid:  # it died before it took the run: say why
-        said: list[str] = []
-        with contextlib.suppress(OSError), open(log_path, "rb") as fh:
-            fh.seek(start)
-            said = [x for x in fh.read().decode("utf-8", "replace").splitlines() if x.strip()]
-        last = said[-1] if said else f"exit code {p.returncode}"
-        raise RlctlError(f"{run_dir.name}: the supervisor exited before it picked the run up: {last}",
-                         hint=f"see {log_path}")
+        raise CheckFailed(f"{run_dir.name} failed to start: {st['error']}{tail}", hint=f"see {log_path}")
+    if p.poll() is None:  # alive, yet it never took the run: said, not taken for the state as it was
+        raise CheckFailed(f"{run_dir.name}: the supervisor (pid {p.pid}) did not take the run up within {timeout:g} s"
+                          f"{tail}", hint=f"see {log_path}; rlctl status {run_dir.name}")
+    if p.returncode != 0 and st.get("supervisor_pid") != p.pid:  # died before it took the run: its own last words
+        raise CheckFailed(f"{run_dir.name}: the supervisor exited (code {p.returncode}) before it took the run up; "
+                          f"the end of {log_path.name}:{tail or ' (nothing)'}", hint=f"see {log_path}")
+
+
+def _log_since(log_path: Path, start: int) -> list[str]:
+    """The lines a supervisor wrote to its log after `start` (its own start)."""
+    with contextlib.suppress(OSError), open(log_path, "rb") as fh:
+        fh.seek(start)
+        return [x.rstrip() for x in fh.read().decode("utf-8", "replace").splitlines() if x.strip()]
+    return []
 
 
 def _pick_up_check(run_dir: Path) -> str | None:
