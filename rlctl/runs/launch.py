@@ -180,6 +180,9 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         child_env["WANDB_RESUME"] = "allow"
     data = masked_recipe_data(recipe.model_dump(mode="json", exclude_none=True))
     (run_dir / "recipe.toml").write_text(dump_toml(data))
+    from rlctl.runs.components import write_components
+
+    write_components(run_dir, prep.backend, recipe)  # where each component logs: status reads it, no recipe parse
     plan = prep.backend.prepare_launch(prep.plan, run_dir)
     plan.write(run_dir)
     from rlctl.evals.in_loop import write_context

@@ -39,7 +39,11 @@ def show_logs(run_dir: Path, follow: bool = False, metrics: bool = False, lines:
     if metrics and state.get("backend"):
         ingest(run_dir, state["backend"], final=state.get("status") not in ACTIVE)
         _report_unparsed(run_dir, state)
-    path = run_dir / (METRICS if metrics else LOG)
+    follow_file(run_dir, run_dir / (METRICS if metrics else LOG), lines, follow, metrics)
+
+
+def follow_file(run_dir: Path, path: Path, lines: int = 0, follow: bool = True, metrics: bool = False) -> None:
+    """Print `path` (from its last `lines` lines); with `follow`, keep printing until the run ends."""
     if path.exists() and not path.is_file():  # a FIFO or device would block or never end
         raise RlctlError(f"{path}: not a regular file; rlctl reads logs only from files.",
                          hint="remove it; the run writes a plain file there")

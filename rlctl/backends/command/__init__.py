@@ -28,6 +28,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rlctl.backends.base import Backend, Finding, LaunchPlan
 from rlctl.backends.command import runner as _runner
+from rlctl.core.components import Component
 from rlctl.errors import RlctlError
 from rlctl.recipe.schema import BackendExtra
 
@@ -135,6 +136,13 @@ class CommandOptions(BackendExtra):
     resume_command: list[str] | str | None = Field(
         default=None, description="A whole other command that resumes (instead of command + resume_args); same "
         "placeholders as resume_args.")
+    logs: dict[str, str] = Field(
+        default_factory=dict, description="Logs of the trainer's components besides its output, by component: e.g. "
+        "{ inference = \"/tmp/vllm.log\" } (relative paths: to the command's working directory); `rlctl logs RUN "
+        "--component NAME` shows them, and an inference log is read for the causes of death.")
+    processes: dict[str, str] = Field(
+        default_factory=dict, description="A regex over a component's process command line, e.g. { inference = "
+        "\"vllm serve\" }: rlctl sees when that process is gone while the trainer lives (docs/resilience.md).")
 
     @field_validator("log_pattern")
     @classmethod
@@ -173,6 +181,29 @@ class CommandOptions(BackendExtra):
                                  + ", ".join(f"{{{f}}}" for f in RESUME_FIELDS))
         return v
 
+    @field_validator("logs", "processes")
+    @classmethod
+    def _components(cls, v: dict[str, str]) -> dict[str, str]:
+        from rlctl.core.components import NAME
+
+        for name, value in v.items():
+            if not NAME.fullmatch(name) or name in ("supervisor", "ray"):
+                raise ValueError(f"{name!r}: a component name is letters, digits, '_' or '-' (and not supervisor or "
+                                 "ray, which are rlctl's own), e.g. inference")
+            if not value.strip():
+                raise ValueError(f"{name} = {value!r}: empty")
+        return v
+
+    @field_validator("processes")
+    @classmethod
+    def _process_regexes(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, p in v.items():
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"processes.{name} = {p!r} is not a regex: {e}") from None
+        return v
+
     @model_validator(mode="after")
     def _command(self) -> CommandOptions:
         if not _argv(self.command):
@@ -198,6 +229,35 @@ class CommandBackend(Backend):
 
     def uses_vllm(self, recipe: Recipe) -> bool:
         return False  # unknown: no vLLM rule applies to a command rlctl cannot see into
+
+    def gpu_roles(self, recipe: Recipe) -> list[set[str]] | None:
+        """The command's GPUs are the trainer's, unless the recipe says which hold its inference engine
+        (resources.inference_gpus, e.g. seed 004's inference GPU 0 and trainer GPU 1)."""
+        res = recipe.resources
+        if res.inference_gpus is None:
+            return super().gpu_roles(recipe)
+        inf = set(res.inference_gpus)
+        trn = set(res.trainer_gpus) if res.trainer_gpus is not None else set(range(res.gpus_per_node)) - inf
+        return [{role for role, ids in (("trainer", trn), ("vllm", inf)) if i in ids}
+                for i in range(res.gpus_per_node)]
+
+    def log_components(self, recipe: Recipe) -> dict[str, Component]:
+        """The command's output (stdout.log) is the trainer's; `logs` names the others' files, `processes` their
+        processes."""
+        opts = recipe.backend.table(self.name)
+        out = super().log_components(recipe)
+        if not isinstance(opts, CommandOptions):
+            return out
+        cwd = opts.cwd or "."
+        for name, path in opts.logs.items():
+            where = path if Path(path).is_absolute() else str(Path(cwd) / path)
+            out[name] = Component(name, files=(where,), process=opts.processes.get(name), where=where)
+        for name, rx in opts.processes.items():
+            if name not in out:
+                out[name] = Component(name, process=rx, where="no log file named (backend.command.logs)")
+            elif name == "trainer":
+                out[name] = Component(name, main_log=True, process=rx, where=out[name].where)
+        return out
 
     def options(self, recipe: Recipe) -> CommandOptions:
         table = recipe.backend.table(self.name)
