@@ -188,6 +188,11 @@ def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> Non
 
         done = read_ledger(run_dir).get("done") or {}
         pending = {c.step for c in find_checkpoints(spec.get("backend", ""), run_dir) if str(c.step) not in done}
+    from rlctl.runs.sync import latest_synced
+
+    synced = latest_synced(run_dir)  # the newest synced one stays here too (where a failover starts from)
+    if synced is not None:
+        pending.add(synced)
     try:
         doomed = prune(spec.get("backend", ""), run_dir, keep_last, keep_best=True,
                        root=checkpoint_dir(run_dir, spec.get("checkpoint_dir")), keep_steps=pending)

@@ -119,8 +119,10 @@ def check(run_dir: Path, spec: dict[str, Any]) -> Pressure | None:
     newest = complete[-1] if complete else None
     saving = [c for c in ckpts if not c.complete and (newest is None or c.step > newest.step)]
     next_bytes = on_disk(newest) if newest is not None else None
-    need = max((next_bytes or 0) - sum(on_disk(c) for c in saving), 0) + floor
     free = shutil.disk_usage(probe).free
+    if free >= (next_bytes or 0) + floor:  # the common case: no save in progress is walked
+        return None
+    need = max((next_bytes or 0) - sum(on_disk(c) for c in saving), 0) + floor
     if free >= need:
         return None
     event: dict[str, Any] = {"event": "disk_pressure", "free": free, "need": need}

@@ -200,6 +200,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         "argv": executor.command(plan, prep.backend, {}), "backend": plan.backend, "executor": executor.name,
         "grace_seconds": opts.grace_seconds,
         "keep_last": recipe.checkpoint.keep_last, "checkpoint_dir": recipe.checkpoint.dir,
+        "min_free_gb": recipe.checkpoint.min_free_gb,
         "disk_headroom": recipe.preflight.disk_headroom,
         "prune_during_run": bool(recipe.checkpoint.keep_last) and prep.backend.prune_during_run(recipe),
         "sinks": sink_spec(recipe, run_dir, wandb_id),

@@ -19,6 +19,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -98,11 +99,12 @@ class StallDetector:
         if self.pattern_hit is not None and now - max(since, self.pattern_hit_at or since) >= self.cfg.floor_s:
             return f"no new step for {now - since:.0f}s after the log said: {self.pattern_hit}"
         if watch is not None:
-            limit = self.idle_limit()
+            limit = self.cfg.inference_idle_s  # an engine that is gone stays gone, checkpoint save or not
             gone = watch.gone()
             if gone is not None and now - max(since, gone[0]) >= limit:
                 return (f"the inference engine is gone ({gone[1]}) while the trainer waits: no new step for "
                         f"{now - since:.0f}s (limit {limit:.0f}s, run.stall.inference_idle_s)")
+            limit = self.idle_limit()
             idle = watch.idle() if self.last_step_at is not None else None  # loading a model idles GPUs too
             if idle is not None and now - max(since, idle[0]) >= limit:
                 return (f"{idle[1]}: no new step for {now - since:.0f}s (limit {limit:.0f}s, "
@@ -188,7 +190,8 @@ class InferenceWatch:
         whys, since = [], []
         if self.proc_gone_at is not None:
             pid, cmd = next(iter(self.seen.items()))
-            whys.append(f"its process {pid} `{cmd[:80]}` is gone")
+            short = " ".join(a.rsplit("/", 1)[-1] for a in cmd.split())  # paths as their last part
+            whys.append(f"its process {pid} `{short[:100]}` is gone")
             since.append(self.proc_gone_at)
         if self.gpu_gone_at is not None:
             whys.append(self.gpu_gone_why)
@@ -268,7 +271,8 @@ def save_evidence(out: Path, log: Path, reason: str, pids: list[int],
     parts = [f"# {time.strftime('%Y-%m-%d %H:%M:%S')}  {reason}\n", "\n## last log lines\n", tail_lines(log)]
     for title, text in (extra or {}).items():
         parts += [f"\n## {title}\n", text if text.endswith("\n") or not text else text + "\n"]
-    spy = shutil.which("py-spy")
+    # on PATH, else beside this interpreter (a venv's py-spy when the supervisor runs with the venv's python)
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     parts.append("\n## py-spy dump\n")
     if spy is None:
         parts.append("py-spy is not installed (pip install py-spy)\n")

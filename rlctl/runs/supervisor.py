@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 SPEC = ".launch.json"
 
 POLL = 0.5
+DISK_EVERY = 2.0  # seconds between looks at the free space where checkpoints go (a statvfs; sizes are cached)
 POLICIES = ("never", "on-failure", "on-stall", "always")
 
 
@@ -136,6 +137,7 @@ class Supervisor:
         self._watch_said: tuple[bool, bool] = (False, False)
         self._procs_at = 0.0
         self.disk_stop: Any = None  # rlctl.runs.disk_pressure.Pressure that stopped the run
+        self._disk_at = 0.0
         self.evals: Any = None  # rlctl.evals.loop.CheckpointEvals (spec "evals"), False when the run has none
 
     # ---- compatibility: the local executor's process of the current attempt ---------------------------------------
@@ -302,7 +304,7 @@ class Supervisor:
         return watch if watch.active else None
 
     def _watch_inference(self) -> None:
-        """Feed the watch this tick's NVML sample and (every 2 s) the attempt's processes; record in state.json
+        """Feed the watch this tick's NVML sample and (every second) the attempt's processes; record in state.json
         when the engine is seen gone or idle (rlctl.runs.causes names the cause from it)."""
         w = self.watch
         if w is None or self.handle is None:
@@ -310,7 +312,7 @@ class Supervisor:
         now = time.time()
         if self.gpu is not None and getattr(self.gpu, "active", False) and w.inference_gpus:
             w.observe_gpus(now, dict(self.gpu.now), dict(self.gpu.util), dict(self.gpu.before))
-        if w.process is not None and now - self._procs_at >= 2.0:
+        if w.process is not None and now - self._procs_at >= 1.0:
             self._procs_at = now
             import psutil
 
@@ -573,7 +575,7 @@ class Supervisor:
         except OSError:
             pass
         limit, _ = det.threshold()
-        soonest = min(limit, det.cfg.floor_s, det.idle_limit() if self.watch is not None else limit)
+        soonest = min(limit, det.cfg.floor_s, det.cfg.inference_idle_s if self.watch is not None else limit)
         if now - (det.last_step_at or det.started_at) < soonest:
             return None
         return det.check(now, self._gpus_busy(), self.watch)
@@ -586,10 +588,18 @@ class Supervisor:
         if self.gpu is not None:
             with contextlib.suppress(Exception):
                 self.gpu.tick(eval_running=bool(getattr(self.evals, "running", False)))
-        with contextlib.suppress(Exception):
+        try:
             self._watch_inference()
+        except Exception as e:  # the watch never breaks supervision; what broke it is recorded once
+            if self.watch is not None:
+                self.event(event="inference_watch_error", error=f"{type(e).__name__}: {e}")
+                self.say(f"the inference watch stopped: {type(e).__name__}: {e}")
+                self.watch = None
         self.evals_hook("tick")
         self.sink_pump()
+        if time.time() - self._disk_at >= DISK_EVERY:
+            self._disk_at = time.time()
+            self._disk_pressure()
         self._housekeeping()
         if self.pending:
             self.state()
@@ -644,7 +654,6 @@ class Supervisor:
         with contextlib.suppress(Exception):
             if keep:
                 prune_during_run(self.run_dir, self.spec, keep)
-        self._disk_pressure()
         self.evals_hook("check_stop")
         if self.spec.get("sync"):
             self._sync()
