@@ -84,8 +84,8 @@ keep_last = {keep}
 min_free_gb = {floor_gb}
 """
 
-TRAINER = '''"""A tiny trainer: each step logs its reward and a held-out accuracy (best at step 2); every 2 steps it saves
-a checkpoint in four pieces (a save takes a while), `done` last."""
+TRAINER = '''"""A tiny trainer: each step logs its reward and a held-out accuracy (best at step 2); every 2 steps it
+saves a checkpoint in four pieces (a save takes a while), `done` last."""
 import os, sys, time
 from pathlib import Path
 

@@ -13,6 +13,7 @@ supervisor's own sampler (rlctl.metrics.gpu.GpuSampler), as tests/test_gpu_plan.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -183,10 +184,8 @@ def user(tmp_path, monkeypatch):
     yield work
     for p in psutil.process_iter(["cmdline"]):  # nothing of the run left behind
         if any(str(work) in a for a in p.info["cmdline"] or []):
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass
 
 
 def engine_pid(work: Path) -> int | None:

@@ -32,6 +32,15 @@ def _parse_target(target: str, recipe: str | None) -> tuple[Path | None, str]:
             raise RlctlError(f"{target!r} is not a run ({e}); to evaluate a model give the recipe with its eval sets.",
                              hint=f"rlctl eval {target} --recipe RECIPE.toml") from None
         return None, recipe
+    if recipe is None:
+        from rlctl.runs.state import read_state
+
+        st = read_state(run_dir)
+        if st.get("executor") == "attached" or st.get("status") == "attached":
+            raise RlctlError(f"{run_dir.name} is attached: rlctl did not launch it, so it has no recipe with a model "
+                             "and eval sets to evaluate with.",
+                             hint=f"give one: rlctl eval {target} --recipe RECIPE.toml (or evaluate a checkpoint "
+                                  "directory: rlctl eval CHECKPOINT_DIR --recipe RECIPE.toml)")
     return run_dir, recipe or str(run_dir / "recipe.toml")
 
 

@@ -8,7 +8,18 @@ from typing import Annotated
 
 import typer
 
-from rlctl.cli._app import JsonOpt, RecipeArg, RunArg, SetOpt, _echo, _seconds, app
+from rlctl.cli._app import (
+    AccountOpt,
+    JsonOpt,
+    PartitionOpt,
+    RecipeArg,
+    RunArg,
+    SetOpt,
+    TimeOpt,
+    _echo,
+    _seconds,
+    app,
+)
 from rlctl.errors import EXIT_CHECK_FAILED, RlctlError
 
 
@@ -23,7 +34,8 @@ def launch(
     resume: Annotated[str | None, typer.Option(
         "--resume", help="Resume from a run's newest complete checkpoint (copied), or a synced one (s3://...).",
     )] = None,
-    executor: Annotated[str | None, typer.Option("--executor", help="local (default), ray, or a plugin's.")] = None,
+    executor: Annotated[str | None, typer.Option(
+        "--executor", help="local (default), ray, slurm, or a plugin's.")] = None,
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (with --executor ray).")] = None,
     grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL on stop.")] = 30.0,
     restart: Annotated[str | None, typer.Option(
@@ -33,6 +45,9 @@ def launch(
         "--max-restarts", min=0, help="Give up after this many restarts (default: [run] max_restarts).")] = None,
     on: Annotated[str | None, typer.Option("--on", help="Run on this SSH host (rlctl hosts list); --resume then "
                                            "takes RUN or HOST:RUN.")] = None,
+    partition: PartitionOpt = None,
+    account: AccountOpt = None,
+    time_limit: TimeOpt = None,
 ) -> None:
     """Preflight, patch, create the run directory and start training; stream progress unless --detach."""
     from rlctl.executors import available
@@ -46,7 +61,8 @@ def launch(
     if restart is not None and restart not in POLICIES:
         raise RlctlError(f"--restart {restart!r}: expected one of {', '.join(POLICIES)}.")
     opts = LaunchOptions(recipe, set_ or [], detach, smoke, name, force, resume, executor, address, grace,
-                         restart, max_restarts, on)
+                         restart, max_restarts, on,
+                         placement={"partition": partition, "account": account, "time": time_limit})
     run_dir, code = do_launch(opts)
     if detach:
         _echo(run_dir.name)
@@ -83,27 +99,16 @@ def stop(
 ) -> None:
     """Stop a run cleanly: SIGTERM to its process group (or the Ray job), SIGKILL after the grace period."""
     from rlctl.runs.state import find_run
-    from rlctl.runs.stopping import stop_run
+    from rlctl.runs.stopping import stop_plan, stop_run
 
     _seconds("--grace", grace)
     run_dir = find_run(run)
     if dry_run:
-        _echo(_stop_plan(run_dir, grace))
+        _echo(stop_plan(run_dir, grace))
         return
     _echo(stop_run(run_dir, grace))
 
 
-def _stop_plan(run_dir: Path, grace: float) -> str:
-    """What `rlctl stop` would do to a run, from its recorded state; nothing is signalled."""
-    from rlctl.runs.state import ACTIVE, read_state
-
-    st = read_state(run_dir)
-    status = st.get("status", "unknown")
-    if status not in ACTIVE:
-        return f"{run_dir.name} is {status}: stop would do nothing."
-    from rlctl import executors
-
-    return executors.get(st.get("executor")).stop_plan(run_dir, st, grace)
 
 
 @app.command()
@@ -246,6 +251,7 @@ def doctor(
     settled_status(run_dir)  # a live run's executor brings its newest log here first (a remote run's mirror)
     cause = cause_finding(run_dir)  # a run that died or hangs: why, first
     findings = ([cause] if cause else []) + diagnose(run_dir)
+    unweighed = None
     if weights or between:
         from rlctl.runs.weights import weights_finding
 
@@ -254,16 +260,25 @@ def doctor(
         import struct
 
         try:
-            findings.append(weights_finding(run_dir, pair=(between[0], between[1]) if between else None))
+            found = weights_finding(run_dir, pair=(between[0], between[1]) if between else None)
         except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:  # damaged or not safetensors
             where = f"--between {between[0]} {between[1]}" if between else f"{run_dir.name}'s checkpoints"
             raise RlctlError(f"{where}: cannot read the weights ({e}).",
                              hint="give two checkpoint directories or .safetensors files") from None
+        if found is None:  # nothing to compare: said, not reported as a frozen-weights finding
+            from rlctl.runs.weights import nothing_to_compare
+
+            unweighed = nothing_to_compare(run_dir)
+        else:
+            findings.append(found)
     if as_json:
-        _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings)}, indent=2))
-    elif not findings:
-        _echo(f"{run_dir.name}: no findings")
+        _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings),
+                          **({"weights": {"compared": False, "why": unweighed}} if unweighed else {})}, indent=2))
     else:
+        if unweighed:
+            _echo(f"weights: {unweighed}")
+        if not findings:
+            _echo(f"{run_dir.name}: no findings")
         for f in findings:
             _echo(f"[{f.severity}] {f.rule}: {f.message}\n    -> {f.action}"
                   + "".join(f"\n    evidence: {e}" for e in f.evidence.get("lines") or []))

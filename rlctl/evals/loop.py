@@ -21,7 +21,7 @@ from typing import Any
 from rlctl.core.state import process_alive, process_create_time
 from rlctl.errors import RlctlError
 from rlctl.evals.ledger import EVALS, read_ledger, write_ledger
-from rlctl.evals.sets import EvalSet, resolve_key
+from rlctl.evals.sets import EvalSet
 from rlctl.metrics.stream import METRICS, ingest_lock, write_records
 
 # ---- the eval part of a launch spec ------------------------------------------------------------------------------
@@ -190,28 +190,14 @@ def append_metrics(run_dir: Path, step: int, metrics: dict[str, float]) -> None:
 
 # ---- best checkpoint and stop rules -------------------------------------------------------------------------------
 
-def best_mark(run_dir: Path, backend: str, primary: str | None) -> dict[str, Any] | None:
-    """The complete checkpoint whose primary eval is highest (the baseline step 0 counts as the base model)."""
-    from rlctl.metrics.stream import by_step, iter_metrics
-    from rlctl.runs.checkpoints import find_checkpoints
+def mark_best(run_dir: Path, backend: str, primary: str | None, write: Any) -> dict[str, Any] | None:
+    """Mark the run's best checkpoint by `primary` in the stream (rlctl.runs.checkpoints.best_from_stream: the rule
+    prune, rotation and resume read back through best_checkpoint) with `write(best_checkpoint=...)`."""
+    from rlctl.runs.checkpoints import best_from_stream
 
-    if not primary:
-        return None
-    merged = by_step(list(iter_metrics(run_dir / METRICS)))
-    primary = resolve_key(primary, {k for rec in merged.values() for k in rec})
-    if not primary:
-        return None
-    ckpts = {c.step: c for c in find_checkpoints(backend, run_dir) if c.complete}
-    best: dict[str, Any] | None = None
-    for step, rec in merged.items():
-        v = rec.get(primary)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-            continue
-        if step != 0 and step not in ckpts:
-            continue
-        if best is None or v > best["value"]:
-            best = {"step": step, "key": primary, "value": float(v),
-                    "path": str(ckpts[step].path) if step in ckpts else None}
+    best = best_from_stream(run_dir, backend, primary) if primary else None
+    if best is not None:
+        write(best_checkpoint=best)
     return best
 
 
@@ -393,9 +379,7 @@ class CheckpointEvals:
 
     def mark_best(self) -> None:
         with contextlib.suppress(Exception):
-            best = best_mark(self.run_dir, self.sup.spec["backend"], self.ev.get("primary"))
-            if best is not None:
-                self.sup.state(best_checkpoint=best)
+            mark_best(self.run_dir, self.sup.spec["backend"], self.ev.get("primary"), self.sup.state)
 
     def check_stop(self) -> None:
         """`[run] stop_when`: a named doctor finding stops the run cleanly (once), recorded in state.json."""
@@ -474,6 +458,13 @@ def record_by_hand(run_dir: Path, step: int, metrics: dict[str, float], failure:
         entry["error"] = failure
     ledger.setdefault("by_hand", []).append(entry)
     write_ledger(run_dir, ledger)
+    if metrics:  # the best checkpoint may have changed: marked as the supervisor's own evals mark it
+        from rlctl.core.state import read_state, write_state
+        from rlctl.evals.sets import primary_key_from_run
+
+        with contextlib.suppress(Exception):
+            mark_best(run_dir, str(read_state(run_dir).get("backend") or ""), primary_key_from_run(run_dir),
+                      lambda **kw: write_state(run_dir, **kw))
 
 
 def run_job_here(ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]], out_dir: Path,

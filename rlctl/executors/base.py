@@ -34,6 +34,7 @@ class Executor:
     copies_working_dir: ClassVar[bool] = False  # the job runs in a copy of the run directory (paths must be absolute)
     remote: ClassVar[bool] = False  # the job runs on other machines: their packages and GPUs, not this one's
     checks: ClassVar[tuple[str, ...]] = ()  # the preflight check names `preflight` reports (for --only)
+    gives_ray_cluster: ClassVar[bool] = False  # the job finds a Ray cluster over its nodes (RAY_ADDRESS is set)
 
     # ---- checks ------------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any) -> list[Any]:
@@ -127,6 +128,17 @@ class Executor:
     def stop(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         """Stop a run from another shell; returns a line for the user."""
         raise NotImplementedError
+
+    def resume_there(self, run_dir: Path, state: dict[str, Any]) -> str | None:
+        """`rlctl resume RUN` for a run whose supervisor lives on another machine: pick it up there and return a
+        line for the user. None (the default): a supervisor on this machine picks it up."""
+        del run_dir, state  # Unused: runs supervised here
+        return None
+
+    def supervised_on(self, state: dict[str, Any]) -> tuple[str, str] | None:
+        """(machine, run directory there) when the run's supervisor lives on another machine, else None."""
+        del state  # Unused: runs supervised here
+        return None
 
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         """What stop() would do, for `rlctl stop --dry-run`; nothing is signalled."""

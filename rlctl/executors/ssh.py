@@ -81,24 +81,15 @@ def _older(theirs: str, ours: str) -> bool:
 
 # ---- launch ------------------------------------------------------------------------------------------------------
 def _path_values(prep: Any) -> list[tuple[str, str]]:
-    """(dotted key, value) of each recipe key that names a path: the loader's PATH_KEYS and each eval set's data
-    (a set's checkpoint evals run on the host, so its data must be there)."""
+    """(dotted key, absolute path) of each recipe key that names a local path, as the loader resolved it
+    (rlctl.recipe.paths), each eval set's data included (its checkpoint evals run on the host). A backend's own
+    install (`backend.<name>.checkout`) lives on the host, as its Python does: it is not staged."""
     import re
 
-    from rlctl.recipe.loader import PATH_KEYS
+    from rlctl.recipe.paths import local_paths
 
-    data = prep.resolved.data
-    out = []
-    for key in PATH_KEYS:
-        section, _, name = key.partition(".")
-        sect = data.get(section)
-        out.append((key, sect.get(name) if isinstance(sect, dict) else None))
-    ev = data.get("eval") if isinstance(data.get("eval"), dict) else {}
-    sets = ev.get("sets") if isinstance(ev.get("sets"), dict) else {}
-    for name, st in sets.items():
-        if isinstance(st, dict) and re.fullmatch(r"[A-Za-z0-9_]+", str(name)):  # --set takes plain key parts
-            out.append((f"eval.sets.{name}.data", st.get("data")))
-    return [(k, v) for k, v in out if isinstance(v, str) and "://" not in v and not v.startswith("random:")]
+    return [(k, v) for k, v in local_paths(prep.resolved.data) if not k.startswith("backend.")
+            and re.fullmatch(r"[A-Za-z0-9_.]+", k)]  # --set takes plain key parts
 
 
 def referenced_files(prep: Any) -> list[Path]:
@@ -106,9 +97,7 @@ def referenced_files(prep: Any) -> list[Path]:
     named directory)."""
     files: list[Path] = [Path(p) for p in prep.resolved.chain]
     for _, value in _path_values(prep):
-        p = Path(value).expanduser()
-        if not p.is_absolute():
-            p = prep.resolved.path.parent / p
+        p = Path(value)
         if p.is_file():
             files.append(p.resolve())
         elif p.is_dir():
@@ -124,8 +113,7 @@ def path_keys(prep: Any, base: Path) -> dict[str, str]:
     sets it to its own copy (an absolute path on the laptop means nothing there)."""
     out = {}
     for key, value in _path_values(prep):
-        p = Path(value).expanduser()
-        p = p if p.is_absolute() else prep.resolved.path.parent / p
+        p = Path(value)
         if p.exists():
             with contextlib.suppress(ValueError):
                 out[key] = str(p.resolve().relative_to(base))
@@ -201,7 +189,7 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
         "recipe": str(prep.resolved.path.relative_to(base)), "env": env, "paths": path_keys(prep, base),
         "options": {"sets": list(opts.sets), "smoke": opts.smoke, "name": opts.name or prep.recipe.name,
                     "force": opts.force, "resume": resume, "grace": opts.grace_seconds, "restart": opts.restart,
-                    "max_restarts": opts.max_restarts}}
+                    "max_restarts": opts.max_restarts, "executor": opts.executor, "placement": opts.placement}}
     with tempfile.TemporaryDirectory(prefix="rlctl-git-") as tmp:
         bundled = git_bundle(prep.resolved.path, Path(tmp))
         if bundled:
@@ -379,6 +367,21 @@ class SSHExecutor(Executor):
                                                            f"{(p.stderr or p.stdout).strip()[-300:]}")
         self.status(run_dir, read_state(run_dir))
         return f"{host.name}: {p.stdout.strip()}"
+
+    def resume_there(self, run_dir: Path, state: dict[str, Any]) -> str | None:
+        """The host's own rlctl resumes the run there (its supervisor lives there), as stop does."""
+        host, remote_dir = _handle(state)
+        runner = Runner(host, connect_timeout=self.timeout)
+        p = runner.rlctl(["resume", remote_dir], timeout=300, check=False)
+        if p.returncode != 0:
+            raise remote_rlctl_error(host, p) or RlctlError(f"{host.name}: resume failed: "
+                                                           f"{(p.stderr or p.stdout).strip()[-300:]}")
+        self.status(run_dir, read_state(run_dir))
+        return f"{host.name}: {p.stdout.strip()}"
+
+    def supervised_on(self, state: dict[str, Any]) -> tuple[str, str] | None:
+        host, remote_dir = _handle(state)
+        return host.name, remote_dir
 
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         host, remote_dir = _handle(state)

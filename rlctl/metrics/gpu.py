@@ -269,6 +269,19 @@ def _parts(share: dict[str, Any], extra: dict[str, float] | None = None) -> tupl
     return (f"{text} = {total:.1f}" if len(parts) > 1 else text), total
 
 
+def asks_for_gpus(run_dir: Path) -> bool:
+    """False for a run whose recipe asks for no GPU (`resources.gpus_per_node = 0`: the CPU quickstart): its GPU
+    memory is no question, so no line says it was "not measured". A run without its recipe (attached) may have
+    used one."""
+    import tomllib
+
+    try:
+        resources = tomllib.loads((run_dir / "recipe.toml").read_text()).get("resources")
+    except (OSError, ValueError):
+        return True
+    return not (isinstance(resources, dict) and resources.get("gpus_per_node") == 0)
+
+
 def verdict_line(run_dir: Path) -> str | None:
     """`GPU memory: peak 34.5 GiB of 79.6 (GPU 0), plan said trainer 11.4 + rollout vLLM 23.8 = 35.2 GiB on that
     GPU: within 15%` — each GPU's peak against what that GPU was planned to hold (colocated: trainer + vLLM; the
@@ -278,7 +291,7 @@ def verdict_line(run_dir: Path) -> str | None:
     oom = oom_line(run_dir, s)
     if oom is not None:
         return oom
-    if s is None:
+    if s is None or not asks_for_gpus(run_dir):
         return None
     if not s.get("nvml"):
         return f"GPU memory: not measured ({s.get('reason') or 'no NVML'}); check skipped"

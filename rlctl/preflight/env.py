@@ -42,7 +42,7 @@ def flags(ctx: Context) -> list[Result]:
     findings = ctx.prepared.validate()
     if not findings:
         return [Result("env.flags", OK, f"{len(ctx.prepared.plan.keys)} flags/keys exist in "
-                                        f"{ctx.recipe.backend.name} {ctx.prepared.plan.version}")]
+                                        f"{ctx.prepared.plan.label}")]
     return [Result("env.flags", FAIL if f.level == "error" else WARN, f.message, f.fix) for f in findings]
 
 

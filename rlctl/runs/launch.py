@@ -30,6 +30,15 @@ class LaunchOptions:
     restart: str | None = None  # never | on-failure | on-stall | always (default: the recipe's [run] restart)
     max_restarts: int | None = None
     on: str | None = None  # an SSH host (rlctl hosts): the run goes there (rlctl.executors.ssh)
+    placement: dict[str, str] | None = None  # --partition/--account/--time: keys of the executor's own table
+
+
+def place(recipe: Any, executor: str | None, placement: dict[str, str] | None) -> None:
+    """--partition P etc.: keys of `[executor.<name>]` for the executor that runs the recipe."""
+    name = executor or recipe.resources.executor
+    for key, value in (placement or {}).items():
+        if value is not None:
+            recipe.executor.place(name, key, value, f"--{key}")
 
 
 def smoke(recipe: Any) -> None:
@@ -81,8 +90,9 @@ def masked_config(recipe: Any) -> dict[str, Any]:
 
 
 def _model_cache() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "rlctl" / "models")
+    from rlctl.recipe.tiny_model import model_cache
+
+    return str(model_cache().absolute())
 
 
 def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
@@ -112,6 +122,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         smoke(recipe)
     if opts.executor:
         recipe.resources.executor = opts.executor
+    place(recipe, opts.executor, opts.placement)
     if opts.address:
         recipe.resources.ray_address = opts.address
     if opts.restart is not None:
@@ -150,7 +161,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     if "wandb" in recipe.logging.rlctl_sinks and recipe.logging.wandb is None:
         raise RlctlError("logging.rlctl_sinks has wandb but there is no [logging.wandb] table.",
                          hint='add [logging.wandb] project = "..."')
-    extra = {"RLCTL_RUN_DIR": "", "RLCTL_MODEL_CACHE": os.environ.get("RLCTL_MODEL_CACHE", _model_cache()),
+    extra = {"RLCTL_RUN_DIR": "", "RLCTL_MODEL_CACHE": _model_cache(),
              "PYTHONUNBUFFERED": "1"}
     child_env = child_environment(prep.plan.env, extra)  # fails before anything is written if a secret is missing
 
@@ -242,7 +253,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     progress.done(run_dir)
     from rlctl.metrics.gpu import verdict_line  # measured peak (NVML) vs the plan; says so when not measured
 
-    if (gpu_line := verdict_line(run_dir)) and (opts.smoke or recipe.resources.gpus_per_node > 0):
+    if gpu_line := verdict_line(run_dir):  # none for a CPU recipe (gpus_per_node = 0)
         print(gpu_line, file=out)
     return run_dir, code
 
@@ -260,10 +271,11 @@ def _ckpt_root(run: Path) -> Path:
 def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
     """The parent run's newest complete checkpoint — or, when a stop_when rule stopped it, the checkpoint marked
     best by its primary eval (docs/eval.md) — or a clear error."""
-    from rlctl.runs.checkpoints import find_checkpoints, latest_complete, marked_best
+    from rlctl.runs.checkpoints import best_checkpoint, find_checkpoints, latest_complete
     from rlctl.runs.state import read_state
 
-    best = marked_best(old_run) if read_state(old_run).get("stopped_by") else None
+    mark = best_checkpoint(old_run, backend.name) if read_state(old_run).get("stopped_by") else None
+    best = mark["step"] if mark else None
     ckpt = next((c for c in find_checkpoints(backend.name, old_run) if c.complete and c.step == best), None)
     if ckpt is not None:
         print(f"rlctl: resuming from step {best}, the checkpoint {old_run.name} marked best "
@@ -271,6 +283,11 @@ def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
         return ckpt
     ckpt = latest_complete(backend.name, old_run)
     if ckpt is None:
+        host = read_state(old_run).get("host")
+        if host:  # a run on an SSH host: its checkpoints are there, not in this record of it
+            raise RlctlError(f"{old_run.name} ran on {host}: no complete checkpoint of it is on this machine.",
+                             hint=f"resume it on {host} (rlctl launch RECIPE --on {host} --resume {old_run.name}), "
+                                  f"or bring its newest checkpoint here first (rlctl ckpt pull {old_run.name})")
         raise RlctlError(f"{old_run.name} has no complete checkpoint to resume from.",
                          hint="rlctl ckpt list " + old_run.name)
     return ckpt

@@ -85,7 +85,19 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
         "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
+        "where": _executor_lines(rs),
     }
+
+
+def _executor_lines(rs: RunStatus) -> list[str]:
+    from rlctl import executors
+
+    name = rs.state.get("executor")
+    lines = getattr(executors.get(name), "status_lines", None) if name in executors.registry() else None
+    try:
+        return list(lines(rs.path, rs.state)) if lines else []
+    except Exception:  # status must answer whatever an executor does
+        return []
 
 
 def by_hand_failures(run_dir: Path) -> list[dict[str, Any]]:
@@ -173,6 +185,7 @@ def _detail_text(d: dict[str, Any]) -> str:
              f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
     if d.get("unreachable"):
         lines.append(f"  ! {d['unreachable']}; what is shown is the last known state")
+    lines += d.get("where") or []  # the executor's own words (a batch job: its queue state, how it ended)
     lines += cause_lines(d.get("cause"))
     lines += _attempt_lines(d)
     if d["metrics"]:
@@ -327,7 +340,12 @@ def render(run: str | None, as_json: bool, stall_after: float, experiment: str |
             return json.dumps(rows, indent=2, default=str)
         groups = [(f"experiment {e} ({len(g)} runs)" if e else None, _table(g)) for e, g in grouped(rows)]
         text = "\n\n".join(f"{h}\n{t}" if h else t for h, t in groups)
-        return text if rows else "no runs yet (rlctl launch RECIPE)"
+        if rows:
+            return text
+        from rlctl.core.state import FIND_A_RUN, WHERE_RUNS_LIVE, runs_root
+
+        return (f"no runs in {runs_root().absolute()}: {WHERE_RUNS_LIVE}. rlctl launch RECIPE starts one here; "
+                f"for a run launched elsewhere, {FIND_A_RUN}.")
     d = detail(run_status(find_run(run), stall_after))
     return json.dumps(d, indent=2, default=str) if as_json else _detail_text(d)
 

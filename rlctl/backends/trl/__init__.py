@@ -268,6 +268,7 @@ class TRLBackend(Backend):
             "max_prompt_tokens": r.data.max_prompt_tokens,
             "reward_file": r.reward.function,
             "reward_name": r.reward.function_name,
+            "final_dir": r.checkpoint.final_dir or f"{r.checkpoint.dir}/final",  # the runner saves it at the end
             "precision": r.model.precision,
             "lora": None,
             "grpo": self.grpo_config(r, dataset_size),
