@@ -182,12 +182,14 @@ def test_a_run_whose_disk_fills_stops_after_its_last_complete_checkpoint_and_res
 
     t = threading.Thread(target=fill_at_step_4, daemon=True)
     t.start()
-    r = cli("launch", "tiny.toml")
+    # the user's `rlctl launch` is a process of its own (whose supervisor is gone once it returns)
+    r = subprocess.run([sys.executable, "-m", "rlctl.cli", "launch", "tiny.toml"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     t.join(5)
     assert filler.exists(), "the disk was never filled"
     run = next((disk / "runs").iterdir())
     st = read_state(run)
-    assert st["status"] == "stopped" and st["stopped_by"]["rule"] == "checkpoint.min_free_gb", (st, r.err)
+    assert st["status"] == "stopped" and st["stopped_by"]["rule"] == "checkpoint.min_free_gb", (st, r.stderr)
     log = (run / "stdout.log").read_text()
     assert "No space left" not in log and "Errno 28" not in log, log
     from rlctl.runs.checkpoints import find_checkpoints
