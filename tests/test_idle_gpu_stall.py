@@ -295,3 +295,27 @@ def test_the_idle_rule_on_recorded_samples():
     assert run(working, step_at=10.0) is None
     gone = [(10, ENGINE, 97, 0)] + [(t, BEFORE, 0, 100) for t in range(15, 90, 5)]
     assert "GPU 0 at 0.47 GiB, it held 71.7" in run(gone, step_at=10.0)
+
+
+def test_status_says_the_engine_is_gone_before_the_run_is_stalled(user):
+    """While the run lives and before inference_idle_s has passed: `status RUN` says what the supervisor saw (as it
+    recorded it in state.json), not only "running"."""
+    import subprocess
+
+    from rlctl.core.state import write_state
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        run = user / "runs" / "seed004-20261127-000000"
+        run.mkdir(parents=True)
+        seen = {"gone": {"at": time.time() - 30, "summary": f"GPU 0 at {BEFORE:.2f} GiB, it held {ENGINE:.1f}",
+                         "evidence": []}}
+        write_state(run, name=run.name, status="running", backend="command", executor="local",
+                    started_at=time.time() - 60, inference=seen,
+                    handle={"executor": "local", "ref": {"pid": proc.pid, "pgid": proc.pid}, "attempt": 1})
+        shown = cli("status", run.name).out
+        assert f"! the inference engine is gone (GPU 0 at {BEFORE:.2f} GiB, it held {ENGINE:.1f}) since" in shown, \
+            shown
+    finally:
+        proc.kill()
+        proc.wait()

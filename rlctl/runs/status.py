@@ -85,6 +85,8 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
         "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
+        # what the supervisor sees of the inference engine while the run lives (gone, or idle beside the trainer)
+        "inference": _dict(rs.state.get("inference")) if rs.status in ("running", "stalled") else None,
         "where": _executor_lines(rs),
     }
 
@@ -186,6 +188,12 @@ def _detail_text(d: dict[str, Any]) -> str:
     if d.get("unreachable"):
         lines.append(f"  ! {d['unreachable']}; what is shown is the last known state")
     lines += d.get("where") or []  # the executor's own words (a batch job: its queue state, how it ended)
+    for kind in ("gone", "idle"):
+        seen = (d.get("inference") or {}).get(kind)
+        if isinstance(seen, dict) and isinstance(seen.get("at"), (int, float)) and not d.get("cause"):
+            lines.append(f"  ! the inference engine is {kind} ({seen.get('summary')}) since "
+                         f"{time.strftime('%H:%M:%S', time.localtime(seen['at']))}: the run is stalled after "
+                         "run.stall.inference_idle_s without a step")
     lines += cause_lines(d.get("cause"))
     lines += _attempt_lines(d)
     if d["metrics"]:

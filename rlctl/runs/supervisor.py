@@ -408,6 +408,7 @@ class Supervisor:
                 self.attempt = handle.attempt
                 self.executor.attach(self.run_dir, handle)
                 self._new_detector()
+                self.watch = self._new_watch()  # its engine's process, seen from the first look on
                 self.state(status="running", supervisor_pid=os.getpid(),
                            supervisor_create_time=process_create_time(os.getpid()))
                 self.event(event="adopted", attempt=self.attempt)
