@@ -131,9 +131,9 @@ def logs(
         if metrics:
             raise RlctlError("--metrics and --component: the metrics stream is the run's, not a component's.",
                              hint="drop one of them")
-        from rlctl.runs.components import show
+        from rlctl.runs.logs import show_component
 
-        show(find_run(run), component, lines=lines, follow=follow)
+        show_component(find_run(run), component, lines=lines, follow=follow)
         return
     show_logs(find_run(run), follow=follow, metrics=metrics, lines=lines)
 

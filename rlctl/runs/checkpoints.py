@@ -199,7 +199,8 @@ def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = True, d
     return doomed
 
 
-def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> None:
+def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int,
+                     protect: set[int] | frozenset[int] = frozenset()) -> None:
     """Called by the supervisor: enforce keep_last where the backend keeps more on its own (its adapter says so at
     launch, as spec["prune_during_run"]), quietly."""
     if not spec.get("prune_during_run"):
@@ -210,11 +211,7 @@ def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> Non
 
         done = read_ledger(run_dir).get("done") or {}
         pending = {c.step for c in find_checkpoints(spec.get("backend", ""), run_dir) if str(c.step) not in done}
-    from rlctl.runs.sync import latest_synced
-
-    synced = latest_synced(run_dir)  # the newest synced one stays here too (where a failover starts from)
-    if synced is not None:
-        pending.add(synced)
+    pending |= set(protect)  # e.g. the newest synced checkpoint (the supervisor knows it): kept here too
     try:
         doomed = prune(spec.get("backend", ""), run_dir, keep_last,
                        root=checkpoint_dir(run_dir, spec.get("checkpoint_dir")), keep_steps=pending)

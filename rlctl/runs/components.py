@@ -7,12 +7,9 @@ Logs are read from their end in bounded pieces, so a component's tail costs the 
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import glob
 import json
-import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,7 +19,6 @@ from rlctl.errors import RlctlError
 
 LOG = "stdout.log"
 SUPERVISOR_LOG = "supervisor.log"
-EVENTS = "rlctl-events.jsonl"
 COMPONENTS = "components.json"  # the adapter's declaration, written at launch: read without parsing the recipe
 TRAINER = Component("trainer", main_log=True, where="the run's stdout.log")
 
@@ -152,84 +148,3 @@ def tail(run_dir: Path, comp: Component, max_bytes: int = 1 << 20) -> list[tuple
                 continue
             out.append((name, n if whole else None, line))
     return out
-
-
-def _events(run_dir: Path) -> list[str]:
-    """The supervisor's recorded events, as lines."""
-    out = []
-    with contextlib.suppress(OSError), (run_dir / EVENTS).open() as fh:
-        for line in fh:
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                rec = json.loads(line)
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(rec.pop("time"))))
-                out.append(f"{when} {rec.pop('event', '?')}: " + ", ".join(f"{k}={v}" for k, v in rec.items()))
-    return out
-
-
-def show(run_dir: Path, name: str, lines: int = 0, follow: bool = False) -> None:
-    """`rlctl logs RUN --component NAME`: the component's own log, here (a run on an SSH host: asked there)."""
-    from rlctl.core.state import read_state
-
-    state = read_state(run_dir)
-    if state.get("executor") == "ssh":
-        _show_remote(run_dir, state, name, lines, follow)
-        return
-    comp = component(run_dir, name, state)
-    out = sys.stdout
-    if comp.name == "supervisor":
-        text = [ln for _, _, ln in tail(run_dir, comp, 8 << 20)] + [f"rlctl event {e}" for e in _events(run_dir)]
-        if not text:
-            out.write(f"# {run_dir.name}: no supervisor log (the run was supervised in the launching terminal; "
-                      "its events are in rlctl-events.jsonl)\n")
-        out.write("".join(t + "\n" for t in (text[-lines:] if lines > 0 else text)))
-        return
-    files = files_of(run_dir, comp)
-    if not files and not (comp.main_log or comp.ray_actors):
-        out.write(f"# {run_dir.name}: {name}: nothing written yet ({comp.where})\n")
-    if follow and not (comp.main_log or comp.ray_actors) and len(files) == 1:
-        from rlctl.runs.logs import follow_file
-
-        sys.stdout.flush()
-        follow_file(run_dir, files[0], lines)
-        return
-    if follow:
-        raise RlctlError(f"--follow with --component {name}: {comp.where} is not one file rlctl can follow.",
-                         hint=f"rlctl logs {run_dir.name} -f (the run's whole output)")
-    if comp.ray_actors or comp.other_actors:  # lines of the run's output: only this component's
-        rows = tail(run_dir, comp, 64 << 20)
-        out.write("".join(text + "\n" for _, _, text in (rows[-lines:] if lines > 0 else rows)))
-        return
-    from rlctl.runs.logs import _tail_start
-
-    paths = files_of(run_dir, comp) + ([run_dir / LOG] if comp.main_log and (run_dir / LOG).is_file() else [])
-    for p in paths:  # each file as written (its own line endings), headed like tail(1) when there are several
-        if len(paths) > 1:
-            out.write(f"==> {p} <==\n")
-        dec = codecs.getincrementaldecoder("utf-8")("replace")
-        with p.open("rb") as fh:
-            fh.seek(_tail_start(p, lines))
-            while chunk := fh.read(1 << 20):
-                out.write(dec.decode(chunk))
-            out.write(dec.decode(b"", final=True))
-
-
-def _show_remote(run_dir: Path, state: dict[str, Any], name: str, lines: int, follow: bool) -> None:
-    """A run on an SSH host: its components' logs are there; the host's rlctl prints them (one round trip)."""
-    from rlctl import executors
-
-    ref = (state.get("handle") or {}).get("ref") or {}
-    host, remote_dir = ref.get("host"), ref.get("run_dir")
-    if not host or not remote_dir:
-        raise RlctlError(f"{run_dir.name}: its state.json has no SSH handle {{host, run_dir}}.")
-    if follow:
-        raise RlctlError(f"--follow with --component on a host: {run_dir.name} runs on {host}.",
-                         hint=f"rlctl logs {run_dir.name} --component {name} -n 100 (again to see more), or on the "
-                              f"host: rlctl logs {remote_dir} --component {name} -f")
-    code, out, err = executors.get("ssh").run_remote_rlctl(
-        host, ["logs", remote_dir, "--component", name, "--lines", str(lines)])
-    if code != 0:
-        from rlctl.errors import CheckFailed
-
-        text = (err.strip() or f"exit code {code}").removeprefix("rlctl: ")
-        raise (RlctlError if code == 2 else CheckFailed)(f"{host}: {text}")
-    sys.stdout.write(out + ("\n" if out else ""))

@@ -654,10 +654,17 @@ class Supervisor:
                 self._mark_best_from_stream()
         with contextlib.suppress(Exception):
             if keep:
-                prune_during_run(self.run_dir, self.spec, keep)
+                prune_during_run(self.run_dir, self.spec, keep, self._synced())
         self.evals_hook("check_stop")
         if self.spec.get("sync"):
             self._sync()
+
+    def _synced(self) -> set[int]:
+        """The newest checkpoint synced to object storage: pruning keeps it here too (where a failover starts)."""
+        from rlctl.runs.sync import latest_synced
+
+        step = latest_synced(self.run_dir) if self.spec.get("sync") else None
+        return {step} if step is not None else set()
 
     def _disk_pressure(self) -> None:
         """Prune before a checkpoint would not fit; when pruning is not enough, stop the run after its last complete
@@ -736,7 +743,7 @@ class Supervisor:
             from rlctl.runs.checkpoints import prune_during_run
 
             with contextlib.suppress(Exception):
-                prune_during_run(self.run_dir, self.spec, self.spec["keep_last"])
+                prune_during_run(self.run_dir, self.spec, self.spec["keep_last"], self._synced())
         if self.gpu is not None:
             with contextlib.suppress(Exception):
                 self.gpu.close()
