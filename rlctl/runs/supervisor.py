@@ -676,8 +676,11 @@ class Supervisor:
 
         try:
             short = check(self.run_dir, self.spec)
-        except Exception as e:  # the watch never breaks supervision; it is recorded
-            self.event(event="disk_pressure_error", error=f"{type(e).__name__}: {e}")
+        except Exception as e:  # the watch never breaks supervision; it is recorded (once per kind of error)
+            err = f"{type(e).__name__}: {e}"
+            if err != getattr(self, "_disk_error", None):
+                self._disk_error = err
+                self.event(event="disk_pressure_error", error=err)
             return
         if short is None:
             return
