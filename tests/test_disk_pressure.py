@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -140,7 +141,10 @@ def test_the_rule_prunes_beyond_keep_last_but_never_the_best_or_the_newest_synce
     assert short is not None and short.newest == 12 and [c.step for c in short.saving] == [14]
     assert short.kept == {"newest synced": 6, "best": 4}, short.kept
     msg = short.message()
-    assert "the next checkpoint (~0.0 GB, as large as the last) + checkpoint.min_free_gb 10.0 GB would not fit" in msg
+    took = disk_pressure.on_disk(find_checkpoints("command", run)[-2])  # step 12, as the filesystem holds it
+    assert 150 * KB <= took < 160 * KB
+    assert f"the next checkpoint (~{took / 1e3:.0f} kB, as large as the last) + checkpoint.min_free_gb 10.0 GB " \
+           "would not fit" in msg, msg
     assert "kept the newest synced (step 6), the best (step 4); stopped after checkpoint step 12" in msg, msg
     assert disk_pressure.remove_partial(run, spec) == [14]
     assert [c.step for c in find_checkpoints("command", run)] == [4, 6, 10, 12]
@@ -201,7 +205,8 @@ def test_a_run_whose_disk_fills_stops_after_its_last_complete_checkpoint_and_res
     want = f"stopped after checkpoint step {newest}"
     d = json.loads(cli("status", run.name, "--json").out)
     assert d["status"] == "stopped" and want in d["reason"] and d["cause"]["what"] == "disk pressure", d
-    assert "checkpoint.min_free_gb 0.0 GB would not fit" in d["reason"], d["reason"]
+    assert d["reason"].startswith(f"out of disk on {socket.gethostname()}: the next checkpoint (~"), d["reason"]
+    assert "+ checkpoint.min_free_gb 500 kB would not fit" in d["reason"], d["reason"]
     assert f"stopped: {d['reason']}" in cli("status").out
     shown = cli("status", run.name).out
     assert "stopped by checkpoint.min_free_gb:" in shown and "fix: free space there" in shown, shown
@@ -216,3 +221,49 @@ def test_a_run_whose_disk_fills_stops_after_its_last_complete_checkpoint_and_res
     assert steps == list(range(1, 13)), steps
     with contextlib.suppress(OSError):
         os.unlink(filler)
+
+
+def test_a_disk_filled_during_a_save_fails_saying_which_and_leaves_no_half_checkpoint(tmpfs, tmp_path, monkeypatch):
+    """Someone else's data fills the disk while step 6's checkpoint is being written (between its pieces): the
+    trainer dies of ENOSPC before rlctl could stop it. The run is "failed: disk full on <this machine> while saving
+    step_6" (status, --json) and that half-written checkpoint is gone: the newest on disk is step 4, complete."""
+    for k in list(os.environ):
+        if k.startswith("RLCTL_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    disk = tmpfs(2048)
+    monkeypatch.chdir(disk)
+    (disk / "prompts.jsonl").write_text('{"input": "a"}\n')
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(TRAINER)
+    cmd = json.dumps([sys.executable, str(trainer), "{checkpoint_dir}", "{steps}", str(200 * KB)])
+    (disk / "tiny.toml").write_text(RUN_RECIPE.format(cmd=cmd, steps=8, keep=1, floor_gb=0))
+
+    def fill_during_step_6_save() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            w = list(disk.glob("runs/*/checkpoints/step_6/weights.bin"))
+            if w and w[0].stat().st_size > 0:
+                with contextlib.suppress(OSError), open(disk / "other-data.bin", "wb") as fh:
+                    while True:  # until ENOSPC: the disk is full
+                        fh.write(b"\0" * 4096)
+                        fh.flush()
+                return
+            time.sleep(0.005)
+
+    t = threading.Thread(target=fill_during_step_6_save, daemon=True)
+    t.start()
+    r = subprocess.run([sys.executable, "-m", "rlctl.cli", "launch", "tiny.toml"], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    t.join(5)
+    assert (disk / "runs").is_dir(), r.stdout + r.stderr
+    run = next((disk / "runs").iterdir())
+    want = f"disk full on {socket.gethostname()} while saving step_6"
+    d = json.loads(cli("status", run.name, "--json").out)
+    assert d["status"] == "failed" and d["reason"] == want, (d, r.stderr[-2000:])
+    assert any("No space left on device" in e for e in d["cause"]["evidence"]), d["cause"]
+    from rlctl.runs.checkpoints import find_checkpoints
+
+    ckpts = find_checkpoints("command", run)
+    assert [c.step for c in ckpts] == [2, 4] and all(c.complete for c in ckpts), ckpts
+    assert f"failed: {want}" in cli("status").out

@@ -268,5 +268,7 @@ def say(cause: dict[str, Any] | None, host: str | None = None) -> str | None:
     if cause.get("what") == "disk full":
         where = host or socket.gethostname()
         return f"disk full on {where}" + (f" while saving {cause['checkpoint']}" if cause.get("checkpoint") else "")
+    if cause.get("what") == "disk pressure":  # rlctl stopped it before its disk filled (rlctl.runs.disk_pressure)
+        return f"out of disk on {host or socket.gethostname()}: {cause.get('summary')}"
     summary = cause.get("summary")
     return str(summary) if summary else str(cause.get("what") or "") or None

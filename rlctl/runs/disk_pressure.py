@@ -72,7 +72,7 @@ class Pressure:
     kept: dict[str, int] = field(default_factory=dict)  # why some were not pruned: {"best": step, "synced": step}
 
     def message(self) -> str:
-        gb = lambda b: f"{b / GB:.1f} GB"  # noqa: E731
+        gb = _size
         nxt = f"the next checkpoint (~{gb(self.next_bytes)}, as large as the last)" if self.next_bytes else \
             "checkpoints"
         floor = f" + checkpoint.min_free_gb {gb(self.floor)}" if self.floor else ""
@@ -88,6 +88,14 @@ class Pressure:
                 "evidence": [f"{self.free} bytes free at {self.root}, {self.need} needed"],
                 "fix": f"free space there (or lower keep_last / checkpoint.min_free_gb), then rlctl resume RUN: it "
                        f"resumes from {ck}{host_fix}"}
+
+
+def _size(b: float) -> str:
+    """Bytes as a person reads them: 47.0 GB, 2.1 MB, 300 kB."""
+    for unit, scale in (("GB", GB), ("MB", 1e6)):
+        if b >= scale:
+            return f"{b / scale:.1f} {unit}"
+    return f"{b / 1e3:.0f} kB"
 
 
 def latest_synced(run_dir: Path) -> int | None:
