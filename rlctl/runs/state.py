@@ -102,8 +102,9 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     last_time = max(times, default=None)  # a damaged record (time null or text) has no time
     status = true_status(run_dir, state, last_time, stall_after)
     if _elsewhere(state):  # told by its host (the poll above recorded it)
-        told = state.get("cause") if status == "failed" else (state.get("remote_summary") or {}).get("cause") \
-            if status == "stalled" and isinstance(state.get("remote_summary"), dict) else None
+        summ = state.get("remote_summary") if isinstance(state.get("remote_summary"), dict) else {}
+        told = state.get("cause") if status in ("failed", "stopped") else summ.get("cause") if status == "stalled" \
+            else None
         cause = told if isinstance(told, dict) else None
     else:
         from rlctl.runs.causes import settle
