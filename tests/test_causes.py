@@ -294,9 +294,16 @@ def test_a_rollout_error_only_the_inference_log_shows(user, vllm):
         proc.wait()
 
 
-def test_vllm_engine_lines_under_ray_are_the_inference_component(user):
-    """OpenRLHF: the vLLM engines are Ray actors; Ray's driver prints their lines into the run's output prefixed
-    with the actor (Ray's own print_worker_logs, colours and all). `--component inference` is those lines,
+RAY_BACKENDS = {  # backend: (its recipe, the vLLM engine's Ray actor, a training actor)
+    "openrlhf": ('[backend]\nname = "openrlhf"\nversion = "0.9.3"\n', "LLMRayActor", "PolicyModelActor"),
+    "verl": ('[backend]\nname = "verl"\nversion = "0.9.1"\n', "vLLMHttpServer", "WorkerDict"),
+}
+
+
+@pytest.mark.parametrize("backend", list(RAY_BACKENDS))
+def test_vllm_engine_lines_under_ray_are_the_inference_component(user, backend):
+    """OpenRLHF and verl: the vLLM engines are Ray actors; Ray's driver prints their lines into the run's output
+    prefixed with the actor (Ray's own print_worker_logs, colours and all). `--component inference` is those lines,
     `--component trainer` the rest; an engine that died (vLLM's own "EngineCore encountered a fatal error.") is the
     cause, read from them; `--component ray` names where Ray's own logs are."""
     from ray._private.worker import print_worker_logs
@@ -307,25 +314,26 @@ def test_vllm_engine_lines_under_ray_are_the_inference_component(user):
     log = vllm_logger(stream)
     log.info("Initializing a V1 LLM engine (v0.26.0)")
     logged_exception(log, "EngineCore encountered a fatal error.", RuntimeError("CUDA driver error: unknown error"))
-    print_worker_logs({"pid": 40213, "ip": "10.0.0.2", "localhost": "10.0.0.2", "actor_name": "LLMRayActor",
+    recipe, engine, trainer_actor = RAY_BACKENDS[backend]
+    print_worker_logs({"pid": 40213, "ip": "10.0.0.2", "localhost": "10.0.0.2", "actor_name": engine,
                        "lines": stream.getvalue().splitlines()}, out)
-    print_worker_logs({"pid": 40101, "ip": "10.0.0.2", "localhost": "10.0.0.2", "actor_name": "PolicyModelActor",
+    print_worker_logs({"pid": 40101, "ip": "10.0.0.2", "localhost": "10.0.0.2", "actor_name": trainer_actor,
                        "lines": ["Waiting for rollouts"]}, out)
     proc = hung_process()
     try:
-        run = live_run(user, "orl-20261127-000000", '[backend]\nname = "openrlhf"\nversion = "0.9.3"\n'
-                       '[model]\npath = "Qwen/Qwen2.5-0.5B"\n[data]\ntrain = "p.jsonl"\n', proc, backend="openrlhf")
+        run = live_run(user, f"{backend}-20261127-000000", recipe + '[model]\npath = "Qwen/Qwen2.5-0.5B"\n'
+                       '[data]\ntrain = "p.jsonl"\n', proc, backend=backend)
         (run / "stdout.log").write_text(out.getvalue())
         inference = cli("logs", run.name, "--component", "inference").out
         assert "EngineCore encountered a fatal error." in inference and "global_step" not in inference
-        assert "(LLMRayActor pid=40213)" in inference and "Waiting for rollouts" not in inference
+        assert f"({engine} pid=40213)" in inference and "Waiting for rollouts" not in inference
         trainer = cli("logs", run.name, "--component", "trainer").out
-        assert "global_step 1" in trainer and "(PolicyModelActor pid=40101)" in trainer and "EngineCore" not in trainer
+        assert "global_step 1" in trainer and f"({trainer_actor} pid=40101)" in trainer and "EngineCore" not in trainer
         assert "/tmp/ray/session_latest" in cli("logs", run.name, "--component", "ray").out + \
             cli("logs", run.name, "--component", "nope").err
         d = json.loads(cli("status", run.name, "--json", "--stall-after", "600").out)
         assert d["cause"]["what"] == "inference engine dead", d
-        assert any("(LLMRayActor pid=40213)" in e and "EngineCore encountered a fatal error." in e
+        assert any(f"({engine} pid=40213)" in e and "EngineCore encountered a fatal error." in e
                    for e in d["cause"]["evidence"]), d["cause"]
     finally:
         proc.kill()
