@@ -330,7 +330,7 @@ class VerlBackend(Backend):
             notes.append(f"one verl step (iteration) = {k} optimizer steps; verl logs iterations")
         return LaunchPlan(
             backend=self.name, version=version, argv=argv, env=env,
-            keys=[k.lstrip("+") for k, _ in overrides], total_steps=self.total_steps(recipe, dataset_size),
+            keys=[k for k, _ in overrides], total_steps=self.total_steps(recipe, dataset_size),
             notes=notes,
         )
 
@@ -393,8 +393,23 @@ class VerlBackend(Backend):
 
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
         known, version, source = self.definitions(installed_version, plan.version or self.known_versions[-1])
-        # Hydra rejects an override of a key that is not in the config unless it is prefixed with `+`
-        return check_keys(self.name, plan.keys, known, version, source, kind="key")
+        # Hydra rejects an override of a key that is not in the config unless it is prefixed with `+`, which adds
+        # it under a node the config has (verl's open dicts: model.override_config) and refuses one already there;
+        # `++` adds or overrides
+        plain = [k for k in plan.keys if not k.startswith("+")]
+        out = check_keys(self.name, plain, known, version, source, kind="key")
+        for k in plan.keys:
+            if not k.startswith("+"):
+                continue
+            key = k.lstrip("+")
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            if parent and parent not in known:
+                out.append(Finding("error", k, f"`{k}` appends under `{parent}`, which is not in {self.name} "
+                                   f"{version}'s config ({source})", "append under a node the config has"))
+            elif not k.startswith("++") and key in known:
+                out.append(Finding("error", k, f"`{k}`: `{key}` is in {self.name} {version}'s config already and "
+                                   "Hydra refuses to append it", f"drop the `+`: `{key}`"))
+        return out
 
     def prompt_limit(self, recipe: Recipe) -> str | None:
         """verl's RLHFDataset holds prompts to data.max_prompt_length: with truncation='error' (the default) a longer
