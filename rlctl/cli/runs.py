@@ -144,11 +144,24 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing as the run writes.")] = False,
     metrics: Annotated[bool, typer.Option("--metrics", help="The unified metrics stream, not the raw log.")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", help="Start this many lines from the end (0 = all).")] = 0,
+    component: Annotated[str | None, typer.Option(
+        "--component", "-c", help="One component's own log: inference, trainer, orchestrator, ray, supervisor (what "
+        "the run has; an unknown one lists them).")] = None,
 ) -> None:
-    """Print a run's raw log or its unified metrics stream (JSON lines)."""
+    """Print a run's raw log, one component's own log, or its unified metrics stream (JSON lines)."""
     from rlctl.runs.logs import show_logs
     from rlctl.runs.state import find_run
 
+    if lines < 0:
+        raise RlctlError(f"--lines {lines}: a count of lines, 0 (all) or more.", hint="rlctl logs RUN -n 100")
+    if component is not None:
+        if metrics:
+            raise RlctlError("--metrics and --component: the metrics stream is the run's, not a component's.",
+                             hint="drop one of them")
+        from rlctl.runs.logs import show_component
+
+        show_component(find_run(run), component, lines=lines, follow=follow)
+        return
     show_logs(find_run(run), follow=follow, metrics=metrics, lines=lines)
 
 
@@ -262,12 +275,13 @@ def doctor(
     """Diagnose a run with the tuning playbook: flat learning, instability, spikes, collapse, truncation,
     zero-variance groups, train/eval divergence; with --weights, whether its checkpoints change at all.
     Exit 1 when a critical finding is made."""
-    from rlctl.runs.doctor import diagnose, to_json
+    from rlctl.runs.doctor import cause_finding, diagnose, to_json
     from rlctl.runs.state import find_run, settled_status
 
     run_dir = find_run(run)
     settled_status(run_dir)  # a live run's executor brings its newest log here first (a remote run's mirror)
-    findings = diagnose(run_dir)
+    cause = cause_finding(run_dir)  # a run that died or hangs: why, first
+    findings = ([cause] if cause else []) + diagnose(run_dir)
     unweighed = None
     if weights or between:
         from rlctl.runs.weights import weights_finding
@@ -297,6 +311,7 @@ def doctor(
         if not findings:
             _echo(f"{run_dir.name}: no findings")
         for f in findings:
-            _echo(f"[{f.severity}] {f.rule}: {f.message}\n    -> {f.action}")
+            _echo(f"[{f.severity}] {f.rule}: {f.message}\n    -> {f.action}"
+                  + "".join(f"\n    evidence: {e}" for e in f.evidence.get("lines") or []))
     if any(f.severity == "critical" for f in findings):
         raise typer.Exit(EXIT_CHECK_FAILED)

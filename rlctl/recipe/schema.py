@@ -330,6 +330,10 @@ class CheckpointSection(Section):
     save_optimizer: bool = Field(default=True, description="Keep optimizer/DeepSpeed state (needed to resume).")
     sync: str | None = Field(default=None, description="Upload complete checkpoints here (an fsspec URL, "
                              "e.g. s3://bucket/prefix); a `latest` pointer is written last.")
+    min_free_gb: Annotated[float, NoBool, Field(ge=0.0, le=1e6)] | None = Field(
+        default=None, description="Keep this much disk free beside the next checkpoint: before one would not fit, "
+        "rlctl prunes beyond keep_last (never the best or the newest synced), then stops the run after its last "
+        "complete checkpoint (docs/resilience.md).")
 
     @field_validator("resume")
     @classmethod
@@ -350,6 +354,9 @@ class StallSection(Section):
     floor_s: Seconds = Field(default=600.0, description="Never stalled sooner than this without a new step.")
     first_step_s: Seconds = Field(default=1800.0, description="Grace for the first step (loading, warm-up).")
     slow_step_s: Seconds = Field(default=1800.0, description="Grace for a step with an eval or a save.")
+    inference_idle_s: Seconds = Field(
+        default=600.0, description="Stalled after this long without a step while the inference engine is gone (its "
+        "GPU's memory at ~0 or its process gone) or its GPU and the trainer's both idle (docs/supervision.md).")
 
 
 # The doctor's rule names, which [run] stop_when may name (tests/test_evals.py keeps this equal to

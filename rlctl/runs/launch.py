@@ -222,6 +222,9 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         child_env["WANDB_RESUME"] = "allow"
     data = masked_recipe_data(recipe.model_dump(mode="json", exclude_none=True))
     (run_dir / "recipe.toml").write_text(dump_toml(data))
+    from rlctl.runs.components import write_components
+
+    write_components(run_dir, prep.backend, recipe)  # where each component logs: status reads it, no recipe parse
     plan = prep.backend.prepare_launch(prep.plan, run_dir)
     plan.write(run_dir)
     from rlctl.evals.in_loop import write_context
@@ -239,6 +242,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         "argv": executor.command(plan, prep.backend, {}), "backend": plan.backend, "executor": executor.name,
         "grace_seconds": opts.grace_seconds,
         "keep_last": recipe.checkpoint.keep_last, "checkpoint_dir": recipe.checkpoint.dir,
+        "min_free_gb": recipe.checkpoint.min_free_gb,
         "disk_headroom": recipe.preflight.disk_headroom,
         "prune_during_run": bool(recipe.checkpoint.keep_last) and prep.backend.prune_during_run(recipe),
         "sinks": sink_spec(recipe, run_dir, wandb_id),

@@ -17,7 +17,7 @@ KEY_METRICS = ("reward/mean", "correctness", "kl", "entropy", "grad_norm", "poli
 
 
 def summary(rs: RunStatus) -> dict[str, Any]:
-    from rlctl.runs.disk_full import say
+    from rlctl.runs.causes import say
 
     return {
         "name": rs.name, "backend": rs.state.get("backend"), "status": rs.status, "step": rs.step,
@@ -79,11 +79,14 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "attempts": rs.state.get("attempts") or [],
         "restart": rs.state.get("restart"),
         "gave_up": rs.state.get("gave_up"),
-        "disk_full": rs.state.get("disk_full") or ("; ".join(rs.cause["evidence"]) if rs.cause else None)
+        "disk_full": rs.state.get("disk_full")
+        or ("; ".join(rs.cause["evidence"]) if rs.cause and rs.cause.get("what") == "disk full" else None)
         or (None if _elsewhere(rs.state) else _disk_full_now(rs)),  # a host's disk is measured there
         "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
         "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
+        # what the supervisor sees of the inference engine while the run lives (gone, or idle beside the trainer)
+        "inference": _dict(rs.state.get("inference")) if rs.status in ("running", "stalled") else None,
         "where": _executor_lines(rs),
         "pool": _dict(rs.state.get("pool")) and {k: rs.state["pool"].get(k) for k in
                                                   ("hosts", "failover_after_s", "sync", "on_event")},
@@ -210,6 +213,13 @@ def _detail_text(d: dict[str, Any]) -> str:
         from rlctl.runs.failover import lineage_lines
 
         lines += lineage_lines({"pool": d["pool"], "lineage": d["lineage"]})
+    for kind in ("gone", "idle"):
+        seen = (d.get("inference") or {}).get(kind)
+        if isinstance(seen, dict) and isinstance(seen.get("at"), (int, float)) and not d.get("cause"):
+            lines.append(f"  ! the inference engine is {kind} ({seen.get('summary')}) since "
+                         f"{time.strftime('%H:%M:%S', time.localtime(seen['at']))}: the run is stalled after "
+                         "run.stall.inference_idle_s without a step")
+    lines += cause_lines(d.get("cause"))
     lines += _attempt_lines(d)
     if d["metrics"]:
         lines.append("")
@@ -230,7 +240,8 @@ def _detail_text(d: dict[str, Any]) -> str:
         value = b.get("value") if isinstance(b.get("value"), (int, float)) else None
         lines.append(f"  best checkpoint: step {b.get('step')} ({b.get('key')} = {fmt_num(value)})")
     if d.get("stopped_by"):
-        lines.append(f"  stopped by stop_when {d['stopped_by'].get('rule')}: {d['stopped_by'].get('message')}")
+        by = "" if d["stopped_by"].get("by") == "disk" else "stop_when "
+        lines.append(f"  stopped by {by}{d['stopped_by'].get('rule')}: {d['stopped_by'].get('message')}")
     for f in d.get("eval_failures") or []:
         how = (" by hand" + (f" on {f['host']}" if f.get("host") else "")) if f.get("by_hand") else ""
         lines.append(f"  ! eval{how} failed at step {f.get('step')}: {f.get('error')} (log {f.get('log')})")
@@ -254,6 +265,17 @@ def _detail_text(d: dict[str, Any]) -> str:
         lines.append(f"  log: {ing['lines']} lines, {ing['records']} metric records, {ing['skipped']} unreadable "
                      "metric lines skipped")
     return "\n".join(lines)
+
+
+def cause_lines(cause: Any, indent: str = "  ") -> list[str]:
+    """Why the run died or hangs, with the evidence it shows and what to do (rlctl.runs.causes)."""
+    if not isinstance(cause, dict) or cause.get("what") == "disk full" and not cause.get("summary"):
+        return []
+    out = [f"{indent}cause: {cause.get('summary') or cause.get('what')}"]
+    out += [f"{indent}  evidence: {e}" for e in cause.get("evidence") or [] if isinstance(e, str)]
+    if cause.get("fix"):
+        out.append(f"{indent}  fix: {cause['fix']}")
+    return out
 
 
 def _elsewhere(state: dict[str, Any]) -> bool:
@@ -293,6 +315,10 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
                        + (f" (last step {a['last_step']})" if a.get("last_step") is not None else ""))
             if a.get("stall"):
                 out.append(f"       stalled: {a['stall']}")
+            if isinstance(a.get("cause"), dict):
+                from rlctl.runs.causes import say
+
+                out.append(f"       cause: {say(a['cause'], d.get('host'))}")
             if a.get("evidence"):
                 out.append(f"       evidence: {a['evidence']}")
     if d.get("gave_up"):
@@ -304,7 +330,7 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
     """Rows of the runs that live on SSH hosts: one round trip per host, hosts in parallel; an unreachable host's
     runs show as unreachable with their last known state."""
     from rlctl.core.state import read_state
-    from rlctl.runs.disk_full import say
+    from rlctl.runs.causes import say
 
     remote = [p for p in paths if read_state(p).get("executor") == "ssh"]
     if not remote:
@@ -323,7 +349,9 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
         for k in ("backend", "step", "total_steps", "reward", "elapsed_s", "eta_s", "exit_code"):
             row.setdefault(k, st.get(k))
         row["status"] = polled.get(p, {}).get("status") or st.get("status", "unknown")
-        row["reason"] = say(st.get("cause"), st.get("host")) if row["status"] == "failed" else None
+        # why it died (as recorded here, with the host's name as hosts.toml has it) or why it hangs (told there)
+        row["reason"] = say(st.get("cause"), st.get("host")) if row["status"] in ("failed", "stopped") else \
+            say(row.get("cause"), st.get("host")) if row["status"] == "stalled" else None
         if row["status"] == "unreachable":
             row["last_known"] = st.get("status")
         rows[p] = row

@@ -218,6 +218,15 @@ def mark_synced(run_dir: Path, url: str, manifest: dict[str, Any]) -> None:
     os.replace(tmp, run_dir / SYNC_STATE)
 
 
+def latest_synced(run_dir: Path) -> int | None:
+    """The step `latest` points to as this run last wrote it (its local record of the sync), or None."""
+    try:
+        step = json.loads((run_dir / SYNC_STATE).read_text()).get("latest")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 class CheckpointSync:
     """Called by the supervisor every housekeeping tick: uploads new complete checkpoints in a background thread
     (the run is never held up by the network), then moves `latest`; final=True waits for it. With a `fence` (a pool

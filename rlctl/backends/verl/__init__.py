@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.backends._static import installed_version, package_file, yaml_key_paths
 from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, check_keys
 from rlctl.backends.verl.schedule import verl_schedule
+from rlctl.core.components import Component
 
 if TYPE_CHECKING:
     from rlctl.backends.base import MemoryFeatures
@@ -81,6 +82,17 @@ class VerlBackend(Backend):
             *NCCL_VLLM_STALL_SIGNS,
             r"RayActorError|ActorDiedError|The actor died unexpectedly",
         ]
+
+    def log_components(self, recipe: Recipe) -> dict[str, Component]:
+        """rollout.mode is async (0.9's default): each vLLM server is a `vLLMHttpServer` Ray actor
+        (verl/workers/rollout/vllm_rollout/vllm_async_server.py) whose lines Ray's driver prints into the run's output
+        prefixed with its name; the rest is the driver and the `WorkerDict` training workers."""
+        engines = ("vLLMHttpServer",)
+        return {"trainer": Component("trainer", main_log=True, other_actors=engines,
+                                     where="the run's stdout.log without the vLLM servers' lines"),
+                "inference": Component("inference", ray_actors=engines,
+                                       where="the vLLM servers' lines in the run's stdout.log (Ray actor "
+                                             "vLLMHttpServer)")}
 
     # ---- steps and schedule ----------------------------------------------------------------------------------
 
