@@ -266,8 +266,11 @@ def say(cause: dict[str, Any] | None, host: str | None = None) -> str | None:
     if not isinstance(cause, dict):
         return None
     if cause.get("what") == "disk full":
-        where = host or socket.gethostname()
-        return f"disk full on {where}" + (f" while saving {cause['checkpoint']}" if cause.get("checkpoint") else "")
+        from rlctl.runs.disk_full import full_while
+
+        if cause.get("checkpoint"):
+            return full_while(f"saving {cause['checkpoint']}", host)
+        return f"disk full on {host or socket.gethostname()}"
     if cause.get("what") == "disk pressure":  # rlctl stopped it before its disk filled (rlctl.runs.disk_pressure)
         return f"out of disk on {host or socket.gethostname()}: {cause.get('summary')}"
     summary = cause.get("summary")
