@@ -504,7 +504,16 @@ class Supervisor:
         self._ingest(final=True, wait=True)
         self.sink_pump()
         rec = read_exit_record(self.run_dir, self.attempt)
-        if self.superseded is not None:
+        died_of_full_disk = None
+        if self.disk_stop is not None:  # the trainer may have hit ENOSPC before the disk stop reached it: its log says
+            found = self._cause()
+            if (found or {}).get("what") == "disk full" and any(
+                    str(e).startswith("the log:") for e in found.get("evidence") or []):
+                died_of_full_disk = found
+        if died_of_full_disk is not None:  # what killed it was the full disk, not rlctl: the run failed of it
+            why = "failed"
+            self.state(cause=died_of_full_disk)
+        elif self.superseded is not None:
             why = "superseded"
         elif self.stop_requested_at is not None:
             why = "stopped"
@@ -521,7 +530,9 @@ class Supervisor:
                      exit_recorded=rec is not None, last_step=_max_step(self.run_dir))
         if why in ("failed", "exited early") and "evidence" not in entry:
             entry["evidence"] = self._evidence(f"attempt {self.attempt} {why} (exit code {code})", live=False)
-        if why in ("failed", "stalled", "exited early"):
+        if died_of_full_disk is not None:
+            entry["cause"] = died_of_full_disk
+        elif why in ("failed", "stalled", "exited early"):
             cause = self._cause()
             if cause is not None:
                 entry["cause"] = cause
