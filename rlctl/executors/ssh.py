@@ -37,8 +37,10 @@ from rlctl.executors.ssh_runner import HostUnreachable, Runner
 MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl", "env.json", "recipe.toml",
           "supervisor.log", "gpu_memory.jsonl")
 FORWARD = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # sent when set here, besides the recipe's refs
+# what this side keeps of the host's state.json: status shows it as it shows a local run's (the evals' outcome too)
 STATE_KEYS = ("status", "exit_code", "started_at", "ended_at", "total_steps", "optimizer_steps", "backend", "version",
-              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight")
+              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "best_checkpoint",
+              "eval_failures", "stopped_by")
 
 
 def remote_rlctl_error(host: Host, p: subprocess.CompletedProcess[str]) -> RlctlError | None:
