@@ -367,6 +367,7 @@ class SSHExecutor(Executor):
 
     name: ClassVar[str] = "ssh"
     remote: ClassVar[bool] = True
+    mirrored: ClassVar[bool] = True  # the host's rlctl parses the log; mirror() brings its metrics.jsonl
     timeout: ClassVar[float] = float(os.environ.get("RLCTL_SSH_TIMEOUT", "10"))
 
     def launch(self, opts: Any, host_name: str, out: Any = None) -> tuple[Path, int]:
