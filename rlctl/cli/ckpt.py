@@ -51,7 +51,21 @@ def ckpt_prune(
     from rlctl.runs.state import find_run, read_state
 
     run_dir = find_run(run)
-    backend = read_state(run_dir).get("backend", "")
+    state = read_state(run_dir)
+    if state.get("executor") == "ssh":  # its checkpoints are on its host: the host's rlctl prunes them there
+        from rlctl import executors
+
+        ref = (state.get("handle") or {}).get("ref") or {}
+        if not ref.get("host") or not ref.get("run_dir"):
+            raise RlctlError(f"{run_dir.name}: its state.json has no SSH handle {{host, run_dir}}.")
+        args = ["ckpt", "prune", ref["run_dir"], "--keep-last", str(keep_last)]
+        args += ["--keep-best"] * keep_best + ["--dry-run"] * dry_run
+        code, out, err = executors.get("ssh").run_remote_rlctl(ref["host"], args)
+        _echo(f"on {ref['host']}:\n{out}" if out else f"on {ref['host']}:")
+        if err.strip():
+            typer.echo(err.rstrip("\n"), err=True)
+        raise typer.Exit(code)
+    backend = state.get("backend", "")
     doomed = prune(backend, run_dir, keep_last, keep_best, dry_run=True)
     sizes = {c.step: c.size() for c in doomed}
     for c in doomed:
