@@ -297,9 +297,44 @@ def _resume_on(host: Host, resume: str | None, out: Any) -> str | None:
         raise RlctlError(f"--resume {resume}: {local.name} ran on {st.get('host') or 'this machine'}, not {src_host}.")
     if st.get("host") == host.name:
         return Path(((st.get("handle") or {}).get("ref") or {}).get("run_dir") or local.name).name
+    if st.get("executor") == "ssh":  # its newest checkpoint comes here first, from its host
+        try:
+            ckpt_pull(local, None, None)
+        except HostUnreachable as e:
+            synced = _synced_instead(local, e, out)
+            if synced is None:
+                raise
+            return synced
     print(f"rlctl: copying the newest complete checkpoint of {local.name} to {host.name}", file=out)
-    print("rlctl: " + ckpt_push(local, None, host.name), file=out)
+    print("rlctl: " + ckpt_push(local, None, host.name, pull=False), file=out)
     return local.name
+
+
+def _synced_instead(local: Path, e: HostUnreachable, out: Any) -> str | None:
+    """A run whose host is lost resumes from the newest checkpoint it synced (`checkpoint.sync`): that URL, once
+    it holds a complete one; else None."""
+    import tomllib
+
+    from rlctl.runs.sync import read_latest
+
+    try:
+        url = tomllib.loads((local / "recipe.toml").read_text()).get("checkpoint", {}).get("sync")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(url, str) or not url:
+        return None
+    try:
+        latest = read_latest(url)
+    except Exception as why:  # no fsspec/s3fs here, no credentials: say so, keep the host's error
+        print(f"rlctl: {local.name} synced its checkpoints to {url}, which cannot be read from here ({why})",
+              file=out)
+        return None
+    if latest is None:
+        print(f"rlctl: {local.name} synced no complete checkpoint to {url}", file=out)
+        return None
+    print(f"rlctl: {e.message}", file=out)
+    print(f"rlctl: resuming from step {latest['step']} of {local.name}, synced to {url}", file=out)
+    return url
 
 
 # ---- following a remote run ---------------------------------------------------------------------------------------
@@ -526,14 +561,15 @@ def ckpt_pull(run_dir: Path, step: int | None, to: Path | None, out: Any = None)
     return dest, pick
 
 
-def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) -> str:
-    """Copy one complete checkpoint of a run (local, or pulled from its host first) to another host, as a run
-    record there of the same name: `rlctl launch RECIPE --on HOST --resume RUN` then resumes from it."""
+def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None, pull: bool = True) -> str:
+    """Copy one complete checkpoint of a run (local, or pulled from its host first unless `pull` is false: already
+    here) to another host, as a run record there of the same name: `rlctl launch RECIPE --on HOST --resume RUN`
+    then resumes from it."""
     from rlctl.runs.checkpoints import find_checkpoints
     from rlctl.runs.state import read_state as rs
 
     state = rs(run_dir)
-    if state.get("executor") == "ssh":
+    if pull and state.get("executor") == "ssh":
         ckpt_pull(run_dir, step, None)
     backend = state.get("backend", "")
     ckpts = [c for c in find_checkpoints(backend, run_dir) if c.complete and (step is None or c.step == step)]
