@@ -141,6 +141,17 @@ def test_preflight_names_each_set_by_its_mode(team):
     assert "eval.sets.ood.data: 16 records" in p.stdout and "eval.sets.aime.data: 9 records" in p.stdout
 
 
+def test_preflight_says_its_notes_as_notes(team):
+    """Where each set is evaluated is a note in render (docs/eval.md): preflight warns of nothing for a26, a
+    recipe written as the docs show."""
+    notes = [x for x in team.ok("rlctl render a26.toml").stdout.splitlines() + team.ok("rlctl render a26.toml").stderr
+             .splitlines() if x.startswith("note: eval set")]
+    assert len(notes) == 3, notes
+    p = team.ok("rlctl preflight a26.toml")
+    assert not re.search(r"^WARN", p.stdout, re.M), p.stdout
+    assert re.search(r"^\d+ ok, \d+ skip$", p.stdout, re.M), p.stdout
+
+
 # ---- attempt 26: trained on the primary, three eval modes, a baseline -------------------------------------------
 @pytest.fixture(scope="module")
 def a26(team):
@@ -363,6 +374,7 @@ def test_ab_runs_both_arms_on_the_same_seeds(team, a28):
     assert all(r[3:5] == ["finished", "6/6"] for r in rows), status
     show = team.ok("rlctl experiment show a28").stdout
     assert "algorithm.eps_clip: 0.2 -> 0.1" in show, show
+    assert re.search(r"^  A: a28a\.toml ", show, re.M) and re.search(r"^  B: a28b\.toml ", show, re.M), show
 
 
 def test_compare_agrees_with_scipy(team, a28):

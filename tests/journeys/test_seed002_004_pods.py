@@ -196,18 +196,27 @@ def test_status_shows_the_lost_pod(team, lost):
 
 
 def test_resume_on_another_pod_from_the_synced_checkpoint(team, lost, bucket):
-    """`launch --on pod-b --resume pod-a:RUN`: pod A does not answer, so the newest checkpoint synced to the bucket
-    is the one to resume from; training continues after its step, on pod B."""
+    """`launch --on pod-b --resume pod-a:RUN --detach`: pod A does not answer, so the newest checkpoint synced to the
+    bucket is the one to resume from; training continues after its step on pod B, followed from the laptop with
+    `rlctl status` until it ends."""
     u, _ = team
     name, _, got = lost
     step = got["step"]
-    p = u(f"rlctl launch bs4.toml --on pod-b --resume pod-a:{name} --name bs4-b --set train.steps={step + 2}",
-          timeout=900)
+    p = u(f"rlctl launch bs4.toml --on pod-b --resume pod-a:{name} --name bs4-b --set train.steps={step + 2} "
+          "--detach", timeout=900)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "s3://bs4-ckpts/bs4-v4" in p.stderr and f"step {step}" in p.stderr, p.stderr
+    run = p.stdout.strip().splitlines()[-1]
+
+    def row():
+        return next(line for line in u.ok("rlctl status").stdout.splitlines() if line.startswith(run)).split()
+
+    assert wait_for(lambda: row()[3] not in ("running", "starting"), timeout=600, interval=2), row()
+    assert row()[1:5] == ["pod-b", "trl", "finished", f"{step + 2}/{step + 2}"], row()
     there = u.host_run_dir("pod-b", "bs4-b")
-    state = json.loads((there / "state.json").read_text())
-    assert state["status"] == "finished", state["status"]
     assert [m["step"] for m in stream(there) if "reward/mean" in m] == [step + 1, step + 2]
-    row = next(line for line in u.ok("rlctl status").stdout.splitlines() if line.startswith(there.name))
-    assert row.split()[1:5] == ["pod-b", "trl", "finished", f"{step + 2}/{step + 2}"], row
+    st = u.json(f"rlctl status {run} --json")  # what the laptop shows of the run, once it has ended
+    assert st["status"] == "finished" and st["step"] == step + 2, (st["status"], st["step"])
+    last = [m for m in stream(there) if "reward/mean" in m][-1]["reward/mean"]
+    assert st["metrics"]["reward/mean"]["latest"] == pytest.approx(last)
+    assert "train_runtime" in u.ok(f"rlctl logs {run}").stdout  # the log, to its end
