@@ -386,7 +386,13 @@ def poll_many(run_dirs: list[Path], timeout: float = 5.0, stall_after: float = 1
             answer = call_remote(r, "poll", {"run_dirs": [rd for _, rd in runs], "stall_after": stall_after},
                                  timeout=timeout)
             for d, rd in runs:
+                before = read_state(d).get("status")
                 rows[d] = record(d, answer.get(rd) or {"error": "no answer for this run"})
+                after = read_state(d).get("status")
+                if after != before and after not in ACTIVE + ("stalled", "lost"):
+                    # seen ending here: its log and metrics come once, so `status RUN` and `logs RUN` show the end
+                    with contextlib.suppress(RlctlError):
+                        mirror(d, r, rd)
         except RlctlError as e:
             for d, _ in runs:
                 write_state(d, unreachable=e.message)
