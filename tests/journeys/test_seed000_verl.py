@@ -95,6 +95,14 @@ def test_render_is_what_seed_000_ran(team):
         assert flag in argv, flag
 
 
+@pytest.mark.xfail(strict=True, reason="issue 30 2.11")
+def test_preflight_refuses_data_verl_cannot_read(team):
+    """A plain-string prompt and no data_source column: verl 0.9 fails on it at the first batch; preflight says so."""
+    parquet(team.cwd / "data/plain.parquet", [{"prompt": "what is 1 + 1?", "ground_truth": "2"}] * 8)
+    p = team(f"rlctl preflight {RECIPE} --only reference --set data.train=data/plain.parquet")
+    assert p.returncode == 1 and "data_source" in p.stdout, p.stdout
+
+
 @pytest.fixture(scope="module")
 def followed(team):
     a = team.ok(f"rlctl attach training_h100_multisignal.log --backend verl --recipe {RECIPE} --name multisignal")
