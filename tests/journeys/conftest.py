@@ -91,16 +91,19 @@ class User:
 
     # ---- ssh ------------------------------------------------------------------------------------------------
     def ssh_alias(self, alias: str, server: Sshd) -> None:
-        """A Host block in ~/.ssh/config for the server, with the user's own key and known_hosts."""
-        import shutil
-
+        """A Host block in ~/.ssh/config for the server, with the user's own key (ssh-keygen once, then copied to
+        the server's authorized keys, as ssh-copy-id does) and known_hosts."""
         ssh = self.home / ".ssh"
         if not ssh.is_dir():
             ssh.mkdir(mode=0o700)
         key = ssh / "id_ed25519"
         if not key.exists():
-            shutil.copy(server.client_config.parent / "id_ed25519", key)
-            key.chmod(0o600)
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True, timeout=30)
+        pub = Path(f"{key}.pub").read_text()
+        authorized = server.root / "authorized_keys"
+        if pub not in authorized.read_text():
+            with authorized.open("a") as fh:
+                fh.write(pub)
         known = ssh / "known_hosts"
         with known.open("a") as fh:
             fh.write(server.known_hosts.read_text())
