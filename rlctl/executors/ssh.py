@@ -275,7 +275,10 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
 
     show_logs(local, follow=True)
     st = read_state(local)
-    return local.resolve(), 0 if st.get("status") == "finished" else 1
+    by = st.get("stopped_by") if isinstance(st.get("stopped_by"), dict) else None
+    if by:  # stopped by the recipe's own stop_when: it ended as asked
+        print(f"rlctl: {name} stopped by stop_when {by.get('rule')}: {by.get('message')}", file=out)
+    return local.resolve(), 0 if st.get("status") == "finished" or by else 1
 
 
 def _resume_on(host: Host, resume: str | None, out: Any) -> str | None:
