@@ -361,6 +361,15 @@ def test_resume_from_the_best_checkpoint(team, a27):
     assert row.split()[3:5] == ["finished", "6/6"], row
 
 
+def test_a_run_is_found_by_the_name_it_was_given(team, a27):
+    """`--name a27`, then `--name a27r`: `rlctl status a27` is the run named a27, not 'matches 2 runs'."""
+    _, run = a27
+    assert team.run_dir("a27r")
+    p = team("rlctl status a27")
+    assert p.returncode == 0 and p.stdout.startswith(run.name), p.stdout + p.stderr
+    assert team("rlctl status a2").returncode == 2  # a prefix of both is still ambiguous
+
+
 # ---- attempt 28: the eps_clip A/B ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def a28(team):
