@@ -6,8 +6,9 @@
 
 - CLI latency: median wall time of `rlctl --help`, `render` and `preflight` on the seed recipes, next to
   `python -c pass` (the floor) and `ray --help` when Ray is installed.
-- Log ingestion MB/s for each backend's format on a generated log (wall and CPU time, best of 3), next to `wc -l`
-  on the same file, with the load average (the machine may be shared).
+- Log ingestion MB/s for each backend's format on a generated log (wall and CPU time, best of 3): `rlctl attach LOG
+  --backend NAME` as a user times it (the whole command), ingestion alone in-process, and `wc -l` on the same file,
+  with the load average (the machine may be shared).
 - `rlctl status` latency against log size: it reads from the end, so it should stay flat.
 - Launch pass-through: a child printing N MB as fast as it can, under rlctl's supervisor vs redirected to a file.
 - The memory plan vs the peaks measured on an H100 (docs/gpu_memory_h100_*.json, docs/memory.md).
@@ -101,11 +102,37 @@ def write_log(path: Path, backend: str, mb: int, filler_per_metric: int = 0) -> 
     return step
 
 
-def ingestion(mb: int, filler: int = 0) -> list[tuple[str, float, float, float]]:
-    """(backend, wall MB/s, CPU MB/s, wc -l MB/s): the best of 3 runs each (the machine is shared; the CPU figure
-    counts only this process's own time)."""
+def _rlctl() -> list[str]:
+    """rlctl as a user runs it: the console script beside this interpreter (else `python -m rlctl.cli`), its modules
+    compiled to bytecode as an installed wheel has them (an editable install under PYTHONDONTWRITEBYTECODE would
+    compile them on every start)."""
+    import compileall
+
+    compileall.compile_dir(str(ROOT / "rlctl"), quiet=1)
+    exe = Path(sys.executable).with_name("rlctl")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "rlctl.cli"]
+
+
+def _child(cmd: list[str], cwd: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of a command run to its end: its user + system time, as `time` reports them."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, check=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def ingestion(mb: int, filler: int = 0) -> list[tuple[str, float, float, float, float, float]]:
+    """(backend, attach wall MB/s, attach CPU MB/s, ingest wall MB/s, ingest CPU MB/s, wc -l MB/s), the best of 3 runs
+    each (the machine is shared): `rlctl attach LOG --backend NAME` as a user times it (a new process: start-up,
+    run directory, ingestion, summary), ingestion alone in this process (its CPU figure counts only its own time),
+    and `wc -l` on the same file."""
     from rlctl.metrics.stream import ingest
 
+    rlctl = _rlctl()
     rows = []
     for backend in LINES:
         with tempfile.TemporaryDirectory() as d:
@@ -113,8 +140,8 @@ def ingestion(mb: int, filler: int = 0) -> list[tuple[str, float, float, float]]
             log = run / LOG_FILE.get(backend, "stdout.log")
             write_log(log, backend, mb, filler)
             size = log.stat().st_size / 1e6
-            walls, cpus, wcs = [], [], []
-            for _ in range(3):
+            walls, cpus, wcs, attach = [], [], [], []
+            for i in range(3):
                 t = time.perf_counter()
                 subprocess.run(["wc", "-l", str(log)], stdout=subprocess.DEVNULL)
                 wcs.append(time.perf_counter() - t)
@@ -125,7 +152,11 @@ def ingestion(mb: int, filler: int = 0) -> list[tuple[str, float, float, float]]
                 walls.append(time.perf_counter() - t)
                 cpus.append(time.process_time() - c)
                 assert st is not None and st.records > 0
-            rows.append((backend, size / min(walls), size / min(cpus), size / min(wcs)))
+                user = run / "user"  # a user's working directory: the run goes to ./runs
+                user.mkdir(exist_ok=True)
+                attach.append(_child([*rlctl, "attach", str(log), "--backend", backend, "--name", f"a{i}"], user))
+            rows.append((backend, size / min(w for w, _ in attach), size / min(c for _, c in attach),
+                         size / min(walls), size / min(cpus), size / min(wcs)))
     return rows
 
 
@@ -219,12 +250,12 @@ def main() -> None:
     for filler, label in ((0, "every line a metrics line (worst case)"), (20, "1 metrics line in 21 (typical)")):
         load = os.getloadavg()[0]
         rows2 = ingestion(a.log_mb, filler)
-        out[f"ingest_mb_s_filler{filler}"] = {b: {"rlctl": r, "rlctl_cpu": c, "wc -l": w, "load": load}
-                                              for b, r, c, w in rows2}
-        print(f"\n| {a.log_mb} MB log, {label} (load {load:.1f}) | rlctl ingest MB/s (wall) | (CPU time) "
-              "| wc -l MB/s |\n|---|---|---|---|")
-        for b, r, c, w in rows2:
-            print(f"| {b} | {r:.0f} | {c:.0f} | {w:.0f} |")
+        out[f"ingest_mb_s_filler{filler}"] = {b: {"attach": aw, "attach_cpu": ac, "rlctl": r, "rlctl_cpu": c,
+                                                  "wc -l": w, "load": load} for b, aw, ac, r, c, w in rows2}
+        print(f"\n| {a.log_mb} MB log, {label} (load {load:.1f}) | `rlctl attach` MB/s: wall (CPU) "
+              "| ingest alone MB/s: wall (CPU) | wc -l MB/s |\n|---|---|---|---|")
+        for b, aw, ac, r, c, w in rows2:
+            print(f"| {b} | {aw:.0f} ({ac:.0f}) | {r:.0f} ({c:.0f}) | {w:.0f} |")
 
     if a.only == "ingest":
         if a.json:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
+import subprocess
 import sys
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
@@ -104,3 +106,27 @@ def released_source(tmp_path_factory):
         return purelib
 
     return get
+
+
+@pytest.fixture
+def user(tmp_path):
+    """A working directory with every default: `rlctl` on PATH, runs under ./runs, a HOME of its own."""
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCTL_")}
+    env["HOME"] = str(home)
+    exe = shutil.which("rlctl", path=str(Path(sys.executable).parent)) or shutil.which("rlctl")
+    assert exe, "the rlctl console script (pip install -e .)"
+
+    def rlctl(*args: str, timeout: float = 300, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([exe, *args], cwd=cwd or work, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+
+    rlctl.env = env  # type: ignore[attr-defined]  # e.g. the ssh config a test's sshd needs (RLCTL_SSH_CONFIG)
+
+    yield work, rlctl
+    from tests.test_experiments import _kill_all
+
+    _kill_all(work / "runs")  # what a failed test left running: queues, supervisors, trainers

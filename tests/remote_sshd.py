@@ -166,3 +166,35 @@ def sshd(tmp_path_factory):
     s.start()
     yield s
     s.stop()
+
+
+def ssh_home(sshd: Sshd, home: Path, aliases: list[str]) -> Path:
+    """A machine's HOME as its user has it: ~/.ssh/config naming the loopback sshd under each alias (with the test
+    key and known_hosts; StrictHostKeyChecking yes), and HOME/bin/ssh. Returns HOME/bin: put it first on PATH.
+
+    OpenSSH reads ~/.ssh from the passwd entry, never from $HOME (root's is /root here); HOME/bin/ssh is the real
+    OpenSSH client given `-F $HOME/.ssh/config`, so a test that isolates HOME gets the ssh config of that HOME, as a
+    user whose HOME is their passwd home does. rsync's `-e ssh` finds it on PATH too. Nothing else changes."""
+    ssh_dir = home / ".ssh"
+    ssh_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(ssh_dir, 0o700)
+    key = sshd.root / "home" / ".ssh" / "id_ed25519"
+    import pwd
+
+    user = pwd.getpwuid(os.getuid()).pw_name
+    (ssh_dir / "config").write_text("".join(f"""Host {alias}
+  HostName 127.0.0.1
+  Port {sshd.port}
+  User {user}
+  IdentityFile {key}
+  IdentitiesOnly yes
+  UserKnownHostsFile {sshd.known_hosts}
+  StrictHostKeyChecking yes
+  LogLevel ERROR
+""" for alias in aliases))
+    bin_dir = home / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    real = shutil.which("ssh", path=os.defpath + ":/usr/bin:/bin")
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\nexec {real} -F "$HOME/.ssh/config" "$@"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    return bin_dir

@@ -359,8 +359,9 @@ def test_keep_best_ranks_steps_by_a_quality_metric_not_by_any_eval_number(tmp_pa
     (run / "metrics.jsonl").write_text("".join(
         json.dumps({"step": s, "time": 0, "eval/gsm8k/response_length_mean": n, "eval/gsm8k/turns": turns,
                     "eval/gsm8k/reward": r}) + "\n" for s, r, n, turns in rows))
-    assert ck.best_checkpoint(run) == (20, "eval/gsm8k/reward", 0.7)
-    ck.prune("trl", run, 1, keep_best=True)
+    best = ck.best_checkpoint(run)
+    assert (best["step"], best["key"], best["value"]) == (20, "eval/gsm8k/reward", 0.7)
+    ck.prune("trl", run, 1)  # keeps the best by default
     assert [c.step for c in ck.find_checkpoints("trl", run)] == [20, 40]
 
 

@@ -6,7 +6,7 @@ import json
 import struct
 from pathlib import Path
 
-from rlctl.runs.weights import run_pair, weights_finding
+from rlctl.runs.weights import nothing_to_compare, run_pair, weights_finding
 
 
 def safetensors(path: Path, values: list[float]) -> None:
@@ -62,5 +62,5 @@ def test_the_start_weights_are_the_before(tmp_path):
 def test_nothing_to_compare_says_what_it_found(tmp_path):
     run = run_with(tmp_path)
     checkpoint(run, "checkpoint-10", [0.1])
-    f = weights_finding(run)
-    assert "only checkpoint-10 has safetensors weights" in f.message and f.evidence["checkpoints"] == ["checkpoint-10"]
+    assert weights_finding(run) is None  # not a finding: nothing is known about the weights
+    assert "only checkpoint-10 has safetensors weights" in nothing_to_compare(run)

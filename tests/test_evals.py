@@ -150,6 +150,35 @@ def test_prune_keeps_the_checkpoint_marked_best(tmp_path):
     assert [c.step for c in prune("trl", run, 1, keep_best=False, dry_run=True)] == [2, 4, 6]
 
 
+def test_one_best_checkpoint_rule_for_prune_rotation_resume_and_by_hand_evals(tmp_path):
+    """Issue 30 2.3: prune, in-run rotation and resume read one rule (runs.checkpoints.best_checkpoint); a run with
+    evals but no mark yet (evaluated by hand) is ranked the same way, and an eval at a step with no checkpoint
+    (step 5) cannot make a checkpoint the best."""
+    from rlctl.backends import get_backend
+    from rlctl.core.state import read_state, write_state
+    from rlctl.evals.loop import record_by_hand
+    from rlctl.runs.checkpoints import best_checkpoint, prune, prune_during_run
+    from rlctl.runs.launch import _parent_checkpoint
+
+    run = tmp_path / "run-20261125-000000"
+    for step in (2, 4, 6, 8):
+        d = run / "checkpoints" / f"checkpoint-{step}"
+        d.mkdir(parents=True)
+        (d / "trainer_state.json").write_text("{}")
+    (run / "recipe.toml").write_text(f'[eval.sets.probe]\ndata = "{PROMPTS}"\n')
+    key = "eval/probe/greedy_pass@1"
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, key: v}) + "\n" for s, v in
+                                               ((0, 0.1), (2, 0.3), (4, 0.8), (5, 0.95), (6, 0.5), (8, 0.4))))
+    write_state(run, backend="trl", status="stopped", stopped_by={"rule": "eval_divergence"})
+    assert best_checkpoint(run)["step"] == 4
+    assert [c.step for c in prune("trl", run, 1, dry_run=True)] == [2, 6]  # kept by default
+    assert _parent_checkpoint(get_backend("trl"), run).step == 4  # resume after stop_when: the best
+    prune_during_run(run, {"backend": "trl", "prune_during_run": True}, 1)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-4", "checkpoint-8"]
+    record_by_hand(run, 8, {key: 0.99}, None, ["probe"])  # a by-hand eval marks the best as the supervisor does
+    assert read_state(run)["best_checkpoint"]["step"] == 8 and best_checkpoint(run)["step"] == 8
+
+
 def test_eval_on_a_host_needs_ssh_hosts(cli, write):
     from rlctl import executors
 

@@ -109,10 +109,50 @@ def test_seeds_needed_is_the_smallest_n_with_80_percent_power(effect, paired):
     assert S.seeds_needed(0.0) is None
 
 
+def same(mine: float, ref: float) -> bool:
+    return (math.isnan(mine) and math.isnan(ref)) or mine == ref
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]),  # identical arms: no difference, no spread
+    ([0.3125, 0.5, 0.4375], [0.5625, 0.75, 0.6875]),  # identical differences (+0.25 in every seed)
+    ([0.5, 0.25], [0.25, 0.0]),  # identical negative differences
+])
+@pytest.mark.filterwarnings("ignore:Precision loss")
+def test_identical_paired_differences_are_degenerate_as_scipy_says(a, b):
+    """Zero variance: t and p as scipy gives them (t = +-inf, p = 0; or nan, nan for no difference), marked
+    degenerate and never called significant (issue 30 §2.8)."""
+    r = S.paired(a, b)
+    ref = scipy_stats.ttest_rel(b, a)
+    assert r.degenerate and not r.significant and r.seeds_needed is None
+    assert same(r.t, float(ref.statistic)) and same(r.p, float(ref.pvalue)), (r, ref)
+    assert r.df == ref.df and r.low == r.high == r.diff
+
+
+@pytest.mark.parametrize(("a", "b"), [([1.0, 1.0], [2.0, 2.0]), ([0.5, 0.5, 0.5], [0.5, 0.5, 0.5])])
+@pytest.mark.filterwarnings("ignore:Precision loss")
+def test_constant_arms_are_a_degenerate_welch_test_as_scipy_says(a, b):
+    r = S.welch(a, b)
+    ref = scipy_stats.ttest_ind(b, a, equal_var=False)
+    assert r.degenerate and not r.significant
+    assert same(r.t, float(ref.statistic)) and same(r.p, float(ref.pvalue)), (r, ref)
+
+
+def test_rounding_noise_is_no_spread():
+    """Differences of means that differ only in their last bits are identical: scipy answers t ~ 1e16 with a
+    warning of catastrophic cancellation; rlctl says degenerate."""
+    a = [0.1, 0.2, 0.7]
+    b = [x + 0.3 for x in a]  # 0.1 + 0.3 - 0.1 != 0.3 in binary
+    assert len({y - x for x, y in zip(a, b, strict=True)}) > 1
+    r = S.paired(a, b)
+    assert r.degenerate and math.isinf(r.t) and r.p == 0.0
+    assert not S.paired(a, [0.4, 0.5, 1.0 + 1e-9]).degenerate  # a real (if tiny) spread is a test
+
+
+@pytest.mark.filterwarnings("ignore:Precision loss")
 def test_a_constant_arm_or_identical_pairs_do_not_divide_by_zero():
-    r = S.paired([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
-    assert r.p == 1.0 and r.diff == 0.0 and r.seeds_needed is None and not r.significant
-    r = S.welch([1.0, 1.0], [2.0, 2.0])
-    assert r.p == 0.0 and r.diff == 1.0
+    r = S.welch([1.0, 1.0], [2.0, 3.0])  # one constant arm, one that varies: an ordinary Welch test
+    ref = scipy_stats.ttest_ind([2.0, 3.0], [1.0, 1.0], equal_var=False)
+    assert not r.degenerate and close(r.t, ref.statistic) and close(r.p, ref.pvalue, rel=1e-6)
     with pytest.raises(ValueError):
         S.welch([1.0], [1.0, 2.0])

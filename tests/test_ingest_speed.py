@@ -367,3 +367,37 @@ def test_one_template_blocks_are_read_by_their_template(backend):
     lines = [GOOD[backend].format(i) for i in range(1, 41)]
     out = module._uniform(list(range(40)), lines)
     assert out is not None and list(out.values()) == [adapter(backend).parse(line) for line in lines]
+
+
+# ---- a per-run parser's own bulk reader: the command backend's attached parser (attach --backend command) ---------
+
+OTHER_JSON = st.sampled_from(['{"step": 3, "loss": 0.5}', '{"epoch": 1, "train": {"loss": 0.25}}', '{"x": 1',
+                              "plain text", "", '  {"rlctl_command": {"step": 4, "loss": 1}}', "loss=0.5 step=9"])
+
+
+@pytest.mark.parametrize("patterns", [[r"loss=(?P<loss>[0-9.]+) step=(?P<step>\d+)"], []])
+def test_the_attached_command_parser_reads_in_bulk_exactly_line_by_line(patterns, tmp_path):
+    """The runner's records among any trainer's JSON lines and noise, through attach's per-run parser (a metrics map,
+    a log pattern or none): its bulk reader (the runner's lines) and needle (`{`, without patterns) and line by line
+    with every line looked at give the same records and counts."""
+    ad = adapter("command")
+    parse = ad.options_parser({"metrics_map": {"loss": "policy_loss"}, "step_key": "step", "log_pattern": patterns})
+    assert parse is not ad.parse and parse.metric_bulk
+    assert parse.metric_needles == (() if patterns else ("{",))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.lists(st.one_of(command_line(), OTHER_JSON), min_size=1, max_size=12), st.randoms(use_true_random=False))
+    def check(generated, rnd):
+        log = tmp_path / "gen.log"
+        log.write_text(_log(generated, rnd))
+        out = []
+        for needles, bulk in (((), None), (tuple(parse.metric_needles), parse.metric_bulk)):
+            reader = _Reader(parse, needles, tmp_path / "m.jsonl", bulk)
+            st_ = reader.file(log, IngestState(), True)
+            out.append((_records(tmp_path / "m.jsonl"), st_.lines, st_.records, st_.skipped, st_.examples))
+            (tmp_path / "m.jsonl").unlink(missing_ok=True)
+        assert out[1] == out[0], log.read_text()
+
+    check()
+    good = "\n".join(GOOD["command"].format(i) for i in range(1, 41)) + "\n"
+    assert len(parse.metric_bulk(good)) == 40  # the runner's lines: all in bulk

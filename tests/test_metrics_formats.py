@@ -68,6 +68,53 @@ def test_openrlhf_before_06_from_the_released_wheel(version, runs, tmp_path):
     assert m[2]["openrlhf/critic_loss"] == 0.1
 
 
+# Each family of OpenRLHF's progress-bar releases (found in the wheels, tests/fixtures/openrlhf/generate.py's
+# docstring and docs/metrics.md): 0.3.6-0.3.8 `pg= rm= ret= glen= tlen= kl=` (no act_lr); 0.4-0.7.1 + `act_lr=`;
+# 0.7.2-0.8.0 `act_loss= reward= return= gen_len= tot_len= kl= act_lr= ent_loss=`; the status in the `Episode [e/E]`
+# bar up to 0.8.0 (0.8.0's async trainer: `Training Process`); from 0.8.1 the `Global step N: {...}` line
+# (f-string names `steps`, `status` until 0.9.0). `--epochs 2`: two `Train epoch [e/2]` bars per step.
+BAR_FAMILIES = [("0.3.8", ()), ("0.7.1", ("--epochs", "2")), ("0.7.2", ()), ("0.8.0", ("--async",)),
+                ("0.8.1", ("--epochs", "2")), ("0.9.3", ("--epochs", "2"))]
+
+
+@pytest.mark.parametrize("version,extra", BAR_FAMILIES, ids=[f"{v}{''.join(e)}" for v, e in BAR_FAMILIES])
+def test_openrlhf_progress_bars_of_every_family_from_the_wheel(version, extra, runs, tmp_path):
+    """The release's own bar postfix (its `short_status` evaluated) drawn by tqdm, its own status bar or Global step
+    line: one record per step, whatever the epochs per step and the redraws (each bar's last frame drawn again by
+    close()); the last epoch's values stand; keys without a unified name kept as openrlhf/<key>; nothing dropped."""
+    root = released("openrlhf", version)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, str(FIXTURES / "openrlhf/generate.py"), str(root), version, str(out),
+                        "--critic", *extra], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    log = (out / "train.log").read_text()
+    assert log.count(" 3/3 [") >= 8 * (2 if "--epochs" in extra else 1), "every bar's final frame, drawn twice"
+    res, run, backend = attach(str(out / "train.log"), "--name", "orl-" + version.replace(".", "-"))
+    assert res.code == 0 and backend == "openrlhf", res.out + res.err
+    cut = "Global step" in log  # the generator's last Global step line, cut off: said, as it should be
+    assert ("not understood" in res.out) == cut, res.out
+    m = merged(run)
+    assert sorted(m) == [1, 2, 3, 4], m.keys()
+    assert m[2]["policy_loss"] == pytest.approx(-0.02) and m[2]["reward/mean"] == pytest.approx(0.3)
+    assert m[3]["response_length/mean"] in (1000.0, 1003.0) and m[1]["openrlhf/return"] == 0.1  # tqdm's 1e+3
+    assert m[2]["openrlhf/total_length"] == pytest.approx(1502.0) and m[3]["correctness"] == 0.75  # the status
+    assert m[2]["openrlhf/critic_loss"] == 0.1 and m[3]["openrlhf/values"] == pytest.approx(0.15)
+    if version != "0.3.8":
+        assert m[3]["lr"] == 1.5e-06
+
+
+def test_a_bar_with_a_status_no_rule_places_is_said(tmp_path):
+    """A bar whose postfix is a step's status (`policy_loss=`) but which no rule knows is not understood (counted
+    and shown), never dropped."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "stdout.log").write_text("Rollout [1/1]:  50%|##   | 1/2 [00:01<00:01, policy_loss=0.1, reward=0.5]\n"
+                                    "Episode [1/1]:  50%|##   | 1/2 [00:01<00:01, policy_loss=0.2, reward=0.5]\n")
+    st = ingest(run, "openrlhf", final=True)
+    assert st is not None and st.skipped == 1 and "Rollout [1/1]" in st.examples[0]
+    assert [r["step"] for r in iter_metrics(run / METRICS)] == [2]
+
+
 # ---- TRL -----------------------------------------------------------------------------------------------------
 
 

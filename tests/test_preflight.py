@@ -90,11 +90,40 @@ def test_remote_dataset_skips_with_a_fix():
 # ---- context --------------------------------------------------------------------------------------------------
 
 def test_context_budget_catches_the_seed_hang():
-    # the seed: max_model_len 4096, max_tokens 4000 -> rollouts hang at "0/8 rollouts"
+    # the seed: max_model_len 4096, max_tokens 4000 -> rollouts hang at "0/8 rollouts"; the prompts are not measured
+    # here and prime-rl does not enforce data.max_prompt_tokens, so the fix gives the formula, not 4096 - 1500
     r = one(results(PRIME_SHARED, "rollout.max_tokens=4000", only=["context"]), "context.budget")
     assert r.verdict == "fail"
-    assert "1500 + max_tokens 4000 = 5500 > max_model_len 4096" in r.figure
-    assert "rollout.max_tokens <= 2596" in r.fix
+    assert "1500 (not measured) + max_tokens 4000 = 5500 > max_model_len 4096" in r.figure
+    assert "2596" not in r.fix and "4096 - the longest prompt" in r.fix
+
+
+# (recipe, sets) whose backend does not enforce data.max_prompt_tokens and whose prompts cannot be read here: every
+# backend of that kind (prime-rl: an environment; TRL and command: a Hub dataset id not in the local cache)
+UNMEASURED = [
+    (PRIME_SHARED, ["rollout.max_tokens=4000", "model.max_model_len=4096", "data.max_prompt_tokens=1024"]),
+    (QUICK, ["data.train=acme/not-cached-anywhere", "rollout.max_tokens=4000", "model.max_model_len=4096",
+             "data.max_prompt_tokens=1024"]),
+    (RECIPES / "command-torchrun-dr-grpo.toml", ["rollout.max_tokens=4000", "model.max_model_len=4096",
+                                                 "data.max_prompt_tokens=1024"]),
+]
+
+
+@pytest.mark.parametrize("recipe,sets", UNMEASURED, ids=["prime_rl", "trl", "command"])
+def test_no_fix_carries_a_number_from_an_assumed_prompt_length(recipe, sets, monkeypatch, tmp_path):
+    """Issue 30 point 2.9, seed 002: "max_tokens <= 3072" computed from the default 1024 still hangs on the seed's
+    1297-token prompts. Unmeasured, every context fix says what to measure and gives the formula."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # nothing in the local cache
+    res = results(recipe, *sets, "train.seq_len=2048", only=["context"])
+    assert one(res, "context.prompt_lengths").verdict == "skip"
+    budget, seq = one(res, "context.budget"), one(res, "context.train_seq_len")
+    assert budget.verdict == "fail" and "(not measured)" in budget.figure, budget
+    for r in (budget, seq):
+        assert "3072" not in r.fix and "5024" not in r.fix, r.fix  # 4096 - 1024, 1024 + 4000
+        assert "the longest prompt" in r.fix and "measure" in r.fix, r.fix
+        assert r.set is None
+    assert "rollout.max_tokens <= 4096 - the longest prompt" in budget.fix
+    assert "train.seq_len >= the longest prompt + 4000" in seq.fix
 
 
 def test_context_budget_on_the_fixed_seed_is_unknown_without_its_prompts():
@@ -104,6 +133,40 @@ def test_context_budget_on_the_fixed_seed_is_unknown_without_its_prompts():
     assert budget.verdict == "warn" and "prompt lengths unknown" in budget.figure, budget
     assert "data.max_prompt_tokens" in budget.fix and "local" in budget.fix
     assert one(res, "context.train_seq_len").verdict == "warn"  # trainer seq_len 2048 < 3500
+
+
+def test_openrlhf_budget_is_the_context_openrlhf_gives_vllm():
+    """Issue 30 point 2.15: OpenRLHF sizes vLLM's max_model_len to prompt + generate length (train_ppo_ray.py train():
+    prompt_max_len + generate_max_len, later --max_len / --data.max_len), whatever model.max_model_len says, and cuts
+    prompts to fit. A recipe it runs is not failed; one whose context vLLM refuses (longer than the model) is."""
+    for version in ("0.9.3", "0.11.2"):
+        res = results(OPENRLHF, f'backend.version="{version}"', "model.max_model_len=2048", only=["context"])
+        budget = one(res, "context.budget")
+        assert budget.verdict == "ok" and "1024 + 4096 = 5120 <= 5120" in budget.figure, budget
+        assert "OpenRLHF sizes vLLM to" in budget.figure and budget.data["engine_context"] == 5120
+        assert "context.positions" not in [r.check for r in res]
+        long = results(OPENRLHF, f'backend.version="{version}"', 'model.path="Qwen/Qwen2.5-0.5B"',
+                       "rollout.max_tokens=32000", "lora.target_modules=[\"q_proj\"]", only=["context"])
+        pos = one(long, "context.positions")
+        assert pos.verdict == "fail" and "33024 > the model's 32768 positions" in pos.figure, pos
+        assert "data.max_prompt_tokens + rollout.max_tokens" in pos.fix
+        assert one(long, "context.budget").verdict == "ok"
+        allowed = results(OPENRLHF, f'backend.version="{version}"', 'model.path="Qwen/Qwen2.5-0.5B"',
+                          "rollout.max_tokens=32000", "lora.target_modules=[\"q_proj\"]",
+                          'env.VLLM_ALLOW_LONG_MAX_MODEL_LEN="1"', only=["context"])
+        assert one(allowed, "context.positions").verdict == "warn"
+
+
+def test_vllm_length_of_a_config_with_rope_scaling():
+    from rlctl.recipe.models import derived_max_len
+
+    assert derived_max_len({"max_position_embeddings": 4096}) == 4096
+    assert derived_max_len({"max_position_embeddings": 131072, "rope_scaling": {
+        "rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}}) == 131072
+    assert derived_max_len({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2}}) == 8192
+    assert derived_max_len({"max_position_embeddings": 131072, "rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0}}) == 131072
+    assert derived_max_len({"max_position_embeddings": 8192, "seq_length": 4096}) == 4096
 
 
 def test_prompt_lengths_measured_with_a_local_tokenizer(tmp_path, pool):
@@ -244,11 +307,40 @@ def test_disk_fails_when_checkpoints_do_not_fit(monkeypatch, tmp_path):
 
 
 def test_disk_ok_for_lora_adapters(tmp_path):
-    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', only=["disk"])
+    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', "train.zero_stage=2", only=["disk"])
     assert one(res, "disk.checkpoints").verdict == "ok"
     assert "disk.deepspeed" not in [r.check for r in res]  # save_optimizer = false
-    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', "checkpoint.save_optimizer=true", only=["disk"])
+    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', "train.zero_stage=2", "checkpoint.save_optimizer=true",
+                  only=["disk"])
     assert verdicts(res, "disk.deepspeed") == ["warn"]
+
+
+def test_disk_counts_the_lora_zero3_shard_leak(monkeypatch, tmp_path):
+    """Issue 30 point 2.10, seed 001 §4: OpenRLHF LoRA + ZeRO-3 without a save fix leaves ~203 GB of full-model
+    shards next to each 91 MB adapter. On the seed's 1 TB /mnt/data the seed's recipe (keep_last 3 and an eval set:
+    rlctl keeps the best besides, and writes the next before the oldest goes: 5 copies) does not fit."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**12, 0, 10**12))
+    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', only=["disk"])
+    r = one(res, "disk.checkpoints")
+    assert r.verdict == "fail", r
+    assert 200e9 < r.data["per_checkpoint"] < 206e9 and r.data["count"] == 5
+    assert "full-model shards" in r.figure and "keep_last 3 + the best-eval checkpoint + the one being written = 5" \
+        in r.figure
+    assert r.set == {"checkpoint.keep_last": 2}  # 2 + the best + the one written = 4 x 203 GB fit in 900 GB
+    # the rotation note at render/preflight counts the same copies as the disk check (one function)
+    note = [f for f in prepare(OPENRLHF, [f'checkpoint.dir="{tmp_path}"']).validate()
+            if f.key == "checkpoint.keep_last" and f.level == "note"]
+    assert note and "up to 4 stay on disk" in note[0].message and "= 5 while the next is saved" in note[0].message
+    # ZeRO-2 saves the adapter alone
+    assert one(results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', "train.zero_stage=2", only=["disk"]),
+               "disk.checkpoints").verdict == "ok"
+    # without an eval set OpenRLHF's own rotation plus rlctl's pruning of the HF exports: 3 + the one written
+    plain = one(results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', 'data.eval=""', "checkpoint.keep_last=4",
+                        only=["disk"]), "disk.checkpoints")
+    assert plain.verdict == "fail" and plain.data["count"] == 5 and "the best-eval" not in plain.figure
+    assert "train.zero_stage = 2" in plain.fix or plain.set == {"checkpoint.keep_last": 3}
 
 
 # ---- environment ----------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -318,3 +319,142 @@ MY_SERVICE_API_KEY = "${{MY_SERVICE_API_KEY}}"
     for f in run.rglob("*"):
         if f.is_file():
             assert secret not in f.read_text(errors="replace"), f
+
+
+# -- a fresh head's job agent: Ray's "No available agent to submit job" answer (issue 30 §3) ----------------------
+
+
+def ray_no_agent_answer() -> tuple[int, str]:
+    """The status and text Ray's job API answers a submission with while its head has no job agent, read from the
+    installed Ray's own source (ray/dashboard/modules/job/job_head.py, submit_job)."""
+    import importlib.util
+    import re
+
+    import aiohttp.web
+
+    src = (Path(importlib.util.find_spec("ray").origin).parent / "dashboard" / "modules" / "job" / "job_head.py")
+    m = re.search(r'text="(No available agent[^"]*)",\s*status=aiohttp\.web\.(\w+)\.status_code', src.read_text())
+    assert m, "Ray's job_head.py no longer answers 'No available agent' as this test expects"
+    return getattr(aiohttp.web, m.group(2)).status_code, m.group(1)
+
+
+class FreshHeadFront:
+    """A real HTTP server on loopback in front of a real Ray head: it answers the first `refuse` job submissions
+    exactly as Ray's job API does while a fresh head's agent starts (the race cannot be provoked at will: Ray's
+    head itself waits 10 s for its agent), and forwards every other request to the head."""
+
+    def __init__(self, head: str, refuse: int):
+        import threading
+        import urllib.error
+        import urllib.request
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        status, text = ray_no_agent_answer()
+        front = self
+        self.refuse, self.submissions = refuse, 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def answer(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+                if self.command == "POST" and self.path.rstrip("/") == "/api/jobs":
+                    front.submissions += 1
+                    if front.refuse > 0:
+                        front.refuse -= 1
+                        return self.answer(status, text.encode(), "text/plain; charset=utf-8")
+                req = urllib.request.Request(head + self.path, data=body, method=self.command,
+                                             headers={k: v for k, v in self.headers.items()
+                                                      if k.lower() in ("content-type", "accept")})
+                try:
+                    with urllib.request.urlopen(req, timeout=60) as r:
+                        self.answer(r.status, r.read(), r.headers.get("Content-Type", "application/json"))
+                except urllib.error.HTTPError as e:
+                    self.answer(e.code, e.read(), e.headers.get("Content-Type", "text/plain"))
+
+            do_GET = do_POST = do_PUT = do_DELETE = forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def user_cluster(tmp_path_factory):
+    """A head that stands for the user's cluster (one for the tests below: a head's start is their cost)."""
+    head = LocalHead(tmp_path_factory.mktemp("cluster"), num_gpus=0)
+    yield head.start()
+    head.stop()
+
+
+@pytest.fixture
+def fresh_head(user_cluster):
+    """That cluster as it answers just after `ray start`: `fresh_head(refuse=N)` gives an address whose first N job
+    submissions get Ray's no-agent answer."""
+    fronts: list[FreshHeadFront] = []
+
+    def front(refuse: int) -> FreshHeadFront:
+        fronts.append(FreshHeadFront(user_cluster, refuse))
+        return fronts[-1]
+
+    yield front
+    for f in fronts:
+        f.close()
+
+
+def test_launch_right_after_ray_start_waits_for_the_job_agent_and_says_so(user, fresh_head):
+    """Ray answers HTTP 500 "No available agent to submit job, please try again later." until a fresh head's agent
+    is up: rlctl submits again with backoff, says so, and the run goes through (this failed the launch before)."""
+    from tests.test_experiments import bandit_recipe
+
+    work, cli = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (work / "b.toml").write_text(bandit_recipe(steps=4))
+    front = fresh_head(refuse=2)
+    r = cli("launch", "b.toml", "--executor", "ray", "--address", front.address, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    said = [x for x in r.stderr.splitlines() if "has no job agent yet" in x]
+    assert len(said) == 2, r.stderr
+    assert "submitting again in 1 s" in said[0] and "submitting again in 2 s" in said[1], said
+    assert 'HTTP 500 "No available agent to submit job"' in said[0]
+    assert front.submissions == 3
+    run = only_run(work / "runs")
+    state = read_state(run)
+    assert state["status"] == "finished" and state["ray_job_status"] == "SUCCEEDED"
+    assert sorted(m["step"] for m in metrics(run) if "reward/mean" in m) == [1, 2, 3, 4]
+
+
+def test_a_job_agent_that_never_comes_fails_at_the_limit_with_what_ray_answered(fresh_head, capsys):
+    """Within a limit: the submission gives up with Ray's answer and where to look, after backing off; any other
+    failure is not retried."""
+    from ray.job_submission import JobSubmissionClient
+
+    from rlctl.errors import RlctlError
+    from rlctl.executors.ray import submit_when_agent_ready
+
+    front = fresh_head(refuse=1000)
+    client = JobSubmissionClient(front.address)
+    t0 = time.monotonic()
+    with pytest.raises(RlctlError) as e:
+        submit_when_agent_ready(lambda: client.submit_job(entrypoint="true"), front.address, limit=4.0)
+    took = time.monotonic() - t0
+    assert "still has no job agent after" in e.value.message and "No available agent" in e.value.message
+    assert "dashboard_agent.log" in (e.value.hint or "")
+    assert front.submissions == 3 and 3.0 <= took < 10.0, (front.submissions, took)  # waits of 1 s and 2 s
+    assert capsys.readouterr().err.count("has no job agent yet") == 2
+    n = front.submissions
+    with pytest.raises(RlctlError) as e:  # another failure: said at once, not retried
+        submit_when_agent_ready(lambda: client.submit_job(entrypoint="true", runtime_env={"pip": 5}), front.address)
+    assert front.submissions == n and "Ray job submission to" in e.value.message

@@ -262,3 +262,40 @@ def test_backends_are_registered_as_entry_points():
     for n in names & {"openrlhf", "prime_rl", "verl", "trl"}:
         b = get_backend(n)
         assert b.name == n and b.known_versions
+
+
+# ---- what preflight finds in the recipe alone is said at render too (issue 30 point 2.15) ---------------------------
+
+@pytest.mark.parametrize("name,sets", [
+    ("quickstart.toml", ["optim.warmup_steps=100000"]),
+    ("verl-qwen2.5-math-1.5b-1xh100.toml", ["optim.warmup_steps=300"]),
+    ("prime-rl-qwen3-8b-2xh100.toml", ["optim.warmup_ratio=1"]),
+])
+def test_render_says_a_warmup_longer_than_the_run(cli, name, sets):
+    res = cli("render", str(RECIPES / name), *[a for s in sets for a in ("--set", s)])
+    assert res.code == 1, (res.out, res.err)
+    assert "error: schedule.warmup: warmup" in res.err and ">= the whole run" in res.err
+
+
+@pytest.mark.parametrize("name", ["prime-rl-qwen3-8b-2xh100.toml", "verl-qwen2.5-math-1.5b-1xh100.toml",
+                                  "command-torchrun-dr-grpo.toml", "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"])
+def test_render_says_a_trainer_without_gpus(cli, name):
+    res = cli("render", str(RECIPES / name), "--set", "resources.trainer_gpus=[]")
+    assert res.code == 1, (res.out, res.err)
+    assert "resources.trainer_gpus = []: the trainer gets no GPU" in res.err, res.err
+    assert res.err.count("the trainer gets no GPU") == 1  # said once, not by render and again by its checks
+
+
+def test_render_refuses_the_tensor_parallel_sizes_verls_workers_refuse(cli):
+    """TP that does not divide the hybrid worker group (engine_workers.py init_model) or spans part of a node
+    (rollout/replica.py RolloutReplica.__init__) is refused by render, as OpenRLHF's and prime-rl's are."""
+    seed = str(RECIPES / "verl-qwen2.5-math-1.5b-1xh100.toml")
+    res = cli("render", seed, "--set", "resources.gpus_per_node=3", "--set", "rollout.tensor_parallel=2",
+              "--set", "rollout.prompts_per_step=6", "--set", "train.train_batch_size=24")
+    assert res.code == 1 and "self.world_size % infer_world_size == 0" in res.err, res.err
+    res = cli("render", seed, "--set", "resources.nodes=3", "--set", "resources.gpus_per_node=4", "--set",
+              "rollout.tensor_parallel=6", "--set", "train.train_batch_size=48", "--set", "rollout.prompts_per_step=12")
+    assert res.code == 1 and "self.world_size % self.gpus_per_replica_node == 0" in res.err, res.err
+    res = cli("render", seed, "--set", "resources.nodes=2", "--set", "resources.gpus_per_node=2", "--set",
+              "rollout.tensor_parallel=4", "--set", "resources.executor=ray")
+    assert res.code == 0, res.err  # a TP group over two whole nodes runs (one vLLM server per node)

@@ -30,7 +30,7 @@ def _fast(argv: list[str]) -> tuple[bool, str]:
 
     out = io.StringIO()
     with redirect_stdout(out):
-        answered = fast_path(argv)
+        answered = fast_path(argv) is not None
     return answered, out.getvalue()
 
 

@@ -32,6 +32,32 @@ class Finding:
     fix: str | None = None
 
 
+@dataclass(frozen=True)
+class CheckpointCopies:
+    """Checkpoints on disk at once, at most (Backend.checkpoint_copies): `kept` (keep_last, or every one the run
+    saves; None when that count is unknown), `best` (1: the best-eval checkpoint rlctl keeps besides), `writing` (1:
+    the next one, written before the oldest goes)."""
+
+    kept: int | None
+    best: int
+    writing: int
+    why: str  # what `kept` is, in words
+
+    @property
+    def stay(self) -> int | None:
+        return None if self.kept is None else self.kept + self.best
+
+    @property
+    def total(self) -> int | None:
+        return None if self.kept is None else self.kept + self.best + self.writing
+
+    def words(self) -> str:
+        """`keep_last 3 + the best-eval checkpoint + the one being written = 5`."""
+        parts = [self.why] + (["the best-eval checkpoint"] if self.best else []) + \
+            (["the one being written"] if self.writing else [])
+        return " + ".join(parts) + (f" = {self.total}" if len(parts) > 1 and self.total is not None else "")
+
+
 @dataclass
 class LaunchPlan:
     backend: str
@@ -45,6 +71,11 @@ class LaunchPlan:
     notes: list[str] = field(default_factory=list)
     # variables the argv refers to as ${NAME} and what to set them to: launch.sh checks them before anything runs
     required_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """The backend and its release as people read them: `trl 1.16.0`, `command (any version)`, never `None`."""
+        return f"{self.backend} {self.version or '(any version)'}"
 
     def masked_env(self) -> dict[str, str]:
         return {k: (f"${{{k}}}" if is_secret_name(k) else v) for k, v in self.env.items()}
@@ -69,7 +100,7 @@ class LaunchPlan:
         return "\n".join(lines) + "\n"
 
     def render_text(self) -> str:
-        parts = [f"# backend: {self.backend} {self.version or '(any version)'}"]
+        parts = [f"# backend: {self.label}"]
         if self.total_steps is not None:
             parts.append(f"# optimizer steps: {self.total_steps}")
         parts += [f"# note: {n}" for n in self.notes]
@@ -146,6 +177,21 @@ class EffectiveRecipe:
     # runs, so a computed fix must not set them
     held: frozenset[str] = frozenset()
 
+
+class LazyTable:
+    """A `table_model` named "module:Class", imported when first asked for: an adapter whose `[backend.<name>]` table
+    is a pydantic model keeps pydantic's import (~0.1 s) out of the commands that only read its logs (attach,
+    status), which load the adapter and never look at the table."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __get__(self, obj: Any, owner: Any = None) -> type:
+        import importlib
+
+        module, _, name = self.path.partition(":")
+        return getattr(importlib.import_module(module), name)
+
 class Backend:
     """One RL framework, as rlctl knows it. Stateless and cheap; never imports the backend's runtime.
 
@@ -179,6 +225,8 @@ class Backend:
     # trainable parameters (sqrt of exp_avg_sq); fused implementations (torch fused, DeepSpeed FusedAdam) none
     foreach_adam: ClassVar[bool] = True
     table_model: ClassVar[type | None] = None  # pydantic model of `[backend.<name>]` (a BackendExtra subclass)
+    # keys of that table that name local files or directories: resolved like every recipe path (rlctl.recipe.paths)
+    table_paths: ClassVar[tuple[str, ...]] = ()
     metric_needles: ClassVar[tuple[str, ...]] = ()  # cheap substrings a metrics line contains (a pre-filter)
 
     # ---- version ---------------------------------------------------------------------------------------------
@@ -276,6 +324,11 @@ class Backend:
     def enforces_prompt_limit(self, recipe: Recipe) -> bool:
         return self.prompt_limit(recipe) is not None
 
+    def engine_context(self, recipe: Recipe) -> tuple[int, str]:
+        """(the context length the backend gives its inference engine (vLLM's max_model_len), how it is set).
+        Default: model.max_model_len, rendered as it is; an adapter that sizes vLLM otherwise says so."""
+        return recipe.model.max_model_len, "max_model_len"
+
     def refuses_single_sample(self, recipe: Recipe) -> bool:
         """Whether this backend's own code refuses the recipe's group-normalised algorithm with group_size 1."""
         return self.refuses_single_sample_groups
@@ -283,6 +336,24 @@ class Backend:
     def colocated(self, recipe: Recipe) -> bool:
         """Whether trainer and engines share GPUs as this backend runs the recipe (verl's hybrid engine always)."""
         return recipe.resources.colocate
+
+    def gpu_roles(self, recipe: Recipe) -> list[set[str]] | None:
+        """What each GPU of a node holds as this backend places the run, by the run's local GPU index: "trainer",
+        "vllm" (the rollout engines) or both (the memory plan adds them up per GPU); None where the backend's
+        scheduler picks which GPU holds what (Ray placement groups): only the counts are known then. Default: the
+        recipe's trainer_gpus / inference_gpus; colocated, every GPU holds both; else the engines on the first
+        GPUs and the trainer on the rest."""
+        r, res = recipe, recipe.resources
+        n = res.gpus_per_node
+        if not self.uses_vllm(r):
+            return [{"trainer"} for _ in range(n)]
+        both = self.colocated(r)
+        n_inf = r.inference_gpu_count // max(res.nodes, 1)
+        inf = set(res.inference_gpus) if res.inference_gpus is not None else \
+            set(range(n)) if both else set(range(min(n_inf, n)))
+        trn = set(res.trainer_gpus) if res.trainer_gpus is not None else \
+            set(range(n)) if both else set(range(n)) - inf
+        return [{role for role, ids in (("trainer", trn), ("vllm", inf)) if i in ids} for i in range(n)]
 
     def trainer_gpus(self, recipe: Recipe) -> int:
         """GPUs the trainer runs on as this backend places it (its data-parallel size)."""
@@ -367,6 +438,11 @@ class Backend:
         """The checkpoints under a checkpoint root, oldest first, each marked complete or not."""
         return []
 
+    def describe_checkpoints(self, recipe: Recipe, root: Path) -> None:
+        """A run rlctl did not start (`attach --recipe`): leave under `root` what `checkpoints(root)` needs to read the
+        recipe's checkpoint layout, as a launch would. Nothing for a backend whose layout is its own."""
+        del recipe, root  # Unused
+
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         """(bytes one checkpoint takes on disk, what it holds). Default: an HF model (or adapter) + fp32 Adam."""
         r = recipe
@@ -375,16 +451,43 @@ class Backend:
         w = 2 if r.model.dtype in ("bfloat16", "float16") else 4
         return (T * w if r.lora else P * w) + (T * 2 * 4 if r.checkpoint.save_optimizer else 0), "HF model + optimizer"
 
+    def lighter_checkpoints(self, recipe: Recipe) -> list[dict[str, Any]]:
+        """Recipe changes (keys -> values) that make this backend's checkpoints smaller, beyond not saving the
+        optimizer: candidates for the disk check's computed fix. Default: none."""
+        del recipe  # Unused
+        return []
+
     def saved_checkpoints(self, recipe: Recipe, total_steps: int) -> int:
         """How many checkpoints a whole run writes (before any pruning): one every checkpoint.every steps."""
         every = recipe.checkpoint.every
         return max(total_steps // every, 1) if every else 1
 
+    def checkpoint_copies(self, recipe: Recipe, total_steps: int | None = None) -> CheckpointCopies:
+        """How many checkpoints are on disk at once, at most: the one function the disk check, render/preflight's
+        rotation note and docs/eval.md count with. keep_last when set, plus the best-eval checkpoint where rlctl
+        rotates (rotation_by_rlctl, and it prunes during the run), plus the next one, written before the oldest goes;
+        without keep_last every checkpoint the run saves (saved_checkpoints; unknown without a step count)."""
+        r = recipe
+        if not r.checkpoint.every:
+            return CheckpointCopies(1, 0, 0, "the final checkpoint")
+        keep = r.checkpoint.keep_last
+        if keep:
+            return CheckpointCopies(keep, self._keeps_best_besides(r), 1, f"keep_last {keep}")
+        if total_steps:
+            n = self.saved_checkpoints(r, total_steps)
+            return CheckpointCopies(n, 0, 0, f"every checkpoint of the run ({n}: no keep_last)")
+        return CheckpointCopies(None, 0, 0, "every checkpoint of the run (no keep_last; the step count is unknown)")
+
     def kept_checkpoints(self, recipe: Recipe) -> int | None:
-        """How many checkpoints will really stay on disk (after the backend's and rlctl's pruning); None = all.
-        When rlctl rotates (rotation_by_rlctl), the best-eval checkpoint may be one more."""
+        """How many checkpoints stay on disk after the backend's and rlctl's pruning (None = all): keep_last + the
+        best-eval checkpoint where rlctl keeps it besides (checkpoint_copies without the one being written)."""
         keep = recipe.checkpoint.keep_last
-        return keep + 1 if keep and self.rotation_by_rlctl(recipe) and self.prune_during_run(recipe) else keep
+        return keep + self._keeps_best_besides(recipe) if keep else None
+
+    def _keeps_best_besides(self, recipe: Recipe) -> int:
+        """1 where rlctl rotates (rotation_by_rlctl) and prunes during the run, keeping the best-eval checkpoint
+        besides the keep_last newest (rlctl.runs.checkpoints.prune_during_run, keep_best=True)."""
+        return 1 if self.rotation_by_rlctl(recipe) and self.prune_during_run(recipe) else 0
 
     def prune_during_run(self, recipe: Recipe) -> bool:
         """True when rlctl must prune to keep_last while the run goes (the backend keeps more on its own)."""

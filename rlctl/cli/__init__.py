@@ -1,6 +1,6 @@
 """The rlctl command line. `main` is the entry point; the Typer app and its command modules are imported only when a
-command needs them (rlctl/cli/_main.py), so that the command people run most, `rlctl status`, answers without
-paying for the CLI framework's import (rlctl/cli/_fast.py).
+command needs them (rlctl/cli/_main.py), so that the command people run most, `rlctl status`, and `rlctl attach`
+of a big log answer without paying for the CLI framework's import (rlctl/cli/_fast.py).
 
 Heavy libraries (torch, ray, vllm, deepspeed, wandb, scipy) are never imported here: `rlctl --help`, render,
 preflight and status stay fast.
@@ -19,8 +19,9 @@ def main(argv: list[str] | None = None) -> None:
     error), never a traceback."""
     from rlctl.cli._fast import fast_path
 
-    if fast_path(sys.argv[1:] if argv is None else list(argv)):
-        sys.exit(0)
+    code = fast_path(sys.argv[1:] if argv is None else list(argv))
+    if code is not None:
+        sys.exit(code)
     from rlctl.cli._main import main as full
 
     full(argv)

@@ -32,6 +32,20 @@ app.add_typer(ckpt_app, name="ckpt")
 model_app = typer.Typer(help="Models for smoke tests.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
+def _print_version(value: bool) -> None:
+    if value:
+        from rlctl import __version__
+
+        _echo(f"rlctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print rlctl's version and exit.")] = False) -> None:
+    del version  # Unused: the callback answers
+
+
 RecipeArg = Annotated[str, typer.Argument(help="Recipe TOML file (or the name of a bundled recipe).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set rollout.group_size=16")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
@@ -39,6 +53,24 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output."
 
 def _echo(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _json(obj: object) -> str:
+    """--json output that every JSON parser reads: a non-finite number (a degenerate t, an unbounded interval) is
+    null, never Python's bare Infinity/NaN; what JSON cannot hold (a path) is its text."""
+    import json
+    import math
+
+    def clean(x: object) -> object:
+        if isinstance(x, float):
+            return x if math.isfinite(x) else None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(obj), indent=2, default=str, allow_nan=False)
 
 
 def _seconds(option: str, value: float, *, positive: bool = False) -> float:

@@ -9,120 +9,23 @@ from __future__ import annotations
 
 import sys
 
-import typer
-
 # Each module registers its commands on the app when imported; the order is the order of `rlctl --help`.
 from rlctl.cli import ckpt, model, patch, recipes, runs  # noqa: F401  # isort: skip
 from rlctl.cli import evals, experiments, hosts  # noqa: F401  # isort: skip  (after runs in --help)
 from rlctl.cli._app import app
-from rlctl.errors import EXIT_CHECK_FAILED, EXIT_USAGE, RlctlError
+from rlctl.cli._errors import exit_code, os_error_message
+from rlctl.cli._fast import tolerant_streams
 
 __all__ = ["app", "main", "os_error_message"]
 
 
-def _usage_error_types() -> tuple[type[BaseException], ...]:
-    """Click's exception classes, wherever this typer keeps them: typer >= 0.29 vendors click as `typer._click`
-    (its exceptions derive from `typer.exceptions.TyperException`); older typer uses the `click` package."""
-    types: list[type[BaseException]] = []
-    for mod, attr in (("typer.exceptions", "TyperException"), ("typer._click.exceptions", "ClickException"),
-                      ("click.exceptions", "ClickException")):
-        try:
-            types.append(getattr(__import__(mod, fromlist=[attr]), attr))
-        except (ImportError, AttributeError):
-            continue
-    return tuple(types)
-
-
-def _exit_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
-    """(Exit classes, Abort classes) of typer and of whichever click it uses."""
-    exits: list[type[BaseException]] = [typer.Exit]
-    aborts: list[type[BaseException]] = [typer.Abort]
-    for mod in ("typer._click.exceptions", "click.exceptions"):
-        try:
-            m = __import__(mod, fromlist=["Exit", "Abort"])
-        except ImportError:
-            continue
-        exits += [c for c in (getattr(m, "Exit", None),) if c]
-        aborts += [c for c in (getattr(m, "Abort", None),) if c]
-    return tuple(exits), tuple(aborts)
-
-
-def os_error_message(e: OSError) -> str:
-    """An OSError as a person reads it: the path, what went wrong, what to do."""
-    import errno as _errno
-
-    where = e.filename if e.filename is not None else ""
-    if e.filename2 is not None:
-        where = f"{where} -> {e.filename2}"
-    what = e.strerror or str(e) or type(e).__name__
-    hints = {
-        _errno.ENAMETOOLONG: "use a shorter file name (most file systems allow 255 bytes per name).",
-        _errno.EACCES: "check the permissions of the file and its directory.",
-        _errno.EPERM: "check the permissions of the file and its directory.",
-        _errno.ELOOP: "a symlink points (indirectly) at itself; fix or remove it.",
-        _errno.ENOTDIR: "a part of the path is a file, not a directory.",
-        _errno.ENOENT: "check the path; create the missing directory first.",
-        _errno.EISDIR: "name a file, not a directory.",
-        _errno.ENOSPC: "free disk space (rlctl ckpt prune RUN --keep-last N --dry-run shows what can go).",
-        _errno.EROFS: "the file system is read-only; choose another location.",
-        _errno.EEXIST: "choose another name, or remove the existing file.",
-    }
-    hint = hints.get(e.errno or -1)
-    msg = f"{where}: {what}." if where else f"{what}."
-    return msg + (f"\n  fix: {hint}" if hint else "")
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every error becomes a message and an exit code (0 ok, 1 a check failed, 2 usage or input
-    error), never a traceback. Set RLCTL_DEBUG=1 to see the traceback of an internal error."""
-    import contextlib
-    import os
-
-    usage_types = _usage_error_types()
-    exit_types, abort_types = _exit_types()
-    for stream in (sys.stdout, sys.stderr):  # an ASCII-only terminal (LANG=C) gets '?' for a sparkline, not a crash
-        reconfigure = getattr(stream, "reconfigure", None)
-        if callable(reconfigure):
-            with contextlib.suppress(ValueError, OSError):
-                reconfigure(errors="replace")
+    error), never a traceback. Set RLCTL_DEBUG=1 to see the traceback of an internal error (rlctl/cli/_errors.py)."""
+    tolerant_streams()
     try:
         rc = app(args=argv, prog_name="rlctl", standalone_mode=False)
         code = rc if isinstance(rc, int) else 0
-    except RlctlError as e:
-        typer.echo(f"rlctl: {e}", err=True)
-        code = e.exit_code
-    except exit_types as e:
-        code = int(getattr(e, "exit_code", 1) or 0)
-    except abort_types:
-        typer.echo("rlctl: aborted", err=True)
-        code = 130
-    except KeyboardInterrupt:
-        code = 130
-    except usage_types as e:  # usage errors: unknown command/option, missing argument, bad value
-        try:
-            e.show()  # type: ignore[attr-defined]
-        except Exception:  # a typer/click pair that cannot format its own usage line: the message alone
-            fmt = getattr(e, "format_message", None)
-            typer.echo(f"rlctl: {fmt() if callable(fmt) else e}\n  fix: rlctl --help lists the commands and "
-                       "options.", err=True)
-        code = EXIT_USAGE
-    except BrokenPipeError:  # `rlctl ... | head`
-        code = 0
-    except OSError as e:
-        typer.echo(f"rlctl: {os_error_message(e)}", err=True)
-        code = EXIT_USAGE
-    except RecursionError:
-        typer.echo("rlctl: input nested too deeply to read.", err=True)
-        code = EXIT_USAGE
-    except Exception as e:
-        if isinstance(e, ValueError) and ("null byte" in str(e) or "null character" in str(e)):
-            typer.echo("rlctl: a path or name contains a NUL character (\\0), which no file name can hold.\n"
-                       "  fix: check the value for stray escape sequences such as \\u0000.", err=True)
-            code = EXIT_USAGE
-        else:  # a bug in rlctl: still no traceback, but say so plainly
-            if os.environ.get("RLCTL_DEBUG"):
-                raise
-            typer.echo(f"rlctl: internal error: {type(e).__name__}: {e}\n  fix: this is a bug in rlctl; rerun "
-                       "with RLCTL_DEBUG=1 for the traceback and report it.", err=True)
-            code = EXIT_CHECK_FAILED
+    except BaseException as e:  # noqa: BLE001 - exit_code re-raises what it does not handle (SystemExit, ...)
+        code = exit_code(e)
     sys.exit(code)

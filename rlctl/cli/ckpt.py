@@ -15,13 +15,18 @@ from rlctl.errors import RlctlError
 @ckpt_app.command("list")
 def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
     """Each checkpoint: step, size, complete or not, and which eval scored best."""
-    from rlctl.runs.checkpoints import best_checkpoint, find_checkpoints
+    from rlctl.core.checkpoint import Checkpoint
+    from rlctl.runs.checkpoints import best_checkpoint, final_saves, find_checkpoints
     from rlctl.runs.state import find_run, read_state
 
     run_dir = find_run(run)
-    ckpts = find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
+    backend = read_state(run_dir).get("backend", "")
+    ckpts = find_checkpoints(backend, run_dir)
     best = best_checkpoint(run_dir)
     rows = [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)} for c in ckpts]
+    # the final model (a save without a step): listed, never pruned
+    rows += [{"step": None, "name": p.name, "complete": True, "bytes": Checkpoint(0, p, True).size(), "path": str(p)}
+             for p in final_saves(backend, run_dir)]
     if read_state(run_dir).get("executor") == "ssh":  # the run lives on an SSH host: its checkpoints are there
         from rlctl import executors
 
@@ -33,21 +38,24 @@ def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
     if not rows:
         _echo(f"{run_dir.name}: no checkpoints")
     for r in rows:
-        _echo(f"step {r['step']:>7}  {'complete' if r['complete'] else 'INCOMPLETE':<10}  {r['bytes'] / 1e9:8.2f} GB  "
-              f"{r['path']}")
+        where = f"step {r['step']:>7}" if r["step"] is not None else f"{r['name']:>12}"
+        _echo(f"{where}  {'complete' if r['complete'] else 'INCOMPLETE':<10}  {r['bytes'] / 1e9:8.2f} GB  {r['path']}")
     if best:
-        _echo(f"best eval: {best[1]} = {best[2]:.4g} at step {best[0]}")
+        _echo(f"best eval: {best['key']} = {best['value']:.4g} at step {best['step']}"
+              + (" (the base model)" if best["step"] == 0 else ""))
 
 
 @ckpt_app.command("prune")
 def ckpt_prune(
     run: RunArg,
     keep_last: Annotated[int, typer.Option("--keep-last", help="Complete checkpoints to keep (>= 1).")],
-    keep_best: Annotated[bool, typer.Option("--keep-best", help="Also keep the one at the best eval.")] = False,
+    keep_best: Annotated[bool, typer.Option("--keep-best/--no-keep-best", help="Keep the checkpoint with the best "
+                                            "eval (the default); --no-keep-best deletes it too.")] = True,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be deleted.")] = False,
 ) -> None:
-    """Delete old checkpoints; never the newest complete one, one being written, or anything outside the run."""
-    from rlctl.runs.checkpoints import prune
+    """Delete old checkpoints; never the newest complete one, one being written, anything outside the run, nor
+    (unless --no-keep-best) the one with the best eval."""
+    from rlctl.runs.checkpoints import best_checkpoint, prune
     from rlctl.runs.state import find_run, read_state
 
     run_dir = find_run(run)
@@ -59,13 +67,17 @@ def ckpt_prune(
         if not ref.get("host") or not ref.get("run_dir"):
             raise RlctlError(f"{run_dir.name}: its state.json has no SSH handle {{host, run_dir}}.")
         args = ["ckpt", "prune", ref["run_dir"], "--keep-last", str(keep_last)]
-        args += ["--keep-best"] * keep_best + ["--dry-run"] * dry_run
+        args += ["--keep-best" if keep_best else "--no-keep-best"] + ["--dry-run"] * dry_run
         code, out, err = executors.get("ssh").run_remote_rlctl(ref["host"], args)
         _echo(f"on {ref['host']}:\n{out}" if out else f"on {ref['host']}:")
         if err.strip():
             typer.echo(err.rstrip("\n"), err=True)
         raise typer.Exit(code)
     backend = state.get("backend", "")
+    best = best_checkpoint(run_dir, backend) if keep_best else None  # the rule prune keeps it by
+    if best is not None and best["step"] > 0:
+        _echo(f"keeping step {best['step']}: the best eval ({best['key']} = {best['value']:.4g}); "
+              "--no-keep-best deletes it too")
     doomed = prune(backend, run_dir, keep_last, keep_best, dry_run=True)
     sizes = {c.step: c.size() for c in doomed}
     for c in doomed:

@@ -32,6 +32,15 @@ def _parse_target(target: str, recipe: str | None) -> tuple[Path | None, str]:
             raise RlctlError(f"{target!r} is not a run ({e}); to evaluate a model give the recipe with its eval sets.",
                              hint=f"rlctl eval {target} --recipe RECIPE.toml") from None
         return None, recipe
+    if recipe is None:
+        from rlctl.runs.state import read_state
+
+        st = read_state(run_dir)
+        if st.get("executor") == "attached" or st.get("status") == "attached":
+            raise RlctlError(f"{run_dir.name} is attached: rlctl did not launch it, so it has no recipe with a model "
+                             "and eval sets to evaluate with.",
+                             hint=f"give one: rlctl eval {target} --recipe RECIPE.toml (or evaluate a checkpoint "
+                                  "directory: rlctl eval CHECKPOINT_DIR --recipe RECIPE.toml)")
     return run_dir, recipe or str(run_dir / "recipe.toml")
 
 
@@ -101,7 +110,7 @@ def eval_cmd(
                 metrics = {k: float(v) for k, v in (a.get("metrics") or {}).items()}
                 if not a.get("in_place"):  # bring the results home: the job's JSON, then the stream (one write)
                     _save_result(out_dir, a)
-                    if run_dir is not None:
+                    if run_dir is not None and not a.get("recorded"):  # a run on a host: recorded in its stream there
                         record_by_hand(run_dir, a["step"], metrics, a.get("error"), set_names, host=on)
                 done.append(a["step"])
                 show(a["step"], a.get("model", ""), metrics, a.get("error"), a.get("log_tail") or "")

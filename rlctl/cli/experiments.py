@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rlctl.cli._app import JsonOpt, RecipeArg, SetOpt, _echo, _seconds, app
+from rlctl.cli._app import JsonOpt, RecipeArg, SetOpt, _echo, _json, _seconds, app
 from rlctl.errors import EXIT_CHECK_FAILED, CheckFailed, RlctlError
 
 experiment_app = typer.Typer(help="Experiments: many runs of one question (sweeps, A/B tests).",
@@ -226,7 +226,8 @@ def ab(
     _start(name, "ab", arms, seeds or 1, parallel, on, executor, address, force, wait, question)
 
 
-@app.command(epilog="Example: rlctl compare lr-clip --metric eval/aime/pass@1 --plot lr.png --report lr.md")
+@app.command(epilog="Example: rlctl compare a28-eps-clip --metric eval/default/greedy_pass@1 --plot a28.png "
+                     "--report a28.md")
 def compare(
     refs: Annotated[list[str], typer.Argument(help="An experiment, or runs (runs whose recipes differ only in "
                                                    "train.seed form one arm).")],
@@ -236,20 +237,25 @@ def compare(
     plot: Annotated[Path | None, typer.Option("--plot", help="Each arm's mean curve with its 95% band (PNG).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write the research-log entry (markdown).")] = None,
     question: QuestionOpt = None, as_json: JsonOpt = False,
+    include_running: Annotated[bool, typer.Option(
+        "--include-running", help="Also compare runs that have not finished (running, stopped by hand, failed) on "
+        "their values so far; by default they are left out and named.")] = False,
 ) -> None:
     """Arms with statistics: mean and 95% CI across seeds, differences with a t-test (paired by seed where it
-    applies), and the seeds an effect of the observed size would need."""
+    applies), and the seeds an effect of the observed size would need. Unfinished runs are left out (and named)
+    unless --include-running."""
     from rlctl.experiments import manifest as mf
     from rlctl.experiments import report as rp
 
     manifest = None
+    queued: list[rp.Unfinished] = []
     if len(refs) == 1 and not _is_run(refs[0]):
         d = mf.find_experiment(refs[0])
         manifest = mf.read_manifest(d)
-        arms, runs = rp.arms_of_experiment(d)
+        arms, runs, queued = rp.arms_of_experiment(d)
     else:
         arms, runs = rp.arms_of_runs(refs)
-    c = rp.compare(arms, runs, metric, window)
+    c = rp.compare(arms, runs, metric, window, include_running, queued)
     plot_path = rp.plot(c, plot) if plot else None
     if report:
         if plot_path is None:
@@ -257,7 +263,7 @@ def compare(
         rel = Path(plot_path.resolve().relative_to(report.resolve().parent)) if plot_path.resolve().is_relative_to(
             report.resolve().parent) else plot_path
         report.write_text(rp.markdown(c, manifest, rel, question))
-    _echo(json.dumps(rp.to_json(c), indent=2, default=str) if as_json else rp.text(c))
+    _echo(_json(rp.to_json(c)) if as_json else rp.text(c))
 
 
 def _is_run(ref: str) -> bool:

@@ -42,7 +42,7 @@ def render(
     from rlctl.recipe.planning import prepare
 
     prep = prepare(recipe, set_)
-    findings = [] if no_validate else prep.validate()
+    findings = [] if no_validate else prep.render_findings()
     if out is not None:
         if out.exists() and not out.is_dir():
             raise RlctlError(f"--out {out}: exists and is not a directory.")
@@ -94,6 +94,6 @@ def preflight(
     else:
         from rlctl.ui.tables import preflight_table
 
-        preflight_table(results, f"preflight: {prep.resolved.path.name} ({prep.plan.backend} {prep.plan.version})")
+        preflight_table(results, f"preflight: {prep.resolved.path.name} ({prep.plan.label})")
     if pf.failed(results):
         raise typer.Exit(EXIT_CHECK_FAILED)

@@ -83,27 +83,16 @@ def stop(
 ) -> None:
     """Stop a run cleanly: SIGTERM to its process group (or the Ray job), SIGKILL after the grace period."""
     from rlctl.runs.state import find_run
-    from rlctl.runs.stopping import stop_run
+    from rlctl.runs.stopping import stop_plan, stop_run
 
     _seconds("--grace", grace)
     run_dir = find_run(run)
     if dry_run:
-        _echo(_stop_plan(run_dir, grace))
+        _echo(stop_plan(run_dir, grace))
         return
     _echo(stop_run(run_dir, grace))
 
 
-def _stop_plan(run_dir: Path, grace: float) -> str:
-    """What `rlctl stop` would do to a run, from its recorded state; nothing is signalled."""
-    from rlctl.runs.state import ACTIVE, read_state
-
-    st = read_state(run_dir)
-    status = st.get("status", "unknown")
-    if status not in ACTIVE:
-        return f"{run_dir.name} is {status}: stop would do nothing."
-    from rlctl import executors
-
-    return executors.get(st.get("executor")).stop_plan(run_dir, st, grace)
 
 
 @app.command()
@@ -147,7 +136,8 @@ def attach(
 
         if follow:
             raise RlctlError("--follow with HOST:PATH: follow it with `rlctl logs RUN -f` (or status) instead.")
-        text, code, _ = executors.get("ssh").attach_remote(*path.split(":", 1), backend, name)
+        text, code, _ = executors.get("ssh").attach_remote(*path.split(":", 1), backend, name, recipe=recipe,
+                                                           metrics_map=metrics_map)
         _echo(text)
         raise typer.Exit(code)
     attached = do_attach(path, backend=backend, name=name, address=address, recipe=recipe,
@@ -231,6 +221,7 @@ def doctor(
     run_dir = find_run(run)
     settled_status(run_dir)  # a live run's executor brings its newest log here first (a remote run's mirror)
     findings = diagnose(run_dir)
+    unweighed = None
     if weights or between:
         from rlctl.runs.weights import weights_finding
 
@@ -239,16 +230,25 @@ def doctor(
         import struct
 
         try:
-            findings.append(weights_finding(run_dir, pair=(between[0], between[1]) if between else None))
+            found = weights_finding(run_dir, pair=(between[0], between[1]) if between else None)
         except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:  # damaged or not safetensors
             where = f"--between {between[0]} {between[1]}" if between else f"{run_dir.name}'s checkpoints"
             raise RlctlError(f"{where}: cannot read the weights ({e}).",
                              hint="give two checkpoint directories or .safetensors files") from None
+        if found is None:  # nothing to compare: said, not reported as a frozen-weights finding
+            from rlctl.runs.weights import nothing_to_compare
+
+            unweighed = nothing_to_compare(run_dir)
+        else:
+            findings.append(found)
     if as_json:
-        _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings)}, indent=2))
-    elif not findings:
-        _echo(f"{run_dir.name}: no findings")
+        _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings),
+                          **({"weights": {"compared": False, "why": unweighed}} if unweighed else {})}, indent=2))
     else:
+        if unweighed:
+            _echo(f"weights: {unweighed}")
+        if not findings:
+            _echo(f"{run_dir.name}: no findings")
         for f in findings:
             _echo(f"[{f.severity}] {f.rule}: {f.message}\n    -> {f.action}")
     if any(f.severity == "critical" for f in findings):

@@ -73,3 +73,16 @@ def list_gpus() -> tuple[list[dict[str, Any]] | None, str | None]:
         return rows, None
     smi = "failed" if shutil.which("nvidia-smi") else "not installed"
     return None, f"no NVIDIA GPU found (NVML: {nvml_err}; nvidia-smi {smi})"
+
+
+# an idle GPU: NVML shows only the driver's own reservation (~0.5 GiB on an H100) in use
+IDLE_USED_GIB = 1.0
+
+
+def idle_gpus(exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Indices (NVML / PCI bus order, as CUDA_VISIBLE_DEVICES with CUDA_DEVICE_ORDER=PCI_BUS_ID) of this machine's
+    GPUs with nothing on them, those in `exclude` left out; [] when no GPU can be asked."""
+    rows, _ = list_gpus()
+    return [str(r["index"]) for r in rows or []
+            if str(r["index"]) not in exclude and isinstance(r.get("memory_used_gib"), (int, float))
+            and r["memory_used_gib"] < IDLE_USED_GIB]

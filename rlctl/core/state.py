@@ -58,8 +58,16 @@ def read_exit_record(run_dir: Path, attempt: int) -> dict[str, Any] | None:
 
 
 def runs_root() -> Path:
-    """Where run directories live: $RLCTL_RUNS_DIR, else ./runs."""
-    return Path(os.environ.get("RLCTL_RUNS_DIR", "runs"))
+    """Where run directories live: $RLCTL_RUNS_DIR, else ./runs — made absolute here, once, against the directory
+    the command was typed in: a run directory is handed to processes that run elsewhere (the supervisor and eval
+    jobs start in the run directory), so a relative one would name another place there."""
+    return Path(os.environ.get("RLCTL_RUNS_DIR", "runs")).absolute()
+
+
+# said wherever a run is looked for and not found: a run lives where it was launched, not in one place per user
+WHERE_RUNS_LIVE = "runs live in ./runs of the directory rlctl was run from (or $RLCTL_RUNS_DIR)"
+FIND_A_RUN = ("cd to the directory you launched from, or give the run's directory (rlctl status PATH/runs/RUN), "
+              "or set RLCTL_RUNS_DIR to that runs directory")
 
 
 # The type each well-known field must have; a damaged state.json (hand-edited, half-written, another tool's)
@@ -162,8 +170,8 @@ def find_run(ref: str, root: Path | None = None) -> Path:
     """A run by directory path, full name, or unique prefix of its name."""
     p = Path(ref)
     if p.is_dir() and (p / STATE).is_file():
-        return p
-    root = root or runs_root()
+        return p.absolute()  # as runs_root: the run's directory must mean the same in a process started elsewhere
+    root = (root or runs_root()).absolute()
     runs = list_runs(root)
     exact = [r for r in runs if r.name == ref]
     if exact:
@@ -176,7 +184,9 @@ def find_run(ref: str, root: Path | None = None) -> Path:
     if len(named) == 1:
         return named[0]
     if not matches:
-        known = ", ".join(r.name for r in runs[-5:]) or "none"
-        raise RlctlError(f"no run {ref!r} under {root}.", hint=f"recent runs: {known} (see rlctl status)")
+        if runs:
+            raise RlctlError(f"no run {ref!r} in {root.absolute()}.",
+                             hint=f"recent runs: {', '.join(r.name for r in runs[-5:])} (see rlctl status)")
+        raise RlctlError(f"no run {ref!r} in {root.absolute()}: {WHERE_RUNS_LIVE}.", hint=FIND_A_RUN)
     raise RlctlError(f"{ref!r} matches {len(matches)} runs: {', '.join(r.name for r in matches[:5])}.",
                      hint="give more of the name")

@@ -381,36 +381,67 @@ VLLM_SAMPLER_BYTES = 39
 VLLM_SAMPLER_BYTES_SINCE_0_17 = 15
 
 
-def vllm_memory(recipe: Recipe, arch: Arch, gpu_total: float, vllm_version: str | None = None) -> EnginePlan:
-    """vLLM's KV cache rule for `recipe`'s engine. `vllm_version` ("0.19.0"; None: 0.8.5-0.16, the V1 engines the
-    seeds run) picks the default max_num_seqs and the sampler's bytes, the only version-dependent terms."""
-    r = recipe
-    tp = r.rollout.tensor_parallel
-    dtype_bytes = DTYPE_BYTES[r.model.dtype]
-    version = tuple(int(x) for x in re.findall(r"\d+", vllm_version or "")[:3]) or None
-    gpu = r.resources.gpu.lower()
-    budget = r.rollout.gpu_memory_utilization * gpu_total
-    weights = (arch.weight_bytes_on_disk or arch.params * dtype_bytes) / tp
-    tokens = r.rollout.max_num_batched_tokens or 8192
-    # max_num_seqs is no recipe field: vLLM's default (engine/arg_utils.py, 0.8.5 on) is 1024 on GPUs of >= 70 GiB but
-    # the A100, 256 elsewhere and before (verl's rollout config sets 1024 on every GPU)
-    big = gpu_total >= 70 * GiB and "a100" not in gpu and (version is None or version >= (0, 8, 5))
-    seqs_sampled = min(tokens, 1024 if big else 256)
+def _version(vllm_version: str | None) -> tuple[int, ...] | None:
+    return tuple(int(x) for x in re.findall(r"\d+", vllm_version or "")[:3]) or None
+
+
+def vllm_max_num_seqs(gpu: str, gpu_total: float, version: tuple[int, ...] | None) -> int:
+    """vLLM's default max_num_seqs (engine/arg_utils.py, 0.8.5 on): 1024 on GPUs of >= 70 GiB but the A100, 256
+    elsewhere and before (verl's rollout config sets 1024 on every GPU)."""
+    big = gpu_total >= 70 * GiB and "a100" not in gpu.lower() and (version is None or version >= (0, 8, 5))
+    return 1024 if big else 256
+
+
+def vllm_activations(recipe: Recipe, arch: Arch, gpu_total: float, tokens: int, tp: int,
+                     version: tuple[int, ...] | None) -> float:
+    """The profiled peak of one engine (see above): the larger of the forward of `tokens` batched tokens and the
+    sampler over max_num_seqs rows, plus the non-torch memory profiling finds."""
+    dtype_bytes = DTYPE_BYTES[recipe.model.dtype]
+    gpu = recipe.resources.gpu.lower()
+    seqs_sampled = min(tokens, vllm_max_num_seqs(gpu, gpu_total, version))
     inter = arch.expert_intermediate * arch.experts_per_token if arch.experts else arch.intermediate
     forward = tokens * (VLLM_FWD_HIDDEN * arch.hidden + VLLM_FWD_INTER * inter / tp) * dtype_bytes
     per_logit = VLLM_SAMPLER_BYTES_SINCE_0_17 if version is not None and version >= (0, 17) else VLLM_SAMPLER_BYTES
     sampler = seqs_sampled * arch.vocab * per_logit
     nvlink = tp > 1 and "pcie" not in gpu and any(name in gpu for name in VLLM_NVLINK_GPUS)
-    acts = max(forward, sampler) + (VLLM_NON_TORCH_NVLINK_TP if nvlink else VLLM_NON_TORCH)
+    return max(forward, sampler) + (VLLM_NON_TORCH_NVLINK_TP if nvlink else VLLM_NON_TORCH)
+
+
+def vllm_kv_per_token(recipe: Recipe, arch: Arch, tp: int) -> float:
+    """KV cache bytes per token on one GPU (kv_cache_dtype "auto": the model's dtype)."""
+    return 2 * arch.layers * max(arch.kv_heads // tp, 1) * arch.hd * DTYPE_BYTES[recipe.model.dtype]
+
+
+def vllm_memory(recipe: Recipe, arch: Arch, gpu_total: float, vllm_version: str | None = None) -> EnginePlan:
+    """vLLM's KV cache rule for `recipe`'s engine. `vllm_version` ("0.19.0"; None: 0.8.5-0.16, the V1 engines the
+    seeds run) picks the default max_num_seqs and the sampler's bytes, the only version-dependent terms."""
+    r = recipe
+    tp = r.rollout.tensor_parallel
+    version = _version(vllm_version)
+    budget = r.rollout.gpu_memory_utilization * gpu_total
+    weights = (arch.weight_bytes_on_disk or arch.params * DTYPE_BYTES[r.model.dtype]) / tp
+    acts = vllm_activations(r, arch, gpu_total, r.rollout.max_num_batched_tokens or 8192, tp, version)
     kv = budget - weights - acts
-    kv_heads_per_gpu = max(arch.kv_heads // tp, 1)
-    per_token = 2 * arch.layers * kv_heads_per_gpu * arch.hd * dtype_bytes  # kv_cache_dtype "auto": the model's
+    per_token = vllm_kv_per_token(r, arch, tp)
     seqs = int(max(kv, 0) // (per_token * r.model.max_model_len))
     rollout_len = min(r.data.max_prompt_tokens + r.rollout.max_tokens, r.model.max_model_len)
     seqs_rollout = int(max(kv, 0) // (per_token * rollout_len))
     needed = -(-r.samples_per_rollout // r.rollout.engines)
     graphs = 0.0 if r.rollout.enforce_eager else VLLM_CUDA_GRAPHS
     return EnginePlan(budget, weights, acts, kv, per_token, seqs, seqs_rollout, needed, graphs)
+
+
+def colocated_parts(trainer: Breakdown, engine: EnginePlan, mode: str) -> dict[str, float]:
+    """What one GPU shared by the trainer and a rollout engine holds at its peak, by part. `resident`: both all the
+    time (trainer step peak + the engine's whole budget); `sleep`: the larger of the rollout (the trainer's weights
+    and optimizer states + the awake engine) and the training step (the trainer's peak + the sleeping engine's
+    weights)."""
+    if mode != "sleep":
+        return {"trainer": trainer.total, "rollout vLLM": engine.budget}
+    rollout = {"trainer (between steps)": trainer_resident(trainer, with_optimizer=True),
+               "rollout vLLM": engine.budget}
+    training = {"trainer": trainer.total, "rollout vLLM (asleep: weights)": engine.weights}
+    return rollout if sum(rollout.values()) > sum(training.values()) else training
 
 
 def colocation_mode(recipe: Recipe) -> str:

@@ -104,19 +104,23 @@ def vllm_max_lora_rank(rank: int) -> int:
     return next((r for r in VLLM_LORA_RANKS if r >= rank), VLLM_LORA_RANKS[-1])
 
 
-def load_vllm(path: str, base: str | None, seed: int, dtype: str) -> tuple[Any, Any]:
-    """(vLLM engine, LoRA request or None): an adapter directory is served on its base with enable_lora."""
+def load_vllm(path: str, base: str | None, seed: int, dtype: str,
+              engine_args: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """(vLLM engine, LoRA request or None): an adapter directory is served on its base with enable_lora.
+    `engine_args`: gpu_memory_utilization, max_model_len and max_num_batched_tokens as the run's memory plan sized
+    them (rlctl.estimate.gpu_plan): beside a training run vLLM's default 0.9 would not pass its own start check."""
     from vllm import LLM
 
+    kw = dict(engine_args or {})
     adapter = adapter_base(path)
     if adapter is None:
-        return LLM(model=path, dtype=dtype, seed=seed), None
+        return LLM(model=path, dtype=dtype, seed=seed, **kw), None
     from peft import PeftConfig
     from vllm.lora.request import LoRARequest
 
     rank = int(getattr(PeftConfig.from_pretrained(path), "r", 16) or 16)
     llm = LLM(model=base or adapter, dtype=dtype, enable_lora=True, max_lora_rank=vllm_max_lora_rank(rank),
-              seed=seed)
+              seed=seed, **kw)
     return llm, LoRARequest("checkpoint", 1, path)
 
 
@@ -140,8 +144,10 @@ def generate_vllm(llm: Any, lora: Any, prompts: list[str], n: int, temperature: 
 class Generator:
     """One loaded model: generate(prompts, n, temperature, max_tokens) for each eval set."""
 
-    def __init__(self, path: str, base: str | None, dtype: str = "float32", seed: int = 0, engine: str | None = None):
+    def __init__(self, path: str, base: str | None, dtype: str = "float32", seed: int = 0, engine: str | None = None,
+                 engine_args: dict[str, Any] | None = None):
         self.path, self.base, self.dtype, self.seed = path, base, dtype, seed
+        self.engine_args = dict(engine_args or {})
         self.engine = engine or engine_name()
         self._hf: tuple[Any, Any] | None = None
         self._vllm: tuple[Any, Any] | None = None  # one engine for every set of the job
@@ -151,7 +157,7 @@ class Generator:
         if self.engine == "vllm":
             if self._vllm is None:
                 dtype = "bfloat16" if self.dtype == "float32" else self.dtype
-                self._vllm = load_vllm(self.path, self.base, self.seed, dtype)
+                self._vllm = load_vllm(self.path, self.base, self.seed, dtype, self.engine_args)
             return generate_vllm(*self._vllm, prompts, n, temperature, max_tokens, self.seed)
         if self._hf is None:
             self._hf = load_hf(self.path, self.base, self.dtype)

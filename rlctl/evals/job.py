@@ -103,12 +103,13 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     gen = None
     if spec.get("evaluator", "rlctl") == "rlctl":
         from rlctl.evals.generate import Generator
-        from rlctl.recipe.tiny_model import resolve_model
+        from rlctl.recipe.tiny_model import model_cache, resolve_model
 
-        cache = Path(spec.get("model_cache") or os.environ.get("RLCTL_MODEL_CACHE", ".rlctl-models"))
+        cache = Path(spec.get("model_cache") or model_cache())  # the launch's cache, not one in the job's cwd
         model = resolve_model(spec["model"], cache)
         base = resolve_model(spec["base_model"], cache) if spec.get("base_model") else None
-        gen = Generator(model, base, spec.get("dtype", "float32"), int(spec.get("seed", 0)), spec.get("engine"))
+        gen = Generator(model, base, spec.get("dtype", "float32"), int(spec.get("seed", 0)), spec.get("engine"),
+                        spec.get("engine_args") or {})
         result["engine"] = gen.engine
     for s in sets:
         try:

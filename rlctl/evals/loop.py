@@ -21,7 +21,7 @@ from typing import Any
 from rlctl.core.state import process_alive, process_create_time
 from rlctl.errors import RlctlError
 from rlctl.evals.ledger import EVALS, read_ledger, write_ledger
-from rlctl.evals.sets import EvalSet, resolve_key
+from rlctl.evals.sets import EvalSet
 from rlctl.metrics.stream import METRICS, ingest_lock, write_records
 
 # ---- the eval part of a launch spec ------------------------------------------------------------------------------
@@ -41,8 +41,58 @@ def evals_spec(recipe: Any, backend: Any) -> dict[str, Any] | None:
         "reward_file": r.reward.function, "reward_name": r.reward.function_name,
         "baseline": r.eval.baseline, "gpu": r.eval.gpu, "timeout_s": r.eval.timeout_s,
         "primary": primary_key(r, backend), "stop_when": list(r.run.stop_when),
-        "lora": r.lora is not None,
+        "lora": r.lora is not None, "vllm_plan": vllm_plan(r),
     }
+
+
+def vllm_plan(recipe: Any) -> dict[str, Any] | None:
+    """The evaluator's vLLM as the run's memory plan sizes it (rlctl.estimate.gpu_plan): its gpu_memory_utilization
+    beside the training run and on a GPU of its own, and the run's GPUs; None for a CPU recipe or an unknown model."""
+    from rlctl.estimate.gpu_plan import gpu_plan
+    from rlctl.recipe.models import resolve_arch
+
+    if recipe.resources.gpus_per_node == 0:
+        return None
+    try:
+        plan = gpu_plan(recipe, resolve_arch(recipe.model.path))
+    except (RlctlError, ValueError):
+        return None
+    if plan is None or plan.eval is None:
+        return None
+    d = plan.to_dict()
+    return {**d["eval"], "run_devices": d["run_devices"]}
+
+
+def engine_args(plan: dict[str, Any] | None, utilization: float | None) -> dict[str, Any]:
+    """vllm.LLM arguments of one eval job: the plan's utilization, context and batch (nothing without a plan)."""
+    if not plan or not utilization:
+        return {}
+    return {"gpu_memory_utilization": utilization, "max_model_len": plan["max_model_len"],
+            "max_num_batched_tokens": plan["max_num_batched_tokens"]}
+
+
+def placement(plan: dict[str, Any] | None, gpu: str | None, training: bool | None,
+              idle: Any = None) -> tuple[str | None, dict[str, Any]] | None:
+    """Where the next eval job runs and with which vLLM arguments: (CUDA_VISIBLE_DEVICES or None to inherit the
+    run's, engine_args), or None: wait — the plan leaves no room beside the training run and no GPU is free.
+    `training`: the run's trainer holds its GPUs now (False: before it starts, after it ended; None: unknown, as for
+    `rlctl eval` by hand: the smaller budget, which fits either way). `idle(exclude)` lists GPUs with nothing on
+    them, asked only when the evaluator does not fit beside the run."""
+    if not plan:
+        return gpu, {}
+    first = gpu.split(",")[0].strip() if gpu else None
+    devices = [str(d) for d in plan.get("run_devices") or []]
+    beside, alone = plan.get("utilization_beside"), plan.get("utilization_alone")
+    if (first is not None and first not in devices) or training is False:  # a GPU of its own
+        return gpu, engine_args(plan, alone)
+    if beside:
+        return gpu, engine_args(plan, beside)
+    if training is None:
+        return gpu, engine_args(plan, alone)
+    free = idle(set(devices)) if idle is not None else []
+    if free:
+        return free[0], engine_args(plan, alone)
+    return None
 
 
 def model_dir(ckpt: Any) -> str:
@@ -71,7 +121,11 @@ def job_env(gpu: str | None) -> dict[str, str]:
     env["TOKENIZERS_PARALLELISM"] = "false"
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # the index as nvidia-smi and NVML number GPUs
     return env
+
+
+IDLE_POLL_S = 30.0  # how often a waiting evaluator asks NVML for a free GPU
 
 
 def job_limit(ev: dict[str, Any], timeout: float | None = None) -> float:
@@ -80,23 +134,26 @@ def job_limit(ev: dict[str, Any], timeout: float | None = None) -> float:
 
 
 def job_spec(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]],
-             run_dir: Path | None) -> dict[str, Any]:
+             run_dir: Path | None, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One job's spec; `args`: its vLLM arguments (default: the plan's for an eval by hand, placement(..., None))."""
+    if args is None:
+        args = (placement(ev.get("vllm_plan"), ev.get("gpu"), None) or (None, {}))[1]
     spec = {**{k: ev.get(k) for k in ("evaluator", "command", "base_model", "dtype", "seed", "input_key",
                                        "label_key", "reward_file", "reward_name", "timeout_s")},
             "sets": sets, "step": step, "model": model, "output": str(job_files(out_dir, step)[1]),
-            "run_dir": str(run_dir) if run_dir else None}
+            "run_dir": str(run_dir) if run_dir else None, "engine_args": args}
     if step == 0:
         spec["base_model"] = None  # the base model itself
     return spec
 
 
 def write_job(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]],
-              run_dir: Path | None) -> tuple[Path, Path, Path]:
+              run_dir: Path | None, args: dict[str, Any] | None = None) -> tuple[Path, Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file, out_file, log = job_files(out_dir, step)
     with contextlib.suppress(OSError):
         out_file.unlink()
-    spec_file.write_text(json.dumps(job_spec(out_dir, ev, step, model, sets, run_dir), indent=2) + "\n")
+    spec_file.write_text(json.dumps(job_spec(out_dir, ev, step, model, sets, run_dir, args), indent=2) + "\n")
     return spec_file, out_file, log
 
 
@@ -133,28 +190,14 @@ def append_metrics(run_dir: Path, step: int, metrics: dict[str, float]) -> None:
 
 # ---- best checkpoint and stop rules -------------------------------------------------------------------------------
 
-def best_mark(run_dir: Path, backend: str, primary: str | None) -> dict[str, Any] | None:
-    """The complete checkpoint whose primary eval is highest (the baseline step 0 counts as the base model)."""
-    from rlctl.metrics.stream import by_step, iter_metrics
-    from rlctl.runs.checkpoints import find_checkpoints
+def mark_best(run_dir: Path, backend: str, primary: str | None, write: Any) -> dict[str, Any] | None:
+    """Mark the run's best checkpoint by `primary` in the stream (rlctl.runs.checkpoints.best_from_stream: the rule
+    prune, rotation and resume read back through best_checkpoint) with `write(best_checkpoint=...)`."""
+    from rlctl.runs.checkpoints import best_from_stream
 
-    if not primary:
-        return None
-    merged = by_step(list(iter_metrics(run_dir / METRICS)))
-    primary = resolve_key(primary, {k for rec in merged.values() for k in rec})
-    if not primary:
-        return None
-    ckpts = {c.step: c for c in find_checkpoints(backend, run_dir) if c.complete}
-    best: dict[str, Any] | None = None
-    for step, rec in merged.items():
-        v = rec.get(primary)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-            continue
-        if step != 0 and step not in ckpts:
-            continue
-        if best is None or v > best["value"]:
-            best = {"step": step, "key": primary, "value": float(v),
-                    "path": str(ckpts[step].path) if step in ckpts else None}
+    best = best_from_stream(run_dir, backend, primary) if primary else None
+    if best is not None:
+        write(best_checkpoint=best)
     return best
 
 
@@ -193,6 +236,8 @@ class CheckpointEvals:
         self.ledger = read_ledger(self.run_dir)
         self.job: tuple[int, subprocess.Popen[bytes], Path, Path, float] | None = None
         self.stopped = False
+        self.waiting: int | None = None  # the step waiting for room on a GPU (said once)
+        self._idle_at = 0.0
 
     @property
     def out_dir(self) -> Path:
@@ -204,17 +249,40 @@ class CheckpointEvals:
     def _due(self, step: int) -> list[dict[str, Any]]:
         return [s.to_dict() for s in self.sets if s.due(step)]
 
-    def _start(self, step: int, model: str) -> None:
+    def _idle(self, exclude: set[str]) -> list[str]:
+        """GPUs with nothing on them, asked at most every IDLE_POLL_S (NVML)."""
+        from rlctl.core.gpus import idle_gpus
+
+        if time.time() - self._idle_at < IDLE_POLL_S:
+            return []
+        self._idle_at = time.time()
+        return idle_gpus(exclude)
+
+    def _start(self, step: int, model: str, training: bool = False) -> None:
         sets = self._due(step)
         if not sets:
             self._done()[str(step)] = {"outcome": "skipped", "why": "no set due at this step"}
             return
-        spec_file, out_file, log = write_job(self.out_dir, self.ev, step, model, sets, self.run_dir)
-        proc = start_job(spec_file, log, self.ev.get("gpu"))
+        where = placement(self.ev.get("vllm_plan"), self.ev.get("gpu"), training, self._idle)
+        if where is None:  # the plan leaves no room beside the training run and no GPU is free: wait
+            if self.waiting != step:
+                self.waiting = step
+                plan = self.ev.get("vllm_plan") or {}
+                self.sup.event(event="eval_waiting", step=step, why=(
+                    f"no room for the evaluator's vLLM beside the training run ({plan.get('need_gib')} GiB needed, "
+                    f"{plan.get('room_gib')} left by the plan): waiting for a free GPU or the end of training"))
+            return
+        self.waiting = None
+        gpu, args = where
+        spec_file, out_file, log = write_job(self.out_dir, self.ev, step, model, sets, self.run_dir, args)
+        proc = start_job(spec_file, log, gpu)
         self.job = (step, proc, out_file, log, time.time())
-        self.ledger["running"] = {"step": step, "pid": proc.pid, "model": model, "started_at": time.time()}
+        self.ledger["running"] = {"step": step, "pid": proc.pid, "model": model, "started_at": time.time(),
+                                  "gpu": gpu, **({"gpu_memory_utilization": args["gpu_memory_utilization"]}
+                                                 if args else {})}
         write_ledger(self.run_dir, self.ledger)
-        self.sup.event(event="eval_started", step=step, model=model, pid=proc.pid)
+        self.sup.event(event="eval_started", step=step, model=model, pid=proc.pid, gpu=gpu,
+                       gpu_memory_utilization=args.get("gpu_memory_utilization"))
 
     def _collect(self, code: int | None, timed_out: bool = False) -> None:
         assert self.job is not None
@@ -281,7 +349,12 @@ class CheckpointEvals:
             return
         c = self._next_checkpoint()
         if c is not None:
-            self._start(c.step, model_dir(c))
+            self._start(c.step, model_dir(c), training=True)
+
+    @property
+    def running(self) -> bool:
+        """An eval job runs now (the GPU sampler keeps its peak apart)."""
+        return self.job is not None
 
     def drain(self, timeout: float) -> None:
         """At the end of a finished run: evaluate the checkpoints still waiting (bounded by `timeout`)."""
@@ -306,9 +379,7 @@ class CheckpointEvals:
 
     def mark_best(self) -> None:
         with contextlib.suppress(Exception):
-            best = best_mark(self.run_dir, self.sup.spec["backend"], self.ev.get("primary"))
-            if best is not None:
-                self.sup.state(best_checkpoint=best)
+            mark_best(self.run_dir, self.sup.spec["backend"], self.ev.get("primary"), self.sup.state)
 
     def check_stop(self) -> None:
         """`[run] stop_when`: a named doctor finding stops the run cleanly (once), recorded in state.json."""
@@ -387,6 +458,13 @@ def record_by_hand(run_dir: Path, step: int, metrics: dict[str, float], failure:
         entry["error"] = failure
     ledger.setdefault("by_hand", []).append(entry)
     write_ledger(run_dir, ledger)
+    if metrics:  # the best checkpoint may have changed: marked as the supervisor's own evals mark it
+        from rlctl.core.state import read_state, write_state
+        from rlctl.evals.sets import primary_key_from_run
+
+        with contextlib.suppress(Exception):
+            mark_best(run_dir, str(read_state(run_dir).get("backend") or ""), primary_key_from_run(run_dir),
+                      lambda **kw: write_state(run_dir, **kw))
 
 
 def run_job_here(ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]], out_dir: Path,

@@ -125,15 +125,17 @@ def eval_findings(recipe: Recipe, backend: Any, version: str | None) -> list[Any
         where = f"{backend.name}'s own rotation deletes by age, so {own}; " if own else ""
         if backend.prune_during_run(recipe):
             by = best.key if best else "the primary eval"
+            copies = backend.checkpoint_copies(recipe)  # the count the disk check uses
             out.append(Finding("note", "checkpoint.keep_last",
                                f"rotation by rlctl, keeps the best-eval checkpoint: {where}rlctl prunes to the {n} "
                                f"newest complete checkpoints plus the best by {by} (and any not yet evaluated), so "
-                               f"up to {n + 1} stay on disk"))
+                               f"up to {copies.stay} stay on disk, {copies.words()} while the next is saved "
+                               "(what disk.checkpoints counts)"))
         else:
             out.append(Finding("warn", "checkpoint.keep_last",
                                f"{backend.name} rotates checkpoints by age and rlctl cannot prune for it: the "
                                "best-eval checkpoint may be deleted", "unset checkpoint.keep_last and prune with "
-                               "`rlctl ckpt prune RUN --keep-last N --keep-best`"))
+                               "`rlctl ckpt prune RUN --keep-last N` (it keeps the best)"))
     if recipe.eval.evaluator == "command" and not recipe.eval.command:
         out.append(Finding("error", "eval.command", "eval.evaluator = command without eval.command"))
     return out

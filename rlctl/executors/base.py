@@ -130,6 +130,17 @@ class Executor:
         """Stop a run from another shell; returns a line for the user."""
         raise NotImplementedError
 
+    def resume_there(self, run_dir: Path, state: dict[str, Any]) -> str | None:
+        """`rlctl resume RUN` for a run whose supervisor lives on another machine: pick it up there and return a
+        line for the user. None (the default): a supervisor on this machine picks it up."""
+        del run_dir, state  # Unused: runs supervised here
+        return None
+
+    def supervised_on(self, state: dict[str, Any]) -> tuple[str, str] | None:
+        """(machine, run directory there) when the run's supervisor lives on another machine, else None."""
+        del state  # Unused: runs supervised here
+        return None
+
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         """What stop() would do, for `rlctl stop --dry-run`; nothing is signalled."""
         return f"would stop {run_dir.name} through the {self.name} executor, waiting up to {grace:g} s."

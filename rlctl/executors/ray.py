@@ -268,6 +268,50 @@ def _kill_by_temp_dir(temp_dir: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# submitting while a fresh head's job agent starts
+
+# Ray's job API answers a submission with HTTP 500 and this text while the head has no job agent yet (right after
+# `ray start`: ray/dashboard/modules/job/job_head.py, submit_job, after waiting WAIT_AVAILABLE_AGENT_TIMEOUT for one);
+# the answer itself says "please try again later". Any other failure is not retried.
+NO_AGENT = "No available agent to submit job"
+SUBMIT_LIMIT_S = 180.0  # how long rlctl keeps trying: a loaded machine's head can take minutes to start its agent
+BACKOFF_S = (1.0, 15.0)  # the first wait, doubled each time up to the second
+
+
+def _no_agent(error: Exception) -> bool:
+    """Ray's SDK raises `RuntimeError("Request failed with status code 500: <body>.")` for that answer."""
+    text = str(error)
+    return NO_AGENT in text and "500" in text
+
+
+def submit_when_agent_ready(submit: Any, address: str | None, limit: float = SUBMIT_LIMIT_S,
+                            logs: Path | None = None) -> str:
+    """`submit()` (a job submission), tried again with backoff while Ray answers that it has no job agent yet, up to
+    `limit` seconds; each wait is said on the console. Returns the job id; any other failure, or the limit, is an
+    RlctlError that says what Ray answered."""
+    delay, start, tries = BACKOFF_S[0], time.monotonic(), 0
+    while True:
+        tries += 1
+        try:
+            return submit()
+        except Exception as e:
+            if not _no_agent(e):
+                raise RlctlError(f"Ray job submission to {address} failed: {e}") from None
+            waited = time.monotonic() - start
+            if waited + delay > limit:
+                where = f"see {logs / 'dashboard_agent.log'}" if logs else "see dashboard_agent.log in the head's logs"
+                raise RlctlError(
+                    f"Ray at {address} still has no job agent after {waited:.0f} s and {tries} submissions: it answers "
+                    f"HTTP 500 \"{NO_AGENT}, please try again later\".",
+                    hint=f"the head's dashboard agent did not start ({where}); when it runs, launch again") from None
+            print(f"rlctl: Ray at {address} has no job agent yet (HTTP 500 \"{NO_AGENT}\", as right after `ray "
+                  f"start`); submitting again in {delay:.0f} s ({waited:.0f} of at most {limit:.0f} s)",
+                  file=sys.stderr, flush=True)
+            time.sleep(delay)
+            delay = min(delay * 2.0, BACKOFF_S[1])
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the run
 
 
@@ -378,18 +422,10 @@ class RayExecutor(Executor):
             runtime_env["pip"] = list(spec["pip"])
         submission_id = f"rlctl-{run_dir.name}-{attempt}-{uuid.uuid4().hex[:6]}"
         log_base = (run_dir / LOG).stat().st_size if (run_dir / LOG).exists() else 0
-        deadline = time.time() + 90
-        while True:
-            try:
-                job_id = self.client.submit_job(entrypoint=shlex.join(spec["argv"]), runtime_env=runtime_env,
-                                                submission_id=submission_id)
-                break
-            except Exception as e:
-                # a fresh head answers before its job agent is up: "No available agent to submit job"
-                if "No available agent" in str(e) and time.time() < deadline:
-                    time.sleep(1.0)
-                    continue
-                raise RlctlError(f"Ray job submission to {self.address} failed: {e}") from None
+        logs = self.head.temp_dir / "session_latest" / "logs" if self.head is not None else None
+        job_id = submit_when_agent_ready(
+            lambda: self.client.submit_job(entrypoint=shlex.join(spec["argv"]), runtime_env=runtime_env,
+                                           submission_id=submission_id), self.address, logs=logs)
         write_state(run_dir, ray_job_id=job_id, ray_address=self.address)
         handle = RunHandle(self.name, {"address": self.address, "job_id": job_id, "log_base": log_base}, attempt)
         tail = threading.Thread(target=self._tail, args=(run_dir, job_id), daemon=True)

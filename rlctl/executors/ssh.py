@@ -31,56 +31,17 @@ from rlctl.core.host import Host, get_host
 from rlctl.core.state import ACTIVE, read_state, write_state
 from rlctl.errors import CheckFailed, RlctlError
 from rlctl.executors.base import Executor
+from rlctl.executors.ssh_relay import relay
 from rlctl.executors.ssh_remote import BLOBS, sha256_file
-from rlctl.executors.ssh_runner import HostUnreachable, Runner
+from rlctl.executors.ssh_runner import HostUnreachable, Runner, call_remote, local_version, remote_rlctl_error
 
 MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl", "env.json", "recipe.toml",
           "supervisor.log", "gpu_memory.jsonl")
 FORWARD = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # sent when set here, besides the recipe's refs
 # what this side keeps of the host's state.json: status shows it as it shows a local run's (the evals' outcome too)
 STATE_KEYS = ("status", "exit_code", "started_at", "ended_at", "total_steps", "optimizer_steps", "backend", "version",
-              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "best_checkpoint",
-              "eval_failures", "stopped_by")
-
-
-def remote_rlctl_error(host: Host, p: subprocess.CompletedProcess[str]) -> RlctlError | None:
-    """A remote rlctl that is missing or cannot answer, as a clear error with the one install command."""
-    text = (p.stderr or "") + (p.stdout or "")
-    if "No module named rlctl" in text or "No module named 'rlctl'" in text:
-        return RlctlError(f"{host.name}: rlctl is not installed for {host.python} there.",
-                          hint=f"rlctl hosts install {host.name} (pip-installs rlctl {_version()} there), or set "
-                               f"the host's python to an interpreter that has it")
-    if "No module named rlctl.executors.ssh_remote" in text or "usage: python -m rlctl.executors.ssh_remote" in text:
-        return RlctlError(f"{host.name}: its rlctl is older than this one ({_version()}) and does not know the "
-                          "remote commands.", hint=f"rlctl hosts install {host.name}")
-    return None
-
-
-def _version() -> str:
-    from rlctl import __version__
-
-    return __version__
-
-
-def call_remote(runner: Runner, verb: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """One round trip: `python -m rlctl.executors.ssh_remote VERB` there, a JSON request on stdin, a JSON answer
-    on stdout."""
-    p = runner.run([*runner.python_argv(), "-m", "rlctl.executors.ssh_remote", verb],
-                   stdin=json.dumps(request).encode(), timeout=timeout, check=False)
-    if p.returncode != 0:
-        err = remote_rlctl_error(runner.host, p)
-        if err:
-            raise err
-        msg = (p.stderr.strip() or f"exit {p.returncode}").removeprefix("rlctl: ")
-        if p.stdout.strip():  # e.g. the preflight table of a launch that failed there
-            msg += "\n" + p.stdout.strip()
-        cls = CheckFailed if p.returncode == 1 else RlctlError
-        raise cls(f"{runner.host.name}: {msg}")
-    try:
-        return json.loads(p.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise RlctlError(f"{runner.host.name}: the remote rlctl answered {p.stdout.strip()[-200:]!r}, not JSON.",
-                         hint=f"rlctl hosts check {runner.host.name}") from None
+              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "cause",
+              "best_checkpoint", "eval_failures", "stopped_by")
 
 
 # ---- facts -------------------------------------------------------------------------------------------------------
@@ -93,15 +54,15 @@ def host_facts(host: Host, timeout: float = 30.0) -> dict[str, Any]:
     if p.returncode != 0:
         err = remote_rlctl_error(host, p)
         if err is None and "No such command" in (p.stderr + p.stdout):
-            err = RlctlError(f"{host.name}: its rlctl has no `facts` command (older than {_version()}).",
+            err = RlctlError(f"{host.name}: its rlctl has no `facts` command (older than {local_version()}).",
                              hint=f"rlctl hosts install {host.name}")
         raise err or RlctlError(f"{host.name}: rlctl facts failed: {(p.stderr or p.stdout).strip()[-300:]}")
     try:
         facts = MachineFacts.from_dict(json.loads(p.stdout.strip().splitlines()[-1])).to_dict()
     except (ValueError, IndexError, TypeError):
         raise RlctlError(f"{host.name}: rlctl facts answered {p.stdout.strip()[-200:]!r}, not JSON.") from None
-    if _older(facts["rlctl_version"], _version()):
-        raise RlctlError(f"{host.name}: rlctl {facts['rlctl_version']} there is older than {_version()} here.",
+    if _older(facts["rlctl_version"], local_version()):
+        raise RlctlError(f"{host.name}: rlctl {facts['rlctl_version']} there is older than {local_version()} here.",
                          hint=f"rlctl hosts install {host.name}")
     return facts
 
@@ -122,24 +83,15 @@ def _older(theirs: str, ours: str) -> bool:
 
 # ---- launch ------------------------------------------------------------------------------------------------------
 def _path_values(prep: Any) -> list[tuple[str, str]]:
-    """(dotted key, value) of each recipe key that names a path: the loader's PATH_KEYS and each eval set's data
-    (a set's checkpoint evals run on the host, so its data must be there)."""
+    """(dotted key, absolute path) of each recipe key that names a local path, as the loader resolved it
+    (rlctl.recipe.paths), each eval set's data included (its checkpoint evals run on the host). A backend's own
+    install (`backend.<name>.checkout`) lives on the host, as its Python does: it is not staged."""
     import re
 
-    from rlctl.recipe.loader import PATH_KEYS
+    from rlctl.recipe.paths import local_paths
 
-    data = prep.resolved.data
-    out = []
-    for key in PATH_KEYS:
-        section, _, name = key.partition(".")
-        sect = data.get(section)
-        out.append((key, sect.get(name) if isinstance(sect, dict) else None))
-    ev = data.get("eval") if isinstance(data.get("eval"), dict) else {}
-    sets = ev.get("sets") if isinstance(ev.get("sets"), dict) else {}
-    for name, st in sets.items():
-        if isinstance(st, dict) and re.fullmatch(r"[A-Za-z0-9_]+", str(name)):  # --set takes plain key parts
-            out.append((f"eval.sets.{name}.data", st.get("data")))
-    return [(k, v) for k, v in out if isinstance(v, str) and "://" not in v and not v.startswith("random:")]
+    return [(k, v) for k, v in local_paths(prep.resolved.data) if not k.startswith("backend.")
+            and re.fullmatch(r"[A-Za-z0-9_.]+", k)]  # --set takes plain key parts
 
 
 def referenced_files(prep: Any) -> list[Path]:
@@ -147,9 +99,7 @@ def referenced_files(prep: Any) -> list[Path]:
     named directory)."""
     files: list[Path] = [Path(p) for p in prep.resolved.chain]
     for _, value in _path_values(prep):
-        p = Path(value).expanduser()
-        if not p.is_absolute():
-            p = prep.resolved.path.parent / p
+        p = Path(value)
         if p.is_file():
             files.append(p.resolve())
         elif p.is_dir():
@@ -165,8 +115,7 @@ def path_keys(prep: Any, base: Path) -> dict[str, str]:
     sets it to its own copy (an absolute path on the laptop means nothing there)."""
     out = {}
     for key, value in _path_values(prep):
-        p = Path(value).expanduser()
-        p = p if p.is_absolute() else prep.resolved.path.parent / p
+        p = Path(value)
         if p.exists():
             with contextlib.suppress(ValueError):
                 out[key] = str(p.resolve().relative_to(base))
@@ -300,16 +249,15 @@ def _resume_on(host: Host, resume: str | None, out: Any) -> str | None:
         raise RlctlError(f"--resume {resume}: {local.name} ran on {st.get('host') or 'this machine'}, not {src_host}.")
     if st.get("host") == host.name:
         return Path(((st.get("handle") or {}).get("ref") or {}).get("run_dir") or local.name).name
-    if st.get("executor") == "ssh":  # its newest checkpoint comes here first, from its host
-        try:
-            ckpt_pull(local, None, None)
-        except HostUnreachable as e:
-            synced = _synced_instead(local, e, out)
-            if synced is None:
-                raise
-            return synced
     print(f"rlctl: copying the newest complete checkpoint of {local.name} to {host.name}", file=out)
-    print("rlctl: " + ckpt_push(local, None, host.name, pull=False), file=out)
+    try:
+        print("rlctl: " + ckpt_push(local, None, host.name), file=out)
+    except HostUnreachable as e:
+        lost = st.get("executor") == "ssh" and str(e.message).startswith(f"{st.get('host')}:")
+        synced = _synced_instead(local, e, out) if lost else None  # its host is gone: from what it synced
+        if synced is None:
+            raise
+        return synced
     return local.name
 
 
@@ -350,7 +298,8 @@ def _handle(state: dict[str, Any]) -> tuple[Host, str]:
 
 def mirror(run_dir: Path, runner: Runner, remote_dir: str, timeout: float = 60.0) -> None:
     """Pull the remote run's log, metrics and small records into the local run directory (rsync: only what changed)."""
-    extra = [f"--include=/{n}" for n in MIRROR] + ["--include=/attempts/***", "--exclude=*"]
+    # --copy-links: an attached run's stdout.log links to the trainer's log there; here it is that log's content
+    extra = ["--copy-links", *(f"--include=/{n}" for n in MIRROR), "--include=/attempts/***", "--exclude=*"]
     runner.rsync([remote_dir.rstrip("/") + "/"], str(run_dir) + "/", up=False, extra=extra, timeout=timeout)
 
 
@@ -364,6 +313,8 @@ def record(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     updates = {k: st[k] for k in STATE_KEYS if k in st}
     if summ.get("status") and summ["status"] not in ACTIVE + ("stalled", "lost"):
         updates["status"] = summ["status"]  # settled there (finished, failed, stopped); stalled/lost: keep asking
+    if isinstance(summ.get("cause"), dict):  # why it failed, told there (when its disk let nothing be written)
+        updates["cause"] = summ["cause"]
     write_state(run_dir, **updates, remote_summary=summ, last_contact=time.time(), unreachable=None)
     return summ
 
@@ -424,7 +375,8 @@ class SSHExecutor(Executor):
     ckpt_pull = staticmethod(lambda run_dir, step, to: ckpt_pull(run_dir, step, to))
     ckpt_push = staticmethod(lambda run_dir, step, host_name: ckpt_push(run_dir, step, host_name))
     run_remote_rlctl = staticmethod(lambda host_name, args, sync_dir=None: run_remote_rlctl(host_name, args, sync_dir))
-    attach_remote = staticmethod(lambda host_name, path, backend, name: attach_remote(host_name, path, backend, name))
+    attach_remote = staticmethod(lambda host_name, path, backend, name, **kw: attach_remote(host_name, path, backend,
+                                                                                           name, **kw))
     eval_on = staticmethod(lambda host_name, ev, steps, **kw: eval_on(host_name, ev, steps, **kw))
 
     @staticmethod
@@ -462,6 +414,21 @@ class SSHExecutor(Executor):
         self.status(run_dir, read_state(run_dir))
         return f"{host.name}: {p.stdout.strip()}"
 
+    def resume_there(self, run_dir: Path, state: dict[str, Any]) -> str | None:
+        """The host's own rlctl resumes the run there (its supervisor lives there), as stop does."""
+        host, remote_dir = _handle(state)
+        runner = Runner(host, connect_timeout=self.timeout)
+        p = runner.rlctl(["resume", remote_dir], timeout=300, check=False)
+        if p.returncode != 0:
+            raise remote_rlctl_error(host, p) or RlctlError(f"{host.name}: resume failed: "
+                                                           f"{(p.stderr or p.stdout).strip()[-300:]}")
+        self.status(run_dir, read_state(run_dir))
+        return f"{host.name}: {p.stdout.strip()}"
+
+    def supervised_on(self, state: dict[str, Any]) -> tuple[str, str] | None:
+        host, remote_dir = _handle(state)
+        return host.name, remote_dir
+
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         host, remote_dir = _handle(state)
         return (f"would run `rlctl stop {remote_dir} --grace {grace:g}` on {host.name}: SIGTERM to the run's process "
@@ -495,18 +462,22 @@ def run_remote_rlctl(host_name: str, args: list[str], sync_dir: Path | None = No
     return p.returncode, p.stdout.rstrip("\n"), p.stderr
 
 
-def attach_remote(host_name: str, path: str, backend: str, name: str | None, out: Any = None
-                  ) -> tuple[str, int, Path]:
-    """`rlctl attach HOST:PATH`: the host's rlctl makes the run directory there (for a run rlctl did not start);
-    this side keeps a local record of the same name, followed like any remote run."""
+def attach_remote(host_name: str, path: str, backend: str, name: str | None, out: Any = None,
+                  recipe: str | None = None, metrics_map: str | None = None) -> tuple[str, int, Path]:
+    """`rlctl attach HOST:PATH [--recipe R] [--metrics-map M]`: the host's rlctl makes the run directory there (for a
+    run rlctl did not start), with the recipe (its extends chain sent content-addressed) read as a local attach
+    reads it; this side keeps a local record of the same name, followed like any remote run."""
     import re
 
     from rlctl.runs.state import runs_root
 
     host = get_host(host_name)
     runner = Runner(host)
-    p = runner.rlctl(["attach", path, "--backend", backend, *(["--name", name] if name else [])], timeout=600,
-                     check=False)
+    args = ["attach", path, "--backend", backend, *(["--name", name] if name else []),
+            *(["--metrics-map", metrics_map] if metrics_map else [])]
+    if recipe is not None:
+        args += ["--recipe", _stage_recipe(runner, recipe)]
+    p = runner.rlctl(args, timeout=600, check=False)
     err = remote_rlctl_error(host, p)
     if err:
         raise err
@@ -525,6 +496,19 @@ def attach_remote(host_name: str, path: str, backend: str, name: str | None, out
     with contextlib.suppress(RlctlError):
         mirror(local, runner, remote_dir)
     return f"{host.name}: {p.stdout.strip()}\nlocal record: {local}", p.returncode, local
+
+
+def _stage_recipe(runner: Runner, recipe: str) -> str:
+    """A recipe and its extends chain on the host, laid out as here (content-addressed: only what it lacks travels);
+    the path of the recipe there."""
+    from rlctl.recipe.loader import load
+
+    resolved = load(recipe)
+    manifest, staged, blobs = stage_manifest([Path(p) for p in resolved.chain])
+    send_blobs(runner, blobs, timeout=60)
+    token = "recipe-" + hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:20]
+    stage = call_remote(runner, "stage", {"manifest": manifest, "token": token}, timeout=120)["stage"]
+    return f"{stage}/{staged[str(resolved.path)]}"
 
 
 # ---- checkpoints --------------------------------------------------------------------------------------------------
@@ -570,15 +554,28 @@ def ckpt_pull(run_dir: Path, step: int | None, to: Path | None, out: Any = None)
     return dest, pick
 
 
-def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None, pull: bool = True) -> str:
-    """Copy one complete checkpoint of a run (local, or pulled from its host first unless `pull` is false: already
-    here) to another host, as a run record there of the same name: `rlctl launch RECIPE --on HOST --resume RUN`
-    then resumes from it."""
+def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) -> str:
+    """Copy one complete checkpoint of a run (local, or on another host: from there directly when it reaches this
+    one, else through here) to a host, as a run record there of the same name: `rlctl launch RECIPE --on HOST
+    --resume RUN` then resumes from it."""
     from rlctl.runs.checkpoints import find_checkpoints
     from rlctl.runs.state import read_state as rs
 
     state = rs(run_dir)
-    if pull and state.get("executor") == "ssh":
+    host = get_host(host_name)
+    if state.get("executor") == "ssh":
+        where, remote_dir = _handle(state)
+        if where.name != host.name:  # host to host (through here only when they do not reach each other)
+            src = Runner(where)
+            answer = call_remote(src, "ckpt", {"run_dir": remote_dir, "step": step}, timeout=600)
+            if not answer.get("pick"):
+                raise RlctlError(f"{run_dir.name}: no complete checkpoint on {where.name}"
+                                 + (f" at step {step}" if step is not None else "") + ".",
+                                 hint=f"rlctl ckpt list {run_dir.name}")
+            n, route = relay_checkpoints(src, Runner(host), run_dir.name, {**answer, "picks": [answer["pick"]]}, out)
+            how = {"already there": "already there", "directly": f"copied from {where.name} directly"}.get(
+                route, f"copied from {where.name} {route}")
+            return f"step {answer['pick']['step']} of {run_dir.name} is on {host.name} ({n} files, {how}, verified)"
         ckpt_pull(run_dir, step, None)
     backend = state.get("backend", "")
     ckpts = [c for c in find_checkpoints(backend, run_dir) if c.complete and (step is None or c.step == step)]
@@ -586,7 +583,6 @@ def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None, 
         raise RlctlError(f"{run_dir.name}: no complete checkpoint" + (f" at step {step}" if step is not None else "")
                          + ".", hint=f"rlctl ckpt list {run_dir.name}")
     pick = ckpts[-1]
-    host = get_host(host_name)
     n, _ = push_checkpoints(run_dir, [pick], Runner(host))
     return f"step {pick.step} of {run_dir.name} is on {host.name} ({n} files, verified)"
 
@@ -630,8 +626,8 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
 SCRIPT_SUFFIXES = (".py", ".sh")  # words of an eval command naming a local script: shipped with the sets
 
 
-def eval_files(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[Path]:
-    """The local files (or directories) an eval spec needs on a host: each set's data, the reward file, a local
+def eval_paths(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[str]:
+    """The paths an eval spec names that a host needs, wherever they are: each set's data, the reward file, a local
     base model (with `base`: for the baseline or LoRA adapters), the command evaluator's scripts, and `extra` (the
     recipe, a local model)."""
     import shlex
@@ -641,33 +637,42 @@ def eval_files(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[
         cands.append(ev.get("base_model"))
     if ev.get("command"):
         cands += [w for w in shlex.split(ev["command"]) if w.endswith(SCRIPT_SUFFIXES)]
-    out: dict[Path, None] = {}
+    out: dict[str, None] = {}
     for c in cands:
-        if isinstance(c, str) and c and "://" not in c and not c.startswith("random:") and Path(c).exists():
-            out.setdefault(Path(c), None)
+        if isinstance(c, str) and c and "://" not in c and not c.startswith("random:"):
+            out.setdefault(c, None)
     return list(out)
+
+
+def eval_files(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[Path]:
+    """Of eval_paths, the local files (or directories) that exist here."""
+    return [Path(c) for c in eval_paths(ev, extra, base) if Path(c).exists()]
 
 
 def stage_manifest(paths: list[Path]) -> tuple[dict[str, str], dict[str, str], dict[str, Path]]:
     """(manifest {rel: sha256}, staged {local path as written: rel}, blobs {sha256: file}) for these files and
     directories, relative to their common parent: laid out on the host as here, content-addressed."""
-    files: dict[Path, Path] = {}  # resolved file -> itself
-    tops = [p.resolve() for p in paths]
-    for t in tops:
-        items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and ".git" not in x.parts)
-        for x in items:
-            files.setdefault(x.resolve(), x)
-    if not files:
-        return {}, {}, {}
-    base = Path(os.path.commonpath([str(t.parent) for t in tops] + [str(f.parent) for f in files]))
-    manifest, blobs = {}, {}
-    for f in files:
-        sha = sha256_file(f)
-        manifest[str(f.relative_to(base))] = sha
-        blobs[sha] = f
-    staged = {str(p): str(t.relative_to(base)) for p, t in zip(paths, tops, strict=True)}
-    staged.update({str(t): str(t.relative_to(base)) for t in tops})
+    from rlctl.executors.ssh_remote import describe, tree
+
+    sets = {str(p): {"resolved": str(p.resolve()), "files": describe(tree(p.resolve(), staged=True))}
+            for p in paths}
+    manifest, staged = stage_layout(sets)
+    blobs = {f["sha256"]: Path(f["path"]) for s in sets.values() for f in s["files"]}
     return manifest, staged, blobs
+
+
+def stage_layout(sets: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """(manifest {rel: sha256}, staged {path as written: rel}) of file sets {path as written: {resolved, files:
+    [{path, sha256}]}} (wherever they are: here, or on a run's host), relative to their common parent."""
+    files = {f["path"]: f["sha256"] for s in sets.values() for f in s["files"]}
+    if not files:
+        return {}, {}
+    tops = [s["resolved"] for s in sets.values()]
+    base = Path(os.path.commonpath([str(Path(t).parent) for t in tops] + [str(Path(f).parent) for f in files]))
+    manifest = {str(Path(f).relative_to(base)): sha for f, sha in files.items()}
+    staged = {p: str(Path(s["resolved"]).relative_to(base)) for p, s in sets.items()}
+    staged.update({s["resolved"]: str(Path(s["resolved"]).relative_to(base)) for s in sets.values()})
+    return manifest, staged
 
 
 def _eval_secrets() -> dict[str, str]:
@@ -684,6 +689,40 @@ def _pending_on(mark: Path) -> str | None:
         return str(json.loads(mark.read_text())["host"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _stage_from(src: Runner, dst: Runner, paths: list[str], out: Any, no_route: dict[tuple[str, str], str]
+                ) -> tuple[dict[str, str], dict[str, str]]:
+    """The files these paths name on `src` (a run's host), as blobs on `dst` (copied host to host when they are not
+    there yet): (manifest, staged) of their stage there."""
+    sets = call_remote(src, "files", {"paths": paths}, timeout=600).get("files") or {}
+    manifest, staged = stage_layout(sets)
+    blobs = {f["sha256"]: {**f, "rel": f["sha256"]} for st in sets.values() for f in st["files"]}
+    if blobs:
+        n, route = relay(src, dst, list(blobs.values()), BLOBS, out, no_route=no_route)
+        if n:
+            print(f"rlctl: eval sets' files ({n}) copied from {src.host.name} to {dst.host.name} {route} (verified)",
+                  file=out)
+    return manifest, staged
+
+
+def relay_checkpoints(src: Runner, dst: Runner, name: str, picks: dict[str, Any], out: Any,
+                      no_route: dict[tuple[str, str], str] | None = None) -> tuple[int, str]:
+    """These checkpoints of a run on `src` (the "ckpt" verb's answer: root, backend, picks with their files) to
+    `dst` as a run record of the same name, host to host (ssh_relay), each file's size and sha256 checked there.
+    (number of files, the route: "already there", "directly" or "through this machine")."""
+    root = str(picks["root"]).rstrip("/")
+    files = {f["rel"]: {**f, "path": f"{root}/{f['rel']}"} for p in picks["picks"] for f in p["files"]}
+    sums = [{k: f[k] for k in ("rel", "size", "sha256")} for f in files.values()]
+    request = {"name": name, "backend": picks.get("backend") or "", "files": sums,
+               "source": f"{src.host.name}:{name}"}
+    have = call_remote(dst, "adopt", {**request, "check": True}, timeout=600)
+    if not have.get("missing") and have.get("adopted"):
+        return len(files), "already there"
+    _, route = relay(src, dst, list(files.values()), f"runs/{name}/checkpoints", out, missing=have.get("missing"),
+                     no_route=no_route)
+    call_remote(dst, "adopt", request, timeout=600)
+    return len(files), route
 
 
 def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path | None = None,
@@ -712,33 +751,53 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
     timeout = float(ev.get("timeout_s") or 3600) + 600  # the job's own limit, plus loading the model
     base_req: dict[str, Any] = {"env": _eval_secrets()}
     in_place = False
+    source: Runner | None = None  # a run that lives on another host: its checkpoints come from there
+    no_route: dict[tuple[str, str], str] = {}  # host pairs whose direct copy failed in this command
+    remote_dir = ""
     if run_dir is not None and read_state(run_dir).get("executor") == "ssh":
         where, remote_dir = _handle(read_state(run_dir))
-        if where.name != host.name:
-            raise RlctlError(f"--on {host.name}: {run_dir.name} lives on {where.name}; its checkpoints and metrics "
-                             "are there.", hint=f"rlctl eval {run_dir.name} --on {where.name}")
-        in_place = True
-        base_req.update(in_place=True, run_dir=remote_dir, set_names=set_names, gpu=gpu)
+        if where.name == host.name:
+            in_place = True
+            base_req.update(in_place=True, run_dir=remote_dir, set_names=set_names, gpu=gpu)
+        else:
+            source = Runner(where, connect_timeout=SSHExecutor.timeout)
     # reachable, and an rlctl there that knows remote evals (an older one answers with its usage line)
     call_remote(runner, "eval", {"probe": True}, timeout=max(30.0, SSHExecutor.timeout))
     picks = []
-    if run_dir is not None and not in_place:
+    far: dict[str, Any] = {}  # a run on another host: what an evaluator loads of each checkpoint, as it is there
+    if source is not None:
+        far = call_remote(source, "ckpt", {"run_dir": remote_dir, "steps": [s for s in steps if s > 0]}, timeout=600)
+    elif run_dir is not None and not in_place:
         picks = [c for c in find_checkpoints(read_state(run_dir).get("backend", ""), run_dir)
                  if c.complete and c.step in steps and c.step > 0]
     # a local base model travels only when it is evaluated (step 0), under LoRA adapters, or for its tokenizer
     base = 0 in steps or any((Path(model_dir(c)) / "adapter_config.json").is_file()
-                             or not (Path(model_dir(c)) / "tokenizer_config.json").is_file() for c in picks)
+                             or not (Path(model_dir(c)) / "tokenizer_config.json").is_file() for c in picks) \
+        or any(p["adapter"] or not p["tokenizer"] for p in far.get("picks") or [])
     if not in_place or recipe_given:
-        manifest, staged, blobs = stage_manifest(eval_files(ev, [x for x in (recipe, model) if x], base))
-        if blobs:
-            print(f"rlctl: sending {len(blobs)} file(s) to {host.name} (eval sets, recipe; only those it lacks)",
-                  file=out)
-            send_blobs(runner, blobs, timeout=60)
+        extra = [x for x in (recipe, model) if x]
+        if source is not None and not recipe_given:  # the run's own recipe: the files it names are on its host
+            manifest, staged = _stage_from(source, runner, eval_paths(ev, [], base), out, no_route)
+        else:
+            manifest, staged, blobs = stage_manifest(eval_files(ev, extra, base))
+            if blobs:
+                print(f"rlctl: sending {len(blobs)} file(s) to {host.name} (eval sets, recipe; only those it lacks)",
+                      file=out)
+                send_blobs(runner, blobs, timeout=60)
         # the stage is named by its content: the next eval of the same files reuses it (no second copy of a model)
         token = "eval-" + hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:20]
         base_req.update(token=token, manifest=manifest, staged=staged, ev=ev)
         if in_place:
             pass  # its checkpoints are there
+        elif source is not None and run_dir is not None:
+            if far.get("picks"):
+                n, route = relay_checkpoints(source, runner, run_dir.name, far, out, no_route)
+                done = "already on" if route == "already there" else f"copied from {source.host.name} to"
+                how = f" {route}" if route != "already there" else ""
+                print(f"rlctl: checkpoint(s) of step {', '.join(str(p['step']) for p in far['picks'])} {done} "
+                      f"{host.name}{how} ({n} files, verified)", file=out)
+            model_paths = {p["step"]: f"runs/{run_dir.name}/checkpoints/{p['model']}" for p in far.get("picks") or []}
+            base_req["run_dir"] = f"runs/{run_dir.name}"
         elif run_dir is not None:
             if picks:
                 n, sent = push_checkpoints(run_dir, picks, runner, eval_only=True)
@@ -770,9 +829,15 @@ def eval_on(host_name: str, ev: dict[str, Any], steps: list[int], run_dir: Path 
                 e.hint = e.hint or (f"free space in {host.workdir} on {host.name} (rlctl hosts check {host.name} "
                                     "shows it), then run the eval again")
             raise
-        yield {**answer, "host": host.name, "in_place": in_place}
+        if source is not None:  # the run's stream is on its host: the result goes there (the mirror follows)
+            call_remote(source, "record", {"run_dir": remote_dir, "step": s, "metrics": answer.get("metrics") or {},
+                                           "error": answer.get("error"), "sets": [x["name"] for x in ev["sets"]],
+                                           "host": host.name,
+                                           "job": f"{host.name}:{answer['job']}" if answer.get("job") else None},
+                        timeout=120)
+        yield {**answer, "host": host.name, "in_place": in_place, "recorded": in_place or source is not None}
         if mark is not None:  # the caller has recorded it
             mark.unlink(missing_ok=True)
-    if in_place and run_dir is not None:  # the results are in the host's stream: refresh the local mirror
+    if (in_place or source is not None) and run_dir is not None:  # results in the host's stream: refresh the mirror
         with contextlib.suppress(RlctlError):
             SSHExecutor().status(run_dir, read_state(run_dir))

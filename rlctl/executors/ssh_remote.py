@@ -1,7 +1,8 @@
 """The remote half of the SSH executor: what the host's own rlctl does when the laptop asks
-(`python -m rlctl.executors.ssh_remote VERB`, VERB one of blobs, launch, poll, ckpt, adopt, eval; no CLI framework
-is imported, so a poll answers fast). Each reads one JSON request on stdin (secrets included: never on a command line)
-and prints one JSON answer on stdout, so every question costs one round trip. Errors: exit 2 (bad input) or 1, the
+(`python -m rlctl.executors.ssh_remote VERB`, VERB one of blobs, launch, poll, ckpt, adopt, eval, files, verify,
+send, record, stage; no CLI framework is imported, so a poll answers fast). Each reads one JSON request on stdin
+(secrets included: never on a command line) and prints one JSON answer on stdout, so every question costs one round
+trip. Errors: exit 2 (bad input) or 1, the
 message on stderr as `rlctl: ...`.
 
 Blobs: files the laptop sent, named by their sha256, under `<workdir>/.rlctl/blobs/`; a launch materialises its
@@ -42,6 +43,89 @@ def sha256_file(p: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def tree(top: Path, staged: bool = False) -> list[Path]:
+    """The files of `top` (itself when a file), sorted. A checkpoint's are its own (symlinks inside it are left
+    out); files `staged` for a job follow symlinks and leave a repository's .git out."""
+    if top.is_file():
+        return [top]
+
+    def keep(x: Path) -> bool:
+        return ".git" not in x.parts if staged else not x.is_symlink()
+
+    return sorted(x for x in top.rglob("*") if x.is_file() and keep(x))
+
+
+def describe(files: list[Path], root: Path | None = None) -> list[dict[str, Any]]:
+    """Each file's size and sha256, named by its absolute path (and, under `root`, by its path relative to it)."""
+    out = []
+    for f in files:
+        d: dict[str, Any] = {"path": str(f.resolve()), "size": f.stat().st_size, "sha256": sha256_file(f)}
+        if root is not None:
+            d["rel"] = str(f.resolve().relative_to(root))
+        out.append(d)
+    return out
+
+
+def file_sets(paths: list[str]) -> dict[str, Any]:
+    """For each of these paths that exists here: its resolved path and its files (as stage_manifest lays them out on
+    the laptop); the others are left out. What another host needs of an eval spec that names files here."""
+    out: dict[str, Any] = {}
+    for p in paths:
+        q = Path(p).expanduser()
+        if q.exists():
+            out[p] = {"resolved": str(q.resolve()), "files": describe(tree(q.resolve(), staged=True))}
+    return out
+
+
+def verify_files(dest: str, files: list[dict[str, Any]]) -> list[str]:
+    """The files (rel, size, sha256) under `dest` that are missing here or differ: what a transfer still has to
+    bring, or, after it, what did not arrive intact."""
+    root = Path(dest).expanduser()
+    bad = []
+    for f in files:
+        p = root / f["rel"]
+        if not p.is_file() or p.stat().st_size != f["size"] or sha256_file(p) != f["sha256"]:
+            bad.append(f["rel"])
+    return bad
+
+
+def send(req: dict[str, Any]) -> dict[str, Any]:
+    """Copy files from this host straight to another one (rsync over this host's own ssh: its ~/.ssh/config, keys
+    and known_hosts; never a password prompt). {files: [{path, rel}], ssh, options, dest (absolute there)}. A
+    failure is an answer, not an error: the laptop then copies through itself; a full disk there is said as such."""
+    import shlex
+    import subprocess
+    import tempfile
+
+    files = list(req.get("files") or [])
+    with tempfile.TemporaryDirectory(prefix="rlctl-send-") as tmp:
+        for f in files:  # laid out as at the destination; rsync -L copies what each link names
+            rel = str(f["rel"])
+            if rel.startswith("/") or ".." in Path(rel).parts:
+                raise RlctlError(f"refusing a destination path outside the destination: {rel!r}")
+            link = Path(tmp) / rel
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(Path(f["path"]))
+        ssh = shlex.join(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(req.get('connect_timeout', 10))}",
+                          "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3",
+                          *[str(o) for o in req.get("options") or []]])
+        argv = ["rsync", "-a", "-L", "--partial", "--partial-dir=.rsync-partial", "-e", ssh, f"{tmp}/",
+                f"{req['ssh']}:{req['dest'].rstrip('/')}/"]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=float(req.get("timeout", 3600)))
+        except FileNotFoundError:
+            return {"sent": False, "why": "rsync is not installed here"}
+        except subprocess.TimeoutExpired:
+            return {"sent": False, "why": f"rsync did not finish within {req.get('timeout', 3600)} s"}
+    if p.returncode == 0:
+        return {"sent": True}
+    err = [ln.strip() for ln in p.stderr.strip().splitlines() if ln.strip()]
+    own = [ln for ln in err if not ln.startswith("rsync")]  # ssh's own words (no such host, refused key) first
+    why = " | ".join((own or err)[-2:]) or f"rsync exit {p.returncode}"
+    full = "No space left on device" in p.stderr or "Disk quota exceeded" in p.stderr
+    return {"sent": False, "why": why, "disk_full": full}
 
 
 def missing_blobs(shas: list[str]) -> list[str]:
@@ -197,6 +281,53 @@ def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict
     return answer
 
 
+def eval_picks(run_dir: str, steps: list[int]) -> dict[str, Any]:
+    """For each of these complete checkpoints, what an evaluator loads of it (the HF model or adapter directory, e.g.
+    OpenRLHF's global_stepN_hf without its DeepSpeed state) and its files with sizes and sha256, relative to the
+    checkpoint root: what another host needs to evaluate them."""
+    from rlctl.evals.loop import model_dir
+    from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
+    from rlctl.runs.state import read_state
+
+    p = Path(run_dir)
+    backend = read_state(p).get("backend", "")
+    root = checkpoint_dir(p).resolve()
+    done = {c.step: c for c in find_checkpoints(backend, p) if c.complete}
+    picks = []
+    for step in steps:
+        if step not in done:
+            raise RlctlError(f"{p.name} has no complete checkpoint at step {step} on this host.",
+                             hint=f"rlctl ckpt list {p.name}")
+        m = Path(model_dir(done[step])).resolve()
+        try:
+            rel = str(m.relative_to(root))
+        except ValueError:
+            raise RlctlError(f"{m}: outside the run's checkpoint directory {root}; it is not moved.") from None
+        picks.append({"step": step, "model": rel, "files": describe(tree(m), root),
+                      "adapter": (m / "adapter_config.json").is_file(),
+                      "tokenizer": (m / "tokenizer_config.json").is_file()})
+    return {"root": str(root), "backend": backend, "picks": picks}
+
+
+def record_result(req: dict[str, Any]) -> dict[str, Any]:
+    """An eval result computed on another host, in a run that lives here: into its stream at the checkpoint's step
+    and its ledger, as `rlctl eval` records one here; a job already recorded (a retry after a cut connection) is
+    recorded once."""
+    from rlctl.evals.ledger import read_ledger
+    from rlctl.evals.loop import record_by_hand
+
+    run_dir = Path(str(req["run_dir"])).resolve()
+    if not (run_dir / "state.json").is_file():
+        raise RlctlError(f"no run directory {req['run_dir']} on this host.")
+    job = req.get("job")
+    if job and any(isinstance(e, dict) and e.get("job") == job for e in read_ledger(run_dir).get("by_hand") or []):
+        return {"run_dir": str(run_dir), "recorded": False}
+    metrics = {str(k): float(v) for k, v in (req.get("metrics") or {}).items()}
+    record_by_hand(run_dir, int(req["step"]), metrics, req.get("error"), [str(x) for x in req.get("sets") or []],
+                   host=req.get("host"), job=job)
+    return {"run_dir": str(run_dir), "recorded": True}
+
+
 def adopt_checkpoint(req: dict[str, Any]) -> dict[str, Any]:
     """`ckpt push`: make a run record here for checkpoints that just arrived (so `launch --resume RUN` finds them),
     after checking every file's size and sha256."""
@@ -205,12 +336,7 @@ def adopt_checkpoint(req: dict[str, Any]) -> dict[str, Any]:
     from rlctl.runs.state import runs_root, write_state
 
     run_dir = (runs_root() / req["name"]).resolve()
-    root = run_dir / "checkpoints"
-    bad = []
-    for f in req["files"]:
-        p = root / f["rel"]
-        if not p.is_file() or p.stat().st_size != f["size"] or sha256_file(p) != f["sha256"]:
-            bad.append(f["rel"])
+    bad = verify_files(str(run_dir / "checkpoints"), req["files"])
     if req.get("check"):  # only which files are missing or differ: the push sends nothing when none
         return {"run_dir": str(run_dir), "missing": bad, "adopted": (run_dir / "state.json").is_file()}
     if bad:
@@ -259,10 +385,8 @@ def remote_eval(req: dict[str, Any]) -> dict[str, Any]:
         return {"eval": True}
     staged: dict[str, str] = {}
     if req.get("manifest"):
-        token = str(req["token"])
-        stage = Path(STAGE) / token
         # one stage per set of files (named by their hashes), made by the first request that needs it
-        stage = stage.resolve() if (stage / ".complete").is_file() else _stage_once(req["manifest"], token)
+        stage = stage_once(req["manifest"], str(req["token"]))
         staged = {local: str(stage / rel) for local, rel in (req.get("staged") or {}).items()}
     for k, v in (req.get("env") or {}).items():  # secrets: this process's environment (and its job's) only
         os.environ[str(k)] = str(v)
@@ -314,11 +438,15 @@ def remote_eval(req: dict[str, Any]) -> dict[str, Any]:
         except ValueError:
             result = None
     return {"step": step, "model": model, "metrics": metrics, "error": failure, "result": result,
-            "log_tail": log_tail(log), "log": str(log.resolve()), "adopted": adopted is not None}
+            "log_tail": log_tail(log), "log": str(log.resolve()), "adopted": adopted is not None,
+            "job": job}
 
 
-def _stage_once(manifest: dict[str, str], token: str) -> Path:
+def stage_once(manifest: dict[str, str], token: str) -> Path:
+    """The stage of these files (named by their hashes): made by the first request that needs it, reused after."""
     stage = Path(STAGE) / token
+    if (stage / ".complete").is_file():
+        return stage.resolve()
     if stage.exists():  # a stage left half-made by a cut connection: made again
         shutil.rmtree(stage)
     out = materialise(dict(manifest), token)
@@ -330,9 +458,15 @@ VERBS = {
     "blobs": lambda req: {"missing": missing_blobs(list(req.get("sha256") or []))},
     "launch": remote_launch,
     "poll": lambda req: poll(list(req.get("run_dirs") or []), float(req.get("stall_after") or 1800)),
-    "ckpt": lambda req: checkpoints(str(req["run_dir"]), req.get("step"), bool(req.get("list"))),
+    "ckpt": lambda req: (eval_picks(str(req["run_dir"]), [int(s) for s in req["steps"]]) if req.get("steps") is not None
+                         else checkpoints(str(req["run_dir"]), req.get("step"), bool(req.get("list")))),
     "adopt": adopt_checkpoint,
     "eval": remote_eval,
+    "files": lambda req: {"files": file_sets([str(p) for p in req.get("paths") or []])},
+    "verify": lambda req: {"bad": verify_files(str(req["dest"]), list(req.get("files") or []))},
+    "send": send,
+    "record": record_result,
+    "stage": lambda req: {"stage": str(stage_once(dict(req.get("manifest") or {}), str(req["token"])))},
 }
 
 

@@ -17,20 +17,23 @@ API for other parts of rlctl (evals, experiments):
         # env: sent over the remote command's stdin and exported there, never on a command line
     sync_to(host, [Path("data/eval.jsonl")], "cache/evals")          # rsync into <workdir>/cache/evals
     Runner(host).rlctl(["status", "--json"])                         # the remote rlctl (host.python -m rlctl.cli)
+    call_remote(Runner(host), "poll", {"run_dirs": [...]}, timeout=10)  # one verb of the host's rlctl, JSON both ways
 
 `$RLCTL_SSH_CONFIG` names an ssh config file to use instead of ssh's default (`ssh -F`); tests use it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from rlctl.core.host import Host
-from rlctl.errors import RlctlError, Unreachable
+from rlctl.errors import CheckFailed, RlctlError, Unreachable
 
 CONNECT_TIMEOUT = 10
 DEFAULT_TIMEOUT = 60.0
@@ -222,3 +225,45 @@ def sync_to(host: Host, paths: Sequence[Path], remote_dir: str, timeout: float =
     r = Runner(host)
     r.run(["mkdir", "-p", remote_dir], timeout=60)
     r.rsync([str(p) for p in paths], remote_dir.rstrip("/") + "/", up=True, extra=["--partial"], timeout=timeout)
+
+
+# ---- the host's rlctl: its verbs (rlctl.executors.ssh_remote), one JSON round trip each ---------------------------
+def remote_rlctl_error(host: Host, p: subprocess.CompletedProcess[str]) -> RlctlError | None:
+    """A remote rlctl that is missing or cannot answer, as a clear error with the one install command."""
+    text = (p.stderr or "") + (p.stdout or "")
+    if "No module named rlctl" in text or "No module named 'rlctl'" in text:
+        return RlctlError(f"{host.name}: rlctl is not installed for {host.python} there.",
+                          hint=f"rlctl hosts install {host.name} (pip-installs rlctl {local_version()} there), or set "
+                               f"the host's python to an interpreter that has it")
+    if "No module named rlctl.executors.ssh_remote" in text or "usage: python -m rlctl.executors.ssh_remote" in text:
+        return RlctlError(f"{host.name}: its rlctl is older than this one ({local_version()}) and does not know the "
+                          "remote commands.", hint=f"rlctl hosts install {host.name}")
+    return None
+
+
+def local_version() -> str:
+    """This rlctl's version (what `rlctl hosts install` puts on a host)."""
+    from rlctl import __version__
+
+    return __version__
+
+
+def call_remote(runner: Runner, verb: str, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One round trip to the host's rlctl: `python -m rlctl.executors.ssh_remote VERB` there, a JSON request on
+    stdin, a JSON answer on stdout."""
+    p = runner.run([*runner.python_argv(), "-m", "rlctl.executors.ssh_remote", verb],
+                   stdin=json.dumps(request).encode(), timeout=timeout, check=False)
+    if p.returncode != 0:
+        err = remote_rlctl_error(runner.host, p)
+        if err:
+            raise err
+        msg = (p.stderr.strip() or f"exit {p.returncode}").removeprefix("rlctl: ")
+        if p.stdout.strip():  # e.g. the preflight table of a launch that failed there
+            msg += "\n" + p.stdout.strip()
+        cls = CheckFailed if p.returncode == 1 else RlctlError
+        raise cls(f"{runner.host.name}: {msg}")
+    try:
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RlctlError(f"{runner.host.name}: the remote rlctl answered {p.stdout.strip()[-200:]!r}, not JSON.",
+                         hint=f"rlctl hosts check {runner.host.name}") from None

@@ -1,7 +1,9 @@
 """`rlctl compare`: per arm, a metric over each run's final window, its mean and 95% t-interval across seeds; each
 arm against the first with the difference, its interval and a test (paired by seed where the arms share seeds and
 data order, else Welch's); "no significant difference at this n" said plainly, with the seeds that would show the
-observed effect at 80% power. Also the arm-mean plot with bands and the research-log entry (markdown)."""
+observed effect at 80% power. Runs that have not finished are left out, by name, unless asked for; a metric no
+run logs is an error that lists those they do; a test at zero variance is said to be degenerate, in words. Also the
+arm-mean plot with bands and the research-log entry (markdown)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,20 @@ class ArmResult:
 
 
 @dataclass
+class Unfinished:
+    """A run that has not reached its end (or a variant not started yet): its status and how far it got."""
+    run: str
+    arm: str
+    status: str  # running | starting | restarting | stopping | stalled | stopped | failed | lost | queued | ...
+    step: int | None = None
+    total: int | None = None
+
+    def words(self) -> str:
+        at = f" at step {self.step}" + (f" of {self.total}" if self.total else "") if self.step is not None else ""
+        return f"{self.run} ({self.arm}): {self.status}{at}"
+
+
+@dataclass
 class Comparison:
     metric: str
     window: int
@@ -48,13 +64,43 @@ class Comparison:
     tests: list[tuple[str, str, stats.TestResult | None, stats.TestResult | None, str]]  # base, other, main, welch, why
     paired_reason: str
     notes: list[str] = field(default_factory=list)
+    left_out: list[Unfinished] = field(default_factory=list)  # unfinished runs not compared
+    included_unfinished: list[Unfinished] = field(default_factory=list)  # with --include-running
 
 
-def run_curve(run_dir: Path, metric: str) -> list[tuple[int, float]]:
+# what a metrics record holds besides metrics
+_NOT_METRICS = ("step", "time")
+
+
+def run_metrics(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """The run's whole metrics stream, merged by step."""
     from rlctl.metrics.stream import METRICS, by_step, iter_metrics
-    from rlctl.runs.health import series
 
-    return sorted(series(by_step(list(iter_metrics(run_dir / METRICS))), metric))
+    return by_step(list(iter_metrics(run_dir / METRICS)))
+
+
+def _numeric_keys(merged: dict[int, dict[str, Any]]) -> set[str]:
+    return {k for r in merged.values() for k, v in r.items()
+            if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def unfinished(run_dir: Path) -> Unfinished | None:
+    """None when the run has reached its end: finished (all its steps, or the trainer's own early end), stopped by
+    its recipe's `stop_when` rule, or attached from a log nobody follows. Else its true status (asked of its
+    executor, as `rlctl status` does) and its last step: running, stalled, stopped by hand, failed, lost."""
+    from rlctl.runs.state import read_state, settled_status
+
+    state = read_state(run_dir)
+    status = settled_status(run_dir, state)
+    if status != state.get("status"):
+        state = read_state(run_dir)  # the executor settled it (e.g. the job ended): stopped_by and steps are new
+    if status in ("finished", "attached") or (status == "stopped" and state.get("stopped_by")):
+        return None
+    from rlctl.metrics.stream import METRICS, tail_records
+
+    steps = [r["step"] for r in tail_records(run_dir / METRICS, 1 << 16)]
+    total = state.get("total_steps")
+    return Unfinished(run_dir.name, "", status, max(steps, default=None), total if isinstance(total, int) else None)
 
 
 def available_metrics(run_dirs: list[Path]) -> set[str]:
@@ -83,16 +129,21 @@ def final_value(curve: list[tuple[int, float]], window: int) -> float | None:
     return stats.mean(tail) if tail else None
 
 
-def arms_of_experiment(d: Path) -> tuple[list[dict[str, Any]], dict[str, list[tuple[Path, int | None]]]]:
+def arms_of_experiment(d: Path) -> tuple[list[dict[str, Any]], dict[str, list[tuple[Path, int | None]]],
+                                         list[Unfinished]]:
+    """The arms, each arm's runs (with their seeds), and the variants that have no run yet (queued)."""
     from rlctl.experiments.manifest import read_manifest, read_queue
 
     m, q = read_manifest(d), read_queue(d)
     runs: dict[str, list[tuple[Path, int | None]]] = {a["id"]: [] for a in m["arms"]}
+    queued = []
     for v in m["variants"]:
         rd = q["variants"].get(v["id"], {}).get("run_dir")
         if rd and Path(rd).is_dir():
             runs[v["arm"]].append((Path(rd), v["seed"]))
-    return m["arms"], runs
+        else:
+            queued.append(Unfinished(v["id"], v["arm"], q["variants"].get(v["id"], {}).get("state") or "queued"))
+    return m["arms"], runs, queued
 
 
 def arms_of_runs(refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[tuple[Path, int | None]]]]:
@@ -143,26 +194,52 @@ def _run_recipe(run_dir: Path) -> dict[str, Any]:
 
 
 def compare(arms: list[dict[str, Any]], runs: dict[str, list[tuple[Path, int | None]]], metric: str | None,
-            window: int) -> Comparison:
+            window: int, include_running: bool = False, queued: list[Unfinished] | None = None) -> Comparison:
+    """Each arm's runs at their final window. Runs that have not finished are left out (a run at step 40 of 200
+    is not yet what its arm measures) unless `include_running`, and said by name either way."""
     if window < 1:
         raise RlctlError(f"--window {window}: expected at least 1 logged step.")
-    all_dirs = [rd for members in runs.values() for rd, _ in members]
-    if not all_dirs:
+    every = [rd for members in runs.values() for rd, _ in members]
+    if not every:
         raise RlctlError("no runs to compare yet (none of the variants has a run directory).",
                          hint="rlctl experiment show EXP tells where the queue is")
+    from rlctl.runs.health import series
+
+    left_out, included = list(queued or []), []
+    kept: dict[str, list[tuple[Path, int | None]]] = {}
+    for a in arms:
+        for rd, seed in runs.get(a["id"], []):
+            u = unfinished(rd)
+            if u is not None:
+                u.arm = a["id"]
+                (included if include_running else left_out).append(u)
+                if not include_running:
+                    continue
+            kept.setdefault(a["id"], []).append((rd, seed))
+    all_dirs = [rd for members in kept.values() for rd, _ in members]
+    if not all_dirs:
+        raise RlctlError(f"no finished run to compare yet: {_count(left_out)} "
+                         f"({'; '.join(u.words() for u in left_out[:6])}{' ...' if len(left_out) > 6 else ''}).",
+                         hint="wait for them (rlctl status), or compare them on their values so far with "
+                              "--include-running")
+    streams = {rd: run_metrics(rd) for rd in all_dirs}
     metric = metric or default_metric(all_dirs)
+    _known_metric(metric, all_dirs, streams, [rd for rd in every if rd.name in {u.run for u in left_out}])
     results = []
     notes = []
     for a in arms:
         rvs = []
-        for rd, seed in runs.get(a["id"], []):
-            curve = run_curve(rd, metric)
+        for rd, seed in kept.get(a["id"], []):
+            curve = sorted(series(streams[rd], metric))
             rvs.append(RunValue(rd.name, seed, final_value(curve, window), len(curve), curve))
             if not curve:
                 notes.append(f"{rd.name} has no {metric} values (left out)")
         ar = ArmResult(a["id"], a.get("label", a["id"]), rvs)
         if ar.values:
             ar.interval = stats.t_interval(ar.values)
+            if len(ar.values) >= 2 and stats.no_spread(ar.values, ar.interval.sd):
+                notes.append(f"{ar.id}: every run gave the same value ({fmt(ar.values[0])}): zero variance across "
+                             f"its {len(ar.values)} seeds, so its interval is a point")
         results.append(ar)
     mismatch = eval_mismatch(metric, all_dirs)
     if mismatch:
@@ -186,7 +263,35 @@ def compare(arms: list[dict[str, Any]], runs: dict[str, list[tuple[Path, int | N
     if len(tests) > 1:
         notes.append(f"{len(tests)} comparisons against {base.id}: with Bonferroni, call p < {0.05 / len(tests):.3g} "
                      "significant")
-    return Comparison(metric, window, results, tests, why, notes)
+    return Comparison(metric, window, results, tests, why, notes, left_out, included)
+
+
+def _count(us: list[Unfinished]) -> str:
+    return f"{len(us)} unfinished run{'s' if len(us) != 1 else ''}"
+
+
+def _known_metric(metric: str, run_dirs: list[Path], streams: dict[Path, dict[int, dict[str, Any]]],
+                  left_out: list[Path]) -> None:
+    """A metric none of the runs logs is a typo or a name from elsewhere: say so with the names they do log."""
+    import difflib
+
+    keys = set().union(*(_numeric_keys(streams[rd]) for rd in run_dirs))
+    if metric in keys:
+        return
+    only = [rd.name for rd in left_out if metric in _numeric_keys(run_metrics(rd))]
+    if only:
+        raise RlctlError(f"--metric {metric}: only unfinished runs log it so far ({', '.join(only[:6])}).",
+                         hint="wait for them (rlctl status), or compare them on their values so far with "
+                              "--include-running")
+    near = difflib.get_close_matches(metric, sorted(keys), n=1, cutoff=0.5)
+    evals = sorted(k for k in keys if k.startswith("eval/"))
+    shown = evals + sorted(k for k in keys if not k.startswith("eval/"))
+    listing = ", ".join(shown[:40]) + (f" ... ({len(shown)} in all)" if len(shown) > 40 else "")
+    raise RlctlError(
+        f"--metric {metric}: none of the {len(run_dirs)} runs logs it."
+        + (f" Did you mean {near[0]}?" if near else ""),
+        hint=(f"the metrics these runs log: {listing}" if keys else "these runs have logged no metrics yet")
+        + ("; eval metrics are named eval/<set>/<mode> (docs/eval.md)" if metric.startswith("eval/") else ""))
 
 
 # what makes two evals of one set the same measurement: a name shared by two modes or two temperatures is not
@@ -246,6 +351,8 @@ def verdict(c: Comparison, base: str, other: str, t: stats.TestResult | None, re
         return f"{other} vs {base}: {reason}."
     n = min(len(next(a for a in c.arms if a.id == base).values), len(next(a for a in c.arms if a.id == other).values))
     kind = "paired" if t.kind == "paired" else "Welch"
+    if t.degenerate:
+        return degenerate_words(base, other, t, kind, n)
     head = (f"{other} - {base} = {t.diff:+.4g} [{t.low:+.4g}, {t.high:+.4g}] ({kind} t = {t.t:.3g}, "
             f"df = {t.df:.3g}, p = {t.p:.3g})")
     if t.significant:
@@ -255,17 +362,49 @@ def verdict(c: Comparison, base: str, other: str, t: stats.TestResult | None, re
     return f"{head}: no significant difference at this n ({n} seeds per arm); {need}."
 
 
+def degenerate_words(base: str, other: str, t: stats.TestResult, kind: str, n: int) -> str:
+    """A test at zero variance in words: its t and p (as scipy gives them) measure no noise, so they are named for
+    what they are, never called significant."""
+    test = "the paired t-test" if kind == "paired" else "Welch's t-test"
+    if t.kind == "paired":
+        what = (f"{other} - {base} = {t.diff:+.4g}, identical in every seed ({n} seeds): the paired differences have "
+                "zero variance")
+    else:
+        what = (f"{other} - {base} = {t.diff:+.4g}: every run of each arm gave the same value ({n} seeds per arm): "
+                "zero variance in both arms")
+    if t.diff == 0:
+        return (f"{what}, so {test} is undefined (t and p are nan, as scipy gives them): no difference at all in "
+                "these seeds, and no spread to say how sure that is.")
+    return (f"{what}, so {test} is degenerate (t = {t.t:.3g}, p = {t.p:.3g}, as scipy gives them): no p-value or "
+            "interval measures chance here; the difference is the same however the seed falls, as far as these "
+            "seeds show (is the metric independent of the seed?).")
+
+
+def unfinished_lines(c: Comparison) -> list[str]:
+    """Which runs the table leaves out (or takes in on their values so far), by name."""
+    out = []
+    if c.left_out:
+        started = "the started ones" if any(u.status == "queued" for u in c.left_out) else "them"
+        out.append(f"left out: {_count(c.left_out)} (--include-running compares {started} on their values so far):")
+        out += [f"  {u.words()}" for u in c.left_out]
+    if c.included_unfinished:
+        out.append(f"included on their values so far (--include-running): {_count(c.included_unfinished)}:")
+        out += [f"  {u.words()}" for u in c.included_unfinished]
+    return out
+
+
 def text(c: Comparison) -> str:
     lines = [f"metric {c.metric}, mean of the last {c.window} logged values of each run", ""]
     head = ("arm", "seeds", "mean", "95% CI", "sd", "settings")
     rows = []
     for a in c.arms:
         iv = a.interval
-        ci = f"[{fmt(iv.low)}, {fmt(iv.high)}]" if iv else "-"
+        ci = f"[{fmt(iv.low)}, {fmt(iv.high)}]" if iv and iv.n >= 2 else "-"
         rows.append((a.id, str(len(a.values)), fmt(iv.mean if iv else None), ci, fmt(iv.sd if iv else None), a.label))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
     lines.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
     lines += ["  ".join(x.ljust(w) for x, w in zip(r, widths, strict=True)) for r in rows]
+    lines += unfinished_lines(c)
     lines += ["", f"test: {c.paired_reason}"]
     lines += [verdict(c, b, o, t, why) for b, o, t, _, why in c.tests]
     lines += [f"note: {n}" for n in c.notes]
@@ -274,13 +413,19 @@ def text(c: Comparison) -> str:
 
 def to_json(c: Comparison) -> dict[str, Any]:
     def test(t: stats.TestResult | None) -> dict[str, Any] | None:
-        return None if t is None else {**t.__dict__, "significant": t.significant}
+        return None if t is None else {**t.__dict__, "significant": None if t.degenerate else t.significant}
+
+    def runs(us: list[Unfinished]) -> list[dict[str, Any]]:
+        return [u.__dict__ for u in us]
 
     return {
         "metric": c.metric, "window": c.window, "test": c.paired_reason, "notes": c.notes,
+        "left_out": runs(c.left_out), "included_unfinished": runs(c.included_unfinished),
         "arms": [{"id": a.id, "label": a.label, "values": {r.run: r.value for r in a.runs},
                   "mean": a.interval.mean if a.interval else None,
-                  "ci95": [a.interval.low, a.interval.high] if a.interval else None} for a in c.arms],
+                  # one seed: no interval (t with 0 degrees of freedom), null rather than [NaN, NaN]
+                  "ci95": [a.interval.low, a.interval.high] if a.interval and a.interval.n >= 2 else None}
+                 for a in c.arms],
         "comparisons": [{"base": b, "other": o, "test": test(t), "welch": test(w),
                          "verdict": verdict(c, b, o, t, why)} for b, o, t, w, why in c.tests],
     }
@@ -347,7 +492,9 @@ def markdown(c: Comparison, manifest: dict[str, Any] | None, plot_path: Path | N
         iv = a.interval
         per = ", ".join(f"{r.seed}: {fmt(r.value)}" for r in a.runs)
         lines.append(f"| {a.id} | {len(a.values)} | {fmt(iv.mean if iv else None)} | "
-                     f"{f'[{fmt(iv.low)}, {fmt(iv.high)}]' if iv else '-'} | {per} |")
+                     f"{f'[{fmt(iv.low)}, {fmt(iv.high)}]' if iv and iv.n >= 2 else '-'} | {per} |")
+    if left := unfinished_lines(c):
+        lines += ["", left[0], "", *(f"- {x.strip()}" for x in left[1:])]
     if plot_path is not None:
         lines += ["", f"![{c.metric}]({plot_path})"]
     lines += ["", f"**Verdict** ({c.paired_reason}).", ""]

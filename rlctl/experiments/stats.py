@@ -170,10 +170,29 @@ class TestResult:
     p: float
     effect: float  # standardized effect (Cohen's d for welch, d_z for paired)
     seeds_needed: int | None  # per arm, for 80% power at alpha 0.05 to see `effect`
+    degenerate: bool = False  # zero variance (identical paired differences, constant arms): t and p measure no noise
 
     @property
     def significant(self) -> bool:
-        return self.p < ALPHA
+        """p < alpha; never for a degenerate test, whose p (0, or undefined) says nothing about chance."""
+        return self.p < ALPHA and not self.degenerate
+
+
+def no_spread(values: list[float], sd: float) -> bool:
+    """Zero variance, up to the rounding of values this large (the differences of means of equal-spaced rewards
+    differ in their last bits): scipy then warns of catastrophic cancellation and answers t = 1e16."""
+    scale = max((abs(x) for x in values), default=0.0)
+    return sd == 0.0 or sd <= 1e-12 * scale
+
+
+def _degenerate(kind: str, diff: float, df: float) -> TestResult:
+    """The test at zero variance, as scipy answers it: t = +-inf and p = 0 for a nonzero difference, t and p
+    undefined (nan) for none; no interval but the point, no effect size, no seed count."""
+    if diff == 0.0:
+        t, p = math.nan, math.nan
+    else:
+        t, p = math.copysign(math.inf, diff), 0.0
+    return TestResult(kind, diff, diff, diff, t, df, p, math.nan, None, degenerate=True)
 
 
 def welch(a: list[float], b: list[float], level: float = 0.95) -> TestResult:
@@ -182,13 +201,11 @@ def welch(a: list[float], b: list[float], level: float = 0.95) -> TestResult:
     if na < 2 or nb < 2:
         raise ValueError("Welch's t-test needs at least 2 values per arm")
     sa, sb = sample_sd(a), sample_sd(b)
-    va, vb = sa * sa / na, sb * sb / nb
     diff = mean(b) - mean(a)
+    if no_spread(a, sa) and no_spread(b, sb):
+        return _degenerate("welch", diff, math.nan)
+    va, vb = sa * sa / na, sb * sb / nb
     se = math.sqrt(va + vb)
-    if se == 0.0:
-        t = 0.0 if diff == 0 else math.copysign(math.inf, diff)
-        return TestResult("welch", diff, diff, diff, t, float(na + nb - 2), 1.0 if diff == 0 else 0.0,
-                          0.0 if diff == 0 else math.inf, None)
     df = (va + vb) * (va + vb) / (va * va / (na - 1) + vb * vb / (nb - 1))
     t = diff / se
     p = min(1.0, 2.0 * t_sf(abs(t), df))
@@ -205,10 +222,8 @@ def paired(a: list[float], b: list[float], level: float = 0.95) -> TestResult:
     d = [y - x for x, y in zip(a, b, strict=True)]
     n = len(d)
     m, sd = mean(d), sample_sd(d)
-    if sd == 0.0:
-        t = 0.0 if m == 0 else math.copysign(math.inf, m)
-        return TestResult("paired", m, m, m, t, float(n - 1), 1.0 if m == 0 else 0.0,
-                          0.0 if m == 0 else math.inf, None)
+    if no_spread([*a, *b], sd):
+        return _degenerate("paired", m, float(n - 1))
     se = sd / math.sqrt(n)
     t = m / se
     p = min(1.0, 2.0 * t_sf(abs(t), n - 1))

@@ -7,7 +7,7 @@ from pathlib import Path
 from rlctl.errors import RlctlError
 from rlctl.metrics.stream import METRICS, by_step, ingest, iter_metrics
 from rlctl.runs.health import series
-from rlctl.runs.state import ACTIVE, find_run, read_state
+from rlctl.runs.state import ACTIVE, find_run, read_state, settled_status
 
 
 def load_series(run_dir: Path, keys: list[str]) -> dict[str, list[tuple[int, float]]]:
@@ -26,6 +26,8 @@ def compare(refs: list[str], keys: list[str], plot: Path | None, csv: bool) -> s
 
         check_out(plot)
     runs = [find_run(r) for r in refs]
+    for r in runs:
+        settled_status(r)  # a live run's executor brings its newest metrics here first (a remote run's mirror)
     data = {r.name: load_series(r, keys) for r in runs}
     if plot is not None:
         from rlctl.ui.plots import plot_runs

@@ -2,9 +2,10 @@
 and real prompt lengths measured with the model's tokenizer wherever the prompts can be read on this machine (a
 local file, an installed verifiers environment's dataset, a `datasets` id in the local cache).
 
-The budget counts data.max_prompt_tokens only where the backend enforces it (Backend.prompt_limit); elsewhere it
-counts the longest measured prompt, and says the budget is unknown when the prompts could not be measured: never OK
-on a number nobody enforces."""
+The context is the one the backend gives vLLM (Backend.engine_context: model.max_model_len, or OpenRLHF's prompt +
+generate length). The budget counts data.max_prompt_tokens only where the backend enforces it (Backend.prompt_limit);
+elsewhere it counts the longest measured prompt, and says the budget is unknown when the prompts could not be
+measured: never OK on a number nobody enforces, and no fix computed from one (the fix gives the formula)."""
 
 from __future__ import annotations
 
@@ -88,50 +89,79 @@ def measure(ctx: Context) -> Lengths:
 
 @check("context.budget")
 def budget(ctx: Context) -> list[Result]:
+    """prompt + max_tokens against the context the backend really gives vLLM (Backend.engine_context). The prompt is
+    a fact only where the backend enforces data.max_prompt_tokens or the prompts were measured; otherwise the number
+    is an assumption, said as such, and no fix is computed from it: the fix gives the formula and how to measure."""
     r = ctx.recipe
     declared = r.data.max_prompt_tokens
     limit = ctx.backend.prompt_limit(r)
+    context, sized = ctx.backend.engine_context(r)
     out = []
     data: dict[str, Any] = {"max_prompt_tokens": declared, "max_tokens": r.rollout.max_tokens,
-                            "max_model_len": r.model.max_model_len, "prompt_limit_enforced": limit is not None}
-    prompt, source = declared, "max_prompt_tokens"
+                            "max_model_len": r.model.max_model_len, "engine_context": context,
+                            "prompt_limit_enforced": limit is not None}
+    prompt, source, known = declared, "max_prompt_tokens", limit is not None
     m = None
     if limit is None:
         m = measure(ctx)
         if m.lengths:
-            prompt, source = m.lengths[-1], "longest measured prompt"
+            prompt, source, known = m.lengths[-1], "longest measured prompt", True
             data["longest_prompt"] = prompt
+    figure_prompt = f"{source} {prompt}" if known else f"max_prompt_tokens {declared} (not measured)"
+    ctx_name = "max_model_len" if sized == "max_model_len" else f"vLLM's context ({sized})"
     need = prompt + r.rollout.max_tokens
-    if need > r.model.max_model_len:
-        room = r.model.max_model_len - prompt
+    hang = " (vLLM rejects such requests: rollouts hang with no error in the main log)"
+    if need > context:
+        room = context - prompt
+        if not known:  # the number would come from an assumed prompt length: the formula, and what to measure
+            fix = (f"set rollout.max_tokens <= {context} - the longest prompt in tokens (chat template included); "
+                   f"{MEASURE_HOW}")
+        elif room > 0:
+            fix = f"set rollout.max_tokens <= {room}"
+        else:
+            fix = "raise model.max_model_len"
         out.append(Result(
             "context.budget", FAIL,
-            f"{source} {prompt} + max_tokens {r.rollout.max_tokens} = {need} > max_model_len {r.model.max_model_len}",
-            (f"set rollout.max_tokens <= {room}" if room > 0 else "raise model.max_model_len")
-            + " (vLLM rejects such requests: rollouts hang with no error in the main log)", data))
-    elif limit is None and m is not None and not m.lengths:
+            f"{figure_prompt} + max_tokens {r.rollout.max_tokens} = {need} > {ctx_name} {context}", fix + hang, data))
+    elif not known:
         out.append(Result(
             "context.budget", WARN,
             f"prompt lengths unknown: {r.backend.name} does not enforce data.max_prompt_tokens ({declared}), so "
-            f"{declared} + {r.rollout.max_tokens} = {need} <= {r.model.max_model_len} is an assumption "
-            f"({m.unknown})",
+            f"{declared} + {r.rollout.max_tokens} = {need} <= {context} is an assumption "
+            f"({m.unknown if m else 'not measured'})",
             f"set data.max_prompt_tokens to what your data needs ({MEASURE_HOW}) or make the dataset local; a "
-            f"prompt longer than {r.model.max_model_len - r.rollout.max_tokens} tokens hangs rollouts", data))
+            f"prompt longer than {context} - {r.rollout.max_tokens} = {context - r.rollout.max_tokens} tokens hangs "
+            "rollouts", data))
     else:
         how = f"enforced: {limit}" if limit is not None else f"{len(m.lengths)} prompts of {m.where}"  # type: ignore
-        out.append(Result("context.budget", OK,
-                          f"{prompt} + {r.rollout.max_tokens} = {need} <= {r.model.max_model_len} ({source}; {how})",
-                          None, data))
+        if sized != "max_model_len":
+            how += f"; {sized}"
+        out.append(Result("context.budget", OK, f"{prompt} + {r.rollout.max_tokens} = {need} <= {context} "
+                          f"({source}; {how})", None, data))
     arch = ctx.arch
-    if not isinstance(arch, Exception) and r.model.max_model_len > arch.max_positions:
-        out.append(Result("context.positions", WARN,
-                          f"max_model_len {r.model.max_model_len} > the model's {arch.max_positions} positions",
-                          "vLLM refuses this unless rope scaling is configured"))
+    if not isinstance(arch, Exception) and context > arch.max_positions:
+        # vLLM's _get_and_verify_max_len: "User-specified max_model_len (...) is greater than the derived
+        # max_model_len" raises at engine start unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is set
+        import os
+
+        allowed = r.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") or os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+        fails = r.uses_vllm and not allowed
+        cut = (f"lower data.max_prompt_tokens + rollout.max_tokens to <= {arch.max_positions}"
+               if sized != "max_model_len" else f"set model.max_model_len <= {arch.max_positions}")
+        out.append(Result("context.positions", FAIL if fails else WARN,
+                          f"{ctx_name} {context} > the model's {arch.max_positions} positions"
+                          + (": vLLM refuses to start (max_model_len greater than the derived max_model_len)"
+                             if fails else ""),
+                          cut + (" (or configure rope scaling in the model's config.json)" if fails else
+                                 "; positions past the model's are extrapolated")))
     if r.train_seq_len < need:
         out.append(Result("context.train_seq_len", WARN,
-                          f"trainer seq_len {r.train_seq_len} < prompt + response {need}: long samples are "
-                          "truncated or dropped in training",
-                          f"set train.seq_len >= {need} if memory allows"))
+                          f"trainer seq_len {r.train_seq_len} < prompt + response {need}"
+                          + ("" if known else " (prompt not measured)")
+                          + ": long samples are truncated or dropped in training",
+                          f"set train.seq_len >= {need} if memory allows" if known else
+                          f"set train.seq_len >= the longest prompt + {r.rollout.max_tokens} if memory allows; "
+                          f"{MEASURE_HOW}"))
     return out
 
 

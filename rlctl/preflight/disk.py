@@ -22,28 +22,21 @@ def checkpoints(ctx: Context) -> list[Result]:
     if isinstance(ctx.arch, Exception):
         return [Result("disk.checkpoints", SKIP, ctx.arch.message, ctx.arch.hint)]
     per, what = ctx.backend.checkpoint_bytes(ctx.arch, r)
-    total_steps = ctx.total_steps
-    every = r.checkpoint.every
-    kept = ctx.backend.kept_checkpoints(r)
-    if every is None:
-        count = 1
-    elif kept:
-        count = kept + 1  # the next one is written before the oldest goes
-    elif total_steps:
-        count = ctx.backend.saved_checkpoints(r, total_steps)
-    else:
-        count = None
+    copies = ctx.backend.checkpoint_copies(r, ctx.total_steps)
+    count = copies.total
     where = Path(r.checkpoint.dir)
     base = existing_parent(where)
     free = shutil.disk_usage(base).free
-    data = {"per_checkpoint": per, "count": count, "free": free, "checked_at": str(base), "machine": ctx.machine}
+    data = {"per_checkpoint": per, "count": count, "copies": copies.words(), "free": free, "checked_at": str(base),
+            "machine": ctx.machine}
     if count is None:
         out.append(Result("disk.checkpoints", WARN, f"{human(per)} per checkpoint ({what}); unknown count",
                           "set checkpoint.keep_last", data))
     else:
         need = per * count
         note = "" if base == where.absolute() else f" (checked on {base}, the nearest existing parent)"
-        figure = f"{count} x {human(per)} ({what}) = {human(need)}; {human(free)} free on {ctx.machine}{note}"
+        figure = (f"{count} x {human(per)} ({what}) = {human(need)}; {human(free)} free on {ctx.machine}{note}; "
+                  f"{count} on disk at once: {copies.words()}")
         usable = free * (1 - r.preflight.disk_headroom)
         if need > usable:
             fix, sets = _fix(ctx, per, count, usable)
@@ -54,21 +47,29 @@ def checkpoints(ctx: Context) -> list[Result]:
 
 
 def _fix(ctx: Context, per: float, count: int, usable: float) -> tuple[str, dict | None]:
-    """The computed fix: the keep_last that fits, else checkpoints without the optimizer where the backend honours
-    that, else more disk (never a key the backend cannot honour, never the keep_last already set)."""
+    """The computed fix: the keep_last that fits (counted as the check counts, Backend.checkpoint_copies), else lighter
+    checkpoints where the backend honours the key (without the optimizer; the adapter's own, e.g. what stops a save
+    from writing more than it should), else more disk (never a key the backend cannot honour, never the keep_last
+    already set)."""
     from rlctl.preflight._fixes import apply, honoured
 
-    r = ctx.recipe
-    fits = int(usable // per) if per else count  # checkpoints that fit; one more is written before the oldest goes
-    if fits >= 2 and (r.checkpoint.keep_last is None or r.checkpoint.keep_last > fits - 1):
-        sets = {"checkpoint.keep_last": fits - 1}
-        if honoured(ctx.backend, r, sets):
-            return f"set checkpoint.keep_last = {fits - 1} ({fits} x {human(per)} fit)", sets
-    if r.checkpoint.save_optimizer:
-        sets = {"checkpoint.save_optimizer": False}
-        if honoured(ctx.backend, r, sets) and not isinstance(ctx.arch, Exception):
-            lighter, _ = ctx.backend.checkpoint_bytes(ctx.arch, apply(r, sets))
+    r, b = ctx.recipe, ctx.backend
+    keep = r.checkpoint.keep_last
+    if per and r.checkpoint.every:
+        one = b.checkpoint_copies(apply(r, {"checkpoint.keep_last": 1}), ctx.total_steps)
+        k = int(usable // per) - (one.total - 1)  # the copies besides keep_last: the best-eval one, the one written
+        k = min(k, keep - 1) if keep else k
+        sets = {"checkpoint.keep_last": k}
+        if k >= 1 and honoured(b, r, sets):
+            copies = b.checkpoint_copies(apply(r, sets), ctx.total_steps)
+            return f"set checkpoint.keep_last = {k} ({copies.words()} x {human(per)} fit)", sets
+    lighter_sets = ([{"checkpoint.save_optimizer": False}] if r.checkpoint.save_optimizer else []) + \
+        b.lighter_checkpoints(r)
+    for sets in lighter_sets:
+        if honoured(b, r, sets) and not isinstance(ctx.arch, Exception):
+            lighter, what = b.checkpoint_bytes(ctx.arch, apply(r, sets))
             if lighter * count <= usable:
-                return f"set checkpoint.save_optimizer = false ({count} x {human(lighter)})", sets
+                keys = ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in sets.items())
+                return f"set {keys} ({count} x {human(lighter)}: {what})", sets
     short = per * count - usable
     return f"free {human(short)} or more on this disk, or point checkpoint.dir at a bigger one", None

@@ -42,7 +42,7 @@ def flags(ctx: Context) -> list[Result]:
     findings = ctx.prepared.validate()
     if not findings:
         return [Result("env.flags", OK, f"{len(ctx.prepared.plan.keys)} flags/keys exist in "
-                                        f"{ctx.recipe.backend.name} {ctx.prepared.plan.version}")]
+                                        f"{ctx.prepared.plan.label}")]
     # render's notes (where each eval set runs, who rotates checkpoints) say how the recipe runs, nothing to fix
     verdict = {"error": FAIL, "note": OK}
     return [Result("env.flags", verdict.get(f.level, WARN), f.message, f.fix) for f in findings]

@@ -1,4 +1,5 @@
-"""GPU memory plan: trainer per GPU, vLLM engine per GPU, and colocation caught the way vLLM itself fails."""
+"""GPU memory plan: trainer per GPU, vLLM engine per GPU, colocation caught the way vLLM itself fails, and what each
+GPU holds with rlctl's checkpoint evaluator beside the run (rlctl.estimate.gpu_plan)."""
 
 from __future__ import annotations
 
@@ -118,7 +119,7 @@ def engine(ctx: Context) -> Result:
 @check("memory.colocation")
 def colocation(ctx: Context) -> Result | None:
     r = ctx.recipe
-    shared = r.resources.colocate or (
+    shared = ctx.backend.colocated(r) or (
         r.resources.trainer_gpus is not None and r.resources.inference_gpus is not None
         and set(r.resources.trainer_gpus) & set(r.resources.inference_gpus))
     if not shared or not ctx.recipe.uses_vllm:
@@ -170,3 +171,88 @@ def colocation(ctx: Context) -> Result | None:
                   f"rollout: trainer {gib(resident)} + vLLM {gib(e.budget)}; training (engine asleep): "
                   f"{gib(b.total)} + engine weights {gib(e.weights)} = {gib(peak)} of {gib(total)}",
                   None if verdict == OK else "lower train.micro_batch_size or enable offload", data)
+
+
+def _idle_gpus(ctx: Context, devices: list[str]) -> list[str]:
+    """GPUs of this machine the run does not use with nothing on them (none asked of a remote executor's)."""
+    from rlctl.core.gpus import idle_gpus
+    from rlctl.executors import get
+
+    if get(ctx.recipe.resources.executor).remote:
+        return []
+    return idle_gpus(set(devices))
+
+
+def _rollout_fix(ctx: Context, arch, plan) -> float | None:
+    """The highest rollout.gpu_memory_utilization that leaves the evaluator its least beside the run while the
+    rollout engine still holds one max_model_len sequence; None where lowering it does not help."""
+    from rlctl.estimate.gpu_plan import gpu_plan
+
+    r = ctx.recipe
+    shared = plan.shared()
+    if shared is None or not any(k.startswith("rollout vLLM") for k in shared.parts):
+        return None
+    u = round(r.rollout.gpu_memory_utilization - 0.01, 2)
+    while u > 0.01:
+        trial = r.model_copy(deep=True)
+        trial.rollout.gpu_memory_utilization = u
+        e = vllm_memory(trial, arch, plan.total)
+        if e.kv_cache <= 0 or e.seqs_at_max_len < 1:
+            return None
+        p = gpu_plan(trial, arch)
+        if p is not None and p.eval is not None and p.eval.beside is not None:
+            return u
+        u = round(u - 0.01, 2)
+    return None
+
+
+@check("memory.gpus")
+def gpus(ctx: Context) -> Result | None:
+    """Each GPU's whole plan: trainer + rollout vLLM + rlctl's checkpoint evaluator (eval sets it runs during
+    training); its vLLM gpu_memory_utilization comes from here."""
+    from rlctl.estimate.gpu_plan import VLLM_UTILIZATION, gpu_plan
+
+    arch, total, skip = _setup(ctx, "memory.gpus")
+    if skip:
+        return skip
+    plan = gpu_plan(ctx.recipe, arch)
+    if plan is None:
+        return None
+    data = plan.to_dict()
+    split = "; ".join(plan.lines())
+    ev = plan.eval
+    # the fullest GPU, the evaluator beside the run included: what a sweep's placement asks of each GPU
+    shared = plan.shared()
+    data["peak"] = max([g.total for g in plan.gpus]
+                       + ([shared.total + ev.footprint(ev.beside)] if shared and ev and ev.beside else []), default=0.0)
+    if ev is None:
+        return Result("memory.gpus", OK, split, None, data)
+    if ev.alone is None:
+        return Result("memory.gpus", FAIL,
+                      f"{split}; the checkpoint evaluator's vLLM needs {gib(ev.need)} (weights {gib(ev.weights)}, "
+                      f"activations {gib(ev.activations)}, one sequence of model.max_model_len) — more than "
+                      f"{VLLM_UTILIZATION} of a GPU", "lower model.max_model_len, or use eval.evaluator = \"command\" "
+                      "with an evaluator that shards the model", data)
+    if ev.shares is None:
+        return Result("memory.gpus", OK, f"{split}; checkpoint evals: gpu_memory_utilization {ev.alone}", None, data)
+    if ev.beside is not None:
+        return Result("memory.gpus", OK, f"{split}; checkpoint evals beside the training run: gpu_memory_utilization "
+                      f"{ev.beside}", None, data)
+    # no room beside the run: the evaluator waits for a GPU with nothing on it (the run's, once training ends)
+    bare = "; ".join(plan.lines(with_eval=False))
+    short = (f"{bare}: no room for the checkpoint evaluator's vLLM beside the training run ({gib(ev.need)} needed, "
+             f"{gib(max(ev.room or 0.0, 0.0))} left after a margin for the plan's error)")
+    idle = _idle_gpus(ctx, plan.run_devices)
+    if idle:
+        return Result("memory.gpus", WARN, f"{short}; checkpoint evals wait for a free GPU (GPU {idle[0]} is free "
+                      "now)", f'set eval.gpu = "{idle[0]}" to plan them there', data)
+    fixes = []
+    u = _rollout_fix(ctx, arch, plan)
+    if u is not None:
+        fixes.append(f"set rollout.gpu_memory_utilization = {u:.2f}")
+    fixes.append('give the evaluator a GPU the run does not use (eval.gpu = "<index>")')
+    fixes.append("evaluate after training (`rlctl eval RUN --all`) instead of eval sets in the recipe")
+    return Result("memory.gpus", FAIL, f"{short}, and no other GPU is free: evals during training would never run "
+                  "(run.stop_when needs them)" if ctx.recipe.run.stop_when else
+                  f"{short}, and no other GPU is free: evals would wait for the end of training",
+                  ", or ".join(fixes), data, set={"rollout.gpu_memory_utilization": u} if u is not None else None)

@@ -18,6 +18,10 @@ def gpus(ctx: Context) -> Result:
         return Result("placement.gpus", OK, "CPU run")
     have = r.total_gpus
     per_node = res.gpus_per_node
+    if res.trainer_gpus == []:  # a GPU recipe whose trainer has none contradicts itself, whichever backend
+        return Result("placement.gpus", FAIL, "resources.trainer_gpus = []: the trainer gets no GPU",
+                      "leave resources.trainer_gpus unset (the GPUs inference does not take) or list the trainer's "
+                      "GPU ids")
     for name, ids in (("trainer_gpus", res.trainer_gpus), ("inference_gpus", res.inference_gpus)):
         if ids is not None and any(i >= per_node for i in ids):
             return Result("placement.gpus", FAIL, f"resources.{name} = {ids} names a GPU >= gpus_per_node {per_node}",

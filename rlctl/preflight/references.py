@@ -11,9 +11,11 @@ from pathlib import Path
 from rlctl.errors import RlctlError
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
 from rlctl.recipe.loader import file_problem
+from rlctl.recipe.paths import is_id
 
 MAX_REWARD_BYTES = 16 * 1024 * 1024
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".txt", ".arrow")
+# where relative paths point (rlctl.recipe.paths resolved them so when the recipe was loaded)
+RELATIVE = "a path in a recipe file is relative to that file, one given with --set to the current directory"
 
 
 def verdict_for(ctx: Context, problem: str) -> str:
@@ -40,18 +42,9 @@ def where(ctx: Context, dotted: str) -> str:
 
 
 def looks_local(value: str) -> bool:
-    """A value meant as a local path (not a Hub id like `openai/gsm8k` or a URL)."""
-    if re.match(r"^[a-z][a-z0-9+.-]*://", value):
-        return False
-    return (value.startswith(("/", "./", "../", "~")) or Path(value).suffix.lower() in DATA_SUFFIXES
-            or _exists(Path(value)))
-
-
-def _exists(p: Path) -> bool:
-    try:
-        return p.exists()
-    except (OSError, ValueError):  # a name too long, a NUL: not a usable path (the check says why)
-        return False
+    """A value meant as a local path (not a Hub id like `openai/gsm8k` or a URL): the loader made every local path
+    absolute (rlctl.recipe.paths); what it left relative is an id, whatever the current directory holds."""
+    return not is_id(value) and Path(value).is_absolute()
 
 
 def _is_dir(p: Path) -> bool:
@@ -103,8 +96,7 @@ def reward(ctx: Context) -> Result | None:
     problem = file_problem(p)
     if problem:
         return Result(name, verdict_for(ctx, problem), f"{at}: reward.function {r.function} {problem}",
-                      "point reward.function at the Python file that defines the reward (relative paths are "
-                      "relative to the recipe file)")
+                      f"point reward.function at the Python file that defines the reward ({RELATIVE})")
     try:
         if p.stat().st_size > MAX_REWARD_BYTES:
             return Result(name, FAIL, f"{at}: reward.function {p} is {p.stat().st_size} bytes: not a reward module",
@@ -147,7 +139,7 @@ def _data_result(ctx: Context, key: str, value: str) -> Result:
         problem = file_problem(p)
         if problem:
             return Result(name, verdict_for(ctx, problem), f"{at}: {key} {value} {problem}",
-                          f"point {key} at a JSONL, JSON or Parquet file (relative paths are relative to the recipe)")
+                          f"point {key} at a JSONL, JSON or Parquet file ({RELATIVE})")
     try:
         n = count_records(p)
     except RlctlError as e:
@@ -165,13 +157,7 @@ def data(ctx: Context) -> list[Result]:
         out.append(_data_result(ctx, "data.eval", d.eval))
     for name, s in ctx.recipe.eval.sets.items():
         out.append(_data_result(ctx, f"eval.sets.{name}.data", s.data))
-    return out
-
-
-def _model_local(value: str) -> bool:
-    if value.startswith("random:"):
-        return False
-    return value.startswith(("/", "./", "../", "~")) or _exists(Path(value))
+    return out + ctx.backend.preflight(ctx, "reference")  # the columns and shapes the backend reads
 
 
 @check("reference.model")
@@ -187,11 +173,12 @@ def model(ctx: Context) -> Result:
         except RlctlError as e:
             return Result(name, FAIL, f"{at}: {e.message}", e.hint or "e.g. random:qwen2?hidden=64&layers=2")
         return Result(name, OK, f"{value}: created locally at launch")
-    if not _model_local(value):
+    if not looks_local(value):
         if value.lower() in KNOWN:
             return Result(name, OK, f"{value}: a known Hub model (fetched by the backend)")
         return Result(name, SKIP, f"model.path {value!r} is not a local directory (a Hub id?); not checked",
-                      "point model.path at a local directory to have its config checked")
+                      f"point model.path at a local directory to have its config checked ({RELATIVE}; "
+                      "write ./ before a relative one)")
     p = Path(value).expanduser()
     if not _is_dir(p):
         problem = file_problem(p) or "is a file, not a model directory"

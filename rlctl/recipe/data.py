@@ -17,8 +17,10 @@ MAX_JSON_BYTES = 2 * 1024**3  # a .json dataset is read whole; past this, JSONL 
 
 
 def is_local(path: str) -> bool:
+    """A local dataset: the loader made every local path absolute (rlctl.recipe.paths); a relative value is a dataset
+    id, whatever the current directory holds."""
     try:
-        return Path(path).exists()
+        return Path(path).is_absolute() and Path(path).exists()
     except (OSError, ValueError):  # a name too long, an embedded NUL: not a local file (preflight says why)
         return False
 

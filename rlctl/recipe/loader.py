@@ -21,11 +21,9 @@ from pydantic import ValidationError
 
 from rlctl.backends import available as available_backends
 from rlctl.errors import RecipeError
+from rlctl.recipe import paths
 from rlctl.recipe.schema import ALIASES, SECTIONS, Recipe, all_key_paths, backend_table_model
 from rlctl.resources import bundled_recipe
-
-# Keys whose values are file paths, resolved relative to the recipe file that set them.
-PATH_KEYS = ("data.train", "data.eval", "reward.function", "model.path", "patches.dir")
 
 
 @dataclass
@@ -205,7 +203,7 @@ def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[str,
         raise RecipeError(f"{seen[-1]}: `extends` forms a cycle: {cycle}.", hint="remove one of the extends.")
     data, text = read_toml(path)
     texts = {path: text}
-    _resolve_paths(data, path.parent)
+    paths.resolve(data, path.parent)  # this file's paths against its own directory (rlctl.recipe.paths)
     parent = data.pop("extends", None)
     if parent is None:
         origins = {k: path for k in _leaf_paths(data)}
@@ -228,22 +226,6 @@ def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[str,
     for k in _leaf_paths(data):
         origins[k] = path
     return merged, origins, [*chain, path], texts
-
-
-def _resolve_paths(data: dict[str, Any], base: Path) -> None:
-    sets = data.get("eval", {}).get("sets") if isinstance(data.get("eval"), dict) else None
-    eval_sets = [(s, "data") for s in sets.values() if isinstance(s, dict)] if isinstance(sets, dict) else []
-    for sect, name in [(data.get(k.partition(".")[0]), k.partition(".")[2]) for k in PATH_KEYS] + eval_sets:
-        if isinstance(sect, dict) and isinstance(sect.get(name), str):
-            value = sect[name]
-            if value.startswith("random:") or Path(value).is_absolute():
-                continue
-            candidate = base / value
-            try:
-                if candidate.exists() or value.startswith("./") or value.startswith("../"):
-                    sect[name] = str(candidate.resolve())
-            except (OSError, RuntimeError):  # too long, a symlink loop: left as written; preflight says why
-                continue
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -284,8 +266,16 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
 
 
 def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path]) -> None:
+    """Each `--set k=v` over the loaded recipe; a path it gives is relative to where the command was typed."""
     for expr in sets:
         keys, value = parse_set(expr)
+        fragment: Any = value
+        for k in reversed(keys):
+            fragment = {k: fragment}
+        paths.resolve(fragment, Path.cwd())
+        for k in keys:
+            fragment = fragment[k]
+        value = fragment
         node = data
         for k in keys[:-1]:
             nxt = node.get(k)

@@ -153,7 +153,7 @@ def _arch_from(text: dict, name: str) -> Arch:
             experts=experts,
             experts_per_token=int(text.get("num_experts_per_tok") or 0),
             expert_intermediate=int(text.get("moe_intermediate_size") or text.get("intermediate_size") or 0),
-            max_positions=int(text.get("max_position_embeddings") or 32768),
+            max_positions=derived_max_len(text),
         )
     except KeyError as e:
         raise RecipeError(f"{name}: config.json lacks {e}, a field rlctl needs.",
@@ -161,6 +161,32 @@ def _arch_from(text: dict, name: str) -> Arch:
     except (TypeError, ValueError, OverflowError, AttributeError) as e:
         raise RecipeError(f"{name}: config.json has a field of the wrong type ({e}).",
                           hint="re-download the model's config.json.") from None
+
+
+# the config keys vLLM reads a model's length from, the smallest present wins (vllm/config.py _get_and_verify_max_len)
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+               "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+
+
+def derived_max_len(cfg: dict) -> int:
+    """The longest context vLLM starts with for this config.json (vllm/config.py _get_and_verify_max_len): the
+    smallest length key, model_max_length where given, times the RoPE scaling factor (yarn: of its
+    original_max_position_embeddings) unless the rope type is su/longrope/llama3 or the model gemma3 (already
+    scaled). A tokenizer_config.json model_max_length could only lower it. 32768 when no key is there."""
+    found = [int(cfg[k]) for k in LENGTH_KEYS if isinstance(cfg.get(k), int | float) and cfg[k] > 0]
+    length = float(min(found)) if found else 32768.0
+    if isinstance(cfg.get("model_max_length"), int | float) and cfg["model_max_length"] > 0:
+        length = float(cfg["model_max_length"])
+    rope = cfg.get("rope_scaling")
+    if isinstance(rope, dict) and "gemma3" not in str(cfg.get("model_type", "")):
+        kind = rope.get("rope_type", rope.get("type"))
+        factor = rope.get("factor", 1.0)
+        if kind not in ("su", "longrope", "llama3") and isinstance(factor, int | float):
+            original = rope.get("original_max_position_embeddings")
+            if kind == "yarn" and isinstance(original, int | float):
+                length = float(original)
+            length *= factor
+    return int(length)
 
 
 def resolve_arch(path: str) -> Arch:

@@ -33,6 +33,23 @@ class Prepared:
         return (self.backend.validate(self.plan, self.installed_version()) + self.backend.unhonoured(self.recipe)
                 + eval_findings(self.recipe, self.backend, self.plan.version))
 
+    def render_findings(self) -> list[Finding]:
+        """What `render` says: validate(), plus the failures of preflight's checks that read the recipe alone (no
+        machine, no GPU: RENDER_CHECKS), so that a warmup longer than the run or a trainer without a GPU is said
+        where the command is shown, not only at preflight. A failure validate() already says is not repeated."""
+        from rlctl import preflight as pf
+
+        found = self.validate()
+        said = [f.message for f in found if f.level == "error"]
+        for res in pf.run(self, list(RENDER_CHECKS)):
+            if res.verdict == pf.FAIL and not any(m in res.figure for m in said):
+                found.append(Finding("error", RENDER_CHECKS[res.check], f"{res.check}: {res.figure}", res.fix))
+        return found
+
+
+# preflight checks render runs too (check -> the recipe key its finding names): they read only the recipe
+RENDER_CHECKS = {"schedule.warmup": "optim.warmup_ratio", "placement.gpus": "resources"}
+
 
 def dataset_size(path: str) -> int | None:
     return count_records(path) if is_local(path) else None

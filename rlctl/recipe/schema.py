@@ -391,7 +391,8 @@ class EvalSection(Section):
 
 
 class PreflightSection(Section):
-    lr_check_step: Steps = Field(default=20, description="LR at this step must reach lr_check_min_fraction.")
+    lr_check_step: Steps = Field(default=20, description="By this step the LR must have reached "
+                                 "lr_check_min_fraction of the target.")
     lr_check_min_fraction: Fraction = 0.3
     disk_headroom: Fraction = Field(default=0.1, description="Free-space fraction to keep after checkpoints.")
     max_truncated_prompts: Fraction = 0.01

@@ -90,6 +90,16 @@ def make_tiny(path: str | Path, source: str = "random:qwen2") -> Path:
     return out
 
 
+def model_cache() -> Path:
+    """Where `random:` sources are made, once per source: $RLCTL_MODEL_CACHE, else ~/.cache/rlctl/models — one place
+    for the launch, its trainer and every eval job, whatever directory each runs in."""
+    import os
+
+    if os.environ.get("RLCTL_MODEL_CACHE"):
+        return Path(os.environ["RLCTL_MODEL_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlctl" / "models"
+
+
 def resolve_model(source: str, cache_dir: Path) -> str:
     """A `random:` source becomes a directory under cache_dir (made once); anything else is returned as is."""
     if not source.startswith("random:"):

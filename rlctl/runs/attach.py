@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import EXIT_CHECK_FAILED, RlctlError
+from rlctl.metrics import UNIFIED
 from rlctl.metrics.stream import (
     LOG,
     METRICS,
@@ -43,6 +44,8 @@ TB_PREFIX = "events.out.tfevents."
 TRAINER_STATE = "trainer_state.json"  # transformers' Trainer state: log_history with steps
 MAX_DEPTH = 6
 SAMPLE_BYTES = 2 * 1024 * 1024
+FIRST_SAMPLE = 256 * 1024  # detection looks at this much of each end first, and further only when it is not clear
+CLEAR = 100  # known metric names (about ten records) a first look needs, at twice the runner-up's, to decide
 RAY_JOB = re.compile(r"^(raysubmit_[A-Za-z0-9]+|[0-9a-f]{8,}(?:-[0-9a-f]{4,})*)$")
 
 
@@ -68,7 +71,7 @@ def find_sources(path: Path) -> Sources:
     src = Sources()
     if path.is_file():
         _classify(path, src)
-        if not (src.tensorboard or src.wandb or src.trainer_state):
+        if not (src.logs or src.tensorboard or src.wandb or src.trainer_state):  # a log of any name
             src.logs.append(path)
         return src
     states: list[Path] = []
@@ -250,29 +253,48 @@ def rows_to_records(parse: Callable[[Any], dict[str, Any] | None], rows: list[di
 # ---- backend detection ------------------------------------------------------------------------------------------
 
 
-def _sample_lines(p: Path) -> list[str]:
-    """The first and the last SAMPLE_BYTES of a log (metrics may start after a long startup)."""
+def _sample_lines(p: Path, window: int = SAMPLE_BYTES) -> list[str]:
+    """The whole lines in the first and the last `window` bytes of a log (metrics may start after a long startup): a
+    line cut by a window's edge is left out (it would be scored as garbage, and keeps a bulk reader off the rest)."""
     try:
         with p.open("rb") as fh:
-            data = fh.read(SAMPLE_BYTES)
+            data = fh.read(window)
             size = p.stat().st_size
-            if size > 2 * SAMPLE_BYTES:
-                fh.seek(size - SAMPLE_BYTES)
-                data += b"\n" + fh.read(SAMPLE_BYTES)
+            if size > window and b"\n" in data:
+                data = data[: data.rfind(b"\n") + 1]
+            if size > 2 * window:
+                fh.seek(size - window)
+                tail = fh.read(window)
+                data += tail[tail.find(b"\n") + 1:]
     except OSError:
         return []
     return data.decode("utf-8", errors="replace").splitlines()
 
 
 def _score(parse: Any, needles: tuple[str, ...], lines: list[str], rows: dict[str, list[dict[str, Any]]],
-           known: bool = True) -> int:
+           known: bool = True, bulk: Any = None) -> int:
     """How much of the sources a parser understands: metric names rlctl knows (known=True), else records read. Lines
-    under a table's header (parsers.Header, e.g. a notebook progress table) are read with that header."""
-    from rlctl.metrics.parsers import Header
+    under a table's header (parsers.Header, e.g. a notebook progress table) are read with that header. `bulk`: the
+    parser's bulk reader, whose records of the lines it reads are what `parse` makes of them (as the stream uses it):
+    a sample of a log's own lines costs one bulk read, not a parse per line."""
+    from rlctl.metrics.parsers import Header, forget_lines
     from rlctl.metrics.stream import split_segments
 
-    score, context = 0, ""
+    done: dict[int, dict[str, Any]] = {}
+    if bulk is not None and lines:
+        try:
+            done = bulk("\n".join(lines))
+        except Exception:  # a reader's bug costs the speed, never the guess
+            done = {}
+        finally:
+            forget_lines()
+    score, context, pos = 0, "", 0
     for line in lines:
+        start, pos = pos, pos + len(line) + 1
+        if not context and start in done:
+            rec = done[start]
+            score += _understood(rec) if known else 1
+            continue
         if context:
             try:
                 rec = parse(context + "\n" + line)
@@ -308,46 +330,59 @@ def _score(parse: Any, needles: tuple[str, ...], lines: list[str], rows: dict[st
     return score
 
 
-def detect_backend(src: Sources, rows: dict[str, list[dict[str, Any]]]) -> tuple[str | None, dict[str, int]]:
-    """Ask every installed adapter how much of the sources it understands: metric names rlctl knows (a record of
-    keys it only prefixed counts nothing) and checkpoints it recognises; the best one wins. An adapter that reads
-    any log (`reads_any_log`) recognises nothing and is not asked."""
+def detect_backend(src: Sources, rows: dict[str, list[dict[str, Any]]], options: dict[str, Any] | None = None
+                   ) -> tuple[str | None, dict[str, int], tuple[str | None, int]]:
+    """(the adapter that understands the sources best or None, every adapter's score, and when none understands
+    anything: an adapter that reads any log and how many records it reads). The score: metric names rlctl knows (a
+    record of keys it only prefixed counts nothing) and checkpoints recognised; an adapter that reads any log
+    (`reads_any_log`) is not scored. The logs' ends are looked at FIRST_SAMPLE deep first, and SAMPLE_BYTES deep
+    unless that settles it: a clear winner (CLEAR names, twice the runner-up's), or none and CLEAR records of a
+    custom trainer's JSON lines."""
     from rlctl.backends import available
 
-    lines = [line for p in src.logs for line in _sample_lines(p)]
-    scores: dict[str, int] = {}
-    for name in sorted(available()):
-        ad = adapter(name)
-        if ad is None or getattr(ad, "reads_any_log", False):
-            continue
-        score = _score(ad.parse, tuple(getattr(ad, "metric_needles", ()) or ()), lines, rows)
-        for d in src.dirs:
-            try:
-                score += 5 * len(ad.checkpoints(d))
-            except Exception:
-                continue
-        scores[name] = score
+    names = [n for n in sorted(available()) if adapter(n) is not None]
+    takers = [n for n in names if getattr(adapter(n), "reads_any_log", False)]
+    names = [n for n in names if n not in takers]
+    ckpts = {n: _checkpoint_score(adapter(n), src) for n in names}
+    whole = all(_size(p) <= FIRST_SAMPLE for p in src.logs)
+    generic: tuple[str | None, int] = (None, 0)
+    for window in ((FIRST_SAMPLE,) if whole else (FIRST_SAMPLE, SAMPLE_BYTES)):
+        lines = [line for p in src.logs for line in _sample_lines(p, window)]
+        scores: dict[str, int] = {}
+        for name in names:
+            ad = adapter(name)
+            scores[name] = ckpts[name] + _score(ad.parse, tuple(getattr(ad, "metric_needles", ()) or ()), lines,
+                                                rows, bulk=getattr(ad, "metric_bulk", None))
+        ranked = sorted(scores.values(), reverse=True) + [0]
+        if ranked[0] >= CLEAR and ranked[0] >= 2 * ranked[1]:
+            break
+        if ranked[0] == 0 and takers:
+            parse = adapter(takers[0]).options_parser(options)
+            generic = takers[0], _score(parse, tuple(getattr(parse, "metric_needles", ()) or ()), lines, rows,
+                                        known=False, bulk=getattr(parse, "metric_bulk", None))
+            if generic[1] >= CLEAR:
+                break
     best = max(scores, key=lambda n: scores[n], default=None)
     if best is None or scores[best] == 0:
-        return None, scores
-    return best, scores
+        return None, scores, generic
+    return best, scores, (None, 0)
 
 
-def generic_reader(src: Sources, rows: dict[str, list[dict[str, Any]]],
-                   options: dict[str, Any] | None) -> tuple[str | None, int]:
-    """(an adapter that reads any log, records it reads from the sources) — attach's fallback when no adapter
-    recognises the run."""
-    from rlctl.backends import available
-
-    lines = [line for p in src.logs for line in _sample_lines(p)]
-    for name in sorted(available()):
-        ad = adapter(name)
-        if ad is None or not getattr(ad, "reads_any_log", False):
+def _checkpoint_score(ad: Any, src: Sources) -> int:
+    score = 0
+    for d in src.dirs:
+        try:
+            score += 5 * len(ad.checkpoints(d))
+        except Exception:
             continue
-        parse = ad.options_parser(options)
-        n = _score(parse, tuple(getattr(parse, "metric_needles", ()) or ()), lines, rows, known=False)
-        return name, n
-    return None, 0
+    return score
+
+
+def _size(p: Path) -> int:
+    try:
+        return p.stat().st_size
+    except OSError:
+        return 0
 
 
 def choose_backend(where: str, src: Sources, rows: dict[str, list[dict[str, Any]]], backend: str,
@@ -356,13 +391,12 @@ def choose_backend(where: str, src: Sources, rows: dict[str, list[dict[str, Any]
     recognises anything, an adapter that reads any log takes it, saying what that means."""
     if backend != "auto":
         return backend, None
-    found, scores = detect_backend(src, rows)
+    found, scores, (generic, n) = detect_backend(src, rows, options)
     if found is not None:
         others = sorted(((v, n) for n, v in scores.items() if n != found and v), reverse=True)
         rest = "; next: " + ", ".join(f"{n} {v}" for v, n in others[:2]) if others else "; no other adapter matched"
         return found, (f"backend guessed from the logs: {found} ({scores[found]} known metric names/checkpoints "
                        f"matched{rest}); give --backend NAME if that is wrong")
-    generic, n = generic_reader(src, rows, options)
     if generic is not None and n:
         return generic, (f"no backend adapter recognises these logs (tried {', '.join(sorted(scores)) or 'none'}): "
                          f"read as a custom trainer's JSON lines by the `{generic}` backend; keys not in a metrics "
@@ -374,9 +408,10 @@ def choose_backend(where: str, src: Sources, rows: dict[str, list[dict[str, Any]
 
 
 def _understood(rec: dict[str, Any]) -> int:
-    from rlctl.metrics import UNIFIED
+    return sum(1 for k in rec if k in _KNOWN or k.startswith("eval/"))
 
-    return sum(1 for k in rec if k in UNIFIED or k.startswith("eval/"))
+
+_KNOWN = frozenset(UNIFIED)
 
 
 def checkpoint_root(backend: str, src: Sources) -> Path | None:
@@ -481,7 +516,7 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
     run_dir = create_run_dir(root or runs_root(), name or _default_name(p))
     _write_parser_options(run_dir, ad, options)
     _write_in_loop_eval(run_dir, ad, recipe)
-    ckpt = checkpoint_root(backend, src)
+    ckpt = _recipe_checkpoints(ad, recipe, p) or checkpoint_root(backend, src)
     _write_recipe(run_dir, backend, ckpt)
     _link_logs(run_dir, src.logs)
     mtimes = [q.stat().st_mtime for q in [*src.logs, *src.tensorboard, *src.wandb] if q.exists()]
@@ -504,6 +539,25 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
         structured += len(recs)
         bad += nbad
     return Attached(run_dir, backend, st, structured, bad, st.lines, note)
+
+
+def _recipe_checkpoints(ad: Any, recipe: str | None, p: Path) -> Path | None:
+    """With --recipe: its checkpoint.dir (relative: inside the attached directory, where the trainer ran), its
+    layout told to the adapter as a launch would; None when it holds no checkpoint."""
+    if recipe is None:
+        return None
+    from rlctl.recipe.loader import load
+
+    rec = load(Path(recipe)).recipe
+    d = Path(rec.checkpoint.dir).expanduser()
+    if not d.is_absolute():
+        if not p.is_dir():
+            return None
+        d = p / d
+    if not d.is_dir():
+        return None
+    ad.describe_checkpoints(rec, d)
+    return d if ad.checkpoints(d) else None
 
 
 def _write_in_loop_eval(run_dir: Path, ad: Any, recipe: str | None) -> None:

@@ -45,14 +45,33 @@ def find_checkpoints(backend: str, run_dir: Path, root: Path | None = None) -> l
     return adapter.checkpoints(root) if root.is_dir() else []
 
 
+WEIGHTS = ("adapter_model.safetensors", "model.safetensors", "model-*-of-*.safetensors")
+
+
+def final_saves(backend: str, run_dir: Path) -> list[Path]:
+    """Folders of weights without a step in the checkpoint directory — the final model a backend saves at the end
+    (TRL's `final/`, a `step_final/`) — oldest first. Pruning never touches them: they are not stepped checkpoints."""
+    root = checkpoint_dir(run_dir)
+    known = {p for c in find_checkpoints(backend, run_dir) for p in c.paths()}
+    try:
+        found = [d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and d not in known
+                 and any(next(d.glob(w), None) for w in WEIGHTS)] if root.is_dir() else []
+        return sorted(found, key=lambda d: d.stat().st_mtime)
+    except OSError:
+        return []
+
+
 def latest_complete(backend: str, run_dir: Path) -> Checkpoint | None:
     done = [c for c in find_checkpoints(backend, run_dir) if c.complete]
     return done[-1] if done else None
 
 
-def best_checkpoint(run_dir: Path, metric_prefix: str = "eval/") -> tuple[int, str, float] | None:
-    """The step whose eval quality metric was highest: (step, key, value). The key: the run's primary eval when its
-    recipe declares eval sets (so a backend's other in-loop metrics never decide), else one quality-looking key."""
+def best_from_stream(run_dir: Path, backend: str, primary: str | None = None,
+                     root: Path | None = None) -> dict[str, Any] | None:
+    """The complete checkpoint (or step 0, the base model) whose primary eval in the stream is highest:
+    {"step", "key", "value", "path"}. The key: `primary`, else the primary set's of the run's recipe, resolved to what
+    the stream holds; a run whose recipe declares no eval sets (an attached run) is judged by its first
+    quality-looking eval key, never by a cost (lengths, errors, turns)."""
     from rlctl.evals.sets import primary_key_from_run, resolve_key
     from rlctl.metrics.stream import METRICS, by_step, iter_metrics
     from rlctl.runs.health import quality_eval_key
@@ -61,13 +80,38 @@ def best_checkpoint(run_dir: Path, metric_prefix: str = "eval/") -> tuple[int, s
     seen: dict[str, None] = {}
     for rec in merged.values():
         seen.update(dict.fromkeys(rec))
-    key = resolve_key(primary_key_from_run(run_dir), seen) or quality_eval_key(seen, metric_prefix)
-    best = None
+    declared = primary or primary_key_from_run(run_dir)
+    key = resolve_key(declared, seen) if declared else quality_eval_key(seen)
+    if not key:
+        return None
+    ckpts = {c.step: c for c in find_checkpoints(backend, run_dir, root) if c.complete}
+    best: dict[str, Any] | None = None
     for step, rec in merged.items():
-        v = rec.get(key) if key else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and (best is None or v > best[2]):
-            best = (step, key, float(v))
+        v = rec.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or (step != 0 and step not in ckpts):
+            continue
+        if best is None or v > best["value"]:
+            best = {"step": step, "key": key, "value": float(v),
+                    "path": str(ckpts[step].path) if step in ckpts else None}
     return best
+
+
+def best_checkpoint(run_dir: Path, backend: str | None = None, root: Path | None = None) -> dict[str, Any] | None:
+    """The run's best checkpoint, {"step", "key", "value", "path"} — the one rule `ckpt prune`, in-run rotation, the
+    disk watch, `launch --resume` and `ckpt list` share: the mark in state.json (rlctl marks it from the stream
+    whenever evals land: rlctl.evals.loop.mark_best) while it names a complete checkpoint (or step 0: the base model
+    beat them all), else the same rule computed from the stream now (best_from_stream). None: no eval to rank by."""
+    from rlctl.core.state import read_state
+
+    state = read_state(run_dir)
+    backend = backend if backend is not None else str(state.get("backend") or "")
+    mark = state.get("best_checkpoint")
+    if isinstance(mark, dict) and isinstance(mark.get("key"), str) and isinstance(mark.get("value"), (int, float)):
+        step = mark.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and (
+                step == 0 or any(c.step == step and c.complete for c in find_checkpoints(backend, run_dir, root))):
+            return mark
+    return best_from_stream(run_dir, backend, root=root)
 
 
 def _real(p: Path) -> Path:
@@ -125,24 +169,10 @@ def plan_prune(ckpts: list[Checkpoint], keep_last: int, keep_steps: set[int] | N
     return [c for c in ckpts if c.step not in keep and c.step < newest_complete]
 
 
-def marked_best(run_dir: Path) -> int | None:
-    """The step of the checkpoint rlctl marked best by the run's primary eval (state.json best_checkpoint)."""
-    from rlctl.core.state import read_state
-
-    mark = read_state(run_dir).get("best_checkpoint")
-    step = mark.get("step") if isinstance(mark, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else None
-
-
-def _marked_base(run_dir: Path) -> bool:
-    from rlctl.core.state import read_state
-
-    mark = read_state(run_dir).get("best_checkpoint")
-    return isinstance(mark, dict) and mark.get("step") == 0
-
-
-def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = False, dry_run: bool = False,
+def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = True, dry_run: bool = False,
           root: Path | None = None, keep_steps: set[int] | None = None) -> list[Checkpoint]:
+    """Delete all but the `keep_last` newest complete checkpoints, `keep_steps`, and (unless keep_best is off) the
+    run's best checkpoint (best_checkpoint). Returns what was (with dry_run: would be) deleted."""
     root = root or checkpoint_dir(run_dir)
     if keep_last < 1:
         plan_prune([], keep_last)  # the same message, before anything is looked at
@@ -151,17 +181,9 @@ def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = False, 
     root = prunable_root(run_dir, root)
     ckpts = find_checkpoints(backend, run_dir, root)
     keep_steps = set(keep_steps or ())
-    marked = marked_best(run_dir) if keep_best else None
-    if marked is not None:
-        keep_steps.add(marked)
-    elif keep_best and _marked_base(run_dir):
-        pass  # the base model (step 0) beats every checkpoint so far: no checkpoint is the best one
-    elif keep_best:
-        best = best_checkpoint(run_dir)
-        if best is not None:
-            eligible = [c.step for c in ckpts if c.step <= best[0]]
-            if eligible:
-                keep_steps.add(max(eligible))
+    best = best_checkpoint(run_dir, backend, root) if keep_best else None
+    if best is not None and best["step"] > 0:  # step 0: the base model beat every checkpoint, none is kept for it
+        keep_steps.add(best["step"])
     doomed = plan_prune(ckpts, keep_last, keep_steps)
     for c in doomed:
         for p in c.paths():
@@ -189,7 +211,7 @@ def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> Non
         done = read_ledger(run_dir).get("done") or {}
         pending = {c.step for c in find_checkpoints(spec.get("backend", ""), run_dir) if str(c.step) not in done}
     try:
-        doomed = prune(spec.get("backend", ""), run_dir, keep_last, keep_best=True,
+        doomed = prune(spec.get("backend", ""), run_dir, keep_last,
                        root=checkpoint_dir(run_dir, spec.get("checkpoint_dir")), keep_steps=pending)
     except (RlctlError, OSError):
         return

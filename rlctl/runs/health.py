@@ -18,8 +18,8 @@ def series(merged: dict[int, dict[str, Any]], key: str) -> list[tuple[int, float
             and not isinstance(r.get(key), bool)]
 
 
-# Eval metrics that measure quality (higher is better) vs those that measure cost or failure; --keep-best and the
-# doctor's eval rule must compare steps on one quality metric, not on whichever eval number happens to be largest.
+# Eval metrics that measure quality (higher is better) vs those that measure cost or failure; the best checkpoint and
+# the doctor's eval rule must compare steps on one quality metric, not on whichever eval number happens to be largest.
 _QUALITY = ("reward", "accuracy", "acc", "score", "pass", "correct", "success", "win")
 _NOT_QUALITY = ("length", "len", "error", "clip_ratio", "truncat", "time", "turns", "branches", "loss", "kl",
                 "entropy", "policy_version", "std", "frac_")  # a spread or a fraction of groups is not a quality

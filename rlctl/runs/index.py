@@ -27,7 +27,7 @@ from typing import Any
 from rlctl.core.state import ACTIVE, STATE, read_state
 
 INDEX = ".index.json"
-VERSION = 2  # 2: rows keep the host of a run on an SSH host
+VERSION = 3  # 2: rows keep the host of a run on an SSH host; 3: and why a failed run failed
 EXPERIMENT = "experiment.json"  # written into a run directory by the experiment queue
 METRICS = "metrics.jsonl"
 TAIL = 16 * 1024  # bytes of metrics.jsonl read for the latest step and reward (many records of one step)
@@ -114,7 +114,8 @@ def build_row(run_dir: Path) -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError):
         data = json.loads((run_dir / EXPERIMENT).read_text())
         exp = data if isinstance(data, dict) else {}
-    keep = ("status", "backend", "started_at", "ended_at", "exit_code", "total_steps", "executor", "host")
+    keep = ("status", "backend", "started_at", "ended_at", "exit_code", "total_steps", "executor", "host", "cause",
+            "disk_full")
     return {"name": run_dir.name, "state": {k: state.get(k) for k in keep if state.get(k) is not None},
             "step": step, "reward": reward, "last_time": last,
             "experiment": exp.get("experiment") if isinstance(exp.get("experiment"), str) else None}
@@ -254,8 +255,14 @@ def _summary(path: Path, row: dict[str, Any], stall_after: float, summary: Calla
             status = true_status(path, read_state(path), row.get("last_time"), stall_after)
         except Exception:
             status = "unknown"
+    cause = None
+    if not state.get("host"):  # a run here that ended with a full disk is failed, and says so (runs.disk_full)
+        from rlctl.runs.disk_full import settle
+
+        with contextlib.suppress(Exception):
+            status, cause = settle(path, state, status)
     rs = RunStatus(row.get("name", path.name), path, state, status, row.get("step"), state.get("total_steps"),
-                   {"reward/mean": row.get("reward")}, row.get("last_time"))
+                   {"reward/mean": row.get("reward")}, row.get("last_time"), cause=cause)
     s = summary(rs)
     started = state.get("started_at")
     s["started_at"] = started if isinstance(started, (int, float)) else None

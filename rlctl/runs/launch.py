@@ -81,8 +81,9 @@ def masked_config(recipe: Any) -> dict[str, Any]:
 
 
 def _model_cache() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "rlctl" / "models")
+    from rlctl.recipe.tiny_model import model_cache
+
+    return str(model_cache().absolute())
 
 
 def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
@@ -150,7 +151,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     if "wandb" in recipe.logging.rlctl_sinks and recipe.logging.wandb is None:
         raise RlctlError("logging.rlctl_sinks has wandb but there is no [logging.wandb] table.",
                          hint='add [logging.wandb] project = "..."')
-    extra = {"RLCTL_RUN_DIR": "", "RLCTL_MODEL_CACHE": os.environ.get("RLCTL_MODEL_CACHE", _model_cache()),
+    extra = {"RLCTL_RUN_DIR": "", "RLCTL_MODEL_CACHE": _model_cache(),
              "PYTHONUNBUFFERED": "1"}
     child_env = child_environment(prep.plan.env, extra)  # fails before anything is written if a secret is missing
 
@@ -238,7 +239,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     progress.done(run_dir)
     from rlctl.metrics.gpu import verdict_line  # measured peak (NVML) vs the plan; says so when not measured
 
-    if (gpu_line := verdict_line(run_dir)) and (opts.smoke or recipe.resources.gpus_per_node > 0):
+    if gpu_line := verdict_line(run_dir):  # none for a CPU recipe (gpus_per_node = 0)
         print(gpu_line, file=out)
     if read_state(run_dir).get("stopped_by"):
         return run_dir, 0  # stopped by the recipe's own stop_when: it ended as asked, not interrupted
@@ -258,10 +259,11 @@ def _ckpt_root(run: Path) -> Path:
 def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
     """The parent run's newest complete checkpoint — or, when a stop_when rule stopped it, the checkpoint marked
     best by its primary eval (docs/eval.md) — or a clear error."""
-    from rlctl.runs.checkpoints import find_checkpoints, latest_complete, marked_best
+    from rlctl.runs.checkpoints import best_checkpoint, find_checkpoints, latest_complete
     from rlctl.runs.state import read_state
 
-    best = marked_best(old_run) if read_state(old_run).get("stopped_by") else None
+    mark = best_checkpoint(old_run, backend.name) if read_state(old_run).get("stopped_by") else None
+    best = mark["step"] if mark else None
     ckpt = next((c for c in find_checkpoints(backend.name, old_run) if c.complete and c.step == best), None)
     if ckpt is not None:
         print(f"rlctl: resuming from step {best}, the checkpoint {old_run.name} marked best "
@@ -269,6 +271,11 @@ def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
         return ckpt
     ckpt = latest_complete(backend.name, old_run)
     if ckpt is None:
+        host = read_state(old_run).get("host")
+        if host:  # a run on an SSH host: its checkpoints are there, not in this record of it
+            raise RlctlError(f"{old_run.name} ran on {host}: no complete checkpoint of it is on this machine.",
+                             hint=f"resume it on {host} (rlctl launch RECIPE --on {host} --resume {old_run.name}), "
+                                  f"or bring its newest checkpoint here first (rlctl ckpt pull {old_run.name})")
         raise RlctlError(f"{old_run.name} has no complete checkpoint to resume from.",
                          hint="rlctl ckpt list " + old_run.name)
     return ckpt

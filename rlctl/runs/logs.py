@@ -35,6 +35,7 @@ def _tail_start(path: Path, lines: int) -> int:
 
 
 def show_logs(run_dir: Path, follow: bool = False, metrics: bool = False, lines: int = 0) -> None:
+    settled_status(run_dir)  # a live run's executor brings its newest log here first (a remote run's mirror)
     state = read_state(run_dir)
     if metrics and state.get("backend"):
         ingest(run_dir, state["backend"], final=state.get("status") not in ACTIVE)

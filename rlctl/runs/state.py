@@ -25,6 +25,7 @@ class RunStatus:
     latest: dict[str, Any]
     last_step_time: float | None
     records: list[dict[str, Any]] = field(default_factory=list)  # the tail of metrics.jsonl that was read
+    cause: dict[str, Any] | None = None  # why a failed run failed, when rlctl can tell (rlctl.runs.disk_full)
 
     @property
     def elapsed(self) -> float | None:
@@ -65,6 +66,14 @@ def true_status(run_dir: Path, state: dict[str, Any], last_step_time: float | No
     return status
 
 
+def _elsewhere(state: dict[str, Any]) -> bool:
+    """The run lives on another machine (its executor says so)."""
+    from rlctl import executors
+
+    name = state.get("executor")
+    return name in executors.registry() and bool(getattr(executors.get(name), "remote", False))
+
+
 def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) -> RunStatus:
     from rlctl.metrics.stream import METRICS, by_step, tail_records
     from rlctl.metrics.stream import ingest as do_ingest
@@ -76,6 +85,12 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
             # the ingest below sees everything and true_status reads the settled state
             settled_status(run_dir, state)
             state = read_state(run_dir)
+    elif state.get("status") == "attached" and _elsewhere(state):
+        with contextlib.suppress(Exception):  # a run rlctl follows on another machine: its log may have grown there
+            from rlctl import executors
+
+            executors.get(state["executor"]).catch_up_logs(run_dir, state)
+            state = read_state(run_dir)
     if ingest and state.get("backend"):
         with contextlib.suppress(Exception):  # status must answer even on a damaged run directory
             do_ingest(run_dir, state["backend"], final=state.get("status") not in ACTIVE)
@@ -86,5 +101,11 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     times = [t for r in records if isinstance(t := r.get("time"), (int, float)) and not isinstance(t, bool)]
     last_time = max(times, default=None)  # a damaged record (time null or text) has no time
     status = true_status(run_dir, state, last_time, stall_after)
+    if _elsewhere(state):  # told by its host (the poll above recorded it)
+        cause = state.get("cause") if status == "failed" and isinstance(state.get("cause"), dict) else None
+    else:
+        from rlctl.runs.disk_full import settle
+
+        status, cause = settle(run_dir, state, status)
     return RunStatus(run_dir.name, run_dir, state, status, step, state.get("total_steps"), latest, last_time,
-                     records)
+                     records, cause)

@@ -11,15 +11,19 @@ from typing import Any
 from rlctl.runs.state import RunStatus, find_run, run_status
 from rlctl.ui.progress import fmt_duration, fmt_num
 
+ENDED = ("finished", "failed", "stopped")  # a run's outcome: it changes no more
 KEY_METRICS = ("reward/mean", "correctness", "kl", "entropy", "grad_norm", "policy_loss", "response_length/mean",
                "response_length/clip_ratio", "clip_ratio", "lr")
 
 
 def summary(rs: RunStatus) -> dict[str, Any]:
+    from rlctl.runs.disk_full import say
+
     return {
         "name": rs.name, "backend": rs.state.get("backend"), "status": rs.status, "step": rs.step,
         "total_steps": rs.total, "reward": rs.latest.get("reward/mean"), "elapsed_s": rs.elapsed, "eta_s": rs.eta,
         "exit_code": rs.state.get("exit_code"), "path": str(rs.path), "host": rs.state.get("host"),
+        "reason": say(rs.cause, rs.state.get("host")), "cause": rs.cause,
     }
 
 
@@ -75,7 +79,8 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "attempts": rs.state.get("attempts") or [],
         "restart": rs.state.get("restart"),
         "gave_up": rs.state.get("gave_up"),
-        "disk_full": rs.state.get("disk_full") or _disk_full_now(rs),
+        "disk_full": rs.state.get("disk_full") or ("; ".join(rs.cause["evidence"]) if rs.cause else None)
+        or (None if _elsewhere(rs.state) else _disk_full_now(rs)),  # a host's disk is measured there
         "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
         "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
@@ -149,7 +154,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
     body = []
     for r in rows:
         step = f"{r['step'] if r['step'] is not None else '-'}" + (f"/{r['total_steps']}" if r["total_steps"] else "")
-        state = r["status"] + (f" (last: {r['last_known']})" if r.get("last_known") else "")
+        state = (r["status"] + (f": {r['reason']}" if r.get("reason") else "")
+                 + (f" (last: {r['last_known']})" if r.get("last_known") else ""))
         body.append((r["name"], r.get("host") or "local", r["backend"] or "-", state, step, fmt_num(r["reward"]),
                      fmt_duration(r["elapsed_s"]), fmt_duration(r["eta_s"])))
     widths = [max(len(h), *(len(str(b[i])) for b in body)) if body else len(h) for i, h in enumerate(head)]
@@ -160,7 +166,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def _detail_text(d: dict[str, Any]) -> str:
     total = f"/{d['total_steps']}" if d["total_steps"] else ""
-    lines = [f"{d['name']}  ({d['backend']})  {d['status']}"
+    lines = [f"{d['name']}  ({d['backend']})  {d['status']}" + (f": {d['reason']}" if d.get("reason") else "")
              + (f"  exit code {d['exit_code']}" if d["exit_code"] is not None else ""),
              f"step {d['step'] if d['step'] is not None else '-'}{total}   elapsed {fmt_duration(d['elapsed_s'])}"
              f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
@@ -224,13 +230,9 @@ def _elsewhere(state: dict[str, Any]) -> bool:
 
 def _disk_full_now(rs: RunStatus) -> str | None:
     """A run whose disk is full cannot record it: status looks for itself (less than 1 MiB free)."""
-    import shutil
+    from rlctl.runs.disk_full import low_disk
 
-    try:
-        free = shutil.disk_usage(rs.path).free
-    except OSError:
-        return None
-    return f"{free} bytes free where {rs.name} writes" if free < (1 << 20) else None
+    return low_disk(rs.path)
 
 
 def _attempt_lines(d: dict[str, Any]) -> list[str]:
@@ -264,13 +266,17 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
     """Rows of the runs that live on SSH hosts: one round trip per host, hosts in parallel; an unreachable host's
     runs show as unreachable with their last known state."""
     from rlctl.core.state import read_state
+    from rlctl.runs.disk_full import say
 
     remote = [p for p in paths if read_state(p).get("executor") == "ssh"]
     if not remote:
         return {}
     from rlctl import executors
 
-    polled = executors.get("ssh").poll_many(remote, timeout=timeout, stall_after=stall_after)
+    # a run that ended there is shown as last recorded (it changes no more): its host is not asked, so a host that
+    # is down or removed since leaves it as it ended
+    asked = [p for p in remote if read_state(p).get("status") not in ENDED]
+    polled = executors.get("ssh").poll_many(asked, timeout=timeout, stall_after=stall_after) if asked else {}
     rows = {}
     for p in remote:
         st = read_state(p)
@@ -279,6 +285,7 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
         for k in ("backend", "step", "total_steps", "reward", "elapsed_s", "eta_s", "exit_code"):
             row.setdefault(k, st.get(k))
         row["status"] = polled.get(p, {}).get("status") or st.get("status", "unknown")
+        row["reason"] = say(st.get("cause"), st.get("host")) if row["status"] == "failed" else None
         if row["status"] == "unreachable":
             row["last_known"] = st.get("status")
         rows[p] = row
@@ -300,7 +307,12 @@ def render(run: str | None, as_json: bool, stall_after: float, experiment: str |
             return json.dumps(rows, indent=2, default=str)
         groups = [(f"experiment {e} ({len(g)} runs)" if e else None, _table(g)) for e, g in grouped(rows)]
         text = "\n\n".join(f"{h}\n{t}" if h else t for h, t in groups)
-        return text if rows else "no runs yet (rlctl launch RECIPE)"
+        if rows:
+            return text
+        from rlctl.core.state import FIND_A_RUN, WHERE_RUNS_LIVE, runs_root
+
+        return (f"no runs in {runs_root().absolute()}: {WHERE_RUNS_LIVE}. rlctl launch RECIPE starts one here; "
+                f"for a run launched elsewhere, {FIND_A_RUN}.")
     d = detail(run_status(find_run(run), stall_after))
     return json.dumps(d, indent=2, default=str) if as_json else _detail_text(d)
 

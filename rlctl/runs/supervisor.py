@@ -208,7 +208,7 @@ class Supervisor:
         ref = self.handle.ref
         self.state(status="stopping" if self.stop_requested_at else "running", attempt=self.attempt,
                    stop_requested_at=self.stop_requested_at, exit_code=None, ended_at=None, gave_up=None,
-                   outcome=None, settled_by=None, error=None,
+                   outcome=None, settled_by=None, error=None, cause=None,
                    attempts=self.attempts, handle=self.handle.to_dict(), executor=self.executor.name,
                    restart={"mode": self.policy.mode, "max_restarts": self.policy.max_restarts},
                    pid=ref.get("pid"), pgid=ref.get("pgid"), pid_create_time=ref.get("create_time"),
@@ -457,7 +457,7 @@ class Supervisor:
         self._ingest()
         if self.gpu is not None:
             with contextlib.suppress(Exception):
-                self.gpu.tick()
+                self.gpu.tick(eval_running=bool(getattr(self.evals, "running", False)))
         self.evals_hook("tick")
         self.sink_pump()
         self._housekeeping()
@@ -533,15 +533,16 @@ class Supervisor:
     def _mark_best_from_stream(self) -> None:
         """A run whose eval sets the backend evaluates in-loop (no rlctl checkpoint evals): the best checkpoint by
         the recipe's primary eval, read from the stream, marked in state.json as rlctl's own evals mark it, so that
-        pruning, `ckpt prune --keep-best` and `launch --resume` keep and find it."""
-        from rlctl.evals.loop import best_mark
+        pruning, `ckpt prune` and `launch --resume` keep and find it (rlctl.runs.checkpoints.best_checkpoint)."""
+        from rlctl.evals.loop import mark_best
         from rlctl.evals.sets import primary_key_from_run
 
-        primary = primary_key_from_run(self.run_dir)
-        best = best_mark(self.run_dir, self.spec["backend"], primary) if primary else None
-        if best is not None and best != self._best_marked:
-            self.state(best_checkpoint=best)
-            self._best_marked = best
+        def write(**kw: Any) -> None:
+            if kw["best_checkpoint"] != self._best_marked:
+                self.state(**kw)
+                self._best_marked = kw["best_checkpoint"]
+
+        mark_best(self.run_dir, self.spec["backend"], primary_key_from_run(self.run_dir), write)
 
     def evals_hook(self, what: str, *args: Any) -> None:
         """rlctl.evals.loop (docs/eval.md): the baseline, checkpoint evals in their own processes, stop_when. A
@@ -596,8 +597,12 @@ class Supervisor:
 def start_detached(run_dir: Path, env: dict[str, str], resume: bool = False, timeout: float = 180.0) -> None:
     """A supervisor in its own session (`python -m rlctl.runs.supervisor RUN_DIR`); returns once it runs an
     attempt (or failed to)."""
+    # absolute: the child runs in the run directory, where a relative `runs/NAME` (the default ./runs) is no path
+    run_dir = run_dir.absolute()
     args = [sys.executable, "-m", "rlctl.runs.supervisor", str(run_dir)] + (["--resume"] if resume else [])
-    with open(run_dir / "supervisor.log", "ab") as log:
+    log_path = run_dir / "supervisor.log"
+    start = log_path.stat().st_size if log_path.exists() else 0
+    with open(log_path, "ab") as log:
         p = subprocess.Popen(args, env=env, cwd=run_dir, stdin=subprocess.DEVNULL, stdout=log,
                              stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.time() + timeout
@@ -610,7 +615,15 @@ def start_detached(run_dir: Path, env: dict[str, str], resume: bool = False, tim
         time.sleep(0.1)
     st = read_state(run_dir)
     if st.get("status") == "failed" and st.get("error"):
-        raise RlctlError(f"{run_dir.name} failed to start: {st['error']} (see {run_dir / 'supervisor.log'})")
+        raise RlctlError(f"{run_dir.name} failed to start: {st['error']} (see {log_path})")
+    if p.poll() not in (None, 0) and st.get("supervisor_pid") != p.pid:  # it died before it took the run: say why
+        said: list[str] = []
+        with contextlib.suppress(OSError), open(log_path, "rb") as fh:
+            fh.seek(start)
+            said = [x for x in fh.read().decode("utf-8", "replace").splitlines() if x.strip()]
+        last = said[-1] if said else f"exit code {p.returncode}"
+        raise RlctlError(f"{run_dir.name}: the supervisor exited before it picked the run up: {last}",
+                         hint=f"see {log_path}")
 
 
 def _pick_up_check(run_dir: Path) -> str | None:
@@ -627,8 +640,31 @@ def _pick_up_check(run_dir: Path) -> str | None:
     return None
 
 
+def _not_attached(run_dir: Path, state: dict[str, Any], verb: str) -> None:
+    """An attached run (`rlctl attach`) has no process rlctl started or could pick up: said, with what follows one."""
+    if state.get("executor") == "attached" or state.get("status") == "attached":
+        src = state.get("attached_from") or "the log it was attached from"
+        raise RlctlError(f"{run_dir.name} is attached: rlctl reads {src} but did not start that run and holds no "
+                         f"process of it, so there is nothing to {verb}.",
+                         hint="to follow a log that still grows: rlctl attach PATH --follow (docs/commands.md)")
+
+
+def _executor_of(state: dict[str, Any]) -> Executor | None:
+    from rlctl import executors
+
+    name = state.get("executor")
+    return executors.get(name) if name in executors.registry() else None
+
+
 def resume_detached(run_dir: Path) -> str:
-    """`rlctl resume RUN`: a new supervisor in the background adopts the run or restarts it."""
+    """`rlctl resume RUN`: a new supervisor in the background adopts the run or restarts it; a run whose supervisor
+    lives on another machine (an SSH host) is picked up there by its executor."""
+    state = read_state(run_dir)
+    _not_attached(run_dir, state, "resume")
+    ex = _executor_of(state)
+    there = ex.resume_there(run_dir, state) if ex is not None else None
+    if there is not None:
+        return there
     why_not = _pick_up_check(run_dir)
     if why_not:
         return why_not
@@ -638,7 +674,16 @@ def resume_detached(run_dir: Path) -> str:
 
 
 def supervise_foreground(run_dir: Path) -> int:
-    """`rlctl supervise RUN`: the same in this process, until the run ends."""
+    """`rlctl supervise RUN`: the same in this process, until the run ends. Only where the run's supervisor lives."""
+    state = read_state(run_dir)
+    _not_attached(run_dir, state, "supervise")
+    ex = _executor_of(state)
+    where = ex.supervised_on(state) if ex is not None else None
+    if where is not None:
+        host, remote_dir = where
+        raise RlctlError(f"{run_dir.name} runs on {host}, and its supervisor runs there: supervise it on {host} "
+                         f"(`rlctl supervise {remote_dir}`, e.g. as a systemd unit there).",
+                         hint=f"from here, `rlctl resume {run_dir.name}` picks it up on {host} in the background")
     why_not = _pick_up_check(run_dir)
     if why_not:
         sys.stderr.write(why_not + "\n")

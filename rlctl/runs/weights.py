@@ -231,15 +231,15 @@ def start_weights(run_dir: Path) -> Path | None:
         return None
     path = Path(model)
     if model.startswith("random:"):
-        import os
 
         from rlctl.recipe.tiny_model import cache_key
 
         try:
             cache = json.loads((run_dir / ".launch.json").read_text())["env_extra"]["RLCTL_MODEL_CACHE"]
         except (OSError, ValueError, KeyError, TypeError):  # no launch record: the cache launch uses by default
-            cache = os.environ.get("RLCTL_MODEL_CACHE") or str(
-                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlctl" / "models")
+            from rlctl.recipe.tiny_model import model_cache
+
+            cache = str(model_cache())
         try:
             path = Path(cache) / cache_key(model)
         except Exception:  # a source that no longer parses
@@ -254,20 +254,12 @@ def _has_weights(path: Path) -> bool:
 def weight_sets(run_dir: Path) -> tuple[list[Path], list[Path]]:
     """(complete stepped checkpoints with weights, oldest first; folders of weights without a step in the checkpoint
     directory, such as a `final/` or a `step_final/`, oldest first)."""
-    from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
+    from rlctl.runs.checkpoints import final_saves, find_checkpoints
     from rlctl.runs.state import read_state
 
     backend = read_state(run_dir).get("backend") or ""
-    found = find_checkpoints(backend, run_dir)
-    stepped = [c.path for c in found if c.complete and weight_files(c.path)]
-    known = {p for c in found for p in c.paths()}
-    root = checkpoint_dir(run_dir)
-    try:
-        others = [d for d in root.iterdir() if d.is_dir() and not d.is_symlink() and d not in known
-                  and _has_weights(d)] if root.is_dir() else []
-    except OSError:
-        others = []
-    return stepped, sorted(others, key=lambda d: d.stat().st_mtime)
+    stepped = [c.path for c in find_checkpoints(backend, run_dir) if c.complete and weight_files(c.path)]
+    return stepped, final_saves(backend, run_dir)
 
 
 def run_pair(run_dir: Path) -> tuple[Path, Path] | None:
@@ -290,21 +282,29 @@ def run_pair(run_dir: Path) -> tuple[Path, Path] | None:
     return None
 
 
+def nothing_to_compare(run_dir: Path) -> str:
+    """What `doctor --weights` says of a run without two weight sets to compare: a fact, not a finding (nothing is
+    known about whether its weights move)."""
+    from rlctl.runs.checkpoints import checkpoint_dir
+
+    stepped, unstepped = weight_sets(run_dir)
+    found = [p.name for p in stepped + unstepped]
+    what = (f"only {found[0]} has safetensors weights" if found else
+            f"no checkpoint with weights (safetensors) in {checkpoint_dir(run_dir)}")
+    return (f"{run_dir.name}: nothing to compare the weights with: {what}, and the weights the run started from are "
+            "not on this machine. Keep at least two checkpoints (checkpoint.every), or compare with the base model: "
+            f"rlctl doctor {run_dir.name} --between MODEL_DIR CHECKPOINT")
+
+
 def weights_finding(run_dir: Path, sample: int = 64, pair: tuple[Path, Path] | None = None) -> Any:
-    """A doctor Finding on whether the run's weights move (None when there is nothing to compare)."""
+    """A doctor Finding on whether the run's weights move; None when there is nothing to compare
+    (nothing_to_compare says why)."""
     from rlctl.runs.doctor import Finding
 
     given = pair is not None
     pair = pair or run_pair(run_dir)
     if pair is None:
-        stepped, unstepped = weight_sets(run_dir)
-        found = [p.name for p in stepped + unstepped]
-        what = (f"only {found[0]} has safetensors weights" if found else
-                "no checkpoint with safetensors weights was found")
-        return Finding("weights_frozen", "warn",
-                       f"{what} and the weights the run started from are not on this machine: nothing to compare",
-                       "set checkpoint.every so that the run keeps at least two checkpoints, or compare with the "
-                       "base model: rlctl doctor RUN --between MODEL_DIR CHECKPOINT", {"checkpoints": found})
+        return None
     c = compare(pair[0], pair[1], sample)
     severity, line = verdict(c)
     if not given and c.tensors and c.tensors_changed == 0 and pair[1] in weight_sets(run_dir)[1]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import json
@@ -134,6 +135,13 @@ def _install(root: Path) -> None:
 
 def _functions(path: Path, names: set[str], namespace: dict[str, Any]) -> dict[str, Any]:
     """Methods of verl's classes, compiled from the release's own source into plain functions over `namespace`."""
+    exec(_compiled(path, frozenset(names)), namespace)
+    return {n: namespace[n] for n in names}
+
+
+@functools.cache
+def _compiled(path: Path, names: frozenset[str]) -> Any:
+    """The code of those functions (parsed once per worker: the agreement tests call them for every case)."""
     tree = ast.parse(path.read_text())
     found = {}
     for node in ast.walk(tree):
@@ -144,8 +152,7 @@ def _functions(path: Path, names: set[str], namespace: dict[str, Any]) -> dict[s
     if missing:
         raise RuntimeError(f"{path.name}: no {sorted(missing)}")
     module = ast.Module(body=list(found.values()), type_ignores=[])
-    exec(compile(module, str(path), "exec"), namespace)
-    return {n: namespace[n] for n in names}
+    return compile(module, str(path), "exec")
 
 
 def _select(cfg: Any, key: str) -> Any:
@@ -324,6 +331,165 @@ def _resume(root: Path, cfg: Any) -> dict[str, Any]:
     return {"global_steps": t.global_steps, **loaded}
 
 
+def _statements(path: Path, function: str, match: str) -> list[Any]:
+    """The top-level statements of one of verl's functions whose source contains `match`, in order (verl's own
+    lines, compiled where a whole function cannot run without a GPU)."""
+    tree = ast.parse(path.read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == function)
+    found = [st for st in fn.body if match in ast.unparse(st)]
+    if not found:
+        raise RuntimeError(f"{path.name} {function}: no statement with {match!r}")
+    return found
+
+
+class _Reached(Exception):
+    """Raised where verl's code would start GPU work: everything before it (its asserts) has run."""
+
+
+def _plain(node: ast.AST) -> ast.AST:
+    """`x: T = v` as `x = v` (an annotation verl evaluates in a module namespace we do not build)."""
+    class Strip(ast.NodeTransformer):
+        def visit_AnnAssign(self, n: ast.AnnAssign) -> ast.AST:
+            return ast.copy_location(ast.Assign(targets=[n.target], value=n.value or ast.Constant(None),
+                                                lineno=n.lineno), n)
+
+    return ast.fix_missing_locations(Strip().visit(node))
+
+
+@functools.cache
+def _block_until(path: Path, function: str, match: str) -> Any:
+    """The statements of `function` that lead to the assert whose source contains `match` (its own block, from its
+    start to that assert), compiled: verl's lines, run where the whole function needs a GPU."""
+    tree = ast.parse(path.read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function)
+    for node in ast.walk(fn):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for i, st in enumerate(body):
+            if isinstance(st, ast.Assert) and match in ast.unparse(st):
+                module = ast.Module(body=[_plain(x) for x in body[:i + 1]], type_ignores=[])
+                return compile(ast.fix_missing_locations(module), str(path), "exec")
+    raise RuntimeError(f"{path.name} {function}: no assert with {match!r}")
+
+
+def _workers(root: Path, cfg: Any) -> dict[str, Any]:
+    """What verl's workers assert when they start and at their first update, from the release's own code, on the
+    composed config (one FSDP rank per GPU, the hybrid worker group of nnodes x n_gpus_per_node):
+    - engine_workers.py init_model: the rollout device mesh (`self.world_size % infer_world_size`);
+    - rollout/replica.py RolloutReplica.__init__ (replica 0, gpus_per_node = rollout.n_gpus_per_node);
+    - the update: the trainer's mini-batch (ray_trainer.py _update_actor: ppo_mini_batch_size x rollout.n), the
+      rollout split over the data-parallel ranks (tensordict_utils.chunk_tensordict, as the dispatch does), then
+      engine_workers.py train_mini_batch on one rank's share (its assert, then tensordict_utils.make_iterator's)
+      up to where training starts.
+    Returns {"error": the first assert's message} or {}."""
+    import torch
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.config import omega_conf_to_dataclass
+
+    rollout_cfg = cfg.actor_rollout_ref.rollout
+    world = int(cfg.trainer.nnodes) * int(cfg.trainer.n_gpus_per_node)
+    ew = root / "verl/workers/engine_workers.py"
+    try:
+        me = types.SimpleNamespace(config=types.SimpleNamespace(rollout=rollout_cfg), world_size=world)
+        exec(_block_until(ew, "init_model", "infer_world_size"),
+             {"self": me, "omega_conf_to_dataclass": omega_conf_to_dataclass})
+        init = _functions(root / "verl/workers/rollout/replica.py", {"__init__"},
+                          {"omega_conf_to_dataclass": omega_conf_to_dataclass})["__init__"]
+        init(types.SimpleNamespace(), replica_rank=0, config=rollout_cfg, model_config=None,
+             gpus_per_node=rollout_cfg.n_gpus_per_node)
+    except AssertionError as e:
+        return {"error": f"workers start: AssertionError: {e}"}
+
+    class TD(tu.TensorDict):  # what the dispatch and train_mini_batch read of the rollout's TensorDict
+        def __init__(self, n: int, meta: dict[str, Any]):
+            self.n, self.meta = n, meta
+
+        def __len__(self) -> int:
+            return self.n
+
+        @property
+        def shape(self) -> list[int]:
+            return [self.n]
+
+        @property
+        def batch_size(self) -> list[int]:
+            return [self.n]
+
+        def keys(self) -> list[str]:
+            return []
+
+        def pop(self, key: str, default: Any = None) -> Any:
+            if key not in self.meta:
+                return default
+            wrapped = tu.NonTensorData()
+            wrapped.data = self.meta.pop(key)
+            return wrapped
+
+    class Engine:
+        def get_data_parallel_size(self) -> int:
+            return world
+
+        def get_data_parallel_rank(self) -> int:
+            return 0
+
+        def train_mode(self, **kw: Any) -> Any:
+            raise _Reached
+
+    actor = cfg.actor_rollout_ref.actor
+    n = int(rollout_cfg.n)
+    samples = int(cfg.data.train_batch_size) * n
+    mini = int(actor.ppo_mini_batch_size) * n
+    meta = {"mini_batch_size": mini, "epochs": int(actor.ppo_epochs), "seed": 1, "dataloader_kwargs": {}}
+    try:
+        try:
+            tu.chunk_tensordict(TD(samples, {}), world)
+        except AssertionError:
+            raise
+        except Exception:  # past its assert: the stand-in has no tensors to split
+            pass
+        step = _functions(ew, {"train_mini_batch"}, {"tu": tu, "torch": torch, "Timer": None,
+                                                     "maybe_fix_3d_position_ids": lambda d: None})
+        step["train_mini_batch"](types.SimpleNamespace(engine=Engine()), TD(samples // world, meta))
+    except _Reached:
+        return {}
+    except AssertionError as e:
+        return {"error": f"first update: AssertionError: {e}"}
+    return {}
+
+
+def _dataset(root: Path, cfg: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """verl's RLHFDataset (utils/dataset/rl_dataset.py) on the rendered data config and the recipe's files, with the
+    job's tokenizer; then, for each row it yields, the reads of the reward manager (experimental/reward_loop/
+    reward_manager/naive.py run_single: its `data_source = ...` and `ground_truth = ...` lines)."""
+    from transformers import AutoTokenizer
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    tok = AutoTokenizer.from_pretrained(job["tokenizer"])
+    reads = _statements(root / "verl/experimental/reward_loop/reward_manager/naive.py", "run_single",
+                        "data_item.non_tensor_batch[")
+    module = ast.Module(body=[st for st in reads if isinstance(st, ast.Assign)], type_ignores=[])
+    code = compile(module, "naive.py", "exec")
+    out: dict[str, Any] = {}
+    for key in ("train_files", "val_files"):
+        files = cfg.data[key]
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                ds = RLHFDataset(data_files=files, tokenizer=tok, config=cfg.data)
+        except Exception as e:  # verl's own refusal of the files
+            out[key] = {"error": f"RLHFDataset: {type(e).__name__}: {e}"[:400]}
+            continue
+        res: dict[str, Any] = {"rows": len(ds)}
+        try:
+            for i in range(len(ds)):
+                row = ds[i]
+                exec(code, {"data_item": types.SimpleNamespace(non_tensor_batch=row)})
+        except Exception as e:
+            res["error"] = f"reward manager: {type(e).__name__}: {e}"[:400]
+        out[key] = res
+    return out
+
+
 def _job(root: Path, job: dict[str, Any], compose: Any) -> dict[str, Any]:
     from omegaconf import open_dict
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
@@ -368,6 +534,10 @@ def _job(root: Path, job: dict[str, Any], compose: Any) -> dict[str, Any]:
         out["pruned"] = [c.step for c in prune("verl", ckpt_root.parent, job["prune_keep_last"], root=ckpt_root)]
     if job.get("resume"):
         out["resume"] = _resume(root, cfg)
+    if job.get("tokenizer"):
+        out["dataset"] = _dataset(root, cfg, job)
+    if job.get("workers"):
+        out["workers"] = _workers(root, cfg)
     return out
 
 

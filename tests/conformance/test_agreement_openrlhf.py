@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from rlctl.backends.openrlhf import OpenRLHFBackend
 from rlctl.backends.openrlhf.argv import ESTIMATOR_NAME, NO_RECIPE_KEY
 from rlctl.backends.openrlhf.releases import FLAGS, release
+from rlctl.recipe.planning import prepare
 from tests.conformance._agreement import disagreement, peft_accepts, profile, rlctl_verdict, workdir
 from tests.conformance._openrlhf_support import OpenRLHF, dest
 
@@ -357,3 +358,54 @@ def test_extra_collisions_are_said():
         assert all("train.micro_batch_size" not in (r.set or {}) for r in batch_check), batch_check
         # an extra that makes the run fit is checked as such (EXTRA_FIXES_PLACEMENT)
         assert rlctl_verdict(base(version), sets_of({**EXTRA_FIXES_PLACEMENT, "version": version})).accepted
+
+
+# ---- the context budget, both ways (issue 30 point 2.15) -------------------------------------------------------------
+# OpenRLHF gives vLLM max_model_len = train()'s `max_len` (0.9.3-0.9.7: prompt_max_len + generate_max_len; later
+# --max_len / --data.max_len) and cuts prompts to fit (prompt_max_len, or max_len - max_new_tokens): a request never
+# overflows, whatever model.max_model_len says. What breaks is a context longer than the model: vLLM refuses to start
+# (_get_and_verify_max_len), Qwen2.5-0.5B's config.json having max_position_embeddings 32768 and no rope scaling.
+MODEL_POSITIONS = 32768
+
+
+@st.composite
+def context_cases(draw) -> dict[str, Any]:
+    return {"version": draw(st.sampled_from(VERSIONS)),
+            "data.max_prompt_tokens": draw(st.sampled_from([256, 1024, 4096])),
+            "rollout.max_tokens": draw(st.sampled_from([512, 4096, 30000])),
+            "model.max_model_len": draw(st.sampled_from([1024, 5120, 40000]))}
+
+
+def openrlhf_context(version: str, argv: list[str]) -> tuple[bool, str]:
+    """OpenRLHF's own numbers: the max_len train() hands create_vllm_engines, the prompt cut, the generate length."""
+    rel = release(version)
+    with OpenRLHF(version) as o:
+        args, train_locals, _ = o.parse(argv)
+    context = train_locals["max_len"]
+    if rel.flag("prompt_max_len"):
+        prompt, gen = dest(args, rel.flag("prompt_max_len")), dest(args, rel.flag("generate_max_len"))
+    else:
+        gen = dest(args, rel.flag("max_new_tokens"))
+        prompt = context - gen
+    if prompt + gen > context:
+        return False, f"requests of {prompt} + {gen} tokens > vLLM's max_model_len {context}"
+    if context > MODEL_POSITIONS:
+        return False, f"vLLM's max_model_len {context} > the model's {MODEL_POSITIONS}: vLLM refuses to start"
+    return True, ""
+
+
+@pytest.mark.slow
+@profile(ci=30)
+@given(context_cases())
+@example({"version": "0.9.3", "data.max_prompt_tokens": 1024, "rollout.max_tokens": 4096,
+          "model.max_model_len": 1024})  # max_model_len below the sum: OpenRLHF runs it (budget failed it before)
+@example({"version": "0.11.2", "data.max_prompt_tokens": 4096, "rollout.max_tokens": 30000,
+          "model.max_model_len": 40000})  # the sum exceeds the model: vLLM refuses
+def test_context_budget_follows_openrlhfs_vllm_context(c):
+    from rlctl import preflight as pf
+
+    sets = [f"{k}={v}" for k, v in c.items() if k != "version"]
+    prep = prepare(base(c["version"]), sets)
+    ours = [r for r in pf.run(prep, ["context"]) if r.verdict == pf.FAIL]
+    theirs = openrlhf_context(c["version"], BACKEND.entrypoint(prep.plan)[3:])
+    assert (not ours) == theirs[0], (c, [(r.check, r.figure) for r in ours], theirs[1])

@@ -218,7 +218,7 @@ def test_what_rlctl_used_to_render(verl_results, version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_placement_rules_agree_with_validate_config(verl_results, version):
     """rlctl's placement rule fails where verl's validate_config fails (a rollout not divisible over the GPUs), and
-    catches what verl only asserts after the first rollout (engine_workers.py update_actor: mini-batch % dp)."""
+    catches what verl only asserts after the first rollout (engine_workers.py train_mini_batch: mini-batch % dp)."""
     from rlctl.backends.verl import placement_rules
 
     assert "real_train_batch_size" in verl_results[version]["odd_gpus"]["error"]
@@ -227,18 +227,42 @@ def test_placement_rules_agree_with_validate_config(verl_results, version):
     assert placement_rules(load(SEED, []).recipe) == []
     late = placement_rules(load(SEED, ["resources.gpus_per_node=8", "train.train_batch_size=4",
                                        "rollout.prompts_per_step=8"]).recipe)
-    assert [("update_actor" in x.figure) for x in late] == [True]
+    assert [("train_mini_batch" in x.figure) for x in late] == [True]
 
 
-def test_multi_node_needs_a_cluster():
+def test_multi_node_needs_a_cluster(tmp_path):
     from rlctl.backends.verl import nodes_rule
 
+    empty = {"RAY_TMPDIR": str(tmp_path)}  # no `ray start` on this machine
     two = load(SEED, ["resources.nodes=2", "resources.gpus_per_node=8"]).recipe
-    assert [x.verdict for x in nodes_rule(two, {})] == ["fail"]
-    assert nodes_rule(two, {"RAY_ADDRESS": "10.0.0.1:6379"}) == []
+    fail = nodes_rule(two, empty)
+    assert [x.verdict for x in fail] == ["fail"] and "_check_resource_available" in fail[0].figure
+    assert [x.verdict for x in nodes_rule(two, {**empty, "RAY_ADDRESS": "10.0.0.1:6379"})] == ["ok"]
     ray = load(SEED, ["resources.nodes=2", "resources.executor=ray", "resources.ray_address=http://h:8265"]).recipe
-    assert nodes_rule(ray, {}) == []
-    assert nodes_rule(load(SEED, []).recipe, {}) == []
+    assert nodes_rule(ray, empty) == []
+    assert nodes_rule(load(SEED, []).recipe, empty) == []
+
+
+def test_multi_node_joins_the_cluster_ray_start_brought_up(tmp_path, monkeypatch):
+    """Issue 30 point 2.15: verl's documented multi-node path is `ray start --head` on one node, `ray start
+    --address=...` on the others, then main_ppo on the head: its `ray.init()` (no address) joins that cluster, found
+    through the address file `ray start` writes. Ray's own lookup decides (ray/_private/services.py
+    canonicalize_bootstrap_address), on this machine's temp dir as `ray start` would have left it."""
+    services = pytest.importorskip("ray._private.services")
+    from rlctl.backends.verl import nodes_rule, ray_temp_dir
+
+    two = load(SEED, ["resources.nodes=2", "resources.gpus_per_node=8"]).recipe
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    environ = {"RAY_TMPDIR": str(tmp_path)}
+    marker = ray_temp_dir(environ) / "ray_current_cluster"
+    assert services.canonicalize_bootstrap_address(None) is None  # Ray would start a new one here
+    assert [x.verdict for x in nodes_rule(two, environ)] == ["fail"]
+    marker.parent.mkdir(parents=True)
+    marker.write_text("10.0.0.7:6379")  # what `ray start` writes (scripts.py: write_ray_address)
+    assert services.canonicalize_bootstrap_address(None) == "10.0.0.7:6379"  # Ray joins it
+    joined = nodes_rule(two, environ)
+    assert [x.verdict for x in joined] == ["ok"] and "10.0.0.7:6379" in joined[0].figure
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -18,70 +18,43 @@ import json
 import re
 import shlex
 import shutil
-import string
 import sys
 from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import Field, field_validator, model_validator
-
-from rlctl.backends.base import Backend, Finding, LaunchPlan
+from rlctl.backends.base import Backend, Finding, LaunchPlan, LazyTable
 from rlctl.backends.command import runner as _runner
+from rlctl.backends.command.values import _argv, _fields, check_unified
 from rlctl.errors import RlctlError
-from rlctl.recipe.schema import BackendExtra
 
 if TYPE_CHECKING:
+    from rlctl.backends.command.options import CommandOptions
     from rlctl.backends.layout import Checkpoint
     from rlctl.recipe.schema import Recipe
 
 CONFIG_FILE = "command.json"
 RUNNER_FILE = "command_runner.py"
-RESUME_FIELDS = ("step", "path", "dir")
 RUN_DIR = _runner.RUN_DIR_TOKEN  # the run directory, substituted by the runner when the attempt starts
 NAME = "command"
 
 
-def _argv(value: list[str] | str) -> list[str]:
-    return shlex.split(value) if isinstance(value, str) else list(value)
-
-
-def _fields(template: str) -> list[str]:
-    """The `{name}` placeholders of a template (`{{`/`}}` are literal braces)."""
-    try:
-        return [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
-    except ValueError as e:
-        raise ValueError(f"{template!r}: {e}") from None
-
-
 _BULK = re.compile(r'^\{"' + _runner.RECORD_KEY + r'": \{[^\n\r\x1b{}\[\]]*\}\}$', re.M)  # flat, plain lines
-
-
-def check_unified(v: dict[str, str], where: str = "metrics_map") -> dict[str, str]:
-    """Every value of a metrics map is one of rlctl's unified names (or eval/<set>/<metric>)."""
-    import difflib
-
-    from rlctl.metrics import UNIFIED
-
-    for key, name in v.items():
-        if name not in UNIFIED and not name.startswith("eval/"):
-            close = difflib.get_close_matches(name, UNIFIED, n=1)
-            hint = f" Did you mean {close[0]}?" if close else f" Known: {', '.join(UNIFIED)}, eval/<set>/<metric>."
-            raise ValueError(f"{where}.{key} = {name!r} is not one of rlctl's metric names.{hint}")
-    return v
 
 
 class _AttachedParser:
     """Reads an attached trainer's own output: JSON lines (nested objects flattened with '/') and the log patterns,
     keys named by the metrics map, the rest kept as command/<key>; the runner's own records as well."""
 
-    metric_needles: tuple[str, ...] = ()  # any line may hold metrics
+    metric_needles: tuple[str, ...] = ()  # with log patterns, any line may hold metrics
 
     def __init__(self, backend: CommandBackend, options: dict[str, Any]):
         self.backend = backend
         self.tr = _runner.Translator({"patterns": options.get("log_pattern") or [],
                                       "map": options.get("metrics_map") or {},
                                       "step_key": options.get("step_key") or "step"})
+        if not self.tr.patterns:  # JSON lines only (the runner's among them): a line without `{` holds none
+            self.metric_needles = ("{",)
 
     def __call__(self, line: str | dict[str, Any]) -> dict[str, Any] | None:
         from rlctl.metrics import clean_value
@@ -99,94 +72,21 @@ class _AttachedParser:
             return None
         return {k: (v if k == "step" else clean_value(v)) for k, v in rec.items()}
 
+    def metric_bulk(self, text: str) -> dict[int, dict[str, Any]]:
+        """The runner's own record lines of a chunk, read in bulk: the adapter's bulk reader reads only lines that
+        begin with the record's head, which this parser hands to the adapter's parse too."""
+        return self.backend.metric_bulk(text)
 
-class CommandOptions(BackendExtra):
-    """`[backend.command]`: how to run, follow, checkpoint and resume a trainer rlctl does not know."""
 
-    command: list[str] | str = Field(
-        description="The trainer's command: an argv list, or a string split like a shell would (no shell features "
-        "unless `shell = true`). Placeholders from the recipe: {model} {train_data} {eval_data} {steps} {lr} {seed} "
-        "{group_size} {prompts_per_step} {max_tokens} {temperature} {train_batch_size} {micro_batch_size} {kl_coef} "
-        "{checkpoint_dir} {checkpoint_every} {keep_last} {metrics_file} {name} {run_dir} (counts left unset are 0); "
-        "`{{`/`}}` are braces.")
-    shell: bool = Field(default=False, description="Run the command string through /bin/sh -c.")
-    cwd: str | None = Field(default=None, description="Working directory of the command, relative to the run "
-                            "directory (default: the run directory).")
-    log_pattern: list[str] | str | None = Field(
-        default=None, description="Regex(es) searched in every output line; named groups are metrics, the group "
-        "`step` (or `step_key`) is the step (no step group: steps are counted).")
-    metrics_file: str | None = Field(
-        default=None, description="A JSONL file the trainer writes, one object per step (relative to the command's "
-        "working directory; with `*`, the newest matching file that appears after the start); nested objects are "
-        "flattened with '/'.")
-    step_key: str = Field(default="step", description="The trainer's name for the step (group or JSON key).")
-    metrics_map: dict[str, str] = Field(
-        default_factory=dict, description="Trainer key -> rlctl's unified name (e.g. loss = \"policy_loss\"); keys "
-        "not mapped are kept as command/<key>.")
-    checkpoint_pattern: str | None = Field(
-        default=None, description="The name of one checkpoint folder inside checkpoint.dir, with {step} for the step "
-        "(`*`/`?` wildcards), or `re:<regex>` with a group for the step.")
-    checkpoint_marker: str | None = Field(
-        default=None, description="A file inside a checkpoint folder the trainer writes last (a checkpoint is "
-        "complete once it exists; {step} allowed).")
-    resume_args: list[str] | str | None = Field(
-        default=None, description="Arguments appended to resume, with {path} (the checkpoint folder), {step}, {dir} "
-        "(checkpoint.dir), e.g. [\"--resume\", \"{path}\"].")
-    resume_command: list[str] | str | None = Field(
-        default=None, description="A whole other command that resumes (instead of command + resume_args); same "
-        "placeholders as resume_args.")
+def _options() -> type[CommandOptions]:
+    from rlctl.backends.command.options import CommandOptions
 
-    @field_validator("log_pattern")
-    @classmethod
-    def _regexes(cls, v: list[str] | str | None) -> list[str] | str | None:
-        for p in [v] if isinstance(v, str) else (v or []):
-            try:
-                rx = re.compile(p)
-            except re.error as e:
-                raise ValueError(f"log_pattern {p!r} is not a regex: {e}") from None
-            if not rx.groupindex:
-                raise ValueError(f"log_pattern {p!r} has no named group: write (?P<loss>\\S+) for a metric")
-        return v
-
-    @field_validator("checkpoint_pattern")
-    @classmethod
-    def _pattern(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                _runner.checkpoint_regex(v)
-            except (ValueError, re.error) as e:
-                raise ValueError(str(e)) from None
-        return v
-
-    @field_validator("metrics_map")
-    @classmethod
-    def _unified(cls, v: dict[str, str]) -> dict[str, str]:
-        return check_unified(v)
-
-    @field_validator("resume_args", "resume_command")
-    @classmethod
-    def _resume_fields(cls, v: list[str] | str | None) -> list[str] | str | None:
-        for arg in _argv(v) if v is not None else []:
-            bad = [f for f in _fields(arg) if f not in RESUME_FIELDS]
-            if bad:
-                raise ValueError(f"{arg!r}: unknown placeholder {{{bad[0]}}}; resume templates take "
-                                 + ", ".join(f"{{{f}}}" for f in RESUME_FIELDS))
-        return v
-
-    @model_validator(mode="after")
-    def _command(self) -> CommandOptions:
-        if not _argv(self.command):
-            raise ValueError("command is empty")
-        if self.checkpoint_marker and not self.checkpoint_pattern:
-            raise ValueError("checkpoint_marker needs checkpoint_pattern (which folders are checkpoints)")
-        if (self.resume_args or self.resume_command) and not self.checkpoint_pattern:
-            raise ValueError("resume_args/resume_command need checkpoint_pattern (which folder to resume from)")
-        return self
+    return CommandOptions
 
 
 class CommandBackend(Backend):
     name = NAME
-    table_model: ClassVar[type] = CommandOptions
+    table_model = LazyTable("rlctl.backends.command.options:CommandOptions")  # pydantic: only for recipes
     # The runtime is the user's command, which rlctl cannot name; the core expects a first package, so rlctl itself
     # (whose adapter and runner run the command) stands in.
     packages = ("rlctl",)
@@ -201,7 +101,7 @@ class CommandBackend(Backend):
 
     def options(self, recipe: Recipe) -> CommandOptions:
         table = recipe.backend.table(self.name)
-        if not isinstance(table, CommandOptions):
+        if not isinstance(table, _options()):
             raise RlctlError("the command backend needs a [backend.command] table with `command = [...]`.",
                              hint='[backend.command]\ncommand = ["torchrun", "--nproc_per_node=2", "train.py"]')
         return table
@@ -235,7 +135,7 @@ class CommandBackend(Backend):
         """A recipe key reaches the command only through its placeholder: `optim.lr` is honoured when the command
         has `{lr}`; keys without a placeholder (algorithm.eps_clip, optim.max_grad_norm, ...) never are."""
         table = recipe.backend.table(self.name)
-        if not isinstance(table, CommandOptions):
+        if not isinstance(table, _options()):
             return None
         templates = [*_argv(table.command), *(_argv(table.resume_command) if table.resume_command else [])]
         used = {self.PLACEHOLDER_KEYS.get(f) for t in templates for f in _fields(t)}
@@ -419,7 +319,7 @@ class CommandBackend(Backend):
         map on top: `attach --backend command --recipe R.toml --metrics-map loss=policy_loss`."""
         out: dict[str, Any] = {"metrics_map": {}, "step_key": "step", "log_pattern": []}
         table = recipe.backend.table(self.name) if recipe is not None else None
-        if isinstance(table, CommandOptions):
+        if table is not None and isinstance(table, _options()):
             out["metrics_map"] = dict(table.metrics_map)
             out["step_key"] = table.step_key
             pats = table.log_pattern
@@ -462,6 +362,14 @@ class CommandBackend(Backend):
         return out
 
     # ---- checkpoints -----------------------------------------------------------------------------------------------
+    def describe_checkpoints(self, recipe: Recipe, root: Path) -> None:
+        """The runner's layout descriptor under root (the recipe's checkpoint_pattern and marker), as a launch writes
+        it there; one already there is kept."""
+        table = recipe.backend.table(self.name)
+        if isinstance(table, CommandOptions) and table.checkpoint_pattern and not (root / _runner.DESCRIPTOR).exists():
+            _runner.write_descriptor({"checkpoint": {"dir": str(root), "pattern": table.checkpoint_pattern,
+                                                     "marker": table.checkpoint_marker}})
+
     def checkpoints(self, root: Path) -> list[Checkpoint]:
         """The checkpoint folders under root, as the runner described them in root/.rlctl-checkpoints.json."""
         from rlctl.backends.layout import Checkpoint

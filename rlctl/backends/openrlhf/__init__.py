@@ -47,6 +47,9 @@ def _fmt(v: Any) -> str:
 
 # --max_ckpt_num when rlctl rotates instead (never reached: OpenRLHF has no value that turns its rotation off)
 NO_ROTATION = 2**31 - 1
+# seed 001 §4 measured ~203 GB of full-model shards next to gpt-oss-20b's 91 MB adapter (LoRA + ZeRO-3, no save
+# fix): per parameter of the model (20.9e9 in rlctl's table), the figure disk.checkpoints scales to other models
+LORA_ZERO3_LEAK_PER_PARAM = 203e9 / 20_908_050_240
 
 
 @dataclass
@@ -118,12 +121,27 @@ class OpenRLHFBackend(Backend):
             return "OpenRLHF cuts prompts to data.max_len - max_new_tokens (truncation)"
         return "OpenRLHF truncates prompts to --prompt_max_len"
 
+    def engine_context(self, recipe: Recipe) -> tuple[int, str]:
+        """vLLM's max_model_len as OpenRLHF sizes it, whatever model.max_model_len says: train_ppo_ray.py train()
+        `max_len = args.max_len if args.max_len else args.prompt_max_len + args.generate_max_len` (0.9.3-0.9.7), then
+        `args.data.max_len` / `--max_len` (0.9.8 on), passed to create_vllm_engines as max_model_len. rlctl renders
+        both as data.max_prompt_tokens + rollout.max_tokens (an extra that sets them is refused: argv.NO_RECIPE_KEY)."""
+        r = recipe
+        how = ("--prompt_max_len + --generate_max_len" if release(self.target_version(r)).flag("prompt_max_len")
+               else release(self.target_version(r)).flag("max_len"))
+        return r.data.max_prompt_tokens + r.rollout.max_tokens, f"OpenRLHF sizes vLLM to {how}"
+
     def stall_patterns(self) -> list[str]:
         """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""
         return [
             *NCCL_VLLM_STALL_SIGNS,
             r"RayActorError|ActorDiedError|The actor died unexpectedly",
         ]
+
+    def gpu_roles(self, recipe: Recipe) -> list[set[str]] | None:
+        """Colocated (--colocate_all_models), every GPU holds an actor and an engine; else Ray's placement groups
+        pick which GPU holds which: only the counts are known."""
+        return super().gpu_roles(recipe) if self.colocated(recipe) else None
 
     def colocation_mode(self, recipe: Recipe) -> str:
         """Colocated vLLM sleeps while training with --vllm_enable_sleep (<= 0.10.1.post2) / --vllm.enable_sleep."""
@@ -538,19 +556,32 @@ class OpenRLHFBackend(Backend):
         keep_opt = r.checkpoint.save_optimizer
         hf = T * 2 if r.lora else P * 2
         ds = (P * 2 + T * 12) if keep_opt else 0
-        return hf + ds, ("HF " + ("adapter" if r.lora else "weights")) + (" + DeepSpeed states" if keep_opt else "")
+        what = ("HF " + ("adapter" if r.lora else "weights")) + (" + DeepSpeed states" if keep_opt else "")
+        leak = P * LORA_ZERO3_LEAK_PER_PARAM if self.leaks_shards(r) else 0
+        if leak:
+            what += (f" + ~{leak / 1e9:.0f} GB of full-model shards LoRA + ZeRO-3 leaves next to the adapter on every "
+                     "save (no save fix in the patch set)")
+        return hf + ds + leak, what
+
+    def leaks_shards(self, recipe: Recipe) -> bool:
+        """Seed 001 §4: with LoRA and ZeRO-3, strategy.save_model (utils/deepspeed/deepspeed.py, the same code in every
+        release rlctl knows) leaves full-model shard files (pytorch_model-*.bin, model-*.safetensors) next to the
+        adapter in each global_stepN_hf export, unless the recipe's patch set declares the fix (its manifest's
+        `fixes = ["disk.lora_zero3"]`: the seed's save_model.patch deletes them after the save)."""
+        from rlctl.backends.openrlhf.honour import patch_set_fixes
+
+        r = recipe
+        return bool(r.lora) and r.train.zero_stage == 3 and "disk.lora_zero3" not in patch_set_fixes(r)
+
+    def lighter_checkpoints(self, recipe: Recipe) -> list[dict[str, Any]]:
+        """ZeRO-2 saves a LoRA adapter without the shard leak (save_model's stage-3 path is the one that leaks)."""
+        return [{"train.zero_stage": 2}] if self.leaks_shards(recipe) else []
 
     def prune_during_run(self, recipe: Recipe) -> bool:
         """OpenRLHF's --max_ckpt_num rotates only the DeepSpeed states under `_actor/` (utils/deepspeed/deepspeed.py
         save_ckpt); the HF exports `global_stepN_hf` are never deleted, in any release. With HF exports on (rlctl always
         asks for them), rlctl prunes to keep_last while the run goes."""
         return bool(recipe.checkpoint.keep_last)
-
-    def kept_checkpoints(self, recipe: Recipe) -> int | None:
-        """keep_last when set (OpenRLHF rotates the DeepSpeed states, rlctl the HF exports; best_global_stepN exports
-        are switched off with --best_metric_key none; with eval sets rlctl rotates both and keeps the best too);
-        None (all) otherwise: every HF export stays."""
-        return super().kept_checkpoints(recipe)
 
     def preflight(self, ctx: Any, family: str) -> list[Any]:
         from rlctl.backends.openrlhf.honour import preflight

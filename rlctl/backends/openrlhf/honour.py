@@ -248,9 +248,10 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
             out.append(Result("disk.deepspeed", WARN,
                               "DeepSpeed checkpoints are on (OpenRLHF's default): optimizer + model states every save",
                               "set checkpoint.save_optimizer = false (--disable_ds_ckpt) if HF checkpoints suffice"))
-        if r.lora and r.train.zero_stage == 3 and "disk.lora_zero3" not in _patch_set_fixes(r):
+        if backend.leaks_shards(r):  # counted in disk.checkpoints too (checkpoint_bytes)
             out.append(Result("disk.lora_zero3", WARN,
-                              "OpenRLHF LoRA + ZeRO-3 saves full-model shards next to the adapter (~200 GB for 20B)",
+                              "OpenRLHF LoRA + ZeRO-3 saves full-model shards next to the adapter (~200 GB for 20B; "
+                              "disk.checkpoints counts them)",
                               "set train.zero_stage = 2, or a patch set whose manifest declares "
                               "fixes = [\"disk.lora_zero3\"] (patches.set; no bundled set has one)",
                               set={"train.zero_stage": 2}))
@@ -262,7 +263,7 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
     return out
 
 
-def _patch_set_fixes(recipe: Recipe) -> list[str]:
+def patch_set_fixes(recipe: Recipe) -> list[str]:
     """The checks the recipe's patch set declares it fixes (its manifest's `fixes`): only those may go silent."""
     if not recipe.patches.set:
         return []

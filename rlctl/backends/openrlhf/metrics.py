@@ -1,18 +1,24 @@
 """OpenRLHF's log and metric formats, mapped to rlctl's unified names (docs/metrics.md lists every mapping).
 
-What OpenRLHF prints, read from its released sources (0.9.3 and 0.11.2; older releases' progress bars too):
-  - `ppo_trainer.py`: `logger.info(f"✨ Global step {global_step}: {log_status}")` through its own logging format
-    (`INFO 01-06 09:20:11 ppo_trainer.py:323] ...`), often behind Ray's `(PPOTrainer pid=.., ip=..)` prefix; the
-    async trainer of 0.11 prints the same without the ✨. A long dict can reach the log wrapped over several lines.
+What OpenRLHF prints, read from its released sources (0.3.6 to 0.11.2, each family's printing code run in the
+tests):
+  - `ppo_trainer.py` (from 0.8.1): `logger.info(f"✨ Global step {global_step}: {log_status}")` through its own
+    logging format (`INFO 01-06 09:20:11 ppo_trainer.py:323] ...`), often behind Ray's `(PPOTrainer pid=.., ip=..)`
+    prefix; the async trainer of 0.11 prints the same without the ✨. A long dict can reach the log wrapped over
+    several lines.
   - evaluation: `✨ Evaluation completed in 0:01:02, global_step 10, eval_metrics: {...}` and (async, 0.11)
     `Eval at step 10: {...}`, keys `eval_<datasource>_pass1`, `eval_<datasource>_pass<k>`, ...
-  - the actor's tqdm bar `Train epoch [1/1]: 100%|...| 8/8 [.., act_loss=.., reward=.., return=.., gen_len=..,
-    tot_len=.., kl=.., act_lr=.., grad_norm=..]` (0.11 adds grad_norm; 0.6 and before printed `pg=, rm=, ret=,
-    glen=, tlen=, kl=, act_lr=`): the final frame of a bar is the last micro-batch of the step being trained, and
-    gets a counted step (the step after the last one seen).
-  - up to 0.6, the `Episode [e/E]` bar's postfix is the step's whole status dict (`policy_loss=.., reward=..`),
-    printed by `set_postfix` before `update()`: a frame showing n of N batches is step (e-1)*N + n + 1 (the closing
-    frame, n = N, repeats step e*N).
+  - the actor's tqdm bar `Train epoch [e/E]: 100%|...| 8/8 [.., <short_status>]` (its `short_status` dict, every
+    release from 0.3.6): 0.3.6 - 0.3.8 `pg=, rm=, ret=, glen=, tlen=, kl=` (+ `cri=, vals=, ptx=` with a critic,
+    pretraining loss); 0.4.0 - 0.7.1 the same + `act_lr=` (+ `cri_lr=`); from 0.7.2 `act_loss=, reward=, return=,
+    gen_len=, tot_len=, kl=, act_lr=, ent_loss=` (0.11 adds grad_norm). The final frame of a bar (drawn again by
+    close()) is the last micro-batch of the step being trained: the first epoch's gets a counted step (the step
+    after the last one seen), a later epoch's (--max_epochs) the step in progress.
+  - up to 0.8.0, the `Episode [e/E]` bar's postfix is the step's whole status dict (`policy_loss=.., reward=..`),
+    printed by `set_postfix` before `update()`, and in 0.8.0's async trainer the `Training Process` bar's: a frame
+    showing n of N is step (e-1)*N + n + 1 (the closing frame, n = N, repeats step e*N). Up to 0.4.4 that bar
+    counts rollout micro-batches (rollout_batch_size / (world size x micro_rollout_batch_size) per step), so its
+    steps are right only where that is 1. A bar with a status no rule places is not understood, never dropped.
   - its W&B/TensorBoard loggers: `train/<key>` with `train/global_step`, `eval/<key>` with `eval/global_step`.
   - rlctl's own patch: JSON lines with `global_step` (backend_metrics.jsonl).
 """
@@ -52,7 +58,7 @@ MAP = {
     "truncated": "response_length/clip_ratio", "truncated_response": "response_length/clip_ratio",
     "timing/step_total": "time/step_s", "timing/generation": "time/generation_s", "timing/ppo_train": "time/train_s",
 }
-# The actor's progress-bar postfix: 0.6 .. 0.11 names, then the names of releases before 0.6
+# The actor's progress-bar postfix: 0.7.2 .. 0.11 names, then those of 0.3.6 .. 0.7.1
 POSTFIX_MAP = {
     "act_loss": "policy_loss", "reward": "reward/mean", "gen_len": "response_length/mean", "kl": "kl",
     "act_lr": "lr", "grad_norm": "grad_norm", "ent_loss": "entropy",
@@ -60,7 +66,7 @@ POSTFIX_MAP = {
 }
 _KEYS = KeyMap(NAME, MAP)
 POSTFIX_RENAME = {"return": "return", "ret": "return", "tot_len": "total_length", "tlen": "total_length",
-                  # before 0.6, a PPO run with a critic in the same process: its short names in the actor's bar
+                  # up to 0.7.1, a PPO run with a critic in the same process: its short names in the actor's bar
                   "cri": "critic_loss", "vals": "values", "cri_lr": "critic_lr", "ptx": "ptx_loss"}
 
 NEEDLES = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
@@ -68,8 +74,11 @@ NEEDLES = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "polic
 _GLOBAL_STEP = re.compile(r"Global step (\d+):\s*(.*?)\s*$", re.DOTALL)
 _EVAL_DONE = re.compile(r"global_step (\d+), eval_metrics:\s*(.*?)\s*$", re.DOTALL)
 _EVAL_ASYNC = re.compile(r"Eval at step (\d+):\s*(.*?)\s*$", re.DOTALL)
-_EPISODE = re.compile(r"Episode \[(\d+)/\d+\][^|]*\|[^|]*\|\s*(\d+)/(\d+) \[[^\]]*?,\s*([A-Za-z_]+=.*?)\]?\s*$")
+# the bars whose postfix is a step's whole status: `Episode [e/E]` (<= 0.8.0), 0.8.0's async `Training Process`
+_EPISODE = re.compile(r"(?:Episode \[(\d+)/\d+\]|Training Process)[^|]*\|[^|]*\|\s*(\d+)/(\d+) \[[^\]]*?,"
+                      r"\s*([A-Za-z_]+=.*?)\]?\s*$")
 _BAR = re.compile(r"(\d+)/(\d+) \[[^\]]*?,\s*([A-Za-z_]+=.*?)\]?\s*$")
+_EPOCH = re.compile(r"Train epoch \[(\d+)/(\d+)\]")
 _EVAL_KEY = re.compile(r"^eval_(.+)_(pass\d+|response_length_mean|truncated_rate)$")
 _LOG_PREFIX = re.compile(r"^(?:INFO|WARNING|DEBUG|ERROR) \d\d-\d\d \d\d:\d\d:\d\d [\w.]+:\d+\] ")
 
@@ -118,7 +127,7 @@ def _bar(s: str) -> dict[str, Any] | None:
         fields = key_values(e.group(4))
         if "policy_loss" not in fields and "reward" not in fields:
             return None
-        episode, n, total = int(e.group(1)), int(e.group(2)), int(e.group(3))
+        episode, n, total = int(e.group(1) or 1), int(e.group(2)), int(e.group(3))
         rec: dict[str, Any] = {"step": (episode - 1) * total + min(n + 1, total)}
         rec.update(unify(NAME, {k: number(v) for k, v in fields.items()}, MAP))
         return rec
@@ -128,14 +137,17 @@ def _bar(s: str) -> dict[str, Any] | None:
     fields = key_values(m.group(3))
     actor = any(k in fields for k in ("act_lr", "act_loss", "pg"))
     if not actor and "critic_loss" not in fields:
+        if "policy_loss" in fields:  # a step's status in a bar no rule here knows: said, never dropped
+            raise Malformed(f"a progress bar with a step's status rlctl cannot place: {s[:80]!r}")
         return None  # other bars (`prompts_consumed=`, ...)
     if int(m.group(1)) != int(m.group(2)):
         return None  # a frame before the bar's end: the final frame carries the step's last micro-batch
     raw = {POSTFIX_RENAME.get(k, k): v for k, v in fields.items()}
     rec = unify(NAME, {k: number(v) for k, v in raw.items()}, POSTFIX_MAP if actor else {})
-    if not actor:
-        rec["step"] = None  # the critic's bar: the step in progress
-    return rec  # the actor's bar ends a step: no `step`, the stream counts it
+    epoch = _EPOCH.search(s)
+    if not actor or (epoch and int(epoch.group(1)) > 1):
+        rec["step"] = None  # the critic's bar, or a later epoch (--max_epochs) over the same step: the step in progress
+    return rec  # the actor's bar of a step's first epoch ends a step: no `step`, the stream counts it
 
 
 def record(raw: dict[str, Any]) -> dict[str, Any] | None:

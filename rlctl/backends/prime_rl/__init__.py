@@ -17,12 +17,8 @@ import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
-
-from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan
+from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, LazyTable
 from rlctl.backends.prime_rl.tags import CHECKOUT_ENV, NEW_LAYOUT_SINCE, layout  # noqa: F401 (re-exported)
-from rlctl.recipe.loader import dump_toml
-from rlctl.recipe.schema import BackendExtra
 
 if TYPE_CHECKING:
     from rlctl.backends.layout import Checkpoint
@@ -30,13 +26,6 @@ if TYPE_CHECKING:
 
 CONFIG_FILE = "rl.toml"
 NONE = "None"  # TOML has no null: prime-rl's BaseConfig reads the string "None" as None (both tags)
-
-
-class PrimeRLTable(BackendExtra):
-    """`[backend.prime_rl]`: the escape hatch plus where prime-rl is checked out."""
-
-    checkout: str | None = Field(
-        default=None, description="The prime-rl checkout (a uv project) that runs the job; default: $PRIME_RL_DIR.")
 
 
 def flatten(data: dict[str, Any], prefix: str = "") -> list[str]:
@@ -85,7 +74,8 @@ class PrimeRLBackend(Backend):
     refuses_single_sample_groups = False  # rollouts_per_example = 1 passes its validators
     known_versions = ("0.3.0", "0.8.0")
     metric_needles = ("Step ", "╰─")  # as in prime_rl/metrics.py NEEDLES
-    table_model = PrimeRLTable
+    table_model = LazyTable("rlctl.backends.prime_rl.table:PrimeRLTable")  # pydantic: only for recipes
+    table_paths = ("checkout",)  # a checkout named in a recipe is found next to the recipe, as its data is
     install_hint = ("prime-rl is not on PyPI: git clone https://github.com/PrimeIntellect-ai/prime-rl, check out the "
                     "tag (e.g. v0.8.0), `uv sync`, and set backend.prime_rl.checkout (or $PRIME_RL_DIR) to it")
 
@@ -164,6 +154,12 @@ class PrimeRLBackend(Backend):
         else:
             trn_ids = [g for g in range(res.gpus_per_node) if g not in inf_ids]
         return inf_ids, trn_ids
+
+    def gpu_roles(self, recipe: Recipe) -> list[set[str]] | None:
+        """As rendered: inference_gpu_ids / trainer_gpu_ids (v0.3), num_infer_gpus first then num_train_gpus (v0.8)."""
+        inf_ids, trn_ids = self.gpu_ids(recipe)
+        return [{role for role, ids in (("trainer", trn_ids), ("vllm", inf_ids)) if i in ids}
+                for i in range(recipe.resources.gpus_per_node)]
 
     # ---- render ----------------------------------------------------------------------------------------------
     def config(self, recipe: Recipe, dataset_size: int | None, version: str | None = None) -> dict[str, Any]:
@@ -292,6 +288,8 @@ class PrimeRLBackend(Backend):
         return plan
 
     def render(self, recipe: Recipe, dataset_size: int | None = None) -> LaunchPlan:
+        from rlctl.recipe.loader import dump_toml
+
         version = self.target_version(recipe)
         cfg = self.config(recipe, dataset_size, version)
         env = dict(recipe.env)
@@ -386,9 +384,6 @@ class PrimeRLBackend(Backend):
         but never the orchestrator's run_default/checkpoints/step_N nor the broadcasts it keeps at checkpoint steps:
         rlctl prunes those while the run goes."""
         return bool(recipe.checkpoint.keep_last)
-
-    def kept_checkpoints(self, recipe: Recipe) -> int | None:
-        return recipe.checkpoint.keep_last
 
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe

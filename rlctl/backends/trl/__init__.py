@@ -39,10 +39,18 @@ class TRLBackend(Backend):
     logit_bytes = 3.0  # bf16 completion logits, row-wise log-softmax (measured on an H100, docs/memory.md)
     updates_straddle_rollouts = True  # generation_batch_size and gradient accumulation are independent in GRPOConfig
     train_batch_rounds = True  # accumulation = train_batch_size // (micro x processes): unhonoured() warns
+    sleep_switch = "vllm_enable_sleep_mode"  # colocated vLLM sleeps (level 2: weights and KV cache) while training
 
     def uses_vllm(self, recipe: Recipe) -> bool:
         """TRL generates with the trainer's own model unless `use_vllm` is set in its extras."""
         return bool(recipe.backend.extra().get("use_vllm"))
+
+    def colocated(self, recipe: Recipe) -> bool:
+        """With use_vllm, GRPOConfig's vllm_mode (default "colocate" in trl 1.16, grpo_config.py) starts vLLM inside
+        each training process, on its GPU; "server" talks to a `trl vllm-serve` on GPUs of its own."""
+        extra = recipe.backend.extra()
+        return recipe.resources.colocate or (bool(extra.get("use_vllm"))
+                                             and extra.get("vllm_mode", "colocate") == "colocate")
 
     def in_loop_eval(self, recipe: Recipe, sets: list[Any]) -> tuple[list[Any], list[tuple[Any, str]]]:
         """GRPOTrainer's evaluation (rendered as eval_strategy/eval_steps) generates like training does — the
@@ -260,6 +268,7 @@ class TRLBackend(Backend):
             "max_prompt_tokens": r.data.max_prompt_tokens,
             "reward_file": r.reward.function,
             "reward_name": r.reward.function_name,
+            "final_dir": r.checkpoint.final_dir or f"{r.checkpoint.dir}/final",  # the runner saves it at the end
             "precision": r.model.precision,
             "lora": None,
             "grpo": self.grpo_config(r, dataset_size),

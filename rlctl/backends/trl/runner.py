@@ -64,10 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlctl.recipe.tiny_model import resolve_model
+    from rlctl.recipe.tiny_model import model_cache, resolve_model
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    model_path = resolve_model(cfg["model"], Path(os.environ.get("RLCTL_MODEL_CACHE", ".rlctl-models")))
+    model_path = resolve_model(cfg["model"], model_cache())
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -122,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         trainer.train(resume_from_checkpoint=resume)
     finally:
         report_cuda_memory(torch)
-    if config.save_strategy != "no":
-        trainer.save_model(str(Path(config.output_dir) / "final"))
+    # the final model is kept (checkpoint.final_dir, default <checkpoint.dir>/final) whether or not the recipe
+    # checkpoints; a run stopped on SIGTERM saves it only when it checkpoints (the grace period may not hold a save)
+    if not stop["requested"] or config.save_strategy != "no":
+        trainer.save_model(cfg.get("final_dir") or str(Path(config.output_dir) / "final"))
     if stop["requested"]:
         print("rlctl: stopped on SIGTERM", flush=True)
         return 128 + signal.SIGTERM

@@ -60,12 +60,16 @@ class VerlBackend(Backend):
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
     own_rotation = "trainer.max_actor_ckpt_to_keep (and max_critic_ckpt_to_keep) stays at null, keep all"
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
-    # update_actor splits each GPU's share of a mini-batch into micro batches, the last one smaller: no divisibility
-    # by micro x GPUs (placement_rules checks what verl asserts: the mini-batch over the data-parallel ranks)
+    # train_mini_batch splits each GPU's share of a mini-batch into micro batches, the last one smaller: no
+    # divisibility by micro x GPUs (placement_rules checks what verl asserts: the mini-batch over the data-parallel
+    # ranks, and mapping.py a rollout of whole mini-batches)
     train_batch_rounds = True
     refuses_single_sample_groups = False  # rollout.n = 1 passes validate_config (GRPO then has no group baseline)
     lora_base_master = True  # the FSDP trainer loads the whole model in fp32, frozen base included
     colocation = "sleep"  # hybrid engine: vLLM frees weights + KV cache while the actor trains
+    # a rollout replica of TP > GPUs per node takes whole nodes: one vLLM server per node of the replica
+    # (workers/rollout/replica.py RolloutReplica.__init__ nnodes, vllm_async_server.py launch_servers)
+    tp_spans_nodes = True
     packages = ("verl",)
     known_versions = ("0.9.0", "0.9.1")  # each has a snapshot and passes tests/conformance/test_verl.py
     metric_needles = ("step:", '{"step"')  # as in verl/metrics.py NEEDLES
@@ -87,7 +91,8 @@ class VerlBackend(Backend):
 
     def optimizer_steps_per_logged_step(self, recipe: Recipe) -> int:
         """Optimizer steps per verl iteration: ppo_epochs x (train_batch_size // ppo_mini_batch_size) mini-batches
-        (engine_workers.py update_actor: `total_num_iterations = data.shape[0] // mini_batch_size_per_gpu * epochs`)."""
+        (engine_workers.py train_mini_batch: `total_num_iterations = data.shape[0] // mini_batch_size_per_gpu *
+        epochs`)."""
         per_rollout = max(recipe.rollout.prompts_per_step // self.mini_batch_prompts(recipe), 1)
         return per_rollout * recipe.train.epochs_per_rollout
 
@@ -328,11 +333,40 @@ class VerlBackend(Backend):
         version = recipe.backend.version or installed_version("verl") or self.known_versions[-1]
         if version not in self.known_versions:
             return []  # render reports the unknown version
-        # the batch splits verl refuses (validate_config) or asserts after the first rollout (update_actor): render
+        # the batch splits verl refuses (validate_config) or asserts after the first rollout (train_mini_batch): render
         # shows them too, not only preflight's placement.batch
         own = [Finding("error", "train.train_batch_size", res.figure, res.fix) for res in placement_rules(recipe)
                if res.verdict == "fail"]
-        return unhonoured(self, recipe, snapshot(version)) + own
+        return unhonoured(self, recipe, snapshot(version)) + own + self.placement_errors(recipe)
+
+    def placement_errors(self, recipe: Recipe) -> list[Finding]:
+        """The tensor parallel sizes verl's workers refuse, with the assert that fires (0.9.0 and 0.9.1):
+        - the hybrid worker group (nnodes x n_gpus_per_node ranks) splits into rollout groups of TP (x rollout DP x
+          PP, both 1 as rendered): workers/engine_workers.py init_model, `assert self.world_size % infer_world_size
+          == 0` ("rollout world_size: N is not divisible by infer_world_size: TP");
+        - a replica larger than a node takes whole nodes: workers/rollout/replica.py RolloutReplica.__init__,
+          `assert self.world_size % self.gpus_per_replica_node == 0` (gpus_per_replica_node = min(gpus_per_node,
+          TP)). vLLM's own rule (TP divides the attention heads) is placement.tensor_parallel's."""
+        r = recipe
+        tp, per_node = r.rollout.tensor_parallel, r.resources.gpus_per_node
+        world = r.resources.nodes * per_node
+        v = self.target_version(r)
+        if not per_node:
+            return []
+        if world % tp:
+            fit = [t for t in range(tp, 0, -1) if world % t == 0 and (t <= per_node or t % per_node == 0)][0]
+            return [Finding("error", "rollout.tensor_parallel", f"TP {tp} does not divide the {world} GPUs of verl's "
+                            f"hybrid worker group: workers/engine_workers.py init_model asserts `self.world_size % "
+                            f"infer_world_size == 0` (\"rollout world_size: {world} is not divisible by "
+                            f"infer_world_size: {tp}\") when the workers start (verl {v})",
+                            f"set rollout.tensor_parallel = {fit} (a divisor of {world})")]
+        if tp > per_node and tp % per_node:
+            return [Finding("error", "rollout.tensor_parallel", f"TP {tp} spans nodes of {per_node} GPUs but not whole "
+                            "ones: workers/rollout/replica.py RolloutReplica.__init__ asserts `self.world_size % "
+                            f"self.gpus_per_replica_node == 0` (\"world_size {tp} must be divisible by gpus_per_node "
+                            f"{per_node}\") (verl {v})",
+                            f"set rollout.tensor_parallel to a divisor of {per_node} or a multiple of it")]
+        return []
 
     # ---- validation ------------------------------------------------------------------------------------------
     def definitions(self, installed: str | None, wanted: str) -> tuple[set[str], str, str]:
@@ -408,11 +442,6 @@ class VerlBackend(Backend):
         what = "FSDP model + optimizer shards" + (" + HF export" if hf else "")
         what += " (actor and critic)" if critic else ""
         return actor + hf + critic, what
-
-    def kept_checkpoints(self, recipe: Recipe) -> int | None:
-        # verl rotates actor/ (and critic/) dirs to max_*_ckpt_to_keep, and rlctl prunes what a restart leaves (with
-        # eval sets rlctl alone rotates, and keeps the best-eval checkpoint too)
-        return super().kept_checkpoints(recipe)
 
     def prune_during_run(self, recipe: Recipe) -> bool:
         """verl's checkpoint manager remembers only the checkpoints saved by this process (previous_saved_paths,
@@ -503,6 +532,10 @@ class VerlBackend(Backend):
             return placement_rules(r) + nodes_rule(r, os.environ) + self.token_budget_rules(r)
         if family == "env":
             return wandb_reaches_job(r, os.environ)
+        if family == "reference":
+            from rlctl.backends.verl.data import data_format
+
+            return data_format(ctx)
         return []
 
 
@@ -524,29 +557,77 @@ def placement_rules(recipe: Recipe) -> list[Any]:
         # verl/utils/config.py validate_config: real_train_batch_size % minimal_bsz (n_gpus) == 0
         out.append(Result("placement.batch", FAIL,
                           f"a rollout of {rollout_samples} samples does not split over {n_gpus} GPUs: verl's "
-                          "validate_config refuses it", "make prompts_per_step x group_size a multiple of the GPUs"))
+                          "validate_config refuses it (utils/config.py: `real_train_batch_size % minimal_bsz == 0`)",
+                          "make prompts_per_step x group_size a multiple of the GPUs"))
     if n_gpus and (tbs // g) * g % n_gpus:
-        # workers/engine_workers.py update_actor: `assert mini_batch_size % dp_size == 0` (after the first rollout)
+        # workers/engine_workers.py train_mini_batch (update_actor's work on each rank): `assert mini_batch_size %
+        # self.engine.get_data_parallel_size() == 0`, after the first rollout
         out.append(Result("placement.batch", FAIL,
                           f"a mini-batch of {(tbs // g) * g} samples does not split over {n_gpus} data-parallel "
-                          "ranks: verl asserts it in update_actor, after the first rollout",
+                          "ranks: verl asserts it at the first update, after the first rollout (workers/"
+                          "engine_workers.py train_mini_batch: `assert mini_batch_size % "
+                          "self.engine.get_data_parallel_size() == 0`)",
                           "make train.train_batch_size a multiple of the GPUs"))
     return out
 
 
+def ray_temp_dir(environ: Any) -> Path:
+    """Ray's default temp dir as `ray start` and `ray.init()` compute it (ray/_common/utils.py
+    get_default_system_temp_dir + "ray"): RAY_TMPDIR, else TMPDIR on Linux, else /tmp."""
+    import sys
+
+    base = environ.get("RAY_TMPDIR") or (environ.get("TMPDIR") if sys.platform.startswith("linux") else None)
+    return Path(base or "/tmp") / "ray"
+
+
+def ray_init_address(recipe: Recipe, environ: Any) -> tuple[str | None, str]:
+    """(the Ray cluster main_ppo's `ray.init()` joins, where the address comes from), or (None, why it starts a
+    one-machine Ray). main_ppo calls `ray.init(**ray_kwargs.ray_init)`; with no address Ray looks it up itself
+    (ray/_private/services.py get_ray_address_from_environment): RAY_ADDRESS, else the address the last `ray start`
+    on this machine (head or worker) wrote to <ray temp dir>/ray_current_cluster (`ray stop` removes it)."""
+    r = recipe
+    env = {**environ, **r.env}
+    extra = r.backend.extra()
+    given = extra.get("+ray_kwargs.ray_init.address") or extra.get("ray_kwargs.ray_init.address")
+    if given and given not in ("auto", "local"):
+        return str(given), "ray_kwargs.ray_init.address"
+    addr = given or env.get("RAY_ADDRESS") or None
+    if addr == "local":
+        return None, "RAY_ADDRESS=local starts a new Ray"
+    if addr and addr != "auto":
+        return addr, "RAY_ADDRESS"
+    marker = ray_temp_dir(env) / "ray_current_cluster"
+    try:
+        found = marker.read_text().strip() if marker.is_file() else ""
+    except OSError:
+        found = ""
+    if found:
+        return found, f"`ray start` on this machine ({marker})"
+    return None, f"no RAY_ADDRESS and no cluster `ray start` left on this machine ({marker} absent)"
+
+
 def nodes_rule(recipe: Recipe, environ: Any) -> list[Any]:
-    """main_ppo calls ray.init() when Ray is not initialised: without a cluster address that is a one-machine Ray,
-    and verl's resource pool (trainer.nnodes x n_gpus_per_node GPUs) never fits: the run waits forever."""
-    from rlctl.preflight import FAIL, Result
+    """resources.nodes > 1 with the local executor: main_ppo's `ray.init()` joins a cluster only if Ray finds one
+    (ray_init_address); otherwise it starts a Ray of this machine alone, and verl's resource pool of nnodes x
+    n_gpus_per_node GPUs fails its check (single_controller/ray/base.py ResourcePoolManager._check_resource_available:
+    ValueError "Total available GPUs ... is less than total desired GPUs ...")."""
+    from rlctl.preflight import FAIL, OK, Result
 
     r = recipe
     if r.resources.nodes <= 1 or r.resources.executor == "ray":
         return []
-    if r.env.get("RAY_ADDRESS") or environ.get("RAY_ADDRESS"):
-        return []
-    return [Result("placement.nodes", FAIL, f"resources.nodes = {r.resources.nodes}, but main_ppo would start a "
-                   "Ray of this machine only: verl's resource pool never fits and the run waits for GPUs forever",
-                   'use executor = "ray" with the cluster\'s address, or export RAY_ADDRESS of a running cluster')]
+    need = f"{r.resources.nodes} x {r.resources.gpus_per_node} GPUs"
+    address, where = ray_init_address(r, environ)
+    if address:
+        return [Result("placement.nodes", OK, f"resources.nodes = {r.resources.nodes}: main_ppo's ray.init() joins the "
+                       f"Ray cluster at {address} (from {where}); verl's resource pool needs {need} there")]
+    return [Result("placement.nodes", FAIL, f"resources.nodes = {r.resources.nodes}, but main_ppo's ray.init() would "
+                   f"start a Ray of this machine only ({where}): verl's resource pool of {need} does not fit "
+                   "(ResourcePoolManager._check_resource_available: \"Total available GPUs ... is less than total "
+                   "desired GPUs\")",
+                   "bring the cluster up first (`ray start --head` here, `ray start --address=HEAD:6379` on the other "
+                   "nodes) and launch on the head, or export RAY_ADDRESS of a running cluster, or use executor = "
+                   '"ray" with its address')]
 
 
 def wandb_reaches_job(recipe: Recipe, environ: Any) -> list[Any]:

@@ -33,12 +33,16 @@ def unhonoured(adapter: Any, recipe: Recipe, snap: dict[str, Any]) -> list[Findi
     if r.rollout.prompts_per_step < mini:
         add("error", "train.train_batch_size",
             f"the mini-batch ({mini} prompts) is larger than a rollout ({r.rollout.prompts_per_step} prompts): "
-            "verl's ActorConfig.validate rejects it", "lower train.train_batch_size")
+            "verl's ActorConfig.validate rejects it (workers/config/actor.py: \"train_batch_size must be >= "
+            "actor.ppo_mini_batch_size\")", "lower train.train_batch_size")
     elif r.rollout.prompts_per_step % mini:
+        # each rank's share of the rollout is cut into mini-batches by utils/tensordict_utils.py make_iterator,
+        # `assert tensordict.batch_size[0] % mini_batch_size == 0` (engine_workers.py train_mini_batch calls it)
         add("error", "train.train_batch_size",
             f"a rollout of {r.rollout.prompts_per_step} prompts is not whole mini-batches of {mini} prompts "
-            f"(train_batch_size {r.train.train_batch_size} / group {r.rollout.group_size}); verl's "
-            "update_actor drops the remainder",
+            f"(train_batch_size {r.train.train_batch_size} / group {r.rollout.group_size}): verl asserts it at the "
+            "first update, after the first rollout (utils/tensordict_utils.py make_iterator: `assert "
+            "tensordict.batch_size[0] % mini_batch_size == 0`, from engine_workers.py train_mini_batch)",
             "make rollout.prompts_per_step a multiple of train.train_batch_size / rollout.group_size")
     if r.train.steps is not None and r.train.steps % k:
         add("error", "train.steps",
@@ -85,7 +89,7 @@ def unhonoured(adapter: Any, recipe: Recipe, snap: dict[str, Any]) -> list[Findi
     if not r.resources.colocate:
         add("warn", "resources.colocate", "verl's synchronous trainer always colocates the actor and vLLM "
             "(hybrid engine) on every GPU: colocate = false is not honoured", "set resources.colocate = true")
-    if r.resources.trainer_gpus or r.resources.inference_gpus:
+    if r.resources.trainer_gpus is not None or r.resources.inference_gpus is not None:  # [] is said too
         add("warn", "resources.trainer_gpus", "verl places actor and vLLM itself (hybrid engine on all GPUs); "
             "trainer_gpus/inference_gpus are not honoured")
     if _set(r.train, "zero_stage"):

@@ -1,0 +1,126 @@
+"""`rlctl compare` as a user types it: the README's defaults (runs in ./runs of the directory the commands are typed
+in, no RLCTL_* variable; only HOME isolated), a real sweep of a real learner that needs no torch
+(tests/fixtures/experiments/bandit.py through the command backend), and every figure checked against scipy.
+
+Issue 30 §2.8: a metric no run has is an error that lists the metrics there are; runs that have not finished are
+left out (and said, by name) unless --include-running; a degenerate test (identical paired differences: t = inf,
+p = 0) is said in words; --json is strict JSON (no bare Infinity or NaN)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_experiments import bandit_recipe
+
+scipy_stats = pytest.importorskip("scipy.stats")
+
+
+def strict_json(text: str):
+    """json.loads that refuses what Python's json writes for non-finite floats (and no other parser reads)."""
+
+    def refuse(name: str):
+        raise ValueError(f"not JSON: a bare {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def shift_recipe(gate: Path) -> str:
+    """The bandit, 6 steps; the reward shift and the gate come from [env] (so that `--grid env.BANDIT_SHIFT=...`
+    makes arms that differ by a constant in every seed)."""
+    return bandit_recipe(steps=6) + f'\n[env]\nBANDIT_SHIFT = "0"\nBANDIT_GATE = "{gate}"\n'
+
+
+def wait_for(pred, timeout: float = 180.0) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def records(run: Path) -> list[dict]:
+    try:
+        return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def final(run: Path, window: int = 5) -> float:
+    vals = [r["reward/mean"] for r in records(run) if "reward/mean" in r][-window:]
+    return math.fsum(vals) / len(vals)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.filterwarnings("ignore:Precision loss")  # scipy on identical differences (what the test is about)
+def test_compare_as_a_user_types_it_unknown_metric_unfinished_runs_degenerate_test_strict_json(user):
+    work, rlctl = user
+    gate = work / "gate"
+    gate.mkdir()
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n{"input": "b"}\n')
+    (work / "b.toml").write_text(shift_recipe(gate))
+    r = rlctl("sweep", "b.toml", "--grid", 'env.BANDIT_SHIFT="0","0.25"', "--seeds", "2", "--parallel", "4",
+              "--name", "shift")
+    assert r.returncode == 0, r.stdout + r.stderr
+    runs = work / "runs"  # the default, relative to where the user typed the command
+
+    def by(arm: str, seed: int) -> list[Path]:
+        return sorted(p for p in runs.glob(f"shift-{arm}-s{seed}-*") if (p / "state.json").is_file())
+
+    # every run is held at step 2 (the gate); then seed 42's runs are let go and finish, seed 43's stay running
+    assert wait_for(lambda: all(len(by(a, s)) == 1 and len(records(by(a, s)[0])) >= 2
+                                for a in ("a0", "a1") for s in (42, 43))), rlctl("status").stdout
+    (gate / "42").write_text("")
+    assert wait_for(lambda: all(json.loads((by(a, 42)[0] / "state.json").read_text()).get("status") == "finished"
+                                for a in ("a0", "a1")))
+    running = sorted(by(a, 43)[0].name for a in ("a0", "a1"))
+
+    # a metric no run logs: exit 2, the metrics there are, the nearest name; no table
+    r = rlctl("compare", "shift", "--metric", "eval/aime/pass@1")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "eval/aime/pass@1" in r.stderr and "reward/mean" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.stdout == ""
+
+    # the unfinished runs are left out, by name, in the table, the report and --json
+    r = rlctl("compare", "shift", "--report", "shift.md")
+    assert r.returncode == 0, r.stderr
+    assert "left out: 2 unfinished runs" in r.stdout and all(n in r.stdout for n in running), r.stdout
+    assert "--include-running" in r.stdout
+    md = (work / "shift.md").read_text()
+    assert "left out: 2 unfinished runs" in md and all(n in md for n in running), md
+    c = strict_json(rlctl("compare", "shift", "--json").stdout)  # one seed per arm: no interval (was NaN)
+    assert sorted(x["run"] for x in c["left_out"]) == running
+    assert {x["status"] for x in c["left_out"]} == {"running"}
+    assert [len(a["values"]) for a in c["arms"]] == [1, 1] and c["arms"][0]["ci95"] is None
+    # --include-running: all four, on their values so far
+    r = rlctl("compare", "shift", "--include-running", "--json")
+    c = strict_json(r.stdout)
+    assert c["left_out"] == [] and sorted(x["run"] for x in c["included_unfinished"]) == running
+    assert [len(a["values"]) for a in c["arms"]] == [2, 2]
+
+    # all finished: the arms differ by exactly 0.25 in every seed (same seed, same draws, a constant shift)
+    (gate / "43").write_text("")
+    assert wait_for(lambda: all(json.loads((by(a, 43)[0] / "state.json").read_text()).get("status") == "finished"
+                                for a in ("a0", "a1")))
+    r = rlctl("compare", "shift")
+    assert r.returncode == 0, r.stderr
+    assert "left out" not in r.stdout
+    assert "degenerate" in r.stdout and "identical in every seed" in r.stdout, r.stdout
+    assert "significant at alpha" not in r.stdout, r.stdout
+    r = rlctl("compare", "shift", "--json")
+    assert r.returncode == 0, r.stderr
+    c = strict_json(r.stdout)
+    (t,) = c["comparisons"]
+    a = [final(by("a0", s)[0]) for s in (42, 43)]
+    b = [final(by("a1", s)[0]) for s in (42, 43)]
+    ref = scipy_stats.ttest_rel(b, a)  # scipy: identical differences give t = inf, p = 0
+    assert math.isinf(ref.statistic) and ref.pvalue == 0.0
+    assert t["test"]["t"] is None and t["test"]["p"] == 0.0 and t["test"]["degenerate"], t
+    assert t["test"]["significant"] is None
+    assert math.isclose(t["test"]["diff"], 0.25, abs_tol=1e-12)
+    assert "t = inf" in t["verdict"] and "degenerate" in t["verdict"]
