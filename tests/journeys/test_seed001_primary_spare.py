@@ -181,6 +181,7 @@ def test_a26_trains_on_the_primary(team, a26):
     assert (there / "checkpoints" / "checkpoint-6" / "trainer_state.json").is_file()
     listed = team.ok(f"rlctl ckpt list {run.name}").stdout
     assert f"primary:{there}/checkpoints/checkpoint-6" in listed
+    assert "final  complete" in listed and f"primary:{there}/checkpoints/final" in listed, listed  # the final model
 
 
 def pass_at_k(counts: list[int], n: int, k: int) -> float:
