@@ -95,7 +95,6 @@ def test_render_is_what_seed_000_ran(team):
         assert flag in argv, flag
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 2.11")
 def test_preflight_refuses_data_verl_cannot_read(team):
     """A plain-string prompt and no data_source column: verl 0.9 fails on it at the first batch; preflight says so."""
     parquet(team.cwd / "data/plain.parquet", [{"prompt": "what is 1 + 1?", "ground_truth": "2"}] * 8)
@@ -155,7 +154,6 @@ def test_compare_with_the_naive_baseline(team, followed):
     assert "fewer than 2 seeds with values in an arm: no interval, no test" in out, out
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 2.6")
 def test_the_log_followed_where_it_is_written(team, followed, sshd):
     """The same log on the Lambda box, attached there with the recipe: the same figures."""
     if "lambda" not in team.hosts:

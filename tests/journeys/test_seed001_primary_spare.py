@@ -152,7 +152,6 @@ def test_preflight_says_its_notes_as_notes(team):
     assert re.search(r"^\d+ ok, \d+ skip$", p.stdout, re.M), p.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 2.4")
 def test_preflight_says_an_every_the_checkpoints_cannot_serve(team):
     """The OOD probe every 3 steps with checkpoints every 2 would be evaluated at 0, 6, 12: preflight says so."""
     p = team("rlctl preflight a26.toml --set eval.sets.ood.every=3")
@@ -241,7 +240,6 @@ def test_eval_by_hand_where_the_run_lives(team, a26):
     assert evals_by_step(run)[6][key] == pytest.approx(got["metrics"][key])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 2.5")
 def test_the_spare_evaluates_a_run_trained_on_the_primary(team, a26):
     """Seed 001 §13: a checkpoint of a run trained on h100-8-4 evaluated on h100-8-5 (--all does them all)."""
     _, run, there = a26
@@ -346,7 +344,6 @@ def test_prune_with_keep_best(team, a27):
     assert sorted(int(d.name.split("-")[1]) for d in ckpts.glob("checkpoint-*")) == [4, before[-1]]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 2.3")
 def test_prune_never_deletes_the_best_by_default(team, a27):
     _, run = a27
     dry = team.ok(f"rlctl ckpt prune {run.name} --keep-last 1 --dry-run").stdout
@@ -434,7 +431,6 @@ def test_compare_agrees_with_scipy(team, a28):
     assert math.isfinite(cmp["test"]["p"])
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 2.8")
 def test_compare_with_the_docs_metric_name(team, a28):
     """The docs' example metric, eval/aime/pass@1, is one rlctl never writes: exit 2, the metrics there are."""
     p = team("rlctl compare a28 --metric eval/aime/pass@1")

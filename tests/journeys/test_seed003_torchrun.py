@@ -120,7 +120,6 @@ def test_preflight_and_render(team):
     assert "torchrun" in r.stdout and "rl_runner.py" in r.stdout and "--steps" in r.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 2.16")
 def test_preflight_names_the_trainer(team):
     assert "command None" not in team("rlctl preflight rl.toml").stdout
 
@@ -169,7 +168,6 @@ def test_checkpoints_evaluated_while_training(team, stopped):
         assert ev[step][key] == pytest.approx(held_out_reward(run / "training_state" / f"step_{step}"), rel=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 2.1")
 def test_eval_every_checkpoint_by_hand(team, stopped):
     """`rlctl eval RUN --all` (seed 003's eval_batch.py --training-run RUN): the baseline and every checkpoint."""
     _, run = stopped
