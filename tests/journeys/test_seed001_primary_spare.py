@@ -115,8 +115,7 @@ def team(new_user, sshd) -> User:
     for path, cut in PROBES.items():
         u.write(path, "\n".join(prompts[cut]) + "\n")
     u.write("a26.toml", A26)
-    # the evaluator by its absolute path: a relative one is not found (test_relative_evaluator_on_the_primary)
-    u.write("a27.toml", A27.format(evaluator=u.cwd / "eval_posthoc.py"))
+    u.write("a27.toml", A27.format(evaluator="eval_posthoc.py"))  # beside the recipe, as the docs write it
     u.write("eval_posthoc.py", EVAL_POSTHOC)
     u.write("a28a.toml", A28A)
     u.write("a28b.toml", A28A.replace("arm A: eps_clip 0.2 (the baseline)", "arm B: eps_clip 0.1")
@@ -278,8 +277,6 @@ def test_prune_on_the_primary_keeps_the_newest_and_the_best(team, a26):
     assert "best eval: eval/ood/greedy_pass@1" in listed and f"at step {best}" in listed, listed
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30 2.2: eval.command's script, relative to the recipe, is not sent "
-                   "by launch --on (nor resolved: the job runs in <run>/evals)")
 def test_relative_evaluator_on_the_primary(team):
     """The team's evaluator as the docs write it, `python eval_posthoc.py ...`, on the primary: its step-0 baseline
     (evaluated before training starts) is recorded; then the run is stopped."""
