@@ -34,6 +34,7 @@ from rlctl.executors.base import Executor
 from rlctl.executors.ssh_relay import relay
 from rlctl.executors.ssh_remote import BLOBS, sha256_file
 from rlctl.executors.ssh_runner import HostUnreachable, Runner, call_remote, local_version, remote_rlctl_error
+from rlctl.recipe.paths import SCRIPT_SUFFIXES, command_scripts  # an eval command's own scripts
 
 MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl", "env.json", "recipe.toml",
           "supervisor.log", "gpu_memory.jsonl")
@@ -98,6 +99,8 @@ def referenced_files(prep: Any) -> list[Path]:
     """Every local file the recipe needs: its extends chain, and what its path keys name (files, or all files of a
     named directory)."""
     files: list[Path] = [Path(p) for p in prep.resolved.chain]
+    # the eval command's own scripts (resolved against the recipe): the host's staged recipe names them there
+    files += [Path(w) for w in command_scripts(prep.recipe.eval.command or "") if Path(w).is_file()]
     for _, value in _path_values(prep):
         p = Path(value)
         if p.is_file():
@@ -623,7 +626,6 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
 
 
 # ---- evals on a host ----------------------------------------------------------------------------------------------
-SCRIPT_SUFFIXES = (".py", ".sh")  # words of an eval command naming a local script: shipped with the sets
 
 
 def eval_paths(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[str]:

@@ -95,10 +95,39 @@ def resolve_value(value: str, kind: str, base: Path) -> str:
 
 
 def resolve(data: dict[str, Any], base: Path) -> None:
-    """Make every path key of `data` (one recipe file's table, or a `--set` fragment) absolute against `base`."""
+    """Make every path key of `data` (one recipe file's table, or a `--set` fragment) absolute against `base`, and
+    the scripts `eval.command` names."""
     base = base.absolute()
     for _, table, name, kind in path_items(data):
         table[name] = resolve_value(table[name], kind, base)
+    ev = data.get("eval")
+    if isinstance(ev, dict) and isinstance(ev.get("command"), str):
+        ev["command"] = resolve_command(ev["command"], base)
+
+
+SCRIPT_SUFFIXES = (".py", ".sh")  # a word of an eval command that names a script of the user's
+
+
+def command_scripts(command: str) -> list[str]:
+    """The words of a command template that name scripts (`python eval_posthoc.py {checkpoint} ...`)."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: the evaluator's own error says so when it runs
+        return []
+    return [w for w in words if w.endswith(SCRIPT_SUFFIXES) and not w.startswith(("-", "{")) and not is_id(w)]
+
+
+def resolve_command(command: str, base: Path) -> str:
+    """`command` with each script it names beside `base` made absolute: the evaluator runs in its job's own
+    directory (<run>/evals), not where the recipe is."""
+    import shlex
+
+    scripts = {w for w in command_scripts(command) if not Path(w).is_absolute() and _exists(base / w)}
+    if not scripts:
+        return command
+    return shlex.join(str((base / w).resolve()) if w in scripts else w for w in shlex.split(command))
 
 
 def local_paths(data: dict[str, Any]) -> list[tuple[str, str]]:
