@@ -131,8 +131,6 @@ def test_math500_next_to_its_baseline(team, followed):
     assert "0.604 at step 220" in line and "+0.116 vs baseline 0.488" in line, line
 
 
-@pytest.mark.xfail(strict=True, reason="attach --recipe records no total: an attached 220-step run shows step 220, "
-                   "not 220/220")
 def test_progress_counts_the_recipes_steps(team, followed):
     _, _, run, _ = followed
     row = next(line for line in team.ok("rlctl status").stdout.splitlines() if line.startswith(run.name))
