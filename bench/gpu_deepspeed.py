@@ -66,7 +66,7 @@ CASES = [
     ("ds-7b-lora16-z3-gc-mb4-s1024", "Qwen/Qwen2.5-7B", 16, True, 4, 1024, 3),
     ("ds-3b-full-z2-gc-mb2-s4096", "Qwen/Qwen2.5-3B", 0, True, 2, 4096, 2),
     # held out: the plan's DeepSpeed terms were fitted on every case above (docs/memory.md), then committed with
-    # their predictions for these (docs/gpu_deepspeed_h100_heldout_predicted.json) before these ran
+    # their predictions for these (docs/gpu/gpu_deepspeed_h100_heldout_predicted.json) before these ran
     ("ds-0.5b-full-z3-nogc-mb4-s1024", "Qwen/Qwen2.5-0.5B", 0, False, 4, 1024, 3),
     ("ds-3b-lora32-z2-nogc-mb4-s1024", "Qwen/Qwen2.5-3B", 32, False, 4, 1024, 2),
     ("ds-7b-lora8-z2-gc-mb1-s4096", "Qwen/Qwen2.5-7B", 8, True, 1, 4096, 2),

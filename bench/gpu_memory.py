@@ -8,7 +8,7 @@ this script samples NVML every 50 ms (the peak an OOM sees); the runner reports 
 The estimates are computed afterwards, on any machine, by `--report` (the raw figures never depend on them).
 
     python bench/gpu_memory.py --grid memory-a --out gpu_memory_a.json      # on the GPU machine
-    python bench/gpu_memory.py --report docs/gpu_memory_h100_*.json         # estimate vs measured table
+    python bench/gpu_memory.py --report docs/gpu/gpu_memory_h100_*.json         # estimate vs measured table
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The memory plan against every measured trainer configuration (docs/gpu_*_h100*.json), as markdown tables.
+"""The memory plan against every measured trainer configuration (docs/gpu/gpu_*_h100*.json), as markdown tables.
 
 Each bench grid maps to the recipe whose plan it checks: the FSDP2 grids (bench/gpu_fsdp.py) to the prime-rl recipe
 with the features the bench ran, the FSDP1 grid to verl's recipe, the DeepSpeed grid (bench/gpu_deepspeed.py) to
@@ -17,7 +17,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-DOCS = ROOT / "docs"
+DOCS = ROOT / "docs" / "gpu"  # the raw data of every GPU run
 RECIPES = ROOT / "recipes"
 PRIME_SHARED = RECIPES / "prime-rl-qwen2.5-7b-1xh100-shared.toml"
 VERL = RECIPES / "verl-qwen2.5-math-1.5b-1xh100.toml"

@@ -11,7 +11,7 @@
   with the load average (the machine may be shared).
 - `rlctl status` latency against log size: it reads from the end, so it should stay flat.
 - Launch pass-through: a child printing N MB as fast as it can, under rlctl's supervisor vs redirected to a file.
-- The memory plan vs the peaks measured on an H100 (docs/gpu_memory_h100_*.json, docs/memory.md).
+- The memory plan vs the peaks measured on an H100 (docs/gpu/gpu_memory_h100_*.json, docs/memory.md).
 """
 
 from __future__ import annotations
@@ -215,14 +215,14 @@ def passthrough(mb: int) -> tuple[float, float]:
 
 
 def memory_report() -> str:
-    """Today's plan next to the peaks measured on an H100 (raw data in docs/gpu_memory_h100_*.json); the configurations
-    held out from fitting are the ones docs/memory.md marks so."""
+    """Today's plan next to the peaks measured on an H100 (raw data in docs/gpu/gpu_memory_h100_*.json); the
+    configurations held out from fitting are the ones docs/memory.md marks so."""
     import re
 
     sys.path.insert(0, str(ROOT / "bench"))
     from gpu_memory import report
 
-    files = sorted((ROOT / "docs").glob("gpu_memory_h100_*.json"))
+    files = sorted((ROOT / "docs" / "gpu").glob("gpu_memory_h100_*.json"))
     doc = (ROOT / "docs" / "memory.md").read_text()
     held = set(re.findall(r"^\| ([\w.-]+) \|.*\| held out \|$", doc, flags=re.M))
     return report(files, held) if files else ""

@@ -362,3 +362,28 @@ def test_adopt_job_takes_only_the_same_job(tmp_path):
     pid_file(out, 4).unlink()
     os.mkfifo(pid_file(out, 4))  # hostile: never read (it would block), nothing adopted
     assert adopt_job(ev, 4, "/m/checkpoint-4", sets, out, None) is None
+
+
+CHECK_MODEL = '''import json, os, sys
+json.dump({"primary": 1.0 if os.path.isdir(sys.argv[1]) else 0.0}, open(sys.argv[2], "w"))
+'''
+
+
+def test_eval_job_with_relative_paths_finds_its_spec_and_checkpoint(tmp_path, monkeypatch):
+    """`rlctl eval RUN` with the README's default ./runs hands the job relative paths; the job runs in its spec's
+    folder, so it read none of them: 'cannot read runs/.../evals/step-8.json' (found by scripts/gpu/run.py's CPU
+    run). Every path in the job is absolute now."""
+    from rlctl.evals.loop import read_result, start_job, write_job
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "check.py").write_text(CHECK_MODEL)
+    ckpt = Path("runs/r/checkpoints/checkpoint-2")
+    ckpt.mkdir(parents=True)
+    ev = {"evaluator": "command", "command": f"{sys.executable} {tmp_path / 'check.py'} {{checkpoint}} {{output}}"}
+    sets = [{"name": "probe", "data": str(PROMPTS), "temperature": 0.0, "n": 1}]
+    spec_file, out_file, log = write_job(Path("runs/r/evals"), ev, 2, str(ckpt), sets, Path("runs/r"))
+    proc = start_job(spec_file, log, None)
+    assert proc.wait(timeout=120) == 0, log.read_text()
+    metrics, failure = read_result(out_file, log, 0)
+    assert failure is None, log.read_text()
+    assert metrics == {"eval/probe/greedy_pass@1": 1.0}

@@ -342,3 +342,27 @@ def test_the_evaluator_waits_only_when_the_plan_says_it_does_not_fit():
         assert placement(full, None, training)[1]["gpu_memory_utilization"] == 0.3
     assert placement(fits, "5", True)[1]["gpu_memory_utilization"] == 0.3  # eval.gpu = a GPU of its own
     assert placement(None, "5", True) == ("5", {})  # no plan (a CPU recipe): as before
+
+
+def test_a_resumed_supervisor_keeps_the_peaks_the_killed_one_saw(tmp_path, monkeypatch):
+    """On an H100 (docs/gpu/trl-vllm-3.json): SIGKILL of every process, then `rlctl resume`; the new supervisor's
+    sampler started afresh, so the closing line said 'peak 0.5 GiB ... while no checkpoint eval ran: not loaded'
+    although the killed attempts had trained at 37.3 GiB. The resumed sampler carries the run's peaks on."""
+    from rlctl.metrics.gpu import GpuSampler, read_summary
+
+    run = tmp_path / "runs" / "trl-vllm"
+    run.mkdir(parents=True)
+    (run / "recipe.toml").write_text(TRL_COLOCATED)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 10, "time": 1000.0, "reward/mean": 0.1}) + "\n")
+    _fake_nvml(monkeypatch, {0: [0.469, 37.284, 37.284]})  # attempts 1-2: training, no eval beside it
+    first = GpuSampler(run, {"RLCTL_GPU_RECORD_S": "0"})
+    first.tick()
+    first.tick()  # then SIGKILLed: never closed
+    _fake_nvml(monkeypatch, {0: [0.469, 38.92, 36.8]})  # attempt 3 under the resumed supervisor, an eval beside
+    second = GpuSampler(run, {"RLCTL_GPU_RECORD_S": "0"})
+    second.tick(eval_running=True)
+    second.tick(eval_running=True)
+    second.close()
+    g = read_summary(run)["gpus"]["0"]
+    assert g["peak_without_eval_gib"] == 37.284 and g["peak_with_eval_gib"] == 38.92, g
+    assert g["peak_gib"] == 38.92 and g["used_before_gib"] == 0.469, g

@@ -145,7 +145,7 @@ def test_executor_registry_is_lazy_and_checked():
     assert out.strip() == "[]"  # names only: nothing imported until asked for
     assert {"local", "ray"} <= set(executors.available())
     assert executors.get("local").name == "local"
-    with pytest.raises(RlctlError, match="unknown executor 'nope'; known: local, ray, ssh"):
+    with pytest.raises(RlctlError, match="unknown executor 'nope'; known: local, ray, slurm, ssh"):
         executors.get("nope")
 
 

@@ -31,7 +31,7 @@ fsdp_plan, verl_plan, deepspeed_plan = REPORT.fsdp_plan, REPORT.verl_plan, REPOR
 FSDP_RAW, VERL_RAW, DS_RAW = REPORT.FSDP_RAW, REPORT.VERL_RAW, REPORT.DS_RAW
 PRIME_SHARED = RECIPES / "prime-rl-qwen2.5-7b-1xh100-shared.toml"
 VERL = RECIPES / "verl-qwen2.5-math-1.5b-1xh100.toml"
-RAW = [ROOT / "docs" / f"gpu_memory_h100_{x}.json" for x in "abcd"]
+RAW = [ROOT / "docs" / "gpu" / f"gpu_memory_h100_{x}.json" for x in "abcd"]
 
 
 def run(recipe, *sets, only=("memory",)):
@@ -41,7 +41,7 @@ def run(recipe, *sets, only=("memory",)):
 # ---- seed 004: Qwen2.5-7B LoRA, prime-rl trainer and vLLM on one H100 ------------------------------------------
 
 def _measured(file: str, config: str) -> dict:
-    return next(r for r in json.loads((ROOT / "docs" / file).read_text())["results"] if r["config"] == config)
+    return next(r for r in json.loads((ROOT / "docs" / "gpu" / file).read_text())["results"] if r["config"] == config)
 
 
 def test_seed_004_trainer_holds_about_30_gib():
@@ -50,7 +50,7 @@ def test_seed_004_trainer_holds_about_30_gib():
     # "The trainer loads first (~30GB for 7B model)": fp32 weights under FSDP + context
     assert 28 * GiB <= trainer_resident(b) <= 30 * GiB
     # the step peak of an FSDP2 trainer of that shape with v0.3.0's own defaults (fused LM head, 2048 vocabulary
-    # columns at a time): measured 34.8 GiB (docs/gpu_fsdp_h100_b.json)
+    # columns at a time): measured 34.8 GiB (docs/gpu/gpu_fsdp_h100_b.json)
     measured = _measured("gpu_fsdp_h100_b.json", "b-7b-lora8-ac1-s2048-v03")["nvml_peak_run_gib"]
     assert abs(b.total / GiB / measured - 1) < 0.15
 
@@ -169,7 +169,7 @@ def test_every_measured_trl_point_within_15_percent():
 
 
 def test_fsdp_shaped_trainer_points_within_15_percent():
-    raw = [row for f in FSDP_RAW for row in json.loads((ROOT / "docs" / f).read_text())["results"]
+    raw = [row for f in FSDP_RAW for row in json.loads((ROOT / "docs" / "gpu" / f).read_text())["results"]
            if "error" not in row]
     assert len(raw) >= 16
     for row in raw:
@@ -180,8 +180,8 @@ def test_fsdp_shaped_trainer_points_within_15_percent():
 def test_fsdp_b_held_out_predictions_were_committed_before_the_run():
     """The held-out fsdp-b rows were predicted by the plan as committed before they ran; the prediction file is
     that record, and every prediction is within 15% of what was then measured."""
-    predicted = json.loads((ROOT / "docs" / "gpu_fsdp_h100_b_predicted.json").read_text())
-    rows = {r["config"]: r for r in json.loads((ROOT / "docs" / "gpu_fsdp_h100_b.json").read_text())["results"]}
+    predicted = json.loads((ROOT / "docs" / "gpu" / "gpu_fsdp_h100_b_predicted.json").read_text())
+    rows = {r["config"]: r for r in json.loads((ROOT / "docs" / "gpu" / "gpu_fsdp_h100_b.json").read_text())["results"]}
     held = ["b-3b-full-ac1-s4096-off5-step-v08", "b-7b-lora16-ac1-s8192-off5-step-v08",
             "b-3b-full-noac-s2048-step-v08", "b-7b-lora8-ac2-s4096-off5-v08"]
     for name in held:
@@ -190,9 +190,9 @@ def test_fsdp_b_held_out_predictions_were_committed_before_the_run():
 
 def test_two_gpu_sharding_measured_within_15_percent_of_the_committed_predictions():
     """FSDP2 (prime-rl recipe) and FSDP1 (verl recipe) on 2 GPUs: the plan divides by the trainer GPUs the way the
-    trainers shard; predicted before the run (docs/gpu_fsdp_h200x2_dp2_predicted.json)."""
+    trainers shard; predicted before the run (docs/gpu/gpu_fsdp_h200x2_dp2_predicted.json)."""
     rows = REPORT.rows(REPORT.DP2_RAW)
-    predicted = json.loads((ROOT / "docs" / "gpu_fsdp_h200x2_dp2_predicted.json").read_text())
+    predicted = json.loads((ROOT / "docs" / "gpu" / "gpu_fsdp_h200x2_dp2_predicted.json").read_text())
     assert len(rows) == 5 and all(r["gpus"] == 2 and not r["oom"] for r in rows)
     for row in rows:
         plan = (verl_plan if row["engine"] == "fsdp1" else fsdp_plan)(row)
@@ -204,26 +204,26 @@ def test_two_gpu_sharding_measured_within_15_percent_of_the_committed_prediction
 
 
 def test_deepspeed_points_within_15_percent():
-    raw = [row for f in DS_RAW for row in json.loads((ROOT / "docs" / f).read_text())["results"]]
+    raw = [row for f in DS_RAW for row in json.loads((ROOT / "docs" / "gpu" / f).read_text())["results"]]
     assert len(raw) == 13 and not any(r.get("oom") or "error" in r for r in raw)
     for row in raw:
         plan = deepspeed_plan(row).total / GiB
         assert abs(plan / row["nvml_peak_run_gib"] - 1) <= 0.15, (row["config"], plan, row["nvml_peak_run_gib"])
-    predicted = json.loads((ROOT / "docs" / "gpu_deepspeed_h100_heldout_predicted.json").read_text())
-    held = json.loads((ROOT / "docs" / "gpu_deepspeed_h100_heldout.json").read_text())["results"]
+    predicted = json.loads((ROOT / "docs" / "gpu" / "gpu_deepspeed_h100_heldout_predicted.json").read_text())
+    held = json.loads((ROOT / "docs" / "gpu" / "gpu_deepspeed_h100_heldout.json").read_text())["results"]
     for row in held:
         assert abs(predicted[row["config"]]["plan_gib"] / row["nvml_peak_run_gib"] - 1) <= 0.15, row["config"]
 
 
 def test_verl_fsdp1_points_within_15_percent():
-    raw = [row for f in VERL_RAW for row in json.loads((ROOT / "docs" / f).read_text())["results"]]
+    raw = [row for f in VERL_RAW for row in json.loads((ROOT / "docs" / "gpu" / f).read_text())["results"]]
     assert len(raw) == 10 and not any(r["oom"] or "error" in r for r in raw)
     for row in raw:
         plan = verl_plan(row)
         assert plan.facts["engine"] == "fsdp1"
         assert abs(plan.total / GiB / row["nvml_peak_run_gib"] - 1) <= 0.15, (row["config"], plan.total / GiB)
-    predicted = json.loads((ROOT / "docs" / "gpu_fsdp1_verl_h100_predicted.json").read_text())
-    for row in json.loads((ROOT / "docs" / "gpu_fsdp1_verl_h100_heldout.json").read_text())["results"]:
+    predicted = json.loads((ROOT / "docs" / "gpu" / "gpu_fsdp1_verl_h100_predicted.json").read_text())
+    for row in json.loads((ROOT / "docs" / "gpu" / "gpu_fsdp1_verl_h100_heldout.json").read_text())["results"]:
         assert abs(predicted[row["config"]]["plan_gib"] / row["nvml_peak_run_gib"] - 1) <= 0.15, row["config"]
 
 

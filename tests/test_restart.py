@@ -222,3 +222,39 @@ def test_spec_records_what_a_later_supervisor_needs(env):
     assert spec["env_extra"]["WANDB_RUN_ID"] == read_state(run)["wandb_run_id"] and spec["env_extra"]["RLCTL_RUN_DIR"]
     assert spec["restart"] == {"mode": "always", "max_restarts": 0}
     assert "stopped" in rlctl(env, "stop", run.name, "--grace", "2").stdout
+
+
+@pytest.fixture
+def readme_env(tmp_path, model_cache, monkeypatch):
+    """The README's defaults: ./runs relative to where rlctl is run, no RLCTL_RUNS_DIR (only HOME and the tiny model
+    cache kept apart)."""
+    from tests.test_launch import cleanup_runs
+
+    monkeypatch.delenv("RLCTL_RUNS_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RLCTL_MODEL_CACHE", str(model_cache))
+    yield {"runs": tmp_path / "runs", "env": dict(os.environ), "cwd": tmp_path}
+    cleanup_runs(tmp_path / "runs")
+
+
+def test_resume_after_every_process_was_killed_with_the_default_runs_dir(readme_env, slow):
+    """Seed 004's `pkill -9 python` on a run launched from a working directory with every default: `rlctl resume`
+    started a supervisor in the run directory with the run's relative path, which then found no .launch.json there
+    and died ("no readable .launch.json"), leaving the run lost (found on an H100 by scripts/gpu/run.py)."""
+    env = readme_env
+    r = rlctl(env, "launch", QUICK, "--detach", "--set", "train.steps=6", "--set", "checkpoint.every=2",
+              "--set", slow)
+    assert r.returncode == 0, r.stderr
+    run = env["runs"] / r.stdout.strip()
+    assert wait_for(lambda: complete_checkpoint(run, 2) and max(reward_steps(run), default=0) >= 3, timeout=240)
+    state = read_state(run)
+    os.kill(state["supervisor_pid"], signal.SIGKILL)
+    os.killpg(state["pgid"], signal.SIGKILL)
+    assert wait_for(lambda: run_status(run).status == "lost", timeout=30)
+    res = rlctl(env, "resume", run.name)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert wait_for(lambda: read_state(run).get("status") in ("finished", "failed"), timeout=240), read_state(run)
+    state = read_state(run)
+    assert state["status"] == "finished", (run / "supervisor.log").read_text()[-2000:]
+    steps = reward_steps(run)
+    assert sorted(steps) == list(range(1, 7)) and max(Counter(steps).values()) == 1, steps

@@ -227,7 +227,15 @@ class Backend:
     table_model: ClassVar[type | None] = None  # pydantic model of `[backend.<name>]` (a BackendExtra subclass)
     # keys of that table that name local files or directories: resolved like every recipe path (rlctl.recipe.paths)
     table_paths: ClassVar[tuple[str, ...]] = ()
+    # what the backend needs across several nodes: "ray" (a Ray cluster it joins through RAY_ADDRESS), "torchrun"
+    # (one launcher per node, rendezvous on the first) or None (one node only); a batch executor brings it up
+    multi_node_launcher: ClassVar[str | None] = None
     metric_needles: ClassVar[tuple[str, ...]] = ()  # cheap substrings a metrics line contains (a pre-filter)
+
+    def multi_node(self, recipe: Recipe) -> str | None:
+        """"ray", "torchrun" or None: how this recipe's processes span nodes (see multi_node_launcher)."""
+        del recipe  # Unused: the class declares it
+        return self.multi_node_launcher
 
     # ---- version ---------------------------------------------------------------------------------------------
     def target_version(self, recipe: Recipe) -> str | None:

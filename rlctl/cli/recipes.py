@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from rlctl.cli._app import JsonOpt, RecipeArg, SetOpt, _echo, app, recipe_app
+from rlctl.cli._app import AccountOpt, JsonOpt, PartitionOpt, RecipeArg, SetOpt, TimeOpt, _echo, app, recipe_app
 from rlctl.errors import EXIT_CHECK_FAILED, RlctlError
 
 
@@ -37,11 +37,25 @@ def render(
     out: Annotated[Path | None, typer.Option("--out", help="Write launch.sh and config files here.")] = None,
     as_json: JsonOpt = False,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Don't check flags against the backend.")] = False,
+    executor: Annotated[str | None, typer.Option("--executor", help="Also what this executor submits (slurm: the "
+                                                 "sbatch script).")] = None,
+    partition: PartitionOpt = None,
+    account: AccountOpt = None,
+    time_limit: TimeOpt = None,
 ) -> None:
     """Print exactly what would be launched: command, environment, and files. Exit 1 if a flag/key is unknown."""
+    from rlctl import executors
     from rlctl.recipe.planning import prepare
+    from rlctl.runs.launch import place
 
     prep = prepare(recipe, set_)
+    if executor is not None:
+        executors.executor_class(executor)  # an unknown name is an error listing the known ones
+        prep.recipe.resources.executor = executor
+    place(prep.recipe, executor, {"partition": partition, "account": account, "time": time_limit})
+    render_files = getattr(executors.get(prep.recipe.resources.executor), "render_files", None)
+    for name, content in (render_files(prep.recipe, prep.backend) if render_files else {}).items():
+        prep.plan.files[name] = content  # shown, and written with --out, like the backend's own files
     findings = [] if no_validate else prep.render_findings()
     if out is not None:
         if out.exists() and not out.is_dir():

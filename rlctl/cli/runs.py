@@ -8,7 +8,18 @@ from typing import Annotated
 
 import typer
 
-from rlctl.cli._app import JsonOpt, RecipeArg, RunArg, SetOpt, _echo, _seconds, app
+from rlctl.cli._app import (
+    AccountOpt,
+    JsonOpt,
+    PartitionOpt,
+    RecipeArg,
+    RunArg,
+    SetOpt,
+    TimeOpt,
+    _echo,
+    _seconds,
+    app,
+)
 from rlctl.errors import EXIT_CHECK_FAILED, RlctlError
 
 
@@ -23,7 +34,8 @@ def launch(
     resume: Annotated[str | None, typer.Option(
         "--resume", help="Resume from a run's newest complete checkpoint (copied), or a synced one (s3://...).",
     )] = None,
-    executor: Annotated[str | None, typer.Option("--executor", help="local (default), ray, or a plugin's.")] = None,
+    executor: Annotated[str | None, typer.Option(
+        "--executor", help="local (default), ray, slurm, or a plugin's.")] = None,
     address: Annotated[str | None, typer.Option("--address", help="Ray cluster address (with --executor ray).")] = None,
     grace: Annotated[float, typer.Option("--grace", help="Seconds between SIGTERM and SIGKILL on stop.")] = 30.0,
     restart: Annotated[str | None, typer.Option(
@@ -33,6 +45,9 @@ def launch(
         "--max-restarts", min=0, help="Give up after this many restarts (default: [run] max_restarts).")] = None,
     on: Annotated[str | None, typer.Option("--on", help="Run on this SSH host (rlctl hosts list); --resume then "
                                            "takes RUN or HOST:RUN.")] = None,
+    partition: PartitionOpt = None,
+    account: AccountOpt = None,
+    time_limit: TimeOpt = None,
 ) -> None:
     """Preflight, patch, create the run directory and start training; stream progress unless --detach."""
     from rlctl.executors import available
@@ -46,7 +61,8 @@ def launch(
     if restart is not None and restart not in POLICIES:
         raise RlctlError(f"--restart {restart!r}: expected one of {', '.join(POLICIES)}.")
     opts = LaunchOptions(recipe, set_ or [], detach, smoke, name, force, resume, executor, address, grace,
-                         restart, max_restarts, on)
+                         restart, max_restarts, on,
+                         placement={"partition": partition, "account": account, "time": time_limit})
     run_dir, code = do_launch(opts)
     if detach:
         _echo(run_dir.name)

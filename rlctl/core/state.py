@@ -18,7 +18,7 @@ from typing import Any
 from rlctl.errors import RlctlError
 
 STATE = "state.json"
-ACTIVE = ("starting", "running", "stopping", "restarting")
+ACTIVE = ("queued", "starting", "running", "stopping", "restarting")  # queued: a batch job waits for its allocation
 
 
 ATTEMPTS = "attempts"

@@ -138,6 +138,11 @@ def job_spec(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: lis
     """One job's spec; `args`: its vLLM arguments (default: the plan's for an eval by hand, placement(..., None))."""
     if args is None:
         args = (placement(ev.get("vllm_plan"), ev.get("gpu"), None) or (None, {}))[1]
+    # the job runs in its spec's folder: every path it gets is absolute (`rlctl eval` with the default ./runs hands
+    # relative ones); a model that is no local path (a hub id, random:) stays as it is
+    out_dir = out_dir.absolute()
+    run_dir = run_dir.absolute() if run_dir else None
+    model = str(Path(model).absolute()) if Path(model).exists() else model
     spec = {**{k: ev.get(k) for k in ("evaluator", "command", "base_model", "dtype", "seed", "input_key",
                                        "label_key", "reward_file", "reward_name", "timeout_s")},
             "sets": sets, "step": step, "model": model, "output": str(job_files(out_dir, step)[1]),
@@ -149,6 +154,7 @@ def job_spec(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: lis
 
 def write_job(out_dir: Path, ev: dict[str, Any], step: int, model: str, sets: list[dict[str, Any]],
               run_dir: Path | None, args: dict[str, Any] | None = None) -> tuple[Path, Path, Path]:
+    out_dir = out_dir.absolute()  # the job runs in its spec's folder (job_spec)
     out_dir.mkdir(parents=True, exist_ok=True)
     spec_file, out_file, log = job_files(out_dir, step)
     with contextlib.suppress(OSError):

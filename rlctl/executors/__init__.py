@@ -22,6 +22,7 @@ BUILTIN = {
     "local": "rlctl.executors.local:LocalExecutor",
     "ray": "rlctl.executors.ray:RayExecutor",
     "ssh": "rlctl.executors.ssh:SSHExecutor",
+    "slurm": "rlctl.executors.slurm:SlurmExecutor",
 }
 
 
@@ -43,12 +44,17 @@ def available() -> list[str]:
     return sorted(registry())
 
 
-def get(name: str | None) -> Executor:
-    """The executor registered as `name` (default: local)."""
+def executor_class(name: str | None) -> type[Executor]:
+    """The class registered as `name` (default: local), not instantiated."""
     name = name or "local"
     target = registry().get(name)
     if target is None:
         raise RlctlError(f"unknown executor {name!r}; known: {', '.join(available())}.",
                          hint="resources.executor (or --executor) takes one of those names")
     module, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module), attr)()
+    return getattr(importlib.import_module(module), attr)
+
+
+def get(name: str | None) -> Executor:
+    """The executor registered as `name` (default: local)."""
+    return executor_class(name)()

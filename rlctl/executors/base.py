@@ -36,6 +36,7 @@ class Executor:
     # the run's metrics.jsonl is written where the run lives and copied here with its log: parsed there, never here
     mirrored: ClassVar[bool] = False
     checks: ClassVar[tuple[str, ...]] = ()  # the preflight check names `preflight` reports (for --only)
+    gives_ray_cluster: ClassVar[bool] = False  # the job finds a Ray cluster over its nodes (RAY_ADDRESS is set)
 
     # ---- checks ------------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any) -> list[Any]:

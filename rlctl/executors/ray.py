@@ -322,6 +322,7 @@ class RayExecutor(Executor):
     name: ClassVar[str] = "ray"
     copies_working_dir: ClassVar[bool] = True
     remote: ClassVar[bool] = True
+    gives_ray_cluster: ClassVar[bool] = True
     checks: ClassVar[tuple[str, ...]] = ("env.ray",)
 
     def preflight(self, ctx: Any) -> list[Any]:

@@ -194,7 +194,7 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
         "recipe": str(prep.resolved.path.relative_to(base)), "env": env, "paths": path_keys(prep, base),
         "options": {"sets": list(opts.sets), "smoke": opts.smoke, "name": opts.name or prep.recipe.name,
                     "force": opts.force, "resume": resume, "grace": opts.grace_seconds, "restart": opts.restart,
-                    "max_restarts": opts.max_restarts}}
+                    "max_restarts": opts.max_restarts, "executor": opts.executor, "placement": opts.placement}}
     with tempfile.TemporaryDirectory(prefix="rlctl-git-") as tmp:
         bundled = git_bundle(prep.resolved.path, Path(tmp))
         if bundled:

@@ -209,7 +209,8 @@ def remote_launch(req: dict[str, Any]) -> dict[str, Any]:
     opts = LaunchOptions(recipe=str(stage / req["recipe"]), sets=sets, detach=True,
                          smoke=bool(o.get("smoke")), name=o.get("name"), force=bool(o.get("force")),
                          resume=o.get("resume"), grace_seconds=float(o.get("grace", 30.0)),
-                         restart=o.get("restart"), max_restarts=o.get("max_restarts"))
+                         restart=o.get("restart"), max_restarts=o.get("max_restarts"),
+                         executor=o.get("executor"), placement=o.get("placement"))  # e.g. slurm on a login node
     run_dir, _ = launch(opts, out=sys.stderr)
     from rlctl.runs.state import read_state
 

@@ -88,8 +88,25 @@ class GpuSampler:
                 mem = self.nvml.nvmlDeviceGetMemoryInfo(h)
                 self.total[i] = mem.total / GiB
                 self.before[i] = mem.used / GiB
+        self._carry_on(read_summary(run_dir))
         self.plan = self._plan()
         self._write_summary()
+
+    def _carry_on(self, old: dict[str, Any] | None) -> None:
+        """A supervisor that picks a run up (`rlctl resume` after every process was killed) continues the run's
+        record: the peaks its predecessor saw and the memory in use before the run began, not a fresh start."""
+        gpus = old.get("gpus") if isinstance(old, dict) and isinstance(old.get("gpus"), dict) else {}
+        for key, g in gpus.items():
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                i = int(key)
+                if i not in self.total:
+                    continue
+                for mine, name in ((self.peak, "peak_gib"), (self.peak_eval, "peak_with_eval_gib"),
+                                   (self.peak_train, "peak_without_eval_gib")):
+                    if _num(g.get(name)):
+                        mine[i] = max(mine.get(i, 0.0), float(g[name]))
+                if _num(g.get("used_before_gib")):
+                    self.before[i] = float(g["used_before_gib"])
 
     @property
     def active(self) -> bool:
@@ -159,6 +176,7 @@ class GpuSampler:
                                 "used_before_gib": round(self.before.get(i, 0.0), 3)}
             if i in self.peak_eval:
                 g["peak_with_eval_gib"] = round(self.peak_eval[i], 3)
+            if i in self.peak_eval or i in self.peak_train:  # kept apart from the start: a resumed run carries it on
                 g["peak_without_eval_gib"] = round(self.peak_train.get(i, 0.0), 3)
         return {"nvml": self.active, "reason": self.reason or None, "samples": self.samples, "gpus": gpus,
                 "plan": self.plan}

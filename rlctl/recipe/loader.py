@@ -21,8 +21,16 @@ from pydantic import ValidationError
 
 from rlctl.backends import available as available_backends
 from rlctl.errors import RecipeError
+from rlctl.executors import available as available_executors
 from rlctl.recipe import paths
-from rlctl.recipe.schema import ALIASES, SECTIONS, Recipe, all_key_paths, backend_table_model
+from rlctl.recipe.schema import (
+    ALIASES,
+    SECTIONS,
+    Recipe,
+    all_key_paths,
+    backend_table_model,
+    executor_table_model,
+)
 from rlctl.resources import bundled_recipe
 
 
@@ -300,6 +308,8 @@ def suggest(dotted: str) -> str | None:
     if dotted in ALIASES:
         return ALIASES[dotted]
     known = all_key_paths()
+    if section.startswith("executor.") and (table := executor_table_model(section.split(".")[1])) is not None:
+        known = [f"{section}.{k}" for k in table.model_fields]  # an executor's own table: its keys
     same_leaf = [p for p in known if p.split(".")[-1] == leaf and p != dotted]
     if same_leaf:
         return same_leaf[0]
@@ -321,6 +331,11 @@ def _unknown_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
         if prefix == "backend" and k not in model.model_fields and k in available_backends():
             # [backend.<name>] holds `extra` and the adapter's own options
             allowed = backend_table_model(k).model_fields
+            out.extend(f"{p}.{inner}" for inner in (v if isinstance(v, dict) else {}) if inner not in allowed)
+        elif prefix == "executor" and k in available_executors():
+            # [executor.<name>] holds the executor's own options (its table_model)
+            table = executor_table_model(k)
+            allowed = table.model_fields if table is not None else {}
             out.extend(f"{p}.{inner}" for inner in (v if isinstance(v, dict) else {}) if inner not in allowed)
         elif k not in model.model_fields:
             out.append(p)

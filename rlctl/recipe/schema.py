@@ -225,7 +225,8 @@ class ResourcesSection(Section):
     colocate: bool = Field(default=False, description="Trainer and inference share the same GPUs.")
     trainer_gpus: list[GpuId] | None = Field(default=None, description="GPU ids of the trainer (per node).")
     inference_gpus: list[GpuId] | None = Field(default=None, description="GPU ids of the inference engines.")
-    executor: str = Field(default="local", description="Where the run's processes live: local, ray (or a plugin).")
+    executor: str = Field(default="local", description="Where the run's processes live: local, ray, ssh, "
+                          "slurm (or a plugin).")
     ray_address: str | None = Field(default=None, description="Ray dashboard address, e.g. http://head:8265.")
     pip: list[str] | None = Field(default=None, description="pip requirements for the Ray job's runtime env.")
 
@@ -237,6 +238,70 @@ class ResourcesSection(Section):
         if v not in available():
             raise ValueError(f"unknown executor {v!r}; known: {', '.join(available())}")
         return v
+
+
+def executor_table_model(name: str) -> type[BaseModel] | None:
+    """What an `[executor.<name>]` table may hold: the executor's own `table_model` (None: it declares none)."""
+    from rlctl import executors
+
+    try:
+        return getattr(executors.executor_class(name), "table_model", None)
+    except Exception:  # a broken plugin: it has no table
+        return None
+
+
+class ExecutorSection(Section):
+    """`[executor.<name>]` tables: each executor declares its own (e.g. `[executor.slurm]` partition, time, setup),
+    as backends declare `[backend.<name>]`; checked against the executor registry."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
+    @model_validator(mode="after")
+    def _tables(self) -> ExecutorSection:
+        from rlctl.executors import available
+
+        known = available()
+        for key, value in list((self.model_extra or {}).items()):
+            model = executor_table_model(key) if key in known else None
+            if model is None:
+                with_tables = [n for n in known if executor_table_model(n) is not None]
+                raise ValueError(f"unknown executor table [executor.{key}]; executors with a table: "
+                                 f"{', '.join(with_tables) or 'none'}")
+            if isinstance(value, model):
+                continue
+            if not isinstance(value, dict):
+                raise ValueError(f"[executor.{key}] must be a table of keys")
+            try:
+                self.model_extra[key] = model.model_validate(value)
+            except ValidationError as e:
+                problems = "; ".join(f"executor.{key}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                                     for err in e.errors())
+                raise ValueError(problems) from None
+        return self
+
+    def place(self, name: str, key: str, value: Any, flag: str) -> None:
+        """Set one key of `[executor.<name>]` from a command-line option (`--partition P`), checked as in a recipe."""
+        from rlctl.errors import RlctlError
+
+        model = executor_table_model(name)
+        if model is None or key not in model.model_fields:
+            raise RlctlError(f"{flag}: the {name} executor takes no such option.",
+                             hint=f"{flag} goes with an executor that has it, e.g. --executor slurm")
+        table = self.table(name)
+        try:
+            setattr(table, key, value)
+        except ValidationError as e:
+            raise RlctlError(f"{flag} {value!r}: {e.errors()[0]['msg']} (executor.{name}.{key}).") from None
+        if self.model_extra is not None:
+            self.model_extra[name] = table
+
+    def table(self, name: str) -> Any:
+        """The `[executor.<name>]` table as its model (defaults when the recipe has none), or None."""
+        extras = self.model_extra if self.model_extra is not None else {}
+        if name in extras:
+            return extras[name]
+        model = executor_table_model(name)
+        return model() if model is not None else None
 
 
 class RewardEnvironment(Section):
@@ -429,6 +494,7 @@ class Recipe(Section):
     optim: OptimSection = Field(default_factory=OptimSection)
     train: TrainSection = Field(default_factory=TrainSection)
     resources: ResourcesSection = Field(default_factory=ResourcesSection)
+    executor: ExecutorSection = Field(default_factory=ExecutorSection)
     reward: RewardSection = Field(default_factory=RewardSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     run: RunSection = Field(default_factory=RunSection)

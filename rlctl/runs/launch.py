@@ -30,6 +30,15 @@ class LaunchOptions:
     restart: str | None = None  # never | on-failure | on-stall | always (default: the recipe's [run] restart)
     max_restarts: int | None = None
     on: str | None = None  # an SSH host (rlctl hosts): the run goes there (rlctl.executors.ssh)
+    placement: dict[str, str] | None = None  # --partition/--account/--time: keys of the executor's own table
+
+
+def place(recipe: Any, executor: str | None, placement: dict[str, str] | None) -> None:
+    """--partition P etc.: keys of `[executor.<name>]` for the executor that runs the recipe."""
+    name = executor or recipe.resources.executor
+    for key, value in (placement or {}).items():
+        if value is not None:
+            recipe.executor.place(name, key, value, f"--{key}")
 
 
 def smoke(recipe: Any) -> None:
@@ -113,6 +122,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         smoke(recipe)
     if opts.executor:
         recipe.resources.executor = opts.executor
+    place(recipe, opts.executor, opts.placement)
     if opts.address:
         recipe.resources.ray_address = opts.address
     if opts.restart is not None:

@@ -84,7 +84,19 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
         "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
+        "where": _executor_lines(rs),
     }
+
+
+def _executor_lines(rs: RunStatus) -> list[str]:
+    from rlctl import executors
+
+    name = rs.state.get("executor")
+    lines = getattr(executors.get(name), "status_lines", None) if name in executors.registry() else None
+    try:
+        return list(lines(rs.path, rs.state)) if lines else []
+    except Exception:  # status must answer whatever an executor does
+        return []
 
 
 def by_hand_failures(run_dir: Path) -> list[dict[str, Any]]:
@@ -172,6 +184,7 @@ def _detail_text(d: dict[str, Any]) -> str:
              f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
     if d.get("unreachable"):
         lines.append(f"  ! {d['unreachable']}; what is shown is the last known state")
+    lines += d.get("where") or []  # the executor's own words (a batch job: its queue state, how it ended)
     lines += _attempt_lines(d)
     if d["metrics"]:
         lines.append("")

@@ -59,6 +59,9 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "tensorboard": (["logging.tensorboard=tb"], {}),
     "top_p_offload": (["rollout.top_p=0.9", "train.offload=true", "rollout.enforce_eager=true"], {}),
     "no_optimizer_state": (["checkpoint.save_optimizer=false"], {}),
+    # a key appended to an open dict with Hydra's `+` (no flash-attn on the box: verl's FSDP engine otherwise asks
+    # transformers for FlashAttention-2; found on an H100, docs/gpu/verl-2.json)
+    "append_sdpa": ([], {"extra": {"+actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}}),
 }
 
 SELECT = [
@@ -101,6 +104,8 @@ def recipe_for(version: str, sets: list[str], mutate: dict[str, Any], path: Path
         r.logging.wandb = mutate["wandb"]
     if "eval" in mutate:
         r.data.eval = mutate["eval"]
+    if "extra" in mutate:
+        r.backend.extra().update(mutate["extra"])
     if mutate.get("tiny_model"):  # verl's critic config loads the model's HF config: a local tiny model
         r.model.path = str(TINY)
     return r
@@ -440,6 +445,19 @@ def test_newest_release_is_known():
         pytest.skip("PyPI not reachable")
     newest = r.stdout.split("(", 1)[1].split(")", 1)[0]
     assert newest in VERSIONS, f"verl {newest} is out: snapshot it and add it to known_versions"
+
+
+def test_an_appended_key_is_checked_where_hydra_appends_it():
+    """`+key=value` adds a key under an existing node (verl's open `override_config` dict): rlctl accepts it there,
+    and refuses it under a node verl's config lacks, or for a key that exists already (Hydra refuses both)."""
+    r = load(SEED, []).recipe
+    ok = "+actor_rollout_ref.model.override_config.attn_implementation"
+    for key, refused in ((ok, False), ("+actor_rollout_ref.model.no_such_node.x", True),
+                         ("+actor_rollout_ref.rollout.n", True)):
+        r.backend.extra().clear()
+        r.backend.extra()[key] = "sdpa"
+        errors = [f for f in VERL.validate(VERL.render(r, DATASET), None) if f.level == "error"]
+        assert [f.key for f in errors] == ([key] if refused else []), errors
 
 
 def test_unknown_version_is_an_error_not_a_guess(cli):

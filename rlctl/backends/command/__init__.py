@@ -99,6 +99,14 @@ class CommandBackend(Backend):
     def uses_vllm(self, recipe: Recipe) -> bool:
         return False  # unknown: no vLLM rule applies to a command rlctl cannot see into
 
+    def multi_node(self, recipe: Recipe) -> str | None:
+        opts = recipe.backend.table(NAME)
+        if getattr(opts, "multi_node", None):
+            return opts.multi_node
+        command = getattr(opts, "command", None)
+        first = _argv(command)[:1] if command else []
+        return "torchrun" if first and Path(first[0]).name == "torchrun" else None
+
     def options(self, recipe: Recipe) -> CommandOptions:
         table = recipe.backend.table(self.name)
         if not isinstance(table, _options()):

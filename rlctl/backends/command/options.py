@@ -4,6 +4,7 @@ read: rlctl.backends.base.LazyTable)."""
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -47,6 +48,10 @@ class CommandOptions(BackendExtra):
     resume_command: list[str] | str | None = Field(
         default=None, description="A whole other command that resumes (instead of command + resume_args); same "
         "placeholders as resume_args.")
+    multi_node: Literal["ray", "torchrun"] | None = Field(
+        default=None, description="How the command spans resources.nodes > 1 on a batch cluster: `ray` (it joins the "
+        "Ray cluster the job brings up, through RAY_ADDRESS) or `torchrun` (one copy per node, rendezvous on the "
+        "first; the default when the command starts with torchrun).")
 
     @field_validator("log_pattern")
     @classmethod

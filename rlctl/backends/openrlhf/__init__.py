@@ -98,6 +98,7 @@ class RayJobPlan(LaunchPlan):
 
 class OpenRLHFBackend(Backend):
     name = "openrlhf"
+    multi_node_launcher = "ray"  # its trainer and vLLM engines are Ray actors placed over the cluster
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
     own_rotation = "--max_ckpt_num (--ckpt.max_num) is set to 2147483647, a count never reached"
     sharding = "deepspeed"  # memory engine: ZeRO stage from train.zero_stage

@@ -57,6 +57,7 @@ def snapshot(version: str) -> dict[str, Any]:
 
 class VerlBackend(Backend):
     name = "verl"
+    multi_node_launcher = "ray"  # its trainer and vLLM engines are Ray actors placed over the cluster
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
     own_rotation = "trainer.max_actor_ckpt_to_keep (and max_critic_ckpt_to_keep) stays at null, keep all"
     sharding = "fsdp"  # memory engine: FSDP, fp32 sharded master parameters
@@ -317,7 +318,7 @@ class VerlBackend(Backend):
             notes.append(f"one verl step (iteration) = {k} optimizer steps; verl logs iterations")
         return LaunchPlan(
             backend=self.name, version=version, argv=argv, env=env,
-            keys=[k.lstrip("+") for k, _ in overrides], total_steps=self.total_steps(recipe, dataset_size),
+            keys=[k for k, _ in overrides], total_steps=self.total_steps(recipe, dataset_size),
             notes=notes,
         )
 
@@ -380,8 +381,23 @@ class VerlBackend(Backend):
 
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
         known, version, source = self.definitions(installed_version, plan.version or self.known_versions[-1])
-        # Hydra rejects an override of a key that is not in the config unless it is prefixed with `+`
-        return check_keys(self.name, plan.keys, known, version, source, kind="key")
+        # Hydra rejects an override of a key that is not in the config unless it is prefixed with `+`, which adds
+        # it under a node the config has (verl's open dicts: model.override_config) and refuses one already there;
+        # `++` adds or overrides
+        plain = [k for k in plan.keys if not k.startswith("+")]
+        out = check_keys(self.name, plain, known, version, source, kind="key")
+        for k in plan.keys:
+            if not k.startswith("+"):
+                continue
+            key = k.lstrip("+")
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            if parent and parent not in known:
+                out.append(Finding("error", k, f"`{k}` appends under `{parent}`, which is not in {self.name} "
+                                   f"{version}'s config ({source})", "append under a node the config has"))
+            elif not k.startswith("++") and key in known:
+                out.append(Finding("error", k, f"`{k}`: `{key}` is in {self.name} {version}'s config already and "
+                                   "Hydra refuses to append it", f"drop the `+`: `{key}`"))
+        return out
 
     def prompt_limit(self, recipe: Recipe) -> str | None:
         """verl's RLHFDataset holds prompts to data.max_prompt_length: with truncation='error' (the default) a longer
@@ -611,11 +627,12 @@ def nodes_rule(recipe: Recipe, environ: Any) -> list[Any]:
     (ray_init_address); otherwise it starts a Ray of this machine alone, and verl's resource pool of nnodes x
     n_gpus_per_node GPUs fails its check (single_controller/ray/base.py ResourcePoolManager._check_resource_available:
     ValueError "Total available GPUs ... is less than total desired GPUs ...")."""
+    from rlctl import executors
     from rlctl.preflight import FAIL, OK, Result
 
     r = recipe
-    if r.resources.nodes <= 1 or r.resources.executor == "ray":
-        return []
+    if r.resources.nodes <= 1 or getattr(executors.executor_class(r.resources.executor), "gives_ray_cluster", False):
+        return []  # the Ray executor's cluster, or one a batch job brings up over its nodes (RAY_ADDRESS set)
     need = f"{r.resources.nodes} x {r.resources.gpus_per_node} GPUs"
     address, where = ray_init_address(r, environ)
     if address:

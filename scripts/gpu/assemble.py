@@ -1,0 +1,197 @@
+#!/usr/bin/env python3
+"""The GPU carry kit, GPU side: put a packed stack's pieces back together, check them, unpack them into a private
+site directory and say what is there (docs/gpu.md). Standard library only: it runs before anything is installed.
+
+    python3 assemble.py --manifest .gpu/trl-vllm/manifest.json --pieces /tmp/carry --site /tmp/site/trl-vllm
+
+Each piece is found in the --pieces folders (in order) or next to the manifest, checked against its sha256, and the
+whole stream against the manifest's sha256 while it is unpacked; any mismatch removes the half-made site and exits 1.
+The site gets `env.sh` (PYTHONPATH, PATH and the stack's variables) and `bin/rlctl`. Then every package's version is
+read back and each of the stack's import checks runs in a fresh python3 with that environment; --report writes it
+all as JSON (run.py puts it into the evidence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+MiB = 1024**2
+# what each stack must import for its runs (checked right after unpacking: a missing module is named before any run)
+IMPORTS = {
+    "trl-vllm": ["rlctl.cli", "vllm:LLM", "trl:GRPOTrainer", "peft", "datasets", "pynvml"],
+    "verl": ["rlctl.cli", "vllm:LLM", "verl.trainer.main_ppo", "ray", "hydra", "tensordict", "pynvml"],
+    "openrlhf": ["rlctl.cli", "vllm:LLM", "openrlhf.cli.train_ppo_ray", "deepspeed", "ray", "flash_attn.bert_padding",
+                 "pynvml"],
+}
+
+
+class Pieces:
+    """The pieces read in order as one stream, each checked against its sha256 when it has been read whole, the
+    whole stream hashed as it goes."""
+
+    def __init__(self, files: list[tuple[Path, dict]]):
+        self.files = files
+        self.i = -1
+        self.fh = None
+        self.piece_hash = None
+        self.whole = hashlib.sha256()
+        self.bad: list[str] = []
+        self._next()
+
+    def _next(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            path, meta = self.files[self.i]
+            if self.piece_hash.hexdigest() != meta["sha256"]:
+                self.bad.append(f"{path}: sha256 differs from the manifest")
+        self.i += 1
+        self.fh = open(self.files[self.i][0], "rb") if self.i < len(self.files) else None  # noqa: SIM115
+        self.piece_hash = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        out = b""
+        while self.fh is not None and (n < 0 or len(out) < n):
+            block = self.fh.read(n - len(out) if n >= 0 else -1)
+            if not block:
+                self._next()
+                continue
+            self.piece_hash.update(block)
+            self.whole.update(block)
+            out += block
+        return out
+
+
+def find_pieces(manifest: Path, folders: list[Path]) -> tuple[list[tuple[Path, dict]], list[str]]:
+    m = json.loads(manifest.read_text())
+    found, problems = [], []
+    for p in m["pieces"]:
+        hit = next((f / p["name"] for f in [*folders, manifest.parent] if (f / p["name"]).is_file()), None)
+        if hit is None:
+            problems.append(f"{p['name']}: not found in {', '.join(str(f) for f in folders + [manifest.parent])}")
+        elif hit.stat().st_size != p["bytes"]:
+            problems.append(f"{hit}: {hit.stat().st_size} bytes, the manifest says {p['bytes']}")
+        else:
+            found.append((hit, p))
+    return found, problems
+
+
+def dist_versions(site: Path) -> dict[str, str]:
+    out = {}
+    for d in site.glob("*.dist-info"):
+        meta = d / "METADATA"
+        if meta.is_file():
+            head = meta.read_text(errors="replace").split("\n\n", 1)[0]
+            n = re.search(r"^Name: (.+)$", head, re.M)
+            v = re.search(r"^Version: (.+)$", head, re.M)
+            if n and v:
+                out[re.sub(r"[-_.]+", "-", n.group(1).strip()).lower()] = v.group(1).strip()
+    return dict(sorted(out.items()))
+
+
+def write_env(site: Path, env: dict[str, str], bases: list[Path]) -> dict[str, str]:
+    """env.sh for a shell and env.json for go.py: the site in front of its bases on PYTHONPATH, its bin/ on PATH
+    (with an `rlctl` shim), the stack's variables."""
+    bin_dir = site / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    shim = bin_dir / "rlctl"
+    shim.write_text('#!/bin/sh\nexec python3 -m rlctl.cli "$@"\n')
+    shim.chmod(0o755)
+    path = [str(site), *(str(b) for b in bases)]
+    full = {"PYTHONPATH": ":".join(path + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
+            "PATH": ":".join([str(bin_dir), *(str(b / "bin") for b in bases), os.environ.get("PATH", "")]), **env}
+    lines = [f"export {k}={json.dumps(v)}" for k, v in full.items()]
+    (site / "env.sh").write_text("\n".join(lines) + "\n")
+    (site / "env.json").write_text(json.dumps(full, indent=1) + "\n")
+    return full
+
+
+def import_checks(stack: str, env: dict[str, str]) -> list[dict]:
+    out = []
+    # RLCTL_GPU_QUICK=1: rlctl's CLI alone (a stack whose imports an earlier call on the same release checked)
+    for spec in ["rlctl.cli"] if os.environ.get("RLCTL_GPU_QUICK") else IMPORTS.get(stack, ["rlctl.cli"]):
+        mod, _, attr = spec.partition(":")
+        code = (f"import importlib, time; t = time.time(); m = importlib.import_module({mod!r}); "
+                + (f"getattr(m, {attr!r}); " if attr else "")
+                + "print(getattr(m, '__version__', ''), round(time.time() - t, 1))")
+        t = time.time()
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/tmp",
+                           env={**os.environ, **env}, timeout=600)
+        out.append({"import": spec, "ok": p.returncode == 0, "out": p.stdout.strip()[-200:],
+                    "error": None if p.returncode == 0 else p.stderr.strip()[-1500:], "s": round(time.time() - t, 1)})
+    return out
+
+
+def assemble(manifest: Path, folders: list[Path], site: Path, bases: list[Path] | None = None) -> dict:
+    m = json.loads(manifest.read_text())
+    t0 = time.time()
+    files, problems = find_pieces(manifest, folders)
+    report: dict = {"stack": m["stack"], "manifest_built": m["built"], "site": str(site), "problems": problems}
+    if problems:
+        return report
+    if site.exists():
+        shutil.rmtree(site)
+    site.mkdir(parents=True)
+    stream = Pieces(files)
+    try:
+        with tarfile.open(fileobj=stream, mode="r|xz") as tar:
+            tar.extractall(site, filter="tar") if hasattr(tarfile, "data_filter") else tar.extractall(site)
+        stream.read()  # the rest (tar padding), so every piece is hashed whole
+    except (tarfile.TarError, EOFError, OSError) as e:
+        problems.append(f"unpacking failed: {type(e).__name__}: {e}")
+    problems += stream.bad
+    if stream.whole.hexdigest() != m["whole"]["sha256"]:
+        problems.append("the pieces together differ from the manifest's whole sha256")
+    if problems:
+        shutil.rmtree(site, ignore_errors=True)
+        return report
+    report["unpack_s"] = round(time.time() - t0, 1)
+    report["bytes"] = sum(f.stat().st_size for f in site.rglob("*") if f.is_file())
+    report["packages"] = dist_versions(site)
+    missing = sorted(set(m["packages"]) - set(report["packages"]))
+    if missing:
+        problems.append(f"packages in the manifest but not unpacked: {', '.join(missing)}")
+    report["env"] = write_env(site, m.get("env", {}), bases or [])
+    report["imports"] = import_checks(m["stack"], report["env"])
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--manifest", type=Path, required=True)
+    ap.add_argument("--pieces", type=Path, action="append", default=[], help="folder holding pieces (repeatable)")
+    ap.add_argument("--site", type=Path, required=True)
+    ap.add_argument("--base", type=Path, action="append", default=[],
+                    help="the site of a stack this one lies on, nearest first (repeatable)")
+    ap.add_argument("--report", type=Path, help="write the report as JSON here")
+    args = ap.parse_args(argv)
+    report = assemble(args.manifest, args.pieces, args.site, args.base)
+    if args.report:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(report, indent=1) + "\n")
+    for p in report["problems"]:
+        print(f"assemble: {p}", file=sys.stderr)
+    if report["problems"]:
+        return 1
+    print(f"assemble: {report['stack']} in {report['site']}: {len(report['packages'])} packages, "
+          f"{report['bytes'] / MiB:.0f} MiB, unpacked in {report['unpack_s']} s")
+    for name in ("rlctl", "vllm", "trl", "verl", "openrlhf", "deepspeed", "ray", "transformers", "peft"):
+        if name in report["packages"]:
+            print(f"  {name} {report['packages'][name]}")
+    for c in report["imports"]:
+        print(f"  import {c['import']}: {'ok' if c['ok'] else 'FAILED'} ({c['s']} s) "
+              + (c["out"] if c["ok"] else (c["error"] or "").splitlines()[-1] if c["error"] else ""))
+    return 0 if all(c["ok"] for c in report["imports"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,442 @@
+#!/usr/bin/env python3
+"""The GPU carry kit, build side: the wheel set of a named stack, slimmed and packed into pieces that each fit one
+transfer to a GPU machine with no network (docs/gpu.md).
+
+    python scripts/gpu/kit.py lock trl-vllm            # resolve stacks.toml into locks/trl-vllm.txt (uv, PyPI)
+    python scripts/gpu/kit.py build trl-vllm --out .gpu --piece-mib 56
+    python scripts/gpu/kit.py verify .gpu/trl-vllm     # sha256 of every piece against the manifest
+
+`build` downloads the lock's wheels for CPython 3.12 on manylinux x86_64 (those the GPU image lacks, stacks.toml
+[device]), builds rlctl's own wheel from this checkout and the kit's stand-ins, unpacks them all into one site
+directory (what `pip install --target --no-deps` would make), removes what a Hopper run never loads (`slim`), packs it
+as one tar.xz and splits that into pieces. `manifest.json` lists every piece and the whole with their sha256, every
+package with its version and wheel, and every slimmed path with its bytes. The GPU side (assemble.py) needs only the
+standard library. Built wheels and pieces live in ignored folders (.gpu/, ~/.cache/rlctl-gpu-kit): never committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+import zipfile
+from pathlib import Path
+
+KIT = Path(__file__).resolve().parent
+ROOT = KIT.parents[1]
+STACKS = KIT / "stacks.toml"
+LOCKS = KIT / "locks"
+CACHE = Path(os.environ.get("RLCTL_GPU_KIT_CACHE", Path.home() / ".cache" / "rlctl-gpu-kit"))
+MiB = 1024**2
+PLATFORMS = ["manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x86_64", "manylinux_2_28_x86_64",
+             "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+             "manylinux1_x86_64"]
+# the kit's scripts that travel with every call (the GPU machine gets a checkout that may not hold this branch)
+KIT_FILES = ("assemble.py", "go.py", "run.py", "stacks.toml", "kit.py", "standins.py")
+
+
+class KitError(Exception):
+    pass
+
+
+def norm(name: str) -> str:
+    """PEP 503 normalised name (wheel files and dist-info use `_`; locks use `-`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def stacks() -> dict:
+    return tomllib.loads(STACKS.read_text())
+
+
+def stack(name: str) -> dict:
+    data = stacks()
+    if name not in data["stacks"]:
+        raise KitError(f"unknown stack {name!r}; stacks.toml has: {', '.join(data['stacks'])}")
+    return data["stacks"][name]
+
+
+# ---- lock ----------------------------------------------------------------------------------------------------------
+def lock_inputs(name: str) -> tuple[list[str], list[str]]:
+    """(requirements, uv overrides) of a stack: rlctl's own needs + the stack's, pinned to the device's versions
+    except the packages the stack carries itself (`carry`, `overrides`), the never-imported kernels excluded by a
+    marker that is never true. An override wins over every requirement (vLLM pins numba, whose numpy range the
+    image's numpy is outside of, and runs with the image's numba): a release that refuses the image's version at
+    import is named in `carry`, and the resolver then picks what it accepts."""
+    data = stacks()
+    s = stack(name)
+    reqs = list(data["common"]["requires"]) + list(s["requires"])
+    own = carried_anyway(name) | {norm(re.split(r"[=<>!;\s]", o, maxsplit=1)[0]) for o in s.get("overrides", [])}
+    over = [f"{k}=={v}" for k, v in data["device"]["versions"].items() if norm(k) not in own]
+    over += list(s.get("overrides", [])) + [f"{n}; sys_platform == 'never'" for n in data["common"]["never"]]
+    return reqs, over
+
+
+def uv() -> str:
+    found = shutil.which("uv")
+    if found:
+        return found
+    raise KitError("`uv` is needed to resolve a lock (pip install uv); building from an existing lock does not need it")
+
+
+def lock(name: str) -> Path:
+    reqs, over = lock_inputs(name)
+    LOCKS.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "req.in").write_text("\n".join(reqs) + "\n")
+        (Path(tmp) / "over.txt").write_text("\n".join(over) + "\n")
+        out = Path(tmp) / "lock.txt"
+        cmd = [uv(), "pip", "compile", str(Path(tmp) / "req.in"), "--override", str(Path(tmp) / "over.txt"),
+               "--python-version", "3.12", "--python-platform", "x86_64-manylinux_2_28", "--no-header",
+               "--no-annotate", "--index-url", os.environ.get("RLCTL_GPU_KIT_INDEX", "https://pypi.org/simple"),
+               "-o", str(out)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode:
+            raise KitError(f"uv pip compile failed for {name}:\n{p.stderr[-3000:]}")
+        pins = [ln.strip() for ln in out.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    dest = LOCKS / f"{name}.txt"
+    head = [f"# {name}: resolved by `python scripts/gpu/kit.py lock {name}` from stacks.toml (CPython 3.12,",
+            "# manylinux_2_28 x86_64). Lines marked `device` are the GPU image's own and are not carried."]
+    dev = device_names()
+    carry = carried_anyway(name)
+    body = [p + ("    # device" if norm(p.split("==")[0]) in dev and norm(p.split("==")[0]) not in carry else "")
+            for p in pins]
+    dest.write_text("\n".join(head + body) + "\n")
+    return dest
+
+
+def device_names() -> set[str]:
+    return {norm(n) for n in stacks()["device"]["names"]}
+
+
+def carried_anyway(name: str) -> set[str]:
+    """Packages carried although the device has them ([common] carry + the stack's)."""
+    return {norm(c) for c in stacks()["common"].get("carry", []) + stack(name).get("carry", [])}
+
+
+def read_lock(name: str) -> list[tuple[str, str]]:
+    """(name, version) of every package the stack carries (the lock minus the device's own)."""
+    path = LOCKS / f"{name}.txt"
+    if not path.is_file():
+        raise KitError(f"no lock for {name}: run `python scripts/gpu/kit.py lock {name}` first")
+    out = []
+    for ln in path.read_text().splitlines():
+        if not ln.strip() or ln.startswith("#") or ln.rstrip().endswith("# device"):
+            continue
+        m = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s;#]+)", ln.strip())
+        if not m:
+            raise KitError(f"{path}: cannot read {ln!r} (want name==version)")
+        out.append((norm(m.group(1)), m.group(2)))
+    return out
+
+
+# ---- build ---------------------------------------------------------------------------------------------------------
+def _pip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+
+
+def _find_wheel(folder: Path, name: str, version: str) -> Path | None:
+    for w in folder.glob("*.whl"):
+        parts = w.name.split("-")
+        if norm(parts[0]) == name and parts[1] == version:
+            return w
+    return None
+
+
+def fetch(pins: list[tuple[str, str]], sdist: set[str], wheels: Path) -> list[Path]:
+    """A wheel for each pin, from the cache or PyPI: binary wheels for CPython 3.12 manylinux x86_64; the source-only
+    ones built here (pure Python)."""
+    wheels.mkdir(parents=True, exist_ok=True)
+    missing = [(n, v) for n, v in pins if _find_wheel(wheels, n, v) is None]
+    binary = [f"{n}=={v}" for n, v in missing if n not in sdist]
+    if binary:
+        plat = [a for p in PLATFORMS for a in ("--platform", p)]
+        p = _pip("download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+                 *plat, "-d", str(wheels), *binary)
+        if p.returncode:
+            raise KitError(f"pip download failed:\n{p.stderr[-3000:]}")
+    for n, v in missing:
+        if n in sdist:
+            p = _pip("wheel", "--no-deps", "--no-binary", n, "-w", str(wheels), f"{n}=={v}")
+            if p.returncode:
+                raise KitError(f"pip wheel {n}=={v} failed:\n{p.stderr[-3000:]}")
+    out = []
+    for n, v in pins:
+        w = _find_wheel(wheels, n, v)
+        if w is None:
+            raise KitError(f"no wheel for {n}=={v} in {wheels}")
+        if n in sdist and not w.name.endswith("-none-any.whl"):
+            raise KitError(f"{w.name}: a wheel built from source here must be pure Python to run on the GPU machine")
+        out.append(w)
+    return out
+
+
+def rlctl_wheel(dest: Path) -> Path:
+    """rlctl's own wheel from this checkout (the GPU machine runs the code under test, not a release)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in dest.glob("rlctl-*.whl"):
+        old.unlink()
+    p = _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(dest), str(ROOT))
+    if p.returncode:
+        raise KitError(f"building rlctl's wheel failed:\n{p.stderr[-3000:]}")
+    return next(dest.glob("rlctl-*.whl"))
+
+
+def unpack(wheel: Path, site: Path) -> None:
+    """What `pip install --target --no-deps` does with a wheel: its files into site/, `.data/purelib|platlib` merged,
+    `.data/scripts` into site/bin (the GPU side puts that on PATH)."""
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            name = info.filename
+            parts = name.split("/")
+            if parts[0].endswith(".data") and len(parts) > 2:
+                kind = parts[1]
+                rest = "/".join(parts[2:])
+                if kind in ("purelib", "platlib"):
+                    name = rest
+                elif kind == "scripts":
+                    name = "bin/" + rest
+                else:
+                    continue  # headers, data: nothing a run imports
+            target = site / name
+            if info.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(info) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            mode = (info.external_attr >> 16) & 0o777
+            if mode:
+                target.chmod(mode | 0o600)
+
+
+def slim(site: Path, globs: list[str]) -> list[dict]:
+    """Remove what a Hopper run never loads; returns each removed path with its bytes."""
+    removed = []
+    for pattern in globs:
+        hits = site.rglob(pattern[2:]) if pattern.startswith("*/") else site.glob(pattern)
+        for p in sorted(hits):
+            size = sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else p.stat().st_size
+            removed.append({"path": str(p.relative_to(site)), "bytes": size})
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return removed
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(8 * MiB), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pack(site: Path, out: Path, piece_bytes: int, threads: int = 0) -> tuple[list[dict], dict]:
+    """site/ as one tar.xz, split into pieces of at most piece_bytes: (pieces, whole) with sizes and sha256."""
+    whole = out / "site.tar.xz"
+    xz = shutil.which("xz")
+    if xz:  # the xz tool compresses on several threads; the GPU side reads it with Python's lzma either way
+        tar = subprocess.Popen(["tar", "-C", str(site), "--sort=name", "--owner=0", "--group=0", "-cf", "-", "."],
+                               stdout=subprocess.PIPE)
+        with open(whole, "wb") as fh:
+            z = subprocess.run([xz, f"-T{threads}", "-6", "-c"], stdin=tar.stdout, stdout=fh)
+        if tar.wait() or z.returncode:
+            raise KitError("tar | xz failed")
+    else:
+        with tarfile.open(whole, "w:xz", preset=6) as t:
+            t.add(site, arcname=".")
+    pieces = []
+    size = piece_bytes
+    with open(whole, "rb") as fh:
+        i = 0
+        while True:
+            block = fh.read(size)
+            if not block:
+                break
+            p = out / f"site.tar.xz.{i:02d}"
+            p.write_bytes(block)
+            pieces.append({"name": p.name, "bytes": len(block), "sha256": hashlib.sha256(block).hexdigest()})
+            i += 1
+    info = {"name": whole.name, "bytes": whole.stat().st_size, "sha256": sha256(whole)}
+    whole.unlink()
+    return pieces, info
+
+
+def dist_versions(site: Path) -> dict[str, str]:
+    out = {}
+    for d in site.glob("*.dist-info"):
+        meta = d / "METADATA"
+        if meta.is_file():
+            head = meta.read_text(errors="replace").split("\n\n", 1)[0]
+            n = re.search(r"^Name: (.+)$", head, re.M)
+            v = re.search(r"^Version: (.+)$", head, re.M)
+            if n and v:
+                out[norm(n.group(1).strip())] = v.group(1).strip()
+    return dict(sorted(out.items()))
+
+
+def bases(name: str) -> list[str]:
+    """The stacks `name` lies on, nearest first (verl -> trl-vllm)."""
+    out = []
+    b = stack(name).get("base")
+    while b:
+        if b in out or b == name:
+            raise KitError(f"stacks.toml: the bases of {name} form a cycle")
+        out.append(b)
+        b = stack(b).get("base")
+    return out
+
+
+def build(name: str, out_root: Path, piece_mib: int) -> Path:
+    s = stack(name)
+    data = stacks()
+    pins = read_lock(name)
+    under = bases(name)
+    if under:  # only what the bases do not carry, as they carry it
+        have = {p for b in under for p in read_lock(b)}
+        pins = [p for p in pins if p not in have]
+    sdist = {norm(x) for x in s.get("sdist", [])}
+    wheels = fetch(pins, sdist, CACHE / "wheels")
+    if s.get("local"):
+        from standins import build_standins  # noqa: PLC0415 (the kit's folder is on sys.path)
+
+        wheels += build_standins(s["local"], CACHE / "local")
+    out = make_pack(name, wheels, out_root / name, piece_mib * MiB,
+                    slim_globs=list(data["common"]["slim"]) + list(s.get("slim", [])),
+                    env={**data["common"]["env"], **s.get("env", {})}, gpus=s.get("gpus", 1), bases=under)
+    copy_kit(out_root)
+    return out
+
+
+def make_pack(name: str, wheels: list[Path], out: Path, piece_bytes: int, *, slim_globs: list[str],
+              env: dict[str, str], gpus: int = 1, bases: list[str] | None = None) -> Path:
+    """Wheels -> one site dir -> slimmed -> tar.xz in pieces of at most piece_bytes, with manifest.json."""
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("RLCTL_GPU_KIT_TMP")) as tmp:
+        site = Path(tmp) / "site"
+        site.mkdir()
+        for w in wheels:
+            unpack(w, site)
+        unpacked = sum(f.stat().st_size for f in site.rglob("*") if f.is_file())
+        removed = slim(site, slim_globs)
+        versions = dist_versions(site)
+        pieces, whole = pack(site, out, piece_bytes)
+    manifest = {
+        "stack": name, "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "python": "3.12", "platform": "manylinux_2_28_x86_64",
+        "pieces": pieces, "whole": whole,
+        "unpacked_bytes": unpacked, "slimmed": removed,
+        "packages": versions,
+        "wheels": sorted(w.name for w in wheels),
+        "env": env, "gpus": gpus, "bases": bases or [],
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return out
+
+
+def copy_kit(out_root: Path) -> None:
+    """The kit's scripts beside the pieces: the GPU machine's checkout may not hold this branch."""
+    kit_out = out_root / "kit"
+    kit_out.mkdir(parents=True, exist_ok=True)
+    for f in KIT_FILES:
+        if (KIT / f).is_file():
+            shutil.copy2(KIT / f, kit_out / f)
+
+
+def resplit(folder: Path, piece_bytes: int) -> list[dict]:
+    """Cut a packed stack's pieces again at another size (the whole and its sha256 stay): fewer transfers when the
+    working tree beside them is small."""
+    if verify(folder):
+        raise KitError(f"{folder}: the pieces do not match manifest.json; rebuild instead")
+    m = json.loads((folder / "manifest.json").read_text())
+    old = [folder / p["name"] for p in m["pieces"]]
+    whole = folder / "site.tar.xz"
+    with open(whole, "wb") as out:
+        for p in old:
+            out.write(p.read_bytes())
+    for p in old:
+        p.unlink()
+    pieces = []
+    with open(whole, "rb") as fh:
+        for i, block in enumerate(iter(lambda: fh.read(piece_bytes), b"")):
+            (folder / f"site.tar.xz.{i:02d}").write_bytes(block)
+            pieces.append({"name": f"site.tar.xz.{i:02d}", "bytes": len(block),
+                           "sha256": hashlib.sha256(block).hexdigest()})
+    whole.unlink()
+    m["pieces"] = pieces
+    (folder / "manifest.json").write_text(json.dumps(m, indent=1) + "\n")
+    return pieces
+
+
+def verify(folder: Path) -> list[str]:
+    """Problems with a packed stack's pieces (missing, wrong size, wrong sha256), none when it is whole."""
+    m = json.loads((folder / "manifest.json").read_text())
+    problems = []
+    h = hashlib.sha256()
+    for p in m["pieces"]:
+        f = folder / p["name"]
+        if not f.is_file():
+            problems.append(f"{p['name']}: missing")
+            continue
+        b = f.read_bytes()
+        h.update(b)
+        if len(b) != p["bytes"] or hashlib.sha256(b).hexdigest() != p["sha256"]:
+            problems.append(f"{p['name']}: size or sha256 differs from manifest.json")
+    if not problems and h.hexdigest() != m["whole"]["sha256"]:
+        problems.append("the pieces together differ from the packed whole")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("lock")
+    a.add_argument("stack")
+    b = sub.add_parser("build")
+    b.add_argument("stack")
+    b.add_argument("--out", type=Path, default=ROOT / ".gpu")
+    b.add_argument("--piece-mib", type=int, default=56, help="piece size (MiB): one transfer carries one piece")
+    c = sub.add_parser("verify")
+    c.add_argument("folder", type=Path)
+    e = sub.add_parser("resplit", help="cut a packed stack's pieces again at another size")
+    e.add_argument("folder", type=Path)
+    e.add_argument("--piece-mib", type=int, required=True)
+    d = sub.add_parser("rlctl", help="rlctl's wheel from this checkout and the kit's scripts, into OUT/rlctl, OUT/kit")
+    d.add_argument("--out", type=Path, default=ROOT / ".gpu")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(KIT))
+    try:
+        if args.cmd == "lock":
+            print(lock(args.stack))
+        elif args.cmd == "build":
+            out = build(args.stack, args.out, args.piece_mib)
+            m = json.loads((out / "manifest.json").read_text())
+            print(f"{out}: {len(m['pieces'])} piece(s), {m['whole']['bytes'] / MiB:.1f} MiB packed, "
+                  f"{m['unpacked_bytes'] / MiB:.0f} MiB unpacked before slimming, "
+                  f"{sum(r['bytes'] for r in m['slimmed']) / MiB:.0f} MiB slimmed, {len(m['packages'])} packages")
+        elif args.cmd == "resplit":
+            print(f"{args.folder}: {len(resplit(args.folder, args.piece_mib * MiB))} piece(s)")
+        elif args.cmd == "rlctl":
+            print(rlctl_wheel(args.out / "rlctl"))
+            copy_kit(args.out)
+        else:
+            problems = verify(args.folder)
+            print("\n".join(problems) or f"{args.folder}: every piece matches manifest.json")
+            return 1 if problems else 0
+    except KitError as e:
+        print(f"kit: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,787 @@
+#!/usr/bin/env python3
+"""The GPU carry kit, run side: launch a stack's runs with `rlctl launch`, kill them mid-run, let rlctl restart them,
+read what rlctl says about them, sample NVML all along, and write the evidence: docs/gpu/<stack>.json (docs/gpu.md).
+
+    . /tmp/site/trl-vllm/env.sh && python3 run.py trl-vllm --part full --out $OUT      # on the GPU machine
+    python3 scripts/gpu/run.py trl-vllm --cpu --out /tmp/evidence                     # the same logic on a CPU
+
+Every figure in the evidence is read here, on the machine that ran: the versions, rlctl's plan (`rlctl preflight
+--json`), the raw NVML samples (every GPU, every 50 ms, with the processes on each GPU every second), the verbatim
+output of `rlctl status/doctor/ckpt list --json` and `rlctl metrics --csv`, checkpoint bytes on disk and the log's
+tail. A run that did not happen writes nothing about itself; a step that failed says how. The evidence accumulates
+across calls on the same machine (parts), and each call writes the whole file so far.
+
+Kills: `driver` = SIGKILL of the training driver alone (the backend's main process; Ray actors and vLLM engines left
+as a crash leaves them); `all` = SIGKILL of every process of the attempt, rlctl's supervisor included (seed 004's
+`pkill -9 python`), then `rlctl resume`. After each, the restart must come from the last complete checkpoint, every
+step must be in metrics.jsonl once, and the GPU must be free when the next attempt starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+GiB = 1024**3
+KIT = Path(__file__).resolve().parent
+STARTED = time.time()
+
+
+DEADLINE = [float("inf")]  # this call's end (--budget-s): every wait stops there and says so
+CURRENT: dict[str, Any] = {}  # the part in progress, written out every 20 s (a call cut short keeps what it saw)
+
+
+def now() -> float:
+    return round(time.time() - STARTED, 3)
+
+
+def left() -> float:
+    return DEADLINE[0] - time.time()
+
+
+# ---- NVML ------------------------------------------------------------------------------------------------------------
+class Nvml(threading.Thread):
+    """Every GPU's used memory every `every` s, and the compute processes on each GPU every second: raw samples."""
+
+    def __init__(self, every: float = 0.05):
+        super().__init__(daemon=True)
+        self.every = every
+        self.samples: list[list[float]] = []  # [t, used GiB of GPU 0, GPU 1, ...]
+        self.procs: list[dict] = []  # {"t", "gpu", "pid", "gib", "cmd"}
+        self.stop = threading.Event()
+        self.error = None
+        self.handles: list[Any] = []
+        self.total: list[float] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self.total = [pynvml.nvmlDeviceGetMemoryInfo(h).total / GiB for h in self.handles]
+            self.names = [str(pynvml.nvmlDeviceGetName(h)) for h in self.handles]
+            self.driver = str(pynvml.nvmlSystemGetDriverVersion())
+        except Exception as e:  # a CPU machine: no NVML
+            self.error = f"{type(e).__name__}: {e}"
+            self.nvml = None
+            self.names, self.driver = [], None
+
+    def used(self) -> list[float]:
+        return [self.nvml.nvmlDeviceGetMemoryInfo(h).used / GiB for h in self.handles] if self.nvml else []
+
+    def processes(self) -> list[dict]:
+        out = []
+        if not self.nvml:
+            return out
+        for i, h in enumerate(self.handles):
+            with contextlib.suppress(Exception):
+                for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(h):
+                    out.append({"gpu": i, "pid": p.pid, "gib": round((p.usedGpuMemory or 0) / GiB, 3),
+                                "cmd": cmdline(p.pid)[:160]})
+        return out
+
+    def run(self) -> None:
+        last_procs = 0.0
+        while not self.stop.is_set() and self.nvml:
+            t = now()
+            with contextlib.suppress(Exception):
+                self.samples.append([t, *(round(u, 3) for u in self.used())])
+            if t - last_procs >= 1.0:
+                last_procs = t
+                for p in self.processes():
+                    self.procs.append({"t": t, **p})
+            time.sleep(self.every)
+
+    def window(self, t0: float, t1: float | None = None) -> dict:
+        """Peak and first sample per GPU between t0 and t1 (seconds since start)."""
+        rows = [s for s in self.samples if s[0] >= t0 and (t1 is None or s[0] <= t1)]
+        if not rows:
+            return {}
+        n = len(rows[0]) - 1
+        return {"first_gib": rows[0][1:], "peak_gib": [max(r[i + 1] for r in rows) for i in range(n)],
+                "samples": len(rows)}
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+# ---- running rlctl ---------------------------------------------------------------------------------------------------
+class Ctx:
+    def __init__(self, stack: str, work: Path, cpu: bool, log: list[str], render_only: bool = False):
+        self.stack, self.work, self.cpu, self.log, self.render_only = stack, work, cpu, log, render_only
+        self.env = dict(os.environ)
+        self.env.setdefault("PYTHONUNBUFFERED", "1")
+
+    def say(self, msg: str) -> None:
+        line = f"[{now():7.1f}s] {msg}"
+        print(line, flush=True)
+        self.log.append(line)
+
+    def rlctl(self, *args: str, timeout: float = 300) -> dict:
+        """`rlctl ARGS` from the work directory (README defaults: ./runs); its exit code and output verbatim."""
+        t = time.time()
+        timeout = min(timeout, max(left(), 20))
+        try:
+            p = subprocess.run([sys.executable, "-m", "rlctl.cli", *args], cwd=self.work, env=self.env,
+                               capture_output=True, text=True, timeout=timeout)
+            out = {"argv": ["rlctl", *args], "exit": p.returncode, "stdout": p.stdout, "stderr": p.stderr[-4000:]}
+        except subprocess.TimeoutExpired as e:
+            out = {"argv": ["rlctl", *args], "exit": None, "timeout_s": timeout,
+                   "stdout": (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout,
+                   "stderr": ""}
+        out["s"] = round(time.time() - t, 2)
+        with contextlib.suppress(ValueError, TypeError):
+            out["json"] = json.loads(out["stdout"])
+        return out
+
+
+def run_dir(ctx: Ctx, name: str) -> Path | None:
+    runs = sorted((ctx.work / "runs").glob(f"{name}-*"))
+    return runs[-1] if runs else None
+
+
+def state(run: Path) -> dict:
+    try:
+        return json.loads((run / "state.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def metric_steps(run: Path, key: str = "reward/mean") -> list[int]:
+    """The step of every record holding `key`, in file order (repeats would show here)."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in (run / "metrics.jsonl").read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                rec = json.loads(line)
+                if key in rec and isinstance(rec.get("step"), int):
+                    out.append(rec["step"])
+    return out
+
+
+def complete_checkpoints(ctx: Ctx, run: Path) -> list[int]:
+    """Steps of the complete checkpoints, as `rlctl ckpt list --json` says."""
+    r = ctx.rlctl("ckpt", "list", run.name, "--json", timeout=60)
+    rows = (r.get("json") or {}).get("checkpoints") or []
+    return sorted(c["step"] for c in rows if c.get("complete"))
+
+
+def wait_for(ctx: Ctx, what: str, cond, timeout: float, every: float = 0.2) -> bool:
+    t = time.time()
+    timeout = min(timeout, max(left(), 0))
+    while time.time() - t < timeout:
+        if cond():
+            return True
+        time.sleep(every)
+    why = "this call's time (--budget-s) ran out" if left() <= 1 else f"timed out after {timeout:.0f} s"
+    ctx.say(f"{why} waiting for {what}")
+    return False
+
+
+class RunOver(Exception):
+    """The run ended while a kill point was awaited."""
+
+
+def attempt_processes(run: Path, with_supervisor: bool) -> list[int]:
+    """Every live process of the run's current attempt: its process group (the wrapper, the driver, whatever they
+    started there), their descendants wherever they went (Ray workers, vLLM engines started in a new session), and
+    with_supervisor the supervisor too."""
+    import psutil
+
+    st = state(run)
+    ref = (st.get("handle") or {}).get("ref") or {}
+    pgid = ref.get("pgid") or st.get("pgid")
+    roots: set[int] = set()
+    for p in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error):
+            if pgid and os.getpgid(p.pid) == pgid:
+                roots.add(p.pid)
+    if with_supervisor and st.get("supervisor_pid"):
+        roots.add(int(st["supervisor_pid"]))
+    out = set(roots)
+    for pid in roots:
+        with contextlib.suppress(psutil.Error):
+            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+    out.discard(os.getpid())
+    return sorted(out)
+
+
+def driver_pid(run: Path, marker: str) -> int | None:
+    """The backend's main process in the attempt's group: the one whose command line holds `marker`."""
+    for pid in attempt_processes(run, with_supervisor=False):
+        if marker in cmdline(pid) and "wrap" not in cmdline(pid).split(" -m ")[0]:
+            return pid
+    return None
+
+
+def kill(ctx: Ctx, pids: list[int]) -> list[dict]:
+    killed = []
+    for pid in pids:
+        cmd = cmdline(pid)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append({"pid": pid, "cmd": cmd[:200]})
+    ctx.say(f"SIGKILL to {len(killed)} process(es): {[k['pid'] for k in killed]}")
+    return killed
+
+
+def gpu_at(nv: Nvml) -> dict:
+    return {"t": now(), "used_gib": [round(u, 3) for u in nv.used()], "processes": nv.processes()}
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def log_tail(run: Path, n: int = 120) -> list[str]:
+    with contextlib.suppress(OSError):
+        return (run / "stdout.log").read_text(errors="replace").splitlines()[-n:]
+    return []
+
+
+# vLLM's own lines about memory and start-up: what the engine says it took, next to NVML and the plan
+VLLM_LINES = re.compile(r"(Model loading took|KV cache|Graph capturing|memory profiling|gpu_memory_utilization|"
+                        r"Free memory on device|init engine|torch.compile takes|non-torch|weights memory|CUDA graph|"
+                        r"sleep mode|woke up|Maximum concurrency|OutOfMemory|out of memory)", re.I)
+
+
+def vllm_lines(run: Path) -> list[str]:
+    out = []
+    with contextlib.suppress(OSError):
+        for line in (run / "stdout.log").read_text(errors="replace").splitlines():
+            if VLLM_LINES.search(line) and len(out) < 200:
+                out.append(line[:400])
+    return out
+
+
+def collect(ctx: Ctx, name: str, run: Path, keys: list[str]) -> dict:
+    """What rlctl says about a run, verbatim, plus the files' facts."""
+    out: dict[str, Any] = {"run_dir": run.name}
+    out["status"] = ctx.rlctl("status", run.name, "--json")
+    out["doctor"] = ctx.rlctl("doctor", run.name, "--json")
+    out["ckpt_list"] = ctx.rlctl("ckpt", "list", run.name, "--json")
+    present = set()
+    with contextlib.suppress(OSError):
+        for line in (run / "metrics.jsonl").read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                present.update(json.loads(line))
+    wanted = [k for k in keys if k in present] + sorted(k for k in present if k.startswith("eval/"))
+    out["metrics_keys_present"] = sorted(present)
+    out["metrics"] = ctx.rlctl("metrics", run.name, "--csv", "--keys", ",".join(wanted or ["reward/mean"]))
+    out["state"] = state(run)
+    out["gpu_memory_summary"] = _read_json(run / "gpu_memory.json")
+    ck = run / "checkpoints"
+    out["checkpoint_bytes"] = {p.name: dir_bytes(p) for p in sorted(ck.iterdir()) if p.is_dir()} \
+        if ck.is_dir() else {}
+    out["log_tail"] = log_tail(run)
+    out["vllm_log"] = vllm_lines(run)
+    torch_mem = run / "torch_memory.json"
+    out["torch_memory"] = _read_json(torch_mem)
+    evals = run / "evals"
+    if evals.is_dir():
+        out["evals"] = {p.name: _read_json(p) for p in sorted(evals.glob("*.json"))}
+        out["eval_logs"] = {p.name: _why_and_tail(p) for p in sorted(evals.glob("*.log"))}
+    return out
+
+
+WHY = re.compile(r"(Error|error:|memory|Memory|CUDA|Free memory|KV cache|gpu_memory_utilization)")
+
+
+def _why_and_tail(p: Path) -> dict:
+    """A log's lines that say why something failed (errors, memory) and its last 40 lines."""
+    lines = p.read_text(errors="replace").splitlines()
+    return {"why": [ln[:400] for ln in lines if WHY.search(ln)][-60:], "tail": lines[-40:]}
+
+
+def _read_json(p: Path) -> Any:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def steps_once(run: Path, total: int) -> dict:
+    seen = metric_steps(run)
+    counts = {s: seen.count(s) for s in sorted(set(seen))}
+    return {"expected": list(range(1, total + 1)), "seen": counts,
+            "each_once": sorted(seen) == list(range(1, total + 1))}
+
+
+# ---- recipes ---------------------------------------------------------------------------------------------------------
+def write_data(work: Path) -> dict[str, Path]:
+    """Prompts with labels (the quickstart's task: the fraction of 'a'), the reward, an eval set."""
+    words = ["a", "sing", "sky", "tell", "of", "the", "cats", "sea", "bread", "say", "rain", "map"]
+    rows = []
+    for i in range(256):
+        w = [words[(i * 7 + j * 3) % len(words)] for j in range(1 + i % 4)]
+        rows.append({"prompt": " ".join(w) + ":", "label": "a"})
+    (work / "data").mkdir(parents=True, exist_ok=True)
+    train = work / "data" / "prompts.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    probe = work / "data" / "probe.jsonl"
+    probe.write_text("".join(json.dumps(r) + "\n" for r in rows[:16]))
+    reward = work / "data" / "reward.py"
+    reward.write_text(
+        '"""The fraction of \'a\' characters in each completion (the quickstart\'s reward)."""\n\n\n'
+        "def reward_func(completions, **kwargs):\n"
+        "    out = []\n"
+        "    for c in completions:\n"
+        "        text = c if isinstance(c, str) else ''.join(m.get('content', '') for m in c)\n"
+        "        out.append(text.count('a') / len(text) if text else 0.0)\n"
+        "    return out\n")
+    return {"train": train, "probe": probe, "reward": reward}
+
+
+# verl (and OpenRLHF with --apply_chat_template) put the prompts through the tokenizer's chat template: the plain text
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+MODEL_CODE = """
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from rlctl.recipe.models import KNOWN
+from rlctl.recipe.tiny_model import byte_tokenizer
+a = KNOWN[{shape!r}]
+tok = byte_tokenizer()
+c = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
+                num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
+                max_position_embeddings=a.max_positions, tie_word_embeddings=a.tie_embeddings,
+                eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+torch.manual_seed(0)
+with torch.device("cuda"):
+    m = Qwen2ForCausalLM(c).to(torch.bfloat16)
+m.generation_config.eos_token_id = tok.eos_token_id
+m.generation_config.pad_token_id = tok.eos_token_id
+tok.chat_template = {chat!r}
+m.save_pretrained({out!r})
+tok.save_pretrained({out!r})
+"""
+
+
+def make_model(ctx: Ctx, shape: str) -> tuple[str, dict]:
+    """A randomly initialised model of a public shape (rlctl.recipe.models.KNOWN) with rlctl's byte-level tokenizer,
+    bf16 on disk like the real one; on a CPU rlctl's own tiny model (`rlctl model tiny`)."""
+    out = ctx.work / "models" / (shape.replace("/", "_") if not ctx.cpu else "tiny")
+    if (out / "config.json").is_file():
+        return str(out), _read_json(out / "config.json") or {}
+    if ctx.render_only:  # the shape alone (config + tokenizer): what render and preflight read
+        code = MODEL_CODE.replace('with torch.device("cuda"):\n    m = Qwen2ForCausalLM(c).to(torch.bfloat16)\n', "")
+        code = code.replace("m.generation_config.eos_token_id = tok.eos_token_id\n", "")
+        code = code.replace("m.generation_config.pad_token_id = tok.eos_token_id\n", "")
+        code = code.replace("m.save_pretrained(", "c.save_pretrained(")
+        subprocess.run([sys.executable, "-c", code.format(shape=shape.lower(), out=str(out), chat=CHAT_TEMPLATE)],
+                       check=True, cwd=ctx.work, env=ctx.env, timeout=300)
+        return str(out), _read_json(out / "config.json") or {}
+    if ctx.cpu:
+        r = ctx.rlctl("model", "tiny", str(out))
+        if r["exit"] != 0:
+            raise RuntimeError(f"rlctl model tiny failed: {r['stderr']}")
+        return str(out), _read_json(out / "config.json") or {}
+    code = MODEL_CODE.format(shape=shape.lower(), out=str(out), chat=CHAT_TEMPLATE)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ctx.work, env=ctx.env, timeout=300)
+    return str(out), _read_json(out / "config.json") or {}
+
+
+def trl_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, steps: int, every: int, lora: int = 0,
+               vllm: bool = True, evals: bool = True, keep_last: int = 2) -> str:
+    gpu = not ctx.cpu
+    lines = [f'name = "{name}"', "[backend]", 'name = "trl"']
+    if vllm and gpu:
+        lines += ["[backend.trl.extra]", "use_vllm = true", 'vllm_mode = "colocate"']
+    lines += ["[model]", f'path = "{model}"', f'dtype = "{"bfloat16" if gpu else "float32"}"',
+              f"max_model_len = {256 if gpu else 128}"]
+    if lora:
+        lines += ["[lora]", f"rank = {lora}", f"alpha = {2 * lora}", 'target_modules = "all-linear"']
+    lines += ["[data]", f'train = "{data["train"]}"', f'eval = "{data["probe"]}"', 'input_key = "prompt"',
+              'label_key = "label"', "max_prompt_tokens = 32",
+              "[rollout]", "group_size = 8", "prompts_per_step = 4", f"max_tokens = {96 if gpu else 16}",
+              "temperature = 1.0"]
+    if vllm and gpu:
+        lines += ["gpu_memory_utilization = 0.3"]
+    lines += ["[algorithm]", 'name = "grpo"', "kl_coef = 0.04",
+              "[optim]", f"lr = {1e-5 if gpu else 5e-3}", 'schedule = "constant"', "warmup_steps = 0",
+              "max_grad_norm = 1.0",
+              "[train]", f"steps = {steps}", "train_batch_size = 32", "micro_batch_size = 8",
+              "gradient_checkpointing = false",
+              "[resources]", "nodes = 1", f"gpus_per_node = {1 if gpu else 0}",
+              f'gpu = "{"H100-80GB" if gpu else "cpu"}"']
+    if vllm and gpu:
+        lines += ["colocate = true"]
+    lines += ["[reward]", f'function = "{data["reward"]}"',
+              "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", f"keep_last = {keep_last}",
+              "[run]", 'restart = "on-failure"', "max_restarts = 3"]
+    if evals:
+        lines += ["[eval]", f"every = {every}", "baseline = true", 'primary = "probe"',
+                  "[eval.sets.probe]", f'data = "{data["probe"]}"', "temperature = 0.0", "n = 1",
+                  'grader = "reward"', "threshold = 0.2", f"max_tokens = {32 if gpu else 8}"]
+    path = ctx.work / "recipes" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def write_parquet(work: Path, data: dict[str, Path]) -> dict[str, Path]:
+    """verl's data format (a chat prompt, data_source, reward_model.ground_truth) and a reward in its signature."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = {}
+    for key in ("train", "probe"):
+        rows = [json.loads(line) for line in data[key].read_text().splitlines()]
+        table = [{"data_source": "a_fraction", "prompt": [{"role": "user", "content": r["prompt"]}],
+                  "ability": "toy", "reward_model": {"style": "rule", "ground_truth": r["label"]},
+                  "extra_info": {"index": i}} for i, r in enumerate(rows)]
+        out[key] = work / "data" / f"{key}.parquet"
+        pq.write_table(pa.Table.from_pylist(table), out[key])
+    out["reward"] = work / "data" / "verl_reward.py"
+    out["reward"].write_text(
+        '"""The fraction of \'a\' characters (the quickstart\'s reward) in verl\'s compute_score signature."""\n\n\n'
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):\n"
+        "    return solution_str.count('a') / len(solution_str) if solution_str else 0.0\n")
+    return out
+
+
+def verl_recipe(ctx: Ctx, name: str, model: str, pq_data: dict[str, Path], *, steps: int, every: int, gpus: int = 1,
+                lora: int = 0) -> str:
+    # verl's FSDP engine asks transformers for FlashAttention-2 unless override_config says otherwise
+    # (workers/config/model.py); flash-attn is source-only and not carried: "FlashAttention2 has been toggled on,
+    # but ... doesn't seem to be installed" on the H100 (docs/gpu/verl-2.json)
+    lines = [f'name = "{name}"', "[backend]", 'name = "verl"', 'version = "0.9.1"', "[backend.verl.extra]",
+             '"+actor_rollout_ref.model.override_config.attn_implementation" = "sdpa"',
+             "[model]", f'path = "{model}"', 'dtype = "bfloat16"', "max_model_len = 256"]
+    if lora:
+        lines += ["[lora]", f"rank = {lora}", f"alpha = {2 * lora}", 'target_modules = "all-linear"']
+    lines += ["[data]", f'train = "{pq_data["train"]}"', f'eval = "{pq_data["probe"]}"', 'input_key = "prompt"',
+              'label_key = "ground_truth"', "max_prompt_tokens = 32",
+              "[rollout]", "group_size = 8", "prompts_per_step = 4", "max_tokens = 96", "temperature = 1.0",
+              "gpu_memory_utilization = 0.3",
+              "[algorithm]", 'name = "grpo"', "kl_coef = 0.04", "use_kl_loss = true",
+              "[optim]", "lr = 1e-5", 'schedule = "constant"',
+              "[train]", f"steps = {steps}", "train_batch_size = 32", "micro_batch_size = 8",
+              "gradient_checkpointing = false",
+              "[resources]", "nodes = 1", f"gpus_per_node = {gpus}", 'gpu = "H100-80GB"', "colocate = true",
+              "[reward]", f'function = "{pq_data["reward"]}"', 'function_name = "compute_score"',
+              "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
+              "[run]", 'restart = "on-failure"', "max_restarts = 3",
+              "[eval]", f"every = {every}", "temperature = 0.0"]
+    path = ctx.work / "recipes" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+# ---- one run, launched, killed, resumed ------------------------------------------------------------------------------
+TRL_KEYS = ["reward/mean", "reward/std", "kl", "lr", "entropy", "grad_norm", "policy_loss", "clip_ratio",
+            "response_length/mean", "time/step", "throughput/tokens_per_s"]
+
+
+def launched_run(ctx: Ctx, nv: Nvml, name: str, recipe: str, *, total: int, kills: list[tuple[str, int]],
+                 marker: str, keys: list[str], step_timeout: float) -> dict:
+    """Launch detached; at each kill point (kind, checkpoint step) kill; let rlctl restart; wait for the end."""
+    res: dict[str, Any] = {"recipe": Path(recipe).read_text(), "events": [], "call_started": STARTED}
+    CURRENT["res"] = res
+    ev = res["events"]
+    res["preflight"] = ctx.rlctl("preflight", recipe, "--json")
+    if ctx.render_only:  # the GPU recipe as rlctl renders it, on any machine: nothing launched, nothing measured
+        res["render"] = ctx.rlctl("render", recipe)
+        return res
+    t0 = now()
+    ev.append({"t": t0, "what": "before launch", **gpu_at(nv)})
+    launch = ctx.rlctl("launch", recipe, "--detach", "--name", name, timeout=600)
+    res["launch"] = launch
+    run = run_dir(ctx, name)
+    if run is None:
+        ctx.say(f"{name}: launch made no run directory (exit {launch['exit']}): {launch['stderr'][-800:]}")
+        return res
+    ctx.say(f"{name}: launched {run.name}")
+    for i, (kind, ckpt) in enumerate(kills):
+        # kill i+1 comes in attempt i+1, once checkpoint `ckpt` is complete and a step past it has been logged
+        def ready(ckpt=ckpt, attempt=i + 1) -> bool:
+            st = state(run)
+            if st.get("status") in ("finished", "failed", "stopped"):
+                raise RunOver(st.get("status"))
+            if (st.get("attempt") or 0) < attempt or st.get("status") != "running":
+                return False
+            steps = metric_steps(run)
+            if not steps or max(steps) < ckpt + 1:
+                return False
+            done = complete_checkpoints(ctx, run)
+            return bool(done) and done[-1] >= ckpt
+        try:
+            got_there = wait_for(ctx, f"{name}: checkpoint {ckpt} and one more step before kill {i + 1}", ready,
+                                 step_timeout, every=0.3)
+        except RunOver as over:
+            got_there = False
+            ctx.say(f"{name}: the run ended ({over}) before kill {i + 1}")
+        if not got_there:
+            res["kill_error"] = f"kill {i + 1} ({kind}): the run did not get there"
+            break
+        done = complete_checkpoints(ctx, run)
+        steps = metric_steps(run)
+        attempt = state(run).get("attempt")
+        if kind == "driver":
+            pid = driver_pid(run, marker)
+            pids = [pid] if pid else []
+        else:
+            pids = attempt_processes(run, with_supervisor=True)
+        ctx.say(f"{name}: kill {i + 1} ({kind}) at step {max(steps)}, last complete checkpoint {done[-1]}, "
+                f"attempt {attempt}")
+        killed = kill(ctx, pids)
+        ev.append({"t": now(), "what": f"kill {kind}", "at_step": max(steps), "last_complete_checkpoint": done[-1],
+                   "attempt": attempt, "killed": killed, **gpu_at(nv)})
+        if kind == "all":
+            wait_for(ctx, "the killed processes to be gone", lambda pids=pids: not any(_alive(p) for p in pids), 30)
+            ev.append({"t": now(), "what": "after kill all, before resume", **gpu_at(nv),
+                       "left_alive": [p for p in pids if _alive(p)],
+                       "status": ctx.rlctl("status", run.name, "--json")})
+            ev.append({"t": now(), "what": "resume", "result": ctx.rlctl("resume", run.name, timeout=120)})
+
+        def restarted(attempt=attempt) -> bool:
+            return (state(run).get("attempt") or 0) > (attempt or 0)
+        if wait_for(ctx, f"{name}: the next attempt", restarted, 120, every=0.05):
+            st = state(run)
+            ev.append({"t": now(), "what": f"attempt {st.get('attempt')} started", "attempt_record":
+                       (st.get("attempts") or [{}])[-1], **gpu_at(nv)})
+
+    def ended() -> bool:
+        return state(run).get("status") in ("finished", "failed", "stopped", "lost")
+    wait_for(ctx, f"{name}: the end of the run", ended, step_timeout * 2 + 120, every=0.5)
+    st = state(run)
+    ctx.say(f"{name}: {st.get('status')} (exit {st.get('exit_code')}), attempts {st.get('attempt')}")
+    # the supervisor's last checkpoint evals run after the trainer ends: give them their time
+    wait_for(ctx, f"{name}: the supervisor to exit", lambda: not _alive(state(run).get("supervisor_pid") or 0), 300,
+             every=0.5)
+    ev.append({"t": now(), "what": "ended", **gpu_at(nv)})
+    res["nvml_window"] = nv.window(t0)
+    res["collected"] = collect(ctx, name, run, keys)
+    res["steps"] = steps_once(run, total)
+    res["t"] = [t0, now()]
+    return res
+
+
+def _alive(pid: int) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError):
+        return " Z " not in Path(f"/proc/{pid}/stat").read_text().split(")", 1)[1][:4]
+    return True
+
+
+# ---- the parts of each stack -----------------------------------------------------------------------------------------
+def part_trl_full(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """Full fine-tune, vLLM colocated: two kills (the driver alone, then every process of the attempt), TRL's own
+    in-loop eval; rlctl's evaluator on vLLM for the last checkpoint once the run is over (the GPU is free then)."""
+    steps, every = (12, 2) if not ctx.cpu else (6, 2)
+    kills = [("driver", 2 * every), ("all", 4 * every)] if not ctx.cpu else [("driver", every), ("all", 2 * every)]
+    recipe = trl_recipe(ctx, "trl-full", model, data, steps=steps, every=every, evals=False)
+    res = launched_run(ctx, nv, "trl-full", recipe, total=steps, kills=kills, marker="rlctl.backends.trl.runner",
+                       keys=TRL_KEYS, step_timeout=300)
+    run = run_dir(ctx, "trl-full")
+    if run is not None:
+        res["eval_after"] = eval_after(ctx, nv, run, steps)
+    return res
+
+
+def part_trl_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """LoRA, vLLM colocated, with an eval set: rlctl's checkpoint evaluator runs beside the training (the step-0
+    baseline first), then the LoRA checkpoint is evaluated by hand on vLLM."""
+    steps, every = (8, 4) if not ctx.cpu else (4, 2)
+    recipe = trl_recipe(ctx, "trl-lora", model, data, steps=steps, every=every, lora=16, evals=True)
+    res = launched_run(ctx, nv, "trl-lora", recipe, total=steps, kills=[], marker="rlctl.backends.trl.runner",
+                       keys=TRL_KEYS, step_timeout=300)
+    run = run_dir(ctx, "trl-lora")
+    if run is not None:
+        res["eval_after"] = eval_after(ctx, nv, run, steps)
+    return res
+
+
+def eval_after(ctx: Ctx, nv: Nvml, run: Path, step: int) -> dict:
+    """`rlctl eval RUN --step N --json` on a finished run, with the GPU's memory in its window."""
+    if left() < 120:
+        return {"skipped": "less than two minutes of this call's time left"}
+    t0 = now()
+    r = ctx.rlctl("eval", run.name, "--step", str(step), "--json", timeout=600)
+    r["nvml_window"] = nv.window(t0)
+    log = run / "evals" / f"step-{step}.log"
+    r["job_log_tail"] = log.read_text(errors="replace").splitlines()[-60:] if log.is_file() else []
+    return r
+
+
+def part_trl_trainer_only(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """The trainer alone (TRL generating with its own model): the trainer term of the colocated plan, measured."""
+    steps = 3 if not ctx.cpu else 2
+    recipe = trl_recipe(ctx, "trl-trainer-only", model, data, steps=steps, every=steps, vllm=False, evals=False)
+    return launched_run(ctx, nv, "trl-trainer-only", recipe, total=steps, kills=[],
+                        marker="rlctl.backends.trl.runner", keys=TRL_KEYS, step_timeout=300)
+
+
+VERL_KEYS = ["reward/mean", "reward/std", "kl", "lr", "entropy", "grad_norm", "policy_loss", "clip_ratio",
+             "response_length/mean", "time/step", "throughput/tokens_per_s", "eval/default/greedy_pass@1"]
+
+
+def part_verl_1gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """verl's hybrid engine on one GPU (FSDP actor + vLLM asleep while it trains): two kills; its in-loop eval
+    (val before train and every `every`); rlctl's evaluator on vLLM for the last checkpoint afterwards."""
+    pq_data = write_parquet(ctx.work, data)
+    steps, every = 6, 2
+    recipe = verl_recipe(ctx, "verl-1gpu", model, pq_data, steps=steps, every=every)
+    kills = [("driver", every), ("all", 2 * every)] if os.environ.get("RLCTL_GPU_KILLS", "2") == "2" else \
+        [("driver", every)]
+    res = launched_run(ctx, nv, "verl-1gpu", recipe, total=steps, kills=kills,
+                       marker="verl.trainer.main_ppo", keys=VERL_KEYS, step_timeout=420)
+    run = run_dir(ctx, "verl-1gpu")
+    if run is not None:
+        res["eval_after"] = eval_after(ctx, nv, run, steps)
+    return res
+
+
+def part_verl_2gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    pq_data = write_parquet(ctx.work, data)
+    steps, every = 6, 3
+    recipe = verl_recipe(ctx, "verl-2gpu", model, pq_data, steps=steps, every=every, gpus=2)
+    return launched_run(ctx, nv, "verl-2gpu", recipe, total=steps, kills=[("driver", every)],
+                        marker="verl.trainer.main_ppo", keys=VERL_KEYS, step_timeout=420)
+
+
+PARTS = {
+    "trl-vllm": {"full": part_trl_full, "lora": part_trl_lora, "trainer-only": part_trl_trainer_only},
+    "verl": {"1gpu": part_verl_1gpu, "2gpu": part_verl_2gpu},
+}
+SHAPE = "Qwen/Qwen2.5-0.5B"
+
+
+def versions(ctx: Ctx) -> dict:
+    code = ("import importlib.metadata as m, json, sys; out = {}\n"
+            "for n in sys.argv[1:]:\n"
+            "    try: out[n] = m.version(n)\n"
+            "    except m.PackageNotFoundError: pass\n"
+            "import torch; out['torch.version.cuda'] = torch.version.cuda; out['python'] = sys.version.split()[0]\n"
+            "print(json.dumps(out))")
+    names = ["rlctl", "torch", "transformers", "vllm", "trl", "peft", "accelerate", "datasets", "verl", "ray",
+             "openrlhf", "deepspeed", "tensordict", "hydra-core", "nvidia-ml-py", "pydantic", "typer"]
+    p = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, cwd=ctx.work, env=ctx.env)
+    try:
+        return json.loads(p.stdout)
+    except ValueError:
+        return {"error": p.stderr[-1000:]}
+
+
+def machine(nv: Nvml) -> dict:
+    out: dict[str, Any] = {"gpus": nv.names, "gpu_total_gib": [round(t, 3) for t in nv.total], "driver": nv.driver,
+                           "nvml_error": nv.error, "cpus": os.cpu_count()}
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out["nvidia_smi"] = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("stack", choices=sorted(PARTS))
+    ap.add_argument("--part", action="append", help="which parts (default: all, in order)")
+    ap.add_argument("--out", type=Path, required=True, help="docs/gpu/<stack>.json is written under it")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/gpurun"))
+    ap.add_argument("--assemble-report", type=Path, help="assemble.py's report, kept in the evidence")
+    ap.add_argument("--cpu", action="store_true", help="the same logic on a CPU: tiny model, no vLLM, no NVML")
+    ap.add_argument("--render-only", action="store_true",
+                    help="write each part's GPU recipe and data, `rlctl render` and `rlctl preflight` them; no run")
+    ap.add_argument("--budget-s", type=float, help="this call's time: waits end there, the evidence so far is written")
+    args = ap.parse_args(argv)
+    if args.budget_s:
+        DEADLINE[0] = time.time() + args.budget_s
+    parts = args.part or list(PARTS[args.stack])
+    work = args.work / args.stack
+    work.mkdir(parents=True, exist_ok=True)
+    evidence_path = work / "evidence.json"
+    ev = _read_json(evidence_path) or {
+        "stack": args.stack, "written_by": "scripts/gpu/run.py", "cpu_dry_run": args.cpu, "parts": {}, "log": []}
+    ctx = Ctx(args.stack, work, args.cpu, ev["log"], render_only=args.render_only)
+    nv = Nvml()
+    nv.start()
+    ev["machine"] = machine(nv)
+    ev["versions"] = versions(ctx)
+    manifest = KIT.parent / args.stack / "manifest.json"
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        ev["kit"] = {k: m.get(k) for k in ("built", "pieces", "whole", "unpacked_bytes", "slimmed", "wheels", "env")}
+    if args.assemble_report and args.assemble_report.is_file():
+        ev["assemble"] = _read_json(args.assemble_report)
+    out_file = args.out / "docs" / "gpu" / f"{args.stack}.json"
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data = write_data(work)
+        model, config = make_model(ctx, SHAPE)
+        ev["model"] = {"shape": SHAPE if not args.cpu else "rlctl model tiny", "path": model, "config": config}
+        stop = threading.Event()
+
+        def keep_writing() -> None:
+            while not stop.wait(20):
+                with contextlib.suppress(Exception):
+                    if CURRENT.get("part") and CURRENT.get("res") is not None:
+                        ev["parts"][CURRENT["part"]] = {**CURRENT["res"], "in_progress": True}
+                    _write(ev, nv, evidence_path, out_file)
+        threading.Thread(target=keep_writing, daemon=True).start()
+        for part in parts:
+            if left() < 60:
+                ctx.say(f"part {part}: not started, less than a minute of this call's time left")
+                continue
+            ctx.say(f"part {part}")
+            done = [k for k in ev["parts"] if k.split("#")[0] == part]
+            key = part if not done else f"{part}#{len(done) + 1}"  # a part run again is kept beside the first
+            CURRENT.update(part=key, res=None)
+            t = time.time()
+            try:
+                res = PARTS[args.stack][part](ctx, nv, model, data)
+            except Exception as e:  # a part that broke says how; the others still run
+                import traceback
+
+                res = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            res["wall_s"] = round(time.time() - t, 1)
+            CURRENT.update(part=None, res=None)
+            ev["parts"][key] = res
+            _write(ev, nv, evidence_path, out_file)
+        stop.set()
+    finally:
+        nv.stop.set()
+        nv.join(timeout=2)
+        _write(ev, nv, evidence_path, out_file)
+    ctx.say(f"evidence: {out_file}")
+    return 0
+
+
+def _write(ev: dict, nv: Nvml, evidence_path: Path, out_file: Path) -> None:
+    """The evidence so far, with every NVML sample taken on this machine (kept across calls in the work dir)."""
+    old = ev.get("nvml") or {}
+    samples = {"interval_s": nv.every, "started": STARTED, "columns": ["t_s"] + [f"gpu{i}_used_gib" for i in
+                                                                               range(len(nv.handles))]}
+    calls = list(old.get("calls", []))
+    calls = [c for c in calls if c.get("started") != STARTED]
+    calls.append({**samples, "samples": nv.samples, "processes": nv.procs})
+    ev["nvml"] = {"calls": calls}
+    text = json.dumps(ev, indent=None, separators=(",", ":"))
+    evidence_path.write_text(text)
+    shutil.copyfile(evidence_path, out_file)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

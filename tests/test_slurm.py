@@ -1,0 +1,344 @@
+"""The SLURM executor against a real SLURM cluster (tests/slurm_cluster.py: munged, slurmctld, two slurmd in their own
+network namespaces, no accounting — so every answer comes from squeue/scontrol, as on a cluster without slurmdbd).
+
+Each test runs rlctl as a user on the login node does: the README's commands from a working directory with every
+default (./runs); the only difference from a user's shell is SLURM_CONF (a login node has /etc/slurm/slurm.conf).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RECIPES, ROOT
+from tests.remote_sshd import ALIAS, sshd  # noqa: F401 - the session fixture
+from tests.slurm_cluster import SlurmCluster, ensure_slurm, start_cluster
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    why = ensure_slurm()
+    if why is None and os.geteuid() != 0:
+        why = "a test cluster needs root (network namespaces, slurmd)"
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"SLURM tests cannot run in CI: {why}")  # a skip in CI counts as a failure
+        pytest.skip(why)
+    c = start_cluster()
+    yield c
+    c.stop()
+
+
+@pytest.fixture
+def sl(user, cluster: SlurmCluster):
+    """(work dir, rlctl, cluster): a user on the login node."""
+    work, rlctl = user
+    rlctl.env.update(cluster.env)
+    (work / "quickstart").symlink_to(RECIPES / "quickstart")
+    (work / "quickstart.toml").write_text((RECIPES / "quickstart.toml").read_text())
+    yield work, rlctl, cluster
+    cluster.cancel_all()
+
+
+def _state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "state.json").read_text())
+
+
+def _run_dir(work: Path) -> Path:
+    runs = [p for p in (work / "runs").iterdir() if (p / "state.json").is_file()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def _wait(cond, timeout: float, what: str, run_dir: Path | None = None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.5)
+    extra = ""
+    if run_dir is not None:
+        extra = f"\nstate: {(run_dir / 'state.json').read_text() if (run_dir / 'state.json').exists() else '-'}"
+        for p in sorted(run_dir.glob("slurm-*.out")) + [run_dir / "stdout.log"]:
+            if p.exists():
+                extra += f"\n--- {p.name}\n{p.read_text()[-3000:]}"
+    raise AssertionError(f"{what} not within {timeout:.0f} s{extra}")
+
+
+def _said(run_dir: Path) -> str:
+    out = (run_dir / "state.json").read_text()
+    for p in sorted(run_dir.glob("slurm-*.out")) + [run_dir / "stdout.log", run_dir / "supervisor.log"]:
+        if p.exists():
+            out += f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}"
+    return out
+
+
+def _job(run_dir: Path) -> str:
+    return str(_state(run_dir)["slurm_job_id"])
+
+
+def _release(cluster: SlurmCluster, job: str) -> None:
+    """A requeued job waits out SLURM's BeginTime delay (two minutes): start it now, as an admin may."""
+    _wait(lambda: "JobState=PENDING" in cluster.scontrol("show", "job", job).stdout, 60, f"job {job} pending")
+    cluster.scontrol("update", f"jobid={job}", "StartTime=now")
+
+
+def _complete_ckpt(run_dir: Path, at_least: int = 1) -> int | None:
+    steps = []
+    for d in (run_dir / "checkpoints").glob("checkpoint-*"):
+        if (d / "trainer_state.json").is_file():
+            steps.append(int(d.name.split("-")[1]))
+    return max(steps) if steps and max(steps) >= at_least else None
+
+
+# ---- render and bad input (no cluster needed, but on the same login node) -----------------------------------------
+def test_render_shows_the_sbatch_script(user):
+    work, rlctl = user
+    r = rlctl("render", str(RECIPES / "quickstart.toml"), "--executor", "slurm", "--partition", "gpu",
+              "--account", "rl-team", "--time", "4:00:00")
+    assert r.returncode == 0, r.stderr
+    script = r.stdout.split("## slurm.sbatch", 1)[1]
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --account=rl-team", "#SBATCH --time=4:00:00",
+                 "#SBATCH --requeue", "#SBATCH --signal=B:USR1@300", "#SBATCH --nodes=1",
+                 "-m rlctl.executors.slurm.job"):
+        assert line in script, line
+
+
+def test_bad_slurm_options_are_said(user, write):
+    work, rlctl = user
+    r = rlctl("launch", str(RECIPES / "quickstart.toml"), "--executor", "slurm", "--time", "soon")
+    assert r.returncode == 2 and "--time 'soon'" in r.stderr and "executor.slurm.time" in r.stderr, r.stderr
+    bad = write("bad.toml", (RECIPES / "quickstart.toml").read_text().replace(
+        'train = "quickstart/prompts.jsonl"', f'train = "{RECIPES}/quickstart/prompts.jsonl"').replace(
+        'function = "quickstart/reward.py"', f'function = "{RECIPES}/quickstart/reward.py"')
+        + '\n[executor.slurm]\npartiton = "gpu"\n')
+    r = rlctl("preflight", str(bad))
+    assert r.returncode == 2 and "executor.slurm.partiton" in r.stderr and "partition" in r.stderr, r.stderr
+
+
+def test_two_nodes_render_ray_bring_up(user, write):
+    """OpenRLHF / verl on 2 nodes x 8 GPUs: a Ray head on the first node, workers on the others, a bounded wait."""
+    work, rlctl = user
+    r = rlctl("render", str(RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"), "--executor", "slurm",
+              "--set", "resources.nodes=2", "--no-validate")
+    assert r.returncode == 0, r.stderr
+    script = r.stdout.split("## slurm.sbatch", 1)[1]
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gres=gpu:8" in script
+    assert "ray start --head" in script and "ray start --address" in script and "wait-ray" in script
+    assert "export RAY_ADDRESS=" in script
+
+
+# ---- against the cluster ----------------------------------------------------------------------------------------
+def test_quickstart_runs_as_a_slurm_job(sl):
+    """The README's main command, placed on SLURM: submitted, followed to the end, the same run directory."""
+    work, rlctl, cluster = sl
+    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--partition", "debug", timeout=900)
+    assert r.returncode == 0, r.stderr + r.stdout
+    run = _run_dir(work)
+    st = _state(run)
+    assert st["status"] == "finished" and st["executor"] == "slurm", st
+    assert "submitted as SLURM job" in r.stderr
+    s = rlctl("status", run.name)
+    assert "finished" in s.stdout and f"job {st['slurm_job_id']}" in s.stdout, s.stdout
+    m = rlctl("metrics", run.name, "--csv")
+    assert m.returncode == 0 and "reward/mean" in m.stdout
+    assert rlctl("doctor", run.name).returncode in (0, 1)
+    assert (run / "slurm.sbatch").is_file()
+
+
+def test_scancel_mid_run_and_stop(sl):
+    """scancel by hand is said as cancelled; rlctl stop is said as stopped (TERM to the job's rlctl first)."""
+    work, rlctl, cluster = sl
+    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--name", "a", "--set", "train.steps=400")
+    assert r.returncode == 0, r.stderr
+    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--name", "b", "--set", "train.steps=400")
+    assert r.returncode == 0, r.stderr
+    a, b = (next((work / "runs").glob(f"{n}-*")) for n in "ab")
+    _wait(lambda: _state(a).get("status") == "running" and _state(b).get("status") == "running", 120,
+          "both running", a)
+    subprocess.run(["scancel", _job(a)], env={**os.environ, **cluster.env}, check=True)
+    _wait(lambda: rlctl("status", a.name).stdout.count("cancelled"), 60, "cancelled said", a)
+    s = rlctl("stop", b.name, "--grace", "20")
+    assert s.returncode == 0 and "stopped" in s.stdout, s.stdout + s.stderr
+    assert _state(b)["status"] == "stopped"
+
+
+def test_requeue_resumes_from_the_checkpoint(sl):
+    """`scontrol requeue` (what preemption with requeue, or an admin, does): the next allocation resumes from the
+    last complete checkpoint, and the run finishes all its steps."""
+    work, rlctl, cluster = sl
+    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--set", "checkpoint.every=10",
+              "--set", "train.steps=30")
+    assert r.returncode == 0, r.stderr
+    run = _run_dir(work)
+    _wait(lambda: _complete_ckpt(run, 10), 180, "a complete checkpoint", run)
+    job = _job(run)
+    assert cluster.scontrol("requeue", job).returncode == 0
+    _wait(lambda: rlctl("status", run.name).stdout.count("queued"), 60, "said queued", run)
+    _release(cluster, job)
+    _wait(lambda: _state(run).get("status") == "finished" or
+          (rlctl("status", run.name) and _state(run).get("status") not in
+           ("queued", "starting", "running", "stopping", "requeued")), 300, "finished", run)
+    st = _state(run)
+    assert st["status"] == "finished", _said(run)
+    assert len(st["slurm_allocations"]) == 2 and st["slurm_allocations"][1]["restart"] == 1
+    assert st["attempts"][-1]["from_step"] >= 10, st["attempts"]
+    assert "restarting from checkpoint step" in (run / "stdout.log").read_text()
+
+
+def test_time_limit_checkpoints_and_requeues(sl):
+    """USR1 before the time limit: the attempt saves (TRL saves on SIGTERM) and the job requeues itself; the next
+    allocation resumes there."""
+    work, rlctl, cluster = sl
+    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--time", "1",
+              "--set", "checkpoint.every=1000", "--set", "executor.slurm.signal_before=50", "--set", "train.steps=12")
+    assert r.returncode == 0, r.stderr
+    run = _run_dir(work)
+    job = _job(run)
+    _wait(lambda: len(_state(run).get("slurm_allocations") or []) >= 1 and
+          (run / "stdout.log").exists() and
+          "time limit is near" in (run / "stdout.log").read_text(errors="replace"), 120, "the USR1 signal", run)
+    _release(cluster, job)
+    cluster.scontrol("update", f"jobid={job}", "TimeLimit=10")  # the next allocation has time to finish
+    _wait(lambda: _state(run).get("status") == "finished", 400, "finished", run)
+    st = _state(run)
+    assert st["slurm_allocations"][-1]["restart"] >= 1
+    assert st["attempts"][-1]["from_step"], st["attempts"]  # saved on the signal, resumed there
+
+
+def test_preempted_and_node_failure_are_said(sl, write):
+    """A job preempted (partition `cancel`: no requeue there) and a job whose node failed, each said as such."""
+    work, rlctl, cluster = sl
+    sleeper = write("sleeper.toml", _command_recipe("sleep 120"))
+    r = rlctl("launch", str(sleeper), "--executor", "slurm", "--detach", "--name", "pre", "--partition", "cancel",
+              "--set", "executor.slurm.requeue=false", "--set", "executor.slurm.sbatch=[\"--exclusive\"]",
+              "--set", "resources.nodes=2")
+    assert r.returncode == 0, r.stderr
+    pre = next((work / "runs").glob("pre-*"))
+    _wait(lambda: _state(pre).get("status") == "running", 60, "running", pre)
+    subprocess.run(["sbatch", "-p", "urgent", "-N2", "--exclusive", "--wrap", "sleep 1"],
+                   env={**os.environ, **cluster.env}, check=True, capture_output=True)
+    _wait(lambda: "preempted" in rlctl("status", pre.name).stdout, 60, "preempted said", pre)
+
+    r = rlctl("launch", str(sleeper), "--executor", "slurm", "--detach", "--name", "nf",
+              "--set", "executor.slurm.requeue=false", "--set", "executor.slurm.sbatch=[\"--nodelist=n2\"]")
+    assert r.returncode == 0, r.stderr
+    nf = next((work / "runs").glob("nf-*"))
+    _wait(lambda: _state(nf).get("status") == "running", 60, "running", nf)
+    cluster.scontrol("update", "nodename=n2", "state=down", "reason=rlctl-test")
+    try:
+        _wait(lambda: "node-failure" in rlctl("status", nf.name).stdout, 60, "node failure said", nf)
+    finally:
+        cluster.resume_node("n2")
+    s = rlctl("status", nf.name).stdout
+    assert "a node of the job failed" in s, s
+
+
+def test_run_directory_not_shared_is_said(sl, write):
+    """A run directory the compute nodes do not see (a local disk of the login node): a clear failure."""
+    work, rlctl, cluster = sl
+    here = cluster.root / "private" / "work"
+    here.mkdir(parents=True, exist_ok=True)
+    (here / "hello.toml").write_text(_command_recipe("echo hello"))
+    r = rlctl("launch", "hello.toml", "--executor", "slurm", "--detach", cwd=here)
+    assert r.returncode == 0, r.stderr
+    run = next((here / "runs").glob("cmd-*"))
+    _wait(lambda: "failed" in rlctl("status", str(run)).stdout, 60, "failed", run)
+    s = rlctl("status", str(run)).stdout
+    assert "without reaching the run directory" in s and "filesystem the compute nodes share" in s, s
+
+
+def test_time_limit_reached_is_timeout(sl, write):
+    """A job that reaches its time limit anyway (no signal, no requeue) is said as timeout, with its checkpoint."""
+    work, rlctl, cluster = sl
+    rec = write("long.toml", _command_recipe("sleep 600"))
+    r = rlctl("launch", str(rec), "--executor", "slurm", "--detach", "--time", "1",
+              "--set", "executor.slurm.signal_before=0", "--set", "executor.slurm.requeue=false")
+    assert r.returncode == 0, r.stderr
+    run = _run_dir(work)
+    _wait(lambda: "timeout" in rlctl("status", run.name).stdout, 150, "timeout said", run)
+    s = rlctl("status", run.name).stdout
+    assert "the job reached its time limit; no complete checkpoint" in s, s
+
+
+def _command_recipe(command: str, extra: str = "") -> str:
+    return f"""
+name = "cmd"
+[backend]
+name = "command"
+[backend.command]
+command = {json.dumps(command)}
+shell = true
+{extra}
+[model]
+path = "none"
+[data]
+train = "none"
+[train]
+steps = 1
+[resources]
+gpus_per_node = 0
+gpu = "cpu"
+"""
+
+
+RAY_PROBE = """
+import os, ray
+ray.init(address=os.environ["RAY_ADDRESS"])
+nodes = [n for n in ray.nodes() if n["Alive"]]
+ips = sorted(n["NodeManagerAddress"] for n in nodes)
+print("ray nodes:", ips, flush=True)
+assert len(nodes) == 2, ips
+print('{"step": 1, "reward": 1.0}', flush=True)
+"""
+
+
+def test_two_nodes_ray_job_sees_both(sl, write):
+    """Two slurmd nodes, the job's Ray cluster over both (the script a GPU cluster runs), a stand-in Ray job that
+    asserts it sees both nodes."""
+    pytest.importorskip("ray")
+    work, rlctl, cluster = sl
+    probe = write("probe.py", RAY_PROBE)
+    rec = write("ray2.toml", _command_recipe(
+        f"{sys.executable} {probe}", 'multi_node = "ray"\nmetrics_file = "none.jsonl"')
+        .replace("gpus_per_node = 0", "gpus_per_node = 0\nnodes = 2"))
+    r = rlctl("launch", str(rec), "--executor", "slurm", timeout=400)
+    run = _run_dir(work)
+    log = (run / "stdout.log").read_text(errors="replace")
+    assert r.returncode == 0, r.stderr + log + "".join(p.read_text() for p in run.glob("slurm-*.out"))
+    assert "Ray cluster up: 2 node(s) joined (n1, n2)" in log
+    assert f"ray nodes: ['{cluster.addr('n1')}', '{cluster.addr('n2')}']" in log
+
+
+def test_launch_from_the_laptop_through_the_login_node(sshd, cluster, tmp_path, monkeypatch, cli, write):  # noqa: F811
+    """`--on login --executor slurm`: the login node is an SSH host; rlctl there submits the job, and the laptop's
+    status follows it through the host."""
+    ctl = Path(f"/tmp/rlctl-t-{os.urandom(4).hex()}")
+    monkeypatch.setenv("RLCTL_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("RLCTL_SSH_CONFIG", str(sshd.client_config))
+    monkeypatch.setenv("RLCTL_SSH_CONTROL_DIR", str(ctl))
+    monkeypatch.setenv("RLCTL_RUNS_DIR", str(tmp_path / "laptop-runs"))
+    r = cli("hosts", "add", "login", ALIAS, "--workdir", str(tmp_path / "login"), "--python", sys.executable,
+            "--env", f"PYTHONPATH={ROOT}", "--env", f"SLURM_CONF={cluster.conf}")
+    assert r.code == 0, r.err
+    rec = write("hello.toml", _command_recipe("echo hello from the job"))
+    r = cli("launch", str(rec), "--on", "login", "--executor", "slurm", "--partition", "debug", "--detach")
+    assert r.code == 0, r.err + r.out
+    name = r.out.strip().splitlines()[-1]
+    _wait(lambda: "finished" in cli("status", name).out, 120, "finished on the cluster")
+    remote = next((tmp_path / "login" / "runs").glob("cmd-*"))
+    st = _state(remote)
+    assert st["executor"] == "slurm" and st["slurm_allocations"], st
+    assert "hello from the job" in (remote / "stdout.log").read_text()
+    assert "hello from the job" in (tmp_path / "laptop-runs" / name / "stdout.log").read_text()  # the mirror
+    with contextlib.suppress(Exception):
+        subprocess.run(["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={ctl}/%C", "-O", "exit", ALIAS],
+                       capture_output=True, timeout=10)
