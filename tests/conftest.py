@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.s3_server import s3_server  # noqa: F401 - the session's one S3 server (a fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -43,8 +43,9 @@ def launch(
         "(default: the recipe's [run] restart).")] = None,
     max_restarts: Annotated[int | None, typer.Option(
         "--max-restarts", min=0, help="Give up after this many restarts (default: [run] max_restarts).")] = None,
-    on: Annotated[str | None, typer.Option("--on", help="Run on this SSH host (rlctl hosts list); --resume then "
-                                           "takes RUN or HOST:RUN.")] = None,
+    on: Annotated[str | None, typer.Option("--on", help="Run on this SSH host (rlctl hosts list), or the first of a "
+                                           "pool that fits (--on box1,box2: rlctl watch moves the run when its host "
+                                           "is gone); --resume then takes RUN or HOST:RUN.")] = None,
     partition: PartitionOpt = None,
     account: AccountOpt = None,
     time_limit: TimeOpt = None,
@@ -67,6 +68,32 @@ def launch(
     if detach:
         _echo(run_dir.name)
     raise typer.Exit(0 if code == 0 else (130 if code in (-2, -15, 130, 143) else 1))
+
+
+@app.command(epilog="Unattended: a systemd unit with WorkingDirectory=<where you launch> and ExecStart=rlctl watch "
+                   "(Restart=always), or cron: */5 * * * * cd ~/exp && rlctl watch --once (docs/resilience.md)")
+def watch(
+    runs: Annotated[list[str] | None, typer.Argument(help="Runs (name, unique prefix or directory); default: every "
+                                                     "pool run here that has not ended.")] = None,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between looks at each run.")] = 30.0,
+    once: Annotated[bool, typer.Option("--once", help="One look at each run, then exit 0 (for cron).")] = False,
+) -> None:
+    """Keep pool runs alive unattended: a run whose host is gone (unreachable longer than [run] failover_after_s, or
+    answering without the run's processes) moves to another host of its pool from its newest complete checkpoint;
+    an old host that comes back has its attempt stopped; [run] on_event runs on failover, death and finish. Returns
+    when the runs have ended (exit 0 when all finished)."""
+    from rlctl.runs.state import find_run, read_state
+    from rlctl.runs.watch import pool_runs
+    from rlctl.runs.watch import watch as do_watch
+
+    _seconds("--interval", interval, positive=True)
+    dirs = [find_run(r) for r in runs] if runs else pool_runs()
+    for d in dirs:
+        if not isinstance(read_state(d).get("pool"), dict):
+            raise RlctlError(f"{d.name} is not a pool run: there is no other host to move it to.",
+                             hint=f"launch with --on HOST1,HOST2 (or [run] on = [...]) for that; rlctl logs -f "
+                                  f"{d.name} follows this one")
+    raise typer.Exit(do_watch(dirs, interval, once))
 
 
 @app.command()

@@ -127,9 +127,11 @@ def path_keys(prep: Any, base: Path) -> dict[str, str]:
 
 def secrets_to_send(prep: Any) -> dict[str, str]:
     from rlctl.runs.rundir import SECRET_REF
+    from rlctl.runs.store import store_env_names
 
     names = {m.group(1) for v in prep.plan.env.values() if (m := SECRET_REF.match(str(v)))}
     names |= {n for n in FORWARD if n in os.environ}
+    names |= set(store_env_names(prep.recipe.checkpoint.sync))  # the run's sync store, reached from there
     names |= {n.strip() for n in os.environ.get("RLCTL_FORWARD_ENV", "").split(",") if n.strip()}
     missing = sorted(n for n in names if n not in os.environ)
     if missing:
@@ -173,15 +175,18 @@ def send_blobs(runner: Runner, files: dict[str, Path], timeout: float) -> None:
                      timeout=max(timeout, 3600))
 
 
-def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int]:
+def launch_remote(opts: Any, host_name: str, out: Any = None, *, prep: Any = None, pool: dict[str, Any] | None = None,
+                  lineage: dict[str, Any] | None = None) -> tuple[Path, int]:
     """`rlctl launch RECIPE --on HOST`: send what the recipe references, start it there detached under the remote
-    rlctl, keep a local record of the same name. Attached (no --detach): follow its log until it ends."""
+    rlctl, keep a local record of the same name. Attached (no --detach): follow its log until it ends. A pool run
+    (rlctl.executors.ssh_pool) also keeps its pool, the request (to start it elsewhere later, with the same inputs:
+    copies of them in the record) and its first attempt's lineage entry."""
     from rlctl.recipe.planning import prepare
     from rlctl.runs.state import runs_root
 
     out = out or sys.stderr
     host = get_host(host_name)
-    prep = prepare(opts.recipe, opts.sets)
+    prep = prep or prepare(opts.recipe, opts.sets)
     files = referenced_files(prep)
     base = Path(os.path.commonpath([str(f.parent) for f in files]))
     shas = {sha256_file(f): f for f in files}
@@ -194,7 +199,9 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
         "recipe": str(prep.resolved.path.relative_to(base)), "env": env, "paths": path_keys(prep, base),
         "options": {"sets": list(opts.sets), "smoke": opts.smoke, "name": opts.name or prep.recipe.name,
                     "force": opts.force, "resume": resume, "grace": opts.grace_seconds, "restart": opts.restart,
-                    "max_restarts": opts.max_restarts, "executor": opts.executor, "placement": opts.placement}}
+                    "max_restarts": opts.max_restarts, "executor": opts.executor, "placement": opts.placement,
+                    **({"lineage": lineage} if lineage else {})}}
+    inputs = None
     with tempfile.TemporaryDirectory(prefix="rlctl-git-") as tmp:
         bundled = git_bundle(prep.resolved.path, Path(tmp))
         if bundled:
@@ -204,6 +211,10 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
             request["git"] = meta
         print(f"rlctl: sending {len(shas)} file(s) to {host.name} (only those it lacks travel)", file=out)
         send_blobs(runner, shas, timeout=60)
+        if pool is not None:
+            from rlctl.executors.ssh_inputs import keep_inputs
+
+            inputs = keep_inputs(shas, runs_root(), request["token"])
     print(f"rlctl: preflight and start on {host.name} (its GPUs, disk and backend)", file=out)
     try:
         answer = call_remote(runner, "launch", request, timeout=600)
@@ -218,6 +229,10 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
                 handle={"executor": "ssh", "ref": {"host": host.name, "run_dir": answer["run_dir"]}, "attempt": 1},
                 recipe=str(prep.resolved.path), remote_run_dir=answer["run_dir"], git_sha=answer.get("git_sha"),
                 last_contact=time.time(), **{k: remote_state[k] for k in STATE_KEYS if k in remote_state})
+    if pool is not None:
+        from rlctl.executors.ssh_inputs import record_pool
+
+        record_pool(local, pool, request, shas, env, inputs, host.name, answer, lineage or {})
     with contextlib.suppress(RlctlError):
         mirror(local, runner, answer["run_dir"])
     print(f"rlctl: {name} runs on {host.name} in {answer['run_dir']}", file=out)
@@ -314,6 +329,13 @@ def record(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     st = entry.get("state") or {}
     summ = entry.get("summary") or {}
     updates = {k: st[k] for k in STATE_KEYS if k in st}
+    here = read_state(run_dir)
+    if isinstance(here.get("lineage"), list) and isinstance(here.get("started_at"), (int, float)):
+        # a pool run began with its first attempt, wherever that ran: its elapsed time counts from there
+        updates.pop("started_at", None)
+        if summ.get("elapsed_s") is not None:
+            end = st.get("ended_at") if summ.get("status") not in ACTIVE + ("stalled",) else None
+            summ = {**summ, "elapsed_s": (end if isinstance(end, (int, float)) else time.time()) - here["started_at"]}
     if summ.get("status") and summ["status"] not in ACTIVE + ("stalled", "lost"):
         updates["status"] = summ["status"]  # settled there (finished, failed, stopped); stalled/lost: keep asking
     if isinstance(summ.get("cause"), dict):  # why it failed, told there (when its disk let nothing be written)
@@ -361,7 +383,8 @@ def poll_many(run_dirs: list[Path], timeout: float = 5.0, stall_after: float = 1
 
 
 class SSHExecutor(Executor):
-    """Runs live on an SSH host under its own rlctl; this side polls, mirrors and stops them."""
+    """Runs live on an SSH host under its own rlctl; this side polls, mirrors and stops them. (Registered as "ssh"
+    with its pools: rlctl.executors.ssh_pool.SSHPoolExecutor.)"""
 
     name: ClassVar[str] = "ssh"
     remote: ClassVar[bool] = True
@@ -590,7 +613,8 @@ def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) 
     return f"step {pick.step} of {run_dir.name} is on {host.name} ({n} files, verified)"
 
 
-def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only: bool = False) -> tuple[int, bool]:
+def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only: bool = False,
+                     as_name: str | None = None) -> tuple[int, bool]:
     """Copy these complete checkpoints of a local run to the host as a run record of the same name
     (<workdir>/runs/<name>/checkpoints), resumably (rsync --partial), every file's size and sha256 checked there.
     Files already there and intact are not sent again. With eval_only, only what an evaluator loads travels (the
@@ -611,12 +635,18 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
             items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())
             files += [{"rel": str(x.resolve().relative_to(root)), "size": x.stat().st_size,
                        "sha256": sha256_file(x)} for x in items]
-    request = {"name": run_dir.name, "backend": backend, "files": files,
+    if not eval_only:  # the small files at the top of the root (a `latest` pointer, a layout descriptor) go too
+        for m in sorted(root.iterdir()):
+            if m.is_file() and not m.is_symlink() and m.stat().st_size < (1 << 20) and m.name not in tops:
+                tops.append(m.name)
+                files.append({"rel": m.name, "size": m.stat().st_size, "sha256": sha256_file(m)})
+    name = as_name or run_dir.name  # the record there (a failover names one of its own: never a run's directory)
+    request = {"name": name, "backend": backend, "files": files,
                "source": f"{state.get('host') or 'local'}:{run_dir.name}"}
     have = call_remote(runner, "adopt", {**request, "check": True}, timeout=600)
     if not have.get("missing") and have.get("adopted"):
         return len(files), False
-    dest = f"runs/{run_dir.name}/checkpoints"
+    dest = f"runs/{name}/checkpoints"
     if have.get("missing"):
         runner.run(["mkdir", "-p", dest], timeout=60)
         runner.rsync([f"{root}/./{t}" for t in tops], dest + "/", up=True,

@@ -210,7 +210,9 @@ def remote_launch(req: dict[str, Any]) -> dict[str, Any]:
                          smoke=bool(o.get("smoke")), name=o.get("name"), force=bool(o.get("force")),
                          resume=o.get("resume"), grace_seconds=float(o.get("grace", 30.0)),
                          restart=o.get("restart"), max_restarts=o.get("max_restarts"),
-                         executor=o.get("executor"), placement=o.get("placement"))  # e.g. slurm on a login node
+                         executor=o.get("executor"), placement=o.get("placement"),  # e.g. slurm on a login node
+                         lineage=o.get("lineage"), exact_name=bool(o.get("exact_name")),
+                         resume_manifest=o.get("resume_manifest"))
     run_dir, _ = launch(opts, out=sys.stderr)
     from rlctl.runs.state import read_state
 
@@ -284,6 +286,12 @@ def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict
                 tops.append(str(t.resolve().relative_to(root)))
             except ValueError:
                 continue
+        # the small files at the top of the checkpoint root travel too (a `latest` pointer, the command backend's
+        # descriptor of its layout): without them a copy elsewhere is not recognised, nor resumed from
+        for m in sorted(root.iterdir()) if root.is_dir() else []:
+            if m.is_file() and not m.is_symlink() and m.stat().st_size < (1 << 20):
+                tops.append(m.name)
+                files.append({"rel": m.name, "size": m.stat().st_size, "sha256": sha256_file(m)})
         answer["pick"] = {"step": pick.step, "tops": tops, "files": files}
     return answer
 

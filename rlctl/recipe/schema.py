@@ -366,10 +366,46 @@ class RunSection(Section):
         default="never", description="Restart from the latest complete checkpoint on a failure, a stall, or both.")
     max_restarts: _upto(100_000, 0) = Field(default=3, description="Give up (status failed) after this many restarts.")
     stall: StallSection = Field(default_factory=StallSection)
-    on: str | None = Field(default=None, description="An SSH host (rlctl hosts add) to run on, as `launch --on HOST`.")
+    on: str | list[str] | None = Field(
+        default=None, description="An SSH host (rlctl hosts add) to run on, as `launch --on HOST`; a list is a pool: "
+        "launch picks the first whose GPUs and disk fit the plan, and `rlctl watch` moves the run to another when its "
+        "host is gone (docs/resilience.md).")
+    failover_after_s: Annotated[float, NoBool, Field(ge=1.0, le=MAX_SECONDS)] = Field(
+        default=300.0, description="A pool run's host unreachable this long is gone: the run fails over to another "
+        "host of the pool (a host that answers without the run's processes is gone at once).")
+    on_event: str | None = Field(
+        default=None, description="A command `rlctl watch` runs on a pool run's failover, death and finish, the event "
+        "in its environment (RLCTL_EVENT, RLCTL_RUN, RLCTL_HOST, ...); split like a shell would, never run by one.")
     stop_when: list[str] = Field(
         default_factory=list, description="Doctor findings that stop the run cleanly, e.g. [\"eval_divergence:2\", "
         "\"entropy_collapse\"] (`rule:N` sets the rule's count); the best checkpoint by the primary eval is marked.")
+
+    @field_validator("on")
+    @classmethod
+    def _hosts(cls, v: str | list[str] | None) -> str | list[str] | None:
+        names = [v] if isinstance(v, str) else v or []
+        for n in names:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", n):
+                raise ValueError(f"run.on {n!r}: not a host name (rlctl hosts list shows yours)")
+        if isinstance(v, list) and len(set(v)) != len(v):
+            raise ValueError(f"run.on {v}: a host is named twice")
+        if isinstance(v, list) and not v:
+            raise ValueError("run.on = []: name at least one host, or leave the key out to run here")
+        return v
+
+    @field_validator("on_event")
+    @classmethod
+    def _command(cls, v: str | None) -> str | None:
+        import shlex
+
+        if v is not None:
+            try:
+                argv = shlex.split(v)
+            except ValueError as e:
+                raise ValueError(f"run.on_event: {e} (it is split like a shell would)") from None
+            if not argv:
+                raise ValueError("run.on_event is empty: name a command, or leave the key out")
+        return v
 
     @field_validator("stop_when")
     @classmethod

@@ -29,7 +29,12 @@ class LaunchOptions:
     grace_seconds: float = 30.0
     restart: str | None = None  # never | on-failure | on-stall | always (default: the recipe's [run] restart)
     max_restarts: int | None = None
-    on: str | None = None  # an SSH host (rlctl hosts): the run goes there (rlctl.executors.ssh)
+    on: str | list[str] | None = None  # an SSH host (rlctl hosts), or a pool of them (a list, or "a,b")
+    # a pool run's attempt (rlctl.runs.failover): its generation and fencing token, the W&B run id it continues, and
+    # the stream of the attempts before it up to the step it resumes from (docs/resilience.md)
+    lineage: dict[str, Any] | None = None
+    exact_name: bool = False  # the run directory is named exactly `name` (an attempt of a pool run on a new host)
+    resume_manifest: str | None = None  # with --resume URL: this synced checkpoint, not the newest
     placement: dict[str, str] | None = None  # --partition/--account/--time: keys of the executor's own table
 
 
@@ -39,6 +44,15 @@ def place(recipe: Any, executor: str | None, placement: dict[str, str] | None) -
     for key, value in (placement or {}).items():
         if value is not None:
             recipe.executor.place(name, key, value, f"--{key}")
+
+
+def pool_hosts(on: str | list[str] | None) -> list[str] | None:
+    """`--on box1,box2` or `[run] on = [...]` as a list of host names (a pool); a single name (str) is not a pool."""
+    if isinstance(on, list):
+        return list(on)
+    if isinstance(on, str) and "," in on:
+        return [h.strip() for h in on.split(",") if h.strip()]
+    return None
 
 
 def smoke(recipe: Any) -> None:
@@ -115,8 +129,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     name = check_run_name(opts.name if opts.name is not None else recipe.name,
                           "--name" if opts.name is not None else "the recipe's name")
     on = opts.on or (None if os.environ.get("RLCTL_REMOTE_SIDE") else recipe.run.on)
-    if on:  # the run goes to an SSH host: preflight and supervision happen there
-        return executors.get("ssh").launch(opts, on, out)  # type: ignore[attr-defined]
+    if on:  # the run goes to an SSH host (or a pool of them): preflight and supervision happen there
+        return executors.get("ssh").launch(opts, pool_hosts(on) or on, out)  # type: ignore[attr-defined]
     resumed_from = parent_ckpt = None
     if opts.smoke:
         smoke(recipe)
@@ -135,7 +149,13 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     if opts.resume and "://" in opts.resume:
         from rlctl.runs.sync import read_latest
 
-        remote = read_latest(opts.resume)
+        if opts.resume_manifest:
+            from rlctl.runs.sync import manifest_at, store
+
+            fs, root = store(opts.resume)
+            remote = manifest_at(fs, root, opts.resume_manifest)
+        else:
+            remote = read_latest(opts.resume)
         if remote is None:
             raise RlctlError(f"--resume {opts.resume}: no complete synced checkpoint there (no `latest`, or its "
                              "files are missing).")
@@ -165,7 +185,12 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
              "PYTHONUNBUFFERED": "1"}
     child_env = child_environment(prep.plan.env, extra)  # fails before anything is written if a secret is missing
 
-    run_dir = create_run_dir(runs_root(), name).resolve()
+    if opts.exact_name:
+        from rlctl.runs.rundir import create_named_run_dir
+
+        run_dir = create_named_run_dir(runs_root(), name).resolve()
+    else:
+        run_dir = create_run_dir(runs_root(), name).resolve()
     rerender = False
     if resumed_from is not None:
         # the new run resumes from its own copy: nothing is ever written into the parent's directory
@@ -174,9 +199,11 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
             recipe.checkpoint.dir, rerender = own, True
         stage_checkpoint(parent_ckpt, _ckpt_root(resumed_from), _abs(run_dir, recipe.checkpoint.dir))
     if remote is not None:
-        from rlctl.runs.sync import fetch_latest
+        from rlctl.runs.sync import fetch_manifest, mark_synced
 
-        fetch_latest(opts.resume, _abs(run_dir, recipe.checkpoint.dir))
+        fetch_manifest(opts.resume, remote, _abs(run_dir, recipe.checkpoint.dir))
+        if recipe.checkpoint.sync == opts.resume:  # the run's own store: the checkpoint is synced already
+            mark_synced(run_dir, opts.resume, remote)
     if executor.copies_working_dir and not Path(recipe.checkpoint.dir).is_absolute():
         # the job runs in a copy of the run directory: checkpoints must name the real one
         recipe.checkpoint.dir, rerender = str(run_dir / recipe.checkpoint.dir), True
@@ -184,9 +211,12 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         prep.plan = prep.backend.render(recipe, prep.dataset_size)
     child_env["RLCTL_RUN_DIR"] = str(run_dir)
     child_env["RLCTL_METRICS_FILE"] = str(run_dir / "backend_metrics.jsonl")  # read by rlctl's OpenRLHF patch
+    lineage = opts.lineage or {}
+    if lineage:
+        continue_stream(run_dir, lineage)
     wandb_id = None
     if recipe.logging.wandb:
-        wandb_id = wandb_run_id(run_dir, resumed_from)
+        wandb_id = lineage.get("wandb_run_id") or wandb_run_id(run_dir, resumed_from)
         child_env["WANDB_RUN_ID"] = wandb_id  # honoured by wandb.init in every backend
         child_env["WANDB_RESUME"] = "allow"
     data = masked_recipe_data(recipe.model_dump(mode="json", exclude_none=True))
@@ -222,6 +252,10 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     from rlctl.evals.loop import evals_spec
 
     spec["evals"] = evals_spec(recipe, prep.backend)  # baseline, checkpoint evals, stop_when (docs/eval.md)
+    if lineage.get("fence"):
+        spec["fence"] = lineage["fence"]  # its generation in the sync store (rlctl.runs.fencing)
+        # checkpoints reach the store as often as the generation is checked: a failover resumes from a recent one
+        spec["housekeeping_seconds"] = min(10.0, float(lineage["fence"].get("every_s") or 10.0))
     spec = executor.prepare(run_dir, spec, child_env, plan, recipe, opts)
     write_spec(run_dir, spec)
     write_state(run_dir, name=run_dir.name, status="starting", backend=plan.backend,
@@ -254,6 +288,21 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     if read_state(run_dir).get("stopped_by"):
         return run_dir, 0  # stopped by the recipe's own stop_when: it ended as asked, not interrupted
     return run_dir, code
+
+
+def continue_stream(run_dir: Path, lineage: dict[str, Any]) -> None:
+    """An attempt that continues a pool run elsewhere starts with the run's stream up to the step it resumes from
+    (every step once: the steps it repeats are dropped, and the records already sent to W&B are not sent again)."""
+    from rlctl.metrics.sinks import skip_to_end
+    from rlctl.metrics.stream import METRICS, STEP_FLOOR
+
+    stream = lineage.get("stream")
+    if not stream:
+        return
+    (run_dir / METRICS).write_text(stream if stream.endswith("\n") else stream + "\n")
+    if lineage.get("from_step") is not None:
+        (run_dir / STEP_FLOOR).write_text(str(int(lineage["from_step"])))
+    skip_to_end(run_dir)
 
 
 def _abs(run_dir: Path, d: str) -> Path:

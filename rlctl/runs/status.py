@@ -85,6 +85,9 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
         "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
         "where": _executor_lines(rs),
+        "pool": _dict(rs.state.get("pool")) and {k: rs.state["pool"].get(k) for k in
+                                                  ("hosts", "failover_after_s", "sync", "on_event")},
+        "lineage": _lineage(rs.state),
     }
 
 
@@ -97,6 +100,14 @@ def _executor_lines(rs: RunStatus) -> list[str]:
         return list(lines(rs.path, rs.state)) if lines else []
     except Exception:  # status must answer whatever an executor does
         return []
+
+
+def _lineage(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """A pool run's attempts, one per host it was placed on (rlctl.runs.failover)."""
+    from rlctl.runs.failover import lineage_of
+
+    keys = ("generation", "host", "from_step", "from", "started_at", "gone_since", "gone_why", "settled", "launching")
+    return [{k: e.get(k) for k in keys if k in e} for e in lineage_of(state)]
 
 
 def by_hand_failures(run_dir: Path) -> list[dict[str, Any]]:
@@ -185,6 +196,10 @@ def _detail_text(d: dict[str, Any]) -> str:
     if d.get("unreachable"):
         lines.append(f"  ! {d['unreachable']}; what is shown is the last known state")
     lines += d.get("where") or []  # the executor's own words (a batch job: its queue state, how it ended)
+    if d.get("pool") and d.get("lineage"):
+        from rlctl.runs.failover import lineage_lines
+
+        lines += lineage_lines({"pool": d["pool"], "lineage": d["lineage"]})
     lines += _attempt_lines(d)
     if d["metrics"]:
         lines.append("")

@@ -1,6 +1,8 @@
 """The supervisor of a run, the same for every executor: starts attempts through the executor, follows the log into
 the metrics stream, watches for stalls, restarts from the latest complete checkpoint as the restart policy says,
-syncs complete checkpoints, forwards stop signals, and records every attempt and the outcome in state.json.
+syncs complete checkpoints, forwards stop signals, and records every attempt and the outcome in state.json. An
+attempt of a pool run holds a generation (rlctl.runs.fencing): superseded, it is stopped at once and writes nothing
+more to the store or W&B.
 
 Attached launches run it in the CLI process; detached ones, `rlctl resume` and `rlctl supervise` run
 `python -m rlctl.runs.supervisor RUN_DIR [--resume]`. A full disk never crashes it: writes that fail are retried,
@@ -123,6 +125,10 @@ class Supervisor:
         self.attempts: list[dict[str, Any]] = list(state.get("attempts") or [])
         self._last_housekeeping = 0.0
         self.gpu: Any = None  # rlctl.metrics.gpu.GpuSampler: per-GPU memory peaks (NVML), made at the first start
+        from rlctl.runs.fencing import Fence
+
+        self.fence = Fence.from_spec(spec.get("fence"))  # a pool run's attempt: its generation in the sync store
+        self.superseded: dict[str, Any] | None = None  # the generation that took this run over
         self.evals: Any = None  # rlctl.evals.loop.CheckpointEvals (spec "evals"), False when the run has none
 
     # ---- compatibility: the local executor's process of the current attempt ---------------------------------------
@@ -296,6 +302,8 @@ class Supervisor:
             self.evals_hook("before_start")  # the step-0 baseline
             if self.stop_requested_at is not None:
                 return self.finish(0, "stopped")
+            if self._fenced_out():
+                return self.finish(0, "superseded")
             self.start()
             return self.loop()
         finally:
@@ -330,6 +338,8 @@ class Supervisor:
                     rec = read_exit_record(self.run_dir, self.attempt)
                     last.update(outcome=status, ended_at=(rec or {}).get("ended_at"),
                                 exit_code=(rec or {}).get("exit_code"), exit_recorded=rec is not None)
+                if self._fenced_out():
+                    return self.finish(0, "superseded")
                 ckpt = self._latest_complete()
                 self._prepare_restart(ckpt, from_plan_env=True)
                 self._before_restart(f"resumed after the run was {status}", ckpt)
@@ -387,6 +397,8 @@ class Supervisor:
                         return self.finish(code, why, gave_up=f"could not prepare a restart: {e}")
                     if self.stop_requested_at is not None:  # stopped while preparing: no new attempt
                         return self.finish(code, "stopped")
+                    if self._fenced_out():
+                        return self.finish(code, "superseded")
                     self._before_restart(why, ckpt)
                     self.start(reason=why, checkpoint=ckpt, restart=True)
                     if self.stop_requested_at is not None:
@@ -403,7 +415,9 @@ class Supervisor:
         self._ingest(final=True, wait=True)
         self.sink_pump()
         rec = read_exit_record(self.run_dir, self.attempt)
-        if self.stop_requested_at is not None:
+        if self.superseded is not None:
+            why = "superseded"
+        elif self.stop_requested_at is not None:
             why = "stopped"
         elif stalled:
             why = "stalled"
@@ -454,6 +468,7 @@ class Supervisor:
     def tick(self) -> None:
         with contextlib.suppress(Exception):
             self.executor.pump_logs(self.run_dir, self.handle)
+        self._fence_tick()
         self._ingest()
         if self.gpu is not None:
             with contextlib.suppress(Exception):
@@ -467,7 +482,48 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self.on_tick(self.run_dir)
 
+    def _fence_tick(self) -> None:
+        """Every `every_s`: is this attempt's generation still the current one? If not, it stops now."""
+        if self.fence is None or self.superseded is not None:
+            return
+        if self.fence.check() == "superseded":
+            self._supersede(self.fence.superseded_by or {})
+
+    def _fenced_out(self) -> bool:
+        """Before an attempt starts: superseded already (a watcher moved the run while nobody supervised it here)?"""
+        if self.fence is not None and self.superseded is None and self.fence.check_now() == "superseded":
+            self._supersede(self.fence.superseded_by or {})
+        return self.superseded is not None
+
+    def _supersede(self, by: dict[str, Any]) -> None:
+        """Another attempt holds the run (a watcher moved it while this host was unreachable): kill the trainer now,
+        without letting it save (SIGKILL), and write nothing more to the store or W&B."""
+        if self.superseded is not None:
+            return
+        self.superseded = by
+        text = (f"superseded by #{by.get('generation')} on {by.get('host') or '?'}: this attempt stops now, before "
+                "it writes a checkpoint, `latest` or a W&B record")
+        sys.stderr.write(f"rlctl: {text}\n")
+        self.event(event="superseded", attempt=self.attempt, by=by)
+        self._mark_log(text)
+        self.stop_requested_at = self.stop_requested_at or time.time()
+        self.state(status="stopping", stop_requested_at=self.stop_requested_at,
+                   superseded_by={k: by.get(k) for k in ("generation", "host", "run_dir", "claimed_at", "by")})
+        if self.handle is not None:
+            with contextlib.suppress(Exception):
+                self.executor.kill(self.run_dir, self.handle)
+
     def sink_pump(self, close: bool = False) -> None:
+        if self.fence is not None and self.sinks.backlog():
+            if self.superseded is not None:
+                return  # a superseded attempt sends no W&B record, nor closes the run it shares with its successor
+            if time.time() - self.fence.checked_at >= 1.0:  # fresh, right before the batch
+                self.fence.check_now()
+            if self.fence.state == "superseded":
+                self._supersede(self.fence.superseded_by or {})
+                return
+            if not self.fence.allows_writes():
+                return  # the store did not confirm this attempt lately: the records wait in metrics.jsonl
         try:
             self.sinks.pump(close=close)
         except OSError as e:
@@ -523,10 +579,14 @@ class Supervisor:
     def _sync(self, final: bool = False) -> None:
         from rlctl.runs.sync import CheckpointSync
 
+        if self.superseded is not None:
+            return
         try:
             if self.syncer is None:
-                self.syncer = CheckpointSync(self.run_dir, self.spec["backend"], self.spec["sync"])
+                self.syncer = CheckpointSync(self.run_dir, self.spec["backend"], self.spec["sync"], self.fence)
             self.syncer.tick(final=final)
+            if self.syncer.superseded is not None:
+                self._supersede(self.syncer.superseded)
         except Exception as e:  # a sync problem never stops the run; it is recorded
             self.event(event="sync_error", error=str(e))
 
@@ -559,6 +619,8 @@ class Supervisor:
 
     def finish(self, code: int, why: str, gave_up: str | None = None) -> int:
         self._ingest(final=True, wait=True)
+        if why == "superseded":
+            return self._finish_superseded(code)
         self.evals_hook("drain" if why in ("finished", "exited early") else "kill",
                         *([float((self.spec.get("evals") or {}).get("timeout_s") or 3600)]
                           if why in ("finished", "exited early") else []))
@@ -591,6 +653,20 @@ class Supervisor:
         while self.pending and time.time() < deadline:  # a full disk: keep trying to record the outcome
             time.sleep(1.0)
             self.state()
+        return code
+
+
+    def _finish_superseded(self, code: int) -> int:
+        """The end of a superseded attempt: its evals killed, nothing synced, its sinks left as they are (the W&B run
+        is its successor's now); recorded as stopped, with who took over."""
+        self.evals_hook("kill")
+        if self.gpu is not None:
+            with contextlib.suppress(Exception):
+                self.gpu.close()
+        by = self.superseded or {}
+        self.state(status="stopped", exit_code=code, ended_at=time.time(), attempts=self.attempts,
+                   outcome="superseded", superseded_by={k: by.get(k) for k in ("generation", "host", "run_dir",
+                                                                               "claimed_at", "by")})
         return code
 
 
