@@ -6,7 +6,7 @@ another pod from the newest checkpoint synced to object storage (seed 004's B2 d
 prime-rl cannot train on a CPU: its recipes go through preflight and render, and its run is its recorded logs,
 printed by prime-rl's own logger (tests/fixtures/prime_rl/generate.py). The run that dies is the CPU quickstart
 (TRL) on pod A, a machine of its own (its own sshd); pod B is another; the bucket is a real S3-compatible server
-(moto, as tests/test_sync.py starts it) whose credentials are in the user's shell, as B2's would be.
+(moto, the session's: tests/s3_server.py) whose credentials are in the user's shell, as B2's would be.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 
 import pytest
 
 from tests.journeys.conftest import FIXTURES, RECIPES, stream, wait_for
 from tests.remote_sshd import make_sshd
+from tests.s3_server import s3_server  # noqa: F401 - the session's S3 server
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("trl")
@@ -46,36 +46,11 @@ AWS_DEFAULT_REGION = "${AWS_DEFAULT_REGION}"
 
 
 @pytest.fixture(scope="module")
-def bucket(tmp_path_factory):
-    """An S3-compatible server (moto) on loopback with the team's bucket; its credentials, as the user exports them."""
-    import s3fs  # noqa: F401 - the [sync] extra, part of the dev install
-
-    from rlctl.core.environ import environ
-    from rlctl.executors.ray import free_port
-    from tests.test_sync import moto_python
-
-    port = free_port()
-    proc = subprocess.Popen([moto_python(), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    creds = {"AWS_ACCESS_KEY_ID": "bs4-key-id", "AWS_SECRET_ACCESS_KEY": "bs4-secret-7f3a9c",
-             "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    try:
-        with environ(**creds):
-            import s3fs
-
-            deadline = time.time() + 60
-            while True:
-                try:
-                    s3fs.S3FileSystem(skip_instance_cache=True).mkdir("bs4-ckpts")
-                    break
-                except Exception:
-                    if time.time() > deadline or proc.poll() is not None:
-                        raise
-                    time.sleep(0.3)
-            yield creds
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def bucket(s3_server):  # noqa: F811 - the session's S3 server
+    """The team's bucket on the session's S3-compatible server (tests/s3_server.py), and the credentials the user
+    exports (moto takes any; these are the team's own, so that a leak of them is found)."""
+    s3_server.bucket("bs4-ckpts")
+    return {**s3_server.env, "AWS_ACCESS_KEY_ID": "bs4-key-id", "AWS_SECRET_ACCESS_KEY": "bs4-secret-7f3a9c"}
 
 
 def synced(creds) -> dict | None:
