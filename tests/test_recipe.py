@@ -207,3 +207,21 @@ def test_tiny_model_made_once_when_runs_start_together(tmp_path):
     assert all(p.returncode == 0 for p in procs), [e[-1500:] for _, e in outs]
     assert len({o.strip() for o, _ in outs}) == 1
     assert [x.name for x in tmp_path.iterdir()] == [Path(outs[0][0].strip()).name]
+
+
+def test_eval_command_scripts_resolved_against_the_recipe(tmp_path, monkeypatch):
+    """`command = "python eval_posthoc.py {checkpoint} {output}"` (docs/eval.md): the script is the recipe's
+    neighbour, wherever the command is typed; the eval job runs in <run>/evals, where a relative one is not found.
+    Placeholders, options and names that are no file stay as written."""
+    proj = tmp_path / "proj"
+    (proj / "tools").mkdir(parents=True)
+    (proj / "tools" / "eval_posthoc.py").write_text("")
+    (proj / "r.toml").write_text(MINIMAL + '[eval]\nevaluator = "command"\n'
+                                 'command = "python tools/eval_posthoc.py {checkpoint} --out {output} other.py"\n')
+    monkeypatch.chdir(tmp_path)
+    cmd = load(proj / "r.toml").recipe.eval.command
+    assert cmd.split() == ["python", str(proj / "tools" / "eval_posthoc.py"), "'{checkpoint}'", "--out", "'{output}'",
+                           "other.py"]
+    monkeypatch.chdir(proj / "tools")  # --set: against the directory the command was typed in
+    cmd = load(proj / "r.toml", ["eval.command=sh eval_posthoc.py {checkpoint}"]).recipe.eval.command
+    assert str(proj / "tools" / "eval_posthoc.py") in cmd

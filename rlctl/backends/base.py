@@ -27,7 +27,7 @@ PARSER_OPTIONS = "log_parser.json"
 class Finding:
     """One result of validating a rendered plan against the backend's definitions."""
 
-    level: str  # "error" | "warn"
+    level: str  # "error" | "warn" | "note" (how the recipe runs: said by render and preflight, nothing to fix)
     key: str
     message: str
     fix: str | None = None

@@ -31,7 +31,9 @@ def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
         from rlctl import executors
 
         runner, answer = executors.get("ssh").remote_checkpoints(run_dir, list_only=True)
-        rows = [{**r, "path": f"{runner.host.name}:{r['path']}"} for r in answer["checkpoints"]]
+        rows = [{**r, "path": f"{runner.host.name}:{r['path']}"}
+                for r in [*answer["checkpoints"], *(answer.get("finals") or [])]]
+        best = answer.get("best", best)  # judged where the checkpoints are: here there are none
     if as_json:
         _echo(json.dumps({"checkpoints": rows, "best_eval": best}, indent=2))
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,10 @@ def find_run(ref: str, root: Path | None = None) -> Path:
     matches = [r for r in runs if r.name.startswith(ref)]
     if len(matches) == 1:
         return matches[0]
+    # the name a run was given wins over the names it is a prefix of (`--name a27` beside `--name a27r`)
+    named = [r for r in matches if re.fullmatch(re.escape(ref) + r"-\d{8}-\d{6}(-\d+)?", r.name)]
+    if len(named) == 1:
+        return named[0]
     if len(matches) > 1:
         raise RlctlError(f"{ref!r} matches {len(matches)} runs: {', '.join(r.name for r in matches[:5])}.",
                          hint="give more of the name")

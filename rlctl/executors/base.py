@@ -33,6 +33,8 @@ class Executor:
     name: ClassVar[str]
     copies_working_dir: ClassVar[bool] = False  # the job runs in a copy of the run directory (paths must be absolute)
     remote: ClassVar[bool] = False  # the job runs on other machines: their packages and GPUs, not this one's
+    # the run's metrics.jsonl is written where the run lives and copied here with its log: parsed there, never here
+    mirrored: ClassVar[bool] = False
     checks: ClassVar[tuple[str, ...]] = ()  # the preflight check names `preflight` reports (for --only)
     gives_ray_cluster: ClassVar[bool] = False  # the job finds a Ray cluster over its nodes (RAY_ADDRESS is set)
 

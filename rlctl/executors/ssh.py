@@ -34,10 +34,12 @@ from rlctl.executors.base import Executor
 from rlctl.executors.ssh_relay import relay
 from rlctl.executors.ssh_remote import BLOBS, sha256_file
 from rlctl.executors.ssh_runner import HostUnreachable, Runner, call_remote, local_version, remote_rlctl_error
+from rlctl.recipe.paths import script_words  # an eval command's own scripts
 
 MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl", "env.json", "recipe.toml",
           "supervisor.log", "gpu_memory.jsonl")
 FORWARD = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # sent when set here, besides the recipe's refs
+# what this side keeps of the host's state.json: status shows it as it shows a local run's (the evals' outcome too)
 STATE_KEYS = ("status", "exit_code", "started_at", "ended_at", "total_steps", "optimizer_steps", "backend", "version",
               "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "cause",
               "eval_failures", "best_checkpoint", "stopped_by")
@@ -279,7 +281,10 @@ def launch_remote(opts: Any, host_name: str, out: Any = None, *, prep: Any = Non
 
     show_logs(local, follow=True)
     st = read_state(local)
-    return local.resolve(), 0 if st.get("status") == "finished" else 1
+    by = st.get("stopped_by") if isinstance(st.get("stopped_by"), dict) else None
+    if by:  # stopped by the recipe's own stop_when: it ended as asked
+        print(f"rlctl: {name} stopped by stop_when {by.get('rule')}: {by.get('message')}", file=out)
+    return local.resolve(), 0 if st.get("status") == "finished" or by else 1
 
 
 def _resume_on(host: Host, resume: str | None, out: Any) -> str | None:
@@ -302,8 +307,42 @@ def _resume_on(host: Host, resume: str | None, out: Any) -> str | None:
     if st.get("host") == host.name:
         return Path(((st.get("handle") or {}).get("ref") or {}).get("run_dir") or local.name).name
     print(f"rlctl: copying the newest complete checkpoint of {local.name} to {host.name}", file=out)
-    print("rlctl: " + ckpt_push(local, None, host.name), file=out)
+    try:
+        print("rlctl: " + ckpt_push(local, None, host.name), file=out)
+    except HostUnreachable as e:
+        lost = st.get("executor") == "ssh" and str(e.message).startswith(f"{st.get('host')}:")
+        synced = _synced_instead(local, e, out) if lost else None  # its host is gone: from what it synced
+        if synced is None:
+            raise
+        return synced
     return local.name
+
+
+def _synced_instead(local: Path, e: HostUnreachable, out: Any) -> str | None:
+    """A run whose host is lost resumes from the newest checkpoint it synced (`checkpoint.sync`): that URL, once
+    it holds a complete one; else None."""
+    import tomllib
+
+    from rlctl.runs.sync import read_latest
+
+    try:
+        url = tomllib.loads((local / "recipe.toml").read_text()).get("checkpoint", {}).get("sync")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(url, str) or not url:
+        return None
+    try:
+        latest = read_latest(url)
+    except Exception as why:  # no fsspec/s3fs here, no credentials: say so, keep the host's error
+        print(f"rlctl: {local.name} synced its checkpoints to {url}, which cannot be read from here ({why})",
+              file=out)
+        return None
+    if latest is None:
+        print(f"rlctl: {local.name} synced no complete checkpoint to {url}", file=out)
+        return None
+    print(f"rlctl: {e.message}", file=out)
+    print(f"rlctl: resuming from step {latest['step']} of {local.name}, synced to {url}", file=out)
+    return url
 
 
 # ---- following a remote run ---------------------------------------------------------------------------------------
@@ -368,7 +407,13 @@ def poll_many(run_dirs: list[Path], timeout: float = 5.0, stall_after: float = 1
             answer = call_remote(r, "poll", {"run_dirs": [rd for _, rd in runs], "stall_after": stall_after},
                                  timeout=timeout)
             for d, rd in runs:
+                before = read_state(d).get("status")
                 rows[d] = record(d, answer.get(rd) or {"error": "no answer for this run"})
+                after = read_state(d).get("status")
+                if after != before and after not in ACTIVE + ("stalled", "lost"):
+                    # seen ending here: its log and metrics come once, so `status RUN` and `logs RUN` show the end
+                    with contextlib.suppress(RlctlError):
+                        mirror(d, r, rd)
         except RlctlError as e:
             for d, _ in runs:
                 write_state(d, unreachable=e.message)
@@ -385,6 +430,7 @@ class SSHExecutor(Executor):
 
     name: ClassVar[str] = "ssh"
     remote: ClassVar[bool] = True
+    mirrored: ClassVar[bool] = True  # the host's rlctl parses the log; mirror() brings its metrics.jsonl
     timeout: ClassVar[float] = float(os.environ.get("RLCTL_SSH_TIMEOUT", "10"))
 
     def launch(self, opts: Any, host_name: str, out: Any = None) -> tuple[Path, int]:
@@ -665,20 +711,17 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
 
 
 # ---- evals on a host ----------------------------------------------------------------------------------------------
-SCRIPT_SUFFIXES = (".py", ".sh")  # words of an eval command naming a local script: shipped with the sets
 
 
 def eval_paths(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[str]:
     """The paths an eval spec names that a host needs, wherever they are: each set's data, the reward file, a local
     base model (with `base`: for the baseline or LoRA adapters), the command evaluator's scripts, and `extra` (the
     recipe, a local model)."""
-    import shlex
-
     cands = [s.get("data") for s in ev.get("sets") or []] + [ev.get("reward_file"), *extra]
     if base:
         cands.append(ev.get("base_model"))
     if ev.get("command"):
-        cands += [w for w in shlex.split(ev["command"]) if w.endswith(SCRIPT_SUFFIXES)]
+        cands += script_words(ev["command"])
     out: dict[str, None] = {}
     for c in cands:
         if isinstance(c, str) and c and "://" not in c and not c.startswith("random:"):

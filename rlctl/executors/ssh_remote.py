@@ -282,7 +282,13 @@ def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict
     rows = [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)} for c in ckpts]
     answer: dict[str, Any] = {"root": str(root), "backend": backend, "checkpoints": rows}
     done = [c for c in ckpts if c.complete]
-    if list_only:
+    if list_only:  # what `ckpt list` shows: the final model (no step) and the best, as judged here, beside them
+        from rlctl.core.checkpoint import Checkpoint
+        from rlctl.runs.checkpoints import best_checkpoint, final_saves
+
+        answer["finals"] = [{"step": None, "name": q.name, "complete": True, "bytes": Checkpoint(0, q, True).size(),
+                             "path": str(q)} for q in final_saves(backend, p)]
+        answer["best"] = best_checkpoint(p, backend)
         return answer
     pick = None
     if step is None and done:

@@ -147,8 +147,8 @@ def ab_arms(a: str, b: str, sets: list[str]) -> list[Arm]:
     pa, pb = (str(Path(x).resolve()) if Path(x).exists() else x for x in (a, b))
     sets = resolved_sets(sets, Path.cwd())  # as grid_arms: the same paths wherever the queue runs
     da, db = recipe_data(pa, sets), recipe_data(pb, sets)
-    return [Arm("A", pa, list(sets), f"A: {Path(a).name}", {}, da.get("patches.set"), int(da.get(SEED_KEY, 0))),
-            Arm("B", pb, list(sets), f"B: {Path(b).name}", diff(da, db), db.get("patches.set"),
+    return [Arm("A", pa, list(sets), Path(a).name, {}, da.get("patches.set"), int(da.get(SEED_KEY, 0))),
+            Arm("B", pb, list(sets), Path(b).name, diff(da, db), db.get("patches.set"),
                 int(db.get(SEED_KEY, 0)))]
 
 

@@ -118,7 +118,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     from rlctl.recipe.loader import dump_toml
     from rlctl.recipe.planning import prepare
     from rlctl.runs.rundir import check_run_name, create_run_dir, environment_record, masked_recipe_data
-    from rlctl.runs.state import find_run, runs_root, write_state
+    from rlctl.runs.state import find_run, read_state, runs_root, write_state
     from rlctl.runs.supervisor import RestartPolicy, write_spec
 
     out = out or sys.stderr
@@ -290,6 +290,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
 
     if gpu_line := verdict_line(run_dir):  # none for a CPU recipe (gpus_per_node = 0)
         print(gpu_line, file=out)
+    if read_state(run_dir).get("stopped_by"):
+        return run_dir, 0  # stopped by the recipe's own stop_when: it ended as asked, not interrupted
     return run_dir, code
 
 
