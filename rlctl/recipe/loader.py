@@ -11,13 +11,14 @@ import difflib
 import json
 import re
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 import tomlkit.exceptions
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rlctl.backends import available as available_backends
 from rlctl.errors import RecipeError
@@ -26,10 +27,12 @@ from rlctl.recipe import paths
 from rlctl.recipe.schema import (
     ALIASES,
     SECTIONS,
+    BackendSection,
     Recipe,
     all_key_paths,
     backend_table_model,
     executor_table_model,
+    submodel,
 )
 from rlctl.resources import bundled_recipe
 
@@ -275,8 +278,19 @@ def _leaf_paths(data: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
+class _Null:
+    """`--set k=null`: TOML has no null, so the bare word `null` (as in Hydra) unsets a key; `"null"` is the string."""
+
+    def __repr__(self) -> str:
+        return "null"
+
+
+NULL = _Null()
+
+
 def parse_set(expr: str) -> tuple[list[str], Any]:
-    """`rollout.group_size=16` -> (["rollout", "group_size"], 16). Values are TOML values; bare words are strings."""
+    """`rollout.group_size=16` -> (["rollout", "group_size"], 16). Values are TOML values; bare words are strings;
+    the bare word `null` is NULL (unset the key)."""
     key, sep, raw = expr.partition("=")
     key = key.strip()
     if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key):
@@ -284,6 +298,8 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
             f"--set {expr!r}: expected KEY=VALUE with a dotted key.", hint="e.g. --set rollout.group_size=16"
         )
     raw = raw.strip()
+    if raw == "null":
+        return key.split("."), NULL
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
@@ -298,16 +314,28 @@ def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path],
                options: dict[str, str] | None = None) -> None:
     """Each `--set k=v` over the loaded recipe; a path it gives is relative to where the command was typed.
     `options` names the option a key came from when it was not --set (a sweep's `--grid`, `[sweep] grid`): an error
-    about it names that option."""
+    about it names that option. `k=null` unsets a key (unset_problem says which keys can be)."""
     for expr in sets:
         keys, value = parse_set(expr)
-        fragment: Any = value
-        for k in reversed(keys):
-            fragment = {k: fragment}
-        paths.resolve(fragment, Path.cwd())
-        for k in keys:
-            fragment = fragment[k]
-        value = fragment
+        dotted = ".".join(keys)
+        if value is NULL:
+            problem = unset_problem(keys)
+            if isinstance(problem, tuple):
+                raise RecipeError(f"--set {expr}: `{dotted}` cannot be unset: {problem[0]}.", hint=problem[1])
+            if problem is None:
+                _unset(data, keys)
+                for k in [k for k in origins if k == dotted or k.startswith(dotted + ".")]:
+                    del origins[k]
+                continue
+            value = None  # not a key of the schema: validation names it, with a did-you-mean
+        else:
+            fragment: Any = value
+            for k in reversed(keys):
+                fragment = {k: fragment}
+            paths.resolve(fragment, Path.cwd())
+            for k in keys:
+                fragment = fragment[k]
+            value = fragment
         node = data
         for k in keys[:-1]:
             nxt = node.get(k)
@@ -316,7 +344,6 @@ def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path],
                 node[k] = nxt
             node = nxt
         node[keys[-1]] = value
-        dotted = ".".join(keys)
         origins[dotted] = Path((options or {}).get(dotted, SET))
 
 
@@ -335,6 +362,77 @@ def resolved_sets(sets: list[str], base: Path) -> list[str]:
             fragment = fragment[k]
         out.append(f"{'.'.join(keys)}={json.dumps(fragment)}" if fragment != value else expr)
     return out
+
+
+def _unset(data: dict[str, Any], keys: list[str]) -> None:
+    node: Any = data
+    for k in keys[:-1]:
+        node = node.get(k) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(keys[-1], None)
+
+
+UNKNOWN = "unknown"
+
+
+def unset_problem(keys: list[str]) -> None | str | tuple[str, str]:
+    """Whether `--set KEY=null` may unset a key: None when it may (its schema default is None: the key is optional; or
+    it is an entry of a free-form table: [env], `extra`, an eval set), UNKNOWN when the schema has no such key, else
+    (why not, the fix)."""
+    dotted = ".".join(keys)
+    model: Any = Recipe
+    parent: Any = None  # the field holding `model`
+    entry_of: Any = None  # inside a mapping: the type of its values
+    for i, k in enumerate(keys):
+        last = i == len(keys) - 1
+        if entry_of is not None:  # `k` names an entry
+            sub = submodel(entry_of)
+            if last or sub is None:
+                return None
+            model, entry_of = sub, None
+            continue
+        field = model.model_fields.get(k)
+        if field is None:
+            if issubclass(model, BackendSection) and k in available_backends():  # [backend.<name>]
+                if last:
+                    return None
+                model, parent = backend_table_model(k), None
+                continue
+            if model.model_config.get("extra") == "allow" and not issubclass(model, BackendSection):
+                return None  # a section of free keys ([doctor])
+            return UNKNOWN
+        if last:
+            break
+        entry_of = _mapping_values(field.annotation)
+        if entry_of is None:
+            sub = submodel(field.annotation)
+            if sub is None:
+                return UNKNOWN  # a value has no keys under it
+            model, parent = sub, field
+    value_fix = f"give it a value instead: --set {dotted}=<VALUE>"
+    if field.is_required():
+        section = ".".join(keys[:-1])
+        if parent is not None and not parent.is_required() and parent.get_default() is None:
+            return (f"[{section}] must give it", f"{value_fix}, or remove the whole table: --set {section}=null")
+        return "the recipe must give it", value_fix
+    default = field.get_default(call_default_factory=True)
+    if default is None:
+        return None
+    if isinstance(default, BaseModel):
+        return "the section always exists", "unset the keys under it that have no default, one by one"
+    shown = json.dumps(default, default=str)
+    return (f"it always has a value (default {shown})",
+            f"{value_fix}, e.g. its default: --set {dotted}={shown}. Only keys without a default can be unset.")
+
+
+def _mapping_values(annotation: Any) -> Any:
+    """The value type of a dict annotation (or of the dict in an Optional one), else None."""
+    if typing.get_origin(annotation) is dict:
+        return typing.get_args(annotation)[1]
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is dict:
+            return typing.get_args(arg)[1]
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------

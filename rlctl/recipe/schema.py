@@ -650,7 +650,7 @@ def _section_models() -> dict[str, type[BaseModel]]:
     def walk(prefix: str, model: type[BaseModel]) -> None:
         out[prefix] = model
         for name, field in model.model_fields.items():
-            sub = _submodel(field.annotation)
+            sub = submodel(field.annotation)
             if sub is not None and sub is not DoctorSection:
                 walk(f"{prefix}.{name}" if prefix else name, sub)
 
@@ -658,13 +658,14 @@ def _section_models() -> dict[str, type[BaseModel]]:
     return out
 
 
-def _submodel(annotation: Any) -> type[BaseModel] | None:
+def submodel(annotation: Any) -> type[BaseModel] | None:
+    """The section model an annotation holds (`LoraSection | None` -> LoraSection), else None."""
     import typing
 
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
-        found = _submodel(arg)
+        found = submodel(arg)
         if found is not None:
             return found
     return None
