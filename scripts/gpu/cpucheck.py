@@ -26,7 +26,8 @@ from pathlib import Path
 import kit
 
 FREEZE = kit.ROOT / "docs" / "gpu" / "h100-image-pip-freeze.txt"
-CUDA_ONLY = re.compile(r"^(nvidia-.*|cuda-.*|cupy-.*|jax-cuda.*|triton|torch|torchvision|torchaudio)$")
+# (nvidia-ml-py is pure Python: the `pynvml` module rlctl's GPU sampler and vLLM import)
+CUDA_ONLY = re.compile(r"^((?!nvidia-ml-py$)nvidia-.*|cuda-.*|cupy-.*|jax-cuda.*|triton|torch|torchvision|torchaudio)$")
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # what the GPU image's torch family is, as CPU builds (torchvision/torchaudio: only when a stack imports them)
 TORCH = ["torch"]

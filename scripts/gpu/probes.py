@@ -9,12 +9,14 @@ prints what it saw and exits non-zero on the first thing that would fail on the 
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 KIT = Path(__file__).resolve().parent
@@ -153,12 +155,17 @@ def verl_workers() -> None:
     attn = model_config.hf_config._attn_implementation
     say(f"HFModelConfig: {type(model_config).__name__}, hf_config attention {attn!r}, use_remove_padding "
         f"{model_config.use_remove_padding}")
-    with open_dict(cfg.actor_rollout_ref.ref):  # engine_workers.py init_model's own pops
-        for k in ("log_prob_micro_batch_size", "log_prob_micro_batch_size_per_gpu", "log_prob_use_dynamic_bsz",
-                  "log_prob_max_token_len_per_gpu"):
-            cfg.actor_rollout_ref.ref.pop(k, None)
+    # engine_workers.py init_model's own lines that turn the ref's log-prob keys into its batch config
+    workers_py = Path(verl.__file__).parent / "workers" / "engine_workers.py"
+    tree = ast.parse(workers_py.read_text())
+    init = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "init_model")
+    block = next(n for n in ast.walk(init)
+                 if isinstance(n, ast.With) and "open_dict(self.config.ref)" in ast.unparse(n))
+    exec(compile(ast.Module(body=[block], type_ignores=[]), str(workers_py), "exec"),
+         {"self": types.SimpleNamespace(config=cfg.actor_rollout_ref), "open_dict": open_dict})
+    configs = {}
     for role in ("actor", "ref"):
-        c = omega_conf_to_dataclass(cfg.actor_rollout_ref[role])
+        c = configs[role] = omega_conf_to_dataclass(cfg.actor_rollout_ref[role])
         say(f"{role} config: {type(c).__name__}, engine {type(c.engine).__name__} strategy {c.engine.strategy}")
     from verl.models.transformers.monkey_patch import apply_monkey_patch
     from verl.utils.model import get_hf_auto_model_class
@@ -182,14 +189,40 @@ def verl_workers() -> None:
     if diff > 1e-4:
         raise SystemExit(f"with {attn} the packed sequences attend to each other (max |diff| {diff:.3g}): "
                          "use_remove_padding=False is needed with this attention")
+    # the actor's FSDP engine itself, as TrainingWorker builds it (engine_workers.py), on a one-rank gloo group: it
+    # goes as far as a CPU lets it; where it stops is said (a CUDA-only call is the expected end)
+    one_rank_group()
+    from verl.workers.config import TrainingWorkerConfig
+    from verl.workers.engine import EngineRegistry
+
+    a = configs["actor"]
+    a.model_config = model_config
+    twc = TrainingWorkerConfig(model_type="language_model", model_config=model_config, engine_config=a.engine,
+                               optimizer_config=a.optim, checkpoint_config=a.checkpoint)
+    twc.engine_config.use_remove_padding = model_config.get("use_remove_padding", False)
+    twc.engine_config.micro_batch_size_per_gpu = cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+    try:
+        engine = EngineRegistry.new(model_type="language_model", backend=twc.engine_config.strategy,
+                                    model_config=model_config, engine_config=twc.engine_config,
+                                    optimizer_config=twc.optimizer_config, checkpoint_config=twc.checkpoint_config)
+        say(f"engine: {type(engine).__name__}")
+        engine.initialize()
+        say("engine.initialize(): done on the CPU")
+    except Exception as e:  # noqa: BLE001 - where it stops is the finding
+        import traceback
+
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        text = f"{type(e).__name__}: {e}"
+        cuda = any(w in text.lower() for w in ("cuda", "nccl", "nvml", "gpu", "device"))
+        say(f"engine stopped at {Path(where.filename).name}:{where.lineno} ({where.name}): {text[:300]}")
+        if not cuda:
+            raise SystemExit(f"the FSDP engine stopped before any CUDA call: {text}") from e
 
 
 # ---- OpenRLHF --------------------------------------------------------------------------------------------------------
 def openrlhf_parse() -> None:
     """The rendered command through train_ppo_ray's own __main__ block: its argparse and every check it makes before
     train(args) (ray.init, the placement groups, the workers come after)."""
-    import ast
-
     import openrlhf.cli.train_ppo_ray as m
 
     source = Path(m.__file__).read_text()

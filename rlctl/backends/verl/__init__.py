@@ -42,6 +42,10 @@ A = "actor_rollout_ref"
 DEFAULT_ATTENTION = "flash_attention_2"
 ATTENTION_PACKAGE = {"flash_attention_2": "flash-attn", "flash_attention_3": "flash-attn-3"}
 SDPA_KEY = f"+{A}.model.override_config.attn_implementation"
+# verl never requires TRL, but when one is importable its workers import trl.experimental.ppo's (or trl's)
+# AutoModelForCausalLMWithValueHead at every model build (models/transformers/monkey_patch.py apply_monkey_patch, 0.9.0
+# and 0.9.1) and stop there without it: TRL 1.13.0 removed trl.experimental.ppo (1.12.0 is the last that has it)
+TRL_WITHOUT_VALUE_HEAD = "1.13.0"
 
 
 def _val(v: Any) -> str:
@@ -578,7 +582,7 @@ class VerlBackend(Backend):
         if family == "placement":
             return placement_rules(r) + nodes_rule(r, os.environ) + self.token_budget_rules(r)
         if family == "env":
-            return wandb_reaches_job(r, os.environ) + attention_package(self, r, os.environ)
+            return wandb_reaches_job(r, os.environ) + attention_package(self, r, os.environ) + trl_beside(r, os.environ)
         if family == "reference":
             from rlctl.backends.verl.data import data_format
 
@@ -715,6 +719,27 @@ def attention_package(backend: VerlBackend, recipe: Recipe, environ: Any) -> lis
                    + ", ".join(f"{p} {installed_version(p)}" for p in sorted({ATTENTION_PACKAGE[i]
                                                                             for i in needs.values()}))
                    + " installed")]
+
+
+def trl_beside(recipe: Recipe, environ: Any) -> list[Any]:
+    """env.verl_trl: a TRL installed beside verl that lacks AutoModelForCausalLMWithValueHead stops every FSDP worker
+    at its model's build (TRL_WITHOUT_VALUE_HEAD); checked where the workers run here, as env.flash_attn is."""
+    from rlctl import executors
+    from rlctl.backends._static import installed_version
+    from rlctl.backends.base import version_key
+    from rlctl.preflight import FAIL, Result
+
+    trl = installed_version("trl")
+    remote = getattr(executors.executor_class(recipe.resources.executor), "remote", False)
+    if trl is None or installed_version("verl") is None or remote or ray_init_address(recipe, environ)[0]:
+        return []  # no TRL, or not verl's environment (env.backend says where verl must be)
+    if version_key(trl) < version_key(TRL_WITHOUT_VALUE_HEAD):
+        return []
+    return [Result("env.verl_trl", FAIL, f"trl {trl} is installed beside verl: verl's workers import "
+                   "trl.experimental.ppo.AutoModelForCausalLMWithValueHead whenever TRL is importable "
+                   f"(models/transformers/monkey_patch.py) and TRL {TRL_WITHOUT_VALUE_HEAD} removed it: every worker "
+                   "stops at its model's build", "pip install \"trl<1.13\" in verl's environment (verl itself needs "
+                   "no TRL: uninstalling it works too)")]
 
 
 def wandb_reaches_job(recipe: Recipe, environ: Any) -> list[Any]:

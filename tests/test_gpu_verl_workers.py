@@ -1,10 +1,15 @@
-"""FlashAttention without flash-attn (issue 31; docs/gpu.md): on an H100 without the flash-attn package, every verl
+"""What verl's workers need beside verl where they run, found before a GPU does (issue 31; docs/gpu.md).
+
+FlashAttention without flash-attn: on an H100 without the flash-attn package, every verl
 0.9.1 worker stopped at its model's load ("FlashAttention2 has been toggled on, but ... the package for
 FlashAttention2 doesn't seem to be installed", docs/gpu/verl-2.json) after Ray and vLLM had started, and rlctl had
 said nothing. verl's own code decides which attention each model gets (released wheel, Hydra compose of its config,
 its HFModelConfig and transformers' own from_pretrained, on this CPU); rlctl's adapter must say the same at render
 and fail preflight where the workers would. The kit's flash-attn stand-in (OpenRLHF imports flash_attn.bert_padding
 at load) is held to transformers' pure-torch copies of flash-attn's helpers and must never pass for FlashAttention-2.
+
+TRL beside verl: verl's workers import TRL's value-head model at every model build whenever TRL is importable, and
+TRL 1.13 removed it; the GPU kit's verl stack lay on the TRL stack's 1.16 (found on a CPU by `kit.py cpucheck verl`).
 """
 
 from __future__ import annotations
@@ -82,12 +87,16 @@ for name, overrides in json.loads(sys.stdin.read()).items():
     with initialize_config_dir(config_dir=str(root / "verl/trainer/config"), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)
     mc = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
-    try:  # as the FSDP engine's _build_module loads the actor and the reference
+    out[name] = {}
+    try:  # as the FSDP engine's _build_module loads the actor and the reference, then patches it
         m = get_hf_auto_model_class(hf_config=mc.hf_config).from_pretrained(
             mc.local_path, config=mc.hf_config, trust_remote_code=False)
-        out[name] = {"loaded": m.config._attn_implementation}
+        out[name]["loaded"] = m.config._attn_implementation
+        from verl.models.transformers.monkey_patch import apply_monkey_patch
+        apply_monkey_patch(model=m, use_remove_padding=mc.use_remove_padding, ulysses_sp_size=1)
+        out[name]["patched"] = True
     except ImportError as e:
-        out[name] = {"error": str(e)}
+        out[name]["patch_error" if "loaded" in out[name] else "error"] = str(e)
 print("@@" + json.dumps(out))
 """
 
@@ -121,13 +130,65 @@ def test_verl_loads_flash_attention_2_unless_told_and_rlctl_says_which(tmp_path,
         r = load(_recipe(tmp_path, tiny, sdpa=sdpa)).recipe
         cases[str(sdpa)] = verl.render(r).argv[3:]
         assert verl.attention(r) == {"actor and reference model": "sdpa" if sdpa else "flash_attention_2"}
+    got = _verl_worker(tmp_path, cases, trl_site=_trl_site("1.12.0"))
+    assert "FlashAttention2" in got["False"]["error"] and "installed" in got["False"]["error"]
+    assert got["True"] == {"loaded": "sdpa", "patched": True}  # with TRL 1.12 in front, as the kit's verl overlay
+
+
+def _verl_worker(tmp_path: Path, cases: dict, trl_site: Path | None = None) -> dict:
+    env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"}
+    if trl_site is not None:
+        env["PYTHONPATH"] = f"{trl_site}:{env.get('PYTHONPATH', '')}"
     p = subprocess.run([sys.executable, "-c", WORKER, str(ROOT)], input=json.dumps(cases), capture_output=True,
-                       text=True, cwd=tmp_path, timeout=600)
+                       text=True, cwd=tmp_path, timeout=600, env=env)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("@@")]
     assert p.returncode == 0 and lines, p.stderr[-3000:]
-    got = json.loads(lines[-1][2:])
-    assert "FlashAttention2" in got["False"]["error"] and "installed" in got["False"]["error"]
-    assert got["True"] == {"loaded": "sdpa"}
+    return json.loads(lines[-1][2:])
+
+
+def _trl_site(version: str) -> Path:
+    """A released TRL unpacked (pip download --no-deps, cached beside the other fetched wheels)."""
+    from tests.conformance import _verl_support as vs
+
+    site = vs.CACHE / "unpacked" / f"trl-{version}"
+    if not (site / "trl" / "__init__.py").is_file():
+        wheels = vs.CACHE / "wheels"
+        found = sorted(wheels.glob(f"trl-{version}-*.whl"))
+        if not found:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels),
+                            f"trl=={version}"], capture_output=True, text=True, timeout=300)
+            found = sorted(wheels.glob(f"trl-{version}-*.whl"))
+        assert found, f"cannot download trl=={version}"
+        zipfile.ZipFile(found[0]).extractall(site)
+    return site
+
+
+def test_a_trl_without_the_value_head_stops_verls_workers_and_preflight_says_it(tmp_path, tiny, cli):
+    """verl 0.9.1's own model patch with TRL 1.16 importable (this environment's, as the GPU kit's verl stack had it
+    from its base): ImportError at every model build (with TRL 1.12 in front the patch runs: the test above).
+    Preflight says it where verl is installed beside such a TRL (a real verl wheel unpacked)."""
+    pytest.importorskip("trl")
+    from rlctl.backends._static import installed_version
+    from rlctl.backends.base import version_key
+    from rlctl.backends.verl import TRL_WITHOUT_VALUE_HEAD
+
+    if version_key(installed_version("trl") or "0") < version_key(TRL_WITHOUT_VALUE_HEAD):
+        pytest.skip("the TRL here still has the value-head model")
+    verl = get_backend("verl")
+    cases = {"sdpa": verl.render(load(_recipe(tmp_path, tiny, sdpa=True)).recipe).argv[3:]}
+    got = _verl_worker(tmp_path, cases)
+    assert got["sdpa"]["loaded"] == "sdpa" and "AutoModelForCausalLMWithValueHead" in got["sdpa"]["patch_error"]
+    from tests.conformance import _verl_support as vs
+
+    root = vs.verl_root("0.9.1")  # verl installed: its dist-info on the path, nothing imported
+    code = ("import sys, json; from rlctl.cli import main; sys.argv = ['rlctl', 'preflight', sys.argv[1], '--json']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n")
+    p = subprocess.run([sys.executable, "-c", code, str(_recipe(tmp_path, tiny, sdpa=True))], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": f"{root}:{ROOT}"}, cwd=tmp_path)
+    res = {x["check"]: x for x in json.loads(p.stdout)["results"]}
+    assert res["env.verl_trl"]["verdict"] == "fail" and "trl<1.13" in res["env.verl_trl"]["fix"], p.stdout[-2000:]
+    assert "env.verl_trl" not in {x["check"] for x in json.loads(cli("preflight", str(_recipe(
+        tmp_path, tiny, sdpa=True)), "--json").out)["results"]}  # no verl here: not verl's environment
 
 
 def _flash(cli, recipe: Path) -> dict:
