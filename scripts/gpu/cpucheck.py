@@ -128,6 +128,9 @@ def install(stack: str, root: Path) -> tuple[Path, dict[str, str], dict[str, dic
             site.mkdir(parents=True)
             for w in wheels:
                 kit.unpack(w, site)
+            if name != "device":  # what the kit removes before packing is absent here too
+                data = kit.stacks()
+                kit.slim(site, list(data["common"]["slim"]) + list(kit.stack(name).get("slim", [])))
             done.write_text(json.dumps({"pins": want, "substituted": substituted}))
         substituted.update(json.loads(done.read_text()).get("substituted") or {})
         sites.insert(0, site)

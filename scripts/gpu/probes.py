@@ -220,23 +220,27 @@ def verl_workers() -> None:
 
 
 # ---- OpenRLHF --------------------------------------------------------------------------------------------------------
-def openrlhf_parse() -> None:
+def _openrlhf_args(part: str):
     """The rendered command through train_ppo_ray's own __main__ block: its argparse and every check it makes before
-    train(args) (ray.init, the placement groups, the workers come after)."""
+    train(args) (ray.init, the placement groups, the workers come after); the args train() would get."""
     import openrlhf.cli.train_ppo_ray as m
 
-    source = Path(m.__file__).read_text()
-    tree = ast.parse(source)
+    tree = ast.parse(Path(m.__file__).read_text())
     main = next(n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))
+    plan, recipe, _ = rendered("openrlhf", part)
+    argv = plan["argv"]
+    seen: dict = {}
+    ns = dict(vars(m))
+    ns["train"] = lambda args: seen.setdefault("args", args)
+    sys.argv = ["train_ppo_ray", *argv[argv.index("openrlhf.cli.train_ppo_ray") + 1:]]
+    exec(compile(ast.Module(body=main.body, type_ignores=[]), m.__file__, "exec"), ns)
+    return seen["args"], plan
+
+
+def openrlhf_parse() -> None:
+    """Both parts' rendered commands as train_ppo_ray reads them."""
     for part in ("2gpu", "colocated"):
-        plan, recipe, _ = rendered("openrlhf", part)
-        argv = plan["argv"]
-        args_seen: dict = {}
-        ns = dict(vars(m))
-        ns["train"] = lambda args, seen=args_seen: seen.setdefault("args", args)
-        sys.argv = ["train_ppo_ray", *argv[argv.index("openrlhf.cli.train_ppo_ray") + 1:]]
-        exec(compile(ast.Module(body=main.body, type_ignores=[]), m.__file__, "exec"), ns)
-        a = args_seen["args"]
+        a, _ = _openrlhf_args(part)
         say(f"{part}: train_ppo_ray parsed the rendered command: attention {a.ds.attn_implementation!r}, packing "
             f"{a.ds.packing_samples}, vLLM engines {a.vllm.num_engines} x TP {a.vllm.tensor_parallel_size} at "
             f"{a.vllm.gpu_memory_utilization}, actor GPUs {a.actor.num_gpus_per_node}, colocate_all "
@@ -248,27 +252,34 @@ def openrlhf_parse() -> None:
 
 
 def openrlhf_actor() -> None:
-    """OpenRLHF's Actor built as its workers build it (the rendered attention and dtype, OpenRLHF's DeepSpeed config
-    for the rendered ZeRO stage) on the tiny model, then its forward: the log-probs of a padded batch (flash-attn's
-    Triton cross-entropy absent: OpenRLHF's own fallback)."""
+    """OpenRLHF's Actor built as its PolicyModelActor builds it (trainer/ray/ppo_actor.py: the parsed args, the
+    strategy's own DeepSpeed config) on the tiny model, then its forward: the log-probs of a padded batch
+    (flash-attn's Triton cross-entropy absent: OpenRLHF's own fallback)."""
+    import shutil
+
     import torch
     from openrlhf.models import Actor
-    from openrlhf.utils.deepspeed.deepspeed_utils import get_train_ds_config
+    from openrlhf.utils import get_strategy
     from transformers.utils import is_flash_attn_2_available
 
-    plan, recipe, _ = rendered("openrlhf", "2gpu")
-    argv = plan["argv"]
-    real = Path(argv[argv.index("--actor.model_name_or_path") + 1])
-    model = tiny_model(real, WORK / "openrlhf" / "models" / "tiny")
+    args, _ = _openrlhf_args("2gpu")
     say(f"transformers sees FlashAttention-2: {is_flash_attn_2_available()} (the stand-in must not count)")
     if is_flash_attn_2_available():
         raise SystemExit("transformers takes the flash-attn stand-in for FlashAttention-2")
+    model = tiny_model(Path(args.actor.model_name_or_path), WORK / "openrlhf" / "models" / "tiny")
+    strategy = get_strategy(args)
+    ds = strategy.get_ds_train_config(is_actor=True)
+    say(f"OpenRLHF's DeepSpeed config: zero stage {ds['zero_optimization']['stage']}, bf16 "
+        f"{ds.get('bf16', {}).get('enabled')}")
     with contextlib.suppress(Exception):
         one_rank_group()
-    ds = get_train_ds_config(offload=False, stage=int(argv[argv.index("--ds.zero_stage") + 1]), bf16=True)
-    say(f"OpenRLHF's DeepSpeed config: zero stage {ds['zero_optimization']['stage']}")
-    attn = argv[argv.index("--ds.attn_implementation") + 1]
-    actor = Actor(str(model), attn_implementation=attn, param_dtype="bf16", ds_config=ds)
+    a = strategy.args
+    actor = Actor(str(model), attn_implementation=a.ds.attn_implementation,
+                  experts_implementation=a.ds.experts_implementation, param_dtype=a.ds.param_dtype,
+                  load_in_4bit=a.ds.load_in_4bit, lora_rank=a.ds.lora.rank, lora_alpha=a.ds.lora.alpha,
+                  target_modules=a.ds.lora.target_modules, lora_dropout=a.ds.lora.dropout, ds_config=ds,
+                  packing_samples=a.ds.packing_samples, temperature=a.rollout.temperature,
+                  use_liger_kernel=a.ds.use_liger_kernel)
     say(f"Actor: {type(actor.model).__name__}, attention {actor.model.config._attn_implementation!r}")
     seq = torch.tensor([[0, 0, 5, 6, 7, 8, 9], [3, 4, 5, 6, 7, 8, 9]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
@@ -278,6 +289,47 @@ def openrlhf_actor() -> None:
     say(f"Actor.forward: action log-probs {tuple(logp.shape)}, finite {bool(torch.isfinite(logp).all())}")
     if not torch.isfinite(logp).all():
         raise SystemExit("Actor.forward gave non-finite log-probs")
+    from deepspeed.ops.op_builder import FusedAdamBuilder
+
+    b = FusedAdamBuilder()
+    say(f"DeepSpeed FusedAdam: not prebuilt, JIT-compiled on the GPU ({b.absolute_name()}, {len(b.sources())} "
+        f"source files; ninja {'found' if shutil.which('ninja') else 'NOT found'} here)")
+
+
+def openrlhf_ray_job() -> None:
+    """rlctl's Ray executor as it runs OpenRLHF on one machine: a head on loopback with its dashboard (the job API
+    lives there; the kit slims Ray's Java jars but keeps the dashboard's UI build, without which its HTTP server does
+    not start), a job submitted through the job API whose entrypoint imports train_ppo_ray in the environment the
+    head was started with (the kit's sites on PYTHONPATH), its log followed into stdout.log, the head stopped."""
+    import time
+
+    from rlctl.executors.ray import RayExecutor
+
+    run = WORK / "openrlhf" / "ray-job-run"
+    if run.exists():
+        import shutil
+
+        shutil.rmtree(run)
+    run.mkdir(parents=True)
+    code = "import openrlhf.cli.train_ppo_ray, flash_attn.bert_padding, deepspeed; print('rlctl job: imports ok')"
+    spec = {"address": None, "num_gpus": 0, "env_keys": [], "secret_env": {}, "argv": [sys.executable, "-c", code]}
+    ex = RayExecutor()
+    t = time.time()
+    ex.open(run, spec)
+    try:
+        say(f"Ray head up at {ex.address} in {time.time() - t:.0f} s")
+        handle = ex.start(run, spec, dict(os.environ), 1)
+        deadline = time.time() + 600
+        code_ = None
+        while code_ is None and time.time() < deadline:
+            code_ = ex.poll(run, handle)
+            time.sleep(1)
+    finally:
+        ex.close()
+    log = (run / "stdout.log").read_text(errors="replace") if (run / "stdout.log").exists() else ""
+    say(f"job {handle.ref['job_id']}: exit {code_}; its log: {log.strip().splitlines()[-1:] if log else '(none)'}")
+    if code_ != 0 or "rlctl job: imports ok" not in log:
+        raise SystemExit(f"the Ray job did not run as OpenRLHF's would (exit {code_}):\n{log[-3000:]}")
 
 
 def openrlhf_reward() -> None:
@@ -339,7 +391,7 @@ PROBES = {
     "trl-vllm": {"runner": trl_runner},
     "verl": {"compose": verl_compose, "workers": verl_workers},
     "openrlhf": {"standin": openrlhf_standin, "parse": openrlhf_parse, "reward": openrlhf_reward,
-                 "actor": openrlhf_actor},
+                 "actor": openrlhf_actor, "ray-job": openrlhf_ray_job},
 }
 
 

@@ -519,7 +519,8 @@ def openrlhf_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, s
              '"ds.attn_implementation" = "sdpa"']
     if colocated:
         lines += ['"vllm.enable_sleep" = true', '"ds.enable_sleep" = true']
-    lines += ["[model]", f'path = "{model}"', 'dtype = "bfloat16"', "max_model_len = 256"]
+    # OpenRLHF sizes vLLM's context to prompt + response tokens (--data.max_len), whatever max_model_len says
+    lines += ["[model]", f'path = "{model}"', 'dtype = "bfloat16"', "max_model_len = 128"]
     if lora:
         lines += ["[lora]", f"rank = {lora}", f"alpha = {2 * lora}", 'target_modules = "all-linear"']
     lines += ["[data]", f'train = "{data["train"]}"', f'eval = "{data["probe"]}"', 'input_key = "prompt"',
@@ -751,11 +752,36 @@ def part_openrlhf_colocated(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path
                         marker="openrlhf.cli.train_ppo_ray", keys=OPENRLHF_KEYS, step_timeout=420)
 
 
+def part_collect(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """The runs an earlier call launched and left going when its time ran out (a detached run goes on on the machine
+    between calls): each waited for to its end within this call's time, then read back as a part reads its run."""
+    import tomllib
+
+    keys = {"trl-vllm": TRL_KEYS, "verl": VERL_KEYS, "openrlhf": OPENRLHF_KEYS}[ctx.stack]
+    out: dict[str, Any] = {}
+    for run in sorted(p for p in (ctx.work / "runs").glob("*") if (p / "state.json").is_file()):
+        t0 = now()
+
+        def over(run=run) -> bool:
+            st = state(run)
+            return st.get("status") in ("finished", "failed", "stopped", "lost") and \
+                not _alive(st.get("supervisor_pid") or 0)
+        wait_for(ctx, f"{run.name}: its end", over, max(left() - 90, 0), every=1.0)
+        try:
+            total = int(tomllib.loads((run / "recipe.toml").read_text())["train"]["steps"])
+        except (OSError, KeyError, ValueError, TypeError):
+            total = max(metric_steps(run) or [0])
+        out[run.name] = {"status": state(run).get("status"), "nvml_window": nv.window(t0),
+                         "collected": collect(ctx, run.name, run, keys), "steps": steps_once(run, total)}
+    return out
+
+
 PARTS = {
     "trl-vllm": {"full": part_trl_full, "lora": part_trl_lora, "trainer-only": part_trl_trainer_only},
     "verl": {"1gpu": part_verl_1gpu, "2gpu": part_verl_2gpu},
     "openrlhf": {"2gpu": part_openrlhf_2gpu, "colocated": part_openrlhf_colocated},
 }
+ONLY_ASKED = {"collect": part_collect}  # parts run only when named (--part collect)
 SHAPE = "Qwen/Qwen2.5-0.5B"
 
 
@@ -786,7 +812,8 @@ def machine(nv: Nvml) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stack", choices=sorted(PARTS))
-    ap.add_argument("--part", action="append", help="which parts (default: all, in order)")
+    ap.add_argument("--part", action="append",
+                    help="which parts (default: all, in order; `collect`: the runs an earlier call left going)")
     ap.add_argument("--out", type=Path, required=True, help="docs/gpu/<stack>.json is written under it")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpurun"))
     ap.add_argument("--assemble-report", type=Path, help="assemble.py's report, kept in the evidence")
@@ -795,9 +822,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="write each part's GPU recipe and data, `rlctl render` and `rlctl preflight` them; no run")
     ap.add_argument("--budget-s", type=float, help="this call's time: waits end there, the evidence so far is written")
     args = ap.parse_args(argv)
+    with contextlib.suppress(ValueError, OSError):  # vLLM wants many open files (preflight env.open_files)
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     if args.budget_s:
         DEADLINE[0] = time.time() + args.budget_s
     parts = args.part or list(PARTS[args.stack])
+    unknown = [p for p in parts if p.split("#")[0] not in {**PARTS[args.stack], **ONLY_ASKED}]
+    if unknown:
+        ap.error(f"--part {unknown[0]}: {args.stack} has {', '.join([*PARTS[args.stack], *ONLY_ASKED])}")
     work = args.work / args.stack
     work.mkdir(parents=True, exist_ok=True)
     evidence_path = work / "evidence.json"
@@ -839,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
             CURRENT.update(part=key, res=None)
             t = time.time()
             try:
-                res = PARTS[args.stack][part](ctx, nv, model, data)
+                res = {**PARTS[args.stack], **ONLY_ASKED}[part](ctx, nv, model, data)
             except Exception as e:  # a part that broke says how; the others still run
                 import traceback
 
