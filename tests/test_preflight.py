@@ -507,3 +507,13 @@ def test_an_enforced_prompt_limit_is_a_fact():
     assert not get_backend("prime_rl").enforces_prompt_limit(prepare(PRIME_SHARED, []).recipe)
     assert not get_backend("command").enforces_prompt_limit(prepare(RECIPES / "command-torchrun-dr-grpo.toml",
                                                                        []).recipe)
+
+
+def test_micro_batch_over_the_train_batch_is_said():
+    """TRL takes one micro batch per optimizer step when micro x GPUs exceeds the train batch (it rounds the
+    accumulation up to 1): preflight said "0 accumulation step(s)" and passed."""
+    res = results(QUICK, "train.train_batch_size=16", "train.micro_batch_size=32", only=["placement.batch"])
+    r = one(res, "placement.batch")
+    assert r.verdict == "warn" and "32 samples > train batch 16" in r.figure, r.figure
+    assert "train.micro_batch_size <= 16" in r.fix
+    assert "0 accumulation" not in r.figure

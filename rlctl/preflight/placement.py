@@ -136,6 +136,11 @@ def batch(ctx: Context) -> list[Result]:
                           ("set " + ", ".join(f"{k} = {v}" for k, v in fix.items())) if fix else
                           f"make train.train_batch_size a divisor of {samples} and a multiple of {dp} GPUs", set=fix))
     out += ctx.backend.preflight(ctx, "placement")
+    if not out and mb * dp > tbs and ctx.backend.honours_micro_batch:  # a backend that rounds takes one micro batch
+        out.append(Result("placement.batch", WARN,
+                          f"micro batch {mb} x {dp} data-parallel GPU(s) = {mb * dp} samples > train batch {tbs}: "
+                          f"each optimizer step takes {mb * dp} samples, not {tbs}",
+                          f"set train.micro_batch_size <= {max(tbs // dp, 1)} or train.train_batch_size = {mb * dp}"))
     if not out:
         steps = samples // tbs
         out.append(Result("placement.batch", OK,
