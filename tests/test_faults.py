@@ -202,3 +202,22 @@ def test_status_says_when_the_disk_is_full(tmp_path, monkeypatch):
     (run / "state.json").write_text(json.dumps({"status": "finished", "backend": "verl", "exit_code": 0}))
     monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9, 0))
     assert "! disk full: 0 bytes free" in render(str(run), as_json=False, stall_after=1800)
+
+
+def test_a_supervisor_that_cannot_start_says_one_line_and_fails_the_run(tmp_path):
+    """A defect in rlctl's own setup (here: a spec whose restart table is not a table) left a raw traceback in the
+    supervisor's log and the run `starting` until it was found lost: one line, the run failed with why, the
+    traceback kept in supervisor-error.txt for a report."""
+    run = create_run_dir(tmp_path / "runs", "broken")
+    from rlctl.runs.supervisor import write_spec
+
+    write_spec(run, {"argv": [sys.executable, "-c", "pass"], "backend": "verl", "executor": "local",
+                     "restart": "always-please"})
+    (run / "state.json").write_text(json.dumps({"status": "starting", "backend": "verl"}))
+    r = subprocess.run([sys.executable, "-m", "rlctl.runs.supervisor", str(run)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("rlctl: rlctl's supervisor failed:") and "please report it" in r.stderr, r.stderr
+    st = read_state(run)
+    assert st["status"] == "failed" and "supervisor failed" in st["error"], st
+    assert "Traceback" in (run / "supervisor-error.txt").read_text()

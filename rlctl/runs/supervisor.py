@@ -971,20 +971,35 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m rlctl.runs.supervisor RUN_DIR [--resume]`: the child's environment is ours."""
     args = argv if argv is not None else sys.argv[1:]
     run_dir = Path(args[0]).resolve()
-    spec = read_spec(run_dir)
-    sup = Supervisor(run_dir, spec, dict(os.environ))
-    sup.install_signal_handlers()
     try:
+        spec = read_spec(run_dir)
+        sup = Supervisor(run_dir, spec, dict(os.environ))
+        sup.install_signal_handlers()
         return sup.resume() if "--resume" in args else sup.run()
     except OSError as e:
         sys.stderr.write(f"rlctl: {e}\n")
         return 127
     except RlctlError as e:
         sys.stderr.write(f"rlctl: {e}\n")
-        with contextlib.suppress(OSError):
-            if read_state(run_dir).get("status") in ACTIVE:
-                write_state(run_dir, status="failed", ended_at=time.time(), error=str(e))
+        _failed(run_dir, str(e))
         return 1
+    except Exception as e:  # a defect of rlctl's: one line where the user reads, the traceback kept for a report
+        import traceback
+
+        where = run_dir / "supervisor-error.txt"
+        with contextlib.suppress(OSError):
+            where.write_text(traceback.format_exc())
+        msg = f"rlctl's supervisor failed: {type(e).__name__}: {e} (traceback in {where}; please report it)"
+        sys.stderr.write(f"rlctl: {msg}\n")
+        _failed(run_dir, msg)
+        return 1
+
+
+def _failed(run_dir: Path, error: str) -> None:
+    """A run whose supervisor could not go on is failed, with why, unless it had already ended."""
+    with contextlib.suppress(Exception):
+        if read_state(run_dir).get("status") in ACTIVE:
+            write_state(run_dir, status="failed", ended_at=time.time(), error=error)
 
 
 if __name__ == "__main__":
