@@ -694,3 +694,17 @@ def test_compare_says_when_an_eval_is_not_the_same_measurement(w):
     assert "temperature=0.6" in r.out and "temperature=1.0" in r.out
     same = cli(w, "compare", "t6-1", "t6-2", "--metric", "eval/ood/sampling_pass@8")
     assert same.code == 0 and "not measured the same way" not in same.out
+
+
+def test_a_host_run_that_answers_stalled_keeps_its_variant_running(tmp_path, monkeypatch):
+    """A run on a host answers `stalled` (no step for a while; its own watchdog decides) while it lives: the queue
+    kept it only for pool runs and recorded any other as done, freeing its slot while it still trained there."""
+    import rlctl.runs.state as run_state
+    from rlctl.experiments.queue import Queue
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "state.json").write_text(json.dumps({"status": "running", "executor": "ssh"}))
+    monkeypatch.setattr(run_state, "settled_status", lambda run_dir, st=None: "stalled")  # what the host answered
+    q = Queue.__new__(Queue)
+    assert q.look("v1", run) == "running"

@@ -295,8 +295,9 @@ class Queue:
         from rlctl.runs.state import read_state, settled_status
 
         st = read_state(run_dir)
-        if not isinstance(st.get("pool"), dict):
-            return settled_status(run_dir, st)
+        if not isinstance(st.get("pool"), dict):  # a host's run answers `stalled` while it lives: its watchdog acts
+            status = settled_status(run_dir, st)
+            return "running" if status == "stalled" else status
         if vid not in self.held:
             from rlctl.runs.watch import hold
 
