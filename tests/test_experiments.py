@@ -708,3 +708,19 @@ def test_a_host_run_that_answers_stalled_keeps_its_variant_running(tmp_path, mon
     monkeypatch.setattr(run_state, "settled_status", lambda run_dir, st=None: "stalled")  # what the host answered
     q = Queue.__new__(Queue)
     assert q.look("v1", run) == "running"
+
+
+def test_each_variant_syncs_under_a_prefix_of_its_own(w):
+    """A sweep of a recipe with checkpoint.sync: every variant wrote the same store's `latest` (only pool runs got a
+    prefix of their own), so a resume took another variant's checkpoint. Each variant's run syncs under
+    URL/<its run name>."""
+    import tomllib
+
+    store = (w["dir"] / "store").as_uri()
+    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=3) + f'[checkpoint]\nsync = "{store}"\n')
+    r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=0.1,0.5", "--parallel", "2", "--name", "sy", "--wait")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = run_dirs(w, "sy-")
+    assert len(runs) == 2
+    urls = {tomllib.loads((p / "recipe.toml").read_text())["checkpoint"]["sync"] for p in runs}
+    assert urls == {f"{store}/{p.name.rsplit('-', 2)[0]}" for p in runs}, urls  # <run name>-YYYYmmdd-HHMMSS

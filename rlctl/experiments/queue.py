@@ -210,11 +210,11 @@ class Queue:
         opts = LaunchOptions(arm["recipe"], sets, detach=True, name=v["run_name"],
                              force=bool(placement.get("force")), executor=placement.get("executor"),
                              address=placement.get("address"))
+        # each variant syncs under a prefix of its own: sharing the recipe's, variants overwrote each other's `latest`
+        opts.sets = [*opts.sets, *_own_store(arm["recipe"], opts.sets, v["run_name"])]
         hosts = list(placement.get("hosts") or [])
         if slot.host is not None:  # with several hosts, a pool run of them (its slot's host first): it can move
             opts.on = [slot.host, *[h for h in hosts if h != slot.host]] if len(hosts) > 1 else slot.host
-            if len(hosts) > 1:
-                opts.sets = [*opts.sets, *_own_store(arm["recipe"], opts.sets, v["run_name"])]
         try:
             with visible_gpus(slot.gpus):
                 run_dir, _ = do_launch(opts, out=sys.stdout)
@@ -408,8 +408,8 @@ class Queue:
 
 
 def _own_store(recipe: str, sets: list[str], run_name: str) -> list[str]:
-    """A pool run fences its attempts in its checkpoint.sync store, so two variants must not share one: each gets a
-    prefix of its own under the recipe's URL (--set checkpoint.sync=URL/<variant's run name>)."""
+    """Two variants must not share a checkpoint.sync store (each writes its own `latest`; a pool run fences its
+    attempts there): each gets a prefix of its own under the recipe's URL (--set checkpoint.sync=URL/<run name>)."""
     import json
 
     from rlctl.recipe.loader import load
