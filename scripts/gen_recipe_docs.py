@@ -142,8 +142,16 @@ def main() -> None:
         title = f"[{prefix}]" if prefix else "top level"
         lines += [f"## {title}", "", "| key | type | default | description | OpenRLHF | prime-rl | verl | TRL |",
                   "|---|---|---|---|---|---|---|---|"]
-        for name, f in model.model_fields.items():
-            key = f"{prefix}.{name}" if prefix else name
+        fields = [(f"{prefix}.{name}" if prefix else name, f) for name, f in model.model_fields.items()]
+        if prefix == "executor":  # no keys of its own: each executor's table (`[executor.slurm]`) declares them
+            from rlctl import executors
+            from rlctl.recipe.schema import executor_table_model
+
+            lines[-2:-2] = ["Each executor's own table; `rlctl render` shows what it makes of it.", ""]
+            for ex in sorted(executors.available()):
+                table = executor_table_model(ex)
+                fields += [(f"executor.{ex}.{name}", f) for name, f in (table.model_fields if table else {}).items()]
+        for key, f in fields:
             if key in SECTIONS and key not in ("env",):
                 continue
             default = "required" if f.default is PydanticUndefined and f.default_factory is None else (
