@@ -53,3 +53,21 @@ def test_lora_on_lm_head_is_refused_as_grpo_trainer_refuses_it():
     assert [f.key for f in errors] == ["lora.target_modules"] and "lm_head" in errors[0].message
     ok = prepare(RECIPES / "quickstart.toml", ["lora.rank=8", 'lora.target_modules=["q_proj","v_proj"]']).validate()
     assert not [f for f in ok if f.level == "error"]
+
+
+def test_several_gpus_start_one_process_each():
+    """A TRL recipe on 2 GPUs was started as one process, where GRPOTrainer refuses the DataParallel wrap transformers
+    makes: one process per GPU through torch.distributed.run; one GPU or the CPU stays a plain process; several
+    nodes are refused at render with the fix."""
+    two = prepare(RECIPES / "quickstart.toml", ["resources.gpus_per_node=2", 'resources.gpu="H100-80GB"'])
+    argv = two.backend.render(two.recipe, two.dataset_size).argv
+    assert argv[:5] == ["python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"], argv
+    assert argv[5:] == ["-m", "rlctl.backends.trl.runner", "trl_config.json"], argv
+    one = prepare(RECIPES / "quickstart.toml", ["resources.gpus_per_node=1", 'resources.gpu="H100-80GB"'])
+    assert one.backend.render(one.recipe, one.dataset_size).argv[:3] == ["python3", "-m", "rlctl.backends.trl.runner"]
+    cpu = prepare(RECIPES / "quickstart.toml", [])
+    assert cpu.backend.render(cpu.recipe, cpu.dataset_size).argv[0:2] == ["python3", "-m"]
+    nodes = prepare(RECIPES / "quickstart.toml", ["resources.gpus_per_node=2", 'resources.gpu="H100-80GB"',
+                                                  "resources.nodes=2"])
+    errs = [f for f in nodes.validate() if f.level == "error" and f.key == "resources.nodes"]
+    assert errs and "one node" in errs[0].message, nodes.validate()

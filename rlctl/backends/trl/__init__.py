@@ -207,6 +207,11 @@ class TRLBackend(Backend):
                                "log-probabilities are computed from lm_head.weight directly, so it would never train "
                                "(trl trainer/grpo_trainer.py GRPOTrainer.__init__)",
                                "remove \"lm_head\" from lora.target_modules"))
+        if r.resources.nodes > 1:
+            out.append(Finding("error", "resources.nodes", f"rlctl starts TRL on one node (torch.distributed.run "
+                               f"--standalone, one process per GPU); {r.resources.nodes} nodes are not supported",
+                               "set resources.nodes = 1, or run TRL through the command backend with your own "
+                               "launcher"))
         if n < 2:
             out.append(Finding("error", "rollout.group_size", f"GRPOConfig refuses num_generations {n} < 2 {cite}",
                                "set rollout.group_size >= 2"))
@@ -289,9 +294,14 @@ class TRLBackend(Backend):
                 env["WANDB_MODE"] = "offline"
             else:
                 env["WANDB_API_KEY"] = "${WANDB_API_KEY}"
+        world = self.world_size(recipe)
+        # GRPOTrainer on several GPUs needs one process per GPU (a single process would wrap the model in
+        # DataParallel, which it refuses): torch's own launcher, as `accelerate launch` would start it
+        launcher = (["python3", "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
+                    if world > 1 and recipe.resources.gpus_per_node > 0 else ["python3"])
         return LaunchPlan(
             backend=self.name, version=self.target_version(recipe),
-            argv=["python3", "-m", RUNNER, CONFIG_FILE], env=env,
+            argv=[*launcher, "-m", RUNNER, CONFIG_FILE], env=env,
             files={CONFIG_FILE: json.dumps(cfg, indent=2) + "\n"},
             keys=sorted(cfg["grpo"]), total_steps=self.total_steps(recipe, dataset_size),
         )
