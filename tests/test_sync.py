@@ -67,3 +67,16 @@ def test_a_sync_cut_off_half_way_is_not_a_checkpoint(tmp_path, s3):
     assert read_latest(url) is None
     with pytest.raises(Exception, match="no complete synced checkpoint"):
         fetch_latest(url, tmp_path / "x")
+
+
+def test_a_synced_checkpoint_names_its_wandb_run_and_a_resume_from_the_store_continues_it(tmp_path, s3):
+    """`launch --resume s3://...` started a fresh W&B run (the id lived only in the source run's state.json, on
+    another machine): each manifest names the run's W&B id, which launch gives the resumed run."""
+    from rlctl.core.state import write_state
+
+    run = tmp_path / "run"
+    trl_checkpoint(run, 2)
+    write_state(run, backend="trl", wandb_run_id="qs-20261127-010203")
+    url = f"{s3['url']}/run-w"
+    CheckpointSync(run, "trl", url).tick(final=True)
+    assert read_latest(url)["wandb_run_id"] == "qs-20261127-010203"  # launch --resume URL takes it from there

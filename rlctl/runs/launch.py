@@ -217,7 +217,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         continue_stream(run_dir, lineage)
     wandb_id = None
     if recipe.logging.wandb:
-        wandb_id = lineage.get("wandb_run_id") or wandb_run_id(run_dir, resumed_from)
+        wandb_id = (lineage.get("wandb_run_id") or (remote or {}).get("wandb_run_id")  # --resume URL: its run's
+                    or wandb_run_id(run_dir, resumed_from))
         child_env["WANDB_RUN_ID"] = wandb_id  # honoured by wandb.init in every backend
         child_env["WANDB_RESUME"] = "allow"
     data = masked_recipe_data(recipe.model_dump(mode="json", exclude_none=True))

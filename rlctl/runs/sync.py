@@ -60,7 +60,7 @@ def stream_upto(run_dir: Path, step: int) -> bytes:
 
 
 def upload_checkpoint(fs: Any, root: str, ckpt: Any, ckpt_root: Path, prefix: str = "",
-                      stream: bytes | None = None) -> dict[str, Any]:
+                      stream: bytes | None = None, **about: Any) -> dict[str, Any]:
     """Upload one complete checkpoint (its files first, then the stream up to it and its manifest, under `prefix`);
     returns the manifest."""
     base = f"{root}/{prefix}" if prefix else root
@@ -72,7 +72,8 @@ def upload_checkpoint(fs: Any, root: str, ckpt: Any, ckpt_root: Path, prefix: st
             files[rel] = f.stat().st_size
     rel_manifest = _under(prefix, f"manifests/{ckpt.step}.json")
     manifest = {"step": ckpt.step, "path": ckpt.path.relative_to(ckpt_root).as_posix(), "files": files,
-                "uploaded_at": time.time(), "prefix": prefix, "manifest": rel_manifest}
+                "uploaded_at": time.time(), "prefix": prefix, "manifest": rel_manifest,
+                **{k: v for k, v in about.items() if v}}  # the run it came from (wandb_run_id: resume continues it)
     if stream is not None:
         fs.pipe_file(f"{base}/streams/{ckpt.step}.jsonl", stream)
         manifest["stream"] = f"streams/{ckpt.step}.jsonl"
@@ -295,6 +296,13 @@ class CheckpointSync:
         if self.fence is not None:
             self.fence.confirm()
 
+    def _wandb_id(self) -> str | None:
+        from rlctl.runs.state import read_state
+
+        with contextlib.suppress(Exception):
+            return read_state(self.run_dir).get("wandb_run_id")
+        return None
+
     def _upload(self, todo: list[Any]) -> None:
         from rlctl.runs.checkpoints import checkpoint_dir
         from rlctl.runs.fencing import Superseded
@@ -308,7 +316,8 @@ class CheckpointSync:
                 if not c.path.exists():  # pruned meanwhile
                     continue
                 self._confirm()
-                m = upload_checkpoint(self.fs, self.root, c, ckpt_root, self.prefix, stream_upto(self.run_dir, c.step))
+                m = upload_checkpoint(self.fs, self.root, c, ckpt_root, self.prefix, stream_upto(self.run_dir, c.step),
+                                      wandb_run_id=self._wandb_id())
                 self.done.add(c.step)
                 self.manifests[c.step] = m["manifest"]
             newest = max(self.done, default=None)
