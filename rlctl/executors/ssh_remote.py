@@ -380,9 +380,15 @@ def adopt_checkpoint(req: dict[str, Any]) -> dict[str, Any]:
     after checking every file's size and sha256."""
     import time
 
-    from rlctl.runs.state import runs_root, write_state
+    from rlctl.runs.state import read_state, runs_root, write_state
 
     run_dir = (runs_root() / req["name"]).resolve()
+    if (run_dir / "state.json").is_file():  # a run of that name here: only an earlier push of the same source may go on
+        prev = read_state(run_dir).get("pushed_from")
+        if prev != req.get("source"):
+            what = f"checkpoints pushed from {prev}" if prev else "a run of its own"
+            raise RlctlError(f"{run_dir} already holds {what}: pushing {req.get('source')} there would mix their "
+                             "checkpoints.", hint=f"move or remove {run_dir} on that host, then push again")
     bad = verify_files(str(run_dir / "checkpoints"), req["files"])
     if req.get("check"):  # only which files are missing or differ: the push sends nothing when none
         return {"run_dir": str(run_dir), "missing": bad, "adopted": (run_dir / "state.json").is_file()}
