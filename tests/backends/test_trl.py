@@ -71,3 +71,20 @@ def test_several_gpus_start_one_process_each():
                                                   "resources.nodes=2"])
     errs = [f for f in nodes.validate() if f.level == "error" and f.key == "resources.nodes"]
     assert errs and "one node" in errs[0].message, nodes.validate()
+
+
+def test_the_prompt_limit_trl_does_not_hold_is_said():
+    """data.max_prompt_tokens reached the runner's config, which never used it, and render said nothing: TRL 1.16's
+    GRPOConfig has no max_prompt_length (read from the release's own source or snapshot), so render notes it; a
+    release that has it gets it rendered, and preflight knows it is enforced."""
+    trl = get_backend("trl")
+    prep = prepare(RECIPES / "quickstart.toml", ["data.max_prompt_tokens=20"])
+    assert "max_prompt_length" not in trl.release_fields(prep.recipe)
+    notes = [f for f in prep.validate() if f.key == "data.max_prompt_tokens"]
+    assert notes and notes[0].level == "note" and "reaches generation whole" in notes[0].message
+    assert trl.prompt_limit(prep.recipe) is None
+    fields = trl.release_fields(prep.recipe) | {"max_prompt_length"}
+    old = type("OldTRL", (type(trl),), {"release_fields": lambda self, recipe: fields})()
+    assert old.grpo_config(prep.recipe, None)["max_prompt_length"] == 20
+    assert "truncates" in old.prompt_limit(prep.recipe)
+    assert not [f for f in old.unhonoured(prep.recipe) if f.key == "data.max_prompt_tokens"]

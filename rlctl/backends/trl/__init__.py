@@ -175,6 +175,8 @@ class TRLBackend(Backend):
             cfg["use_cpu"] = True
         if r.rollout.engines and r.resources.gpus_per_node > 0 and r.backend.extra().get("use_vllm"):
             cfg["vllm_gpu_memory_utilization"] = r.rollout.gpu_memory_utilization
+        if "max_prompt_length" in self.release_fields(r):  # releases before TRL removed it truncate prompts
+            cfg["max_prompt_length"] = r.data.max_prompt_tokens
         if r.data.eval and r.eval.every:
             cfg["eval_strategy"] = "steps"
             cfg["eval_steps"] = r.eval.every
@@ -235,6 +237,12 @@ class TRLBackend(Backend):
                                f"{max(tbs // (micro * world), 1)} micro batch(es) of {micro} x {world}: {step} "
                                f"samples, not train.train_batch_size {tbs}",
                                f"make train.train_batch_size a multiple of {micro * world}"))
+        fields = self.release_fields(r)
+        if fields and "max_prompt_length" not in fields:  # TRL removed it: no prompt is cut or left out
+            out.append(Finding("note", "data.max_prompt_tokens", f"GRPOConfig of trl {self.target_version(r)} has no "
+                               f"prompt limit: a prompt longer than data.max_prompt_tokens {r.data.max_prompt_tokens} "
+                               "reaches generation whole (preflight's context.prompt_lengths counts them)",
+                               "filter or shorten the data if some prompts are longer"))
         if r.algorithm.name in ("ppo", "reinforce_baseline"):
             out.append(Finding("warn", "algorithm.name", f"TRL's GRPOTrainer has no {r.algorithm.name}: it runs "
                                "the GRPO loss", 'set algorithm.name = "grpo" (or "dr_grpo")'))
@@ -325,6 +333,23 @@ class TRLBackend(Backend):
         if snap is None:
             return set(), wanted, "no snapshot"
         return set(snap["keys"]), wanted, f"snapshot of {snap['source']}"
+
+    def prompt_limit(self, recipe: Recipe) -> str | None:
+        """Releases whose GRPOConfig has max_prompt_length (rendered from data.max_prompt_tokens) truncate longer
+        prompts; later ones (1.16) hold none."""
+        if "max_prompt_length" in self.release_fields(recipe):
+            return "TRL truncates prompts to max_prompt_length (from the left)"
+        return None
+
+    def release_fields(self, recipe: Recipe) -> set[str]:
+        """GRPOConfig's fields in the release the recipe targets (the installed one's own source, else its snapshot);
+        empty when unknown."""
+        from rlctl.backends._static import installed_version
+
+        try:
+            return self.definitions(installed_version(self.packages[0]), self.target_version(recipe))[0]
+        except Exception:  # an unknown release: validate() says so
+            return set()
 
     def validate(self, plan: LaunchPlan, installed_version: str | None) -> list[Finding]:
         known, version, source = self.definitions(installed_version, plan.version or self.known_versions[-1])
