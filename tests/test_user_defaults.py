@@ -102,3 +102,19 @@ def test_no_none_in_what_a_user_reads(user):
     for cmd, text in outs:
         bad = [line for line in text.splitlines() if re.search(r"\b(command|trl) None\b", line)]
         assert not bad, (cmd, bad)
+
+
+def test_a_given_name_wins_from_another_directory_too(user, tmp_path):
+    """`--name sr` and `--name sr2` in one project: from the project `status sr` is sr's run, from another directory
+    it said "'sr' names 2 runs in other runs directories" (exit 2) although both are in one directory."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (work / "b.toml").write_text(bandit_recipe(steps=1))
+    for name in ("sr", "sr2"):
+        assert rlctl("launch", "b.toml", "--name", name).returncode == 0
+    sr = next((work / "runs").glob("sr-*"))
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    for cwd in (work, other):
+        r = rlctl("status", "sr", cwd=cwd)
+        assert r.returncode == 0 and sr.name in r.stdout and "sr2-" not in r.stdout, r.stdout + r.stderr

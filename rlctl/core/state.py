@@ -187,18 +187,19 @@ def find_run(ref: str, root: Path | None = None) -> Path:
     matches = [r for r in runs if r.name.startswith(ref)]
     if len(matches) == 1:
         return matches[0]
-    # the name a run was given wins over the names it is a prefix of (`--name a27` beside `--name a27r`)
-    named = [r for r in matches if re.fullmatch(re.escape(ref) + r"-\d{8}-\d{6}(-\d+)?", r.name)]
+    named = _given_name(ref, matches)
     if len(named) == 1:
         return named[0]
     if len(matches) > 1:
         raise RlctlError(f"{ref!r} matches {len(matches)} runs: {', '.join(r.name for r in matches[:5])}.",
                          hint="give more of the name")
     elsewhere = [] if explicit or "/" in ref else _elsewhere(ref, root)
+    if len(elsewhere) > 1 and len(_given_name(ref, elsewhere)) == 1:
+        return _given_name(ref, elsewhere)[0]
     if len(elsewhere) == 1:
         return elsewhere[0]
     if elsewhere:
-        raise RlctlError(f"{ref!r} names {len(elsewhere)} runs in other runs directories: "
+        raise RlctlError(f"{ref!r} names {len(elsewhere)} runs elsewhere (in runs directories other than {root}): "
                          + ", ".join(str(r) for r in elsewhere[:5]) + ".",
                          hint="give the run's directory (rlctl status PATH), or cd to the directory it was launched "
                               "from")
@@ -207,6 +208,12 @@ def find_run(ref: str, root: Path | None = None) -> Path:
                          hint=f"recent runs: {', '.join(r.name for r in runs[-5:])} (see rlctl status --all)")
     raise RlctlError(f"no run {ref!r} in {root}, nor in another runs directory of yours: {WHERE_RUNS_LIVE}.",
                      hint=FIND_A_RUN)
+
+
+def _given_name(ref: str, runs: list[Path]) -> list[Path]:
+    """The runs `ref` is the given name of (`--name a27`: a27-<date>-<time>): that name wins over the names it is a
+    prefix of (`--name a27r`)."""
+    return [r for r in runs if re.fullmatch(re.escape(ref) + r"-\d{8}-\d{6}(-\d+)?", r.name)]
 
 
 def _elsewhere(ref: str, here: Path) -> list[Path]:
