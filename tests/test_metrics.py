@@ -354,3 +354,22 @@ def test_ingest_lock_one_writer_and_each_callers_rule(tmp_path):
     assert st is not None and st.records == 1
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(lines) == 2 and '"eval/x/greedy_pass@1"' in lines[0]
+
+
+def test_metrics_of_a_key_no_run_has_is_a_usage_error_in_every_mode(tmp_path, monkeypatch):
+    """`rlctl metrics RUN --keys nosuch` printed `nosuch=-` (and --csv a header) with exit 0, while --plot said exit
+    2: a typo in a script passed silently. Every mode says it, exit 2, with the keys the runs log."""
+    from rlctl.core.state import write_state
+    from tests.conftest import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "r-20261127-000000"
+    run.mkdir(parents=True)
+    write_state(run, status="finished")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": s / 10, "kl": 0.01}) + "\n"
+                                               for s in (1, 2)))
+    for extra in ([], ["--csv"], ["--plot", str(tmp_path / "x.png")]):
+        r = run_cli("metrics", run.name, "--keys", "nosuch", *extra)
+        assert r.code == 2 and "no run has nosuch" in r.err and "kl, reward/mean" in r.err, (extra, r.out, r.err)
+    r = run_cli("metrics", run.name, "--keys", "reward/mean,kl")
+    assert r.code == 0 and "reward/mean=0.2@2" in r.out, r.out + r.err

@@ -29,6 +29,13 @@ def compare(refs: list[str], keys: list[str], plot: Path | None, csv: bool) -> s
     for r in runs:
         settled_status(r)  # a live run's executor brings its newest metrics here first (a remote run's mirror)
     data = {r.name: load_series(r, keys) for r in runs}
+    missing = [k for k in keys if not any(by_key.get(k) for by_key in data.values())]
+    if missing:  # a typo must not print `-` or an empty CSV with exit 0
+        logged = sorted({k for r in runs if (r / METRICS).is_file() for rec in iter_metrics(r / METRICS)
+                         if isinstance(rec, dict) for k, v in rec.items()
+                         if k not in ("step", "time", "ts") and isinstance(v, (int, float))})
+        raise RlctlError(f"no run has {', '.join(missing)}.",
+                         hint=f"the metrics these runs log: {', '.join(logged[:40]) or 'none yet'}")
     if plot is not None:
         from rlctl.ui.plots import plot_runs
 
