@@ -373,3 +373,19 @@ def test_metrics_of_a_key_no_run_has_is_a_usage_error_in_every_mode(tmp_path, mo
         assert r.code == 2 and "no run has nosuch" in r.err and "kl, reward/mean" in r.err, (extra, r.out, r.err)
     r = run_cli("metrics", run.name, "--keys", "reward/mean,kl")
     assert r.code == 0 and "reward/mean=0.2@2" in r.out, r.out + r.err
+
+
+def test_prune_with_keep_last_below_one_says_only_the_error(tmp_path, monkeypatch):
+    """`ckpt prune RUN --keep-last 0` printed "keeping step N: the best eval ..." before refusing (exit 2)."""
+    from rlctl.core.state import write_state
+    from tests.conftest import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "r-20261127-000000"
+    (run / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint-2" / "trainer_state.json").write_text("{}")
+    write_state(run, status="finished", backend="trl",
+                best_checkpoint={"step": 2, "key": "eval/id/greedy_pass@1", "value": 0.5})
+    for bad in ("0", "-1"):
+        r = run_cli("ckpt", "prune", run.name, "--keep-last", bad, "--dry-run")
+        assert r.code == 2 and "--keep-last" in r.err and "keeping" not in r.out + r.err, (r.out, r.err)

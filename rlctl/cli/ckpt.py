@@ -60,6 +60,9 @@ def ckpt_prune(
     from rlctl.runs.checkpoints import best_checkpoint, prune
     from rlctl.runs.state import find_run, read_state
 
+    if keep_last < 1:  # before anything is said of what would be kept
+        raise typer.BadParameter("must be at least 1: the newest complete checkpoint is never deleted.",
+                                 param_hint="--keep-last")
     run_dir = find_run(run)
     if _there(run_dir, ["ckpt", "prune", "--keep-last", str(keep_last), *([] if keep_best else ["--no-keep-best"]),
                         *(["--dry-run"] if dry_run else [])]):
