@@ -156,3 +156,35 @@ def test_a_constant_arm_or_identical_pairs_do_not_divide_by_zero():
     assert not r.degenerate and close(r.t, ref.statistic) and close(r.p, ref.pvalue, rel=1e-6)
     with pytest.raises(ValueError):
         S.welch([1.0], [1.0, 2.0])
+
+
+def test_a_runs_window_never_holds_its_step_0_baseline():
+    """Evals at steps 0, 20, 40, 60 of 0, 1, 1, 1: the arm's value was 0.75 with the default window of 5, the base
+    model's step-0 baseline counted as a value of the trained run. It is 1.0; a curve of the baseline alone stays."""
+    from rlctl.experiments.report import final_value, trained_curve
+
+    curve = [(0, 0.0), (20, 1.0), (40, 1.0), (60, 1.0)]
+    assert final_value(trained_curve(curve), 5) == 1.0
+    assert trained_curve([(0, 0.3)]) == [(0, 0.3)]
+
+
+def test_compare_leaves_the_step_0_baseline_out_of_each_run(tmp_path):
+    import json
+
+    from rlctl.core.state import write_state
+    from rlctl.experiments.report import compare
+
+    runs = {}
+    for arm, later in (("a", 1.0), ("b", 0.5)):
+        runs[arm] = []
+        for seed in (1, 2):
+            rd = tmp_path / f"{arm}{seed}"
+            rd.mkdir()
+            write_state(rd, status="finished", backend="command")
+            rows = [{"step": 0, "eval/id/greedy_pass@1": 0.0}] + [
+                {"step": s, "eval/id/greedy_pass@1": later + 0.01 * seed} for s in (20, 40, 60)]
+            (rd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            runs[arm].append((rd, seed))
+    c = compare([{"id": "a"}, {"id": "b"}], runs, "eval/id/greedy_pass@1", 5)
+    got = {a.id: sorted(round(v, 6) for v in a.values) for a in c.arms}
+    assert got == {"a": [1.01, 1.02], "b": [0.51, 0.52]}, got

@@ -235,7 +235,8 @@ def compare(
                                                    "train.seed form one arm).")],
     metric: Annotated[str | None, typer.Option("--metric", help="Metric to compare (default: the primary eval "
                                                "eval/<set>/<metric> if the runs have one, else reward/mean).")] = None,
-    window: Annotated[int, typer.Option("--window", help="Mean of each run's last N logged values.")] = 5,
+    window: Annotated[int, typer.Option("--window", help="Mean of each run's last N logged values "
+                                       "(never its step-0 baseline of the base model).")] = 5,
     plot: Annotated[Path | None, typer.Option("--plot", help="Each arm's mean curve with its 95% band (PNG).")] = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write the research-log entry (markdown).")] = None,
     question: QuestionOpt = None, as_json: JsonOpt = False,

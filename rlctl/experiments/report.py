@@ -124,6 +124,13 @@ def default_metric(run_dirs: list[Path]) -> str:
     return (quality or evals or [DEFAULT_METRIC])[0]
 
 
+def trained_curve(curve: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """A run's curve without its step-0 value, the base model's baseline (an eval set's `baseline`): it is no value
+    of the trained run, and in a short run's window it pulled the arm's mean toward the untrained model."""
+    later = [p for p in curve if p[0] > 0]
+    return later or curve
+
+
 def final_value(curve: list[tuple[int, float]], window: int) -> float | None:
     tail = [v for _, v in curve[-window:] if math.isfinite(v)]
     return stats.mean(tail) if tail else None
@@ -230,7 +237,7 @@ def compare(arms: list[dict[str, Any]], runs: dict[str, list[tuple[Path, int | N
     for a in arms:
         rvs = []
         for rd, seed in kept.get(a["id"], []):
-            curve = sorted(series(streams[rd], metric))
+            curve = trained_curve(sorted(series(streams[rd], metric)))
             rvs.append(RunValue(rd.name, seed, final_value(curve, window), len(curve), curve))
             if not curve:
                 notes.append(f"{rd.name} has no {metric} values (left out)")
