@@ -86,6 +86,8 @@ CASES = {
     "cuda illegal memory access": (CAUSES / "illegal_memory_access.log",
                                    "CUDA illegal memory access (cudaErrorIllegalAddress)",
                                    "CUDA error: an illegal memory access was encountered"),
+    "exception": (CAUSES / "reward_exception.log", "RuntimeError: simulated reward server crash",
+                  "RuntimeError: simulated reward server crash"),
     "out of memory": (FIXTURES / "oom" / "stdout.log",
                       "out of memory (torch OutOfMemoryError: tried to allocate 8.00 GiB on GPU 0 (79.18 GiB, "
                       "6.66 GiB free))", "torch.OutOfMemoryError: CUDA out of memory"),

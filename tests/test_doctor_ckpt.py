@@ -312,7 +312,7 @@ def test_metrics_compare_csv_and_plot(tmp_path, cli, monkeypatch):
     assert cli("metrics", "multisignal", "naive", "--plot", str(out), "--keys", "reward/mean").code == 0
     assert out.read_bytes()[:4] == b"\x89PNG"
     res = cli("metrics", "multisignal", "--plot", str(out), "--keys", "nope")
-    assert res.code == 2 and "none of the runs has nope" in res.err
+    assert res.code == 2 and "no run has nope" in res.err and "reward/mean" in res.err
 
 
 def test_status_table_and_detail_on_a_finished_run(tmp_path, cli, monkeypatch):

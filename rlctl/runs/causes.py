@@ -198,6 +198,32 @@ def inference_idle(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str
                   "the trainer's stack (attempts/N/evidence.txt) show where")
 
 
+# the line that ends a Python traceback: the exception's qualified name, then its message
+EXCEPTION = re.compile(r"^(?:\([^)]*\) )?(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault))"
+                       r"(?::\s*(?P<msg>.*))?$")
+NEW_ATTEMPT = re.compile(r"^rlctl: (attempt \d+|restarting|resumed)")
+
+
+def exception(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    """The last: the trainer died of a Python exception its log shows (a reward function that raised, a missing
+    module, a bad config value), said with the exception's own line — unless a later attempt started after it."""
+    lines = logs.lines("trainer")
+    start = next((i for i in range(len(lines) - 1, -1, -1)
+                  if lines[i][2].strip().startswith("Traceback (most recent call last)")), None)
+    if start is None or any(NEW_ATTEMPT.match(t) for _, _, t in lines[start:]):
+        return None
+    for src, n, text in lines[start + 1:]:
+        m = EXCEPTION.match(text.strip())
+        if m:
+            name = m["name"].rsplit(".", 1)[-1]
+            msg = (m["msg"] or "").strip()
+            return _cause("exception", f"{name}: {msg}"[:240] if msg else name, "trainer",
+                          [evidence_line(src, n, text)],
+                          "the traceback above it in `rlctl logs RUN` says where it was raised; fix that, then "
+                          "rlctl resume RUN")
+    return None
+
+
 RULES: tuple[tuple[str, Callable[[Path, dict[str, Any], Logs], dict[str, Any] | None]], ...] = (
     ("disk full", disk_full),
     ("out of memory", out_of_memory),
@@ -206,6 +232,7 @@ RULES: tuple[tuple[str, Callable[[Path, dict[str, Any], Logs], dict[str, Any] | 
     ("rollout requests refused", rollouts_refused),
     ("nccl timeout", nccl_timeout),
     ("inference engine idle", inference_idle),
+    ("exception", exception),
 )
 
 
