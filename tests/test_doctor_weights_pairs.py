@@ -64,3 +64,14 @@ def test_nothing_to_compare_says_what_it_found(tmp_path):
     checkpoint(run, "checkpoint-10", [0.1])
     assert weights_finding(run) is None  # not a finding: nothing is known about the weights
     assert "only checkpoint-10 has safetensors weights" in nothing_to_compare(run)
+
+
+def test_nothing_to_compare_of_a_run_on_a_host_says_where_its_checkpoints_are(tmp_path):
+    """`doctor r1 --weights` for a run trained on box1 looked in this machine's (empty) checkpoint directory and
+    advised keeping two checkpoints, which the run had: it says they are on box1 and how to bring them here."""
+    from rlctl.core.state import write_state
+
+    run = run_with(tmp_path)
+    write_state(run, executor="ssh", handle={"executor": "ssh", "ref": {"host": "box1", "run_dir": "/w/runs/r1"}})
+    said = nothing_to_compare(run)
+    assert "checkpoints are on box1" in said and "rlctl ckpt pull" in said and "Keep at least two" not in said, said

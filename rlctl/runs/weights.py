@@ -286,8 +286,15 @@ def nothing_to_compare(run_dir: Path) -> str:
     """What `doctor --weights` says of a run without two weight sets to compare: a fact, not a finding (nothing is
     known about whether its weights move)."""
     from rlctl.runs.checkpoints import checkpoint_dir
+    from rlctl.runs.state import read_state
 
+    st = read_state(run_dir)
+    host = ((st.get("handle") or {}).get("ref") or {}).get("host") if st.get("executor") == "ssh" else None
     stepped, unstepped = weight_sets(run_dir)
+    if host and not stepped + unstepped:  # its checkpoints live where it trained
+        return (f"{run_dir.name}: its checkpoints are on {host}, not on this machine: `rlctl ckpt pull "
+                f"{run_dir.name}` brings the newest here (twice, with --step, for two to compare), or run "
+                f"`rlctl doctor RUN --weights` on {host}")
     found = [p.name for p in stepped + unstepped]
     what = (f"only {found[0]} has safetensors weights" if found else
             f"no checkpoint with weights (safetensors) in {checkpoint_dir(run_dir)}")
