@@ -118,3 +118,16 @@ def test_a_given_name_wins_from_another_directory_too(user, tmp_path):
     for cwd in (work, other):
         r = rlctl("status", "sr", cwd=cwd)
         assert r.returncode == 0 and sr.name in r.stdout and "sr2-" not in r.stdout, r.stdout + r.stderr
+
+
+def test_hosts_install_knows_an_rlctl_installed_from_a_clone():
+    """`rlctl hosts install box1` after the README's install (`pip install -e .` of a clone) asked the host's pip for
+    rlctl==<version>, which no index has, and gave no fix: the failure names the source tree and how to send it."""
+    from importlib.metadata import distribution
+
+    from rlctl.cli.hosts import _source_tree
+
+    if distribution("rlctl").read_text("direct_url.json"):  # installed as the README says
+        assert _source_tree() == str(ROOT)
+    else:  # an rlctl found through an older egg-info beside the sources: nothing to name
+        assert _source_tree() is None

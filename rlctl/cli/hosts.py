@@ -125,8 +125,31 @@ def hosts_install(
     host = get_host(name)
     p = executors.get("ssh").install(host, spec or f"rlctl=={__version__}")
     if p.returncode != 0:
-        raise RlctlError(f"{name}: pip install failed: {(p.stderr or p.stdout).strip()[-400:]}")
+        source = None if spec else _source_tree()
+        hint = (f"this rlctl was installed from a source tree ({source}), which pip cannot find by version there: "
+                f"copy it to the host (e.g. `rsync -a {source}/ {name}:rlctl-src/`) and run `rlctl hosts install "
+                f"{name} --spec ~/rlctl-src`" if source else
+                "give what pip can install there with --spec (a version, a wheel or a directory on the host)")
+        raise RlctlError(f"{name}: pip install failed: {(p.stderr or p.stdout).strip()[-400:]}", hint=hint)
     _echo(f"{name}: installed {spec or f'rlctl=={__version__}'}")
+
+
+def _source_tree() -> str | None:
+    """The directory this rlctl was pip-installed from (`pip install -e .` of a clone), or None (from an index)."""
+    import json
+    from importlib.metadata import PackageNotFoundError, distribution
+    from urllib.parse import unquote, urlparse
+
+    try:
+        raw = distribution("rlctl").read_text("direct_url.json")
+    except PackageNotFoundError:
+        return None
+    try:
+        url = json.loads(raw or "null") or {}
+    except ValueError:
+        return None
+    u = urlparse(str(url.get("url") or ""))
+    return unquote(u.path) if u.scheme == "file" and "dir_info" in url else None
 
 
 # ---- what a host's rlctl answers for the laptop (hidden) -------------------------------------------------------
