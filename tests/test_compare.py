@@ -91,6 +91,7 @@ def test_compare_as_a_user_types_it_unknown_metric_unfinished_runs_degenerate_te
     assert r.returncode == 0, r.stderr
     assert "left out: 2 unfinished runs" in r.stdout and all(n in r.stdout for n in running), r.stdout
     assert "--include-running" in r.stdout
+    assert "wrote report shift.md" in r.stderr and "wrote plot shift.png" in r.stderr, r.stderr  # was silent
     md = (work / "shift.md").read_text()
     assert "left out: 2 unfinished runs" in md and all(n in md for n in running), md
     c = strict_json(rlctl("compare", "shift", "--json").stdout)  # one seed per arm: no interval (was NaN)

@@ -267,6 +267,9 @@ def compare(
             report.resolve().parent) else plot_path
         report.write_text(rp.markdown(c, manifest, rel, question))
     _echo(_json(rp.to_json(c)) if as_json else rp.text(c))
+    for what, path in (("plot", plot_path), ("report", report)):  # where they went (stderr: --json stays JSON)
+        if path is not None:
+            typer.echo(f"wrote {what} {path}", err=True)
 
 
 def _is_run(ref: str) -> bool:
