@@ -37,3 +37,18 @@ def test_a_run_of_the_same_name_on_the_host_is_not_overwritten(tmp_path, monkeyp
         adopt_checkpoint({**other, "source": "box2:b-20261127-000000"})
     assert json.loads((tmp_path / "runs" / "b-20261127-000000" / "state.json").read_text())["pushed_from"] == \
         "box1:a26-20261127-010203"
+
+
+def test_a_host_python_that_is_not_there_is_said_with_the_fix():
+    """`hosts check` with --python naming a venv not made yet printed bash's "No such file or directory" as
+    "rlctl facts failed" with no fix. The shell's own message (run here for real) becomes a clear error."""
+    import subprocess
+
+    from rlctl.core.host import Host
+    from rlctl.executors.ssh_runner import remote_rlctl_error
+
+    py = "/work/trial/box1/venv/bin/python"
+    p = subprocess.run(["bash", "-c", f"{py} -m rlctl facts --json"], capture_output=True, text=True)
+    assert p.returncode != 0
+    err = remote_rlctl_error(Host(name="box1", ssh="box1", python=py), p)
+    assert err is not None and f"no {py} there" in err.message and "hosts install box1" in err.hint, (p.stderr, err)

@@ -235,6 +235,10 @@ def remote_rlctl_error(host: Host, p: subprocess.CompletedProcess[str]) -> Rlctl
         return RlctlError(f"{host.name}: rlctl is not installed for {host.python} there.",
                           hint=f"rlctl hosts install {host.name} (pip-installs rlctl {local_version()} there), or set "
                                f"the host's python to an interpreter that has it")
+    if f"{host.python}: No such file or directory" in text or f"{host.python}: command not found" in text:
+        return RlctlError(f"{host.name}: there is no {host.python} there (the host's python).",
+                          hint=f"make that venv there (python3 -m venv ...) and run rlctl hosts install {host.name}, "
+                               f"or `rlctl hosts add {host.name} ... --python PATH` with an interpreter that exists")
     if "No module named rlctl.executors.ssh_remote" in text or "usage: python -m rlctl.executors.ssh_remote" in text:
         return RlctlError(f"{host.name}: its rlctl is older than this one ({local_version()}) and does not know the "
                           "remote commands.", hint=f"rlctl hosts install {host.name}")
