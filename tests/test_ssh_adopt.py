@@ -47,7 +47,7 @@ def test_a_host_python_that_is_not_there_is_said_with_the_fix():
     from rlctl.core.host import Host
     from rlctl.executors.ssh_runner import remote_rlctl_error
 
-    py = "/work/trial/box1/venv/bin/python"
+    py = "/nonexistent-rlctl-test/venv/bin/python"
     p = subprocess.run(["bash", "-c", f"{py} -m rlctl facts --json"], capture_output=True, text=True)
     assert p.returncode != 0
     err = remote_rlctl_error(Host(name="box1", ssh="box1", python=py), p)
