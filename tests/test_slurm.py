@@ -137,21 +137,53 @@ def test_two_nodes_render_ray_bring_up(user, write):
 
 
 # ---- against the cluster ----------------------------------------------------------------------------------------
+QUICK_EVAL = """extends = "quickstart.toml"
+[checkpoint]
+every = 2
+[eval.sets.id]
+data = "quickstart/prompts.jsonl"
+grader = "reward"
+threshold = 0.5
+limit = 2
+"""
+
+
 def test_quickstart_runs_as_a_slurm_job(sl):
-    """The README's main command, placed on SLURM: submitted, followed to the end, the same run directory."""
+    """The README's main command placed on SLURM (4 steps: the mechanism is under test, not the learning), with a
+    held-out eval set: the run's checkpoint evals run inside its allocation (the step-0 baseline before training,
+    then each checkpoint); `rlctl eval RUN` by hand on that run is a SLURM job of its own, its result recorded in
+    the run's stream; status, logs, metrics and doctor read the run as a local one."""
     work, rlctl, cluster = sl
-    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--partition", "debug", timeout=900)
-    assert r.returncode == 0, r.stderr + r.stdout
+    (work / "qe.toml").write_text(QUICK_EVAL)
+    r = rlctl("launch", "qe.toml", "--executor", "slurm", "--partition", "debug", "--set", "train.steps=4",
+              timeout=900)
     run = _run_dir(work)
+    assert r.returncode == 0, r.stderr + r.stdout + _said(run)
     st = _state(run)
     assert st["status"] == "finished" and st["executor"] == "slurm", st
     assert "submitted as SLURM job" in r.stderr
     s = rlctl("status", run.name)
     assert "finished" in s.stdout and f"job {st['slurm_job_id']}" in s.stdout, s.stdout
+    assert "eval/id/greedy_pass@1" in s.stdout and "baseline" in s.stdout, s.stdout
+    ledger = json.loads((run / "evals" / "evals.json").read_text())
+    assert {k: v["outcome"] for k, v in ledger["done"].items()} == {"0": "ok", "2": "ok", "4": "ok"}, ledger
     m = rlctl("metrics", run.name, "--csv")
     assert m.returncode == 0 and "reward/mean" in m.stdout
+    lg = rlctl("logs", run.name, "-n", "5")
+    assert lg.returncode == 0 and lg.stdout.strip(), lg.stderr
     assert rlctl("doctor", run.name).returncode in (0, 1)
     assert (run / "slurm.sbatch").is_file()
+
+    # by hand: the run ran on SLURM, so its eval job is a SLURM job (not a process on the login node)
+    e = rlctl("eval", run.name, "--step", "2", "--json", timeout=600)
+    assert e.returncode == 0, e.stderr + (run / "evals" / "step-2.log").read_text(errors="replace")
+    assert "each eval job goes there too" in e.stderr and "SLURM job" in e.stderr, e.stderr
+    assert "eval/id/greedy_pass@1" in json.loads(e.stdout)["results"][0]["metrics"]
+    assert "#SBATCH --nodes=1" in (run / "evals" / "step-2.sbatch").read_text()
+    by_hand = json.loads((run / "evals" / "evals.json").read_text())["by_hand"]
+    assert by_hand[-1]["step"] == 2 and by_hand[-1]["outcome"] == "ok" and by_hand[-1]["job"].startswith("SLURM job")
+    bad = rlctl("eval", run.name, "--executor", "local", "--partition", "debug")
+    assert bad.returncode == 2 and "--partition" in bad.stderr and "--executor slurm" in bad.stderr, bad.stderr
 
 
 def test_scancel_mid_run_and_stop(sl):
@@ -318,6 +350,64 @@ def test_two_nodes_ray_job_sees_both(sl, write):
     assert f"ray nodes: ['{cluster.addr('n1')}', '{cluster.addr('n2')}']" in log
 
 
+def test_two_nodes_torchrun_one_world(sl, write):
+    """The torchrun trainer of tests/backends/test_command.py on 2 nodes x 1 process (gloo on the CPU): `srun` starts
+    a torchrun per node, rendezvous on the first; the two ranks are one world across n1 and n2, and each step is
+    recorded once (only the first node's runner writes records)."""
+    pytest.importorskip("torch")
+    from tests.backends.test_command import LOG_PATTERN, TRAINER
+
+    work, rlctl, cluster = sl
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", str(TRAINER), "--steps", "{steps}",
+           "--save-every", "{checkpoint_every}", "--out", "{checkpoint_dir}", "--lr", "{lr}"]
+    rec = write("ddp2.toml", _command_recipe(
+        "", f"""multi_node = "torchrun"
+log_pattern = '{LOG_PATTERN}'
+metrics_map = {{loss = "policy_loss", reward = "reward/mean", lr = "lr"}}
+checkpoint_pattern = "step_{{step}}"
+checkpoint_marker = "training_info.json"
+[checkpoint]
+dir = "training_state"
+every = 2""").replace('command = ""\nshell = true', f"command = {json.dumps(cmd)}")
+        .replace("steps = 1", "steps = 4").replace("gpus_per_node = 0", "gpus_per_node = 0\nnodes = 2"))
+    r = rlctl("launch", str(rec), "--executor", "slurm", timeout=600)
+    run = _run_dir(work)
+    assert r.returncode == 0, r.stderr + _said(run)
+    log = (run / "stdout.log").read_text(errors="replace")
+    assert "rank 0 of 2 on n1" in log and "rank 1 of 2 on n2" in log, _said(run)
+    raw = [json.loads(line) for line in (run / "backend_metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert [x["rlctl_command"]["step"] for x in raw] == [1, 2, 3, 4], raw  # once each, from node 0's runner
+    m = rlctl("metrics", run.name, "--csv")
+    assert m.returncode == 0 and "reward/mean" in m.stdout, m.stdout + m.stderr
+    assert (run / "training_state" / "step_4" / "training_info.json").is_file()
+
+
+def test_sweep_on_slurm(sl):
+    """`rlctl sweep --executor slurm`: every variant handed to SLURM at once (its queue, not rlctl's, decides what
+    runs when), each a job of its own; `status --experiment` and `compare` read them as any runs."""
+    from tests.test_experiments import _max_overlap, _spans, bandit_recipe
+
+    work, rlctl, cluster = sl
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n{"input": "b"}\n')
+    (work / "b.toml").write_text(bandit_recipe(steps=8, sleep=0.3))
+    r = rlctl("sweep", "b.toml", "--grid", "optim.lr=1e-6,0.5", "--seeds", "2", "--executor", "slurm",
+              "--name", "sl", "--wait", timeout=600)
+    exp = work / "runs" / "_experiments" / "sl"
+    assert r.returncode == 0, r.stderr[-3000:] + (exp / "queue.log").read_text()
+    dirs = sorted(p for p in (work / "runs").glob("sl-*") if (p / "state.json").is_file())
+    assert len(dirs) == 4
+    jobs = {_state(p)["slurm_job_id"] for p in dirs}
+    assert len(jobs) == 4 and all(_state(p)["status"] == "finished" and _state(p)["slurm_allocations"] for p in dirs)
+    assert _max_overlap(_spans(dirs)) >= 2, _spans(dirs)  # queued in SLURM together, not one after the other
+    st = rlctl("status", "--experiment", "sl", "--json")
+    rows = json.loads(st.stdout)
+    assert len(rows) == 4 and {x["status"] for x in rows} == {"finished"}, st.stdout
+    c = rlctl("compare", "sl", "--json")
+    assert c.returncode == 0, c.stderr
+    got = json.loads(c.stdout)
+    assert len(got["comparisons"]) == 1 and [len(a["values"]) for a in got["arms"]] == [2, 2], got  # every run read
+
+
 def test_launch_from_the_laptop_through_the_login_node(sshd, cluster, tmp_path, monkeypatch, cli, write):  # noqa: F811
     """`--on login --executor slurm`: the login node is an SSH host; rlctl there submits the job, and the laptop's
     status follows it through the host."""
@@ -342,3 +432,31 @@ def test_launch_from_the_laptop_through_the_login_node(sshd, cluster, tmp_path, 
     with contextlib.suppress(Exception):
         subprocess.run(["ssh", "-F", str(sshd.client_config), "-o", f"ControlPath={ctl}/%C", "-O", "exit", ALIAS],
                        capture_output=True, timeout=10)
+
+
+def test_a_job_slurm_forgot_is_read_from_accounting(sl, write):
+    """The cluster keeps accounting (slurmdbd): a job that ended without its run recording how (scancel: the job's
+    rlctl records only that the allocation ended) and that slurmctld no longer knows (an ended job is forgotten
+    MinJobAge after its end) is said from sacct. Run last: it restarts slurmctld."""
+    work, rlctl, cluster = sl
+    rec = write("long.toml", _command_recipe("sleep 600"))
+    r = rlctl("launch", str(rec), "--executor", "slurm", "--detach", "--set", "executor.slurm.requeue=false")
+    assert r.returncode == 0, r.stderr
+    run = _run_dir(work)
+    _wait(lambda: _state(run).get("status") == "running", 60, "running", run)
+    job = _job(run)
+    env = {**os.environ, **cluster.env}
+    subprocess.run(["scancel", job], env=env, check=True)
+
+    def in_accounting() -> bool:
+        p = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State"], env=env, capture_output=True,
+                           text=True)
+        return p.stdout.startswith("CANCELLED")
+
+    _wait(in_accounting, 60, "the job's end in slurmdbd", run)
+    _wait(lambda: _state(run).get("slurm_interrupted"), 60, "the allocation's end recorded by the job", run)
+    cluster.forget_jobs()
+    assert "Invalid job id" in cluster.scontrol("show", "job", job).stderr
+    s = rlctl("status", run.name)
+    assert "cancelled" in s.stdout and "the job was cancelled (scancel)" in s.stdout, s.stdout
+    assert _state(run)["slurm_end"]["source"] == "sacct", _state(run)
