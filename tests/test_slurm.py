@@ -196,11 +196,17 @@ def test_scancel_mid_run_and_stop(sl):
     a, b = (next((work / "runs").glob(f"{n}-*")) for n in "ab")
     _wait(lambda: _state(a).get("status") == "running" and _state(b).get("status") == "running", 120,
           "both running", a)
+    # its supervisor is the job's own rlctl: nothing to supervise on the login node, said as such
+    sup = rlctl("supervise", b.name)
+    assert sup.returncode == 2 and f"supervised by SLURM job {_job(b)}" in sup.stderr, sup.stderr
+    assert "`rlctl supervise `" not in sup.stderr and f"rlctl resume {b.name}" in sup.stderr, sup.stderr
     subprocess.run(["scancel", _job(a)], env={**os.environ, **cluster.env}, check=True)
     _wait(lambda: rlctl("status", a.name).stdout.count("cancelled"), 60, "cancelled said", a)
     s = rlctl("stop", b.name, "--grace", "20")
     assert s.returncode == 0 and "stopped" in s.stdout, s.stdout + s.stderr
     assert _state(b)["status"] == "stopped"
+    s = rlctl("status", b.name).stdout
+    assert "stopped" in s and "RUNNING" not in s, s  # the job's queue state of while it ran is not its state now
 
 
 def test_requeue_resumes_from_the_checkpoint(sl):
@@ -256,7 +262,7 @@ def test_preempted_and_node_failure_are_said(sl, write):
     assert r.returncode == 0, r.stderr
     pre = next((work / "runs").glob("pre-*"))
     _wait(lambda: _state(pre).get("status") == "running", 60, "running", pre)
-    subprocess.run(["sbatch", "-p", "urgent", "-N2", "--exclusive", "--wrap", "sleep 1"],
+    subprocess.run(["sbatch", "-p", "urgent", "-N2", "--exclusive", "--output=/dev/null", "--wrap", "sleep 1"],
                    env={**os.environ, **cluster.env}, check=True, capture_output=True)
     _wait(lambda: "preempted" in rlctl("status", pre.name).stdout, 60, "preempted said", pre)
 

@@ -35,6 +35,8 @@ class Executor:
     remote: ClassVar[bool] = False  # the job runs on other machines: their packages and GPUs, not this one's
     checks: ClassVar[tuple[str, ...]] = ()  # the preflight check names `preflight` reports (for --only)
     gives_ray_cluster: ClassVar[bool] = False  # the job finds a Ray cluster over its nodes (RAY_ADDRESS is set)
+    queues_jobs: ClassVar[bool] = False  # the place has a queue of its own (a batch scheduler): a sweep hands it
+    # every variant at once unless --parallel caps how many it holds
 
     # ---- checks ------------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any) -> list[Any]:
@@ -136,7 +138,8 @@ class Executor:
         return None
 
     def supervised_on(self, state: dict[str, Any]) -> tuple[str, str] | None:
-        """(machine, run directory there) when the run's supervisor lives on another machine, else None."""
+        """(machine, run directory there) when the run's supervisor lives on another machine, else None; the
+        directory is "" when no process of a machine one can log in to supervises it (a batch job's own rlctl)."""
         del state  # Unused: runs supervised here
         return None
 

@@ -681,6 +681,11 @@ def supervise_foreground(run_dir: Path) -> int:
     where = ex.supervised_on(state) if ex is not None else None
     if where is not None:
         host, remote_dir = where
+        if not remote_dir:  # supervised by something else than a process of a machine (a batch job's own rlctl)
+            raise RlctlError(f"{run_dir.name} is supervised by {host}, not by a process of this machine: nothing to "
+                             "supervise here.",
+                             hint=f"rlctl status {run_dir.name} follows it; once it has ended, `rlctl resume "
+                                  f"{run_dir.name}` starts it there again")
         raise RlctlError(f"{run_dir.name} runs on {host}, and its supervisor runs there: supervise it on {host} "
                          f"(`rlctl supervise {remote_dir}`, e.g. as a systemd unit there).",
                          hint=f"from here, `rlctl resume {run_dir.name}` picks it up on {host} in the background")

@@ -53,6 +53,7 @@ class SlurmExecutor(LocalExecutor):
     name: ClassVar[str] = NAME
     remote: ClassVar[bool] = True  # the job runs on compute nodes: their GPUs and packages, not the login node's
     gives_ray_cluster: ClassVar[bool] = True
+    queues_jobs: ClassVar[bool] = True  # a sweep hands SLURM every variant at once: its queue decides what runs when
     checks: ClassVar[tuple[str, ...]] = ("env.slurm",)
     table_model: ClassVar[type] = SlurmOptions
 
@@ -71,9 +72,12 @@ class SlurmExecutor(LocalExecutor):
         argv = super().command(plan, backend, spec)
         job = spec.get("slurm") or {}
         if job.get("nodes", 1) > 1 and job.get("cluster") == "torchrun":
-            # one copy on every node, each its own torchrun (PET_* from the job script: rendezvous on the first node)
+            # one copy on every node, each its own torchrun (PET_* from the job script: rendezvous on the first node,
+            # which hosts the rendezvous store: said outright, as torch's guess from the hostname misses a node whose
+            # name resolves to another of its addresses); only node 0's copy of the runner writes records
             argv = ["srun", "--overlap", f"--nodes={job['nodes']}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                    "bash", "-c", 'RLCTL_NODE_RANK=$SLURM_NODEID exec "$@"', "rlctl", *argv]
+                    "bash", "-c", 'RLCTL_NODE_RANK=$SLURM_NODEID PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) '
+                    'exec "$@"', "rlctl", *argv]
         return argv
 
     def prepare(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], plan: Any, recipe: Any,
@@ -206,8 +210,10 @@ class SlurmExecutor(LocalExecutor):
         job_id = _job_id(state)
         if not job_id:
             return []
-        out = [f"  slurm: job {job_id}" + (f", {state['slurm_state']}" if state.get("slurm_state") else "")
-               + (f" ({state['slurm_reason']})" if state.get("slurm_reason") not in (None, "", "None") else "")
+        live = state.get("status") in ACTIVE  # the queue's word of while it ran is not how it stands now
+        out = [f"  slurm: job {job_id}" + (f", {state['slurm_state']}" if live and state.get("slurm_state") else "")
+               + (f" ({state['slurm_reason']})" if live and state.get("slurm_reason") not in (None, "", "None")
+                  else "")
                + (f", on {state['slurm_nodes']}" if state.get("slurm_nodes") else "")
                + (f", requeued {state['slurm_restarts']} time(s)" if state.get("slurm_restarts") else "")]
         end = state.get("slurm_end")
@@ -215,9 +221,16 @@ class SlurmExecutor(LocalExecutor):
             out.append(f"  ended: {end['said']}")
         return out
 
+    def eval_jobs(self, ev: dict[str, Any], jobs: list[tuple[int, str]], out_dir: Path, run_dir: Path | None,
+                  recipe: Any, placement: dict[str, str | None]) -> Any:
+        """`rlctl eval ... --executor slurm`: each eval job a batch job of its own (evals.py)."""
+        from rlctl.executors.slurm.evals import eval_jobs
+
+        return eval_jobs(ev, jobs, out_dir, run_dir, recipe, placement)
+
     def supervised_on(self, state: dict[str, Any]) -> tuple[str, str] | None:
         job_id = _job_id(state)
-        return (f"SLURM job {job_id}", str(state.get("remote_run_dir") or "")) if job_id else None
+        return (f"SLURM job {job_id}", "") if job_id else None  # the job's own rlctl: no process to log in to
 
     def resume_there(self, run_dir: Path, state: dict[str, Any]) -> str | None:
         """`rlctl resume RUN`: the job is SLURM's; a run whose job ended is submitted again (the same script: it
