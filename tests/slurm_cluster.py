@@ -154,6 +154,7 @@ FirstJobId={self.first_job_id}
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort={self.dbd_port}
+AccountingStoragePass={r}/munge/munge.socket
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 {node_lines}
