@@ -374,9 +374,14 @@ def start_cluster() -> SlurmCluster:
     return c
 
 
-if __name__ == "__main__":  # python tests/slurm_cluster.py: start one, print its config, wait for Ctrl-C
+if __name__ == "__main__":  # python tests/slurm_cluster.py: start one, print its config, wait for Ctrl-C or SIGTERM
+    import sys
+
     c = start_cluster()
     print(f"export SLURM_CONF={c.conf}", flush=True)
+    # SIGTERM stops it too (and SIGINT where a shell started it in the background, with SIGINT ignored)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
     try:
         signal.pause()
     finally:

@@ -25,17 +25,11 @@ from rlctl.errors import RlctlError
 from rlctl.executors.base import RunHandle
 from rlctl.executors.local import LocalExecutor
 from rlctl.executors.slurm import queue
-from rlctl.executors.slurm.options import SlurmOptions, options_of
+from rlctl.executors.slurm.options import SlurmOptions, options_of, python_of
 from rlctl.executors.slurm.script import SCRIPT, render, shape_of
 
 NAME = "slurm"
 ALLOCATIONS = "slurm_allocations"  # state.json: one record per allocation the job ran in
-
-
-def python_of(opts: SlurmOptions) -> str:
-    """The interpreter in the job: the table's, else `python3` after a setup line (a module, venv or container
-    brings its own), else the one running rlctl here (a venv on the shared filesystem)."""
-    return opts.python or ("python3" if opts.setup else sys.executable)
 
 
 def render_script(recipe: Any, backend: Any, run_dir: str) -> str:

@@ -69,8 +69,7 @@ def eval_jobs(ev: dict[str, Any], jobs: list[tuple[int, str]], out_dir: Path, ru
     {step, model, metrics, error, log_tail, job}. Ctrl-C cancels the jobs still queued or running."""
     from rlctl.errors import RlctlError
     from rlctl.evals.loop import log_tail, read_result, write_job
-    from rlctl.executors.slurm import python_of
-    from rlctl.executors.slurm.options import options_of
+    from rlctl.executors.slurm.options import options_of, python_of
 
     out = out or sys.stderr
     for key, value in placement.items():
