@@ -91,14 +91,6 @@ def _release(cluster: SlurmCluster, job: str) -> None:
     cluster.scontrol("update", f"jobid={job}", "StartTime=now")
 
 
-def _complete_ckpt(run_dir: Path, at_least: int = 1) -> int | None:
-    steps = []
-    for d in (run_dir / "checkpoints").glob("checkpoint-*"):
-        if (d / "trainer_state.json").is_file():
-            steps.append(int(d.name.split("-")[1]))
-    return max(steps) if steps and max(steps) >= at_least else None
-
-
 # ---- render and bad input (no cluster needed, but on the same login node) -----------------------------------------
 def test_render_shows_the_sbatch_script(user):
     work, rlctl = user
@@ -139,7 +131,7 @@ def test_two_nodes_render_ray_bring_up(user, write):
 # ---- against the cluster ----------------------------------------------------------------------------------------
 QUICK_EVAL = """extends = "quickstart.toml"
 [checkpoint]
-every = 2
+every = 4
 [eval.sets.id]
 data = "quickstart/prompts.jsonl"
 grader = "reward"
@@ -166,7 +158,7 @@ def test_quickstart_runs_as_a_slurm_job(sl):
     assert "finished" in s.stdout and f"job {st['slurm_job_id']}" in s.stdout, s.stdout
     assert "eval/id/greedy_pass@1" in s.stdout and "baseline" in s.stdout, s.stdout
     ledger = json.loads((run / "evals" / "evals.json").read_text())
-    assert {k: v["outcome"] for k, v in ledger["done"].items()} == {"0": "ok", "2": "ok", "4": "ok"}, ledger
+    assert {k: v["outcome"] for k, v in ledger["done"].items()} == {"0": "ok", "4": "ok"}, ledger
     m = rlctl("metrics", run.name, "--csv")
     assert m.returncode == 0 and "reward/mean" in m.stdout
     lg = rlctl("logs", run.name, "-n", "5")
@@ -175,24 +167,61 @@ def test_quickstart_runs_as_a_slurm_job(sl):
     assert (run / "slurm.sbatch").is_file()
 
     # by hand: the run ran on SLURM, so its eval job is a SLURM job (not a process on the login node)
-    e = rlctl("eval", run.name, "--step", "2", "--json", timeout=600)
-    assert e.returncode == 0, e.stderr + (run / "evals" / "step-2.log").read_text(errors="replace")
+    e = rlctl("eval", run.name, "--step", "4", "--json", timeout=600)
+    assert e.returncode == 0, e.stderr + (run / "evals" / "step-4.log").read_text(errors="replace")
     assert "each eval job goes there too" in e.stderr and "SLURM job" in e.stderr, e.stderr
     assert "eval/id/greedy_pass@1" in json.loads(e.stdout)["results"][0]["metrics"]
-    assert "#SBATCH --nodes=1" in (run / "evals" / "step-2.sbatch").read_text()
+    assert "#SBATCH --nodes=1" in (run / "evals" / "step-4.sbatch").read_text()
     by_hand = json.loads((run / "evals" / "evals.json").read_text())["by_hand"]
-    assert by_hand[-1]["step"] == 2 and by_hand[-1]["outcome"] == "ok" and by_hand[-1]["job"].startswith("SLURM job")
+    assert by_hand[-1]["step"] == 4 and by_hand[-1]["outcome"] == "ok" and by_hand[-1]["job"].startswith("SLURM job")
     bad = rlctl("eval", run.name, "--executor", "local", "--partition", "debug")
     assert bad.returncode == 2 and "--partition" in bad.stderr and "--executor slurm" in bad.stderr, bad.stderr
 
 
+# a trainer for the SLURM tests: it starts in milliseconds, saves a checkpoint every E steps and on SIGTERM
+SH_TRAINER = r"""
+steps=$1; every=$2; i=0
+[ "${3:-}" = "--from" ] && i=$4 && echo "resumed at step $i"
+save() { mkdir -p ckpt/step_$1 && echo "{\"step\": $1}" > ckpt/step_$1/done.json; }
+trap '[ $i -gt 0 ] && save $i && echo "saved step $i on SIGTERM"; exit 0' TERM
+while [ $i -lt $steps ]; do
+  i=$((i+1)); echo "step $i | reward 0.$i"
+  [ $((i % every)) = 0 ] && save $i
+  sleep 1 & wait $!
+done
+"""
+
+
+def _sh_recipe(work: Path, steps: int, every: int) -> Path:
+    """A command recipe of SH_TRAINER: checkpoints in ckpt/step_N (done.json last), resumed with --from N."""
+    (work / "trainer.sh").write_text(SH_TRAINER)
+    argv = ["sh", str(work / "trainer.sh"), "{steps}", "{checkpoint_every}"]
+    rec = work / "sh.toml"
+    rec.write_text(_command_recipe("", f"""log_pattern = 'step (?P<step>\\d+) \\| reward (?P<reward>\\S+)'
+metrics_map = {{reward = "reward/mean"}}
+checkpoint_pattern = "step_{{step}}"
+checkpoint_marker = "done.json"
+resume_args = ["--from", "{{step}}"]
+[checkpoint]
+dir = "ckpt"
+every = {every}""").replace('command = ""\nshell = true', f"command = {json.dumps(argv)}")
+        .replace("steps = 1", f"steps = {steps}"))
+    return rec
+
+
+def _sh_ckpt(run_dir: Path, at_least: int = 1) -> int | None:
+    steps = [int(d.name.split("_")[1]) for d in (run_dir / "ckpt").glob("step_*") if (d / "done.json").is_file()]
+    return max(steps) if steps and max(steps) >= at_least else None
+
+
 def test_scancel_mid_run_and_stop(sl):
-    """scancel by hand is said as cancelled; rlctl stop is said as stopped (TERM to the job's rlctl first)."""
+    """scancel by hand is said as cancelled; rlctl stop is said as stopped (TERM to the job's rlctl first, which
+    stops the attempt: the trainer saves on it)."""
     work, rlctl, cluster = sl
-    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--name", "a", "--set", "train.steps=400")
-    assert r.returncode == 0, r.stderr
-    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--name", "b", "--set", "train.steps=400")
-    assert r.returncode == 0, r.stderr
+    rec = _sh_recipe(work, steps=300, every=1000)
+    for n in "ab":
+        r = rlctl("launch", str(rec), "--executor", "slurm", "--detach", "--name", n)
+        assert r.returncode == 0, r.stderr
     a, b = (next((work / "runs").glob(f"{n}-*")) for n in "ab")
     _wait(lambda: _state(a).get("status") == "running" and _state(b).get("status") == "running", 120,
           "both running", a)
@@ -202,9 +231,10 @@ def test_scancel_mid_run_and_stop(sl):
     assert "`rlctl supervise `" not in sup.stderr and f"rlctl resume {b.name}" in sup.stderr, sup.stderr
     subprocess.run(["scancel", _job(a)], env={**os.environ, **cluster.env}, check=True)
     _wait(lambda: rlctl("status", a.name).stdout.count("cancelled"), 60, "cancelled said", a)
+    _wait(lambda: (b / "stdout.log").is_file() and "step 2 |" in (b / "stdout.log").read_text(), 60, "step 2", b)
     s = rlctl("stop", b.name, "--grace", "20")
     assert s.returncode == 0 and "stopped" in s.stdout, s.stdout + s.stderr
-    assert _state(b)["status"] == "stopped"
+    assert _state(b)["status"] == "stopped" and _sh_ckpt(b, 2), _said(b)  # saved on the way out
     s = rlctl("status", b.name).stdout
     assert "stopped" in s and "RUNNING" not in s, s  # the job's queue state of while it ran is not its state now
 
@@ -213,11 +243,10 @@ def test_requeue_resumes_from_the_checkpoint(sl):
     """`scontrol requeue` (what preemption with requeue, or an admin, does): the next allocation resumes from the
     last complete checkpoint, and the run finishes all its steps."""
     work, rlctl, cluster = sl
-    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--set", "checkpoint.every=10",
-              "--set", "train.steps=30")
+    r = rlctl("launch", str(_sh_recipe(work, steps=16, every=2)), "--executor", "slurm", "--detach")
     assert r.returncode == 0, r.stderr
     run = _run_dir(work)
-    _wait(lambda: _complete_ckpt(run, 10), 180, "a complete checkpoint", run)
+    _wait(lambda: _sh_ckpt(run, 2), 120, "a complete checkpoint", run)
     job = _job(run)
     assert cluster.scontrol("requeue", job).returncode == 0
     _wait(lambda: rlctl("status", run.name).stdout.count("queued"), 60, "said queued", run)
@@ -228,28 +257,38 @@ def test_requeue_resumes_from_the_checkpoint(sl):
     st = _state(run)
     assert st["status"] == "finished", _said(run)
     assert len(st["slurm_allocations"]) == 2 and st["slurm_allocations"][1]["restart"] == 1
-    assert st["attempts"][-1]["from_step"] >= 10, st["attempts"]
-    assert "restarting from checkpoint step" in (run / "stdout.log").read_text()
+    assert st["attempts"][-1]["from_step"] >= 2, st["attempts"]
+    log = (run / "stdout.log").read_text()
+    assert "restarting from checkpoint step" in log and "step 16 |" in log
 
 
-def test_time_limit_checkpoints_and_requeues(sl):
-    """USR1 before the time limit: the attempt saves (TRL saves on SIGTERM) and the job requeues itself; the next
-    allocation resumes there."""
+def test_time_limits(sl, write):
+    """Two jobs of a one-minute limit, side by side (SLURM's shortest limit, waited for once):
+    - USR1 `signal_before` seconds before the limit: the attempt is stopped (the trainer saves on SIGTERM, as TRL's
+      runner does) and the job requeues itself; the next allocation resumes from that checkpoint;
+    - no signal, no requeue: the job that reaches its limit anyway is said as timeout, with its last checkpoint."""
     work, rlctl, cluster = sl
-    r = rlctl("launch", "quickstart.toml", "--executor", "slurm", "--detach", "--time", "1",
-              "--set", "checkpoint.every=1000", "--set", "executor.slurm.signal_before=50", "--set", "train.steps=12")
+    r = rlctl("launch", str(_sh_recipe(work, steps=40, every=1000)), "--executor", "slurm", "--detach", "--time",
+              "1", "--name", "usr1", "--set", "executor.slurm.signal_before=40")
     assert r.returncode == 0, r.stderr
-    run = _run_dir(work)
+    long = write("long.toml", _command_recipe("sleep 600"))
+    r = rlctl("launch", str(long), "--executor", "slurm", "--detach", "--time", "1", "--name", "limit",
+              "--set", "executor.slurm.signal_before=0", "--set", "executor.slurm.requeue=false")
+    assert r.returncode == 0, r.stderr
+    run, lim = (next((work / "runs").glob(f"{n}-*")) for n in ("usr1", "limit"))
     job = _job(run)
-    _wait(lambda: len(_state(run).get("slurm_allocations") or []) >= 1 and
-          (run / "stdout.log").exists() and
+    _wait(lambda: (run / "stdout.log").exists() and
           "time limit is near" in (run / "stdout.log").read_text(errors="replace"), 120, "the USR1 signal", run)
     _release(cluster, job)
     cluster.scontrol("update", f"jobid={job}", "TimeLimit=10")  # the next allocation has time to finish
-    _wait(lambda: _state(run).get("status") == "finished", 400, "finished", run)
+    _wait(lambda: _state(run).get("status") == "finished", 300, "finished", run)
     st = _state(run)
     assert st["slurm_allocations"][-1]["restart"] >= 1
     assert st["attempts"][-1]["from_step"], st["attempts"]  # saved on the signal, resumed there
+    assert "saved step" in (run / "stdout.log").read_text()
+    _wait(lambda: "timeout" in rlctl("status", lim.name).stdout, 150, "timeout said", lim)
+    s = rlctl("status", lim.name).stdout
+    assert "the job reached its time limit; no complete checkpoint" in s, s
 
 
 def test_preempted_and_node_failure_are_said(sl, write):
@@ -292,19 +331,6 @@ def test_run_directory_not_shared_is_said(sl, write):
     _wait(lambda: "failed" in rlctl("status", str(run)).stdout, 60, "failed", run)
     s = rlctl("status", str(run)).stdout
     assert "without reaching the run directory" in s and "filesystem the compute nodes share" in s, s
-
-
-def test_time_limit_reached_is_timeout(sl, write):
-    """A job that reaches its time limit anyway (no signal, no requeue) is said as timeout, with its checkpoint."""
-    work, rlctl, cluster = sl
-    rec = write("long.toml", _command_recipe("sleep 600"))
-    r = rlctl("launch", str(rec), "--executor", "slurm", "--detach", "--time", "1",
-              "--set", "executor.slurm.signal_before=0", "--set", "executor.slurm.requeue=false")
-    assert r.returncode == 0, r.stderr
-    run = _run_dir(work)
-    _wait(lambda: "timeout" in rlctl("status", run.name).stdout, 150, "timeout said", run)
-    s = rlctl("status", run.name).stdout
-    assert "the job reached its time limit; no complete checkpoint" in s, s
 
 
 def _command_recipe(command: str, extra: str = "") -> str:
