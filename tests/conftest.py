@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.s3_server import s3_server  # noqa: F401 - the session's one S3 server (a fixture)
+
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ROOT / "recipes"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -59,6 +61,23 @@ def _text(stream: io.TextIOWrapper) -> str:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _own_state_dir(tmp_path_factory):
+    """rlctl records the runs directories a user launches in (rlctl.core.run_places, under $XDG_STATE_HOME): the
+    tests' runs go to a record of the session's own, never to the real user's. A test playing a user (the `user`
+    fixture) drops it again, so that its HOME's ~/.local/state is used, as a user's is."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _own_state_record(tmp_path_factory, monkeypatch):
+    """Each test its own record of runs directories: a run of another test is never found by name."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
 
 
 @pytest.fixture
@@ -126,7 +145,7 @@ def user(tmp_path):
     home.mkdir()
     work = tmp_path / "work"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCTL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLCTL_") and k != "XDG_STATE_HOME"}
     env["HOME"] = str(home)
     exe = shutil.which("rlctl", path=str(Path(sys.executable).parent)) or shutil.which("rlctl")
     assert exe, "the rlctl console script (pip install -e .)"

@@ -159,13 +159,16 @@ def test_prune_never_leaves_the_run_directory(tmp_path, cli):
     res = cli("ckpt", "prune", str(run), "--keep-last", "1")
     assert res.code == 2
     assert sorted(p.name for p in shared.iterdir()) == ["checkpoint-10", "checkpoint-20", "checkpoint-30"]
-    # the disk watcher refuses too, and says so in the events
+    # the disk-pressure rule refuses too (the run is stopped instead), and says so in the events
     Usage = namedtuple("Usage", "total used free")
     import unittest.mock as um
 
+    from rlctl.runs.disk_pressure import check
+
     with um.patch.object(shutil, "disk_usage", lambda p: Usage(100, 99, 1)):
-        msg = ck.disk_watch(run, {"backend": "trl", "keep_last": 1, "checkpoint_dir": str(shared)})
-    assert "outside the run directory" in msg
+        short = check(run, {"backend": "trl", "keep_last": 1, "checkpoint_dir": str(shared)})
+    assert short is not None and not short.pruned
+    assert "outside the run directory" in (run / "rlctl-events.jsonl").read_text()
     assert len(list(shared.iterdir())) == 3
 
 
@@ -270,18 +273,22 @@ def test_prime_rl_keep_last_is_enforced_during_the_run(tmp_path):
     assert "pruned" in (run / "rlctl-events.jsonl").read_text()
 
 
-def test_disk_watch_warns_then_prunes(tmp_path, monkeypatch):
+def test_disk_pressure_prunes_to_keep_last_never_below(tmp_path, monkeypatch):
+    """A next checkpoint that would not fit: pruning goes to keep_last and no further (issue 32.4: the run is
+    stopped after its last complete checkpoint instead); with no keep_last nothing is pruned."""
+    from rlctl.runs.disk_pressure import check
+
     run = make_run(tmp_path)
     trl_ckpts(run / "checkpoints", [10, 20, 30])
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(100, 95, 5))
-    assert ck.disk_watch(run, {"backend": "trl", "keep_last": None}) is not None
-    assert [c.step for c in ck.find_checkpoints("trl", run)] == [10, 20, 30]  # nothing allowed: warn only
-    msg = ck.disk_watch(run, {"backend": "trl", "keep_last": 2})
-    assert "pruned" in msg
-    assert [c.step for c in ck.find_checkpoints("trl", run)] == [30]  # still short: down to the newest complete
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(100, 10, 90))
-    assert ck.disk_watch(run, {"backend": "trl", "keep_last": 2}) is None
+    assert check(run, {"backend": "trl", "keep_last": None}) is not None
+    assert [c.step for c in ck.find_checkpoints("trl", run)] == [10, 20, 30]  # nothing allowed: the run stops
+    short = check(run, {"backend": "trl", "keep_last": 2})
+    assert short is not None and short.pruned == [10] and short.newest == 30
+    assert [c.step for c in ck.find_checkpoints("trl", run)] == [20, 30]  # still short: keep_last stays
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**12, 10, 10**12))
+    assert check(run, {"backend": "trl", "keep_last": 2}) is None
 
 
 # ---- compare --------------------------------------------------------------------------------------------------

@@ -327,6 +327,24 @@ def test_vllm_greedy_pass_at_k_sends_each_prompt_k_times(monkeypatch):
     assert texts == [["ab#0", "ab#1"], ["c#0", "c#1"]]
 
 
+def test_transformers_greedy_pass_at_k_sends_each_prompt_k_times(tmp_path):
+    """transformers' generate refuses num_return_sequences > 1 without sampling ("Greedy methods ... do not support
+    num_return_sequences different than 1"): seed 001's third mode (temperature 0, n = 4, nondet_proxy_pass@4) on
+    a CPU failed every eval job. Each prompt goes k times, as on vLLM; regrouped in order."""
+    pytest.importorskip("transformers")
+    from rlctl.evals.generate import Generator
+    from rlctl.recipe.tiny_model import resolve_model
+
+    base = resolve_model("random:qwen2?hidden=64&layers=2", tmp_path / "models")
+    gen = Generator(base, None)
+    prompts = ["a sing sky tell:", "cats sea:", "of the:"]
+    one, one_lens = gen.generate(prompts, 1, 0.0, 8)
+    texts, lens = gen.generate(prompts, 3, 0.0, 8)
+    assert [len(t) for t in texts] == [3, 3, 3] and [len(x) for x in lens] == [3, 3, 3]
+    assert [t[0] for t in texts] == [t[0] for t in one]  # greedy: each copy is the prompt's greedy completion
+    assert [x[0] for x in lens] == [x[0] for x in one_lens]
+
+
 def test_adopt_job_takes_only_the_same_job(tmp_path):
     """A job picked up after a cut connection must be the very job asked for: same spec, its result written."""
     from rlctl.evals.loop import adopt_job, job_files, pid_file, write_job

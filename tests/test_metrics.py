@@ -26,6 +26,25 @@ def _run_dir(tmp_path, log_bytes: bytes):
     return d
 
 
+def test_a_mirrored_stream_is_never_parsed_here(tmp_path):
+    """A run on an SSH host: its host parsed the log into metrics.jsonl, and both came here with the host's ingest
+    offsets (another inode). Parsing the copy here again appended every record a second time (`rlctl metrics`,
+    `logs --metrics` on a remote run)."""
+    from rlctl.core.state import write_state
+
+    (tmp_path / "host").mkdir()
+    host = _run_dir(tmp_path / "host", (FIXTURES / "verl/console.log").read_bytes())
+    ingest(host, "verl", final=True)
+    here = tmp_path / "here"
+    here.mkdir()
+    for name in ("stdout.log", METRICS, ".ingest.json"):
+        (here / name).write_bytes((host / name).read_bytes())  # as rsync copies them: new inodes
+    write_state(here, executor="ssh", backend="verl", status="finished")
+    before = (here / METRICS).read_bytes()
+    assert ingest(here, "verl", final=True) is None
+    assert (here / METRICS).read_bytes() == before
+
+
 def test_verl_console_log(tmp_path):
     d = _run_dir(tmp_path, (FIXTURES / "verl/console.log").read_bytes())
     st = ingest(d, "verl", final=True)

@@ -383,9 +383,10 @@ def test_patch_tool_missing(monkeypatch):
 
 def test_flags_finding_is_a_failed_check():
     res = results(OPENRLHF, "backend.openrlhf.extra.offload=true", only=["env.flags"])
-    # the fail: stock OpenRLHF 0.9.3 has no --offload; the warns: the seed's GPU ids, which Ray places (unhonoured),
-    # and keep_last with its OOD probe set: rlctl rotates instead of OpenRLHF, keeping the best-eval checkpoint
-    assert verdicts(res, "env.flags") == ["fail", "warn", "warn"]
+    # the fail: stock OpenRLHF 0.9.3 has no --offload; the warn: the seed's GPU ids, which Ray places (unhonoured);
+    # the note (ok): keep_last with its OOD probe set: rlctl rotates instead of OpenRLHF, keeping the best-eval
+    # checkpoint, as render says it
+    assert verdicts(res, "env.flags") == ["fail", "warn", "ok"]
     assert "--offload" in res[0].figure and "GPU ids" in res[1].figure
     assert "rotation by rlctl, keeps the best-eval checkpoint" in res[2].figure
 

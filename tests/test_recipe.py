@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,68 @@ def test_tiny_model_made_once_when_runs_start_together(tmp_path):
     assert all(p.returncode == 0 for p in procs), [e[-1500:] for _, e in outs]
     assert len({o.strip() for o, _ in outs}) == 1
     assert [x.name for x in tmp_path.iterdir()] == [Path(outs[0][0].strip()).name]
+
+
+def test_eval_command_scripts_resolved_against_the_recipe(tmp_path, monkeypatch):
+    """`command = "python eval_posthoc.py {checkpoint} {output}"` (docs/eval.md): the script is the recipe's
+    neighbour, wherever the command is typed; the eval job runs in <run>/evals, where a relative one is not found.
+    Placeholders, options and names that are no file stay as written."""
+    proj = tmp_path / "proj"
+    (proj / "tools").mkdir(parents=True)
+    (proj / "tools" / "eval_posthoc.py").write_text("")
+    (proj / "r.toml").write_text(MINIMAL + '[eval]\nevaluator = "command"\n'
+                                 'command = "python tools/eval_posthoc.py {checkpoint} --out {output} other.py"\n')
+    monkeypatch.chdir(tmp_path)
+    cmd = load(proj / "r.toml").recipe.eval.command
+    assert cmd.split() == ["python", str(proj / "tools" / "eval_posthoc.py"), "'{checkpoint}'", "--out", "'{output}'",
+                           "other.py"]
+    monkeypatch.chdir(proj / "tools")  # --set: against the directory the command was typed in
+    cmd = load(proj / "r.toml", ["eval.command=sh eval_posthoc.py {checkpoint}"]).recipe.eval.command
+    assert str(proj / "tools" / "eval_posthoc.py") in cmd
+
+
+def test_set_null_unsets_a_key_the_recipe_files_set(write, tmp_path, cli):
+    """`--set k=null` (TOML has no null; Hydra spells it so): a key with no default, set by the recipe or a file it
+    extends, is unset from the command line (quickstart's `warmup_steps = 0` blocked `--set optim.warmup_ratio=0.1`).
+    A table goes whole (`lora=null` turns an extended LoRA recipe into a full fine-tune), and an [env] entry goes."""
+    write("prompts.jsonl", '{"input": "x"}\n')
+    write("base.toml", MINIMAL + '\n[optim]\nwarmup_steps = 0\n[lora]\nrank = 8\n[env]\nHF_HUB_OFFLINE = "1"\n')
+    top = write("top.toml", 'extends = "base.toml"\n[rollout]\ngroup_size = 4\n')
+    with pytest.raises(RecipeError, match="not both"):
+        load(top, ["optim.warmup_ratio=0.1"])
+    r = load(top, ["optim.warmup_steps=null", "optim.warmup_ratio=0.1", "lora=null", "env.HF_HUB_OFFLINE=null"])
+    assert r.recipe.optim.warmup_steps is None and r.recipe.optim.warmup_ratio == 0.1
+    assert r.recipe.lora is None and r.recipe.env == {} and r.recipe.rollout.group_size == 4
+    assert load(top, ["optim.warmup_ratio=null"]).recipe.optim.warmup_ratio is None  # not set anywhere: nothing to do
+    out = cli("recipe", "show", str(top), "--set", "optim.warmup_steps=null", "--set", "optim.warmup_ratio=0.1",
+              cwd=tmp_path)
+    assert out.code == 0, out.err
+    assert "warmup_steps" not in out.out and "warmup_ratio = 0.1" in out.out
+
+
+@pytest.mark.parametrize("expr,says", [
+    ("rollout.group_size=null", "`rollout.group_size` cannot be unset: it always has a value (default 8)"),
+    ("model.path=null", "`model.path` cannot be unset: the recipe must give it"),
+    ("lora.rank=null", "`lora.rank` cannot be unset: [lora] must give it"),
+])
+def test_set_null_on_a_key_that_cannot_be_unset_says_so(minimal_recipe, tmp_path, cli, expr, says):
+    with pytest.raises(RecipeError, match=re.escape(f"--set {expr}: {says}")) as e:
+        load(minimal_recipe, ["lora.rank=8", expr])
+    assert "give it a value" in (e.value.hint or "")
+    out = cli("recipe", "show", str(minimal_recipe), "--set", "lora.rank=8", "--set", expr, cwd=tmp_path)
+    assert out.code == 2 and says in out.err and "Traceback" not in out.err
+
+
+def test_quoted_null_is_the_string(minimal_recipe):
+    assert parse_set('a.b="null"') == (["a", "b"], "null")
+    assert load(minimal_recipe, ['model.path="null"']).recipe.model.path == "null"
+
+
+def test_grid_axis_can_unset_a_key(write):
+    """`--grid` values are --set values: `null` is an arm without the key."""
+    from rlctl.experiments.variants import grid_arms, parse_grid
+
+    write("prompts.jsonl", '{"input": "x"}\n')
+    p = write("r.toml", MINIMAL + '\n[optim]\nwarmup_steps = 0\n')
+    arms = grid_arms(str(p), parse_grid(["optim.warmup_steps=null,5"]), [])
+    assert [a.diff.get("optim.warmup_steps") for a in arms] == [[0, None], [0, 5]]

@@ -247,7 +247,8 @@ def test_stop_remote_run(remote, cli):
 
 
 def test_git_bundle_and_remote_preflight(remote, cli, tmp_path):
-    """Unpushed commits travel as a bundle, checked out at the same SHA; preflight runs there, and its failure
+    """Unpushed commits travel as a bundle of HEAD's files, checked out there as HEAD's tree (its SHA recorded);
+    preflight runs there, and its failure
     (a context budget the recipe breaks) comes back with its table; nothing starts."""
     repo = tmp_path / "repo"
     (repo / "quickstart").mkdir(parents=True)
@@ -263,8 +264,9 @@ def test_git_bundle_and_remote_preflight(remote, cli, tmp_path):
     assert r.code == 1, r.out + r.err
     assert "box: preflight failed" in r.err and "context" in r.err
     checkout = remote["work"] / ".rlctl" / "repos" / sha
-    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
-    assert head.stdout.strip() == sha
+    tree = subprocess.run([*git[:3], "rev-parse", "HEAD^{tree}"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD^{tree}"], capture_output=True, text=True)
+    assert head.stdout.strip() == tree
     assert not (remote["work"] / "runs").exists() or not list((remote["work"] / "runs").iterdir())
     # the second time nothing is sent again (content-addressed)
     r = cli("launch", str(repo / "r.toml"), "--on", "box", "--detach", "--set", "rollout.max_tokens=500")

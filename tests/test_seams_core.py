@@ -44,6 +44,7 @@ class User:
         self.env["HOME"] = str(self.home)
         self.env.pop("XDG_CACHE_HOME", None)
         self.env.pop("XDG_CONFIG_HOME", None)
+        self.env.pop("XDG_STATE_HOME", None)
 
     def __call__(self, *args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "rlctl.cli", *args], cwd=cwd or self.cwd, env=self.env,

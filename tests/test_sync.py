@@ -5,66 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from rlctl.runs.sync import CheckpointSync, fetch_latest, read_latest
 
-MOTO_VENV = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlctl-tests" / "moto-venv"
-
-
-def moto_python() -> str:
-    """A Python with moto's S3 server. moto pins the newest boto3/botocore while s3fs's aiobotocore pins an older
-    botocore, so the two cannot share rlctl's environment without pip backtracking for ages: the server gets a venv
-    of its own (made once, from the package index, and cached)."""
-    py = MOTO_VENV / "bin" / "python"
-    if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(MOTO_VENV)], check=True)
-        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "moto[server]"], capture_output=True, text=True)
-        if r.returncode != 0:
-            import shutil
-
-            shutil.rmtree(MOTO_VENV, ignore_errors=True)
-            raise RuntimeError(f"could not install moto[server] for the S3 test server:\n{r.stderr[-2000:]}")
-    return str(py)
-
 
 @pytest.fixture
-def s3(tmp_path):
-    """A real S3-compatible server (moto in server mode) on a free loopback port, with one bucket."""
-    import s3fs  # noqa: F401 - the [sync] extra, part of the dev install: a missing one is a failure, not a skip
-
+def s3(s3_server):
+    """The session's S3 server, its credentials in this test's environment, and one bucket."""
     from rlctl.core.environ import environ
-    from rlctl.executors.ray import free_port
 
-    port = free_port()
-    proc = subprocess.Popen([moto_python(), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    creds = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-             "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
-    try:
-        with environ(**creds):  # restored (unset ones unset) when the test ends
-            import s3fs
-
-            deadline = time.time() + 30
-            while True:
-                try:
-                    fs = s3fs.S3FileSystem(skip_instance_cache=True)
-                    fs.mkdir("rlctl-test")
-                    break
-                except Exception:
-                    if time.time() > deadline or proc.poll() is not None:
-                        raise
-                    time.sleep(0.3)
-            yield {"url": "s3://rlctl-test", "env": creds, "fs": fs}
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    fs = s3_server.bucket("rlctl-test")
+    with environ(**s3_server.env):  # restored (unset ones unset) when the test ends
+        yield {"url": "s3://rlctl-test", "env": s3_server.env, "fs": fs}
 
 
 def trl_checkpoint(root: Path, step: int, complete: bool = True) -> Path:

@@ -8,6 +8,7 @@ import re
 import shutil
 import tomllib
 from importlib.metadata import version
+from pathlib import Path
 
 from tests.conftest import RECIPES, ROOT
 from tests.test_experiments import bandit_recipe
@@ -30,6 +31,9 @@ def test_gpu_memory_is_measured_where_dev_is_installed():
 
 
 def test_a_cpu_run_says_nothing_of_gpu_memory_and_is_found_from_another_directory(user, tmp_path):
+    """A run lives in ./runs of the directory it was launched from; from any other directory it is found by its
+    name all the same (the runs directories of this user are recorded under ~/.local/state/rlctl), and `status
+    --all` lists them. Before, `status NAME` from another directory said "no run" (exit 2)."""
     work, rlctl = user
     (work / "prompts.jsonl").write_text('{"input": "a"}\n')
     (work / "b.toml").write_text(bandit_recipe(steps=3))  # resources.gpus_per_node = 0
@@ -39,16 +43,41 @@ def test_a_cpu_run_says_nothing_of_gpu_memory_and_is_found_from_another_director
     run = next((work / "runs").iterdir())
     st = rlctl("status", run.name)
     assert st.returncode == 0 and "GPU memory" not in st.stdout, st.stdout
-    # from another directory: the run is not there, and the message says where runs live and how to reach it
     other = tmp_path / "elsewhere"
     other.mkdir()
-    r = rlctl("status", run.name, cwd=other)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert f"in {other / 'runs'}" in r.stderr and "runs live in ./runs of the directory" in r.stderr, r.stderr
-    assert "PATH/runs/RUN" in r.stderr and "RLCTL_RUNS_DIR" in r.stderr
+    for ref in (run.name, "bandit"):  # its name, or a unique prefix of it, from another directory
+        r = rlctl("status", ref, cwd=other)
+        assert r.returncode == 0 and run.name in r.stdout and "finished" in r.stdout, r.stdout + r.stderr
+    assert rlctl("logs", run.name, cwd=other).returncode == 0
+    assert not (other / "runs").exists()
+    # what is recorded: the runs directory, nothing of the run (no names, no recipe, no secret)
+    record = Path(rlctl.env["HOME"]) / ".local" / "state" / "rlctl" / "runs-dirs"
+    assert record.read_text().splitlines() == [str(work / "runs")]
     listing = rlctl("status", cwd=other)
-    assert listing.returncode == 0 and "runs live in ./runs" in listing.stdout, listing.stdout
-    by_path = rlctl("status", str(run), cwd=other)  # what the message says works
+    assert listing.returncode == 0 and "status --all" in listing.stdout, listing.stdout
+    every = rlctl("status", "--all", cwd=other)
+    assert every.returncode == 0 and f"runs in {work / 'runs'}" in every.stdout and run.name in every.stdout, every
+    # a second project with a run of the same name: from a third directory the name is ambiguous, both are said
+    work2 = tmp_path / "project2"
+    work2.mkdir()
+    shutil.copytree(work / "runs", work2 / "runs")
+    r = rlctl("status", run.name, cwd=work2)  # in a directory that holds it, ./runs decides
+    assert r.returncode == 0 and str(work2 / "runs" / run.name) not in r.stderr, r.stderr
+    assert record.read_text().splitlines() == [str(work / "runs")]  # a copy made by hand is not recorded
+    (work2 / "b.toml").write_text(bandit_recipe(steps=1))
+    (work2 / "prompts.jsonl").write_text('{"input": "a"}\n')
+    assert rlctl("launch", "b.toml", "--name", "other", cwd=work2).returncode == 0
+    r = rlctl("status", run.name, cwd=other)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert str(work / "runs" / run.name) in r.stderr and str(work2 / "runs" / run.name) in r.stderr, r.stderr
+    assert "give the run's directory" in r.stderr
+    # a project moved away: its runs directory is skipped, the other one answers again
+    shutil.move(str(work2), str(tmp_path / "moved"))
+    r = rlctl("status", run.name, cwd=other)
+    assert r.returncode == 0 and "finished" in r.stdout, r.stdout + r.stderr
+    r = rlctl("status", "nope", cwd=other)
+    assert r.returncode == 2 and "no run 'nope'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    by_path = rlctl("status", str(run), cwd=other)
     assert by_path.returncode == 0 and run.name in by_path.stdout and "finished" in by_path.stdout
 
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from rlctl.core.checkpoint import Checkpoint
     from rlctl.recipe.schema import Recipe
 
+from rlctl.core.components import Component  # noqa: E402
 from rlctl.core.secrets import NOT_SECRET, SECRET_PATTERN, is_secret_name  # noqa: E402,F401  (re-exported)
 
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
@@ -26,7 +27,7 @@ PARSER_OPTIONS = "log_parser.json"
 class Finding:
     """One result of validating a rendered plan against the backend's definitions."""
 
-    level: str  # "error" | "warn"
+    level: str  # "error" | "warn" | "note" (how the recipe runs: said by render and preflight, nothing to fix)
     key: str
     message: str
     fix: str | None = None
@@ -531,6 +532,11 @@ class Backend:
     def stall_patterns(self) -> list[str]:
         """Regexes of log lines that mean the run is stuck or a component it needs died."""
         return []
+
+    def log_components(self, recipe: Recipe) -> dict[str, Component]:
+        """Where each component of a run of this recipe writes its own log (`rlctl logs RUN --component`; the causes
+        of death read the inference engine's). Default: the trainer's output is the run's stdout.log."""
+        return {"trainer": Component("trainer", main_log=True, where="the run's stdout.log")}
 
     # ---- memory engine and precision (rlctl.estimate.memory, rlctl.preflight.precision) --------------------------
     logits_scope: ClassVar[str] = "sequence"  # log-probs over: sequence (prompt + response) | completion only

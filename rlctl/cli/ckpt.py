@@ -31,7 +31,9 @@ def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
         from rlctl import executors
 
         runner, answer = executors.get("ssh").remote_checkpoints(run_dir, list_only=True)
-        rows = [{**r, "path": f"{runner.host.name}:{r['path']}"} for r in answer["checkpoints"]]
+        rows = [{**r, "path": f"{runner.host.name}:{r['path']}"}
+                for r in [*answer["checkpoints"], *(answer.get("finals") or [])]]
+        best = answer.get("best", best)  # judged where the checkpoints are: here there are none
     if as_json:
         _echo(json.dumps({"checkpoints": rows, "best_eval": best}, indent=2))
         return
@@ -59,6 +61,9 @@ def ckpt_prune(
     from rlctl.runs.state import find_run, read_state
 
     run_dir = find_run(run)
+    if _there(run_dir, ["ckpt", "prune", "--keep-last", str(keep_last), *([] if keep_best else ["--no-keep-best"]),
+                        *(["--dry-run"] if dry_run else [])]):
+        return
     backend = read_state(run_dir).get("backend", "")
     best = best_checkpoint(run_dir, backend) if keep_best else None  # the rule prune keeps it by
     if best is not None and best["step"] > 0:
@@ -74,6 +79,28 @@ def ckpt_prune(
     verb = "would delete" if dry_run else "deleted"
     _echo(f"{verb} {len(doomed)} checkpoint(s), {sum(sizes.values()) / 1e9:.2f} GB: "
           + (", ".join(f"step {c.step}" for c in doomed) or "nothing"))
+
+
+def _there(run_dir: Path, args: list[str]) -> bool:
+    """A run on an SSH host: its checkpoints are there, and so is the rule that prunes them — the host's rlctl runs
+    the same command on the run's directory there (its output said here, line by line with the host's name)."""
+    from rlctl import executors
+    from rlctl.runs.state import read_state
+
+    state = read_state(run_dir)
+    name = state.get("executor")
+    ex = executors.get(name) if name in executors.registry() else None
+    where = ex.supervised_on(state) if ex is not None and getattr(ex, "remote", False) else None
+    if where is None:
+        return False
+    host, remote_dir = where
+    code, out, err = ex.run_remote_rlctl(host, [*args[:2], remote_dir, *args[2:]])
+    for line in out.splitlines():
+        _echo(f"{host}: {line}")
+    if code != 0:
+        typer.echo(f"{host}: {(err or out).strip().removeprefix('rlctl: ')}", err=True)
+        raise typer.Exit(code)
+    return True
 
 
 @ckpt_app.command("pull", epilog="Example: rlctl ckpt pull gptoss-a30 --step 130 --to ./a30-step130")

@@ -191,9 +191,11 @@ def sweep(
         return
     r = load(recipe, set_ or []).recipe
     axes = parse_grid(grid or [])
+    where = "--grid"
     if not axes and r.sweep is not None and r.sweep.grid:
+        where = "[sweep] grid"
         axes = parse_grid([f"{k}={','.join(_toml_value(v) for v in vals)}" for k, vals in r.sweep.grid.items()],
-                          where="[sweep] grid")
+                          where=where)
     if not axes:
         raise RlctlError("nothing to sweep: no --grid and no [sweep] grid in the recipe.",
                          hint="--grid optim.lr=1e-6,2e-6 (or rlctl ab A.toml B.toml for two recipes)")
@@ -201,7 +203,7 @@ def sweep(
     parallel = parallel or (r.sweep.parallel if r.sweep else None)
     name = name or f"{r.name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     mf.check_name(name)
-    arms = grid_arms(recipe, axes, set_ or [])
+    arms = grid_arms(recipe, axes, set_ or [], where)
     _start(name, "sweep", arms, seeds, parallel, on, executor, address, force, wait, question)
 
 

@@ -43,8 +43,9 @@ def launch(
         "(default: the recipe's [run] restart).")] = None,
     max_restarts: Annotated[int | None, typer.Option(
         "--max-restarts", min=0, help="Give up after this many restarts (default: [run] max_restarts).")] = None,
-    on: Annotated[str | None, typer.Option("--on", help="Run on this SSH host (rlctl hosts list); --resume then "
-                                           "takes RUN or HOST:RUN.")] = None,
+    on: Annotated[str | None, typer.Option("--on", help="Run on this SSH host (rlctl hosts list), or the first of a "
+                                           "pool that fits (--on box1,box2: rlctl watch moves the run when its host "
+                                           "is gone); --resume then takes RUN or HOST:RUN.")] = None,
     partition: PartitionOpt = None,
     account: AccountOpt = None,
     time_limit: TimeOpt = None,
@@ -67,6 +68,32 @@ def launch(
     if detach:
         _echo(run_dir.name)
     raise typer.Exit(0 if code == 0 else (130 if code in (-2, -15, 130, 143) else 1))
+
+
+@app.command(epilog="Unattended: a systemd unit with WorkingDirectory=<where you launch> and ExecStart=rlctl watch "
+                   "(Restart=always), or cron: */5 * * * * cd ~/exp && rlctl watch --once (docs/resilience.md)")
+def watch(
+    runs: Annotated[list[str] | None, typer.Argument(help="Runs (name, unique prefix or directory); default: every "
+                                                     "pool run here that has not ended.")] = None,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between looks at each run.")] = 30.0,
+    once: Annotated[bool, typer.Option("--once", help="One look at each run, then exit 0 (for cron).")] = False,
+) -> None:
+    """Keep pool runs alive unattended: a run whose host is gone (unreachable longer than [run] failover_after_s, or
+    answering without the run's processes) moves to another host of its pool from its newest complete checkpoint;
+    an old host that comes back has its attempt stopped; [run] on_event runs on failover, death and finish. Returns
+    when the runs have ended (exit 0 when all finished)."""
+    from rlctl.runs.state import find_run, read_state
+    from rlctl.runs.watch import pool_runs
+    from rlctl.runs.watch import watch as do_watch
+
+    _seconds("--interval", interval, positive=True)
+    dirs = [find_run(r) for r in runs] if runs else pool_runs()
+    for d in dirs:
+        if not isinstance(read_state(d).get("pool"), dict):
+            raise RlctlError(f"{d.name} is not a pool run: there is no other host to move it to.",
+                             hint=f"launch with --on HOST1,HOST2 (or [run] on = [...]) for that; rlctl logs -f "
+                                  f"{d.name} follows this one")
+    raise typer.Exit(do_watch(dirs, interval, once))
 
 
 @app.command()
@@ -117,11 +144,24 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing as the run writes.")] = False,
     metrics: Annotated[bool, typer.Option("--metrics", help="The unified metrics stream, not the raw log.")] = False,
     lines: Annotated[int, typer.Option("--lines", "-n", help="Start this many lines from the end (0 = all).")] = 0,
+    component: Annotated[str | None, typer.Option(
+        "--component", "-c", help="One component's own log: inference, trainer, orchestrator, ray, supervisor (what "
+        "the run has; an unknown one lists them).")] = None,
 ) -> None:
-    """Print a run's raw log or its unified metrics stream (JSON lines)."""
+    """Print a run's raw log, one component's own log, or its unified metrics stream (JSON lines)."""
     from rlctl.runs.logs import show_logs
     from rlctl.runs.state import find_run
 
+    if lines < 0:
+        raise RlctlError(f"--lines {lines}: a count of lines, 0 (all) or more.", hint="rlctl logs RUN -n 100")
+    if component is not None:
+        if metrics:
+            raise RlctlError("--metrics and --component: the metrics stream is the run's, not a component's.",
+                             hint="drop one of them")
+        from rlctl.runs.logs import show_component
+
+        show_component(find_run(run), component, lines=lines, follow=follow)
+        return
     show_logs(find_run(run), follow=follow, metrics=metrics, lines=lines)
 
 
@@ -190,6 +230,8 @@ def status(
     experiment: Annotated[str | None, typer.Option("--experiment", "-e", help="Only this experiment's runs.")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for each SSH host of remote runs.")]
     = 5.0,
+    all_dirs: Annotated[bool, typer.Option("--all", help="The runs of every directory you launched from, not only "
+                                           "./runs.")] = False,
 ) -> None:
     """Runs at a glance (grouped by experiment), or one run's progress, metrics, health and disk."""
     from rlctl.runs.status import show_status
@@ -200,8 +242,10 @@ def status(
     import os
 
     os.environ["RLCTL_SSH_TIMEOUT"] = str(timeout)  # the SSH executor's wait for `status RUN`
+    if all_dirs and run is not None:
+        raise RlctlError("--all lists runs; with a RUN it has nothing to add.", hint=f"rlctl status {run}")
     show_status(run, as_json=as_json, watch=watch, interval=interval, stall_after=stall_after, experiment=experiment,
-                timeout=timeout)
+                timeout=timeout, all_dirs=all_dirs)
 
 
 
@@ -231,12 +275,13 @@ def doctor(
     """Diagnose a run with the tuning playbook: flat learning, instability, spikes, collapse, truncation,
     zero-variance groups, train/eval divergence; with --weights, whether its checkpoints change at all.
     Exit 1 when a critical finding is made."""
-    from rlctl.runs.doctor import diagnose, to_json
+    from rlctl.runs.doctor import cause_finding, diagnose, to_json
     from rlctl.runs.state import find_run, settled_status
 
     run_dir = find_run(run)
     settled_status(run_dir)  # a live run's executor brings its newest log here first (a remote run's mirror)
-    findings = diagnose(run_dir)
+    cause = cause_finding(run_dir)  # a run that died or hangs: why, first
+    findings = ([cause] if cause else []) + diagnose(run_dir)
     unweighed = None
     if weights or between:
         from rlctl.runs.weights import weights_finding
@@ -266,6 +311,7 @@ def doctor(
         if not findings:
             _echo(f"{run_dir.name}: no findings")
         for f in findings:
-            _echo(f"[{f.severity}] {f.rule}: {f.message}\n    -> {f.action}")
+            _echo(f"[{f.severity}] {f.rule}: {f.message}\n    -> {f.action}"
+                  + "".join(f"\n    evidence: {e}" for e in f.evidence.get("lines") or []))
     if any(f.severity == "critical" for f in findings):
         raise typer.Exit(EXIT_CHECK_FAILED)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,9 @@ def read_state(run_dir: Path) -> dict[str, Any]:
 
 
 def write_state(run_dir: Path, **updates: Any) -> dict[str, Any]:
-    """Merge updates into state.json atomically (write a temp file, then rename)."""
+    """Merge updates into state.json atomically (write a temp file, then rename). A run directory's first state.json
+    records its runs directory as one of this user's (rlctl.core.run_places: found by name from anywhere)."""
+    first = not (run_dir / STATE).exists()
     state = read_state(run_dir)
     state.update(updates)
     tmp = run_dir / f".{STATE}.{os.getpid()}.tmp"
@@ -125,6 +128,10 @@ def write_state(run_dir: Path, **updates: Any) -> dict[str, Any]:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    if first:
+        from rlctl.core.run_places import remember
+
+        remember(run_dir.parent)
     return state
 
 
@@ -166,10 +173,12 @@ def list_runs(root: Path | None = None) -> list[Path]:
 
 
 def find_run(ref: str, root: Path | None = None) -> Path:
-    """A run by directory path, full name, or unique prefix of its name."""
+    """A run by directory path, full name, or unique prefix of its name: in ./runs (or `root`), else — with no
+    `root` given — in the other runs directories this user's runs were made in (rlctl.core.run_places)."""
     p = Path(ref)
     if p.is_dir() and (p / STATE).is_file():
         return p.absolute()  # as runs_root: the run's directory must mean the same in a process started elsewhere
+    explicit = root is not None
     root = (root or runs_root()).absolute()
     runs = list_runs(root)
     exact = [r for r in runs if r.name == ref]
@@ -178,10 +187,43 @@ def find_run(ref: str, root: Path | None = None) -> Path:
     matches = [r for r in runs if r.name.startswith(ref)]
     if len(matches) == 1:
         return matches[0]
-    if not matches:
-        if runs:
-            raise RlctlError(f"no run {ref!r} in {root.absolute()}.",
-                             hint=f"recent runs: {', '.join(r.name for r in runs[-5:])} (see rlctl status)")
-        raise RlctlError(f"no run {ref!r} in {root.absolute()}: {WHERE_RUNS_LIVE}.", hint=FIND_A_RUN)
-    raise RlctlError(f"{ref!r} matches {len(matches)} runs: {', '.join(r.name for r in matches[:5])}.",
-                     hint="give more of the name")
+    # the name a run was given wins over the names it is a prefix of (`--name a27` beside `--name a27r`)
+    named = [r for r in matches if re.fullmatch(re.escape(ref) + r"-\d{8}-\d{6}(-\d+)?", r.name)]
+    if len(named) == 1:
+        return named[0]
+    if len(matches) > 1:
+        raise RlctlError(f"{ref!r} matches {len(matches)} runs: {', '.join(r.name for r in matches[:5])}.",
+                         hint="give more of the name")
+    elsewhere = [] if explicit or "/" in ref else _elsewhere(ref, root)
+    if len(elsewhere) == 1:
+        return elsewhere[0]
+    if elsewhere:
+        raise RlctlError(f"{ref!r} names {len(elsewhere)} runs in other runs directories: "
+                         + ", ".join(str(r) for r in elsewhere[:5]) + ".",
+                         hint="give the run's directory (rlctl status PATH), or cd to the directory it was launched "
+                              "from")
+    if runs:
+        raise RlctlError(f"no run {ref!r} in {root}, nor in another runs directory of yours.",
+                         hint=f"recent runs: {', '.join(r.name for r in runs[-5:])} (see rlctl status --all)")
+    raise RlctlError(f"no run {ref!r} in {root}, nor in another runs directory of yours: {WHERE_RUNS_LIVE}.",
+                     hint=FIND_A_RUN)
+
+
+def _elsewhere(ref: str, here: Path) -> list[Path]:
+    """Runs named `ref` (exactly, else by a prefix) in the other recorded runs directories; names only, no state
+    read but the file's presence: cheap with many runs."""
+    from rlctl.core.run_places import known_roots
+
+    exact: list[Path] = []
+    prefix: list[Path] = []
+    for other in known_roots():
+        if other == here:
+            continue
+        try:
+            names = [n for n in os.listdir(other) if n.startswith(ref)]
+        except OSError:
+            continue
+        for n in sorted(names):
+            if (other / n / STATE).is_file():
+                (exact if n == ref else prefix).append(other / n)
+    return exact or prefix

@@ -56,6 +56,14 @@ def generate_hf(model: Any, tok: Any, prompts: list[str], n: int, temperature: f
     """n completions per prompt (greedy at temperature 0), and their lengths in tokens."""
     import torch
 
+    if temperature <= 0 and n > 1:
+        # generate() refuses num_return_sequences > 1 without sampling ("Greedy methods ... do not support
+        # num_return_sequences different than 1"), as vLLM refuses n > 1: each prompt goes n times, regrouped in
+        # order, which is what a greedy pass@k (nondet_proxy_pass@k) measures
+        texts, lens = generate_hf(model, tok, [p for p in prompts for _ in range(n)], 1, temperature, max_tokens,
+                                  seed, batch)
+        return ([sum(texts[i * n:(i + 1) * n], []) for i in range(len(prompts))],
+                [sum(lens[i * n:(i + 1) * n], []) for i in range(len(prompts))])
     torch.manual_seed(seed)
     texts: list[list[str]] = []
     lengths: list[list[int]] = []

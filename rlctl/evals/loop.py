@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -126,6 +127,43 @@ def job_env(gpu: str | None) -> dict[str, str]:
 
 
 IDLE_POLL_S = 30.0  # how often a waiting evaluator asks NVML for a free GPU
+
+# vLLM's start-up refusals for memory (0.24: v1/worker/utils.py request_memory, v1/worker/gpu_worker.py
+# determine_available_memory, v1/core/kv_cache_utils.py _check_enough_kv_cache_memory). Beside a training run they
+# say nothing about the plan when the trainer's memory changed while the engine started: vLLM takes a snapshot of the
+# device's free memory when its worker starts and counts every byte the device gains until its profile run ends as
+# its own ("non-torch") use, and asserts the device did not lose any. A trainer starting beside it (its model, its
+# own colocated vLLM's KV cache: tens of GiB) leaves no KV cache for the evaluator; a trainer killed beside it fails
+# the assert. On an H100 the in-run evals of steps 2 and 4 failed that way, each started as a killed attempt was
+# being restarted (docs/gpu/trl-vllm-3.json, tests/test_gpu_eval_start.py).
+VLLM_START_REFUSAL = re.compile(
+    r"(No available memory for the cache blocks|Error in memory profiling[^\n]*|[^\n]*on startup is less than "
+    r"desired GPU memory utilization[^\n]*|[^\n]*larger than the available KV cache memory[^\n]*|"
+    r"CUDA out of memory[^\n]*)")
+START_RETRIES = 2  # an eval refused that way beside training is started again (once the training settled) this often
+
+
+def start_refusal(log: Path) -> str | None:
+    """vLLM's own line when an eval job's engine refused to start for memory (the job's traceback only says
+    "Engine core initialization failed. See root cause above"), else None."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = VLLM_START_REFUSAL.findall(text)
+    return found[-1].strip()[:400] if found else None
+
+
+def training_settled(attempts: list[dict[str, Any]], step: int | None) -> bool:
+    """Whether the training's memory on its GPUs has stopped growing: its current attempt has logged a step since it
+    started (the trainer loads its model, its colocated vLLM takes its KV cache, the optimizer its states, all before
+    the first step ends). An attempt that has not (just started, restarted after a kill) grows by tens of GiB."""
+    if not attempts:
+        return False
+    cur = attempts[-1]
+    if cur.get("ended_at") is not None:
+        return False  # between attempts: the next one starts any moment
+    return step is not None and step > int(cur.get("from_step") or 0)
 
 
 def job_limit(ev: dict[str, Any], timeout: float | None = None) -> float:
@@ -243,6 +281,8 @@ class CheckpointEvals:
         self.job: tuple[int, subprocess.Popen[bytes], Path, Path, float] | None = None
         self.stopped = False
         self.waiting: int | None = None  # the step waiting for room on a GPU (said once)
+        self.settling: int | None = None  # the step waiting for the training's memory to settle (said once)
+        self.beside = False  # the running job shares a GPU with the training
         self._idle_at = 0.0
 
     @property
@@ -280,6 +320,16 @@ class CheckpointEvals:
             return
         self.waiting = None
         gpu, args = where
+        beside = training and self._shares_training_gpu(gpu)
+        if beside and not training_settled(getattr(self.sup, "attempts", []), self._step()):
+            if self.settling != step:  # vLLM's start must not overlap the trainer's growth (VLLM_START_REFUSAL)
+                self.settling = step
+                self.sup.event(event="eval_waiting", step=step, why=(
+                    "the training attempt beside it has not logged a step since it started: its GPU memory is still "
+                    "growing, which vLLM's start-up profile would count as its own; starting after its first step"))
+            return
+        self.settling = None
+        self.beside = beside
         spec_file, out_file, log = write_job(self.out_dir, self.ev, step, model, sets, self.run_dir, args)
         proc = start_job(spec_file, log, gpu)
         self.job = (step, proc, out_file, log, time.time())
@@ -290,6 +340,17 @@ class CheckpointEvals:
         self.sup.event(event="eval_started", step=step, model=model, pid=proc.pid, gpu=gpu,
                        gpu_memory_utilization=args.get("gpu_memory_utilization"))
 
+    def _shares_training_gpu(self, gpu: str | None) -> bool:
+        """The job's GPU is one of the run's (or it inherits the run's devices) and the run has a GPU plan."""
+        plan = self.ev.get("vllm_plan")
+        if not plan:
+            return False
+        return gpu is None or gpu.split(",")[0].strip() in {str(d) for d in plan.get("run_devices") or []}
+
+    def _step(self) -> int | None:
+        step = getattr(self.sup, "_ingested_step", None)
+        return step() if callable(step) else None
+
     def _collect(self, code: int | None, timed_out: bool = False) -> None:
         assert self.job is not None
         step, _, out_file, log, started = self.job
@@ -297,6 +358,18 @@ class CheckpointEvals:
         metrics, failure = read_result(out_file, log, code)
         if timed_out:
             failure = f"timed out after {self.ev.get('timeout_s')} s (eval.timeout_s); killed"
+        refusal = start_refusal(log) if failure and not metrics else None
+        if refusal:
+            failure = f"{failure} (vLLM: {refusal})"
+        tries = self.ledger.setdefault("start_retries", {})
+        if refusal and self.beside and tries.get(str(step), 0) < START_RETRIES:
+            tries[str(step)] = tries.get(str(step), 0) + 1
+            self.ledger.pop("running", None)
+            write_ledger(self.run_dir, self.ledger)
+            self.sup.event(event="eval_retry", step=step, attempt=tries[str(step)], error=failure, why=(
+                "vLLM refused to start for memory while it shared the GPU with the training: again once the "
+                "training's memory has settled"))
+            return
         append_metrics(self.run_dir, step, metrics)
         entry = {"outcome": "failed" if failure else "ok", "seconds": round(time.time() - started, 1),
                  "metrics": sorted(metrics), "log": str(log)}

@@ -21,7 +21,7 @@ GROUP = "rlctl.executors"
 BUILTIN = {
     "local": "rlctl.executors.local:LocalExecutor",
     "ray": "rlctl.executors.ray:RayExecutor",
-    "ssh": "rlctl.executors.ssh:SSHExecutor",
+    "ssh": "rlctl.executors.ssh_pool:SSHPoolExecutor",  # rlctl.executors.ssh's, with its pools
     "slurm": "rlctl.executors.slurm:SlurmExecutor",
 }
 

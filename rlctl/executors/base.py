@@ -33,10 +33,14 @@ class Executor:
     name: ClassVar[str]
     copies_working_dir: ClassVar[bool] = False  # the job runs in a copy of the run directory (paths must be absolute)
     remote: ClassVar[bool] = False  # the job runs on other machines: their packages and GPUs, not this one's
+    # the run's metrics.jsonl is written where the run lives and copied here with its log: parsed there, never here
+    mirrored: ClassVar[bool] = False
     checks: ClassVar[tuple[str, ...]] = ()  # the preflight check names `preflight` reports (for --only)
     gives_ray_cluster: ClassVar[bool] = False  # the job finds a Ray cluster over its nodes (RAY_ADDRESS is set)
     queues_jobs: ClassVar[bool] = False  # the place has a queue of its own (a batch scheduler): a sweep hands it
     # every variant at once unless --parallel caps how many it holds
+
+    pools: ClassVar[bool] = False  # runs can go to one of several places and fail over between them (below)
 
     # ---- checks ------------------------------------------------------------------------------------------------
     def preflight(self, ctx: Any) -> list[Any]:
@@ -149,3 +153,28 @@ class Executor:
 
     def catch_up_logs(self, run_dir: Path, state: dict[str, Any]) -> None:
         """Nobody follows the run: copy what it printed since into stdout.log. Default: the child writes there."""
+
+    # ---- pools (rlctl.runs.failover asks these of an executor whose `pools` is true) ------------------------------
+    def pick_place(self, places: list[str], needs: dict[str, Any], exclude: Any = (), out: Any = None
+                   ) -> tuple[str | None, list[str]]:
+        """The first of `places` (not in `exclude`) whose facts fit `needs` (rlctl.runs.pool), and why the others
+        before it did not."""
+        raise NotImplementedError
+
+    def probe(self, run_dir: Path, ref: dict[str, Any], current: bool = False) -> dict[str, Any]:
+        """One look at an attempt: {"state": alive | ended | unreachable | gone, "why", "status", "step", "outcome",
+        "superseded_by"}; for the run's `current` attempt, the local record is refreshed from it."""
+        raise NotImplementedError
+
+    def relaunch(self, run_dir: Path, place: str, lineage: dict[str, Any], source: dict[str, Any],
+                 out: Any = None) -> dict[str, Any]:
+        """Start the run's next attempt on `place` from `source`; the local record follows it. Returns its ref."""
+        raise NotImplementedError
+
+    def attempt_ref(self, run_dir: Path, place: str, generation: int) -> dict[str, Any]:
+        """Where relaunch puts attempt #generation on `place` (to find it after a watcher died mid-launch)."""
+        raise NotImplementedError
+
+    def stop_attempt(self, ref: dict[str, Any], grace: float = 10.0) -> str:
+        """Stop an earlier attempt where it still runs."""
+        raise NotImplementedError

@@ -34,12 +34,15 @@ from rlctl.executors.base import Executor
 from rlctl.executors.ssh_relay import relay
 from rlctl.executors.ssh_remote import BLOBS, sha256_file
 from rlctl.executors.ssh_runner import HostUnreachable, Runner, call_remote, local_version, remote_rlctl_error
+from rlctl.recipe.paths import script_words  # an eval command's own scripts
 
 MIRROR = ("stdout.log", "metrics.jsonl", ".ingest.json", "backend_metrics.jsonl", "env.json", "recipe.toml",
           "supervisor.log", "gpu_memory.jsonl")
 FORWARD = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # sent when set here, besides the recipe's refs
+# what this side keeps of the host's state.json: status shows it as it shows a local run's (the evals' outcome too)
 STATE_KEYS = ("status", "exit_code", "started_at", "ended_at", "total_steps", "optimizer_steps", "backend", "version",
-              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "cause")
+              "attempts", "restart", "gave_up", "disk_full", "error", "wandb_run_id", "preflight", "cause",
+              "eval_failures", "best_checkpoint", "stopped_by")
 
 
 # ---- facts -------------------------------------------------------------------------------------------------------
@@ -92,11 +95,19 @@ def _path_values(prep: Any) -> list[tuple[str, str]]:
             and re.fullmatch(r"[A-Za-z0-9_.]+", k)]  # --set takes plain key parts
 
 
+def _script_values(prep: Any) -> list[tuple[str, str]]:
+    """(command key, absolute path) of each local script a command key names (eval.command's eval script): the
+    host's run evaluates with the copy sent, not the laptop's path (rlctl.recipe.paths)."""
+    from rlctl.recipe.paths import command_scripts
+
+    return [(k, v) for k, v in command_scripts(prep.resolved.data) if Path(v).is_file()]
+
+
 def referenced_files(prep: Any) -> list[Path]:
     """Every local file the recipe needs: its extends chain, and what its path keys name (files, or all files of a
-    named directory)."""
+    named directory), the scripts its commands name included."""
     files: list[Path] = [Path(p) for p in prep.resolved.chain]
-    for _, value in _path_values(prep):
+    for _, value in _path_values(prep) + _script_values(prep):
         p = Path(value)
         if p.is_file():
             files.append(p.resolve())
@@ -120,11 +131,29 @@ def path_keys(prep: Any, base: Path) -> dict[str, str]:
     return out
 
 
+def command_keys(prep: Any, base: Path) -> dict[str, list[Any]]:
+    """Each command key that names a local script, as its words, the script given as {"staged": path relative to
+    the staged tree}: the remote side puts its own copy's path there."""
+    import shlex
+
+    scripts = {v for _, v in _script_values(prep)}
+    out: dict[str, list[Any]] = {}
+    for key in {k for k, _ in _script_values(prep)}:
+        table: Any = prep.resolved.data
+        for part in key.split("."):
+            table = table[part]
+        out[key] = [{"staged": str(Path(w).resolve().relative_to(base))} if w in scripts else w
+                    for w in shlex.split(table)]
+    return out
+
+
 def secrets_to_send(prep: Any) -> dict[str, str]:
     from rlctl.runs.rundir import SECRET_REF
+    from rlctl.runs.store import store_env_names
 
     names = {m.group(1) for v in prep.plan.env.values() if (m := SECRET_REF.match(str(v)))}
     names |= {n for n in FORWARD if n in os.environ}
+    names |= set(store_env_names(prep.recipe.checkpoint.sync))  # the run's sync store, reached from there
     names |= {n.strip() for n in os.environ.get("RLCTL_FORWARD_ENV", "").split(",") if n.strip()}
     missing = sorted(n for n in names if n not in os.environ)
     if missing:
@@ -134,9 +163,14 @@ def secrets_to_send(prep: Any) -> dict[str, str]:
 
 
 def git_bundle(recipe_path: Path, tmp: Path) -> tuple[dict[str, Any], Path] | None:
-    """When the recipe lives in a git repository whose HEAD no remote branch holds: a bundle of HEAD."""
-    def git(*a: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["git", "-C", str(recipe_path.parent), *a], capture_output=True, text=True, timeout=60)
+    """When the recipe lives in a git repository whose HEAD no remote branch holds: a bundle of HEAD's files, as one
+    commit without parents (HEAD's tree, dates and message line: the same bundle each time, so it travels once). The
+    host needs the code at HEAD, not the history: a repository whose past holds large files sent whole filled small
+    disks. Made in a repository of its own under `tmp` that borrows the user's objects: the user's is not written."""
+    def git(*a: str, cwd: Path = recipe_path.parent, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(cwd), *a], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **(env or {})})
 
     try:
         head = git("rev-parse", "HEAD")
@@ -148,11 +182,22 @@ def git_bundle(recipe_path: Path, tmp: Path) -> tuple[dict[str, Any], Path] | No
     pushed = git("branch", "-r", "--contains", sha)
     if pushed.returncode == 0 and pushed.stdout.strip():
         return None  # the host can fetch it; the referenced files travel anyway
-    bundle = tmp / "code.bundle"
-    b = git("bundle", "create", str(bundle), "HEAD")
-    if b.returncode != 0:
+    tree = git("rev-parse", "HEAD^{tree}").stdout.strip()
+    objects = Path(git("rev-parse", "--path-format=absolute", "--git-common-dir").stdout.strip()) / "objects"
+    when = git("log", "-1", "--format=%cI").stdout.strip()
+    snap = tmp / "snapshot"
+    if git("init", "-q", str(snap), cwd=tmp).returncode != 0 or not tree or not objects.is_dir():
         return None
-    return {"sha": sha}, bundle
+    (snap / ".git" / "objects" / "info" / "alternates").write_text(f"{objects}\n")
+    who = {"GIT_AUTHOR_NAME": "rlctl", "GIT_AUTHOR_EMAIL": "rlctl@localhost", "GIT_COMMITTER_NAME": "rlctl",
+           "GIT_COMMITTER_EMAIL": "rlctl@localhost", "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+    commit = git("commit-tree", tree, "-m", f"rlctl: the files of {sha}", cwd=snap, env=who).stdout.strip()
+    if not commit or git("update-ref", "refs/heads/rlctl-snapshot", commit, cwd=snap).returncode != 0:
+        return None
+    bundle = tmp / "code.bundle"
+    if git("bundle", "create", str(bundle), "rlctl-snapshot", cwd=snap).returncode != 0:
+        return None
+    return {"sha": sha, "tree": tree, "commit": commit}, bundle
 
 
 def send_blobs(runner: Runner, files: dict[str, Path], timeout: float) -> None:
@@ -168,15 +213,18 @@ def send_blobs(runner: Runner, files: dict[str, Path], timeout: float) -> None:
                      timeout=max(timeout, 3600))
 
 
-def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int]:
+def launch_remote(opts: Any, host_name: str, out: Any = None, *, prep: Any = None, pool: dict[str, Any] | None = None,
+                  lineage: dict[str, Any] | None = None) -> tuple[Path, int]:
     """`rlctl launch RECIPE --on HOST`: send what the recipe references, start it there detached under the remote
-    rlctl, keep a local record of the same name. Attached (no --detach): follow its log until it ends."""
+    rlctl, keep a local record of the same name. Attached (no --detach): follow its log until it ends. A pool run
+    (rlctl.executors.ssh_pool) also keeps its pool, the request (to start it elsewhere later, with the same inputs:
+    copies of them in the record) and its first attempt's lineage entry."""
     from rlctl.recipe.planning import prepare
     from rlctl.runs.state import runs_root
 
     out = out or sys.stderr
     host = get_host(host_name)
-    prep = prepare(opts.recipe, opts.sets)
+    prep = prep or prepare(opts.recipe, opts.sets)
     files = referenced_files(prep)
     base = Path(os.path.commonpath([str(f.parent) for f in files]))
     shas = {sha256_file(f): f for f in files}
@@ -187,9 +235,12 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
     request: dict[str, Any] = {
         "token": f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}", "manifest": manifest,
         "recipe": str(prep.resolved.path.relative_to(base)), "env": env, "paths": path_keys(prep, base),
+        "commands": command_keys(prep, base), "host": host.name,
         "options": {"sets": list(opts.sets), "smoke": opts.smoke, "name": opts.name or prep.recipe.name,
                     "force": opts.force, "resume": resume, "grace": opts.grace_seconds, "restart": opts.restart,
-                    "max_restarts": opts.max_restarts, "executor": opts.executor, "placement": opts.placement}}
+                    "max_restarts": opts.max_restarts, "executor": opts.executor, "placement": opts.placement,
+                    **({"lineage": lineage} if lineage else {})}}
+    inputs = None
     with tempfile.TemporaryDirectory(prefix="rlctl-git-") as tmp:
         bundled = git_bundle(prep.resolved.path, Path(tmp))
         if bundled:
@@ -199,6 +250,10 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
             request["git"] = meta
         print(f"rlctl: sending {len(shas)} file(s) to {host.name} (only those it lacks travel)", file=out)
         send_blobs(runner, shas, timeout=60)
+        if pool is not None:
+            from rlctl.executors.ssh_inputs import keep_inputs
+
+            inputs = keep_inputs(shas, runs_root(), request["token"])
     print(f"rlctl: preflight and start on {host.name} (its GPUs, disk and backend)", file=out)
     try:
         answer = call_remote(runner, "launch", request, timeout=600)
@@ -213,6 +268,10 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
                 handle={"executor": "ssh", "ref": {"host": host.name, "run_dir": answer["run_dir"]}, "attempt": 1},
                 recipe=str(prep.resolved.path), remote_run_dir=answer["run_dir"], git_sha=answer.get("git_sha"),
                 last_contact=time.time(), **{k: remote_state[k] for k in STATE_KEYS if k in remote_state})
+    if pool is not None:
+        from rlctl.executors.ssh_inputs import record_pool
+
+        record_pool(local, pool, request, shas, env, inputs, host.name, answer, lineage or {})
     with contextlib.suppress(RlctlError):
         mirror(local, runner, answer["run_dir"])
     print(f"rlctl: {name} runs on {host.name} in {answer['run_dir']}", file=out)
@@ -222,7 +281,10 @@ def launch_remote(opts: Any, host_name: str, out: Any = None) -> tuple[Path, int
 
     show_logs(local, follow=True)
     st = read_state(local)
-    return local.resolve(), 0 if st.get("status") == "finished" else 1
+    by = st.get("stopped_by") if isinstance(st.get("stopped_by"), dict) else None
+    if by:  # stopped by the recipe's own stop_when: it ended as asked
+        print(f"rlctl: {name} stopped by stop_when {by.get('rule')}: {by.get('message')}", file=out)
+    return local.resolve(), 0 if st.get("status") == "finished" or by else 1
 
 
 def _resume_on(host: Host, resume: str | None, out: Any) -> str | None:
@@ -245,8 +307,42 @@ def _resume_on(host: Host, resume: str | None, out: Any) -> str | None:
     if st.get("host") == host.name:
         return Path(((st.get("handle") or {}).get("ref") or {}).get("run_dir") or local.name).name
     print(f"rlctl: copying the newest complete checkpoint of {local.name} to {host.name}", file=out)
-    print("rlctl: " + ckpt_push(local, None, host.name), file=out)
+    try:
+        print("rlctl: " + ckpt_push(local, None, host.name), file=out)
+    except HostUnreachable as e:
+        lost = st.get("executor") == "ssh" and str(e.message).startswith(f"{st.get('host')}:")
+        synced = _synced_instead(local, e, out) if lost else None  # its host is gone: from what it synced
+        if synced is None:
+            raise
+        return synced
     return local.name
+
+
+def _synced_instead(local: Path, e: HostUnreachable, out: Any) -> str | None:
+    """A run whose host is lost resumes from the newest checkpoint it synced (`checkpoint.sync`): that URL, once
+    it holds a complete one; else None."""
+    import tomllib
+
+    from rlctl.runs.sync import read_latest
+
+    try:
+        url = tomllib.loads((local / "recipe.toml").read_text()).get("checkpoint", {}).get("sync")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(url, str) or not url:
+        return None
+    try:
+        latest = read_latest(url)
+    except Exception as why:  # no fsspec/s3fs here, no credentials: say so, keep the host's error
+        print(f"rlctl: {local.name} synced its checkpoints to {url}, which cannot be read from here ({why})",
+              file=out)
+        return None
+    if latest is None:
+        print(f"rlctl: {local.name} synced no complete checkpoint to {url}", file=out)
+        return None
+    print(f"rlctl: {e.message}", file=out)
+    print(f"rlctl: resuming from step {latest['step']} of {local.name}, synced to {url}", file=out)
+    return url
 
 
 # ---- following a remote run ---------------------------------------------------------------------------------------
@@ -259,8 +355,11 @@ def _handle(state: dict[str, Any]) -> tuple[Host, str]:
 
 def mirror(run_dir: Path, runner: Runner, remote_dir: str, timeout: float = 60.0) -> None:
     """Pull the remote run's log, metrics and small records into the local run directory (rsync: only what changed)."""
-    # --copy-links: an attached run's stdout.log links to the trainer's log there; here it is that log's content
-    extra = ["--copy-links", *(f"--include=/{n}" for n in MIRROR), "--include=/attempts/***", "--exclude=*"]
+    # --copy-links: an attached run's stdout.log links to the trainer's log there; here it is that log's content.
+    # evals/evals.json: the run's eval ledger lives where the run does (by-hand evals there, in place or from
+    # another host, are recorded in it): status here reads the copy
+    extra = ["--copy-links", *(f"--include=/{n}" for n in MIRROR), "--include=/attempts/***", "--include=/evals/",
+             "--include=/evals/evals.json", "--exclude=*"]
     runner.rsync([remote_dir.rstrip("/") + "/"], str(run_dir) + "/", up=False, extra=extra, timeout=timeout)
 
 
@@ -272,6 +371,13 @@ def record(run_dir: Path, entry: dict[str, Any]) -> dict[str, Any]:
     st = entry.get("state") or {}
     summ = entry.get("summary") or {}
     updates = {k: st[k] for k in STATE_KEYS if k in st}
+    here = read_state(run_dir)
+    if isinstance(here.get("lineage"), list) and isinstance(here.get("started_at"), (int, float)):
+        # a pool run began with its first attempt, wherever that ran: its elapsed time counts from there
+        updates.pop("started_at", None)
+        if summ.get("elapsed_s") is not None:
+            end = st.get("ended_at") if summ.get("status") not in ACTIVE + ("stalled",) else None
+            summ = {**summ, "elapsed_s": (end if isinstance(end, (int, float)) else time.time()) - here["started_at"]}
     if summ.get("status") and summ["status"] not in ACTIVE + ("stalled", "lost"):
         updates["status"] = summ["status"]  # settled there (finished, failed, stopped); stalled/lost: keep asking
     if isinstance(summ.get("cause"), dict):  # why it failed, told there (when its disk let nothing be written)
@@ -301,7 +407,13 @@ def poll_many(run_dirs: list[Path], timeout: float = 5.0, stall_after: float = 1
             answer = call_remote(r, "poll", {"run_dirs": [rd for _, rd in runs], "stall_after": stall_after},
                                  timeout=timeout)
             for d, rd in runs:
+                before = read_state(d).get("status")
                 rows[d] = record(d, answer.get(rd) or {"error": "no answer for this run"})
+                after = read_state(d).get("status")
+                if after != before and after not in ACTIVE + ("stalled", "lost"):
+                    # seen ending here: its log and metrics come once, so `status RUN` and `logs RUN` show the end
+                    with contextlib.suppress(RlctlError):
+                        mirror(d, r, rd)
         except RlctlError as e:
             for d, _ in runs:
                 write_state(d, unreachable=e.message)
@@ -313,10 +425,12 @@ def poll_many(run_dirs: list[Path], timeout: float = 5.0, stall_after: float = 1
 
 
 class SSHExecutor(Executor):
-    """Runs live on an SSH host under its own rlctl; this side polls, mirrors and stops them."""
+    """Runs live on an SSH host under its own rlctl; this side polls, mirrors and stops them. (Registered as "ssh"
+    with its pools: rlctl.executors.ssh_pool.SSHPoolExecutor.)"""
 
     name: ClassVar[str] = "ssh"
     remote: ClassVar[bool] = True
+    mirrored: ClassVar[bool] = True  # the host's rlctl parses the log; mirror() brings its metrics.jsonl
     timeout: ClassVar[float] = float(os.environ.get("RLCTL_SSH_TIMEOUT", "10"))
 
     def launch(self, opts: Any, host_name: str, out: Any = None) -> tuple[Path, int]:
@@ -519,9 +633,19 @@ def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) 
     host = get_host(host_name)
     if state.get("executor") == "ssh":
         where, remote_dir = _handle(state)
+        src = Runner(where)
+        answer = call_remote(src, "ckpt", {"run_dir": remote_dir, "step": step, "list": where.name == host.name},
+                             timeout=600)
+        done = [c for c in answer.get("checkpoints") or [] if c.get("complete") and c.get("step") is not None
+                and (step is None or c["step"] == step)]
+        if where.name == host.name:  # its own host: nothing to copy (a record pushed over the run would replace it)
+            if not done:
+                raise RlctlError(f"{run_dir.name}: no complete checkpoint on {where.name}"
+                                 + (f" at step {step}" if step is not None else "") + ".",
+                                 hint=f"rlctl ckpt list {run_dir.name}")
+            return (f"step {done[-1]['step']} of {run_dir.name} is on {host.name} already (the run lives there: "
+                    f"rlctl launch RECIPE --on {host.name} --resume {run_dir.name} resumes from it)")
         if where.name != host.name:  # host to host (through here only when they do not reach each other)
-            src = Runner(where)
-            answer = call_remote(src, "ckpt", {"run_dir": remote_dir, "step": step}, timeout=600)
             if not answer.get("pick"):
                 raise RlctlError(f"{run_dir.name}: no complete checkpoint on {where.name}"
                                  + (f" at step {step}" if step is not None else "") + ".",
@@ -541,7 +665,8 @@ def ckpt_push(run_dir: Path, step: int | None, host_name: str, out: Any = None) 
     return f"step {pick.step} of {run_dir.name} is on {host.name} ({n} files, verified)"
 
 
-def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only: bool = False) -> tuple[int, bool]:
+def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only: bool = False,
+                     as_name: str | None = None) -> tuple[int, bool]:
     """Copy these complete checkpoints of a local run to the host as a run record of the same name
     (<workdir>/runs/<name>/checkpoints), resumably (rsync --partial), every file's size and sha256 checked there.
     Files already there and intact are not sent again. With eval_only, only what an evaluator loads travels (the
@@ -555,19 +680,28 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
     backend = state.get("backend", "")
     root = checkpoint_dir(run_dir).resolve()
     tops, files = [], []
-    for pick in picks:
-        for t in [Path(model_dir(pick))] if eval_only else pick.paths():
+    from rlctl.runs.checkpoints import root_markers
+
+    markers = [] if eval_only else root_markers(root)  # what a resume there reads besides the checkpoint
+    for pick, extra in zip(picks, [markers] + [[]] * (len(picks) - 1), strict=True):
+        for t in [Path(model_dir(pick))] if eval_only else [*pick.paths(), *extra]:
             rel = t.resolve().relative_to(root)
             tops.append(str(rel))
             items = [t] if t.is_file() else sorted(x for x in t.rglob("*") if x.is_file() and not x.is_symlink())
             files += [{"rel": str(x.resolve().relative_to(root)), "size": x.stat().st_size,
                        "sha256": sha256_file(x)} for x in items]
-    request = {"name": run_dir.name, "backend": backend, "files": files,
+    if not eval_only:  # the small files at the top of the root (a `latest` pointer, a layout descriptor) go too
+        for m in sorted(root.iterdir()):
+            if m.is_file() and not m.is_symlink() and m.stat().st_size < (1 << 20) and m.name not in tops:
+                tops.append(m.name)
+                files.append({"rel": m.name, "size": m.stat().st_size, "sha256": sha256_file(m)})
+    name = as_name or run_dir.name  # the record there (a failover names one of its own: never a run's directory)
+    request = {"name": name, "backend": backend, "files": files,
                "source": f"{state.get('host') or 'local'}:{run_dir.name}"}
     have = call_remote(runner, "adopt", {**request, "check": True}, timeout=600)
     if not have.get("missing") and have.get("adopted"):
         return len(files), False
-    dest = f"runs/{run_dir.name}/checkpoints"
+    dest = f"runs/{name}/checkpoints"
     if have.get("missing"):
         runner.run(["mkdir", "-p", dest], timeout=60)
         runner.rsync([f"{root}/./{t}" for t in tops], dest + "/", up=True,
@@ -577,20 +711,17 @@ def push_checkpoints(run_dir: Path, picks: list[Any], runner: Runner, eval_only:
 
 
 # ---- evals on a host ----------------------------------------------------------------------------------------------
-SCRIPT_SUFFIXES = (".py", ".sh")  # words of an eval command naming a local script: shipped with the sets
 
 
 def eval_paths(ev: dict[str, Any], extra: list[str], base: bool = True) -> list[str]:
     """The paths an eval spec names that a host needs, wherever they are: each set's data, the reward file, a local
     base model (with `base`: for the baseline or LoRA adapters), the command evaluator's scripts, and `extra` (the
     recipe, a local model)."""
-    import shlex
-
     cands = [s.get("data") for s in ev.get("sets") or []] + [ev.get("reward_file"), *extra]
     if base:
         cands.append(ev.get("base_model"))
     if ev.get("command"):
-        cands += [w for w in shlex.split(ev["command"]) if w.endswith(SCRIPT_SUFFIXES)]
+        cands += script_words(ev["command"])
     out: dict[str, None] = {}
     for c in cands:
         if isinstance(c, str) and c and "://" not in c and not c.startswith("random:"):

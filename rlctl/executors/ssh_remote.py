@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlctl.errors import RlctlError
+from rlctl.errors import CheckFailed, RlctlError
 
 BLOBS = ".rlctl/blobs"
 STAGE = ".rlctl/stage"
@@ -167,8 +167,9 @@ def materialise(manifest: dict[str, str], token: str) -> Path:
     return stage.resolve()
 
 
-def checkout_bundle(git: dict[str, Any]) -> Path:
-    """Clone the shipped git bundle at the laptop's commit; the SHA checked out must equal the local one."""
+def checkout_bundle(git: dict[str, Any], host: str | None = None) -> Path:
+    """Clone the shipped git bundle and check out the laptop's commit: the SHA (or, for a bundle of HEAD's files
+    alone, the tree) checked out must equal the local one. A disk that cannot hold it is said as a full disk."""
     import subprocess
 
     sha = git["sha"]
@@ -176,18 +177,41 @@ def checkout_bundle(git: dict[str, Any]) -> Path:
     if not (repo / ".git").is_dir():
         bundle = Path(BLOBS) / git["bundle_sha256"]
         repo.parent.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run(["git", "clone", "-q", str(bundle.resolve()), str(repo)], capture_output=True, text=True,
-                           timeout=600)
+        p = subprocess.run(["git", "clone", "-q", "--no-checkout", str(bundle.resolve()), str(repo)],
+                           capture_output=True, text=True, timeout=600)
         if p.returncode != 0:
-            raise RlctlError(f"git clone of the shipped bundle failed: {p.stderr.strip()[-300:]}")
-    subprocess.run(["git", "-C", str(repo), "checkout", "-q", sha], capture_output=True, text=True, timeout=120,
-                   check=False)
-    got = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+            _git_failed(repo, p, "cloning the shipped git bundle", host)
+    want = git.get("commit") or sha
+    p = subprocess.run(["git", "-C", str(repo), "checkout", "-q", want], capture_output=True, text=True, timeout=120,
+                       check=False)
+    if p.returncode != 0:
+        _git_failed(None, p, "checking out the shipped commit", host)
+    field, expected = ("HEAD^{tree}", git["tree"]) if git.get("tree") else ("HEAD", sha)
+    got = subprocess.run(["git", "-C", str(repo), "rev-parse", field], capture_output=True, text=True,
                          timeout=60).stdout.strip()
-    if got != sha:
+    if got != expected:
         raise RlctlError(f"the remote checkout is at {got[:12] or '?'}, not the local commit {sha[:12]}; nothing "
                          "started.")
     return repo.resolve()
+
+
+def _git_failed(partial: Path | None, p: Any, doing: str, host: str | None) -> None:
+    """git failed here: on a full disk, that (as rlctl says it of a run: rlctl.runs.disk_full), its half-written
+    clone removed so the space comes back; else git's own last lines."""
+    from rlctl.runs.disk_full import SIGNS, full_while, low_disk_at
+
+    lines = [ln.strip() for ln in (p.stderr or "").splitlines() if ln.strip()]
+    low = low_disk_at(Path(REPOS))  # measured before the half-written clone goes
+    if partial is not None:
+        shutil.rmtree(partial, ignore_errors=True)
+    signs = (*SIGNS, "unable to write", "write error")
+    said = [ln for ln in lines if any(s in ln for s in signs)]
+    if low or said:
+        raise CheckFailed(f"{full_while(doing, host)}" + (f" ({low})" if low else "")
+                          + (f": git: {(said or lines)[-1]}" if lines else ""),
+                          hint=f"free space in the host's workdir (rlctl hosts check {host or 'HOST'} shows it), "
+                               "then launch again: files already there are not sent twice")
+    raise RlctlError(f"git failed {doing}: {' | '.join(lines[-3:]) or f'exit {p.returncode}'}")
 
 
 def remote_launch(req: dict[str, Any]) -> dict[str, Any]:
@@ -199,18 +223,25 @@ def remote_launch(req: dict[str, Any]) -> dict[str, Any]:
     answer: dict[str, Any] = {"stage": str(stage)}
     if req.get("git"):
         answer["git_sha"] = req["git"]["sha"]
-        answer["repo"] = str(checkout_bundle(req["git"]))
+        answer["repo"] = str(checkout_bundle(req["git"], req.get("host")))
     for k, v in (req.get("env") or {}).items():  # secrets: in this process's environment only
         os.environ[str(k)] = str(v)
     os.environ["RLCTL_REMOTE_SIDE"] = "1"  # `[run] on` names this host: launch here
     o = dict(req.get("options") or {})
     sets = list(o.get("sets") or [])
     sets += [f"{k}={stage / rel}" for k, rel in (req.get("paths") or {}).items()]  # the staged copies, not the laptop's
+    import shlex
+
+    for k, words in (req.get("commands") or {}).items():  # a command's scripts: their staged copies too
+        line = shlex.join(str(stage / w["staged"]) if isinstance(w, dict) else str(w) for w in words)
+        sets.append(f"{k}={json.dumps(line)}")
     opts = LaunchOptions(recipe=str(stage / req["recipe"]), sets=sets, detach=True,
                          smoke=bool(o.get("smoke")), name=o.get("name"), force=bool(o.get("force")),
                          resume=o.get("resume"), grace_seconds=float(o.get("grace", 30.0)),
                          restart=o.get("restart"), max_restarts=o.get("max_restarts"),
-                         executor=o.get("executor"), placement=o.get("placement"))  # e.g. slurm on a login node
+                         executor=o.get("executor"), placement=o.get("placement"),  # e.g. slurm on a login node
+                         lineage=o.get("lineage"), exact_name=bool(o.get("exact_name")),
+                         resume_manifest=o.get("resume_manifest"))
     run_dir, _ = launch(opts, out=sys.stderr)
     from rlctl.runs.state import read_state
 
@@ -251,7 +282,13 @@ def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict
     rows = [{"step": c.step, "complete": c.complete, "bytes": c.size(), "path": str(c.path)} for c in ckpts]
     answer: dict[str, Any] = {"root": str(root), "backend": backend, "checkpoints": rows}
     done = [c for c in ckpts if c.complete]
-    if list_only:
+    if list_only:  # what `ckpt list` shows: the final model (no step) and the best, as judged here, beside them
+        from rlctl.core.checkpoint import Checkpoint
+        from rlctl.runs.checkpoints import best_checkpoint, final_saves
+
+        answer["finals"] = [{"step": None, "name": q.name, "complete": True, "bytes": Checkpoint(0, q, True).size(),
+                             "path": str(q)} for q in final_saves(backend, p)]
+        answer["best"] = best_checkpoint(p, backend)
         return answer
     pick = None
     if step is None and done:
@@ -262,8 +299,11 @@ def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict
             raise RlctlError(f"step {step} of {p.name} is not a complete checkpoint; only complete ones are moved.",
                              hint="rlctl ckpt list " + p.name)
     if pick is not None:
+        from rlctl.runs.checkpoints import root_markers
+
         files = []
-        for top in pick.paths():
+        tops_paths = [*pick.paths(), *root_markers(root)]  # with what a resume from the copy reads besides it
+        for top in tops_paths:
             top = top.resolve()
             items = [top] if top.is_file() else sorted(x for x in top.rglob("*") if x.is_file() and not x.is_symlink())
             for f in items:
@@ -273,11 +313,17 @@ def checkpoints(run_dir: str, step: int | None, list_only: bool = False) -> dict
                     continue
                 files.append({"rel": str(rel), "size": f.stat().st_size, "sha256": sha256_file(f)})
         tops = []
-        for t in pick.paths():
+        for t in tops_paths:
             try:
                 tops.append(str(t.resolve().relative_to(root)))
             except ValueError:
                 continue
+        # the small files at the top of the checkpoint root travel too (a `latest` pointer, the command backend's
+        # descriptor of its layout): without them a copy elsewhere is not recognised, nor resumed from
+        for m in sorted(root.iterdir()) if root.is_dir() else []:
+            if m.is_file() and not m.is_symlink() and m.stat().st_size < (1 << 20):
+                tops.append(m.name)
+                files.append({"rel": m.name, "size": m.stat().st_size, "sha256": sha256_file(m)})
         answer["pick"] = {"step": pick.step, "tops": tops, "files": files}
     return answer
 
@@ -477,12 +523,22 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in VERBS:
         sys.stderr.write(f"rlctl: usage: python -m rlctl.executors.ssh_remote {{{','.join(VERBS)}}}\n")
         return 2
+    req: dict[str, Any] = {}
     try:
-        answer = VERBS[argv[0]](read_request())
+        req = read_request()
+        answer = VERBS[argv[0]](req)
     except RlctlError as e:
         sys.stderr.write(f"rlctl: {e}\n")
         return e.exit_code
     except OSError as e:
+        import errno
+
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # said as rlctl says a full disk (rlctl.runs.disk_full)
+            from rlctl.runs.disk_full import full_while
+
+            sys.stderr.write(f"rlctl: {full_while(f'writing {e.filename or argv[0]}', req.get('host'))}: "
+                             f"{e.strerror}\n  fix: free space in the host's workdir, then run the command again\n")
+            return 1
         sys.stderr.write(f"rlctl: {e.filename or ''}: {e.strerror or e}\n")
         return 2
     if isinstance(answer, dict):

@@ -66,8 +66,11 @@ def read_manifest(d: Path) -> dict[str, Any]:
 
 
 def write_manifest(d: Path, manifest: dict[str, Any]) -> None:
+    from rlctl.core.run_places import remember
+
     d.mkdir(parents=True, exist_ok=True)
     write_json(d / MANIFEST, manifest)
+    remember(d.parent.parent)  # its runs directory: found by name from anywhere before its first run starts
 
 
 def read_queue(d: Path) -> dict[str, Any]:
@@ -83,6 +86,15 @@ def find_experiment(ref: str, runs: Path | None = None) -> Path:
     root = experiments_root(runs)
     if re.fullmatch(NAME_RE, ref) and (root / ref / MANIFEST).is_file():
         return root / ref
+    if runs is None and re.fullmatch(NAME_RE, ref):  # as find_run: the other runs directories of this user
+        from rlctl.core.run_places import known_roots
+
+        found = [r / EXPERIMENTS / ref for r in known_roots() if (r / EXPERIMENTS / ref / MANIFEST).is_file()]
+        if len(found) == 1:
+            return found[0]
+        if found:
+            raise RlctlError(f"{ref!r} names {len(found)} experiments: {', '.join(str(f) for f in found)}.",
+                             hint="give the experiment's directory")
     known = sorted(x.name for x in root.iterdir() if (x / MANIFEST).is_file()) if root.is_dir() else []
     raise RlctlError(f"no experiment {ref!r} under {root}.",
                      hint=f"known: {', '.join(known[-8:]) or 'none'} (rlctl experiment list)")

@@ -6,7 +6,8 @@ Capacity is a list of *slots*: where a run may go and what it holds there. On th
 (CUDA_VISIBLE_DEVICES: no two runs on the same GPUs, each with the count its recipe asks for) or, for CPU recipes,
 just a place (`--parallel N` of them); on a Ray cluster a slot is a job the cluster places; with `--on HOST,...`
 a slot is a host (the SSH executor's). A failed variant never blocks the rest: its slot frees up when its run ends,
-however it ended.
+however it ended. With several hosts each run is a pool run of them: the queue follows it by the same rule as `rlctl
+watch` (rlctl.runs.failover), so a run whose host is gone moves to a free place on another host.
 
 Restartable: the queue's record (queue.json) says which variant has which run directory; a queue started again
 (`rlctl experiment resume`, after kill -9 or a reboot) adopts live runs, resumes interrupted ones through their own
@@ -145,6 +146,8 @@ class Queue:
         self.queue = read_queue(d)
         self.manifest = read_manifest(d)
         self.cap = Capacity.from_placement(self.manifest.get("placement") or {})
+        self.held: dict[str, Any] = {}  # variant -> the watch lock of its pool run, while the queue acts on it
+        self.looks: dict[str, Any] = {}  # variant -> its rlctl.runs.failover.Failover
 
     # -- records ---------------------------------------------------------------------------------------------------
     def save(self, **top: Any) -> None:
@@ -196,6 +199,7 @@ class Queue:
     def launch(self, v: dict[str, Any], slot: Slot) -> None:
         from rlctl.runs.launch import LaunchOptions
         from rlctl.runs.launch import launch as do_launch
+        from rlctl.runs.state import read_state
 
         arm = next(a for a in self.manifest["arms"] if a["id"] == v["arm"])
         placement = self.manifest.get("placement") or {}
@@ -206,8 +210,11 @@ class Queue:
         opts = LaunchOptions(arm["recipe"], sets, detach=True, name=v["run_name"],
                              force=bool(placement.get("force")), executor=placement.get("executor"),
                              address=placement.get("address"))
-        if slot.host is not None:
-            opts.on = slot.host  # type: ignore[attr-defined]  # the SSH executor's LaunchOptions field
+        hosts = list(placement.get("hosts") or [])
+        if slot.host is not None:  # with several hosts, a pool run of them (its slot's host first): it can move
+            opts.on = [slot.host, *[h for h in hosts if h != slot.host]] if len(hosts) > 1 else slot.host
+            if len(hosts) > 1:
+                opts.sets = [*opts.sets, *_own_store(arm["recipe"], opts.sets, v["run_name"])]
         try:
             with visible_gpus(slot.gpus):
                 run_dir, _ = do_launch(opts, out=sys.stdout)
@@ -227,6 +234,11 @@ class Queue:
             self.cap.free(v["id"])
             self.log(f"{v['id']}: launch failed: {type(e).__name__}: {e}")
             return
+        actual = read_state(run_dir).get("host")
+        if slot.host is not None and actual and actual != slot.host:  # the slot's host did not fit: another did
+            slot = Slot(f"{actual}#{slot.index}", actual, (), v["id"], slot.index)
+            r["slot"] = slot.to_dict()
+            self.cap.hold(v["id"], r["slot"])
         write_json(run_dir / "experiment.json", {"experiment": self.manifest["name"], "variant": v["id"],
                                                   "arm": v["arm"], "seed": v["seed"], "slot": slot.to_dict()})
         r.update(state="running", run_dir=str(run_dir))
@@ -234,7 +246,7 @@ class Queue:
 
     def settle(self) -> None:
         """Record the variants whose runs ended (however: finished, failed after its restarts, stopped, lost)."""
-        from rlctl.runs.state import ACTIVE, read_state, settled_status
+        from rlctl.runs.state import ACTIVE, read_state
 
         silent: set[str | None] = set()
         answered: set[str | None] = set()
@@ -244,8 +256,10 @@ class Queue:
             run_dir = Path(r["run_dir"])
             host = (r.get("slot") or {}).get("host")
             try:  # one unanswered call per down host and tick: the others on it would wait out the same timeout
-                status = "unreachable" if host is not None and host in silent else \
-                    settled_status(run_dir, read_state(run_dir))
+                status = "unreachable" if host is not None and host in silent else self.look(vid, run_dir)
+                was, host = host, (r.get("slot") or {}).get("host")  # a failover may have moved it
+                if host != was and r.pop("unreachable_since", None) is not None:
+                    self.log(f"{vid}: moved from {was} to {host}")
             except Exception as e:  # a damaged run directory ends its variant, not the queue
                 status = f"unreadable ({type(e).__name__})"
             if status == "unreachable":  # the run may well go on there: its slot stays held, the host gets no more
@@ -270,9 +284,56 @@ class Queue:
             if status not in ACTIVE:
                 r.update(state="done", status=status, ended_at=time.time())
                 self.cap.free(vid)
+                self.release(vid)
                 self.log(f"{vid}: {status}")
         for host in answered - silent:
             self.down.pop(host, None)
+
+    def look(self, vid: str, run_dir: Path) -> str:
+        """A run's status; a pool run's by the rule `rlctl watch` follows (moved when its host is gone), unless a
+        watcher acts on it (its lock): then as that one records it."""
+        from rlctl.runs.state import read_state, settled_status
+
+        st = read_state(run_dir)
+        if not isinstance(st.get("pool"), dict):
+            return settled_status(run_dir, st)
+        if vid not in self.held:
+            from rlctl.runs.watch import hold
+
+            fh = hold(run_dir)
+            if fh is None:
+                return str(st.get("status") or "unknown")
+            self.held[vid] = fh
+        if vid not in self.looks:
+            from rlctl.runs.failover import Failover
+
+            self.looks[vid] = Failover(run_dir, sys.stdout, pick=lambda exclude, vid=vid: self.move(vid, exclude))
+        status = self.looks[vid].step()
+        host = read_state(run_dir).get("host")
+        r = self.rec(vid)
+        if host and host != (r.get("slot") or {}).get("host"):
+            r["slot"] = {**(r.get("slot") or {}), "host": host}
+        return "running" if status == "stalled" else status
+
+    def move(self, vid: str, exclude: set[str]) -> tuple[str | None, list[str]]:
+        """A place on another host for a run that fails over: its slot moves there (or stays, when none is free)."""
+        need = ((self.manifest.get("placement") or {}).get("needs") or {}).get(vid) or {}
+        old = self.cap.used.get(vid)
+        self.cap.free(vid)
+        slot = self.cap.take(vid, int(need.get("gpus") or 0), need.get("gib"), None,
+                             set(exclude) | self.skip_hosts())
+        if slot is None:
+            if old is not None:
+                self.cap.used[vid] = old
+            return None, [f"no free place on another host of {self.manifest['name']}"]
+        self.rec(vid)["slot"] = slot.to_dict()
+        return slot.host, []
+
+    def release(self, vid: str) -> None:
+        fh = self.held.pop(vid, None)
+        if fh is not None:
+            fh.close()
+        self.looks.pop(vid, None)
 
     def mark_down(self, host: str | None) -> None:
         now = time.time()
@@ -343,6 +404,20 @@ class Queue:
         self.save(state="stopped", ended_at=time.time())
         self.log("stopped")
         return 0
+
+
+def _own_store(recipe: str, sets: list[str], run_name: str) -> list[str]:
+    """A pool run fences its attempts in its checkpoint.sync store, so two variants must not share one: each gets a
+    prefix of its own under the recipe's URL (--set checkpoint.sync=URL/<variant's run name>)."""
+    import json
+
+    from rlctl.recipe.loader import load
+
+    try:
+        url = load(recipe, sets).recipe.checkpoint.sync
+    except Exception:  # the launch says what is wrong with the recipe
+        return []
+    return [f"checkpoint.sync={json.dumps(url.rstrip('/') + '/' + run_name)}"] if url else []
 
 
 def _create_time() -> float | None:

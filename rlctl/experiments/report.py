@@ -147,16 +147,22 @@ def arms_of_experiment(d: Path) -> tuple[list[dict[str, Any]], dict[str, list[tu
 
 
 def arms_of_runs(refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[tuple[Path, int | None]]]]:
-    """Runs given by name: those whose resolved recipes are equal but for the seed form one arm."""
+    """Runs given by name: those whose resolved recipes are equal but for the seed form one arm. An attached run
+    (`rlctl attach`) records no settings, so it is an arm of its own: two attached runs are never taken for two
+    seeds of one recipe."""
     from rlctl.experiments.variants import SEED_KEY, diff, flat
-    from rlctl.runs.state import find_run
+    from rlctl.runs.state import find_run, read_state
 
     groups: list[tuple[dict[str, Any], list[tuple[Path, int | None]]]] = []
+    attached: set[Path] = set()
     for ref in refs:
         rd = find_run(ref)
         data = _run_recipe(rd)
         seed = data.get(SEED_KEY)
         key = {k: v for k, v in data.items() if k not in (SEED_KEY, "name")}
+        if read_state(rd).get("attached_from"):
+            key, seed = {"attached run": rd.name}, None
+            attached.add(rd)
         for g, members in groups:
             if g == key:
                 members.append((rd, seed if isinstance(seed, int) else None))
@@ -169,6 +175,8 @@ def arms_of_runs(refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[
     for i, (g, members) in enumerate(groups):
         d = diff(base, g)
         label = " ".join(f"{k}={v[1]}" for k, v in d.items() if not k.startswith("name")) or members[0][0].name
+        if members[0][0] in attached:
+            label = members[0][0].name
         arms.append({"id": f"a{i}", "label": label, "diff": d})
         runs[f"a{i}"] = members
     return arms, runs

@@ -101,11 +101,12 @@ def flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def recipe_data(recipe: str, sets: list[str]) -> dict[str, Any]:
-    """The resolved recipe (extends, --set, defaults) as flat dotted keys, without the sweep table."""
+def recipe_data(recipe: str, sets: list[str], options: dict[str, str] | None = None) -> dict[str, Any]:
+    """The resolved recipe (extends, --set, defaults) as flat dotted keys, without the sweep table. `options`: the
+    option each grid key came from (an error about its value names it)."""
     from rlctl.recipe.loader import load
 
-    r = load(recipe, sets).recipe
+    r = load(recipe, sets, options).recipe
     data = flat(r.model_dump(mode="json", exclude_none=True))
     return {k: v for k, v in data.items() if not k.startswith("sweep.")}
 
@@ -115,16 +116,25 @@ def diff(base: dict[str, Any], other: dict[str, Any]) -> dict[str, list[Any]]:
     return {k: [base.get(k), other.get(k)] for k in keys if base.get(k) != other.get(k) and k != SEED_KEY}
 
 
-def grid_arms(recipe: str, grid: list[tuple[str, list[str]]], sets: list[str]) -> list[Arm]:
-    """Every combination of the grid's values, in order, as arms of one recipe."""
+def grid_arms(recipe: str, grid: list[tuple[str, list[str]]], sets: list[str], where: str = "--grid") -> list[Arm]:
+    """Every combination of the grid's values, in order, as arms of one recipe (`where`: the option the grid came
+    from, --grid or the recipe's [sweep] grid)."""
+    from rlctl.recipe.loader import resolved_sets
+
     path = str(Path(recipe).resolve()) if Path(recipe).exists() else recipe
+    # kept resolved: the queue replays an arm wherever it was started from (`experiment resume` elsewhere); a path
+    # in the recipe's own [sweep] grid is the recipe file's, one given with --set or --grid where it was typed
+    sets = resolved_sets(sets, Path.cwd())
+    grid_base = Path(path).parent if where == "[sweep] grid" else Path.cwd()
     base = recipe_data(path, sets)
     arms = []
     combos = list(itertools.product(*[[(k, v) for v in vals] for k, vals in grid])) if grid else [()]
+    options = {k: where for k, _ in grid}
     for i, combo in enumerate(combos):
-        extra = [f"{k}={v}" for k, v in combo]
-        data = recipe_data(path, [*sets, *extra])
-        label = " ".join(extra) or "base"
+        typed = [f"{k}={v}" for k, v in combo]
+        extra = resolved_sets(typed, grid_base)
+        data = recipe_data(path, [*sets, *extra], options)
+        label = " ".join(typed) or "base"
         arms.append(Arm(f"a{i}", path, [*sets, *extra], label, diff(base, data), data.get("patches.set"),
                         int(data.get(SEED_KEY, 0))))
     return arms
@@ -132,10 +142,13 @@ def grid_arms(recipe: str, grid: list[tuple[str, list[str]]], sets: list[str]) -
 
 def ab_arms(a: str, b: str, sets: list[str]) -> list[Arm]:
     """Two recipes as arms A and B; B's diff is against A."""
+    from rlctl.recipe.loader import resolved_sets
+
     pa, pb = (str(Path(x).resolve()) if Path(x).exists() else x for x in (a, b))
+    sets = resolved_sets(sets, Path.cwd())  # as grid_arms: the same paths wherever the queue runs
     da, db = recipe_data(pa, sets), recipe_data(pb, sets)
-    return [Arm("A", pa, list(sets), f"A: {Path(a).name}", {}, da.get("patches.set"), int(da.get(SEED_KEY, 0))),
-            Arm("B", pb, list(sets), f"B: {Path(b).name}", diff(da, db), db.get("patches.set"),
+    return [Arm("A", pa, list(sets), Path(a).name, {}, da.get("patches.set"), int(da.get(SEED_KEY, 0))),
+            Arm("B", pb, list(sets), Path(b).name, diff(da, db), db.get("patches.set"),
                 int(db.get(SEED_KEY, 0)))]
 
 

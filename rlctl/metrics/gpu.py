@@ -61,6 +61,7 @@ class GpuSampler:
         self.peak_eval: dict[int, float] = {}  # while a checkpoint eval job ran beside the training
         self.peak_train: dict[int, float] = {}  # while none did
         self.now: dict[int, float] = {}
+        self.util: dict[int, float | None] = {}  # % busy at the last sample (None: NVML would not say)
         self.total: dict[int, float] = {}
         self.before: dict[int, float] = {}
         self.samples = 0
@@ -149,6 +150,10 @@ class GpuSampler:
             except Exception:
                 continue
             self.now[i] = used
+            try:
+                self.util[i] = float(self.nvml.nvmlDeviceGetUtilizationRates(h).gpu)
+            except Exception:
+                self.util[i] = None
             self.peak[i] = max(self.peak.get(i, 0.0), used)
             apart[i] = max(apart.get(i, 0.0), used)
         self.samples += 1

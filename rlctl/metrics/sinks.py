@@ -74,6 +74,22 @@ class TensorBoardSink:
         self.writer.close()
 
 
+def _saved_offset(run_dir: Path) -> int:
+    try:
+        return int(json.loads((run_dir / SINK_STATE).read_text())["offset"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+
+
+def skip_to_end(run_dir: Path) -> None:
+    """The records metrics.jsonl holds now were sent by an earlier attempt (on another host): none goes again."""
+    try:
+        size = (run_dir / METRICS).stat().st_size
+    except OSError:
+        size = 0
+    (run_dir / SINK_STATE).write_text(json.dumps({"offset": size}))
+
+
 class Forwarder:
     """Sends the records metrics.jsonl gains to the sinks; remembers its offset so nothing goes twice."""
 
@@ -85,10 +101,7 @@ class Forwarder:
                 self.sinks.append(WandbSink(run_dir, spec.get("wandb") or {}))
             elif name == "tensorboard":
                 self.sinks.append(TensorBoardSink(run_dir, spec.get("tensorboard")))
-        try:
-            self.offset = json.loads((run_dir / SINK_STATE).read_text())["offset"]
-        except (OSError, ValueError, KeyError):
-            self.offset = 0
+        self.offset = _saved_offset(run_dir)
 
     def pump(self) -> int:
         path = self.run_dir / METRICS
@@ -129,6 +142,16 @@ class SinkPump:
         self.spec = spec or {}
         self.forwarder: Forwarder | None = None
         self.off = not self.spec.get("names")
+
+    def backlog(self) -> bool:
+        """Records in metrics.jsonl the sinks have not been sent yet (what the next pump would write)."""
+        if self.off:
+            return False
+        offset = self.forwarder.offset if self.forwarder is not None else _saved_offset(self.run_dir)
+        try:
+            return (self.run_dir / METRICS).stat().st_size > offset
+        except OSError:
+            return False
 
     def pump(self, close: bool = False) -> None:
         if self.off:

@@ -237,7 +237,7 @@ def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | No
     Returns the totals, or None if another process is ingesting right now (or the backend is unknown)."""
     ad = adapter(backend)
     files = log_files(run_dir)
-    if ad is None or not files:
+    if ad is None or not files or _mirrored(run_dir):
         return None
     with ingest_lock(run_dir) as held:
         if not held:
@@ -257,6 +257,22 @@ def ingest(run_dir: Path, backend: str, final: bool = False) -> IngestState | No
                 states[name] = reader.file(run_dir / name, states.get(name, IngestState()), final)
         _save_states(run_dir, states)
         return _total(states)
+
+
+def _mirrored(run_dir: Path) -> bool:
+    """The run's stream is written where the run lives and copied here (its executor says so): parsing the copy of
+    its log here again would append every record a second time."""
+    from rlctl.core.state import read_state
+
+    name = read_state(run_dir).get("executor")
+    if name in (None, "local"):
+        return False
+    from rlctl import executors
+
+    try:
+        return bool(getattr(executors.get(name), "mirrored", False))
+    except Exception:  # an executor this install lacks (a plugin gone): parse as before
+        return False
 
 
 @contextlib.contextmanager

@@ -160,3 +160,21 @@ def group_size(ctx: Context) -> Result:
         return Result("placement.group_size", WARN, f"group_size {g}: advantage estimates are noisy",
                       "4-16 samples per prompt is typical")
     return Result("placement.group_size", OK, f"{g} samples per prompt")
+
+
+@check("placement.pool")
+def pool(ctx: Context) -> Result | None:
+    """A pool (`[run] on = [...]`) moves a run whose host is gone to another host from its newest synced checkpoint;
+    without `checkpoint.sync` there is none the other hosts can reach (docs/resilience.md)."""
+    r = ctx.recipe
+    if not isinstance(r.run.on, list):
+        return None
+    hosts = ", ".join(r.run.on)
+    if r.checkpoint.sync:
+        return Result("placement.pool", OK, f"pool of {len(r.run.on)} host(s) ({hosts}); a failover resumes from the "
+                      f"newest complete checkpoint in {r.checkpoint.sync}")
+    return Result("placement.pool", WARN,
+                  f"pool of {len(r.run.on)} host(s) ({hosts}) without checkpoint.sync: a run that loses its host fails "
+                  "over from step 0 (or from a copy `rlctl ckpt pull` brought here), and its old attempt is stopped "
+                  "only once that host answers again",
+                  'set checkpoint.sync = "s3://bucket/prefix" (any fsspec URL; pip install "rlctl[sync]")')

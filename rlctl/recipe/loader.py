@@ -11,13 +11,14 @@ import difflib
 import json
 import re
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomlkit
 import tomlkit.exceptions
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rlctl.backends import available as available_backends
 from rlctl.errors import RecipeError
@@ -26,10 +27,12 @@ from rlctl.recipe import paths
 from rlctl.recipe.schema import (
     ALIASES,
     SECTIONS,
+    BackendSection,
     Recipe,
     all_key_paths,
     backend_table_model,
     executor_table_model,
+    submodel,
 )
 from rlctl.resources import bundled_recipe
 
@@ -159,7 +162,22 @@ def read_toml(path: Path) -> tuple[dict[str, Any], str]:
         ) from None
     except Exception as e:  # tomlkit raises assorted errors on odd input; none must escape as a traceback
         raise RecipeError(f"{path}: malformed TOML: {e}.") from None
-    return _plain(doc.unwrap()), text
+    data = _plain(doc.unwrap())
+    env = doc.get("env")
+    if isinstance(data.get("env"), dict) and hasattr(env, "items"):
+        for k, v in env.items():
+            data["env"][str(k)] = env_value(data["env"][str(k)], v.as_string() if hasattr(v, "as_string") else "")
+    return data, text
+
+
+def env_value(value: Any, typed: str) -> Any:
+    """An environment variable's value is a string: a number (or true/false) given for one is the string as it was
+    typed (`0.250` stays `0.250`, `12.10` is not the float 12.1); anything else is left for validation to name."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return typed.strip() or str(value)
+    return value
 
 
 def _plain(value: Any) -> Any:
@@ -198,6 +216,9 @@ def locate(text: str, dotted: str) -> int | None:
 
 # --------------------------------------------------------------------------------------------------------------
 # extends and --set
+
+SET = "--set"
+OPTIONS = ("--grid", "[sweep] grid")  # the other options whose values reach a recipe as sets (a sweep's)
 
 
 def _load_chain(path: Path, seen: list[Path]) -> tuple[dict[str, Any], dict[str, Path], list[Path], dict[Path, str]]:
@@ -257,8 +278,19 @@ def _leaf_paths(data: dict[str, Any], prefix: str = "") -> list[str]:
     return out
 
 
+class _Null:
+    """`--set k=null`: TOML has no null, so the bare word `null` (as in Hydra) unsets a key; `"null"` is the string."""
+
+    def __repr__(self) -> str:
+        return "null"
+
+
+NULL = _Null()
+
+
 def parse_set(expr: str) -> tuple[list[str], Any]:
-    """`rollout.group_size=16` -> (["rollout", "group_size"], 16). Values are TOML values; bare words are strings."""
+    """`rollout.group_size=16` -> (["rollout", "group_size"], 16). Values are TOML values; bare words are strings;
+    the bare word `null` is NULL (unset the key)."""
     key, sep, raw = expr.partition("=")
     key = key.strip()
     if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key):
@@ -266,24 +298,44 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
             f"--set {expr!r}: expected KEY=VALUE with a dotted key.", hint="e.g. --set rollout.group_size=16"
         )
     raw = raw.strip()
+    if raw == "null":
+        return key.split("."), NULL
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
-    return key.split("."), value
+    keys = key.split(".")
+    if keys[0] == "env" and len(keys) == 2:
+        value = env_value(value, raw)
+    return keys, value
 
 
-def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path]) -> None:
-    """Each `--set k=v` over the loaded recipe; a path it gives is relative to where the command was typed."""
+def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path],
+               options: dict[str, str] | None = None) -> None:
+    """Each `--set k=v` over the loaded recipe; a path it gives is relative to where the command was typed.
+    `options` names the option a key came from when it was not --set (a sweep's `--grid`, `[sweep] grid`): an error
+    about it names that option. `k=null` unsets a key (unset_problem says which keys can be)."""
     for expr in sets:
         keys, value = parse_set(expr)
-        fragment: Any = value
-        for k in reversed(keys):
-            fragment = {k: fragment}
-        paths.resolve(fragment, Path.cwd())
-        for k in keys:
-            fragment = fragment[k]
-        value = fragment
+        dotted = ".".join(keys)
+        if value is NULL:
+            problem = unset_problem(keys)
+            if isinstance(problem, tuple):
+                raise RecipeError(f"--set {expr}: `{dotted}` cannot be unset: {problem[0]}.", hint=problem[1])
+            if problem is None:
+                _unset(data, keys)
+                for k in [k for k in origins if k == dotted or k.startswith(dotted + ".")]:
+                    del origins[k]
+                continue
+            value = None  # not a key of the schema: validation names it, with a did-you-mean
+        else:
+            fragment: Any = value
+            for k in reversed(keys):
+                fragment = {k: fragment}
+            paths.resolve(fragment, Path.cwd())
+            for k in keys:
+                fragment = fragment[k]
+            value = fragment
         node = data
         for k in keys[:-1]:
             nxt = node.get(k)
@@ -292,7 +344,95 @@ def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path]) 
                 node[k] = nxt
             node = nxt
         node[keys[-1]] = value
-        origins[".".join(keys)] = Path("--set")
+        origins[dotted] = Path((options or {}).get(dotted, SET))
+
+
+def resolved_sets(sets: list[str], base: Path) -> list[str]:
+    """`--set` expressions as they must be kept to mean the same elsewhere (an experiment's arms, replayed by its
+    queue in whatever directory it was started from): a path key's value made absolute against `base`
+    (rlctl.recipe.paths), every other expression as typed."""
+    out = []
+    for expr in sets:
+        keys, value = parse_set(expr)
+        fragment: Any = value
+        for k in reversed(keys):
+            fragment = {k: fragment}
+        paths.resolve(fragment, base)
+        for k in keys:
+            fragment = fragment[k]
+        out.append(f"{'.'.join(keys)}={json.dumps(fragment)}" if fragment != value else expr)
+    return out
+
+
+def _unset(data: dict[str, Any], keys: list[str]) -> None:
+    node: Any = data
+    for k in keys[:-1]:
+        node = node.get(k) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(keys[-1], None)
+
+
+UNKNOWN = "unknown"
+
+
+def unset_problem(keys: list[str]) -> None | str | tuple[str, str]:
+    """Whether `--set KEY=null` may unset a key: None when it may (its schema default is None: the key is optional; or
+    it is an entry of a free-form table: [env], `extra`, an eval set), UNKNOWN when the schema has no such key, else
+    (why not, the fix)."""
+    dotted = ".".join(keys)
+    model: Any = Recipe
+    parent: Any = None  # the field holding `model`
+    entry_of: Any = None  # inside a mapping: the type of its values
+    for i, k in enumerate(keys):
+        last = i == len(keys) - 1
+        if entry_of is not None:  # `k` names an entry
+            sub = submodel(entry_of)
+            if last or sub is None:
+                return None
+            model, entry_of = sub, None
+            continue
+        field = model.model_fields.get(k)
+        if field is None:
+            if issubclass(model, BackendSection) and k in available_backends():  # [backend.<name>]
+                if last:
+                    return None
+                model, parent = backend_table_model(k), None
+                continue
+            if model.model_config.get("extra") == "allow" and not issubclass(model, BackendSection):
+                return None  # a section of free keys ([doctor])
+            return UNKNOWN
+        if last:
+            break
+        entry_of = _mapping_values(field.annotation)
+        if entry_of is None:
+            sub = submodel(field.annotation)
+            if sub is None:
+                return UNKNOWN  # a value has no keys under it
+            model, parent = sub, field
+    value_fix = f"give it a value instead: --set {dotted}=<VALUE>"
+    if field.is_required():
+        section = ".".join(keys[:-1])
+        if parent is not None and not parent.is_required() and parent.get_default() is None:
+            return (f"[{section}] must give it", f"{value_fix}, or remove the whole table: --set {section}=null")
+        return "the recipe must give it", value_fix
+    default = field.get_default(call_default_factory=True)
+    if default is None:
+        return None
+    if isinstance(default, BaseModel):
+        return "the section always exists", "unset the keys under it that have no default, one by one"
+    shown = json.dumps(default, default=str)
+    return (f"it always has a value (default {shown})",
+            f"{value_fix}, e.g. its default: --set {dotted}={shown}. Only keys without a default can be unset.")
+
+
+def _mapping_values(annotation: Any) -> Any:
+    """The value type of a dict annotation (or of the dict in an Optional one), else None."""
+    if typing.get_origin(annotation) is dict:
+        return typing.get_args(annotation)[1]
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is dict:
+            return typing.get_args(arg)[1]
+    return None
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -358,8 +498,8 @@ def _where(dotted: str, origins: dict[str, Path], texts: dict[Path, str], top: P
                 break
     if src is None:
         src = top
-    if str(src) == "--set":
-        return "--set"
+    if str(src) == SET or str(src) in OPTIONS:
+        return str(src)
     line = locate(texts.get(src, ""), dotted)
     return f"{src}:{line}" if line else str(src)
 
@@ -451,12 +591,13 @@ def validate(
         raise RecipeError("\n".join(problems)) from None
 
 
-def load(path: str | Path, sets: list[str] | None = None) -> ResolvedRecipe:
-    """Load a recipe file (or a bundled recipe by name) with its extends chain and --set overrides, validated."""
+def load(path: str | Path, sets: list[str] | None = None, options: dict[str, str] | None = None) -> ResolvedRecipe:
+    """Load a recipe file (or a bundled recipe by name) with its extends chain and --set overrides, validated.
+    `options`: {dotted key: the option that set it} for keys set by another option than --set (apply_sets)."""
     p = Path(path)
     if not p.exists() and bundled_recipe(str(path)) is not None and "/" not in str(path):
         p = bundled_recipe(str(path))  # type: ignore[assignment]
     data, origins, chain, texts = _load_chain(p, [])
-    apply_sets(data, sets or [], origins)
+    apply_sets(data, sets or [], origins, options)
     recipe = validate(data, origins, texts, p.resolve())
     return ResolvedRecipe(recipe=recipe, data=data, path=p.resolve(), origins=origins, chain=chain)

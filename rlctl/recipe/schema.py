@@ -330,6 +330,10 @@ class CheckpointSection(Section):
     save_optimizer: bool = Field(default=True, description="Keep optimizer/DeepSpeed state (needed to resume).")
     sync: str | None = Field(default=None, description="Upload complete checkpoints here (an fsspec URL, "
                              "e.g. s3://bucket/prefix); a `latest` pointer is written last.")
+    min_free_gb: Annotated[float, NoBool, Field(ge=0.0, le=1e6)] | None = Field(
+        default=None, description="Keep this much disk free beside the next checkpoint: before one would not fit, "
+        "rlctl prunes beyond keep_last (never the best or the newest synced), then stops the run after its last "
+        "complete checkpoint (docs/resilience.md).")
 
     @field_validator("resume")
     @classmethod
@@ -350,6 +354,9 @@ class StallSection(Section):
     floor_s: Seconds = Field(default=600.0, description="Never stalled sooner than this without a new step.")
     first_step_s: Seconds = Field(default=1800.0, description="Grace for the first step (loading, warm-up).")
     slow_step_s: Seconds = Field(default=1800.0, description="Grace for a step with an eval or a save.")
+    inference_idle_s: Seconds = Field(
+        default=600.0, description="Stalled after this long without a step while the inference engine is gone (its "
+        "GPU's memory at ~0 or its process gone) or its GPU and the trainer's both idle (docs/supervision.md).")
 
 
 # The doctor's rule names, which [run] stop_when may name (tests/test_evals.py keeps this equal to
@@ -366,10 +373,46 @@ class RunSection(Section):
         default="never", description="Restart from the latest complete checkpoint on a failure, a stall, or both.")
     max_restarts: _upto(100_000, 0) = Field(default=3, description="Give up (status failed) after this many restarts.")
     stall: StallSection = Field(default_factory=StallSection)
-    on: str | None = Field(default=None, description="An SSH host (rlctl hosts add) to run on, as `launch --on HOST`.")
+    on: str | list[str] | None = Field(
+        default=None, description="An SSH host (rlctl hosts add) to run on, as `launch --on HOST`; a list is a pool: "
+        "launch picks the first whose GPUs and disk fit the plan, and `rlctl watch` moves the run to another when its "
+        "host is gone (docs/resilience.md).")
+    failover_after_s: Annotated[float, NoBool, Field(ge=1.0, le=MAX_SECONDS)] = Field(
+        default=300.0, description="A pool run's host unreachable this long is gone: the run fails over to another "
+        "host of the pool (a host that answers without the run's processes is gone at once).")
+    on_event: str | None = Field(
+        default=None, description="A command `rlctl watch` runs on a pool run's failover, death and finish, the event "
+        "in its environment (RLCTL_EVENT, RLCTL_RUN, RLCTL_HOST, ...); split like a shell would, never run by one.")
     stop_when: list[str] = Field(
         default_factory=list, description="Doctor findings that stop the run cleanly, e.g. [\"eval_divergence:2\", "
         "\"entropy_collapse\"] (`rule:N` sets the rule's count); the best checkpoint by the primary eval is marked.")
+
+    @field_validator("on")
+    @classmethod
+    def _hosts(cls, v: str | list[str] | None) -> str | list[str] | None:
+        names = [v] if isinstance(v, str) else v or []
+        for n in names:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", n):
+                raise ValueError(f"run.on {n!r}: not a host name (rlctl hosts list shows yours)")
+        if isinstance(v, list) and len(set(v)) != len(v):
+            raise ValueError(f"run.on {v}: a host is named twice")
+        if isinstance(v, list) and not v:
+            raise ValueError("run.on = []: name at least one host, or leave the key out to run here")
+        return v
+
+    @field_validator("on_event")
+    @classmethod
+    def _command(cls, v: str | None) -> str | None:
+        import shlex
+
+        if v is not None:
+            try:
+                argv = shlex.split(v)
+            except ValueError as e:
+                raise ValueError(f"run.on_event: {e} (it is split like a shell would)") from None
+            if not argv:
+                raise ValueError("run.on_event is empty: name a command, or leave the key out")
+        return v
 
     @field_validator("stop_when")
     @classmethod
@@ -539,10 +582,16 @@ class Recipe(Section):
     @property
     def trainer_gpu_count(self) -> int:
         """GPUs running the trainer across all nodes. A backend with no inference engine (`uses_vllm` false: it
-        generates in its own processes, or it is a command rlctl cannot see into) leaves no GPU to one."""
+        generates in its own processes, or it is a command rlctl cannot see into) leaves no GPU to one; one whose
+        engines share the trainer's GPUs as it runs the recipe (Backend.colocated: e.g. TRL's default vllm_mode,
+        verl's hybrid engine) trains on all of them, `resources.colocate` or not."""
         if self.resources.trainer_gpus is not None:
             return len(self.resources.trainer_gpus) * self.resources.nodes
         if self.resources.colocate or not self.uses_vllm:
+            return self.total_gpus
+        from rlctl.backends import get_backend
+
+        if get_backend(self.backend.name).colocated(self):
             return self.total_gpus
         return max(self.total_gpus - self.inference_gpu_count, 0)
 
@@ -601,7 +650,7 @@ def _section_models() -> dict[str, type[BaseModel]]:
     def walk(prefix: str, model: type[BaseModel]) -> None:
         out[prefix] = model
         for name, field in model.model_fields.items():
-            sub = _submodel(field.annotation)
+            sub = submodel(field.annotation)
             if sub is not None and sub is not DoctorSection:
                 walk(f"{prefix}.{name}" if prefix else name, sub)
 
@@ -609,13 +658,14 @@ def _section_models() -> dict[str, type[BaseModel]]:
     return out
 
 
-def _submodel(annotation: Any) -> type[BaseModel] | None:
+def submodel(annotation: Any) -> type[BaseModel] | None:
+    """The section model an annotation holds (`LoraSection | None` -> LoraSection), else None."""
     import typing
 
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in typing.get_args(annotation):
-        found = _submodel(arg)
+        found = submodel(arg)
         if found is not None:
             return found
     return None

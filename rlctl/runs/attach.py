@@ -525,7 +525,8 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
                 sources={"logs": [str(q) for q in src.logs], "tensorboard": [str(q) for q in src.tensorboard],
                          "wandb": [str(q) for q in src.wandb],
                          "trainer_state": str(src.trainer_state) if src.trainer_state else None,
-                         "checkpoints": str(ckpt) if ckpt else None})
+                         "checkpoints": str(ckpt) if ckpt else None},
+                **_recipe_total(ad, recipe))
     st = ingest(run_dir, backend, final=True) or IngestState()
     structured, bad = 0, 0
     from rlctl.evals import in_loop
@@ -539,6 +540,22 @@ def attach(path: str, backend: str = "auto", name: str | None = None, address: s
         structured += len(recs)
         bad += nbad
     return Attached(run_dir, backend, st, structured, bad, st.lines, note)
+
+
+def _recipe_total(ad: Any, recipe: str | None) -> dict[str, int]:
+    """With --recipe: its step count in the steps the backend logs, as a launch records it (status: step N/total,
+    ETA); {} when the recipe does not say it without its data."""
+    if recipe is None:
+        return {}
+    from rlctl.recipe.loader import load
+
+    try:
+        rec = load(Path(recipe)).recipe
+        total = ad.total_steps(rec, None)
+        per = max(int(ad.optimizer_steps_per_logged_step(rec)), 1)
+    except Exception:  # a count that needs the dataset, a recipe this release cannot plan: no total, as before
+        return {}
+    return {"total_steps": -(-total // per), "optimizer_steps": total} if total else {}
 
 
 def _recipe_checkpoints(ad: Any, recipe: str | None, p: Path) -> Path | None:

@@ -33,6 +33,20 @@ def checkpoint_dir(run_dir: Path, configured: str | None = None) -> Path:
     return p if p.is_absolute() else run_dir / p
 
 
+MARKER_MAX = 1 << 20
+
+
+def root_markers(root: Path) -> list[Path]:
+    """The small files at the top of a checkpoint root that go with any checkpoint copied out of it (a `latest`
+    pointer, the command backend's layout descriptor `.rlctl-checkpoints.json`): what a resume from a copy reads
+    besides the checkpoint itself. Regular files under 1 MiB, no links."""
+    try:
+        return sorted(p for p in root.iterdir()
+                      if p.is_file() and not p.is_symlink() and p.stat().st_size < MARKER_MAX)
+    except OSError:
+        return []
+
+
 def find_checkpoints(backend: str, run_dir: Path, root: Path | None = None) -> list[Checkpoint]:
     """The run's checkpoints in the backend's own layout (its adapter knows it), oldest first."""
     from rlctl.backends import get_backend
@@ -199,7 +213,8 @@ def prune(backend: str, run_dir: Path, keep_last: int, keep_best: bool = True, d
     return doomed
 
 
-def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> None:
+def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int,
+                     protect: set[int] | frozenset[int] = frozenset()) -> None:
     """Called by the supervisor: enforce keep_last where the backend keeps more on its own (its adapter says so at
     launch, as spec["prune_during_run"]), quietly."""
     if not spec.get("prune_during_run"):
@@ -210,6 +225,7 @@ def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> Non
 
         done = read_ledger(run_dir).get("done") or {}
         pending = {c.step for c in find_checkpoints(spec.get("backend", ""), run_dir) if str(c.step) not in done}
+    pending |= set(protect)  # e.g. the newest synced checkpoint (the supervisor knows it): kept here too
     try:
         doomed = prune(spec.get("backend", ""), run_dir, keep_last,
                        root=checkpoint_dir(run_dir, spec.get("checkpoint_dir")), keep_steps=pending)
@@ -218,28 +234,3 @@ def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int) -> Non
     if doomed:
         with (run_dir / "rlctl-events.jsonl").open("a") as fh:
             fh.write(json.dumps({"event": "pruned", "steps": [c.step for c in doomed]}) + "\n")
-
-
-def disk_watch(run_dir: Path, spec: dict[str, Any]) -> str | None:
-    """During a run: when free space where checkpoints go falls under the headroom, record a warning and, if the
-    recipe keeps a bounded number (keep_last), prune to it — then, if still short, to the newest complete one."""
-    root = checkpoint_dir(run_dir, spec.get("checkpoint_dir"))
-    probe = root if root.exists() else run_dir
-    usage = shutil.disk_usage(probe)
-    headroom = float(spec.get("disk_headroom", 0.1))
-    if usage.free >= headroom * usage.total:
-        return None
-    event: dict[str, Any] = {"event": "disk_low", "free": usage.free, "total": usage.total}
-    keep = spec.get("keep_last")
-    backend = spec.get("backend", "")
-    if keep:
-        try:
-            doomed = prune(backend, run_dir, int(keep), root=root)
-            if shutil.disk_usage(probe).free < headroom * usage.total and int(keep) > 1:
-                doomed += prune(backend, run_dir, 1, root=root)
-            event["pruned"] = [c.step for c in doomed]
-        except (RlctlError, OSError) as e:
-            event["error"] = str(e)
-    with (run_dir / "rlctl-events.jsonl").open("a") as fh:
-        fh.write(json.dumps(event) + "\n")
-    return "disk low: " + json.dumps(event)

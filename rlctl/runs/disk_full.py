@@ -4,9 +4,10 @@ the trainer's "No space left on device" at the end of its log while a checkpoint
 `failed` (not `lost`, which is what a full disk makes of a run whose outcome could not be written), with the cause
 "disk full on HOST while saving checkpoint-N".
 
-The cause is found where the run lives (on its host for a run on an SSH host: the host's status answer carries it)
-and kept in state.json as `cause` as soon as it can be written (here, and in the laptop's record of a remote run), so
-that it is said for as long as the run is listed, its host reachable, removed or not.
+The evidence is read here; rlctl.runs.causes (the one place that names causes) decides and says it. The cause is
+found where the run lives (on its host for a run on an SSH host: the host's status answer carries it) and kept in
+state.json as `cause` as soon as it can be written (here, and in the laptop's record of a remote run), so that it is
+said for as long as the run is listed, its host reachable, removed or not.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ def low_disk(run_dir: Path) -> str | None:
     """"N bytes free at PATH" when the disk where the run (or its checkpoint directory) writes is full, else None."""
     from rlctl.runs.checkpoints import checkpoint_dir
 
-    for where in (run_dir, checkpoint_dir(run_dir)):
+    return low_disk_at(run_dir, checkpoint_dir(run_dir))
+
+
+def low_disk_at(*paths: Path) -> str | None:
+    """"N bytes free at PATH" for the first of these whose disk is full, else None."""
+    for where in paths:
         try:
             free = shutil.disk_usage(where).free
         except OSError:
@@ -82,30 +88,7 @@ def find_cause(run_dir: Path, state: dict[str, Any]) -> dict[str, Any] | None:
     return {"what": "disk full", "checkpoint": ckpt, "evidence": evidence}
 
 
-def settle(run_dir: Path, state: dict[str, Any], status: str) -> tuple[str, dict[str, Any] | None]:
-    """(status, cause) of a run as status shows it: one that ended failed or lost with a full disk is failed, its
-    cause recorded in state.json when the disk lets rlctl write it."""
-    if status not in ("failed", "lost"):
-        return status, None
-    if isinstance(state.get("cause"), dict):  # found before (an attempt's start clears it)
-        return "failed", state["cause"]
-    cause = find_cause(run_dir, state)
-    if cause is None:
-        return status, None
-    import contextlib
-
-    from rlctl.core.state import write_state
-
-    with contextlib.suppress(OSError):  # a disk still full: said now, written once there is room
-        write_state(run_dir, status="failed", cause=cause,
-                    **({} if status == "failed" else {"settled_by": "disk full (its outcome could not be written)"}))
-    return "failed", cause
-
-
-def say(cause: dict[str, Any] | None, host: str | None) -> str | None:
-    """"disk full on HOST while saving checkpoint-N" (HOST: the host's name as hosts.toml has it, else this
-    machine's name)."""
-    if not isinstance(cause, dict) or cause.get("what") != "disk full":
-        return None
-    where = host or socket.gethostname()
-    return f"disk full on {where}" + (f" while saving {cause['checkpoint']}" if cause.get("checkpoint") else "")
+def full_while(doing: str, host: str | None) -> str:
+    """"disk full on HOST while DOING", as `say` words a run's cause (HOST: the host's name as hosts.toml has it,
+    when the laptop said it, else this machine's name)."""
+    return f"disk full on {host or socket.gethostname()} while {doing}"

@@ -590,6 +590,20 @@ def diagnose(run_dir: Path) -> list[Finding]:
     return findings
 
 
+def cause_finding(run_dir: Path) -> Finding | None:
+    """A run that died or hangs: why, with its evidence lines (rlctl.runs.causes, the one place that decides)."""
+    from rlctl.runs.causes import say
+    from rlctl.runs.state import run_status
+
+    rs = run_status(run_dir, ingest=False)
+    if rs.cause is None:
+        return None
+    verb = "hangs" if rs.status == "stalled" else rs.status
+    return Finding("cause", "critical", f"the run {verb}: {say(rs.cause, rs.state.get('host'))}",
+                   str(rs.cause.get("fix") or ""), {"lines": list(rs.cause.get("evidence") or []),
+                                                    "cause": rs.cause})
+
+
 def headline(run_dir: Path, records: list[dict[str, Any]] | None = None) -> str | None:
     """The most serious finding, over `records` (e.g. the tail status read) or the whole stream."""
     if records is None:

@@ -256,11 +256,12 @@ def _summary(path: Path, row: dict[str, Any], stall_after: float, summary: Calla
         except Exception:
             status = "unknown"
     cause = None
-    if not state.get("host"):  # a run here that ended with a full disk is failed, and says so (runs.disk_full)
-        from rlctl.runs.disk_full import settle
+    if not state.get("host"):  # a run here that died or hangs says why (runs.causes); its whole state is read then
+        from rlctl.runs.causes import settle
 
         with contextlib.suppress(Exception):
-            status, cause = settle(path, state, status)
+            status, cause = settle(path, read_state(path) if status in ("failed", "lost", "stalled") else state,
+                                   status, light=True)
     rs = RunStatus(row.get("name", path.name), path, state, status, row.get("step"), state.get("total_steps"),
                    {"reward/mean": row.get("reward")}, row.get("last_time"), cause=cause)
     s = summary(rs)

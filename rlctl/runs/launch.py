@@ -29,7 +29,12 @@ class LaunchOptions:
     grace_seconds: float = 30.0
     restart: str | None = None  # never | on-failure | on-stall | always (default: the recipe's [run] restart)
     max_restarts: int | None = None
-    on: str | None = None  # an SSH host (rlctl hosts): the run goes there (rlctl.executors.ssh)
+    on: str | list[str] | None = None  # an SSH host (rlctl hosts), or a pool of them (a list, or "a,b")
+    # a pool run's attempt (rlctl.runs.failover): its generation and fencing token, the W&B run id it continues, and
+    # the stream of the attempts before it up to the step it resumes from (docs/resilience.md)
+    lineage: dict[str, Any] | None = None
+    exact_name: bool = False  # the run directory is named exactly `name` (an attempt of a pool run on a new host)
+    resume_manifest: str | None = None  # with --resume URL: this synced checkpoint, not the newest
     placement: dict[str, str] | None = None  # --partition/--account/--time: keys of the executor's own table
 
 
@@ -39,6 +44,15 @@ def place(recipe: Any, executor: str | None, placement: dict[str, str] | None) -
     for key, value in (placement or {}).items():
         if value is not None:
             recipe.executor.place(name, key, value, f"--{key}")
+
+
+def pool_hosts(on: str | list[str] | None) -> list[str] | None:
+    """`--on box1,box2` or `[run] on = [...]` as a list of host names (a pool); a single name (str) is not a pool."""
+    if isinstance(on, list):
+        return list(on)
+    if isinstance(on, str) and "," in on:
+        return [h.strip() for h in on.split(",") if h.strip()]
+    return None
 
 
 def smoke(recipe: Any) -> None:
@@ -104,7 +118,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     from rlctl.recipe.loader import dump_toml
     from rlctl.recipe.planning import prepare
     from rlctl.runs.rundir import check_run_name, create_run_dir, environment_record, masked_recipe_data
-    from rlctl.runs.state import find_run, runs_root, write_state
+    from rlctl.runs.state import find_run, read_state, runs_root, write_state
     from rlctl.runs.supervisor import RestartPolicy, write_spec
 
     out = out or sys.stderr
@@ -115,8 +129,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     name = check_run_name(opts.name if opts.name is not None else recipe.name,
                           "--name" if opts.name is not None else "the recipe's name")
     on = opts.on or (None if os.environ.get("RLCTL_REMOTE_SIDE") else recipe.run.on)
-    if on:  # the run goes to an SSH host: preflight and supervision happen there
-        return executors.get("ssh").launch(opts, on, out)  # type: ignore[attr-defined]
+    if on:  # the run goes to an SSH host (or a pool of them): preflight and supervision happen there
+        return executors.get("ssh").launch(opts, pool_hosts(on) or on, out)  # type: ignore[attr-defined]
     resumed_from = parent_ckpt = None
     if opts.smoke:
         smoke(recipe)
@@ -135,13 +149,20 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     if opts.resume and "://" in opts.resume:
         from rlctl.runs.sync import read_latest
 
-        remote = read_latest(opts.resume)
+        if opts.resume_manifest:
+            from rlctl.runs.sync import manifest_at, store
+
+            fs, root = store(opts.resume)
+            remote = manifest_at(fs, root, opts.resume_manifest)
+        else:
+            remote = read_latest(opts.resume)
         if remote is None:
             raise RlctlError(f"--resume {opts.resume}: no complete synced checkpoint there (no `latest`, or its "
                              "files are missing).")
         recipe.checkpoint.resume = remote["step"]
     elif opts.resume:
         resumed_from = find_run(opts.resume)
+        _not_running(resumed_from, opts.force, out)
         parent_ckpt = _parent_checkpoint(prep.backend, resumed_from)
         recipe.checkpoint.resume = parent_ckpt.step
     prep.plan = prep.backend.render(recipe, prep.dataset_size)
@@ -165,7 +186,12 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
              "PYTHONUNBUFFERED": "1"}
     child_env = child_environment(prep.plan.env, extra)  # fails before anything is written if a secret is missing
 
-    run_dir = create_run_dir(runs_root(), name).resolve()
+    if opts.exact_name:
+        from rlctl.runs.rundir import create_named_run_dir
+
+        run_dir = create_named_run_dir(runs_root(), name).resolve()
+    else:
+        run_dir = create_run_dir(runs_root(), name).resolve()
     rerender = False
     if resumed_from is not None:
         # the new run resumes from its own copy: nothing is ever written into the parent's directory
@@ -174,9 +200,11 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
             recipe.checkpoint.dir, rerender = own, True
         stage_checkpoint(parent_ckpt, _ckpt_root(resumed_from), _abs(run_dir, recipe.checkpoint.dir))
     if remote is not None:
-        from rlctl.runs.sync import fetch_latest
+        from rlctl.runs.sync import fetch_manifest, mark_synced
 
-        fetch_latest(opts.resume, _abs(run_dir, recipe.checkpoint.dir))
+        fetch_manifest(opts.resume, remote, _abs(run_dir, recipe.checkpoint.dir))
+        if recipe.checkpoint.sync == opts.resume:  # the run's own store: the checkpoint is synced already
+            mark_synced(run_dir, opts.resume, remote)
     if executor.copies_working_dir and not Path(recipe.checkpoint.dir).is_absolute():
         # the job runs in a copy of the run directory: checkpoints must name the real one
         recipe.checkpoint.dir, rerender = str(run_dir / recipe.checkpoint.dir), True
@@ -184,13 +212,19 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         prep.plan = prep.backend.render(recipe, prep.dataset_size)
     child_env["RLCTL_RUN_DIR"] = str(run_dir)
     child_env["RLCTL_METRICS_FILE"] = str(run_dir / "backend_metrics.jsonl")  # read by rlctl's OpenRLHF patch
+    lineage = opts.lineage or {}
+    if lineage:
+        continue_stream(run_dir, lineage)
     wandb_id = None
     if recipe.logging.wandb:
-        wandb_id = wandb_run_id(run_dir, resumed_from)
+        wandb_id = lineage.get("wandb_run_id") or wandb_run_id(run_dir, resumed_from)
         child_env["WANDB_RUN_ID"] = wandb_id  # honoured by wandb.init in every backend
         child_env["WANDB_RESUME"] = "allow"
     data = masked_recipe_data(recipe.model_dump(mode="json", exclude_none=True))
     (run_dir / "recipe.toml").write_text(dump_toml(data))
+    from rlctl.runs.components import write_components
+
+    write_components(run_dir, prep.backend, recipe)  # where each component logs: status reads it, no recipe parse
     plan = prep.backend.prepare_launch(prep.plan, run_dir)
     plan.write(run_dir)
     from rlctl.evals.in_loop import write_context
@@ -208,6 +242,7 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         "argv": executor.command(plan, prep.backend, {}), "backend": plan.backend, "executor": executor.name,
         "grace_seconds": opts.grace_seconds,
         "keep_last": recipe.checkpoint.keep_last, "checkpoint_dir": recipe.checkpoint.dir,
+        "min_free_gb": recipe.checkpoint.min_free_gb,
         "disk_headroom": recipe.preflight.disk_headroom,
         "prune_during_run": bool(recipe.checkpoint.keep_last) and prep.backend.prune_during_run(recipe),
         "sinks": sink_spec(recipe, run_dir, wandb_id),
@@ -222,6 +257,10 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     from rlctl.evals.loop import evals_spec
 
     spec["evals"] = evals_spec(recipe, prep.backend)  # baseline, checkpoint evals, stop_when (docs/eval.md)
+    if lineage.get("fence"):
+        spec["fence"] = lineage["fence"]  # its generation in the sync store (rlctl.runs.fencing)
+        # checkpoints reach the store as often as the generation is checked: a failover resumes from a recent one
+        spec["housekeeping_seconds"] = min(10.0, float(lineage["fence"].get("every_s") or 10.0))
     spec = executor.prepare(run_dir, spec, child_env, plan, recipe, opts)
     write_spec(run_dir, spec)
     write_state(run_dir, name=run_dir.name, status="starting", backend=plan.backend,
@@ -251,7 +290,24 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
 
     if gpu_line := verdict_line(run_dir):  # none for a CPU recipe (gpus_per_node = 0)
         print(gpu_line, file=out)
+    if read_state(run_dir).get("stopped_by"):
+        return run_dir, 0  # stopped by the recipe's own stop_when: it ended as asked, not interrupted
     return run_dir, code
+
+
+def continue_stream(run_dir: Path, lineage: dict[str, Any]) -> None:
+    """An attempt that continues a pool run elsewhere starts with the run's stream up to the step it resumes from
+    (every step once: the steps it repeats are dropped, and the records already sent to W&B are not sent again)."""
+    from rlctl.metrics.sinks import skip_to_end
+    from rlctl.metrics.stream import METRICS, STEP_FLOOR
+
+    stream = lineage.get("stream")
+    if not stream:
+        return
+    (run_dir / METRICS).write_text(stream if stream.endswith("\n") else stream + "\n")
+    if lineage.get("from_step") is not None:
+        (run_dir / STEP_FLOOR).write_text(str(int(lineage["from_step"])))
+    skip_to_end(run_dir)
 
 
 def _abs(run_dir: Path, d: str) -> Path:
@@ -262,6 +318,23 @@ def _ckpt_root(run: Path) -> Path:
     from rlctl.runs.checkpoints import checkpoint_dir
 
     return checkpoint_dir(run)
+
+
+def _not_running(parent: Path, force: bool, out: Any) -> None:
+    """--resume of a run that still trains would start a second run from its checkpoint beside it (a fork, both
+    writing their own checkpoints): refused unless --force, and said either way."""
+    from rlctl.runs.state import ACTIVE, settled_status
+
+    status = settled_status(parent)
+    if status not in ACTIVE:
+        return
+    if not force:
+        raise RlctlError(f"--resume {parent.name}: that run is still {status}; a new run from its checkpoint would "
+                         "train beside it (a fork), not take over.",
+                         hint=f"stop it first (rlctl stop {parent.name}) and launch again to continue it; or add "
+                              "--force to fork it on purpose")
+    print(f"rlctl: {parent.name} is still {status}: forking it (--force); it goes on, the new run starts from its "
+          "checkpoint", file=out)
 
 
 def _parent_checkpoint(backend: Any, old_run: Path) -> Any:
@@ -320,10 +393,10 @@ def stage_checkpoint(ckpt: Any, parent_root: Path, dest_root: Path) -> list[Path
         else:
             shutil.copy2(src, dst)
         copied.append(dst)
-    if parent_root.is_dir():
-        for p in parent_root.iterdir():
-            small = p.is_file() and not p.is_symlink() and p.stat().st_size < (1 << 20)
-            if small and not (dest_root / p.name).exists():
-                shutil.copy2(p, dest_root / p.name)
-                copied.append(dest_root / p.name)
+    from rlctl.runs.checkpoints import root_markers
+
+    for p in root_markers(parent_root):
+        if not (dest_root / p.name).exists():
+            shutil.copy2(p, dest_root / p.name)
+            copied.append(dest_root / p.name)
     return copied

@@ -60,6 +60,17 @@ def create_run_dir(root: Path, name: str, now: float | None = None) -> Path:
     raise RuntimeError(f"could not create a unique run directory under {root}")
 
 
+def create_named_run_dir(root: Path, name: str) -> Path:
+    """A new run directory named exactly `name` (a pool run's attempt on another host: `<run>-g<generation>`)."""
+    check_run_name(name, "run name")
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        (root / name).mkdir()
+    except FileExistsError:
+        raise RlctlError(f"{root / name} exists already; a run directory is never reused.") from None
+    return root / name
+
+
 MASK = "<masked>"
 
 

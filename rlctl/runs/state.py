@@ -102,9 +102,12 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     last_time = max(times, default=None)  # a damaged record (time null or text) has no time
     status = true_status(run_dir, state, last_time, stall_after)
     if _elsewhere(state):  # told by its host (the poll above recorded it)
-        cause = state.get("cause") if status == "failed" and isinstance(state.get("cause"), dict) else None
+        summ = state.get("remote_summary") if isinstance(state.get("remote_summary"), dict) else {}
+        told = state.get("cause") if status in ("failed", "stopped") else summ.get("cause") if status == "stalled" \
+            else None
+        cause = told if isinstance(told, dict) else None
     else:
-        from rlctl.runs.disk_full import settle
+        from rlctl.runs.causes import settle
 
         status, cause = settle(run_dir, state, status)
     return RunStatus(run_dir.name, run_dir, state, status, step, state.get("total_steps"), latest, last_time,

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlctl.runs.state import RunStatus, find_run, run_status
+from rlctl.runs.state import RunStatus, find_run, read_state, run_status
 from rlctl.ui.progress import fmt_duration, fmt_num
 
 ENDED = ("finished", "failed", "stopped")  # a run's outcome: it changes no more
@@ -17,7 +17,7 @@ KEY_METRICS = ("reward/mean", "correctness", "kl", "entropy", "grad_norm", "poli
 
 
 def summary(rs: RunStatus) -> dict[str, Any]:
-    from rlctl.runs.disk_full import say
+    from rlctl.runs.causes import say
 
     return {
         "name": rs.name, "backend": rs.state.get("backend"), "status": rs.status, "step": rs.step,
@@ -79,12 +79,18 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "attempts": rs.state.get("attempts") or [],
         "restart": rs.state.get("restart"),
         "gave_up": rs.state.get("gave_up"),
-        "disk_full": rs.state.get("disk_full") or ("; ".join(rs.cause["evidence"]) if rs.cause else None)
+        "disk_full": rs.state.get("disk_full")
+        or ("; ".join(rs.cause["evidence"]) if rs.cause and rs.cause.get("what") == "disk full" else None)
         or (None if _elsewhere(rs.state) else _disk_full_now(rs)),  # a host's disk is measured there
         "gpu_memory": gpu_verdict(rs.path),
         "last_step_age_s": (time.time() - rs.last_step_time) if rs.last_step_time else None,
         "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
+        # what the supervisor sees of the inference engine while the run lives (gone, or idle beside the trainer)
+        "inference": _dict(rs.state.get("inference")) if rs.status in ("running", "stalled") else None,
         "where": _executor_lines(rs),
+        "pool": _dict(rs.state.get("pool")) and {k: rs.state["pool"].get(k) for k in
+                                                  ("hosts", "failover_after_s", "sync", "on_event")},
+        "lineage": _lineage(rs.state),
     }
 
 
@@ -99,19 +105,37 @@ def _executor_lines(rs: RunStatus) -> list[str]:
         return []
 
 
+def _lineage(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """A pool run's attempts, one per host it was placed on (rlctl.runs.failover)."""
+    from rlctl.runs.failover import lineage_of
+
+    keys = ("generation", "host", "from_step", "from", "started_at", "gone_since", "gone_why", "settled", "launching")
+    return [{k: e.get(k) for k in keys if k in e} for e in lineage_of(state)]
+
+
 def by_hand_failures(run_dir: Path) -> list[dict[str, Any]]:
     """`rlctl eval` failures (here or --on a host) still standing: a step whose latest by-hand eval failed. The
-    supervisor's own eval failures are in state.json; these live only in the eval ledger."""
+    supervisor's own eval failures are in state.json; these live only in the eval ledger (a run on an SSH host: the
+    host's, mirrored here; an entry without a host ran where the run lives, its log there)."""
     from rlctl.evals.ledger import EVALS, read_ledger
     from rlctl.evals.loop import job_files
 
+    state = read_state(run_dir)
+    run_host, remote_dir = state.get("host"), state.get("remote_run_dir")
     latest: dict[int, dict[str, Any]] = {}
     for e in _list(read_ledger(run_dir).get("by_hand")):
         if isinstance(e, dict) and isinstance(e.get("step"), int):
             latest[e["step"]] = e  # appended in order: a later success clears an earlier failure
-    return [{"step": step, "error": e.get("error") or "failed", "by_hand": True, "host": e.get("host"),
-             "log": str(job_files(run_dir / EVALS, step)[2])}
-            for step, e in sorted(latest.items()) if e.get("outcome") == "failed"]
+    out = []
+    for step, e in sorted(latest.items()):
+        if e.get("outcome") != "failed":
+            continue
+        log = job_files(run_dir / EVALS, step)[2]
+        host = e.get("host") or run_host
+        where = str(log) if log.is_file() or not (host == run_host and remote_dir) else \
+            f"{run_host}:{job_files(Path(remote_dir) / EVALS, step)[2]}"
+        out.append({"step": step, "error": e.get("error") or "failed", "by_hand": True, "host": host, "log": where})
+    return out
 
 
 def _dict(v: Any) -> dict[str, Any] | None:
@@ -185,6 +209,17 @@ def _detail_text(d: dict[str, Any]) -> str:
     if d.get("unreachable"):
         lines.append(f"  ! {d['unreachable']}; what is shown is the last known state")
     lines += d.get("where") or []  # the executor's own words (a batch job: its queue state, how it ended)
+    if d.get("pool") and d.get("lineage"):
+        from rlctl.runs.failover import lineage_lines
+
+        lines += lineage_lines({"pool": d["pool"], "lineage": d["lineage"]})
+    for kind in ("gone", "idle"):
+        seen = (d.get("inference") or {}).get(kind)
+        if isinstance(seen, dict) and isinstance(seen.get("at"), (int, float)) and not d.get("cause"):
+            lines.append(f"  ! the inference engine is {kind} ({seen.get('summary')}) since "
+                         f"{time.strftime('%H:%M:%S', time.localtime(seen['at']))}: the run is stalled after "
+                         "run.stall.inference_idle_s without a step")
+    lines += cause_lines(d.get("cause"))
     lines += _attempt_lines(d)
     if d["metrics"]:
         lines.append("")
@@ -205,7 +240,8 @@ def _detail_text(d: dict[str, Any]) -> str:
         value = b.get("value") if isinstance(b.get("value"), (int, float)) else None
         lines.append(f"  best checkpoint: step {b.get('step')} ({b.get('key')} = {fmt_num(value)})")
     if d.get("stopped_by"):
-        lines.append(f"  stopped by stop_when {d['stopped_by'].get('rule')}: {d['stopped_by'].get('message')}")
+        by = "" if d["stopped_by"].get("by") == "disk" else "stop_when "
+        lines.append(f"  stopped by {by}{d['stopped_by'].get('rule')}: {d['stopped_by'].get('message')}")
     for f in d.get("eval_failures") or []:
         how = (" by hand" + (f" on {f['host']}" if f.get("host") else "")) if f.get("by_hand") else ""
         lines.append(f"  ! eval{how} failed at step {f.get('step')}: {f.get('error')} (log {f.get('log')})")
@@ -229,6 +265,17 @@ def _detail_text(d: dict[str, Any]) -> str:
         lines.append(f"  log: {ing['lines']} lines, {ing['records']} metric records, {ing['skipped']} unreadable "
                      "metric lines skipped")
     return "\n".join(lines)
+
+
+def cause_lines(cause: Any, indent: str = "  ") -> list[str]:
+    """Why the run died or hangs, with the evidence it shows and what to do (rlctl.runs.causes)."""
+    if not isinstance(cause, dict) or cause.get("what") == "disk full" and not cause.get("summary"):
+        return []
+    out = [f"{indent}cause: {cause.get('summary') or cause.get('what')}"]
+    out += [f"{indent}  evidence: {e}" for e in cause.get("evidence") or [] if isinstance(e, str)]
+    if cause.get("fix"):
+        out.append(f"{indent}  fix: {cause['fix']}")
+    return out
 
 
 def _elsewhere(state: dict[str, Any]) -> bool:
@@ -268,6 +315,10 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
                        + (f" (last step {a['last_step']})" if a.get("last_step") is not None else ""))
             if a.get("stall"):
                 out.append(f"       stalled: {a['stall']}")
+            if isinstance(a.get("cause"), dict):
+                from rlctl.runs.causes import say
+
+                out.append(f"       cause: {say(a['cause'], d.get('host'))}")
             if a.get("evidence"):
                 out.append(f"       evidence: {a['evidence']}")
     if d.get("gave_up"):
@@ -279,7 +330,7 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
     """Rows of the runs that live on SSH hosts: one round trip per host, hosts in parallel; an unreachable host's
     runs show as unreachable with their last known state."""
     from rlctl.core.state import read_state
-    from rlctl.runs.disk_full import say
+    from rlctl.runs.causes import say
 
     remote = [p for p in paths if read_state(p).get("executor") == "ssh"]
     if not remote:
@@ -298,7 +349,9 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
         for k in ("backend", "step", "total_steps", "reward", "elapsed_s", "eta_s", "exit_code"):
             row.setdefault(k, st.get(k))
         row["status"] = polled.get(p, {}).get("status") or st.get("status", "unknown")
-        row["reason"] = say(st.get("cause"), st.get("host")) if row["status"] == "failed" else None
+        # why it died (as recorded here, with the host's name as hosts.toml has it) or why it hangs (told there)
+        row["reason"] = say(st.get("cause"), st.get("host")) if row["status"] in ("failed", "stopped") else \
+            say(row.get("cause"), st.get("host")) if row["status"] == "stalled" else None
         if row["status"] == "unreachable":
             row["last_known"] = st.get("status")
         rows[p] = row
@@ -306,12 +359,14 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
 
 
 def render(run: str | None, as_json: bool, stall_after: float, experiment: str | None = None,
-           timeout: float = 5.0) -> str:
+           timeout: float = 5.0, all_dirs: bool = False, root: Path | None = None) -> str:
+    if run is None and all_dirs:
+        return _render_all(as_json, stall_after, experiment, timeout)
     if run is None:  # the listing reads the index (rlctl.runs.index), never every run's logs
         from rlctl.runs.index import grouped
         from rlctl.runs.index import rows as index_rows
 
-        rows = index_rows(summary, experiment=experiment, stall_after=stall_after)
+        rows = index_rows(summary, root=root, experiment=experiment, stall_after=stall_after)
         # runs on SSH hosts: one round trip per host, hosts in parallel (the index settles none of them)
         remote = remote_rows([Path(r["path"]) for r in rows if r.get("host")], stall_after, timeout)
         rows = [{**r, **remote[Path(r["path"])]} if Path(r["path"]) in remote else {**r, "host": r.get("host")}
@@ -320,24 +375,48 @@ def render(run: str | None, as_json: bool, stall_after: float, experiment: str |
             return json.dumps(rows, indent=2, default=str)
         groups = [(f"experiment {e} ({len(g)} runs)" if e else None, _table(g)) for e, g in grouped(rows)]
         text = "\n\n".join(f"{h}\n{t}" if h else t for h, t in groups)
-        if rows:
-            return text
+        if rows or root is not None:
+            return text if rows else ""
         from rlctl.core.state import FIND_A_RUN, WHERE_RUNS_LIVE, runs_root
 
         return (f"no runs in {runs_root().absolute()}: {WHERE_RUNS_LIVE}. rlctl launch RECIPE starts one here; "
-                f"for a run launched elsewhere, {FIND_A_RUN}.")
+                f"rlctl status --all lists the runs of every directory you launched from; a run is also found by "
+                f"its name from here (rlctl status NAME); or {FIND_A_RUN}.")
     d = detail(run_status(find_run(run), stall_after))
     return json.dumps(d, indent=2, default=str) if as_json else _detail_text(d)
 
 
+def _render_all(as_json: bool, stall_after: float, experiment: str | None, timeout: float) -> str:
+    """`status --all`: the table of each runs directory this user launched in (rlctl.core.run_places), ./runs first;
+    each from its own index, as a plain `status` there."""
+    from rlctl.core.run_places import known_roots
+    from rlctl.core.state import runs_root
+
+    here = runs_root().absolute()
+    roots = [here] + [r for r in reversed(known_roots()) if r != here]
+    if as_json:
+        out = []
+        for r in roots:
+            out += [{**row, "runs_dir": str(r)} for row in json.loads(render(None, True, stall_after, experiment,
+                                                                             timeout, root=r))]
+        return json.dumps(out, indent=2, default=str)
+    parts = []
+    for r in roots:
+        text = render(None, False, stall_after, experiment, timeout, root=r) if r.is_dir() else ""
+        if text.strip():
+            parts.append(f"runs in {r}\n{text}")
+    return "\n\n".join(parts) or "no runs in any directory rlctl launched in for you"
+
+
 def show_status(run: str | None, as_json: bool = False, watch: bool = False, interval: float = 2.0,
-                stall_after: float = 1800, experiment: str | None = None, timeout: float = 5.0) -> None:
+                stall_after: float = 1800, experiment: str | None = None, timeout: float = 5.0,
+                all_dirs: bool = False) -> None:
     if not watch:
-        sys.stdout.write(render(run, as_json, stall_after, experiment, timeout) + "\n")
+        sys.stdout.write(render(run, as_json, stall_after, experiment, timeout, all_dirs) + "\n")
         return
     try:
         while True:
-            text = render(run, as_json, stall_after, experiment, timeout)
+            text = render(run, as_json, stall_after, experiment, timeout, all_dirs)
             if sys.stdout.isatty():
                 sys.stdout.write("\x1b[2J\x1b[H")
             sys.stdout.write(text + "\n")

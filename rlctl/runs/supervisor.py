@@ -1,6 +1,8 @@
 """The supervisor of a run, the same for every executor: starts attempts through the executor, follows the log into
 the metrics stream, watches for stalls, restarts from the latest complete checkpoint as the restart policy says,
-syncs complete checkpoints, forwards stop signals, and records every attempt and the outcome in state.json.
+syncs complete checkpoints, forwards stop signals, and records every attempt and the outcome in state.json. An
+attempt of a pool run holds a generation (rlctl.runs.fencing): superseded, it is stopped at once and writes nothing
+more to the store or W&B.
 
 Attached launches run it in the CLI process; detached ones, `rlctl resume` and `rlctl supervise` run
 `python -m rlctl.runs.supervisor RUN_DIR [--resume]`. A full disk never crashes it: writes that fail are retried,
@@ -22,11 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlctl.errors import RlctlError
+from rlctl.errors import CheckFailed, RlctlError
 from rlctl.metrics.sinks import SinkPump
 from rlctl.metrics.stream import LOG, METRICS, STEP_FLOOR, ingest
 from rlctl.metrics.stream import STATE as INGEST_STATE
-from rlctl.runs.stall import StallConfig, StallDetector, gpus_busy, save_evidence, visible_gpus
+from rlctl.runs.stall import (
+    InferenceWatch,
+    StallConfig,
+    StallDetector,
+    gpus_busy,
+    save_evidence,
+    tail_lines,
+    visible_gpus,
+)
 from rlctl.runs.state import (
     ACTIVE,
     RunHandle,
@@ -44,6 +54,7 @@ if TYPE_CHECKING:
 SPEC = ".launch.json"
 
 POLL = 0.5
+DISK_EVERY = 2.0  # seconds between looks at the free space where checkpoints go (a statvfs; sizes are cached)
 POLICIES = ("never", "on-failure", "on-stall", "always")
 
 
@@ -123,6 +134,16 @@ class Supervisor:
         self.attempts: list[dict[str, Any]] = list(state.get("attempts") or [])
         self._last_housekeeping = 0.0
         self.gpu: Any = None  # rlctl.metrics.gpu.GpuSampler: per-GPU memory peaks (NVML), made at the first start
+        from rlctl.runs.fencing import Fence
+
+        self.fence = Fence.from_spec(spec.get("fence"))  # a pool run's attempt: its generation in the sync store
+        self.superseded: dict[str, Any] | None = None  # the generation that took this run over
+        self.watch: InferenceWatch | None = None  # the inference engine of the current attempt (its GPUs, process)
+        self._watch_spec: tuple[list[int], list[int], str | None] | None = None
+        self._watch_said: tuple[bool, bool] = (False, False)
+        self._procs_at = 0.0
+        self.disk_stop: Any = None  # rlctl.runs.disk_pressure.Pressure that stopped the run
+        self._disk_at = 0.0
         self.evals: Any = None  # rlctl.evals.loop.CheckpointEvals (spec "evals"), False when the run has none
 
     # ---- compatibility: the local executor's process of the current attempt ---------------------------------------
@@ -157,6 +178,11 @@ class Supervisor:
     def event(self, **rec: Any) -> None:
         with contextlib.suppress(OSError), (self.run_dir / "rlctl-events.jsonl").open("a") as fh:
             fh.write(json.dumps({"time": time.time(), **rec}) + "\n")
+
+    def say(self, text: str) -> None:
+        """A line of the supervisor's own log (supervisor.log: `rlctl logs RUN --component supervisor`)."""
+        with contextlib.suppress(OSError), (self.run_dir / "supervisor.log").open("a") as fh:
+            fh.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} rlctl supervisor: {text}\n")
 
     # ---- signals ---------------------------------------------------------------------------------------------------
     def request_stop(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:  # noqa: ARG002
@@ -205,10 +231,14 @@ class Supervisor:
                 from rlctl.metrics.gpu import GpuSampler
 
                 self.gpu = GpuSampler(self.run_dir, self.env)
+        self.watch = self._new_watch()
+        self._watch_said = (False, False)
+        frm = f" from checkpoint step {checkpoint.step}" if checkpoint is not None else ""
+        self.say(f"attempt {self.attempt} started ({reason}{frm})")
         ref = self.handle.ref
         self.state(status="stopping" if self.stop_requested_at else "running", attempt=self.attempt,
                    stop_requested_at=self.stop_requested_at, exit_code=None, ended_at=None, gave_up=None,
-                   outcome=None, settled_by=None, error=None, cause=None,
+                   outcome=None, settled_by=None, error=None, cause=None, inference=None, stopped_by=None,
                    attempts=self.attempts, handle=self.handle.to_dict(), executor=self.executor.name,
                    restart={"mode": self.policy.mode, "max_restarts": self.policy.max_restarts},
                    pid=ref.get("pid"), pgid=ref.get("pgid"), pid_create_time=ref.get("create_time"),
@@ -250,6 +280,69 @@ class Supervisor:
         self.detector.last_step = base_step  # steps up to it are repeats of an earlier attempt, not progress
         with contextlib.suppress(OSError):
             self.log_pos = (self.run_dir / LOG).stat().st_size
+
+    def _new_watch(self) -> InferenceWatch | None:
+        """The attempt's inference engine to watch: the GPUs the recipe gives it alone (as the backend places the
+        run: Backend.gpu_roles; by the run's CUDA_VISIBLE_DEVICES ids) and its process (the adapter's inference
+        component). None when neither is known (colocated engines, Ray's placement, a trainer without one)."""
+        if self._watch_spec is None:
+            self._watch_spec = ([], [], None)
+            with contextlib.suppress(Exception):
+                from rlctl.backends import get_backend
+                from rlctl.estimate.gpu_plan import run_devices
+                from rlctl.recipe.loader import load
+
+                recipe = load(self.run_dir / "recipe.toml").recipe
+                backend = get_backend(recipe.backend.name)
+                roles = backend.gpu_roles(recipe) if recipe.resources.gpus_per_node else None
+                devices = run_devices(recipe, self.env)
+                inf, trn = [], []
+                for i, held in enumerate(roles or []):
+                    if i < len(devices) and devices[i].isdigit():
+                        if "vllm" in held and "trainer" not in held:
+                            inf.append(int(devices[i]))
+                        elif "trainer" in held:
+                            trn.append(int(devices[i]))
+                comp = backend.log_components(recipe).get("inference")
+                self._watch_spec = (inf, trn, comp.process if comp is not None else None)
+        inf, trn, proc = self._watch_spec
+        watch = InferenceWatch(inf, trn, self.stall_cfg.gpu_busy_pct, proc)
+        return watch if watch.active else None
+
+    def _watch_inference(self) -> None:
+        """Feed the watch this tick's NVML sample and (every second) the attempt's processes; record in state.json
+        when the engine is seen gone or idle (rlctl.runs.causes names the cause from it)."""
+        w = self.watch
+        if w is None or self.handle is None:
+            return
+        now = time.time()
+        if self.gpu is not None and getattr(self.gpu, "active", False) and w.inference_gpus:
+            w.observe_gpus(now, dict(self.gpu.now), dict(self.gpu.util), dict(self.gpu.before))
+        if w.process is not None and now - self._procs_at >= 1.0:
+            self._procs_at = now
+            import psutil
+
+            cmds: dict[int, str] = {}
+            for pid in self.executor.pids(self.run_dir, self.handle):
+                with contextlib.suppress(psutil.Error):
+                    cmds[pid] = " ".join(psutil.Process(pid).cmdline())
+            w.observe_processes(now, cmds)
+        said = (w.gone() is not None, w.idle() is not None)
+        if said != self._watch_said:
+            self._watch_said = said
+            rec = w.record()
+            self.state(inference=rec)
+            if rec.get("gone"):
+                self.event(event="inference_gone", attempt=self.attempt, summary=rec["gone"]["summary"])
+                self.say(f"attempt {self.attempt}: the inference engine is gone ({rec['gone']['summary']})")
+
+    def _gpus_busy(self) -> bool | None:
+        """Any of the run's GPUs working (the sampler's last NVML sample; else asked now), None without NVML."""
+        pct = self.stall_cfg.gpu_busy_pct
+        util = [u for u in (getattr(self.gpu, "util", None) or {}).values() if u is not None]
+        if util:
+            return any(u > pct for u in util)
+        return gpus_busy(pct, visible_gpus(self.env))
 
     def _prepare_restart(self, checkpoint: Any, from_plan_env: bool = False) -> None:
         """Render the command again, resuming from `checkpoint` (the backend's own resume keys), into the run
@@ -296,6 +389,8 @@ class Supervisor:
             self.evals_hook("before_start")  # the step-0 baseline
             if self.stop_requested_at is not None:
                 return self.finish(0, "stopped")
+            if self._fenced_out():
+                return self.finish(0, "superseded")
             self.start()
             return self.loop()
         finally:
@@ -321,6 +416,7 @@ class Supervisor:
                 self.attempt = handle.attempt
                 self.executor.attach(self.run_dir, handle)
                 self._new_detector()
+                self.watch = self._new_watch()  # its engine's process, seen from the first look on
                 self.state(status="running", supervisor_pid=os.getpid(),
                            supervisor_create_time=process_create_time(os.getpid()))
                 self.event(event="adopted", attempt=self.attempt)
@@ -330,6 +426,8 @@ class Supervisor:
                     rec = read_exit_record(self.run_dir, self.attempt)
                     last.update(outcome=status, ended_at=(rec or {}).get("ended_at"),
                                 exit_code=(rec or {}).get("exit_code"), exit_recorded=rec is not None)
+                if self._fenced_out():
+                    return self.finish(0, "superseded")
                 ckpt = self._latest_complete()
                 self._prepare_restart(ckpt, from_plan_env=True)
                 self._before_restart(f"resumed after the run was {status}", ckpt)
@@ -352,6 +450,7 @@ class Supervisor:
         self._reset_ingested_step(ckpt.step if ckpt is not None else 0)
         frm = f"checkpoint step {ckpt.step}" if ckpt is not None else "the start (no complete checkpoint yet)"
         self._mark_log(f"attempt {self.attempt + 1}: {why}; restarting from {frm}")
+        self.say(f"attempt {self.attempt + 1}: {why}; restarting from {frm}")
         self.state(status="restarting")
 
     def loop(self) -> int:
@@ -387,6 +486,8 @@ class Supervisor:
                         return self.finish(code, why, gave_up=f"could not prepare a restart: {e}")
                     if self.stop_requested_at is not None:  # stopped while preparing: no new attempt
                         return self.finish(code, "stopped")
+                    if self._fenced_out():
+                        return self.finish(code, "superseded")
                     self._before_restart(why, ckpt)
                     self.start(reason=why, checkpoint=ckpt, restart=True)
                     if self.stop_requested_at is not None:
@@ -403,7 +504,18 @@ class Supervisor:
         self._ingest(final=True, wait=True)
         self.sink_pump()
         rec = read_exit_record(self.run_dir, self.attempt)
-        if self.stop_requested_at is not None:
+        died_of_full_disk = None
+        if self.disk_stop is not None:  # the trainer may have hit ENOSPC before the disk stop reached it: its log says
+            found = self._cause()
+            if (found or {}).get("what") == "disk full" and any(
+                    str(e).startswith("the log:") for e in found.get("evidence") or []):
+                died_of_full_disk = found
+        if died_of_full_disk is not None:  # what killed it was the full disk, not rlctl: the run failed of it
+            why = "failed"
+            self.state(cause=died_of_full_disk)
+        elif self.superseded is not None:
+            why = "superseded"
+        elif self.stop_requested_at is not None:
             why = "stopped"
         elif stalled:
             why = "stalled"
@@ -418,8 +530,34 @@ class Supervisor:
                      exit_recorded=rec is not None, last_step=_max_step(self.run_dir))
         if why in ("failed", "exited early") and "evidence" not in entry:
             entry["evidence"] = self._evidence(f"attempt {self.attempt} {why} (exit code {code})", live=False)
+        if died_of_full_disk is not None:
+            entry["cause"] = died_of_full_disk
+        elif why in ("failed", "stalled", "exited early"):
+            cause = self._cause()
+            if cause is not None:
+                entry["cause"] = cause
+        if self.disk_stop is not None or (entry.get("cause") or {}).get("what") == "disk full":
+            from rlctl.runs.disk_pressure import remove_partial
+
+            with contextlib.suppress(Exception):  # the newest checkpoint on disk is a complete one
+                gone = remove_partial(self.run_dir, self.spec)
+                if gone:
+                    entry["removed_partial"] = gone
+                    self.say(f"removed the half-written checkpoint(s) of step {', '.join(map(str, gone))}")
         self.state(attempts=self.attempts)
+        told = (entry.get("cause") or {}).get("summary")
+        self.say(f"attempt {self.attempt} ended: {why}" + (f", exit code {code}" if code is not None else "")
+                 + (f": {told}" if told else ""))
         return why
+
+    def _cause(self) -> dict[str, Any] | None:
+        """Why the attempt ended (rlctl.runs.causes: the one place that decides)."""
+        from rlctl.runs.causes import find
+
+        try:
+            return find(self.run_dir, read_state(self.run_dir))
+        except Exception:
+            return None
 
     def _evidence(self, reason: str, live: bool = True) -> str | None:
         pids = []
@@ -428,8 +566,25 @@ class Supervisor:
                 pids = self.executor.pids(self.run_dir, self.handle)
         with contextlib.suppress(Exception):
             self.executor.pump_logs(self.run_dir, self.handle)
-        path = save_evidence(attempt_dir(self.run_dir, self.attempt), self.run_dir / LOG, reason, pids)
+        path = save_evidence(attempt_dir(self.run_dir, self.attempt), self.run_dir / LOG, reason, pids,
+                             self._evidence_extra())
         return str(path) if path else None
+
+    def _evidence_extra(self) -> dict[str, str]:
+        """The inference engine's own log (its last lines) and the NVML samples the watch decided on."""
+        out: dict[str, str] = {}
+        with contextlib.suppress(Exception):
+            from rlctl.runs.components import files_of, run_components, tail
+
+            comp = run_components(self.run_dir).get("inference")
+            if comp is not None:
+                files = files_of(self.run_dir, comp)
+                text = tail_lines(files[-1]) if files and not comp.ray_actors else \
+                    "".join(t + "\n" for _, _, t in tail(self.run_dir, comp, 256 * 1024)[-200:])
+                out[f"inference log, last lines ({comp.where})"] = text or "(empty)\n"
+        if self.watch is not None and self.watch.samples:
+            out["NVML samples (inference engine's GPU beside the trainer's)"] = "\n".join(self.watch.samples)
+        return out
 
     def _check_stall(self) -> str | None:
         det = self.detector
@@ -446,20 +601,32 @@ class Supervisor:
         except OSError:
             pass
         limit, _ = det.threshold()
-        if now - (det.last_step_at or det.started_at) < min(limit, det.cfg.floor_s):
+        soonest = min(limit, det.cfg.floor_s, det.cfg.inference_idle_s if self.watch is not None else limit)
+        if now - (det.last_step_at or det.started_at) < soonest:
             return None
-        return det.check(now, gpus_busy(det.cfg.gpu_busy_pct, visible_gpus(self.env)))
+        return det.check(now, self._gpus_busy(), self.watch)
 
     # ---- each tick -------------------------------------------------------------------------------------------------
     def tick(self) -> None:
         with contextlib.suppress(Exception):
             self.executor.pump_logs(self.run_dir, self.handle)
+        self._fence_tick()
         self._ingest()
         if self.gpu is not None:
             with contextlib.suppress(Exception):
                 self.gpu.tick(eval_running=bool(getattr(self.evals, "running", False)))
+        try:
+            self._watch_inference()
+        except Exception as e:  # the watch never breaks supervision; what broke it is recorded once
+            if self.watch is not None:
+                self.event(event="inference_watch_error", error=f"{type(e).__name__}: {e}")
+                self.say(f"the inference watch stopped: {type(e).__name__}: {e}")
+                self.watch = None
         self.evals_hook("tick")
         self.sink_pump()
+        if time.time() - self._disk_at >= DISK_EVERY:
+            self._disk_at = time.time()
+            self._disk_pressure()
         self._housekeeping()
         if self.pending:
             self.state()
@@ -467,7 +634,48 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 self.on_tick(self.run_dir)
 
+    def _fence_tick(self) -> None:
+        """Every `every_s`: is this attempt's generation still the current one? If not, it stops now."""
+        if self.fence is None or self.superseded is not None:
+            return
+        if self.fence.check() == "superseded":
+            self._supersede(self.fence.superseded_by or {})
+
+    def _fenced_out(self) -> bool:
+        """Before an attempt starts: superseded already (a watcher moved the run while nobody supervised it here)?"""
+        if self.fence is not None and self.superseded is None and self.fence.check_now() == "superseded":
+            self._supersede(self.fence.superseded_by or {})
+        return self.superseded is not None
+
+    def _supersede(self, by: dict[str, Any]) -> None:
+        """Another attempt holds the run (a watcher moved it while this host was unreachable): kill the trainer now,
+        without letting it save (SIGKILL), and write nothing more to the store or W&B."""
+        if self.superseded is not None:
+            return
+        self.superseded = by
+        text = (f"superseded by #{by.get('generation')} on {by.get('host') or '?'}: this attempt stops now, before "
+                "it writes a checkpoint, `latest` or a W&B record")
+        sys.stderr.write(f"rlctl: {text}\n")
+        self.event(event="superseded", attempt=self.attempt, by=by)
+        self._mark_log(text)
+        self.stop_requested_at = self.stop_requested_at or time.time()
+        self.state(status="stopping", stop_requested_at=self.stop_requested_at,
+                   superseded_by={k: by.get(k) for k in ("generation", "host", "run_dir", "claimed_at", "by")})
+        if self.handle is not None:
+            with contextlib.suppress(Exception):
+                self.executor.kill(self.run_dir, self.handle)
+
     def sink_pump(self, close: bool = False) -> None:
+        if self.fence is not None and self.sinks.backlog():
+            if self.superseded is not None:
+                return  # a superseded attempt sends no W&B record, nor closes the run it shares with its successor
+            if time.time() - self.fence.checked_at >= 1.0:  # fresh, right before the batch
+                self.fence.check_now()
+            if self.fence.state == "superseded":
+                self._supersede(self.fence.superseded_by or {})
+                return
+            if not self.fence.allows_writes():
+                return  # the store did not confirm this attempt lately: the records wait in metrics.jsonl
         try:
             self.sinks.pump(close=close)
         except OSError as e:
@@ -505,7 +713,7 @@ class Supervisor:
         if now - self._last_housekeeping < float(self.spec.get("housekeeping_seconds", 10)):
             return
         self._last_housekeeping = now
-        from rlctl.runs.checkpoints import disk_watch, prune_during_run
+        from rlctl.runs.checkpoints import prune_during_run
 
         keep = self.spec.get("keep_last")
         if not self.spec.get("evals"):  # evals in-loop only: the best mark comes from the backend's own evals
@@ -513,20 +721,58 @@ class Supervisor:
                 self._mark_best_from_stream()
         with contextlib.suppress(Exception):
             if keep:
-                prune_during_run(self.run_dir, self.spec, keep)
-        with contextlib.suppress(Exception):
-            disk_watch(self.run_dir, self.spec)
+                prune_during_run(self.run_dir, self.spec, keep, self._synced())
         self.evals_hook("check_stop")
         if self.spec.get("sync"):
             self._sync()
 
+    def _synced(self) -> set[int]:
+        """The newest checkpoint synced to object storage: pruning keeps it here too (where a failover starts)."""
+        from rlctl.runs.sync import latest_synced
+
+        step = latest_synced(self.run_dir) if self.spec.get("sync") else None
+        return {step} if step is not None else set()
+
+    def _disk_pressure(self) -> None:
+        """Prune before a checkpoint would not fit; when pruning is not enough, stop the run after its last complete
+        checkpoint (rlctl.runs.disk_pressure). The attempt is killed, not asked to stop: asked, the backend would
+        save once more into a disk that cannot hold it."""
+        if self.stop_requested_at is not None or self.handle is None:
+            return
+        from rlctl.runs.disk_pressure import check
+
+        try:
+            short = check(self.run_dir, self.spec)
+        except Exception as e:  # the watch never breaks supervision; it is recorded (once per kind of error)
+            err = f"{type(e).__name__}: {e}"
+            if err != getattr(self, "_disk_error", None):
+                self._disk_error = err
+                self.event(event="disk_pressure_error", error=err)
+            return
+        if short is None:
+            return
+        self.disk_stop = short
+        msg = short.message()
+        self.stop_requested_at = time.time()
+        self.state(status="stopping", stop_requested_at=self.stop_requested_at, cause=short.to_cause(),
+                   stopped_by={"rule": "checkpoint.min_free_gb", "by": "disk", "message": msg, "at": time.time()})
+        self.event(event="disk_stop", message=msg)
+        self._mark_log(f"disk: {msg}; stopping the run")
+        self.say(f"disk: {msg}; stopping the run")
+        with contextlib.suppress(Exception):
+            self.executor.kill(self.run_dir, self.handle)
+
     def _sync(self, final: bool = False) -> None:
         from rlctl.runs.sync import CheckpointSync
 
+        if self.superseded is not None:
+            return
         try:
             if self.syncer is None:
-                self.syncer = CheckpointSync(self.run_dir, self.spec["backend"], self.spec["sync"])
+                self.syncer = CheckpointSync(self.run_dir, self.spec["backend"], self.spec["sync"], self.fence)
             self.syncer.tick(final=final)
+            if self.syncer.superseded is not None:
+                self._supersede(self.syncer.superseded)
         except Exception as e:  # a sync problem never stops the run; it is recorded
             self.event(event="sync_error", error=str(e))
 
@@ -559,6 +805,8 @@ class Supervisor:
 
     def finish(self, code: int, why: str, gave_up: str | None = None) -> int:
         self._ingest(final=True, wait=True)
+        if why == "superseded":
+            return self._finish_superseded(code)
         self.evals_hook("drain" if why in ("finished", "exited early") else "kill",
                         *([float((self.spec.get("evals") or {}).get("timeout_s") or 3600)]
                           if why in ("finished", "exited early") else []))
@@ -571,7 +819,7 @@ class Supervisor:
             from rlctl.runs.checkpoints import prune_during_run
 
             with contextlib.suppress(Exception):
-                prune_during_run(self.run_dir, self.spec, self.spec["keep_last"])
+                prune_during_run(self.run_dir, self.spec, self.spec["keep_last"], self._synced())
         if self.gpu is not None:
             with contextlib.suppress(Exception):
                 self.gpu.close()
@@ -586,11 +834,29 @@ class Supervisor:
                                    "attempts": self.attempts, "outcome": why}
         if gave_up:
             updates["gave_up"] = gave_up
+        last = self.attempts[-1] if self.attempts else {}
+        if status == "failed" and isinstance(last.get("cause"), dict):
+            updates["cause"] = last["cause"]  # why the run died: its last attempt's cause
+        self.say(f"run {status}" + (f": {gave_up}" if gave_up else ""))
         self.state(**updates)
         deadline = time.time() + 60
         while self.pending and time.time() < deadline:  # a full disk: keep trying to record the outcome
             time.sleep(1.0)
             self.state()
+        return code
+
+
+    def _finish_superseded(self, code: int) -> int:
+        """The end of a superseded attempt: its evals killed, nothing synced, its sinks left as they are (the W&B run
+        is its successor's now); recorded as stopped, with who took over."""
+        self.evals_hook("kill")
+        if self.gpu is not None:
+            with contextlib.suppress(Exception):
+                self.gpu.close()
+        by = self.superseded or {}
+        self.state(status="stopped", exit_code=code, ended_at=time.time(), attempts=self.attempts,
+                   outcome="superseded", superseded_by={k: by.get(k) for k in ("generation", "host", "run_dir",
+                                                                               "claimed_at", "by")})
         return code
 
 
@@ -614,16 +880,24 @@ def start_detached(run_dir: Path, env: dict[str, str], resume: bool = False, tim
             break
         time.sleep(0.1)
     st = read_state(run_dir)
+    said = _log_since(log_path, start)
+    tail = "".join(f"\n  | {line}" for line in said[-8:])
     if st.get("status") == "failed" and st.get("error"):
-        raise RlctlError(f"{run_dir.name} failed to start: {st['error']} (see {log_path})")
-    if p.poll() not in (None, 0) and st.get("supervisor_pid") != p.pid:  # it died before it took the run: say why
-        said: list[str] = []
-        with contextlib.suppress(OSError), open(log_path, "rb") as fh:
-            fh.seek(start)
-            said = [x for x in fh.read().decode("utf-8", "replace").splitlines() if x.strip()]
-        last = said[-1] if said else f"exit code {p.returncode}"
-        raise RlctlError(f"{run_dir.name}: the supervisor exited before it picked the run up: {last}",
-                         hint=f"see {log_path}")
+        raise CheckFailed(f"{run_dir.name} failed to start: {st['error']}{tail}", hint=f"see {log_path}")
+    if p.poll() is None:  # alive, yet it never took the run: said, not taken for the state as it was
+        raise CheckFailed(f"{run_dir.name}: the supervisor (pid {p.pid}) did not take the run up within {timeout:g} s"
+                          f"{tail}", hint=f"see {log_path}; rlctl status {run_dir.name}")
+    if p.returncode != 0 and st.get("supervisor_pid") != p.pid:  # died before it took the run: its own last words
+        raise CheckFailed(f"{run_dir.name}: the supervisor exited (code {p.returncode}) before it took the run up; "
+                          f"the end of {log_path.name}:{tail or ' (nothing)'}", hint=f"see {log_path}")
+
+
+def _log_since(log_path: Path, start: int) -> list[str]:
+    """The lines a supervisor wrote to its log after `start` (its own start)."""
+    with contextlib.suppress(OSError), open(log_path, "rb") as fh:
+        fh.seek(start)
+        return [x.rstrip() for x in fh.read().decode("utf-8", "replace").splitlines() if x.strip()]
+    return []
 
 
 def _pick_up_check(run_dir: Path) -> str | None:

@@ -70,5 +70,12 @@ class Progress:
             self.out.write("\n")
         if text:
             self.out.write(text + "\n")
+        by = state.get("stopped_by") if isinstance(state.get("stopped_by"), dict) else None
+        if by:  # the recipe's own rule ended it: say which, and what is kept
+            self.out.write(f"stopped by stop_when {by.get('rule')}: {by.get('message')}\n")
+            best = state.get("best_checkpoint") if isinstance(state.get("best_checkpoint"), dict) else None
+            if best:
+                self.out.write(f"best checkpoint: step {best.get('step')} ({best.get('key')} = {best.get('value')})"
+                               "\n")
         self.out.write(f"{state.get('status', '?')} (exit code {state.get('exit_code')}): {run_dir}\n")
         self.out.flush()

@@ -41,7 +41,7 @@ PLATFORMS = ["manylinux_2_35_x86_64", "manylinux_2_34_x86_64", "manylinux_2_31_x
              "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64"]
 # the kit's scripts that travel with every call (the GPU machine gets a checkout that may not hold this branch)
-KIT_FILES = ("assemble.py", "go.py", "run.py", "stacks.toml", "kit.py", "standins.py")
+KIT_FILES = ("assemble.py", "go.py", "run.py", "stacks.toml", "kit.py", "standins.py", "probes.py")
 
 
 class KitError(Exception):
@@ -139,38 +139,61 @@ def read_lock(name: str) -> list[tuple[str, str]]:
 
 
 # ---- build ---------------------------------------------------------------------------------------------------------
-def _pip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+def _pip(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=env)
 
 
-def _find_wheel(folder: Path, name: str, version: str) -> Path | None:
+def _tags(python: str) -> set:
+    """The wheel tags CPython `python` on manylinux x86_64 installs (pip's own rules, from `packaging`)."""
+    try:
+        from packaging import tags
+    except ImportError:  # pip carries it
+        from pip._vendor.packaging import tags  # type: ignore[no-redef]
+    version = tuple(int(x) for x in python.split("."))
+    plats = [*PLATFORMS, "linux_x86_64"]
+    return set(tags.cpython_tags(version, platforms=plats)) | set(
+        tags.compatible_tags(version, f"cp{version[0]}{version[1]}", plats))
+
+
+def _find_wheel(folder: Path, name: str, version: str, python: str = "3.12") -> Path | None:
+    """The cached wheel of name==version that CPython `python` on manylinux x86_64 can install."""
+    try:
+        from packaging.utils import parse_wheel_filename
+    except ImportError:
+        from pip._vendor.packaging.utils import parse_wheel_filename  # type: ignore[no-redef]
+    ok = _tags(python)
     for w in folder.glob("*.whl"):
         parts = w.name.split("-")
-        if norm(parts[0]) == name and parts[1] == version:
+        if norm(parts[0]) != name or parts[1] != version:
+            continue
+        if set(parse_wheel_filename(w.name)[3]) & ok:
             return w
     return None
 
 
-def fetch(pins: list[tuple[str, str]], sdist: set[str], wheels: Path) -> list[Path]:
-    """A wheel for each pin, from the cache or PyPI: binary wheels for CPython 3.12 manylinux x86_64; the source-only
-    ones built here (pure Python)."""
+def fetch(pins: list[tuple[str, str]], sdist: set[str], wheels: Path, python: str = "3.12",
+          build_env: dict[str, str] | None = None) -> list[Path]:
+    """A wheel for each pin, from the cache or PyPI: binary wheels for CPython `python` manylinux x86_64; the
+    source-only ones built here (pure Python, with `build_env`: DeepSpeed's DS_BUILD_OPS=0 leaves its CUDA ops to be
+    JIT-compiled on the GPU machine)."""
     wheels.mkdir(parents=True, exist_ok=True)
-    missing = [(n, v) for n, v in pins if _find_wheel(wheels, n, v) is None]
+    missing = [(n, v) for n, v in pins if _find_wheel(wheels, n, v, python) is None]
     binary = [f"{n}=={v}" for n, v in missing if n not in sdist]
     if binary:
         plat = [a for p in PLATFORMS for a in ("--platform", p)]
-        p = _pip("download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+        p = _pip("download", "--no-deps", "--only-binary=:all:", "--python-version", python, "--implementation", "cp",
                  *plat, "-d", str(wheels), *binary)
         if p.returncode:
             raise KitError(f"pip download failed:\n{p.stderr[-3000:]}")
     for n, v in missing:
         if n in sdist:
-            p = _pip("wheel", "--no-deps", "--no-binary", n, "-w", str(wheels), f"{n}=={v}")
+            p = _pip("wheel", "--no-deps", "--no-binary", n, "-w", str(wheels), f"{n}=={v}",
+                     env={**os.environ, **(build_env or {})})
             if p.returncode:
                 raise KitError(f"pip wheel {n}=={v} failed:\n{p.stderr[-3000:]}")
     out = []
     for n, v in pins:
-        w = _find_wheel(wheels, n, v)
+        w = _find_wheel(wheels, n, v, python)
         if w is None:
             raise KitError(f"no wheel for {n}=={v} in {wheels}")
         if n in sdist and not w.name.endswith("-none-any.whl"):
@@ -192,8 +215,12 @@ def rlctl_wheel(dest: Path) -> Path:
 
 def unpack(wheel: Path, site: Path) -> None:
     """What `pip install --target --no-deps` does with a wheel: its files into site/, `.data/purelib|platlib` merged,
-    `.data/scripts` into site/bin (the GPU side puts that on PATH)."""
+    `.data/scripts` and a launcher for each console script (`ray`, `deepspeed`, ...) into site/bin (the GPU side
+    puts that on PATH)."""
     with zipfile.ZipFile(wheel) as z:
+        for name in z.namelist():
+            if name.endswith(".dist-info/entry_points.txt") and name.count("/") == 1:
+                console_scripts(z.read(name).decode(errors="replace"), site / "bin")
         for info in z.infolist():
             name = info.filename
             parts = name.split("/")
@@ -216,6 +243,31 @@ def unpack(wheel: Path, site: Path) -> None:
             mode = (info.external_attr >> 16) & 0o777
             if mode:
                 target.chmod(mode | 0o600)
+
+
+def console_scripts(entry_points: str, bin_dir: Path) -> list[Path]:
+    """The launchers pip writes for a wheel's [console_scripts] (`ray = ray.scripts.scripts:main`), run by the
+    machine's python3 (the one that holds torch)."""
+    out, section = [], None
+    for line in entry_points.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line.strip("[]").strip()
+            continue
+        if section != "console_scripts" or "=" not in line:
+            continue
+        name, target = (x.strip() for x in line.split("=", 1))
+        module, _, attr = target.split("[")[0].strip().partition(":")
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        path = bin_dir / name
+        head = attr.split(".")[0] if attr else ""
+        call = f"{attr}()" if attr else "None"
+        path.write_text("#!/usr/bin/env python3\nimport sys\n"
+                        + (f"from {module} import {head}\n" if head else f"import {module}\n")
+                        + f"sys.exit({call})\n")
+        path.chmod(0o755)
+        out.append(path)
+    return out
 
 
 def slim(site: Path, globs: list[str]) -> list[dict]:
@@ -303,7 +355,7 @@ def build(name: str, out_root: Path, piece_mib: int) -> Path:
         have = {p for b in under for p in read_lock(b)}
         pins = [p for p in pins if p not in have]
     sdist = {norm(x) for x in s.get("sdist", [])}
-    wheels = fetch(pins, sdist, CACHE / "wheels")
+    wheels = fetch(pins, sdist, CACHE / "wheels", build_env=s.get("build_env"))
     if s.get("local"):
         from standins import build_standins  # noqa: PLC0415 (the kit's folder is on sys.path)
 
@@ -412,6 +464,11 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--piece-mib", type=int, required=True)
     d = sub.add_parser("rlctl", help="rlctl's wheel from this checkout and the kit's scripts, into OUT/rlctl, OUT/kit")
     d.add_argument("--out", type=Path, default=ROOT / ".gpu")
+    f = sub.add_parser("cpucheck", help="install a stack for this CPU and run its imports and probes (cpucheck.py)")
+    f.add_argument("stack")
+    f.add_argument("--root", type=Path, default=Path(os.environ.get("RLCTL_GPU_CPUCHECK", "/tmp/rlctl-cpucheck")))
+    f.add_argument("--report", type=Path, help="write the results as JSON here")
+    f.add_argument("--only", action="append", help="run only this probe (repeatable); no import checks")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(KIT))
     try:
@@ -428,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "rlctl":
             print(rlctl_wheel(args.out / "rlctl"))
             copy_kit(args.out)
+        elif args.cmd == "cpucheck":
+            import cpucheck
+
+            return cpucheck.run(args.stack, args.root / args.stack, args.report, args.only)
         else:
             problems = verify(args.folder)
             print("\n".join(problems) or f"{args.folder}: every piece matches manifest.json")

@@ -200,16 +200,19 @@ class RunOver(Exception):
 def attempt_processes(run: Path, with_supervisor: bool) -> list[int]:
     """Every live process of the run's current attempt: its process group (the wrapper, the driver, whatever they
     started there), their descendants wherever they went (Ray workers, vLLM engines started in a new session), and
-    with_supervisor the supervisor too."""
+    with_supervisor the supervisor too. A run of rlctl's Ray executor has no process group of its own: its attempt is
+    a job on the head rlctl started for the run, whose process group (`ray start`, the GCS, the raylet, the
+    dashboard) holds the job's driver and actors as descendants."""
     import psutil
 
     st = state(run)
     ref = (st.get("handle") or {}).get("ref") or {}
-    pgid = ref.get("pgid") or st.get("pgid")
+    pgids = {g for g in (ref.get("pgid") or st.get("pgid"), st.get("ray_head_pid") if st.get("ray_started_head")
+                         and not st.get("ray_head_stopped") else None) if g}
     roots: set[int] = set()
     for p in psutil.process_iter(["pid"]):
         with contextlib.suppress(psutil.Error):
-            if pgid and os.getpgid(p.pid) == pgid:
+            if os.getpgid(p.pid) in pgids:
                 roots.add(p.pid)
     if with_supervisor and st.get("supervisor_pid"):
         roots.add(int(st["supervisor_pid"]))
@@ -222,9 +225,12 @@ def attempt_processes(run: Path, with_supervisor: bool) -> list[int]:
 
 
 def driver_pid(run: Path, marker: str) -> int | None:
-    """The backend's main process in the attempt's group: the one whose command line holds `marker`."""
+    """The backend's main process in the attempt's group: the Python process whose command line holds `marker` (not
+    rlctl's wrapper, not the shell a Ray job's entrypoint runs in)."""
     for pid in attempt_processes(run, with_supervisor=False):
-        if marker in cmdline(pid) and "wrap" not in cmdline(pid).split(" -m ")[0]:
+        cmd = cmdline(pid)
+        exe = Path(cmd.split(" ")[0]).name if cmd else ""
+        if marker in cmd and "wrap" not in cmd.split(" -m ")[0] and exe.startswith("python"):
             return pid
     return None
 
@@ -485,6 +491,59 @@ def verl_recipe(ctx: Ctx, name: str, model: str, pq_data: dict[str, Path], *, st
     return str(path)
 
 
+def openrlhf_data(work: Path, data: dict[str, Path]) -> dict[str, Path]:
+    """OpenRLHF's reward file: `reward_func(queries, prompts, labels)` (utils/agent.py loads it from a
+    --reward.remote_url ending in .py) returning rewards/scores tensors, the quickstart's fraction of 'a' in the
+    response (a query is prompt + response)."""
+    reward = work / "data" / "openrlhf_reward.py"
+    reward.write_text(
+        '"""The fraction of \'a\' in each response (the quickstart\'s reward) in OpenRLHF\'s reward_func."""\n\n'
+        "import torch\n\n\n"
+        "def reward_func(queries, prompts, labels):\n"
+        "    out = []\n"
+        "    for q, p in zip(queries, prompts):\n"
+        "        text = q[len(p):] if q.startswith(p) else q\n"
+        "        out.append(text.count('a') / len(text) if text else 0.0)\n"
+        "    r = torch.tensor(out, dtype=torch.float32)\n"
+        "    return {'rewards': r, 'scores': r, 'extra_logs': {}}\n")
+    return {**data, "reward": reward}
+
+
+def openrlhf_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, steps: int, every: int,
+                    colocated: bool = False, lora: int = 0) -> str:
+    """OpenRLHF 0.10.4 launched by rlctl's Ray executor (a head on loopback for the run, the job submitted through its
+    job API): 2 GPUs, one vLLM engine and one actor (+ its reference model), or all on one GPU with the sleep
+    flags. sdpa: flash-attn is not carried (its stand-in has no kernels); OpenRLHF's default is flash_attention_2."""
+    gpu = not ctx.cpu
+    lines = [f'name = "{name}"', "[backend]", 'name = "openrlhf"', 'version = "0.10.4"', "[backend.openrlhf.extra]",
+             '"ds.attn_implementation" = "sdpa"']
+    if colocated:
+        lines += ['"vllm.enable_sleep" = true', '"ds.enable_sleep" = true']
+    # OpenRLHF sizes vLLM's context to prompt + response tokens (--data.max_len), whatever max_model_len says
+    lines += ["[model]", f'path = "{model}"', 'dtype = "bfloat16"', "max_model_len = 128"]
+    if lora:
+        lines += ["[lora]", f"rank = {lora}", f"alpha = {2 * lora}", 'target_modules = "all-linear"']
+    lines += ["[data]", f'train = "{data["train"]}"', f'eval = "{data["probe"]}"', 'input_key = "prompt"',
+              'label_key = "label"', "max_prompt_tokens = 32",
+              "[rollout]", "group_size = 8", "prompts_per_step = 4", "max_tokens = 96", "temperature = 1.0",
+              "engines = 1", "gpu_memory_utilization = 0.3",
+              "[algorithm]", 'name = "grpo"', "kl_coef = 0.04", "use_kl_loss = true",
+              "[optim]", "lr = 1e-5", 'schedule = "constant"', "warmup_steps = 0", "max_grad_norm = 1.0",
+              "[train]", f"steps = {steps}", "train_batch_size = 32", "micro_batch_size = 8",
+              "gradient_checkpointing = false", "zero_stage = 2",
+              "[resources]", "nodes = 1", f"gpus_per_node = {1 if colocated else 2}",
+              f'gpu = "{"H100-80GB" if gpu else "cpu"}"', f"colocate = {'true' if colocated else 'false'}",
+              'executor = "ray"',
+              "[reward]", f'function = "{data["reward"]}"',
+              "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
+              "[run]", 'restart = "on-failure"', "max_restarts = 3",
+              "[eval]", f"every = {every}", "temperature = 0.0"]
+    path = ctx.work / "recipes" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
 # ---- one run, launched, killed, resumed ------------------------------------------------------------------------------
 TRL_KEYS = ["reward/mean", "reward/std", "kl", "lr", "entropy", "grad_norm", "policy_loss", "clip_ratio",
             "response_length/mean", "time/step", "throughput/tokens_per_s"]
@@ -664,10 +723,65 @@ def part_verl_2gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dic
                         marker="verl.trainer.main_ppo", keys=VERL_KEYS, step_timeout=420)
 
 
+OPENRLHF_KEYS = ["reward/mean", "kl", "lr", "policy_loss", "response_length/mean", "time/step",
+                 "eval/default/greedy_pass@1"]
+
+
+def part_openrlhf_2gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """OpenRLHF on 2 GPUs (one vLLM engine, one actor + reference), launched through rlctl's Ray executor: two kills
+    (the job's driver alone, then every process of the attempt with the Ray head), its in-loop eval; rlctl's
+    evaluator on vLLM for the last checkpoint afterwards."""
+    steps, every = 6, 2
+    recipe = openrlhf_recipe(ctx, "openrlhf-2gpu", model, openrlhf_data(ctx.work, data), steps=steps, every=every)
+    kills = [("driver", every), ("all", 2 * every)] if os.environ.get("RLCTL_GPU_KILLS", "2") == "2" else \
+        [("driver", every)]
+    res = launched_run(ctx, nv, "openrlhf-2gpu", recipe, total=steps, kills=kills,
+                       marker="openrlhf.cli.train_ppo_ray", keys=OPENRLHF_KEYS, step_timeout=420)
+    run = run_dir(ctx, "openrlhf-2gpu")
+    if run is not None:
+        res["eval_after"] = eval_after(ctx, nv, run, steps)
+    return res
+
+
+def part_openrlhf_colocated(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """OpenRLHF on one GPU: actor, reference and vLLM colocated, vLLM and DeepSpeed asleep in turn."""
+    steps, every = 4, 2
+    recipe = openrlhf_recipe(ctx, "openrlhf-colocated", model, openrlhf_data(ctx.work, data), steps=steps,
+                             every=every, colocated=True)
+    return launched_run(ctx, nv, "openrlhf-colocated", recipe, total=steps, kills=[],
+                        marker="openrlhf.cli.train_ppo_ray", keys=OPENRLHF_KEYS, step_timeout=420)
+
+
+def part_collect(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """The runs an earlier call launched and left going when its time ran out (a detached run goes on on the machine
+    between calls): each waited for to its end within this call's time, then read back as a part reads its run."""
+    import tomllib
+
+    keys = {"trl-vllm": TRL_KEYS, "verl": VERL_KEYS, "openrlhf": OPENRLHF_KEYS}[ctx.stack]
+    out: dict[str, Any] = {}
+    for run in sorted(p for p in (ctx.work / "runs").glob("*") if (p / "state.json").is_file()):
+        t0 = now()
+
+        def over(run=run) -> bool:
+            st = state(run)
+            return st.get("status") in ("finished", "failed", "stopped", "lost") and \
+                not _alive(st.get("supervisor_pid") or 0)
+        wait_for(ctx, f"{run.name}: its end", over, max(left() - 90, 0), every=1.0)
+        try:
+            total = int(tomllib.loads((run / "recipe.toml").read_text())["train"]["steps"])
+        except (OSError, KeyError, ValueError, TypeError):
+            total = max(metric_steps(run) or [0])
+        out[run.name] = {"status": state(run).get("status"), "nvml_window": nv.window(t0),
+                         "collected": collect(ctx, run.name, run, keys), "steps": steps_once(run, total)}
+    return out
+
+
 PARTS = {
     "trl-vllm": {"full": part_trl_full, "lora": part_trl_lora, "trainer-only": part_trl_trainer_only},
     "verl": {"1gpu": part_verl_1gpu, "2gpu": part_verl_2gpu},
+    "openrlhf": {"2gpu": part_openrlhf_2gpu, "colocated": part_openrlhf_colocated},
 }
+ONLY_ASKED = {"collect": part_collect}  # parts run only when named (--part collect)
 SHAPE = "Qwen/Qwen2.5-0.5B"
 
 
@@ -698,7 +812,8 @@ def machine(nv: Nvml) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("stack", choices=sorted(PARTS))
-    ap.add_argument("--part", action="append", help="which parts (default: all, in order)")
+    ap.add_argument("--part", action="append",
+                    help="which parts (default: all, in order; `collect`: the runs an earlier call left going)")
     ap.add_argument("--out", type=Path, required=True, help="docs/gpu/<stack>.json is written under it")
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpurun"))
     ap.add_argument("--assemble-report", type=Path, help="assemble.py's report, kept in the evidence")
@@ -707,9 +822,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="write each part's GPU recipe and data, `rlctl render` and `rlctl preflight` them; no run")
     ap.add_argument("--budget-s", type=float, help="this call's time: waits end there, the evidence so far is written")
     args = ap.parse_args(argv)
+    with contextlib.suppress(ValueError, OSError):  # vLLM wants many open files (preflight env.open_files)
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = 65536 if hard == resource.RLIM_INFINITY else min(65536, hard)
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     if args.budget_s:
         DEADLINE[0] = time.time() + args.budget_s
     parts = args.part or list(PARTS[args.stack])
+    unknown = [p for p in parts if p.split("#")[0] not in {**PARTS[args.stack], **ONLY_ASKED}]
+    if unknown:
+        ap.error(f"--part {unknown[0]}: {args.stack} has {', '.join([*PARTS[args.stack], *ONLY_ASKED])}")
     work = args.work / args.stack
     work.mkdir(parents=True, exist_ok=True)
     evidence_path = work / "evidence.json"
@@ -751,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
             CURRENT.update(part=key, res=None)
             t = time.time()
             try:
-                res = PARTS[args.stack][part](ctx, nv, model, data)
+                res = {**PARTS[args.stack], **ONLY_ASKED}[part](ctx, nv, model, data)
             except Exception as e:  # a part that broke says how; the others still run
                 import traceback
 

@@ -4,7 +4,7 @@
   (~/.cache/rlctl-tests/wheels, or $RLCTL_TEST_WHEELS) and unpacked next to it.
 - `OpenRLHF(version)`: a context in which the release's modules import for real from the unpacked wheel, where
   heavy dependencies (ray, deepspeed, vllm, peft, flash_attn, ...) and the OpenRLHF modules not under test are
-  permissive stubs (sys.modules stubs), so that:
+  permissive stubs (sys.modules stubs, scoped: see _module_scope.py), so that:
     * `parse(argv)` runs `openrlhf/cli/train_ppo_ray.py` as `__main__`: the real argparse parser, every post-parse
       check, and `train(args)` up to the first thing that starts Ray work (vLLM engines or actor groups); it returns
       the parsed namespace and train()'s locals at that point (e.g. `max_len`, vLLM's context);
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -28,6 +29,8 @@ import types
 import zipfile
 from pathlib import Path
 from typing import Any
+
+from tests.conformance._module_scope import ModuleScope
 
 CACHE = Path(os.environ.get("RLCTL_TEST_WHEELS", Path.home() / ".cache" / "rlctl-tests" / "wheels"))
 # the wheels are cp311 manylinux only: ask for that platform so any interpreter can fetch them
@@ -166,8 +169,20 @@ PARSE_MODULES = {"openrlhf.utils.config", "openrlhf.utils.agent", "openrlhf.util
 SAVE_MODULES = {"openrlhf.utils.deepspeed.deepspeed", "openrlhf.trainer.ray.ppo_actor", "openrlhf.utils.logging_utils"}
 
 
+def _discard(name: str, module: Any) -> bool:
+    return name.split(".")[0] in ("openrlhf", *HEAVY) or isinstance(module, StubModule)
+
+
+def is_stub(value: Any) -> bool:
+    t = type(value)  # not isinstance(): some objects' __class__ warns when read
+    return issubclass(t, (Stub, StubModule)) or (t is _Meta and value is not Stub)
+
+
 class OpenRLHF:
-    """`with OpenRLHF("0.9.3") as o: args, where = o.parse([...])`."""
+    """`with OpenRLHF("0.9.3") as o: args, where = o.parse([...])`. Scoped (_module_scope.py): on exit no stub and
+    nothing that holds one is left in sys.modules, and every module loaded before is the same object again."""
+
+    real_first: set[str] = set()  # real modules an earlier context removed for holding a stub
 
     def __init__(self, version: str, real: set[str] = PARSE_MODULES):
         self.version = version
@@ -176,9 +191,12 @@ class OpenRLHF:
         self.cli = self.root / "openrlhf" / "cli" / "train_ppo_ray.py"
 
     def __enter__(self) -> OpenRLHF:
-        self._saved_modules = dict(sys.modules)
+        for name in sorted(OpenRLHF.real_first):  # loaded for real while no stub exists: they stay clean
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+        self._scope = ModuleScope(_discard, is_stub).__enter__()
         self._saved_path = list(sys.path)
-        for name in list(sys.modules):
+        for name in list(sys.modules):  # the scope puts these back on exit
             if name.split(".")[0] in ("openrlhf", *HEAVY):
                 del sys.modules[name]
         self._finder = _Finder(self.root, self.real)
@@ -194,13 +212,9 @@ class OpenRLHF:
 
     def __exit__(self, *exc: Any) -> None:
         sys.meta_path.remove(self._finder)
-        for name in list(sys.modules):  # torch & co. stay loaded: a C extension cannot be imported twice
-            if name.split(".")[0] in ("openrlhf", *HEAVY):
-                del sys.modules[name]
-        for name, mod in self._saved_modules.items():
-            if name.split(".")[0] in ("openrlhf", *HEAVY):
-                sys.modules[name] = mod
         sys.path[:] = self._saved_path
+        self._scope.__exit__(*exc)
+        OpenRLHF.real_first.update(self._scope.discarded_real)
 
     def parse(self, argv: list[str]) -> tuple[Any, dict[str, Any], str]:
         """(parsed args after the post-parse checks, train()'s locals at its first Ray work, what it printed).
@@ -220,8 +234,6 @@ class OpenRLHF:
         raise AssertionError(f"openrlhf {self.version}: train() returned without reaching Ray work")
 
     def module(self, name: str) -> types.ModuleType:
-        import importlib
-
         return importlib.import_module(name)
 
     def source(self, rel: str) -> str:

@@ -635,6 +635,32 @@ def test_contexts_leave_no_stub_behind():
     assert not [n for n in set(sys.modules) - before if n.split(".")[0] == "openrlhf"]
 
 
+ORDER_PROBE = """
+import sys, types
+from tests.conformance._openrlhf_support import SAVE_MODULES, OpenRLHF, is_stub
+before = dict(sys.modules)
+with OpenRLHF("0.11.2") as o:
+    o.parse(["--actor.model_name_or_path", "m", "--reward.remote_url", "r.py"])
+with OpenRLHF("0.11.2", SAVE_MODULES) as o:
+    o.module("openrlhf.utils.deepspeed.deepspeed"), o.module("openrlhf.trainer.ray.ppo_actor")
+changed = [n for n, m in before.items() if sys.modules.get(n) is not m]
+held = sorted(n for n, m in list(sys.modules.items()) if any(is_stub(v) for v in list(vars(m).values())))
+print("changed", changed, "held", held)
+from trl import GRPOConfig  # TRL after OpenRLHF in one process, as pytest runs the suite
+GRPOConfig(output_dir="out", per_device_train_batch_size=4, num_generations=4, use_cpu=True, report_to=[])
+assert not changed and not held
+"""
+
+
+def test_trl_after_the_openrlhf_contexts_sees_no_stub():
+    """Test order must not matter: OpenRLHF's contexts (parse, then the save modules) run first, in a fresh
+    interpreter, leave no module that holds a stub (transformers' training_args bound accelerate's stub, and TRL's
+    GRPOConfig then died on `int * num_processes`), and every module loaded before them is the same object after."""
+    pytest.importorskip("trl")
+    r = subprocess.run([sys.executable, "-c", ORDER_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+
+
 def test_docs_flag_table_is_generated_from_the_snapshots():
     from scripts.snapshot_openrlhf import flag_table
 

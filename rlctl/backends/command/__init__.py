@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from rlctl.backends.base import Backend, Finding, LaunchPlan, LazyTable
 from rlctl.backends.command import runner as _runner
 from rlctl.backends.command.values import _argv, _fields, check_unified
+from rlctl.core.components import Component
 from rlctl.errors import RlctlError
 
 if TYPE_CHECKING:
@@ -98,6 +99,35 @@ class CommandBackend(Backend):
 
     def uses_vllm(self, recipe: Recipe) -> bool:
         return False  # unknown: no vLLM rule applies to a command rlctl cannot see into
+
+    def gpu_roles(self, recipe: Recipe) -> list[set[str]] | None:
+        """The command's GPUs are the trainer's, unless the recipe says which hold its inference engine
+        (resources.inference_gpus, e.g. seed 004's inference GPU 0 and trainer GPU 1)."""
+        res = recipe.resources
+        if res.inference_gpus is None:
+            return super().gpu_roles(recipe)
+        inf = set(res.inference_gpus)
+        trn = set(res.trainer_gpus) if res.trainer_gpus is not None else set(range(res.gpus_per_node)) - inf
+        return [{role for role, ids in (("trainer", trn), ("vllm", inf)) if i in ids}
+                for i in range(res.gpus_per_node)]
+
+    def log_components(self, recipe: Recipe) -> dict[str, Component]:
+        """The command's output (stdout.log) is the trainer's; `logs` names the others' files, `processes` their
+        processes."""
+        opts = recipe.backend.table(self.name)
+        out = super().log_components(recipe)
+        if not isinstance(opts, _options()):
+            return out
+        cwd = opts.cwd or "."
+        for name, path in opts.logs.items():
+            where = path if Path(path).is_absolute() else str(Path(cwd) / path)
+            out[name] = Component(name, files=(where,), process=opts.processes.get(name), where=where)
+        for name, rx in opts.processes.items():
+            if name not in out:
+                out[name] = Component(name, process=rx, where="no log file named (backend.command.logs)")
+            elif name == "trainer":
+                out[name] = Component(name, main_log=True, process=rx, where=out[name].where)
+        return out
 
     def multi_node(self, recipe: Recipe) -> str | None:
         opts = recipe.backend.table(NAME)
@@ -374,7 +404,7 @@ class CommandBackend(Backend):
         """The runner's layout descriptor under root (the recipe's checkpoint_pattern and marker), as a launch writes
         it there; one already there is kept."""
         table = recipe.backend.table(self.name)
-        if isinstance(table, CommandOptions) and table.checkpoint_pattern and not (root / _runner.DESCRIPTOR).exists():
+        if isinstance(table, _options()) and table.checkpoint_pattern and not (root / _runner.DESCRIPTOR).exists():
             _runner.write_descriptor({"checkpoint": {"dir": str(root), "pattern": table.checkpoint_pattern,
                                                      "marker": table.checkpoint_marker}})
 

@@ -52,6 +52,13 @@ class CommandOptions(BackendExtra):
         default=None, description="How the command spans resources.nodes > 1 on a batch cluster: `ray` (it joins the "
         "Ray cluster the job brings up, through RAY_ADDRESS) or `torchrun` (one copy per node, rendezvous on the "
         "first; the default when the command starts with torchrun).")
+    logs: dict[str, str] = Field(
+        default_factory=dict, description="Logs of the trainer's components besides its output, by component: e.g. "
+        "{ inference = \"/tmp/vllm.log\" } (relative paths: to the command's working directory); `rlctl logs RUN "
+        "--component NAME` shows them, and an inference log is read for the causes of death.")
+    processes: dict[str, str] = Field(
+        default_factory=dict, description="A regex over a component's process command line, e.g. { inference = "
+        "\"vllm serve\" }: rlctl sees when that process is gone while the trainer lives (docs/resilience.md).")
 
     @field_validator("log_pattern")
     @classmethod
@@ -88,6 +95,29 @@ class CommandOptions(BackendExtra):
             if bad:
                 raise ValueError(f"{arg!r}: unknown placeholder {{{bad[0]}}}; resume templates take "
                                  + ", ".join(f"{{{f}}}" for f in RESUME_FIELDS))
+        return v
+
+    @field_validator("logs", "processes")
+    @classmethod
+    def _components(cls, v: dict[str, str]) -> dict[str, str]:
+        from rlctl.core.components import NAME
+
+        for name, value in v.items():
+            if not NAME.fullmatch(name) or name in ("supervisor", "ray"):
+                raise ValueError(f"{name!r}: a component name is letters, digits, '_' or '-' (and not supervisor or "
+                                 "ray, which are rlctl's own), e.g. inference")
+            if not value.strip():
+                raise ValueError(f"{name} = {value!r}: empty")
+        return v
+
+    @field_validator("processes")
+    @classmethod
+    def _process_regexes(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, p in v.items():
+            try:
+                re.compile(p)
+            except re.error as e:
+                raise ValueError(f"processes.{name} = {p!r} is not a regex: {e}") from None
         return v
 
     @model_validator(mode="after")

@@ -20,6 +20,7 @@ from rlctl.backends._static import argparse_flags, package_file
 from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, EffectiveRecipe, Finding, LaunchPlan, check_keys
 from rlctl.backends.openrlhf.releases import FLAGS, KNOWN_VERSIONS, Release, release
 from rlctl.backends.openrlhf.steps import DEFAULT_WARMUP_RATIO, Steps, plan_steps, warmup_ratio_for
+from rlctl.core.components import Component
 from rlctl.estimate.schedules import hf_schedule
 
 if TYPE_CHECKING:
@@ -138,6 +139,17 @@ class OpenRLHFBackend(Backend):
             *NCCL_VLLM_STALL_SIGNS,
             r"RayActorError|ActorDiedError|The actor died unexpectedly",
         ]
+
+    def log_components(self, recipe: Recipe) -> dict[str, Component]:
+        """The vLLM engines are Ray actors (`LLMRayActor` up to 0.10, `RolloutRayActor` from 0.11; vLLM's own
+        `RayWorkerWrapper` with tensor parallelism): Ray's driver prints their lines into the run's output prefixed
+        with the actor's name (openrlhf/trainer/ray/vllm_engine.py); the rest is the driver and the training actors."""
+        engines = ("LLMRayActor", "RolloutRayActor", "RayWorkerWrapper")
+        return {"trainer": Component("trainer", main_log=True, other_actors=engines,
+                                     where="the run's stdout.log without the vLLM engines' lines"),
+                "inference": Component("inference", ray_actors=engines,
+                                       where="the vLLM engines' lines in the run's stdout.log (Ray actors "
+                                             + ", ".join(engines[:2]) + ")")}
 
     def gpu_roles(self, recipe: Recipe) -> list[set[str]] | None:
         """Colocated (--colocate_all_models), every GPU holds an actor and an engine; else Ray's placement groups

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, LazyTable
 from rlctl.backends.prime_rl.tags import CHECKOUT_ENV, NEW_LAYOUT_SINCE, layout  # noqa: F401 (re-exported)
+from rlctl.core.components import Component
 
 if TYPE_CHECKING:
     from rlctl.backends.layout import Checkpoint
@@ -87,6 +88,22 @@ class PrimeRLBackend(Backend):
             r"[Rr]etrying.*(ConnectError|Connection refused)",
             r"[Ii]nference server .*(died|not reachable|unreachable|exited)",
         ]
+
+    def log_components(self, recipe: Recipe) -> dict[str, Component]:
+        """`rl` starts inference, orchestrator and trainer as processes of their own, each writing to a file under
+        <output_dir>/logs (rlctl renders output_dir = checkpoint.dir): `<name>.log` from v0.8.0 on, `<name>.stdout`
+        at v0.3.0 (src/prime_rl/rl.py, entrypoints/rl.py; pathing.get_log_dir); the run's stdout.log follows the
+        trainer's (v0.3.0) or the orchestrator's (v0.8.0) with `tail -F`. The inference process is `inference @ ...`
+        (`uv run inference @ ...` at v0.3.0)."""
+        ext = ".stdout" if layout(self.target_version(recipe)) == "v0.3" else ".log"
+        logs = f"{recipe.checkpoint.dir.rstrip('/')}/logs"
+        return {
+            "trainer": Component("trainer", files=(f"{logs}/trainer{ext}",), where=f"{logs}/trainer{ext}"),
+            "inference": Component("inference", files=(f"{logs}/inference{ext}",), process=r"(^|[\s/])inference @ ",
+                                   where=f"{logs}/inference{ext} (the vLLM server)"),
+            "orchestrator": Component("orchestrator", files=(f"{logs}/orchestrator{ext}",),
+                                      where=f"{logs}/orchestrator{ext}"),
+        }
 
     def target_version(self, recipe: Recipe) -> str | None:
         """backend.version, else the installed prime-rl's version (never guessed: v0.2 to v0.4.0 all call themselves

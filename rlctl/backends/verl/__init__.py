@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from rlctl.backends._static import installed_version, package_file, yaml_key_paths
 from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, check_keys
 from rlctl.backends.verl.schedule import verl_schedule
+from rlctl.core.components import Component
 
 if TYPE_CHECKING:
     from rlctl.backends.base import MemoryFeatures
@@ -33,6 +34,19 @@ ADV = {"grpo": "grpo", "dr_grpo": "grpo", "reinforce_baseline": "reinforce_plus_
 KL_TYPE = {"k1": "kl", "k2": "mse", "k3": "low_var_kl", "low_var_kl": "low_var_kl"}
 CONFIG_FILE = "trainer/config/_generated_ppo_trainer.yaml"
 A = "actor_rollout_ref"
+# The attention verl's FSDP workers load a model with (0.9.0 and 0.9.1): the actor and the reference take
+# actor_rollout_ref.model.override_config.attn_implementation, "flash_attention_2" when unset
+# (workers/config/model.py HFModelConfig.__post_init__); a PPO critic always gets "flash_attention_2"
+# (utils/model.py load_valuehead_model passes it to from_pretrained). transformers then needs the package below
+# where the workers run, or it stops the worker's init: "FlashAttention2 has been toggled on, but ... the package for
+# FlashAttention2 doesn't seem to be installed" (seen on an H100, docs/gpu/verl-2.json).
+DEFAULT_ATTENTION = "flash_attention_2"
+ATTENTION_PACKAGE = {"flash_attention_2": "flash-attn", "flash_attention_3": "flash-attn-3"}
+SDPA_KEY = f"+{A}.model.override_config.attn_implementation"
+# verl never requires TRL, but when one is importable its workers import trl.experimental.ppo's (or trl's)
+# AutoModelForCausalLMWithValueHead at every model build (models/transformers/monkey_patch.py apply_monkey_patch, 0.9.0
+# and 0.9.1) and stop there without it: TRL 1.13.0 removed trl.experimental.ppo (1.12.0 is the last that has it)
+TRL_WITHOUT_VALUE_HEAD = "1.13.0"
 
 
 def _val(v: Any) -> str:
@@ -81,6 +95,17 @@ class VerlBackend(Backend):
             *NCCL_VLLM_STALL_SIGNS,
             r"RayActorError|ActorDiedError|The actor died unexpectedly",
         ]
+
+    def log_components(self, recipe: Recipe) -> dict[str, Component]:
+        """rollout.mode is async (0.9's default): each vLLM server is a `vLLMHttpServer` Ray actor
+        (verl/workers/rollout/vllm_rollout/vllm_async_server.py) whose lines Ray's driver prints into the run's output
+        prefixed with its name; the rest is the driver and the `WorkerDict` training workers."""
+        engines = ("vLLMHttpServer",)
+        return {"trainer": Component("trainer", main_log=True, other_actors=engines,
+                                     where="the run's stdout.log without the vLLM servers' lines"),
+                "inference": Component("inference", ray_actors=engines,
+                                       where="the vLLM servers' lines in the run's stdout.log (Ray actor "
+                                             "vLLMHttpServer)")}
 
     # ---- steps and schedule ----------------------------------------------------------------------------------
 
@@ -316,11 +341,33 @@ class VerlBackend(Backend):
         notes = []
         if k > 1:
             notes.append(f"one verl step (iteration) = {k} optimizer steps; verl logs iterations")
+        for models, impl in self.attention(recipe, overrides).items():
+            if impl in ATTENTION_PACKAGE:
+                notes.append(f"verl loads the {models} with {impl}"
+                             + (" (its default)" if impl == DEFAULT_ATTENTION else "")
+                             + f": the {ATTENTION_PACKAGE[impl]} package must be installed where its workers run "
+                             "(preflight env.flash_attn checks this machine)")
         return LaunchPlan(
             backend=self.name, version=version, argv=argv, env=env,
             keys=[k for k, _ in overrides], total_steps=self.total_steps(recipe, dataset_size),
             notes=notes,
         )
+
+    def attention(self, recipe: Recipe, overrides: list[tuple[str, Any]] | None = None) -> dict[str, str]:
+        """{the models verl's workers load: their attention implementation} for this recipe (DEFAULT_ATTENTION)."""
+        o = dict(overrides if overrides is not None else self.overrides(recipe, None))
+        node = f"{A}.model.override_config"
+        impl = DEFAULT_ATTENTION
+        for key, value in o.items():
+            k = key.lstrip("+")
+            if k == f"{node}.attn_implementation":
+                impl = str(value)
+            elif k == node and isinstance(value, dict) and "attn_implementation" in value:
+                impl = str(value["attn_implementation"])
+        out = {"actor and reference model": impl}
+        if recipe.algorithm.name == "ppo":
+            out["critic"] = DEFAULT_ATTENTION
+        return out
 
     # ---- what cannot be honoured -----------------------------------------------------------------------------
     def colocated(self, recipe: Recipe) -> bool:
@@ -547,7 +594,7 @@ class VerlBackend(Backend):
         if family == "placement":
             return placement_rules(r) + nodes_rule(r, os.environ) + self.token_budget_rules(r)
         if family == "env":
-            return wandb_reaches_job(r, os.environ)
+            return wandb_reaches_job(r, os.environ) + attention_package(self, r, os.environ) + trl_beside(r, os.environ)
         if family == "reference":
             from rlctl.backends.verl.data import data_format
 
@@ -645,6 +692,66 @@ def nodes_rule(recipe: Recipe, environ: Any) -> list[Any]:
                    "bring the cluster up first (`ray start --head` here, `ray start --address=HEAD:6379` on the other "
                    "nodes) and launch on the head, or export RAY_ADDRESS of a running cluster, or use executor = "
                    '"ray" with its address')]
+
+
+def attention_package(backend: VerlBackend, recipe: Recipe, environ: Any) -> list[Any]:
+    """env.flash_attn: the package the workers' attention needs (flash-attn for verl's default FlashAttention-2) is
+    installed where they run: checked on this machine when they run here (the local executor, no Ray cluster to
+    join), said to be the cluster's business otherwise. flash-attn is published as source only: a missing one is the
+    first thing a GPU box without it meets, after Ray and vLLM have started."""
+    from rlctl import executors
+    from rlctl.backends._static import installed_version
+    from rlctl.preflight import FAIL, OK, WARN, Result
+
+    needs = {m: i for m, i in backend.attention(recipe).items() if i in ATTENTION_PACKAGE}
+    if not needs:
+        impls = sorted(set(backend.attention(recipe).values()))
+        return [Result("env.flash_attn", OK, f"verl's workers load with {', '.join(impls)}: no flash-attn needed")]
+    what = "; ".join(f"the {m} with {i}" + (" (verl's default)" if i == DEFAULT_ATTENTION else "")
+                     for m, i in needs.items())
+    missing = sorted({ATTENTION_PACKAGE[i] for i in needs.values() if installed_version(ATTENTION_PACKAGE[i]) is None})
+    critic_only = set(needs) == {"critic"}
+    fix = ("PPO's critic always loads with flash_attention_2 in verl (utils/model.py load_valuehead_model): install "
+           f"{', '.join(missing) or 'flash-attn'} where the workers run, or use a critic-free algorithm (grpo)"
+           if critic_only else
+           f"install {', '.join(missing) or 'flash-attn'} where the workers run, or load with PyTorch's attention: "
+           f'backend.verl.extra "{SDPA_KEY}" = "sdpa"')
+    remote = getattr(executors.executor_class(recipe.resources.executor), "remote", False)
+    address, where = ray_init_address(recipe, environ)
+    if remote or address:
+        on = f"the {recipe.resources.executor} executor's machines" if remote else f"the Ray cluster at {address}"
+        return [Result("env.flash_attn", WARN, f"verl loads {what}: {on} must have "
+                       f"{', '.join(sorted(set(ATTENTION_PACKAGE[i] for i in needs.values())))} (not checked from "
+                       "here)", fix)]
+    if missing:
+        return [Result("env.flash_attn", FAIL, f"verl loads {what}, but {', '.join(missing)} is not installed in this "
+                       "Python: every worker stops at its model's load (transformers: \"FlashAttention2 has been "
+                       "toggled on, but ... doesn't seem to be installed\")", fix)]
+    return [Result("env.flash_attn", OK, f"verl loads {what}; "
+                   + ", ".join(f"{p} {installed_version(p)}" for p in sorted({ATTENTION_PACKAGE[i]
+                                                                            for i in needs.values()}))
+                   + " installed")]
+
+
+def trl_beside(recipe: Recipe, environ: Any) -> list[Any]:
+    """env.verl_trl: a TRL installed beside verl that lacks AutoModelForCausalLMWithValueHead stops every FSDP worker
+    at its model's build (TRL_WITHOUT_VALUE_HEAD); checked where the workers run here, as env.flash_attn is."""
+    from rlctl import executors
+    from rlctl.backends._static import installed_version
+    from rlctl.backends.base import version_key
+    from rlctl.preflight import FAIL, Result
+
+    trl = installed_version("trl")
+    remote = getattr(executors.executor_class(recipe.resources.executor), "remote", False)
+    if trl is None or installed_version("verl") is None or remote or ray_init_address(recipe, environ)[0]:
+        return []  # no TRL, or not verl's environment (env.backend says where verl must be)
+    if version_key(trl) < version_key(TRL_WITHOUT_VALUE_HEAD):
+        return []
+    return [Result("env.verl_trl", FAIL, f"trl {trl} is installed beside verl: verl's workers import "
+                   "trl.experimental.ppo.AutoModelForCausalLMWithValueHead whenever TRL is importable "
+                   f"(models/transformers/monkey_patch.py) and TRL {TRL_WITHOUT_VALUE_HEAD} removed it: every worker "
+                   "stops at its model's build", "pip install \"trl<1.13\" in verl's environment (verl itself needs "
+                   "no TRL: uninstalling it works too)")]
 
 
 def wandb_reaches_job(recipe: Recipe, environ: Any) -> list[Any]:

@@ -1,0 +1,277 @@
+"""Why a run died (or hangs), named from evidence it shows: the one place that decides. `status`, `status RUN`,
+`--json`, `doctor` and the supervisor's record of each attempt all ask here.
+
+The rules read the run's logs — the trainer's output and each component's own log (rlctl.runs.components: vLLM's
+log under OpenRLHF/verl Ray workers, prime-rl's inference server log) — what the supervisor saw while the run lived
+(the inference engine's process gone, or its GPU's memory dropped to ~0: state.json `inference`), and the disk. The
+first rule that finds evidence names the cause, most specific first: a full disk, out of memory and an illegal memory
+access are roots that the other ranks' collective timeouts only follow; a dead inference engine and rollout requests
+it refuses are roots of the trainer's wait (and of a timeout it may then hit).
+
+A cause is plain JSON, kept in state.json `cause` (and in each attempt's record):
+{"what", "summary", "component", "evidence": ["FILE:LINE: text", ...], "fix"} (+ "checkpoint" for a full disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlctl.core.components import Component
+
+TAIL = 1 << 20  # bytes read from the end of each log: a cause of death is near where the attempt ended
+MAX_EVIDENCE = 4
+
+# CUDA's own text for cudaErrorIllegalAddress (cudaGetErrorString(700)); torch prints "CUDA error: " + it
+# (c10/cuda/CUDAException.cpp), NCCL "Cuda failure 'an illegal memory access was encountered'", vLLM re-raises it
+ILLEGAL = ("an illegal memory access was encountered", "cudaErrorIllegalAddress")
+# PyTorch's NCCL watchdog (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, WorkNCCL::checkTimeout):
+# "[Rank R] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=S, OpType=OP, NumelIn=.., NumelOut=..,
+# Timeout(ms)=T) ran for N milliseconds before timing out."
+WATCHDOG = re.compile(r"(?:\[(?:PG [^\]]*?)?Rank (?P<rank>\d+)\] )?Watchdog caught collective operation timeout: "
+                      r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)[^)]*?Timeout\(ms\)=(?P<limit>\d+)\) ran for "
+                      r"(?P<ran>\d+) milliseconds")
+NCCL_AFTER = "Some NCCL operations have failed or timed out"
+# the inference server refusing rollout requests: vLLM's request validation (0.26: renderers/params.py raises
+# VLLMValidationError "This model's maximum context length is ..."; older releases: "'max_tokens' or
+# 'max_completion_tokens' is too large"), and the HTTP 400s its access log prints for each refused request
+REFUSED = re.compile(r"VLLMValidationError|maximum context length is \d+|'max_tokens' or 'max_completion_tokens' is "
+                     r"too large|max_tokens.{0,40}(is too large|cannot be greater than)")
+HTTP_400 = re.compile(r'"POST /v1/(chat/)?completions HTTP/[\d.]+" 400')
+MANY_400 = 3  # a few refused requests in a row are a pattern; one may be a client's mistake
+# vLLM's engine dying (v1/engine/core.py, exceptions.py, executor/multiproc_executor.py; the V0 engine loop's)
+ENGINE_DEAD = re.compile(r"EngineDeadError|Engine loop has died|EngineCore encountered (a fatal error|an issue)|"
+                         r"Worker proc \S+ died unexpectedly")
+
+
+class Logs:
+    """The run's components and the tails of their logs, each read once."""
+
+    def __init__(self, run_dir: Path, state: dict[str, Any], light: bool = False):
+        from rlctl.runs.components import run_components
+
+        self.run_dir = run_dir
+        try:
+            self.comps = run_components(run_dir, state, light=light)
+        except Exception:
+            self.comps = {"trainer": Component("trainer", main_log=True)}
+        self._tails: dict[str, list[tuple[str, int | None, str]]] = {}
+
+    def lines(self, name: str) -> list[tuple[str, int | None, str]]:
+        if name not in self._tails:
+            from rlctl.runs.components import tail
+
+            comp = self.comps.get(name)
+            try:
+                self._tails[name] = tail(self.run_dir, comp, TAIL) if comp is not None else []
+            except Exception:
+                self._tails[name] = []
+        return self._tails[name]
+
+    def search(self, match: Callable[[str], bool], names: tuple[str, ...] = ("trainer", "inference")
+               ) -> list[tuple[str, str]]:
+        """(component, "FILE:LINE: text") of every matching line, trainer's first."""
+        out = []
+        for name in names:
+            for src, n, text in self.lines(name):
+                if match(text):
+                    out.append((name, evidence_line(src, n, text)))
+        return out
+
+
+def evidence_line(src: str, n: int | None, text: str) -> str:
+    """"FILE:LINE: text" (a Ray actor's prefix stays: it says which process printed the line; colours go)."""
+    clean = re.sub(r"\x1b\[[0-9;]*m", "", text).strip()
+    return f"{src}:{n}: {clean[:400]}" if n else f"{src}: {clean[:400]}"
+
+
+def _cause(what: str, summary: str, component: str, evidence: list[str], fix: str, **extra: Any) -> dict[str, Any]:
+    return {"what": what, "summary": summary, "component": component, "evidence": evidence[:MAX_EVIDENCE],
+            "fix": fix, **extra}
+
+
+# ---- the rules, most specific first ------------------------------------------------------------------------------
+def disk_full(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    from rlctl.runs.disk_full import find_cause
+
+    found = find_cause(run_dir, state)
+    if found is None:
+        return None
+    ck = found.get("checkpoint")
+    return _cause("disk full", "disk full" + (f" while saving {ck}" if ck else ""), "disk", found["evidence"],
+                  "free space where the run writes (or set checkpoint.min_free_gb and keep_last: rlctl prunes before a "
+                  "checkpoint would not fit), then rlctl resume RUN", checkpoint=ck)
+
+
+def out_of_memory(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    from rlctl.metrics.oom import SIGNS, find_oom
+
+    hits = logs.search(lambda t: any(needle in t for needle, _ in SIGNS))
+    if not hits:
+        return None
+    component, line = hits[-1]
+    oom = find_oom(run_dir / "stdout.log")
+    for f in _files(run_dir, logs.comps.get(component)):
+        oom = find_oom(f) or oom
+    what = f"{oom.what}" + (f": {oom.detail}" if oom and oom.detail else "") if oom else "out of memory"
+    where = " in the inference engine" if component == "inference" else ""
+    return _cause("out of memory", f"out of memory{where} ({what})", component, [line],
+                  "the same recipe runs out again: change it (preflight's memory checks say what fits; `rlctl status "
+                  "RUN` puts the measured peak next to the plan), rather than raising --max-restarts")
+
+
+def illegal_memory_access(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    hits = logs.search(lambda t: any(s in t for s in ILLEGAL))
+    if not hits:
+        return None
+    component = hits[0][0]
+    return _cause("cuda illegal memory access",
+                  "CUDA illegal memory access (cudaErrorIllegalAddress)" + (" in the inference engine"
+                                                                            if component == "inference" else ""),
+                  component, [h for _, h in hits],
+                  "a kernel read or wrote outside its memory: rerun with CUDA_LAUNCH_BLOCKING=1 to name the kernel; a "
+                  "restart may pass, a repeat at the same step is a bug (a custom kernel, attention, the vLLM build)")
+
+
+def inference_dead(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    seen = state.get("inference") if isinstance(state.get("inference"), dict) else {}
+    gone = seen.get("gone") if isinstance(seen.get("gone"), dict) else None
+    signs = [h for _, h in logs.search(lambda t: bool(ENGINE_DEAD.search(t)), ("inference", "trainer"))]
+    if gone is None and not signs:
+        return None
+    evidence = [str(e) for e in (gone or {}).get("evidence") or []] + signs
+    how = (gone or {}).get("summary") or "its log says the engine died"
+    return _cause("inference engine dead", f"the inference engine died ({how}) while the trainer waited",
+                  "inference", evidence,
+                  "restart from the last checkpoint ([run] restart = \"on-stall\" does it); a repeat: `rlctl logs RUN "
+                  "--component inference` shows why the engine died (seed 004 raised ulimit -n to 65536)")
+
+
+def rollouts_refused(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    if "inference" not in logs.comps:
+        return None
+    refused = [evidence_line(s, n, t) for s, n, t in logs.lines("inference") if REFUSED.search(t)]
+    http = [evidence_line(s, n, t) for s, n, t in logs.lines("inference") if HTTP_400.search(t)]
+    if not refused and len(http) < MANY_400:
+        return None
+    first = refused[-1] if refused else http[-1]
+    detail = re.sub(r"^.*?(VLLMValidationError: |ValueError: |Error: )", "", first.split(": ", 1)[-1]) \
+        if refused else "the server answered 400 Bad Request"
+    count = f"{len(http)} requests answered 400 Bad Request; " if http else ""
+    return _cause("rollout requests refused",
+                  f"rollouts refused by the inference server ({count}{detail[:240]})", "inference",
+                  ([refused[-1]] if refused else []) + http[-2:],
+                  "rollout.max_tokens plus the prompt must fit model.max_model_len: lower rollout.max_tokens (or "
+                  "data.max_prompt_tokens) or raise model.max_model_len; `rlctl preflight` checks it before a run")
+
+
+def nccl_timeout(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    hits = logs.search(lambda t: "Watchdog caught collective operation timeout" in t)
+    if not hits:
+        return None
+    m = WATCHDOG.search(hits[0][1])
+    detail = (f"{m['op']} (SeqNum {m['seq']}) ran {m['ran']} ms, limit {m['limit']} ms"
+              + (f", rank {m['rank']}" if m["rank"] else "")) if m else "a collective timed out"
+    after = [h for _, h in logs.search(lambda t: NCCL_AFTER in t)][:1]
+    ranks: dict[str, str] = {}
+    for _, h in hits:
+        r = WATCHDOG.search(h)
+        ranks.setdefault(r["rank"] if r and r["rank"] else h, h)
+    return _cause("nccl timeout", f"NCCL timeout: {detail}", hits[0][0], list(ranks.values())[:3] + after,
+                  "a rank stopped taking part in a collective: the other ranks' last lines and stacks "
+                  "(attempts/N/evidence.txt) say where it waits; raise the timeout only when a step legitimately "
+                  "takes that long (a long generation, a checkpoint save)")
+
+
+def inference_idle(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    seen = state.get("inference") if isinstance(state.get("inference"), dict) else {}
+    idle = seen.get("idle") if isinstance(seen.get("idle"), dict) else None
+    if idle is None:
+        return None
+    return _cause("inference engine idle", f"{idle.get('summary') or 'the inference engine idled'}, no progress",
+                  "inference", [str(e) for e in idle.get("evidence") or []],
+                  "the engine and the trainer each wait for the other: `rlctl logs RUN --component inference` and "
+                  "the trainer's stack (attempts/N/evidence.txt) show where")
+
+
+RULES: tuple[tuple[str, Callable[[Path, dict[str, Any], Logs], dict[str, Any] | None]], ...] = (
+    ("disk full", disk_full),
+    ("out of memory", out_of_memory),
+    ("cuda illegal memory access", illegal_memory_access),
+    ("inference engine dead", inference_dead),
+    ("rollout requests refused", rollouts_refused),
+    ("nccl timeout", nccl_timeout),
+    ("inference engine idle", inference_idle),
+)
+
+
+def _files(run_dir: Path, comp: Component | None) -> list[Path]:
+    from rlctl.runs.components import files_of
+
+    return files_of(run_dir, comp) if comp is not None else []
+
+
+def find(run_dir: Path, state: dict[str, Any] | None = None, light: bool = False) -> dict[str, Any] | None:
+    """The cause of the run's end (or hang), or None when nothing it shows names one. `light`: never parse the
+    run's recipe to find its components (the status table's fast path)."""
+    from rlctl.core.state import read_state
+
+    state = read_state(run_dir) if state is None else state
+    logs = Logs(run_dir, state, light)
+    for _, rule in RULES:
+        try:
+            found = rule(run_dir, state, logs)
+        except Exception:  # a damaged log or state never breaks status
+            found = None
+        if found is not None:
+            return found
+    return None
+
+
+def settle(run_dir: Path, state: dict[str, Any], status: str, light: bool = False
+           ) -> tuple[str, dict[str, Any] | None]:
+    """(status, cause) of a run as status shows it. A run that ended failed, or lost with its disk full, says why
+    (found once, then kept in state.json when the disk lets rlctl write it); a stalled run says why it waits."""
+    cached = state.get("cause")
+    if status == "stopped":  # rlctl stopped it (a disk that could not hold the next checkpoint) and said why
+        return status, cached if isinstance(cached, dict) else None
+    if status not in ("failed", "lost", "stalled"):
+        return status, None
+    if isinstance(cached, dict) and status != "stalled":
+        return ("failed" if cached.get("what") == "disk full" else status), cached
+    attempts = state.get("attempts") if isinstance(state.get("attempts"), list) else []
+    last = attempts[-1] if attempts and isinstance(attempts[-1], dict) else {}
+    if isinstance(last.get("cause"), dict) and status == "failed":  # named by the supervisor when it ended
+        return status, last["cause"]
+    cause = find(run_dir, state, light)
+    if cause is None or status == "stalled":
+        return status, cause
+    from rlctl.core.state import write_state
+
+    disk = cause["what"] == "disk full"
+    with contextlib.suppress(OSError):  # a disk still full: said now, written once there is room
+        write_state(run_dir, cause=cause, **({"status": "failed"} if disk else {}),
+                    **({"settled_by": "disk full (its outcome could not be written)"} if disk and status == "lost"
+                       else {}))
+    return ("failed" if disk else status), cause
+
+
+def say(cause: dict[str, Any] | None, host: str | None = None) -> str | None:
+    """The cause in a few words, for the status table: "disk full on HOST while saving checkpoint-N" (HOST: the
+    host's name as hosts.toml has it, else this machine's), else the cause's summary."""
+    if not isinstance(cause, dict):
+        return None
+    if cause.get("what") == "disk full":
+        from rlctl.runs.disk_full import full_while
+
+        if cause.get("checkpoint"):
+            return full_while(f"saving {cause['checkpoint']}", host)
+        return f"disk full on {host or socket.gethostname()}"
+    if cause.get("what") == "disk pressure":  # rlctl stopped it before its disk filled (rlctl.runs.disk_pressure)
+        return f"out of disk on {host or socket.gethostname()}: {cause.get('summary')}"
+    summary = cause.get("summary")
+    return str(summary) if summary else str(cause.get("what") or "") or None

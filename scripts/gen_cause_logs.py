@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Write tests/fixtures/causes/*.log: what a trainer prints when it dies of a CUDA illegal memory access or an NCCL
+timeout, with each library's own text (see tests/fixtures/causes/README.md), printed the way the trainer's launcher
+prints it: a plain Python process's traceback (raised and printed by this interpreter), and torchrun's own report of
+a rank that aborted (torch.distributed.elastic, run here for real on the CPU).
+
+    python scripts/gen_cause_logs.py
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "causes"
+
+# CUDA's text for error 700 (libcudart cudaGetErrorString / cudaGetErrorName), as torch 2.8+ raises it:
+# "CUDA error: " + string (c10/cuda/CUDAException.cpp), get_cuda_error_help, get_cuda_check_suffix
+# (c10/cuda/CUDAMiscFunctions.cpp), c10_retrieve_device_side_assertion_info (CUDADeviceAssertionHost.cpp)
+CUDA_700 = ("CUDA error: an illegal memory access was encountered\n"
+            "Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+            "group__CUDART__TYPES.html for more information.\n"
+            "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+            "might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+            "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+
+ILLEGAL = textwrap.dedent('''
+    import torch
+
+    CUDA_700 = %r
+
+    def synchronize(step):  # where torch raises a kernel's earlier fault: the next synchronising call
+        if step == 3:
+            raise torch.AcceleratorError(CUDA_700)
+
+    def train_step(step):
+        print(f"step {step} loss 0.41", flush=True)
+        synchronize(step)
+
+    for step in range(1, 5):
+        train_step(step)
+''') % CUDA_700
+
+# PyTorch's NCCL watchdog (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp: WorkNCCL::checkTimeout builds the first
+# message, operator<<(WorkNCCL) the WorkNCCL(...) part, handleException the next two), printed by c10's LOG(ERROR)
+# with the rank prefix; then libstdc++'s terminate handler and the abort it ends in
+WATCHDOG = ("[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=412, OpType=ALLREDUCE, "
+            "NumelIn=131072000, NumelOut=131072000, Timeout(ms)=600000) ran for 600043 milliseconds before timing "
+            "out.")
+NCCL = textwrap.dedent('''
+    import os, sys, time
+    rank = int(os.environ["RANK"])
+    for step in range(1, 6):
+        print(f"step {step} loss 0.{40 - step}", flush=True)
+    if rank == 1:  # this rank's all_reduce never completes: its peer stopped taking part
+        w = %r.format(r=rank)
+        for n, msg in ((616, w), (630, "Some NCCL operations have failed or timed out. Due to the asynchronous "
+                       "nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data."),
+                       (636, "To avoid data inconsistency, we are taking the entire process down.")):
+            print(f"[rank{rank}]:[E1127 03:12:44.118203611 ProcessGroupNCCL.cpp:{n}] {msg}", file=sys.stderr,
+                  flush=True)
+        print("terminate called after throwing an instance of 'std::runtime_error'", file=sys.stderr)
+        print(f"  what():  {w}", file=sys.stderr, flush=True)
+        os.abort()
+    time.sleep(30)
+''') % WATCHDOG
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "train.py"
+        script.write_text(ILLEGAL)
+        p = subprocess.run([sys.executable, script.name], capture_output=True, text=True, cwd=tmp)
+        (OUT / "illegal_memory_access.log").write_text(p.stdout + p.stderr)
+        script.write_text(NCCL)
+        torchrun = Path(sys.executable).with_name("torchrun")
+        p = subprocess.run([str(torchrun), "--nproc-per-node=2", "--master-port=0", script.name],
+                           capture_output=True, text=True, cwd=tmp, timeout=120)
+        (OUT / "nccl_timeout.log").write_text(p.stdout + p.stderr)
+        print(f"torchrun exit code {p.returncode}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
