@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from rlctl.core.state import ACTIVE
 from tests.conftest import RECIPES, ROOT
 from tests.remote_sshd import ALIAS, sshd  # noqa: F401 - the session fixture
 from tests.slurm_cluster import SlurmCluster, ensure_slurm, start_cluster
@@ -73,6 +74,15 @@ def _wait(cond, timeout: float, what: str, run_dir: Path | None = None):
     raise AssertionError(f"{what} not within {timeout:.0f} s{extra}")
 
 
+def _ended(run_dir: Path, rlctl=None) -> str | None:
+    """The run's status once it is no longer active (any of ACTIVE is on its way somewhere), else None; with `rlctl`,
+    asked through `rlctl status` as a user would (which also writes what SLURM says into state.json)."""
+    if rlctl is not None:
+        rlctl("status", run_dir.name)
+    status = _state(run_dir).get("status")
+    return status if status not in ACTIVE else None
+
+
 def _said(run_dir: Path) -> str:
     out = (run_dir / "state.json").read_text()
     for p in sorted(run_dir.glob("slurm-*.out")) + [run_dir / "stdout.log", run_dir / "supervisor.log"]:
@@ -100,7 +110,7 @@ def test_render_shows_the_sbatch_script(user):
     script = r.stdout.split("## slurm.sbatch", 1)[1]
     for line in ("#SBATCH --partition=gpu", "#SBATCH --account=rl-team", "#SBATCH --time=4:00:00",
                  "#SBATCH --requeue", "#SBATCH --signal=B:USR1@300", "#SBATCH --nodes=1",
-                 "-m rlctl.executors.slurm.job"):
+                 "trap '' USR1", "-m rlctl.executors.slurm.job"):
         assert line in script, line
 
 
@@ -114,6 +124,17 @@ def test_bad_slurm_options_are_said(user, write):
         + '\n[executor.slurm]\npartiton = "gpu"\n')
     r = rlctl("preflight", str(bad))
     assert r.returncode == 2 and "executor.slurm.partiton" in r.stderr and "partition" in r.stderr, r.stderr
+
+
+def test_a_time_limit_the_signal_would_open_is_refused(user):
+    """`--time 5` with the default signal_before (300 s): SLURM would send USR1 at the job's start (its check is every
+    30 s and may come early), and every allocation would stop and requeue itself at once; preflight says so, with the
+    signal_before that fits."""
+    work, rlctl = user
+    r = rlctl("launch", str(RECIPES / "quickstart.toml"), "--executor", "slurm", "--time", "5")
+    assert r.returncode == 1 and not (work / "runs").exists(), r.stdout + r.stderr
+    assert "signal_before = 300 s with a time limit of 5 (300 s)" in r.stdout, r.stdout
+    assert "--set executor.slurm.signal_before=260" in r.stdout, r.stdout
 
 
 def test_two_nodes_render_ray_bring_up(user, write):
@@ -187,14 +208,15 @@ trap '[ $i -gt 0 ] && save $i && echo "saved step $i on SIGTERM"; exit 0' TERM
 while [ $i -lt $steps ]; do
   i=$((i+1)); echo "step $i | reward 0.$i"
   [ $((i % every)) = 0 ] && save $i
-  sleep 1 & wait $!
+  sleep STEP_S & wait $!
 done
 """
 
 
-def _sh_recipe(work: Path, steps: int, every: int) -> Path:
-    """A command recipe of SH_TRAINER: checkpoints in ckpt/step_N (done.json last), resumed with --from N."""
-    (work / "trainer.sh").write_text(SH_TRAINER)
+def _sh_recipe(work: Path, steps: int, every: int, step_s: float = 1.0) -> Path:
+    """A command recipe of SH_TRAINER (a step every `step_s` seconds): checkpoints in ckpt/step_N (done.json last),
+    resumed with --from N."""
+    (work / "trainer.sh").write_text(SH_TRAINER.replace("STEP_S", str(step_s)))
     argv = ["sh", str(work / "trainer.sh"), "{steps}", "{checkpoint_every}"]
     rec = work / "sh.toml"
     rec.write_text(_command_recipe("", f"""log_pattern = 'step (?P<step>\\d+) \\| reward (?P<reward>\\S+)'
@@ -251,11 +273,10 @@ def test_requeue_resumes_from_the_checkpoint(sl):
     assert cluster.scontrol("requeue", job).returncode == 0
     _wait(lambda: rlctl("status", run.name).stdout.count("queued"), 60, "said queued", run)
     _release(cluster, job)
-    _wait(lambda: _state(run).get("status") == "finished" or
-          (rlctl("status", run.name) and _state(run).get("status") not in
-           ("queued", "starting", "running", "stopping", "requeued")), 300, "finished", run)
+    # asked as a user does meanwhile: the login node's status writes SLURM's word into the state the job's rlctl
+    # writes too, and neither loses the other's (a status that did left the run `restarting` while it ran)
+    assert _wait(lambda: _ended(run, rlctl), 300, "the run's end", run) == "finished", _said(run)
     st = _state(run)
-    assert st["status"] == "finished", _said(run)
     assert len(st["slurm_allocations"]) == 2 and st["slurm_allocations"][1]["restart"] == 1
     assert st["attempts"][-1]["from_step"] >= 2, st["attempts"]
     log = (run / "stdout.log").read_text()
@@ -268,8 +289,10 @@ def test_time_limits(sl, write):
       runner does) and the job requeues itself; the next allocation resumes from that checkpoint;
     - no signal, no requeue: the job that reaches its limit anyway is said as timeout, with its last checkpoint."""
     work, rlctl, cluster = sl
-    r = rlctl("launch", str(_sh_recipe(work, steps=40, every=1000)), "--executor", "slurm", "--detach", "--time",
-              "1", "--name", "usr1", "--set", "executor.slurm.signal_before=40")
+    # SLURM sends the signal at its periodic check (every 30 s) once the limit is less than `signal_before` + 30 s
+    # away: 20 s before a one-minute limit is 10-40 s after the start, after the trainer's first steps
+    r = rlctl("launch", str(_sh_recipe(work, steps=100, every=1000, step_s=0.5)), "--executor", "slurm", "--detach",
+              "--time", "1", "--name", "usr1", "--set", "executor.slurm.signal_before=20")
     assert r.returncode == 0, r.stderr
     long = write("long.toml", _command_recipe("sleep 600"))
     r = rlctl("launch", str(long), "--executor", "slurm", "--detach", "--time", "1", "--name", "limit",
@@ -281,7 +304,7 @@ def test_time_limits(sl, write):
           "time limit is near" in (run / "stdout.log").read_text(errors="replace"), 120, "the USR1 signal", run)
     _release(cluster, job)
     cluster.scontrol("update", f"jobid={job}", "TimeLimit=10")  # the next allocation has time to finish
-    _wait(lambda: _state(run).get("status") == "finished", 300, "finished", run)
+    assert _wait(lambda: _ended(run), 300, "the run's end", run) == "finished", _said(run)
     st = _state(run)
     assert st["slurm_allocations"][-1]["restart"] >= 1
     assert st["attempts"][-1]["from_step"], st["attempts"]  # saved on the signal, resumed there

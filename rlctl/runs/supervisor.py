@@ -396,17 +396,19 @@ class Supervisor:
         finally:
             self.executor.close()
 
-    def resume(self) -> int:
+    def resume(self, gone: str | None = None) -> int:
         """Pick a run up after its supervisor died (a reboot, a kill): adopt a live attempt, or start the next one
-        from the latest complete checkpoint. A finished run stays as it is."""
+        from the latest complete checkpoint. A finished run stays as it is. `gone`: the run's last processes went
+        with the machine they ran on (a requeued batch job's last allocation): nothing to adopt or ask about; the
+        next attempt starts, said as resumed after the run was `gone`."""
         from rlctl.runs.state import settled_status
 
         state = read_state(self.run_dir)
-        if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")) and \
+        if gone is None and process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")) and \
                 state.get("supervisor_pid") != os.getpid():
             raise RlctlError(f"{self.run_dir.name} is supervised already (pid {state['supervisor_pid']}).")
-        status = settled_status(self.run_dir, state)
-        if status == "finished":
+        status = gone or settled_status(self.run_dir, state)
+        if state.get("status") == "finished" or status == "finished":
             return 0
         self.executor.open(self.run_dir, self.spec)
         try:

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rlctl.core.state import ACTIVE, read_state, write_state
+from rlctl.core.state import ACTIVE, read_state, update_state, write_state
 from rlctl.errors import RlctlError
 from rlctl.executors.base import RunHandle
 from rlctl.executors.local import LocalExecutor
@@ -41,6 +41,13 @@ def _job_id(state: dict[str, Any]) -> str | None:
     handle = state.get("handle") or {}
     ref = handle.get("ref") or {} if isinstance(handle, dict) else {}
     return str(ref.get("job_id") or state.get("slurm_job_id") or "") or None
+
+
+def _unchanged(seen: dict[str, Any], now: dict[str, Any]) -> bool:
+    """The run's own record is as it was when the login node asked SLURM: the job's rlctl wrote nothing since (a new
+    allocation, a new status), so SLURM's answer is still news."""
+    return now.get("status") == seen.get("status") and \
+        len(now.get(ALLOCATIONS) or []) == len(seen.get(ALLOCATIONS) or [])
 
 
 class SlurmExecutor(LocalExecutor):
@@ -149,10 +156,13 @@ class SlurmExecutor(LocalExecutor):
                                 "job MinJobAge seconds, and this cluster keeps no accounting for sacct) and the run "
                                 "did not record how it ended")
         if info.waiting:
-            updates = {"slurm_state": info.state, "slurm_reason": info.reason, "slurm_restarts": info.restarts}
-            if status != "queued" and info.restarts:
-                updates["status"] = "queued"  # requeued: its next allocation resumes from the last checkpoint
-            write_state(run_dir, **updates)
+            def waiting(now: dict[str, Any]) -> dict[str, Any]:
+                updates = {"slurm_state": info.state, "slurm_reason": info.reason, "slurm_restarts": info.restarts}
+                if status != "queued" and info.restarts and _unchanged(state, now):
+                    updates["status"] = "queued"  # requeued: its next allocation resumes from the last checkpoint
+                return updates
+
+            update_state(run_dir, waiting)
             return "queued"
         if info.running:
             if state.get("slurm_state") != info.state:
@@ -195,8 +205,13 @@ class SlurmExecutor(LocalExecutor):
             updates["exit_code"] = info.exit_code
         if outcome == "failed":
             updates.setdefault("error", said)
+        def settle(now: dict[str, Any]) -> dict[str, Any] | None:
+            return updates if now.get("status") in ACTIVE else None  # the run's own record came first: it stands
+
         with contextlib.suppress(OSError):
-            write_state(run_dir, **updates)
+            now = update_state(run_dir, settle)
+            if now.get("status") not in ACTIVE:
+                return str(now.get("status"))
         return outcome
 
     def status_lines(self, run_dir: Path, state: dict[str, Any]) -> list[str]:
@@ -234,9 +249,17 @@ class SlurmExecutor(LocalExecutor):
             return f"{run_dir.name}: {status} (SLURM job {_job_id(state)}); nothing to resume"
         if status == "finished":
             return f"{run_dir.name}: finished; nothing to resume"
-        write_state(run_dir, status="requeued", stop_requested_at=None, slurm_end=None)
-        job_id = queue.submit(str(run_dir.resolve() / SCRIPT), dict(os.environ), str(run_dir))
-        write_state(run_dir, status="queued", slurm_job_id=job_id, handle=RunHandle(NAME, {"job_id": job_id}).to_dict())
+        # queued before sbatch returns: the job's rlctl may start (and write `running`) before this process writes
+        # again, and its record must win
+        was = {k: state.get(k) for k in ("status", "stop_requested_at", "slurm_end")}
+        write_state(run_dir, status="queued", stop_requested_at=None, slurm_end=None)
+        try:
+            job_id = queue.submit(str(run_dir.resolve() / SCRIPT), dict(os.environ), str(run_dir))
+        except RuntimeError as e:
+            write_state(run_dir, **was)
+            raise RlctlError(f"sbatch refused the job of {run_dir.name}: {e}",
+                             hint=f"see {run_dir / SCRIPT}") from None
+        write_state(run_dir, slurm_job_id=job_id, handle=RunHandle(NAME, {"job_id": job_id}).to_dict())
         return f"{run_dir.name}: submitted again as SLURM job {job_id}; it resumes from the last complete checkpoint"
 
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
