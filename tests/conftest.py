@@ -26,10 +26,12 @@ class Result:
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> Result:
-    """Run the rlctl entry point in-process, as the console script does, and capture what it prints."""
+    """Run the rlctl entry point in-process, as the console script does, and capture what it prints. stdout and
+    stderr are text streams over bytes, as a console's are: a command that writes bytes (`rlctl logs` copies the log
+    through sys.stdout.buffer) works here as it does for a user."""
     from rlctl.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
+    out, err = _console_stream(), _console_stream()
     old_argv, old_cwd = sys.argv, os.getcwd()
     sys.argv = ["rlctl", *args]
     code = 0
@@ -44,7 +46,16 @@ def run_cli(*args: str, cwd: Path | None = None) -> Result:
     finally:
         sys.argv = old_argv
         os.chdir(old_cwd)
-    return Result(code, out.getvalue(), err.getvalue())
+    return Result(code, _text(out), _text(err))
+
+
+def _console_stream() -> io.TextIOWrapper:
+    return io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="replace", write_through=True)
+
+
+def _text(stream: io.TextIOWrapper) -> str:
+    stream.flush()
+    return stream.buffer.getvalue().decode("utf-8", errors="replace")  # type: ignore[attr-defined]
 
 
 @pytest.fixture

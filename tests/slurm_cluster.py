@@ -1,11 +1,16 @@
 """A real SLURM cluster on this machine, standing in for a lab's cluster (one per test session).
 
-Debian's slurm-wlm and munge (installed here as root when missing, as .ci/run does): `munged`, `slurmctld` and two
-`slurmd` (nodes n1 and n2) as plain processes under a temp dir, with a small slurm.conf (proctrack/linuxproc, no
-task plugin, no cgroups, cons_tres on CPUs, no accounting: `sacct` answers that accounting is disabled, so the
-executor works from squeue/scontrol alone). Each slurmd lives in its own network namespace joined by a bridge (a
-node of its own address, as on a real cluster; Debian's slurmd cannot run twice on one address). The filesystem is
-shared, as between a login node and compute nodes. Partitions: `debug` (default, jobs there are requeued when
+Debian's slurm-wlm, munge, slurmdbd and mariadb-server (installed here as root when missing, as .ci/run does):
+`munged`, `slurmctld` and two `slurmd` (nodes n1 and n2) as plain processes under a temp dir, with a small slurm.conf
+(proctrack/linuxproc, no task plugin, no cgroups, cons_tres on CPUs), and accounting as a lab keeps it: `slurmdbd`
+on a MariaDB server of its own (a fresh data directory, started as a plain process: about 10 s of the session), so
+`sacct` answers for a job slurmctld has forgotten. slurmctld keeps an ended job MinJobAge = 600 s, so every test
+but the one that makes it forget (`forget_jobs`) reads job states from squeue/scontrol, as on a cluster without
+accounting. Each slurmd lives in its own network namespace joined by a bridge (a
+node of its own address, as on a real cluster; Debian's slurmd cannot run twice on one address) and its own hostname
+(n1, n2) that resolves to that address on every node (/etc/hosts of the node's mount namespace), as a cluster's DNS
+does: what torchrun's rendezvous and gloo look up. The filesystem is shared, as between a login node and compute
+nodes. Partitions: `debug` (default, jobs there are requeued when
 preempted) and `urgent` (preempts `debug`), `cancel` (jobs there are cancelled when preempted). `private/` under the
 cluster's directory is hidden from the nodes (a tmpfs over it in their mount namespace): a disk that is not shared.
 """
@@ -24,14 +29,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PACKAGES = ("slurm-wlm", "munge")
+PACKAGES = ("slurm-wlm", "munge", "slurmdbd", "mariadb-server")
 NODES = ("n1", "n2")
 
 
 def ensure_slurm() -> str | None:
     """None when slurmctld, slurmd, munged and the client commands are there (installed as root if needed), else
     why not."""
-    need = ["/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "sbatch", "squeue", "scontrol"]
+    need = ["/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/sbin/slurmdbd", "/usr/sbin/mariadbd",
+            "mariadb-install-db", "sbatch", "squeue", "scontrol", "sacct", "sacctmgr"]
     if all(shutil.which(x) or Path(x).exists() for x in need):
         return None
     if os.geteuid() != 0:
@@ -44,7 +50,7 @@ def ensure_slurm() -> str | None:
         p = subprocess.run(["apt-get", "install", "-y", "-qq", *PACKAGES], capture_output=True, text=True,
                            timeout=900, env=env)
     if p.returncode != 0:
-        return f"apt-get install slurm-wlm munge failed: {p.stderr[-300:]}"
+        return f"apt-get install {' '.join(PACKAGES)} failed: {p.stderr[-300:]}"
     return None
 
 
@@ -64,6 +70,9 @@ class SlurmCluster:
     bridge: str = ""
     prefix: str = ""
     ctl_port: int = 0
+    db_port: int = 0
+    dbd_port: int = 0
+    first_job_id: int = 1
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     netns: dict[str, str] = field(default_factory=dict)
 
@@ -141,7 +150,11 @@ MinJobAge=600
 JobRequeue=0
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
-AccountingStorageType=accounting_storage/none
+FirstJobId={self.first_job_id}
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+AccountingStoragePort={self.dbd_port}
+AccountingStoragePass={r}/munge/munge.socket
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 {node_lines}
@@ -160,6 +173,52 @@ PartitionName=urgent Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=2 Pree
         self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             start_new_session=True, env=env)
 
+    def _accounting(self, timeout: float) -> None:
+        """MariaDB (a fresh data directory, TCP on loopback only) and slurmdbd on it; the cluster registered."""
+        r = self.root
+        db = r / "db"
+        p = subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={db}", "--user=root",
+                            "--auth-root-authentication-method=normal", "--skip-test-db"],
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(f"mariadb-install-db: {(p.stderr or p.stdout)[-500:]}")
+        (r / "db-init.sql").write_text("CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'slurm';\n"
+                                       "GRANT ALL ON *.* TO 'slurm'@'127.0.0.1';\n")
+        self._spawn("mariadbd", ["/usr/sbin/mariadbd", "--no-defaults", f"--datadir={db}", "--user=root",
+                                 f"--port={self.db_port}", "--bind-address=127.0.0.1", f"--socket={r}/db.sock",
+                                 f"--pid-file={r}/db.pid", f"--init-file={r}/db-init.sql", "--skip-name-resolve",
+                                 "--innodb-flush-log-at-trx-commit=0", "--innodb-doublewrite=0",
+                                 f"--log-error={r}/mariadbd.log"])
+        self._wait(lambda: _listening(self.db_port), timeout, "mariadbd did not listen")
+        dbd = r / "slurmdbd.conf"  # beside slurm.conf: where slurmdbd looks; 0600, as it insists
+        dbd.write_text(f"""\
+AuthType=auth/munge
+AuthInfo=socket={r}/munge/munge.socket
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={self.dbd_port}
+SlurmUser=root
+LogFile={r}/slurmdbd.log
+PidFile={r}/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={self.db_port}
+StorageUser=slurm
+StoragePass=slurm
+StorageLoc=slurm_acct
+""")
+        os.chmod(dbd, 0o600)
+        self._spawn("slurmdbd", ["/usr/sbin/slurmdbd", "-D"])
+        self._wait(lambda: _listening(self.dbd_port), timeout, "slurmdbd did not listen")
+        p = subprocess.run(["sacctmgr", "-i", "add", "cluster", "rlctltest"], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, **self.env})
+        if p.returncode != 0 and "already exists" not in p.stdout + p.stderr:
+            raise RuntimeError(f"sacctmgr add cluster: {(p.stderr or p.stdout)[-500:]}")
+
+    def _slurmctld(self, *flags: str, timeout: float = 60.0) -> None:
+        self._spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", *flags, "-f", str(self.conf)])
+        self._wait(lambda: self.scontrol("ping").returncode == 0, timeout, "slurmctld did not answer")
+
     def start(self, timeout: float = 60.0) -> None:
         r = self.root
         for d in ("munge", "state", "spool"):
@@ -170,22 +229,30 @@ PartitionName=urgent Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=2 Pree
         os.chmod(key, 0o400)
         with socket_free() as port:
             self.ctl_port = port
+        with socket_free() as port:
+            self.db_port = port
+        with socket_free() as port:
+            self.dbd_port = port
         self._net()
         self._write_conf()
         self._spawn("munged", ["/usr/sbin/munged", "-F", "--force", f"--key-file={key}",
                                f"--socket={r}/munge/munge.socket", f"--pid-file={r}/munge/munged.pid",
                                f"--log-file={r}/munge/munged.log", f"--seed-file={r}/munge/munged.seed"])
         self._wait(lambda: (r / "munge" / "munge.socket").exists(), 20, "munged did not create its socket")
-        self._spawn("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)])
-        self._wait(lambda: self.scontrol("ping").returncode == 0, timeout, "slurmctld did not answer")
+        self._accounting(timeout)
+        self._slurmctld(timeout=timeout)
         for node in self.nodes:
             (r / "spool" / node).mkdir(parents=True, exist_ok=True)
             # a mount namespace of its own where `private/` is an empty tmpfs: a directory the login node has and
             # the compute nodes do not (the run directory on a disk that is not shared)
             (r / "private").mkdir(exist_ok=True)
+            # and a hostname of its own (UTS namespace) that every node resolves to its address
+            hosts = r / f"hosts-{node}"
+            hosts.write_text(Path("/etc/hosts").read_text() + "".join(f"{self.addr(n)} {n}\n" for n in self.nodes))
             slurmd = f"exec /usr/sbin/slurmd -D -N {node} -f {self.conf}"
-            self._spawn(f"slurmd-{node}", ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                                           f"mount -t tmpfs tmpfs {r / 'private'} && {slurmd}"],
+            self._spawn(f"slurmd-{node}", ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c",
+                                           f"mount -t tmpfs tmpfs {r / 'private'} && mount --bind {hosts} /etc/hosts "
+                                           f"&& hostname {node} && {slurmd}"],
                         netns=self.netns[node])
         self._wait(self.all_idle, timeout, "the nodes did not come up idle")
 
@@ -227,6 +294,23 @@ PartitionName=urgent Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=2 Pree
         self._wait(lambda: self.node_states().get(node, "").rstrip("*") in ("idle", "mixed"), 60,
                    f"{node} did not return to service")
 
+    def forget_jobs(self) -> None:
+        """slurmctld restarted with its state cleared: it no longer knows any job, as it forgets an ended one
+        MinJobAge seconds after its end (here at once, not after the minutes a test cannot wait); only slurmdbd
+        still does. New job ids go on above the old ones. Jobs still queued or running are cancelled first."""
+        p = self.scontrol("show", "config")
+        nxt = next((line.split("=", 1)[1].strip() for line in p.stdout.splitlines()
+                    if line.split("=", 1)[0].strip() == "NEXT_JOB_ID"), "")
+        self.cancel_all()
+        self.first_job_id = int(nxt) + 100 if nxt.isdigit() else self.first_job_id + 100000
+        ctld = self.procs.pop("slurmctld")
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(ctld.pid, signal.SIGTERM)
+        ctld.wait(timeout=30)
+        self._write_conf()
+        self._slurmctld("-c")
+        self._wait(self.all_idle, 60, "the nodes did not come back idle")
+
     def cancel_all(self) -> None:
         subprocess.run(["scancel", "--full", "-u", "root"], capture_output=True, timeout=30,
                        env={**os.environ, **self.env})
@@ -257,6 +341,12 @@ PartitionName=urgent Nodes={nodes} MaxTime=INFINITE State=UP PriorityTier=2 Pree
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _run(argv: list[str]) -> None:
     p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     if p.returncode != 0:
@@ -284,9 +374,14 @@ def start_cluster() -> SlurmCluster:
     return c
 
 
-if __name__ == "__main__":  # python tests/slurm_cluster.py: start one, print its config, wait for Ctrl-C
+if __name__ == "__main__":  # python tests/slurm_cluster.py: start one, print its config, wait for Ctrl-C or SIGTERM
+    import sys
+
     c = start_cluster()
     print(f"export SLURM_CONF={c.conf}", flush=True)
+    # SIGTERM stops it too (and SIGINT where a shell started it in the background, with SIGINT ignored)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
     try:
         signal.pause()
     finally:

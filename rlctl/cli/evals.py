@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from rlctl.cli._app import JsonOpt, _echo, app
+from rlctl.cli._app import AccountOpt, JsonOpt, PartitionOpt, _echo, app
 from rlctl.errors import RlctlError
 
 EPILOG = """\b
@@ -18,6 +19,7 @@ Examples:
   rlctl eval my-run --step 30 --gpu 7   one checkpoint, on GPU 7, beside the training
   rlctl eval Qwen/Qwen2.5-7B --recipe r.toml   the baseline of a base model on the recipe's sets
   rlctl eval my-run --all --on spare    on an SSH host: checkpoints pushed (verified), results back here
+  rlctl eval my-run --all --executor slurm --partition gpu   each job a SLURM job (the default for a run on SLURM)
 """
 
 
@@ -55,6 +57,12 @@ def eval_cmd(
                                             "with --on).")] = None,
     recipe: Annotated[str | None, typer.Option("--recipe", help="Recipe with the eval sets (default: the run's).")]
     = None,
+    executor: Annotated[str | None, typer.Option("--executor", help="Where each job runs: local (this machine) or "
+                                                 "slurm (a batch job each; the default for a run on SLURM).")] = None,
+    partition: PartitionOpt = None,
+    account: AccountOpt = None,
+    time_limit: Annotated[str | None, typer.Option("--time", help="With --executor slurm: each eval job's time "
+                                                   "limit (default: eval.timeout_s and 10 minutes).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate checkpoints (or a base model) on the recipe's eval sets, each job in its own process; a run's
@@ -63,6 +71,10 @@ def eval_cmd(
 
     if step is not None and all_:
         raise RlctlError("--step and --all: choose one.", hint="--step N for one checkpoint, --all for every one")
+    if on is not None and executor is not None:
+        raise RlctlError("--on and --executor: choose one.", hint="--on HOST for an SSH host, --executor slurm for "
+                         "SLURM jobs submitted from here")
+    placement = {"partition": partition, "account": account, "time": time_limit}
     ex = None
     if on is not None:
         ex = remote_executor(on)
@@ -70,6 +82,7 @@ def eval_cmd(
 
         get_host(on)  # an unknown host is said before anything is read or sent
     run_dir, recipe_path = _parse_target(target, recipe)
+    placed = None if on is not None else _placed(executor, run_dir, placement)
     if ex is not None and run_dir is not None and recipe is None and not (run_dir / "recipe.toml").is_file():
         from rlctl.runs.state import read_state
 
@@ -121,6 +134,13 @@ def eval_cmd(
                               f"{', '.join(f'step {s}' for s in left)} (run the command again for them: a job "
                               "still running there is picked up, not started twice)")
             raise
+    elif placed is not None:  # an executor that places each job (SLURM: a batch job each)
+        from rlctl.recipe.loader import load
+
+        for a in placed.eval_jobs(ev, jobs, out_dir, run_dir, load(recipe_path).recipe, placement):
+            if run_dir is not None:
+                record_by_hand(run_dir, a["step"], a["metrics"], a["error"], set_names, job=a.get("job"))
+            show(a["step"], a["model"], a["metrics"], a["error"], a.get("log_tail") or "")
     else:
         for s_step, model in jobs:
             metrics, failure = run_job_here(ev, s_step, model, ev["sets"], out_dir, run_dir)
@@ -133,6 +153,35 @@ def eval_cmd(
         _echo(json.dumps({"target": target, "results": rows}, indent=2))
     if failed:
         raise typer.Exit(1)
+
+
+def _placed(executor: str | None, run_dir: Path | None, placement: dict[str, str | None]) -> Any:
+    """The executor that places each eval job (one with `eval_jobs`), or None to run them on this machine. Default:
+    the run's own executor when it places eval jobs (a run on SLURM is evaluated by SLURM jobs, not on the login
+    node); --executor local runs them here."""
+    from rlctl import executors
+
+    name = executor
+    if name is None and run_dir is not None:
+        from rlctl.runs.state import read_state
+
+        ran = str(read_state(run_dir).get("executor") or "local")
+        with_jobs = ran in executors.available() and callable(getattr(executors.executor_class(ran), "eval_jobs", None))
+        if with_jobs:
+            name = ran
+            print(f"rlctl: {run_dir.name} ran on {ran}: each eval job goes there too (--executor local evaluates on "
+                  "this machine)", file=sys.stderr)
+    if name is None or name == "local":
+        given = [f"--{k}" for k, v in placement.items() if v is not None]
+        if given:
+            raise RlctlError(f"{', '.join(given)}: these place eval jobs on a cluster; here they run on this machine.",
+                             hint="add --executor slurm")
+        return None
+    ex = executors.get(name)
+    if not callable(getattr(ex, "eval_jobs", None)):
+        raise RlctlError(f"--executor {name}: it cannot run eval jobs.",
+                         hint="--executor local (this machine), --executor slurm, or --on HOST for an SSH host")
+    return ex
 
 
 def _save_result(out_dir: Path, answer: dict[str, Any]) -> None:

@@ -69,10 +69,13 @@ def _placement(parallel: int | None, on: str | None, executor: str | None, addre
         if parallel is None:  # as many runs as the smallest fit; the GPU count keeps any two off the same GPUs
             min_gpus = min((n.get("gpus") or 0 for n in needs.values() if n.get("gpus")), default=max_gpus)
             parallel = max(len(gpu_ids) // min_gpus, 1)
+    all_at_once = parallel is None and not hosts and executors.executor_class(place).queues_jobs
+    if all_at_once:
+        parallel = len(needs)  # the place's own queue (SLURM's) decides what runs when
     if max_gpus and any((n.get("nodes") or 1) > 1 for n in needs.values()) and place == "local" and not hosts:
         raise RlctlError("a variant needs more than one node; this machine is one.", hint="--executor ray")
     return {"parallel": parallel or 1, "hosts": hosts, "executor": executor, "address": address, "force": force,
-            "gpu_ids": gpu_ids, "needs": needs, "runs_root": str(runs_root().resolve())}
+            "gpu_ids": gpu_ids, "needs": needs, "runs_root": str(runs_root().resolve()), "all_at_once": all_at_once}
 
 
 def _problems_text(problems: list[Any]) -> str:
@@ -104,8 +107,9 @@ def _start(name: str, kind: str, arms: list[Any], seeds: int, parallel: int | No
     m["preflight"] = {p.variant: p.failures for p in problems}
     mf.write_manifest(d, m)
     pid = queue.start_detached(d)
-    _echo(f"{name}: {len(vs)} runs queued, {placement['parallel']} at a time (queue pid {pid}); "
-          f"rlctl experiment show {name}")
+    pace = ("all at once (the scheduler's queue decides what runs when)" if placement["all_at_once"] else
+            f"{placement['parallel']} at a time")
+    _echo(f"{name}: {len(vs)} runs queued, {pace} (queue pid {pid}); rlctl experiment show {name}")
     if wait:
         _wait(d)
 
@@ -127,6 +131,8 @@ def _extend_or_resume(d: Path, seeds: int | None, wait: bool, force: bool) -> No
         m["seeds"] = seeds
         m["variants"] += [v.to_dict() for v in vs]
         m["placement"].setdefault("needs", {}).update(needs)
+        if m["placement"].get("all_at_once"):  # more seeds go to the scheduler's queue at once too
+            m["placement"]["parallel"] = len(m["variants"])
         mf.write_manifest(d, m)
         sys_err(f"{m['name']}: {len(vs)} runs added ({seeds} seeds per arm now)")
     elif seeds is not None and seeds < m["seeds"]:

@@ -8,9 +8,15 @@ unless its log shows how it ended.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import itertools
 import json
 import os
 import re
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,13 +120,49 @@ def read_state(run_dir: Path) -> dict[str, Any]:
         return {}
 
 
-def write_state(run_dir: Path, **updates: Any) -> dict[str, Any]:
-    """Merge updates into state.json atomically (write a temp file, then rename). A run directory's first state.json
-    records its runs directory as one of this user's (rlctl.core.run_places: found by name from anywhere)."""
-    first = not (run_dir / STATE).exists()
+STATE_LOCK = ".state.lock"  # beside state.json: one writer at a time, across processes and nodes
+LOCK_WAIT = 10.0  # seconds a writer waits for the lock, then writes anyway: a holder stopped (SIGSTOP, a hung
+# network filesystem) must not hang every other writer; a holder holds it for one read and one rename
+
+_thread_lock = threading.RLock()
+# run directories whose state lock this process holds (the thread in write_state), each with the updates that a
+# signal handler wrote while it did: that thread merges them again after its own rename
+_held: dict[str, list[dict[str, Any]]] = {}
+_tmp_seq = itertools.count()
+
+
+@contextlib.contextmanager
+def _state_lock(run_dir: Path) -> Iterator[None]:
+    try:
+        fh = open(run_dir / STATE_LOCK, "a")  # noqa: SIM115 - closed below; closing releases the lock
+    except OSError:  # no lock file (a read-only or full disk): the write is tried as it comes
+        yield
+        return
+    try:
+        deadline = time.monotonic() + LOCK_WAIT
+        delay = 0.002
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
+                    break  # no locks on this filesystem (ENOLCK), or a stuck holder: write anyway
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        yield
+    finally:
+        fh.close()
+
+
+def _merge_write(run_dir: Path, change: Callable[[dict[str, Any]], dict[str, Any] | None]
+                 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     state = read_state(run_dir)
+    updates = change(dict(state))
+    if updates is None:
+        return state, None
     state.update(updates)
-    tmp = run_dir / f".{STATE}.{os.getpid()}.tmp"
+    tmp = run_dir / f".{STATE}.{os.getpid()}.{next(_tmp_seq)}.tmp"  # a handler's write never renames ours
     try:
         tmp.write_text(json.dumps(state, indent=2, default=str) + "\n")
         os.replace(tmp, run_dir / STATE)
@@ -128,11 +170,56 @@ def write_state(run_dir: Path, **updates: Any) -> dict[str, Any]:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+    return state, updates
+
+
+def _merged(late: list[dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The updates a signal handler made (oldest first, the newest wins), taken off the list."""
+    again: dict[str, Any] = {}
+    for u in late:
+        again.update(u)
+    late.clear()
+    return lambda now: again
+
+
+def update_state(run_dir: Path, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any]:
+    """Read, decide and write state.json under the run's state lock: `change` is given the state as it is now and
+    returns the updates to merge into it (None: nothing to write). state.json has more than one writer (the
+    run's supervisor; `rlctl status` where the executor learns what only it can tell, e.g. a SLURM job's queue state
+    from the login node while the job's own rlctl writes the same file): no writer loses what another wrote, and a
+    writer that decides from the state decides on the state as it is. Returns the state as written (or read)."""
+    first = not (run_dir / STATE).exists()
+    key = str(run_dir.absolute())
+    with _thread_lock:
+        late = _held.get(key)
+        if late is not None:  # a signal handler, in the middle of this process's own write of this file
+            state, updates = _merge_write(run_dir, change)
+            if updates:
+                late.append(updates)
+            return state
+        # registered before the lock is taken and after it is released: a handler never waits on our own lock
+        _held[key] = late = []
+        try:
+            with _state_lock(run_dir):
+                state, _ = _merge_write(run_dir, change)
+                while late:  # written before our rename replaced the file: merged again
+                    state, _ = _merge_write(run_dir, _merged(late))
+        finally:
+            del _held[key]
+        if late:  # written between the lock's release and now, without it: once more under it
+            state = update_state(run_dir, _merged(late))
     if first:
         from rlctl.core.run_places import remember
 
         remember(run_dir.parent)
     return state
+
+
+def write_state(run_dir: Path, **updates: Any) -> dict[str, Any]:
+    """Merge updates into state.json atomically (write a temp file, then rename) under the run's state lock
+    (update_state). A run directory's first state.json records its runs directory as one of this user's
+    (rlctl.core.run_places: found by name from anywhere)."""
+    return update_state(run_dir, lambda now: updates)
 
 
 def process_alive(pid: int | None, create_time: float | None = None) -> bool:

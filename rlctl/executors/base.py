@@ -37,6 +37,8 @@ class Executor:
     mirrored: ClassVar[bool] = False
     checks: ClassVar[tuple[str, ...]] = ()  # the preflight check names `preflight` reports (for --only)
     gives_ray_cluster: ClassVar[bool] = False  # the job finds a Ray cluster over its nodes (RAY_ADDRESS is set)
+    queues_jobs: ClassVar[bool] = False  # the place has a queue of its own (a batch scheduler): a sweep hands it
+    # every variant at once unless --parallel caps how many it holds
 
     pools: ClassVar[bool] = False  # runs can go to one of several places and fail over between them (below)
 
@@ -140,7 +142,8 @@ class Executor:
         return None
 
     def supervised_on(self, state: dict[str, Any]) -> tuple[str, str] | None:
-        """(machine, run directory there) when the run's supervisor lives on another machine, else None."""
+        """(machine, run directory there) when the run's supervisor lives on another machine, else None; the
+        directory is "" when no process of a machine one can log in to supervises it (a batch job's own rlctl)."""
         del state  # Unused: runs supervised here
         return None
 

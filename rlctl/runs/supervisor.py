@@ -396,17 +396,19 @@ class Supervisor:
         finally:
             self.executor.close()
 
-    def resume(self) -> int:
+    def resume(self, gone: str | None = None) -> int:
         """Pick a run up after its supervisor died (a reboot, a kill): adopt a live attempt, or start the next one
-        from the latest complete checkpoint. A finished run stays as it is."""
+        from the latest complete checkpoint. A finished run stays as it is. `gone`: the run's last processes went
+        with the machine they ran on (a requeued batch job's last allocation): nothing to adopt or ask about; the
+        next attempt starts, said as resumed after the run was `gone`."""
         from rlctl.runs.state import settled_status
 
         state = read_state(self.run_dir)
-        if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")) and \
+        if gone is None and process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")) and \
                 state.get("supervisor_pid") != os.getpid():
             raise RlctlError(f"{self.run_dir.name} is supervised already (pid {state['supervisor_pid']}).")
-        status = settled_status(self.run_dir, state)
-        if status == "finished":
+        status = gone or settled_status(self.run_dir, state)
+        if state.get("status") == "finished" or status == "finished":
             return 0
         self.executor.open(self.run_dir, self.spec)
         try:
@@ -955,6 +957,11 @@ def supervise_foreground(run_dir: Path) -> int:
     where = ex.supervised_on(state) if ex is not None else None
     if where is not None:
         host, remote_dir = where
+        if not remote_dir:  # supervised by something else than a process of a machine (a batch job's own rlctl)
+            raise RlctlError(f"{run_dir.name} is supervised by {host}, not by a process of this machine: nothing to "
+                             "supervise here.",
+                             hint=f"rlctl status {run_dir.name} follows it; once it has ended, `rlctl resume "
+                                  f"{run_dir.name}` starts it there again")
         raise RlctlError(f"{run_dir.name} runs on {host}, and its supervisor runs there: supervise it on {host} "
                          f"(`rlctl supervise {remote_dir}`, e.g. as a systemd unit there).",
                          hint=f"from here, `rlctl resume {run_dir.name}` picks it up on {host} in the background")

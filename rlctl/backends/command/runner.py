@@ -13,6 +13,11 @@ where the trainer runs will do). It
   adapter's `parse` reads;
 - ignores SIGTERM/SIGINT itself (the group's signal reaches the trainer), reads what is left once the trainer ended,
   and exits as the trainer did.
+
+On several nodes an executor starts one runner per node with `RLCTL_NODE_RANK` set (the SLURM executor: `srun`,
+each node its own torchrun). Only node rank 0's runner reports (records, the checkpoint descriptor): the others run
+the command and exit as it does, so each record is written once. Their output is gathered into the run's log rather
+than each runner's own stdout (a pipe), so node 0 follows the log file of the run.
 """
 
 from __future__ import annotations
@@ -324,19 +329,28 @@ class Follower:
                 self.handle(seg)
 
 
+def node_rank() -> int | None:
+    """This runner's node among several (`RLCTL_NODE_RANK`, set by an executor that starts one per node), else None."""
+    try:
+        return int(os.environ["RLCTL_NODE_RANK"])
+    except (KeyError, ValueError):
+        return None
+
+
 def own_stdout_path() -> str | None:
-    """The file our stdout is (the run's stdout.log), to follow the trainer's output without a pipe."""
+    """The file our stdout is (the run's stdout.log), to follow the trainer's output without a pipe. One runner of
+    several nodes writes into a pipe that gathers every node's output into the run's log: that log, then."""
+    run_dir = os.environ.get("RLCTL_RUN_DIR")
+    guess = os.path.join(run_dir, "stdout.log") if run_dir else "stdout.log"
     try:
         import stat
 
         if not stat.S_ISREG(os.fstat(1).st_mode):
-            return None
+            return guess if node_rank() is not None and os.path.isfile(guess) else None
     except OSError:
         return None
     if os.path.exists("/proc/self/fd/1"):
         return os.path.realpath("/proc/self/fd/1")
-    run_dir = os.environ.get("RLCTL_RUN_DIR")
-    guess = os.path.join(run_dir, "stdout.log") if run_dir else "stdout.log"
     return guess if os.path.isfile(guess) else None
 
 
@@ -347,17 +361,21 @@ def main(argv: list[str]) -> int:
     with open(argv[0]) as fh:
         cfg = json.load(fh)
     base = os.getcwd()
+    rank = node_rank()
+    reports = not rank  # one runner per node: only the first writes records and the checkpoint descriptor
+    said = "rlctl-command" + (f" (node rank {rank})" if rank is not None else "")
     try:
         resume = pick_resume(cfg)
     except LookupError as e:
-        print(f"rlctl-command: {e}", flush=True)
+        print(f"{said}: {e}", flush=True)
         return 2
-    write_descriptor(cfg)
+    if reports:
+        write_descriptor(cfg)
     cmd = command_argv(cfg, resume, base)
     cwd = os.path.join(base, cfg.get("cwd") or ".")
     if resume is not None:
-        print(f"rlctl-command: resuming from checkpoint step {resume[0]} ({resume[1]})", flush=True)
-    print("rlctl-command: " + " ".join(shlex.quote(a) for a in cmd), flush=True)
+        print(f"{said}: resuming from checkpoint step {resume[0]} ({resume[1]})", flush=True)
+    print(f"{said}: " + " ".join(shlex.quote(a) for a in cmd), flush=True)
 
     metrics = cfg.get("metrics") or {}
     tr = Translator(metrics)
@@ -375,10 +393,10 @@ def main(argv: list[str]) -> int:
             pending.append(json.dumps({RECORD_KEY: rec}, default=str))
 
     followers = []
-    log = own_stdout_path() if tr.patterns else None
+    log = own_stdout_path() if tr.patterns and reports else None
     if log:
         followers.append(Follower(log, lambda s: emit(tr.line(s))))
-    if metrics.get("file"):
+    if metrics.get("file") and reports:
         mfile = os.path.join(cwd, metrics["file"].replace(RUN_DIR_TOKEN, base))
         followers.append(Follower(mfile, lambda s: emit(tr.json_line(s))))
 
@@ -396,7 +414,7 @@ def main(argv: list[str]) -> int:
     try:
         child = subprocess.Popen(cmd, cwd=cwd)
     except OSError as e:
-        print(f"rlctl-command: could not start {cmd[0]!r}: {e.strerror or e}", flush=True)
+        print(f"{said}: could not start {cmd[0]!r}: {e.strerror or e}", flush=True)
         return 127
     while True:
         code = child.poll()
@@ -406,7 +424,7 @@ def main(argv: list[str]) -> int:
         if code is not None:
             break
         time.sleep(POLL)
-    if logged["count"]:
+    if logged["count"] and reports:
         write_descriptor(cfg, logged["last"] if logged["last"] is not None else None)
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)

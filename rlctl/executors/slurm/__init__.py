@@ -20,22 +20,16 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rlctl.core.state import ACTIVE, read_state, write_state
+from rlctl.core.state import ACTIVE, read_state, update_state, write_state
 from rlctl.errors import RlctlError
 from rlctl.executors.base import RunHandle
 from rlctl.executors.local import LocalExecutor
 from rlctl.executors.slurm import queue
-from rlctl.executors.slurm.options import SlurmOptions, options_of
+from rlctl.executors.slurm.options import SlurmOptions, options_of, python_of
 from rlctl.executors.slurm.script import SCRIPT, render, shape_of
 
 NAME = "slurm"
 ALLOCATIONS = "slurm_allocations"  # state.json: one record per allocation the job ran in
-
-
-def python_of(opts: SlurmOptions) -> str:
-    """The interpreter in the job: the table's, else `python3` after a setup line (a module, venv or container
-    brings its own), else the one running rlctl here (a venv on the shared filesystem)."""
-    return opts.python or ("python3" if opts.setup else sys.executable)
 
 
 def render_script(recipe: Any, backend: Any, run_dir: str) -> str:
@@ -49,10 +43,18 @@ def _job_id(state: dict[str, Any]) -> str | None:
     return str(ref.get("job_id") or state.get("slurm_job_id") or "") or None
 
 
+def _unchanged(seen: dict[str, Any], now: dict[str, Any]) -> bool:
+    """The run's own record is as it was when the login node asked SLURM: the job's rlctl wrote nothing since (a new
+    allocation, a new status), so SLURM's answer is still news."""
+    return now.get("status") == seen.get("status") and \
+        len(now.get(ALLOCATIONS) or []) == len(seen.get(ALLOCATIONS) or [])
+
+
 class SlurmExecutor(LocalExecutor):
     name: ClassVar[str] = NAME
     remote: ClassVar[bool] = True  # the job runs on compute nodes: their GPUs and packages, not the login node's
     gives_ray_cluster: ClassVar[bool] = True
+    queues_jobs: ClassVar[bool] = True  # a sweep hands SLURM every variant at once: its queue decides what runs when
     checks: ClassVar[tuple[str, ...]] = ("env.slurm",)
     table_model: ClassVar[type] = SlurmOptions
 
@@ -71,9 +73,12 @@ class SlurmExecutor(LocalExecutor):
         argv = super().command(plan, backend, spec)
         job = spec.get("slurm") or {}
         if job.get("nodes", 1) > 1 and job.get("cluster") == "torchrun":
-            # one copy on every node, each its own torchrun (PET_* from the job script: rendezvous on the first node)
+            # one copy on every node, each its own torchrun (PET_* from the job script: rendezvous on the first node,
+            # which hosts the rendezvous store: said outright, as torch's guess from the hostname misses a node whose
+            # name resolves to another of its addresses); only node 0's copy of the runner writes records
             argv = ["srun", "--overlap", f"--nodes={job['nodes']}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-                    "bash", "-c", 'RLCTL_NODE_RANK=$SLURM_NODEID exec "$@"', "rlctl", *argv]
+                    "bash", "-c", 'RLCTL_NODE_RANK=$SLURM_NODEID PET_RDZV_CONF=is_host=$((SLURM_NODEID == 0)) '
+                    'exec "$@"', "rlctl", *argv]
         return argv
 
     def prepare(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], plan: Any, recipe: Any,
@@ -151,10 +156,13 @@ class SlurmExecutor(LocalExecutor):
                                 "job MinJobAge seconds, and this cluster keeps no accounting for sacct) and the run "
                                 "did not record how it ended")
         if info.waiting:
-            updates = {"slurm_state": info.state, "slurm_reason": info.reason, "slurm_restarts": info.restarts}
-            if status != "queued" and info.restarts:
-                updates["status"] = "queued"  # requeued: its next allocation resumes from the last checkpoint
-            write_state(run_dir, **updates)
+            def waiting(now: dict[str, Any]) -> dict[str, Any]:
+                updates = {"slurm_state": info.state, "slurm_reason": info.reason, "slurm_restarts": info.restarts}
+                if status != "queued" and info.restarts and _unchanged(state, now):
+                    updates["status"] = "queued"  # requeued: its next allocation resumes from the last checkpoint
+                return updates
+
+            update_state(run_dir, waiting)
             return "queued"
         if info.running:
             if state.get("slurm_state") != info.state:
@@ -197,8 +205,13 @@ class SlurmExecutor(LocalExecutor):
             updates["exit_code"] = info.exit_code
         if outcome == "failed":
             updates.setdefault("error", said)
+        def settle(now: dict[str, Any]) -> dict[str, Any] | None:
+            return updates if now.get("status") in ACTIVE else None  # the run's own record came first: it stands
+
         with contextlib.suppress(OSError):
-            write_state(run_dir, **updates)
+            now = update_state(run_dir, settle)
+            if now.get("status") not in ACTIVE:
+                return str(now.get("status"))
         return outcome
 
     def status_lines(self, run_dir: Path, state: dict[str, Any]) -> list[str]:
@@ -206,8 +219,10 @@ class SlurmExecutor(LocalExecutor):
         job_id = _job_id(state)
         if not job_id:
             return []
-        out = [f"  slurm: job {job_id}" + (f", {state['slurm_state']}" if state.get("slurm_state") else "")
-               + (f" ({state['slurm_reason']})" if state.get("slurm_reason") not in (None, "", "None") else "")
+        live = state.get("status") in ACTIVE  # the queue's word of while it ran is not how it stands now
+        out = [f"  slurm: job {job_id}" + (f", {state['slurm_state']}" if live and state.get("slurm_state") else "")
+               + (f" ({state['slurm_reason']})" if live and state.get("slurm_reason") not in (None, "", "None")
+                  else "")
                + (f", on {state['slurm_nodes']}" if state.get("slurm_nodes") else "")
                + (f", requeued {state['slurm_restarts']} time(s)" if state.get("slurm_restarts") else "")]
         end = state.get("slurm_end")
@@ -215,9 +230,16 @@ class SlurmExecutor(LocalExecutor):
             out.append(f"  ended: {end['said']}")
         return out
 
+    def eval_jobs(self, ev: dict[str, Any], jobs: list[tuple[int, str]], out_dir: Path, run_dir: Path | None,
+                  recipe: Any, placement: dict[str, str | None]) -> Any:
+        """`rlctl eval ... --executor slurm`: each eval job a batch job of its own (evals.py)."""
+        from rlctl.executors.slurm.evals import eval_jobs
+
+        return eval_jobs(ev, jobs, out_dir, run_dir, recipe, placement)
+
     def supervised_on(self, state: dict[str, Any]) -> tuple[str, str] | None:
         job_id = _job_id(state)
-        return (f"SLURM job {job_id}", str(state.get("remote_run_dir") or "")) if job_id else None
+        return (f"SLURM job {job_id}", "") if job_id else None  # the job's own rlctl: no process to log in to
 
     def resume_there(self, run_dir: Path, state: dict[str, Any]) -> str | None:
         """`rlctl resume RUN`: the job is SLURM's; a run whose job ended is submitted again (the same script: it
@@ -227,9 +249,17 @@ class SlurmExecutor(LocalExecutor):
             return f"{run_dir.name}: {status} (SLURM job {_job_id(state)}); nothing to resume"
         if status == "finished":
             return f"{run_dir.name}: finished; nothing to resume"
-        write_state(run_dir, status="requeued", stop_requested_at=None, slurm_end=None)
-        job_id = queue.submit(str(run_dir.resolve() / SCRIPT), dict(os.environ), str(run_dir))
-        write_state(run_dir, status="queued", slurm_job_id=job_id, handle=RunHandle(NAME, {"job_id": job_id}).to_dict())
+        # queued before sbatch returns: the job's rlctl may start (and write `running`) before this process writes
+        # again, and its record must win
+        was = {k: state.get(k) for k in ("status", "stop_requested_at", "slurm_end")}
+        write_state(run_dir, status="queued", stop_requested_at=None, slurm_end=None)
+        try:
+            job_id = queue.submit(str(run_dir.resolve() / SCRIPT), dict(os.environ), str(run_dir))
+        except RuntimeError as e:
+            write_state(run_dir, **was)
+            raise RlctlError(f"sbatch refused the job of {run_dir.name}: {e}",
+                             hint=f"see {run_dir / SCRIPT}") from None
+        write_state(run_dir, slurm_job_id=job_id, handle=RunHandle(NAME, {"job_id": job_id}).to_dict())
         return f"{run_dir.name}: submitted again as SLURM job {job_id}; it resumes from the last complete checkpoint"
 
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:

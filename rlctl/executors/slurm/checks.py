@@ -38,10 +38,35 @@ def partition_nodes(partition: str | None) -> list[dict[str, Any]] | None:
     return list(out.values())
 
 
+# SLURM sends --signal's signal at its periodic check (every 30 s) once the limit is less than N + 30 s away; the job's
+# rlctl needs some seconds to start and install its handler, and the attempt its first steps
+SIGNAL_EARLY = 30
+START_S = 10
+
+
+def signal_timing(opts: Any) -> tuple[str, str, int] | None:
+    """(what, fix, signal_before that fits) when the time limit leaves the job no time before SLURM's signal."""
+    from rlctl.executors.slurm.options import time_seconds
+
+    if not opts.signal_before or not opts.time:
+        return None
+    limit = time_seconds(opts.time)
+    if limit is None or limit >= opts.signal_before + SIGNAL_EARLY + START_S:
+        return None
+    fits = max(limit - SIGNAL_EARLY - START_S, 0)
+    return (f"executor.slurm.signal_before = {opts.signal_before} s with a time limit of {opts.time} ({limit} s): "
+            f"SLURM sends USR1 up to {SIGNAL_EARLY} s before it is due, so at the job's start, and every allocation "
+            "would stop and requeue itself at once",
+            f"--set executor.slurm.signal_before={fits} (or a longer --time)", fits)
+
+
 def preflight(ctx: Any) -> list[Any]:
     from rlctl.executors.slurm.options import options_of
     from rlctl.preflight import FAIL, OK, Result
 
+    early = signal_timing(options_of(ctx.recipe))
+    if early is not None:
+        return [Result("env.slurm", FAIL, early[0], early[1], set={"executor.slurm.signal_before": early[2]})]
     if shutil.which("sbatch") is None:
         return [Result("env.slurm", FAIL, "sbatch is not on PATH: this is not a SLURM login node",
                        "launch on the login node, or from here through it: --on LOGIN --executor slurm "

@@ -123,19 +123,23 @@ def run(run_dir: Path) -> int:
         write_state(run_dir, status="failed", ended_at=time.time(), error=problem)
         return 2
     state = read_state(run_dir)
+    if state.get("status") == "finished":  # requeued after the run recorded its end (a node lost at the very end)
+        _say(run_dir, f"SLURM job {entry['job_id']} allocation {entry['restart'] + 1}: the run has finished already")
+        return 0
     again = entry["restart"] > 0 or bool(state.get("attempts"))
     if again:
         # the processes of the last allocation are gone with it: the next attempt starts from the last complete
-        # checkpoint (the supervisor's resume), never adopts
+        # checkpoint (the supervisor's resume), never adopts. Said as starting (a status of a run that goes on:
+        # `rlctl status`, `resume` and a following `launch` see it as active) until the supervisor restarts it
         why = (state.get("slurm_interrupted") or {}).get("why") or "requeued"
-        write_state(run_dir, status="requeued", stop_requested_at=None)
+        write_state(run_dir, status="starting", stop_requested_at=None)
         _say(run_dir, f"SLURM job {entry['job_id']} allocation {entry['restart'] + 1} on {entry['node']} "
                       f"(the last one ended: {why})")
     sup = JobSupervisor(run_dir, spec, dict(os.environ))
     sup.began = entry["started_at"]
     sup.install_signal_handlers()
     try:
-        code = sup.resume() if again else sup.run()
+        code = sup.resume(gone="requeued") if again else sup.run()
     except Exception as e:  # an error rlctl can name: the run failed, said where `rlctl status` looks
         _say(run_dir, f"{type(e).__name__}: {e}")
         write_state(run_dir, status="failed", ended_at=time.time(), error=str(e))

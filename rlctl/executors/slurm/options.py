@@ -4,6 +4,7 @@ validated like a backend's `[backend.<name>]`). `rlctl launch --partition/--acco
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -94,3 +95,9 @@ def options_of(recipe: Any) -> SlurmOptions:
     """The recipe's `[executor.slurm]` (defaults when it has none)."""
     table = recipe.executor.table("slurm")
     return table if isinstance(table, SlurmOptions) else SlurmOptions()
+
+
+def python_of(opts: SlurmOptions) -> str:
+    """The interpreter in the job: the table's, else `python3` after a setup line (a module, venv or container
+    brings its own), else the one running rlctl here (a venv on the shared filesystem)."""
+    return opts.python or ("python3" if opts.setup else sys.executable)

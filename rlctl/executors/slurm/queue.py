@@ -100,27 +100,26 @@ def scontrol_job(job_id: str) -> JobInfo | None | bool:
                    f.get("NodeList", ""), f.get("BatchHost", ""), f.get("TimeLimit", ""), "scontrol")
 
 
+SACCT_FIELDS = "JobIDRaw,State,ExitCode,Reason,NodeList"  # fields sacct has (it has no restart count: see below)
+
+
 def parse_sacct(text: str, job_id: str) -> JobInfo | None:
-    """`sacct -j ID -X -n -P -o JobIDRaw,State,ExitCode,Reason,NodeList,Restarts`: the allocation's row (the last
-    one: a requeued job has one row per allocation with --duplicates; without it, the latest)."""
+    """`sacct -j ID -X -n -P -D -o JobIDRaw,State,ExitCode,Reason,NodeList`: one row per allocation of the job
+    (--duplicates), oldest first: the last is how it ended, the rows before it the times it was requeued."""
     rows = [line.split("|") for line in text.splitlines() if line.strip()]
     rows = [r for r in rows if r and r[0] == str(job_id)]
     if not rows:
         return None
-    r = rows[-1] + [""] * 6
+    r = rows[-1] + [""] * 5
     state = r[1].split()[0] if r[1] else ""  # "CANCELLED by 0"
     code, sig = _exit(r[2])
-    try:
-        restarts = int(r[5] or 0)
-    except ValueError:
-        restarts = 0
-    return JobInfo(str(job_id), state, r[3], code, sig, restarts, r[4], "", "", "sacct")
+    return JobInfo(str(job_id), state, r[3], code, sig, len(rows) - 1, r[4], "", "", "sacct")
 
 
 def sacct_job(job_id: str) -> JobInfo | None:
     """The job from the accounting database; None when the cluster keeps none (sacct: "accounting storage is
     disabled") or it cannot be asked."""
-    p = _run(["sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "JobIDRaw,State,ExitCode,Reason,NodeList,Restarts"])
+    p = _run(["sacct", "-j", str(job_id), "-X", "-n", "-P", "-D", "-o", SACCT_FIELDS])
     if p is None or p.returncode != 0:
         return None
     return parse_sacct(p.stdout, job_id)

@@ -109,6 +109,9 @@ def render(shape: JobShape, opts: SlurmOptions, run_dir: str, python: str) -> st
     lines += [f"#SBATCH {x}" for x in sbatch_lines(shape, opts, run_dir)]
     lines += [
         "set -uo pipefail",
+        "# SLURM's USR1 before the time limit is for rlctl's handler; before it is in place (a Ray bring-up, Python's",
+        "# start) it is ignored, not fatal (the default): the job then runs to its limit, said as timeout",
+        "trap '' USR1",
         f"RUN_DIR={q(run_dir)}",
         "# the run directory as the login node wrote it must be visible here: a filesystem both share",
         'if [ ! -f "$RUN_DIR/.launch.json" ]; then',
