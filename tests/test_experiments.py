@@ -369,10 +369,13 @@ def test_quickstart_lr_effect_is_significant_and_identical_arms_are_not(qs):
     md = (w["dir"] / "lr.md").read_text()
     assert "`optim.lr`: 0.005 -> 1e-06" in md and "**Verdict**" in md and "lr.png" in md
     assert (w["dir"] / "lr.png").stat().st_size > 1000
-    # two identical arms that differ only in their seeds: Welch, and "no significant difference"
+    # two identical arms that differ only in their seeds: Welch, and "no significant difference" (the bandit
+    # learner: the statistics are the point here, and six more TRL start-ups cost the suite a minute and a half)
     t0 = time.time()
-    r = rlctl(w, "ab", "q.toml", "q2.toml", "--set", "train.steps=6", "--seeds", "3", "--parallel", "2",
-              "--name", "same", "--wait", timeout=1500)
+    (w["dir"] / "b1.toml").write_text(bandit_recipe(steps=6))
+    (w["dir"] / "b2.toml").write_text(bandit_recipe(steps=6, seed=7))
+    r = rlctl(w, "ab", "b1.toml", "b2.toml", "--seeds", "3", "--parallel", "2", "--name", "same", "--wait",
+              timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:] + _log(w, "same")
     print(f"identical arms (6 runs): {time.time() - t0:.0f} s")
     r = cli(w, "compare", "same")
@@ -416,12 +419,14 @@ def test_quickstart_variant_whose_trainer_is_killed_restarts_by_its_policy_and_c
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_quickstart_queue_survives_kill_9_and_resumes_without_relaunching_then_extends(qs):
+def test_queue_survives_kill_9_and_resumes_without_relaunching_then_extends(qs):
     """kill -9 of the queue while two runs go: one finishes meanwhile, one still runs when the queue is resumed.
     The resumed queue adopts the running one (not launched twice), does not relaunch the finished one; --seeds 2
     then runs only the new seeds."""
     w = qs
-    r = rlctl(w, "sweep", "q.toml", "--grid", "train.steps=4,60", "--parallel", "2", "--name", "k")
+    # the bandit learner (no TRL start-up): a0 ends in a second, a1 (300 steps of 0.1 s) still runs at the resume
+    (w["dir"] / "k.toml").write_text(bandit_recipe(sleep=0.1))
+    r = rlctl(w, "sweep", "k.toml", "--grid", "train.steps=4,300", "--parallel", "2", "--name", "k")
     assert r.returncode == 0, r.stderr[-3000:]
     q = queue_record(w, "k")
     assert wait_for(lambda: sum(v.get("state") == "running" for v in queue_record(w, "k")["variants"].values()) == 2)
@@ -440,7 +445,7 @@ def test_quickstart_queue_survives_kill_9_and_resumes_without_relaunching_then_e
     assert all(read_state(p)["status"] == "finished" for p in dirs)
     assert len(read_state(long)["attempts"]) == 1  # adopted, not restarted
     # --seeds more: only the new seeds run
-    r = rlctl(w, "sweep", "q.toml", "--name", "k", "--seeds", "2", "--wait", timeout=900)
+    r = rlctl(w, "sweep", "k.toml", "--name", "k", "--seeds", "2", "--wait", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:] + _log(w, "k")
     dirs = run_dirs(w, "k-")
     assert sorted(d.name.rsplit("-", 2)[0] for d in dirs) == ["k-a0-s42", "k-a0-s43", "k-a1-s42", "k-a1-s43"]
