@@ -458,3 +458,28 @@ def test_a_job_agent_that_never_comes_fails_at_the_limit_with_what_ray_answered(
     with pytest.raises(RlctlError) as e:  # another failure: said at once, not retried
         submit_when_agent_ready(lambda: client.submit_job(entrypoint="true", runtime_env={"pip": 5}), front.address)
     assert front.submissions == n and "Ray job submission to" in e.value.message
+
+
+def test_slurm_allocation_waits_for_its_nodes_and_names_the_one_that_never_joined(user_cluster, tmp_path):
+    """The SLURM job's wait for its Ray cluster (issue 33.2), against a real head: with every node of the allocation
+    in it, it goes on; a node of the allocation that never joins fails the run naming it, within the limit (never a
+    silent hang); a head that does not answer is said as such."""
+    from rlctl.core.state import read_state, write_state
+    from rlctl.executors.ray import cluster_info
+    from rlctl.executors.slurm.job import wait_ray
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_state(run, status="starting")
+    ip = cluster_info(user_cluster)["nodes"][0]["ip"]
+    nodes = tmp_path / "nodes.txt"
+    nodes.write_text(f"n1 {ip}\n")
+    assert wait_ray(run, user_cluster, nodes, timeout=30) == 0
+    nodes.write_text(f"n1 {ip}\nn2 10.255.255.254\n")  # n2's ray start never came
+    t0 = time.time()
+    assert wait_ray(run, user_cluster, nodes, timeout=4) == 1 and time.time() - t0 < 30
+    st = read_state(run)
+    assert st["status"] == "failed" and "node(s) n2 did not join the Ray cluster within 4 s (1 of 2 joined)" in \
+        st["error"], st
+    assert wait_ray(run, "http://127.0.0.1:9", nodes, timeout=2) == 1
+    assert "did not answer within 2 s" in read_state(run)["error"]
