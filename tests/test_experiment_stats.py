@@ -188,3 +188,22 @@ def test_compare_leaves_the_step_0_baseline_out_of_each_run(tmp_path):
     c = compare([{"id": "a"}, {"id": "b"}], runs, "eval/id/greedy_pass@1", 5)
     got = {a.id: sorted(round(v, 6) for v in a.values) for a in c.arms}
     assert got == {"a": [1.01, 1.02], "b": [0.51, 0.52]}, got
+
+
+def test_a_run_on_a_host_compares_by_the_recipe_this_machine_resolved(tmp_path):
+    """A run launched with --on keeps the host's recipe.toml mirrored here, whose paths are the host's staged copies
+    (.rlctl/stage/<id>/...): compared with a local run of the same recipe it was another arm ("data.train differs",
+    Welch instead of the paired test). launch --on keeps this machine's resolution beside it; compare reads that."""
+    from rlctl.core.state import HERE_RECIPE, write_state
+    from rlctl.experiments.report import arms_of_runs
+
+    here = '[data]\ntrain = "/home/u/work/quickstart/prompts.jsonl"\n[train]\nseed = 1\n'
+    staged = '[data]\ntrain = "/box1/rlctl/.rlctl/stage/20261127-x/quickstart/prompts.jsonl"\n[train]\nseed = 2\n'
+    local, remote = tmp_path / "runs" / "l-20261127-000000", tmp_path / "runs" / "r-20261127-000000"
+    for rd, text in ((local, here), (remote, staged)):
+        rd.mkdir(parents=True)
+        (rd / "recipe.toml").write_text(text)
+        write_state(rd, status="finished")
+    (remote / HERE_RECIPE).write_text(here.replace("seed = 1", "seed = 2"))
+    arms, runs = arms_of_runs([str(local), str(remote)])
+    assert len(arms) == 1 and [s for _, s in runs["a0"]] == [1, 2], (arms, runs)

@@ -174,6 +174,9 @@ def test_quickstart_on_remote_end_to_end(remote, cli, monkeypatch):
     assert st["executor"] == "ssh" and st["host"] == "box"
     remote_dir = Path(st["remote_run_dir"])
     assert remote_dir.is_dir() and remote_dir.parent == remote["work"] / "runs"
+    # the recipe as this machine resolved it (compare reads it): this machine's paths, the secret masked
+    here = (local / "recipe.laptop.toml").read_text()
+    assert str(RECIPES / "quickstart" / "prompts.jsonl") in here and ".rlctl/stage" not in here and secret not in here
 
     # the secret reached the remote process's environment, and never a command line
     sup = read_state(remote_dir).get("supervisor_pid")

@@ -28,6 +28,9 @@ ACTIVE = ("queued", "starting", "running", "stopping", "restarting")  # queued: 
 
 
 ATTEMPTS = "attempts"
+# a run launched on another machine keeps the recipe as this machine resolved it (its paths, not the other machine's
+# copies of the same files): its settings when it is compared with this machine's runs
+HERE_RECIPE = "recipe.laptop.toml"
 EXIT_RECORD = "exit.json"
 
 

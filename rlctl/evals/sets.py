@@ -143,12 +143,13 @@ def eval_findings(recipe: Recipe, backend: Any, version: str | None) -> list[Any
 
 # ---- from a run directory (status, doctor, ckpt: no pydantic recipe needed) -------------------------------------
 
-def run_eval_config(run_dir: Path) -> dict[str, Any]:
-    """The run's [eval] table (and data.eval) from its resolved recipe.toml, as plain data; {} when none."""
-    if not (run_dir / "recipe.toml").is_file():  # missing, or a FIFO that would block
+def run_eval_config(run_dir: Path, recipe: str = "recipe.toml") -> dict[str, Any]:
+    """The run's [eval] table (and data.eval) from its resolved recipe (`recipe`, a file of the run directory), as
+    plain data; {} when none."""
+    if not (run_dir / recipe).is_file():  # missing, or a FIFO that would block
         return {}
     try:
-        doc = tomllib.loads((run_dir / "recipe.toml").read_text())
+        doc = tomllib.loads((run_dir / recipe).read_text())
     except (OSError, ValueError, RecursionError):
         return {}
     ev = doc.get("eval") if isinstance(doc.get("eval"), dict) else {}
@@ -158,8 +159,8 @@ def run_eval_config(run_dir: Path) -> dict[str, Any]:
             "run": doc.get("run") if isinstance(doc.get("run"), dict) else {}}
 
 
-def sets_from_run(run_dir: Path) -> list[EvalSet]:
-    cfg = run_eval_config(run_dir)
+def sets_from_run(run_dir: Path, recipe: str = "recipe.toml") -> list[EvalSet]:
+    cfg = run_eval_config(run_dir, recipe)
     if not cfg:
         return []
     ev = cfg["eval"]

@@ -103,6 +103,18 @@ def _script_values(prep: Any) -> list[tuple[str, str]]:
     return [(k, v) for k, v in command_scripts(prep.resolved.data) if Path(v).is_file()]
 
 
+def _keep_laptop_recipe(local: Path, prep: Any) -> None:
+    """The recipe as the laptop resolved it (its own paths, not the host's staged copies that recipe.toml mirrors):
+    what a comparison with the laptop's other runs reads (rlctl.experiments.report), secrets masked."""
+    from rlctl.core.state import HERE_RECIPE
+    from rlctl.recipe.loader import dump_toml
+    from rlctl.runs.rundir import masked_recipe_data
+
+    with contextlib.suppress(Exception):  # a record for comparisons: never a reason the launch fails
+        data = masked_recipe_data(prep.recipe.model_dump(mode="json", exclude_none=True))
+        (local / HERE_RECIPE).write_text(dump_toml(data))
+
+
 def referenced_files(prep: Any) -> list[Path]:
     """Every local file the recipe needs: its extends chain, and what its path keys name (files, or all files of a
     named directory), the scripts its commands name included."""
@@ -268,6 +280,7 @@ def launch_remote(opts: Any, host_name: str, out: Any = None, *, prep: Any = Non
                 handle={"executor": "ssh", "ref": {"host": host.name, "run_dir": answer["run_dir"]}, "attempt": 1},
                 recipe=str(prep.resolved.path), remote_run_dir=answer["run_dir"], git_sha=answer.get("git_sha"),
                 last_contact=time.time(), **{k: remote_state[k] for k in STATE_KEYS if k in remote_state})
+    _keep_laptop_recipe(local, prep)
     if pool is not None:
         from rlctl.executors.ssh_inputs import record_pool
 

@@ -195,9 +195,16 @@ def _run_recipe(run_dir: Path) -> dict[str, Any]:
     from rlctl.experiments.variants import flat
 
     try:
-        return flat(tomllib.loads((run_dir / "recipe.toml").read_text()))
+        return flat(tomllib.loads((run_dir / settings_file(run_dir)).read_text()))
     except (OSError, ValueError):
         return {}
+
+
+def settings_file(run_dir: Path) -> str:
+    """The run's resolved recipe as this machine sees it (rlctl.core.state.HERE_RECIPE when it ran elsewhere)."""
+    from rlctl.core.state import HERE_RECIPE
+
+    return HERE_RECIPE if (run_dir / HERE_RECIPE).is_file() else "recipe.toml"
 
 
 def compare(arms: list[dict[str, Any]], runs: dict[str, list[tuple[Path, int | None]]], metric: str | None,
@@ -315,7 +322,7 @@ def eval_mismatch(metric: str, run_dirs: list[Path]) -> str | None:
         return None
     seen: dict[tuple[Any, ...], list[str]] = {}
     for rd in run_dirs:
-        s = next((x for x in sets_from_run(rd) if x.name == parts[1]), None)
+        s = next((x for x in sets_from_run(rd, settings_file(rd)) if x.name == parts[1]), None)
         if s is not None:
             seen.setdefault(tuple(getattr(s, f) for f in _MEASUREMENT), []).append(rd.name)
     if len(seen) < 2:
