@@ -396,3 +396,22 @@ def test_each_attempt_names_its_cause(user):
     assert [a["cause"]["what"] for a in st["attempts"]] == ["nccl timeout", "nccl timeout"], st["attempts"]
     shown = cli("status", run.name).out
     assert shown.count("cause: NCCL timeout") >= 2, shown
+
+
+def test_the_supervisor_component_is_one_history_by_time(tmp_path, monkeypatch, capsys):
+    """supervisor.log and the recorded events were printed one after the other, so `-n 3` showed the events of an
+    earlier attempt rather than the newest lines (new-user trial): one history, by their timestamps."""
+    from rlctl.core.state import write_state
+    from rlctl.runs.logs import show_component
+
+    run = tmp_path / "run"
+    run.mkdir()
+    write_state(run, status="finished", backend="command", supervisor_pid=1)
+    (run / "supervisor.log").write_text("2026-11-27 04:18:00 rlctl supervisor: attempt 1 started (launch)\n"
+                                        "2026-11-27 04:18:53 rlctl supervisor: attempt 2 started (resume)\n")
+    t = time.mktime(time.strptime("2026-11-27 04:18:06", "%Y-%m-%d %H:%M:%S"))
+    (run / "rlctl-events.jsonl").write_text(json.dumps({"time": t, "event": "eval_done", "step": 10}) + "\n"
+                                            + json.dumps({"time": t + 10, "event": "eval_done", "step": 20}) + "\n")
+    show_component(run, "supervisor", lines=3)
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split()[-1] for ln in out] == ["step=10", "step=20", "(resume)"], out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -109,6 +110,20 @@ def _events(run_dir: Path) -> list[str]:
     return out
 
 
+_STAMP = re.compile(r"^(?:rlctl event )?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+def _by_time(lines: list[str]) -> list[str]:
+    """The supervisor's log and its events as one history, by their timestamps (a line without one stays with the
+    line before it), so that -n N is the newest N."""
+    keyed, key = [], ""
+    for i, ln in enumerate(lines):
+        m = _STAMP.match(ln)
+        key = m.group(1) if m else key
+        keyed.append((key, i, ln))
+    return [ln for _, _, ln in sorted(keyed)]
+
+
 def show_component(run_dir: Path, name: str, lines: int = 0, follow: bool = False) -> None:
     """`rlctl logs RUN --component NAME`: the component's own log, here (a run on an SSH host: asked there)."""
     state = read_state(run_dir)
@@ -118,7 +133,8 @@ def show_component(run_dir: Path, name: str, lines: int = 0, follow: bool = Fals
     comp = component(run_dir, name, state)
     out = sys.stdout
     if comp.name == "supervisor":
-        text = [ln for _, _, ln in tail(run_dir, comp, 8 << 20)] + [f"rlctl event {e}" for e in _events(run_dir)]
+        text = _by_time([ln for _, _, ln in tail(run_dir, comp, 8 << 20)]
+                        + [f"rlctl event {e}" for e in _events(run_dir)])
         if not text:
             out.write(f"# {run_dir.name}: no supervisor log (the run was supervised in the launching terminal; "
                       "its events are in rlctl-events.jsonl)\n")
