@@ -84,8 +84,16 @@ def make_tiny(path: str | Path, source: str = "random:qwen2") -> Path:
         model = LlamaForCausalLM(LlamaConfig(**common))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a model of a few hundred kB: no "Writing model shards" bar on the terminal
+    try:
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
     (out / "rlctl_tiny.json").write_text(json.dumps({"source": source, "arch": arch, **p}, indent=2) + "\n")
     return out
 
