@@ -389,3 +389,20 @@ def test_prune_with_keep_last_below_one_says_only_the_error(tmp_path, monkeypatc
     for bad in ("0", "-1"):
         r = run_cli("ckpt", "prune", run.name, "--keep-last", bad, "--dry-run")
         assert r.code == 2 and "--keep-last" in r.err and "keeping" not in r.out + r.err, (r.out, r.err)
+
+
+def test_ckpt_list_of_a_stopped_run_says_what_its_final_save_is(tmp_path, monkeypatch):
+    """A run stopped at step 11 of 400 listed `final  complete` like a finished run's (new-user trial): said."""
+    from rlctl.core.state import write_state
+    from tests.conftest import run_cli
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "sr2-20261127-000000"
+    (run / "checkpoints" / "checkpoint-10").mkdir(parents=True)
+    (run / "checkpoints" / "checkpoint-10" / "trainer_state.json").write_text("{}")
+    (run / "checkpoints" / "final").mkdir()
+    (run / "checkpoints" / "final" / "model.safetensors").write_bytes(b"x")
+    write_state(run, status="stopped", backend="trl", total_steps=400, attempts=[{"attempt": 1, "last_step": 11}])
+    r = run_cli("ckpt", "list", run.name)
+    assert r.code == 0 and "final" in r.out, r.out + r.err
+    assert "stopped at step 11 of 400: its final save is the model then, not the end of its training" in r.out, r.out

@@ -45,6 +45,12 @@ def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
     if best:
         _echo(f"best eval: {best['key']} = {best['value']:.4g} at step {best['step']}"
               + (" (the base model)" if best["step"] == 0 else ""))
+    st = read_state(run_dir)
+    if st.get("status") == "stopped" and any(r["step"] is None for r in rows):  # "final" is where it was stopped
+        last = ((st.get("attempts") or [{}])[-1] or {}).get("last_step")
+        _echo(f"note: {run_dir.name} was stopped" + (f" at step {last}" + (f" of {st['total_steps']}"
+              if st.get("total_steps") else "") if last is not None else "")
+              + ": its final save is the model then, not the end of its training")
 
 
 @ckpt_app.command("prune")
