@@ -47,8 +47,9 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_print_ver
 
 
 RecipeArg = Annotated[str, typer.Argument(help="Recipe TOML file (or the name of a bundled recipe).")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override a key: --set rollout.group_size=16; "
-                                                                    "KEY=null unsets an optional key")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                  help="Override a key: --set rollout.group_size=16; "
+                                                       "KEY=null unsets an optional key")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 # placement on a batch cluster: keys of the executor's own table ([executor.slurm] partition, account, time)
 PartitionOpt = Annotated[str | None, typer.Option("--partition", help="With --executor slurm: the partition.")]

@@ -51,7 +51,8 @@ def eval_cmd(
     target: Annotated[str, typer.Argument(help="A run (name, prefix or directory), or a model path/id with --recipe.")],
     step: Annotated[int | None, typer.Option("--step", help="Evaluate the checkpoint of this step (0 = base).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every complete checkpoint, and the baseline.")] = False,
-    set_name: Annotated[list[str] | None, typer.Option("--set", help="Only this eval set (repeatable).")] = None,
+    set_name: Annotated[list[str] | None, typer.Option("--set", metavar="SET",
+                                                       help="Only this eval set (repeatable).")] = None,
     on: Annotated[str | None, typer.Option("--on", help="Evaluate on this SSH host (rlctl hosts list).")] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help="CUDA_VISIBLE_DEVICES for the eval job (on the host "
                                             "with --on).")] = None,

@@ -17,8 +17,10 @@ experiment_app = typer.Typer(help="Experiments: many runs of one question (sweep
 app.add_typer(experiment_app, name="experiment")
 
 GridOpt = Annotated[list[str] | None, typer.Option(
-    "--grid", help="A grid axis KEY=V1,V2,... (repeat for more axes; every combination is one arm).")]
-SeedsOpt = Annotated[int | None, typer.Option("--seeds", min=1, help="Runs per arm (train.seed, +1, ...); more "
+    "--grid", metavar="KEY=V1,V2",
+    help="A grid axis KEY=V1,V2,... (repeat for more axes; every combination is one arm).")]
+SeedsOpt = Annotated[int | None, typer.Option("--seeds", min=1, metavar="N",
+                                              help="Runs per arm (train.seed, +1, ...); more "
                                               "than before extends the experiment.")]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Experiment name; an existing one is resumed/extended.")]
 ParallelOpt = Annotated[int | None, typer.Option("--parallel", min=1, help="Runs at once (per host with --on).")]

@@ -24,9 +24,11 @@ def hosts_add(
     = "~/rlctl",
     python: Annotated[str, typer.Option("--python", help="Remote Python that has rlctl (and the backend).")]
     = "python3",
-    option: Annotated[list[str] | None, typer.Option("--ssh-option", help="Extra ssh argument (repeatable), e.g. "
+    option: Annotated[list[str] | None, typer.Option("--ssh-option", metavar="ARG",
+                                                     help="Extra ssh argument (repeatable), e.g. "
                                                      "--ssh-option=-p --ssh-option=2222.")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", help="NAME=VALUE for the remote rlctl (never a "
+    env: Annotated[list[str] | None, typer.Option("--env", metavar="NAME=VALUE",
+                                                  help="NAME=VALUE for the remote rlctl (never a "
                                                   "secret).")] = None,
     replace: Annotated[bool, typer.Option("--replace", help="Overwrite a host of that name.")] = False,
 ) -> None:

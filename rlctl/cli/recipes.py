@@ -82,7 +82,8 @@ def preflight(
     recipe: RecipeArg,
     set_: SetOpt = None,
     as_json: JsonOpt = False,
-    only: Annotated[list[str] | None, typer.Option("--only", help="Run only these checks or families.")] = None,
+    only: Annotated[list[str] | None, typer.Option("--only", metavar="CHECK",
+                                                   help="Run only these checks or families.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the LR curve to this PNG.")] = None,
 ) -> None:
     """Run every check that needs no GPU. Exit 0 if nothing fails, 1 if a check fails, 2 for unusable input."""

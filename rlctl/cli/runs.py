@@ -268,7 +268,8 @@ def doctor(
     run: RunArg, as_json: JsonOpt = False,
     weights: Annotated[bool, typer.Option("--weights", help="Compare the run's oldest and newest checkpoints: the "
                                           "fraction of tensors/values that changed (frozen-weights check).")] = False,
-    between: Annotated[list[Path] | None, typer.Option("--between", help="Two checkpoint directories (or "
+    between: Annotated[list[Path] | None, typer.Option("--between", metavar="PATH",
+                                                       help="Two checkpoint directories (or "
                                                        ".safetensors files) to compare instead; implies --weights.")]
     = None,
 ) -> None:
