@@ -284,10 +284,9 @@ def find_run(ref: str, root: Path | None = None) -> Path:
         raise RlctlError(f"{ref!r} matches {len(matches)} runs: {', '.join(r.name for r in matches[:5])}.",
                          hint="give more of the name")
     elsewhere = [] if explicit or "/" in ref else _elsewhere(ref, root)
-    if len(elsewhere) > 1 and len(_given_name(ref, elsewhere)) == 1:
-        return _given_name(ref, elsewhere)[0]
-    if len(elsewhere) == 1:
-        return elsewhere[0]
+    named = _given_name(ref, elsewhere) if len(elsewhere) > 1 else elsewhere
+    if len(named) == 1:
+        return named[0]
     if elsewhere:
         raise RlctlError(f"{ref!r} names {len(elsewhere)} runs elsewhere (in runs directories other than {root}): "
                          + ", ".join(str(r) for r in elsewhere[:5]) + ".",
