@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rlctl.core.state import ACTIVE, process_alive, process_create_time, read_state, write_state
+from rlctl.executors.attempt_procs import AttemptProcesses, stop_strays, wait_gone
 from rlctl.executors.base import EXIT_RECORD, Executor, RunHandle, attempt_dir, read_exit_record
 from rlctl.metrics.stream import LOG
 
@@ -56,6 +57,19 @@ def _group_alive(pgid: int | None) -> bool:
     return False
 
 
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def _note(run_dir: Path, text: str) -> None:
+    """One line of rlctl's own in the run's log, where the user reads the attempt's end."""
+    with contextlib.suppress(OSError), open(run_dir / LOG, "a") as fh:
+        fh.write(text + "\n")
+
+
 def _resolvable(cmd: str, cwd: Path) -> bool:
     if os.sep in cmd:
         p = Path(cmd) if os.path.isabs(cmd) else cwd / cmd
@@ -74,6 +88,7 @@ class LocalExecutor(Executor):
 
     def __init__(self) -> None:
         self.procs: dict[int, subprocess.Popen] = {}
+        self.trees: dict[int, AttemptProcesses] = {}  # per attempt: its descendants, those that leave its group too
 
     # ---- one attempt ---------------------------------------------------------------------------------------------
     def start(self, run_dir: Path, spec: dict[str, Any], env: dict[str, str], attempt: int) -> RunHandle:
@@ -96,15 +111,20 @@ class LocalExecutor(Executor):
         finally:
             log.close()
         self.procs[attempt] = proc
+        self.trees[attempt] = AttemptProcesses(adir, proc.pid)
         return RunHandle(self.name, {"pid": proc.pid, "pgid": proc.pid, "create_time": process_create_time(proc.pid)},
                          attempt)
 
     def poll(self, run_dir: Path, handle: RunHandle) -> int | None:
         proc = self.procs.get(handle.attempt)
         if proc is not None:
-            return proc.poll()
+            code = proc.poll()
+            if code is None:
+                self._tree(run_dir, handle).track()
+            return code
         # adopted from a dead supervisor: not our child, so its exit record tells
         if process_alive(handle.ref.get("pid"), handle.ref.get("create_time")):
+            self._tree(run_dir, handle).track()
             return None
         rec = read_exit_record(run_dir, handle.attempt)
         return int(rec["exit_code"]) if rec and rec.get("exit_code") is not None else -signal.SIGKILL
@@ -115,7 +135,16 @@ class LocalExecutor(Executor):
     def kill(self, run_dir: Path, handle: RunHandle) -> None:
         _signal_group(handle.ref.get("pgid"), signal.SIGKILL)
 
+    def _tree(self, run_dir: Path, handle: RunHandle) -> AttemptProcesses:
+        if handle.attempt not in self.trees:  # adopted: what the supervisor before this one saw, and on from here
+            root = handle.ref.get("pid") if process_alive(handle.ref.get("pid"), handle.ref.get("create_time")) \
+                else None
+            self.trees[handle.attempt] = AttemptProcesses(attempt_dir(run_dir, handle.attempt), root)
+        return self.trees[handle.attempt]
+
     def cleanup(self, run_dir: Path, handle: RunHandle, grace: float) -> None:
+        """The attempt's processes are all gone when this returns (bounded): its group, then those that left it;
+        a process still in exit holds its GPU memory, so the next attempt waits for it too."""
         pgid = handle.ref.get("pgid")
         if _group_alive(pgid):
             _signal_group(pgid, signal.SIGTERM)
@@ -123,6 +152,17 @@ class LocalExecutor(Executor):
             while _group_alive(pgid) and time.time() < deadline:
                 time.sleep(0.1)
             _signal_group(pgid, signal.SIGKILL)
+        tree = self._tree(run_dir, handle)
+        strays = [(p, cmd) for p, cmd in tree.alive() if _pgid(p.pid) != pgid]
+        if strays:
+            said = stop_strays(strays, min(grace, 10))
+            _note(run_dir, f"rlctl: {len(said)} process(es) of attempt {handle.attempt} left the attempt's process "
+                           f"group and outlived it (an engine or worker in a session of its own): stopped before "
+                           f"anything else starts: {'; '.join(said)}")
+        if not wait_gone(lambda: _group_alive(pgid) or bool(tree.alive()), 30):
+            left = ", ".join(f"pid {p.pid}" for p, _ in tree.alive()) or f"process group {pgid}"
+            _note(run_dir, f"rlctl: attempt {handle.attempt}'s {left} still there 30 s after SIGKILL "
+                           f"(a process stuck in the kernel: its GPU memory may still be held)")
 
     def pids(self, run_dir: Path, handle: RunHandle) -> list[int]:
         import psutil
@@ -182,8 +222,14 @@ class LocalExecutor(Executor):
         while time.time() < deadline and _group_alive(pgid):
             time.sleep(0.1)
         _signal_group(pgid, signal.SIGKILL)
-        deadline = time.time() + 5
         attempt = handle.attempt if handle else int(state.get("attempt") or 1)
+        strays = [(p, cmd) for p, cmd in AttemptProcesses(attempt_dir(run_dir, attempt), None).alive()
+                  if _pgid(p.pid) != pgid]
+        if strays:
+            said = stop_strays(strays, min(grace, 10))
+            _note(run_dir, f"rlctl: stopped {len(said)} process(es) of attempt {attempt} that had left its process "
+                           f"group: {'; '.join(said)}")
+        deadline = time.time() + 5
         rec = read_exit_record(run_dir, attempt)
         while rec is None and time.time() < deadline and _group_alive(pgid):
             time.sleep(0.1)

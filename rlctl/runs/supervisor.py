@@ -208,6 +208,10 @@ class Supervisor:
                                  "from_checkpoint": str(checkpoint.path) if checkpoint is not None else None,
                                  "from_step": checkpoint.step if checkpoint is not None else None}
         self.attempts.append(entry)
+        if self.gpu is not None and getattr(self.gpu, "active", False):  # a restart: is the card free for it?
+            with contextlib.suppress(Exception):
+                self.gpu.tick()
+                entry["gpu_used_at_start_gib"] = {str(i): round(v, 3) for i, v in self.gpu.now.items()}
         with contextlib.suppress(OSError):
             attempt_dir(self.run_dir, self.attempt).mkdir(parents=True, exist_ok=True)
         try:

@@ -1,0 +1,111 @@
+"""A restart starts only once the failed attempt's processes are gone, those that left its process group included.
+
+On the H100 (docs/gpu/verl-3.json) verl's driver was SIGKILLed; its Ray worker still held 7.5 GiB of GPU 0 when
+rlctl started the next attempt (NVML listed it at that moment, its command line already empty: mid-exit). An
+inference engine or Ray worker that started its own session (setsid) is not in the attempt's process group at all:
+killing the group leaves it running, an orphaned engine holding the GPU the next attempt needs. Here the engine is a
+process that starts its own session and ignores SIGTERM, as such workers do; the trainer crashes after its first
+save; the restarted trainer records whether the engine of the attempt before it is still there.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_seams_followups import wait_for
+
+TRAINER = r'''
+import json, os, signal, subprocess, sys, time
+
+out, resume = sys.argv[1], (sys.argv[3] if len(sys.argv) > 3 else None)
+os.makedirs(out, exist_ok=True)
+mark = os.path.join(out, "engine.pid")
+if resume is None:  # attempt 1: an engine in a session of its own, deaf to SIGTERM, as a Ray worker or vLLM may be
+    engine = subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"],
+        start_new_session=True)
+    open(mark, "w").write(str(engine.pid))
+    start = 1
+else:
+    pid = int(open(mark).read())
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = "gone"
+    json.dump({"pid": pid, "state": state}, open(os.path.join(out, "engine_at_restart.json"), "w"))
+    start = json.load(open(os.path.join(resume, "info.json")))["step"] + 1
+for step in range(start, 5):
+    print(f"step {step} | reward {step / 4:.2f}", flush=True)
+    if step % 2 == 0:
+        d = os.path.join(out, f"step_{step}")
+        os.makedirs(d, exist_ok=True)
+        json.dump({"step": step}, open(os.path.join(d, "info.json"), "w"))
+    if resume is None and step == 3:
+        time.sleep(1.5)  # long enough for the supervisor to see the whole attempt
+        os._exit(1)      # the driver dies; its engine lives on
+'''
+
+
+def _project(work: Path) -> None:
+    (work / "trainer.py").write_text(TRAINER)
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    cmd = [sys.executable, str(work / "trainer.py"), "{checkpoint_dir}"]
+    (work / "e.toml").write_text(f"""name = "engine"
+[backend]
+name = "command"
+[backend.command]
+command = {json.dumps(cmd)}
+log_pattern = 'step (?P<step>\\d+) \\| reward (?P<reward>\\S+)'
+metrics_map = {{reward = "reward/mean"}}
+checkpoint_pattern = "step_{{step}}"
+checkpoint_marker = "info.json"
+resume_args = ["--resume", "{{path}}"]
+[model]
+path = "random:qwen2?hidden=64&layers=2"
+dtype = "float32"
+max_model_len = 128
+[data]
+train = "prompts.jsonl"
+max_prompt_tokens = 32
+[rollout]
+group_size = 4
+prompts_per_step = 2
+max_tokens = 16
+[train]
+steps = 4
+train_batch_size = 8
+micro_batch_size = 4
+[resources]
+gpus_per_node = 0
+gpu = "cpu"
+[checkpoint]
+dir = "training_state"
+every = 2
+[run]
+restart = "on-failure"
+max_restarts = 1
+""")
+
+
+@pytest.mark.slow
+def test_restart_waits_until_the_failed_attempts_engine_is_gone(user):
+    work, rlctl = user
+    _project(work)
+    r = rlctl("launch", "e.toml", "--detach")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = next((work / "runs").glob("engine-*"))
+    seen = run / "training_state" / "engine_at_restart.json"
+    assert wait_for(lambda: json.loads(rlctl("status", run.name, "--json").stdout).get("status") == "finished",
+                    timeout=120), rlctl("status", run.name).stdout + (run / "stdout.log").read_text()
+    at_restart = json.loads(seen.read_text())
+    assert at_restart["state"] in ("gone", "Z"), (
+        f"attempt 2 started while attempt 1's engine (pid {at_restart['pid']}) was still there: {at_restart}")
+    state = json.loads((run / "state.json").read_text())
+    assert [a["outcome"] for a in state["attempts"]] == ["failed", "finished"], state["attempts"]
+    log = (run / "stdout.log").read_text() + "".join(
+        p.read_text() for p in sorted(run.glob("supervisor*.log")))
+    assert "left its process group" in log or "left the attempt's process group" in log, log[-3000:]
