@@ -102,8 +102,12 @@ def measured(doc: dict, part: dict) -> dict[str, float]:
     evals = sorted(p["t"] for p in call.get("processes", []) if any(m in p.get("cmd", "") for m in marks)
                    and t0 <= p["t"] <= t1)
     # the card's own use: the least NVML saw in the window (a reading right before `rlctl launch` can hold an
-    # evaluator of the previous run still finishing: trl-vllm-2's LoRA started beside 2.2 GiB of one)
-    base = min(s[1] for s in samples)
+    # evaluator of the previous run still finishing: trl-vllm-2's LoRA started beside 2.2 GiB of one); each GPU
+    # apart, and a sample's figure is its busiest GPU's (the plan is per GPU: 2 GPUs of verl hold one share each)
+    cols = range(1, len(samples[0]))
+    bases = {c: min(s[c] for s in samples) for c in cols}
+    base = bases[1]
+    samples = [[s[0], base + max(s[c] - bases[c] for c in cols)] for s in samples]
 
     def near_eval(t: float) -> bool:
         import bisect
@@ -117,6 +121,10 @@ def measured(doc: dict, part: dict) -> dict[str, float]:
         out["run"] = max(alone) - base
     if beside:
         out["with_eval"] = max(beside) - base
+    later = part.get("later_window") or {}
+    if later.get("peak_gib") and not beside:  # the rest of the run, seen by a later call (no evaluator to split)
+        out["run"] = max(out.get("run", 0.0), max(p - bases.get(i + 1, base) for i, p in
+                                                  enumerate(later["peak_gib"])))
     return out
 
 
@@ -131,10 +139,10 @@ def kills(part: dict) -> str:
             out.append(f"{e['what'].split()[1]} at step {e['at_step']}: no next attempt")
             continue
         rec = nxt.get("attempt_record") or {}
-        used = (nxt.get("used_gib") or [None])[0]
+        used = ", ".join(f"{u:.1f}" for u in nxt.get("used_gib") or [])
         procs = len(nxt.get("processes") or [])
         out.append(f"{e['what'].split()[1]} at step {e['at_step']}: attempt {rec.get('attempt')} from step "
-                   f"{rec.get('from_step')}, GPU {used:.1f} GiB / {procs} process(es) at its start")
+                   f"{rec.get('from_step')}, GPU {used} GiB / {procs} process(es) at its start")
     return "; ".join(out) or "none"
 
 
@@ -155,7 +163,14 @@ def evals(part: dict) -> str:
     out = []
     if done:
         out.append(f"in-run ok at {ok}" + (f", failed at {bad}" if bad else ""))
+    elif c.get("metrics"):  # no rlctl evaluator: the backend's own in-loop eval, as `rlctl metrics` read it
+        lines = [ln.split(",") for ln in (c["metrics"].get("stdout") or "").splitlines()[1:]]
+        steps = sorted({int(x[0]) for x in lines if len(x) == 4 and x[2] == "eval/default/greedy_pass@1"})
+        if steps:
+            out.append(f"backend's in-loop eval at {steps}")
     after = part.get("eval_after") or {}
+    if after.get("skipped"):
+        out.append(f"`rlctl eval` not run: {after['skipped']}")
     if "exit" in after:
         res = ((after.get("json") or {}).get("results") or [{}])[0]
         m = res.get("metrics") or {}
@@ -174,10 +189,30 @@ def ratio(plan: float | None, meas: float | None) -> str:
     return f"{plan:.1f} / {meas:.1f} = {r:.2f} ({word})"
 
 
+def with_later_calls(doc: dict) -> dict[str, dict]:
+    """The parts, each run cut short by its call's time completed by the first later call (`--part collect`) that
+    waited for it to its end: its final state, steps, and that call's NVML window."""
+    later: dict[str, dict] = {}
+    for name, part in doc["parts"].items():
+        if name.split("#")[0] == "collect":
+            for run, entry in part.items():
+                if isinstance(entry, dict) and "collected" in entry:
+                    later.setdefault(run, entry)
+    out = {}
+    for name, part in doc["parts"].items():
+        run = (part.get("collected") or {}).get("run_dir")
+        if run in later:
+            part = {**part, "collected": later[run]["collected"], "steps": later[run].get("steps"),
+                    "later_window": later[run].get("nvml_window"), "ended_in_later_call": True}
+        out[name] = part
+    return out
+
+
 def rows(files: list[Path]) -> list[list[str]]:
     out = []
     for f in files:
         doc = json.loads(f.read_text())
+        doc = {**doc, "parts": with_later_calls(doc)}
         v = doc.get("versions") or {}
         stack = doc["stack"]
         own = {"trl-vllm": ("trl",), "verl": ("verl", "ray"), "openrlhf": ("openrlhf", "deepspeed", "ray")}
@@ -187,7 +222,12 @@ def rows(files: list[Path]) -> list[list[str]]:
             if part.get("in_progress") or "recipe" not in part:
                 continue
             if "collected" not in part:
-                out.append([f.name, name, ver, gpu, part.get("error") or part.get("kill_error") or "not launched",
+                launch = part.get("launch") or {}
+                refused = [ln.strip()[:120] for ln in (launch.get("stdout") or "").splitlines()
+                           if ln.startswith("FAIL")]
+                why = part.get("error") or part.get("kill_error") or (
+                    f"launch refused by preflight: {refused[0]}" if refused else "not launched")
+                out.append([f.name, name, ver, gpu, why,
                             "-", "-", "-", "-", "-"])
                 continue
             st = part.get("steps") or {}
@@ -196,7 +236,8 @@ def rows(files: list[Path]) -> list[list[str]]:
                                                                        (", repeats" if any(c > 1 for c in
                                                                                            seen.values()) else ""))
             p, m = (planned(part), measured(doc, part)) if seen else ({}, {})  # never trained: nothing to compare
-            out.append([f.name, name, ver, gpu, outcome(part), steps, kills(part),
+            end = " (its end seen by a later call)" if part.get("ended_in_later_call") else ""
+            out.append([f.name, name, ver, gpu, outcome(part) + end, steps, kills(part),
                         ratio(p.get("run"), m.get("run")), ratio(p.get("with_eval"), m.get("with_eval")),
                         evals(part)])
     return out
