@@ -776,12 +776,148 @@ def part_collect(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
     return out
 
 
+# ---- seed 004's incident with a real engine (issue 32.3 and 32.5) ----------------------------------------------------
+SEED004_RL = '''"""seed 004's layout with a real engine: a vLLM OpenAI server on the inference GPU, the trainer on
+the other, each step waiting for its rollouts (it retries for ever: seed 004's trainer waited three hours for a
+dead engine)."""
+import json, os, socket, subprocess, sys, time, urllib.error, urllib.request
+from pathlib import Path
+
+ckdir, steps, model, infer_gpu = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+resume = int(sys.argv[sys.argv.index("--resume") + 1]) if "--resume" in sys.argv else 0
+here = Path.cwd()
+(here / "logs").mkdir(exist_ok=True)
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+engine = subprocess.Popen(
+    [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
+     "--gpu-memory-utilization", "0.5", "--max-model-len", "256", "--enforce-eager"],
+    env={**os.environ, "CUDA_VISIBLE_DEVICES": infer_gpu},
+    stdout=open(here / "logs" / "inference.log", "a"), stderr=subprocess.STDOUT)
+import torch  # noqa: E402
+
+dev = torch.device("cuda:0")  # the trainer's GPU (the run sees both; the engine was given the other)
+weights = torch.randn(4096, 4096, device=dev)
+state = torch.empty(int(6 * 2**30), dtype=torch.uint8, device=dev)  # a trainer's resident memory
+
+
+def rollouts(step):
+    body = json.dumps({"model": model, "prompt": "a", "max_tokens": 32, "n": 8}).encode()
+    while True:
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                out = json.loads(r.read())
+            return [c["text"] for c in out["choices"]]
+        except (urllib.error.URLError, OSError, ValueError):
+            time.sleep(1)  # not up yet, or gone: wait, as seed 004's trainer did
+
+
+for step in range(resume + 1, steps + 1):
+    texts = rollouts(step)
+    for _ in range(50):
+        weights = torch.tanh(weights @ weights) * 0.5  # the training step
+    torch.cuda.synchronize()
+    reward = sum(t.count("a") / max(len(t), 1) for t in texts) / len(texts)
+    print(f"step {step} reward {reward:.4f}", flush=True)
+    if step % 2 == 0:
+        d = ckdir / f"step_{step}"
+        d.mkdir(parents=True, exist_ok=True)
+        torch.save({"step": step}, d / "state.pt")
+        (d / "done").touch()
+engine.terminate()
+'''
+
+
+def seed004_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, steps: int, idle_s: float) -> str:
+    """The command backend with seed 004's layout: GPU 1 inference (vLLM), GPU 0 the trainer; a stall when no step
+    comes while the engine is gone (its process, or its GPU's memory) for `idle_s`; restarted on a stall."""
+    script = ctx.work / "seed004_rl.py"
+    script.write_text(SEED004_RL)
+    cmd = [sys.executable, str(script), "{checkpoint_dir}", str(steps), model, "1"]
+    lines = [f'name = "{name}"', "[backend]", 'name = "command"', "[backend.command]",
+             f"command = {json.dumps(cmd)}", "log_pattern = 'step (?P<step>\\d+) reward (?P<reward>\\S+)'",
+             'metrics_map = {reward = "reward/mean"}', 'checkpoint_pattern = "step_{step}"',
+             'checkpoint_marker = "done"', 'resume_args = ["--resume", "{step}"]',
+             'logs = {inference = "logs/inference.log"}',
+             'processes = {inference = "vllm\\\\.entrypoints\\\\.openai\\\\.api_server"}',
+             "[model]", f'path = "{model}"', "max_model_len = 256",
+             "[data]", f'train = "{data["train"]}"', 'input_key = "prompt"', "max_prompt_tokens = 32",
+             "[rollout]", "max_tokens = 32", "[train]", f"steps = {steps}",
+             "[resources]", "gpus_per_node = 2", 'gpu = "H100-80GB"', "inference_gpus = [1]", "trainer_gpus = [0]",
+             "[checkpoint]", "every = 2",
+             "[run]", 'restart = "on-stall"', "max_restarts = 1",
+             "[run.stall]", f"inference_idle_s = {idle_s}"]
+    path = ctx.work / "recipes" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def part_engine_dies(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """Seed 004's incident for real, on 2 GPUs: the vLLM engine (GPU 1) is SIGKILLed after step 3 while the trainer
+    (GPU 0) waits for rollouts for ever; rlctl must call it a stall after `inference_idle_s`, name the cause from
+    what it shows (the engine's process gone or its GPU's memory at ~0, the inference log), restart from checkpoint
+    2 and finish with every step once. Needs 2 GPUs."""
+    steps, idle_s = 6, 30
+    recipe = seed004_recipe(ctx, "seed004-engine", model, data, steps=steps, idle_s=idle_s)
+    res: dict[str, Any] = {"recipe": Path(recipe).read_text(), "events": [], "call_started": STARTED}
+    CURRENT["res"] = res
+    ev = res["events"]
+    res["preflight"] = ctx.rlctl("preflight", recipe, "--json")
+    if ctx.render_only:
+        res["render"] = ctx.rlctl("render", recipe)
+        return res
+    if len(nv.handles) < 2:
+        res["error"] = f"needs 2 GPUs, NVML sees {len(nv.handles)}"
+        return res
+    t0 = now()
+    ev.append({"t": t0, "what": "before launch", **gpu_at(nv)})
+    res["launch"] = ctx.rlctl("launch", recipe, "--detach", "--name", "seed004-engine", timeout=300)
+    run = run_dir(ctx, "seed004-engine")
+    if run is None:
+        ctx.say(f"seed004-engine: launch made no run directory: {res['launch']['stderr'][-800:]}")
+        return res
+    if not wait_for(ctx, "seed004-engine: step 3", lambda: max(metric_steps(run) or [0]) >= 3, 420, every=0.3):
+        res["kill_error"] = "the run did not reach step 3"
+    else:
+        engines = [p for p in nv.procs[-40:] if p.get("gpu") == 1]
+        pids = sorted({p["pid"] for p in engines})
+        ctx.say(f"seed004-engine: SIGKILL of the engine on GPU 1 at step {max(metric_steps(run))}: {pids}")
+        ev.append({"t": now(), "what": "kill engine", "at_step": max(metric_steps(run)), "killed": kill(ctx, pids),
+                   **gpu_at(nv)})
+
+        def stalled() -> bool:
+            return any(a.get("stall") or a.get("outcome") == "stalled" for a in state(run).get("attempts") or [])
+        if wait_for(ctx, "seed004-engine: rlctl to call it a stall", stalled, idle_s + 120, every=0.5):
+            ev.append({"t": now(), "what": "stalled", "status": ctx.rlctl("status", run.name, "--json"),
+                       "doctor": ctx.rlctl("doctor", run.name, "--json"),
+                       "logs_inference": ctx.rlctl("logs", run.name, "--component", "inference", "-n", "20"),
+                       **gpu_at(nv)})
+            if wait_for(ctx, "seed004-engine: the next attempt", lambda: (state(run).get("attempt") or 0) > 1, 120,
+                        every=0.05):
+                st = state(run)
+                ev.append({"t": now(), "what": f"attempt {st.get('attempt')} started",
+                           "attempt_record": (st.get("attempts") or [{}])[-1], **gpu_at(nv)})
+    wait_for(ctx, "seed004-engine: the end of the run",
+             lambda: state(run).get("status") in ("finished", "failed", "stopped", "lost"), 600, every=0.5)
+    ev.append({"t": now(), "what": "ended", **gpu_at(nv)})
+    res["nvml_window"] = nv.window(t0)
+    res["collected"] = collect(ctx, "seed004-engine", run, ["reward/mean"])
+    res["steps"] = steps_once(run, steps)
+    res["t"] = [t0, now()]
+    return res
+
+
 PARTS = {
     "trl-vllm": {"full": part_trl_full, "lora": part_trl_lora, "trainer-only": part_trl_trainer_only},
     "verl": {"1gpu": part_verl_1gpu, "2gpu": part_verl_2gpu},
     "openrlhf": {"2gpu": part_openrlhf_2gpu, "colocated": part_openrlhf_colocated},
 }
-ONLY_ASKED = {"collect": part_collect}  # parts run only when named (--part collect)
+# parts run only when named: `collect` (the runs an earlier call left going), `engine-dies` (2 GPUs)
+ONLY_ASKED = {"collect": part_collect, "engine-dies": part_engine_dies}
 SHAPE = "Qwen/Qwen2.5-0.5B"
 
 
