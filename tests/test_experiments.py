@@ -98,6 +98,11 @@ def _kill_all(runs: Path) -> None:
         if process_alive(ref.get("pgid"), ref.get("create_time")):
             with contextlib.suppress(OSError):
                 os.killpg(ref["pgid"], signal.SIGKILL)
+        for pids in run.parent.glob("attempts/*/pids.json"):  # those that left the attempt's group (an engine)
+            with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+                for pid, rec in json.loads(pids.read_text()).items():
+                    if process_alive(int(pid), rec.get("create_time")):
+                        os.kill(int(pid), signal.SIGKILL)
 
 
 def rlctl(w, *args, timeout=600):

@@ -30,6 +30,9 @@ if resume is None:  # attempt 1: an engine in a session of its own, deaf to SIGT
         start_new_session=True)
     open(mark, "w").write(str(engine.pid))
     start = 1
+    if os.environ.get("ENGINE_HOLD"):  # a run that trains on until it is stopped
+        print("step 1 | reward 0.25", flush=True)
+        time.sleep(3600)
 else:
     pid = int(open(mark).read())
     try:
@@ -50,7 +53,7 @@ for step in range(start, 5):
 '''
 
 
-def _project(work: Path) -> None:
+def _project(work: Path, extra: str = "") -> None:
     (work / "trainer.py").write_text(TRAINER)
     (work / "prompts.jsonl").write_text('{"input": "a"}\n')
     cmd = [sys.executable, str(work / "trainer.py"), "{checkpoint_dir}"]
@@ -88,7 +91,7 @@ every = 2
 [run]
 restart = "on-failure"
 max_restarts = 1
-""")
+""" + extra)
 
 
 @pytest.mark.slow
@@ -109,3 +112,29 @@ def test_restart_waits_until_the_failed_attempts_engine_is_gone(user):
     log = (run / "stdout.log").read_text() + "".join(
         p.read_text() for p in sorted(run.glob("supervisor*.log")))
     assert "left its process group" in log or "left the attempt's process group" in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_stop_after_the_supervisor_died_stops_the_engine_that_left_the_group(user):
+    """`rlctl stop` of a run whose supervisor was SIGKILLed does the supervisor's job: the attempt's process group and
+    the engine that left it (known from attempts/1/pids.json), not the group alone."""
+    import os
+    import signal
+
+    work, rlctl = user
+    _project(work, extra='[env]\nENGINE_HOLD = "1"\n')
+    r = rlctl("launch", "e.toml", "--detach")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = next((work / "runs").glob("engine-*"))
+    mark = run / "training_state" / "engine.pid"
+    pids = run / "attempts" / "1" / "pids.json"
+    assert wait_for(lambda: mark.is_file() and pids.is_file() and mark.read_text().strip() in pids.read_text(),
+                    timeout=60), (run / "stdout.log").read_text()
+    engine = int(mark.read_text())
+    os.kill(json.loads((run / "state.json").read_text())["supervisor_pid"], signal.SIGKILL)
+    r = rlctl("stop", run.name, "--grace", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert wait_for(lambda: not Path(f"/proc/{engine}").exists() or
+                    Path(f"/proc/{engine}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", timeout=30), \
+        f"the engine (pid {engine}) outlived `rlctl stop`"
+    assert "had left its process group" in (run / "stdout.log").read_text()
