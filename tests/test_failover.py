@@ -568,6 +568,9 @@ def test_a_run_whose_gpus_are_gone_while_its_host_answers_fails_over(world, sshd
 
     assert not psutil.pid_exists(st1["pgid"]) or psutil.Process(st1["pgid"]).status() == psutil.STATUS_ZOMBIE
     assert read_state(target)["status"] == "finished"
+    # the GPU the run was placed on at launch on gpuA (CUDA_VISIBLE_DEVICES=1 there); box2 has none: nothing recorded
+    assert [g["uuid"] for g in json.loads((there1 / "host_gpus.json").read_text())["gpus"]] == [H100_UUIDS[1]]
+    assert not (target / "host_gpus.json").exists()
     gen = json.loads(world.fs.cat_file(f"{BUCKET}/gpus/generations/2.json"))
     k = gen["from_step"]
     assert gen["host"] == "box2" and k is not None and k >= 4 and read_state(target)["resumed_from"] == url
