@@ -455,3 +455,133 @@ def test_an_experiment_queue_moves_a_run_whose_host_is_gone(world):
     assert [e["host"] for e in read_state(run)["lineage"]] == ["box1", "box2"]
     assert sorted(stream_steps(run)) == list(range(1, steps + 1)), stream_steps(run)
     assert "#2 on box2 from step" in (exp / "queue.log").read_text()
+
+
+# ---- a host that answers while the GPUs its run was placed on are gone (issue 32, point 2) ----------------------
+H100_UUIDS = ("GPU-c5460912-01ff-30c7-edc2-be2d72764fd0", "GPU-61affa47-1d8d-d723-69a1-4d6048fd4c8d")
+# what the real tool printed on a 2 x H100 pod (docs/gpu/gpu_placement_h100x2.json: nvidia_smi_raw, nvidia_smi_uuid_raw)
+SMI_QUERY = ("0, NVIDIA H100 80GB HBM3, 81559, 0, 81079, 580.159.04\n"
+             "1, NVIDIA H100 80GB HBM3, 81559, 0, 81079, 580.159.04\n")
+SMI_UUIDS = f"0, {H100_UUIDS[0]}, 00000000:00:06.0\n1, {H100_UUIDS[1]}, 00000000:00:07.0\n"
+SMI_LIST = (f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {H100_UUIDS[0]})\n"
+            f"GPU 1: NVIDIA H100 80GB HBM3 (UUID: {H100_UUIDS[1]})\n")
+# what it prints (on stdout, exit 15) once a GPU fell off the bus (Xid 79), and when the driver sees none
+OFF_THE_BUS = "Unable to determine the device handle for GPU0000:00:07.0: Unknown Error\n"
+NO_DEVICES = "No devices were found\n"
+
+
+def stand_in_smi(bin_dir: Path, gone_flag: Path) -> None:
+    """`nvidia-smi` standing in for the GPU driver only (no GPU here): the 2 x H100 pod's answers, and once
+    `gone_flag` exists, what the real tool prints when GPU 1 fell off the bus."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    exe = bin_dir / "nvidia-smi"
+    exe.write_text(f"""#!/bin/sh
+if [ -e {gone_flag} ]; then printf '%s' '{OFF_THE_BUS}'; exit 15; fi
+case "$*" in
+  *--query-gpu=index,uuid,pci.bus_id*) printf '%s' '{SMI_UUIDS}' ;;
+  *--query-gpu=index,name,memory.total*) printf '%s' '{SMI_QUERY}' ;;
+  -L*) printf '%s' '{SMI_LIST}' ;;
+  *) echo "stand-in nvidia-smi: $* not recorded" >&2; exit 2 ;;
+esac
+""")
+    exe.chmod(0o755)
+
+
+def test_which_gpus_an_attempt_was_placed_on():
+    """At launch on a host: the GPUs the run takes (CUDA_VISIBLE_DEVICES of its environment, by index or UUID, else
+    the first gpus_per_node), as nvidia-smi listed them then; none for a CPU run or a host without GPUs."""
+    from rlctl.executors.host_gpus import parse, placed
+
+    rows = parse(SMI_UUIDS)
+    assert [r["uuid"] for r in rows] == list(H100_UUIDS) and rows[1]["bus_id"] == "00000000:00:07.0"
+    assert placed(0, None, rows) == []  # a CPU run on a GPU host: its GPUs cannot be lost
+    assert placed(0, "", rows) == [] and placed(2, "", rows) == []  # CUDA_VISIBLE_DEVICES="" hides every GPU
+    assert placed(0, "1", rows) == [rows[1]]  # a trainer rlctl does not model, placed on GPU 1 by the user
+    assert placed(2, None, rows) == rows
+    assert placed(1, H100_UUIDS[1][:12], rows) == [rows[1]]  # a UUID prefix, as CUDA accepts it
+    assert placed(1, "0", []) == []  # a host that never had GPUs (CI): nothing recorded, never judged
+
+
+def test_which_gpus_are_gone_from_what_nvidia_smi_says():
+    from rlctl.executors.host_gpus import gone, parse
+
+    rows = parse(SMI_UUIDS)
+    assert gone(rows, SMI_UUIDS, 0) is None
+    assert gone([], OFF_THE_BUS, 15) is None  # nothing recorded at launch: never judged
+    lost = gone([rows[1]], OFF_THE_BUS, 15)
+    assert [g["uuid"] for g in lost["missing"]] == [H100_UUIDS[1]] and "Unable to determine" in lost["said"]
+    assert gone([rows[0]], SMI_UUIDS.splitlines()[0] + "\n" + OFF_THE_BUS, 15) is None  # its GPU still answers
+    lost = gone(rows, NO_DEVICES, 6)  # a pod whose GPUs were taken back while the container lives
+    assert len(lost["missing"]) == 2 and lost["said"] == "No devices were found"
+    # fewer GPUs listed than at launch (exit 0): the one whose UUID is not there, whatever index the rest now have
+    lost = gone(rows, f"0, {H100_UUIDS[1]}, 00000000:00:07.0\n", 0)
+    assert [g["index"] for g in lost["missing"]] == [0]
+    assert gone(rows, "", None) is None  # nvidia-smi did not answer in time: not evidence either way
+    lost = gone(rows, "nvidia-smi: not found on PATH", 127)  # nvidia-smi itself is gone (the driver's mount with it)
+    assert len(lost["missing"]) == 2 and "not found" in lost["said"]
+
+
+def test_a_run_whose_gpus_are_gone_while_its_host_answers_fails_over(world, sshd):  # noqa: F811
+    """A pool run on `gpuA` (a pod whose GPU 1 is the run's: CUDA_VISIBLE_DEVICES=1 there) syncs its checkpoints to
+    S3; GPU 1 falls off the bus while the host answers and the run's processes live (the stand-in nvidia-smi, which
+    stands in for the GPU driver only, from then on prints what the real one prints). `rlctl watch` judges the
+    attempt gone, naming the GPU and what nvidia-smi said, stops its processes there and moves the run to box2 from
+    the S3 copy; the stuck attempt writes no `latest` after the claim; every step once; status says why."""
+    from rlctl.runs.sync import read_latest
+    from tests.remote_sshd import ssh_home
+
+    world.cut.up()
+    home = world.tmp / "gpuA-home"
+    smi_bin = world.tmp / "gpuA-driver"
+    flag = world.tmp / "gpuA-gpu1-off-the-bus"
+    stand_in_smi(smi_bin, flag)
+    bin_dir = ssh_home(sshd, home, [])
+    work = world.tmp / "gpuA-work"
+    r = cli("hosts", "add", "gpuA", "box2", "--workdir", str(work), "--python", sys.executable,
+            "--env", f"HOME={home}", "--env", "CUDA_VISIBLE_DEVICES=1", "--env", "POOL_STEP_SECONDS=0.8",
+            "--env", f"PATH={smi_bin}:{bin_dir}:{Path(sys.executable).parent}:{SYSTEM_PATH}")
+    assert r.code == 0, r.err
+    url = f"s3://{BUCKET}/gpus"
+    steps = 40
+    (world.laptop / "gpus.toml").write_text(recipe(world, steps=steps, sync=url, pool=["gpuA", "box2"]))
+    r = cli("launch", "gpus.toml", "--detach", "--name", "gpus")
+    assert r.code == 0, r.out + r.err
+    assert "on gpuA" in r.err, r.err
+    name = r.out.strip().splitlines()[-1]
+    local = world.laptop / "runs" / name
+    there1 = Path(read_state(local)["remote_run_dir"])
+    assert there1.parent == work / "runs"
+    try:
+        assert wait_for(lambda: (m := read_latest(url)) is not None and m["step"] >= 4, timeout=60)
+        w, log = world.watch(name, "--interval", "0.5")
+        assert wait_for(lambda: "watching" in log.read_text(), timeout=60), log.read_text()
+        flag.touch()  # GPU 1 falls off the bus; the host answers, the run's processes live
+        target = world.work["box2"] / "runs" / f"{name}-g2"
+        assert w.wait(timeout=120) == 0, log.read_text()
+    finally:
+        _kill_runs(work)
+    text = log.read_text()
+    assert "stopped its attempt #1 there" in text, text
+    st1 = read_state(there1)
+    assert st1["status"] == "stopped", st1
+    import psutil
+
+    assert not psutil.pid_exists(st1["pgid"]) or psutil.Process(st1["pgid"]).status() == psutil.STATUS_ZOMBIE
+    assert read_state(target)["status"] == "finished"
+    # the GPU the run was placed on at launch on gpuA (CUDA_VISIBLE_DEVICES=1 there); box2 has none: nothing recorded
+    assert [g["uuid"] for g in json.loads((there1 / "host_gpus.json").read_text())["gpus"]] == [H100_UUIDS[1]]
+    assert not (target / "host_gpus.json").exists()
+    gen = json.loads(world.fs.cat_file(f"{BUCKET}/gpus/generations/2.json"))
+    k = gen["from_step"]
+    assert gen["host"] == "box2" and k is not None and k >= 4 and read_state(target)["resumed_from"] == url
+    assert sorted(stream_steps(local)) == list(range(1, steps + 1)), stream_steps(local)
+    versions = world.fs.object_version_info(f"{BUCKET}/gpus/latest")
+    written = [json.loads(world.fs.cat_file(f"{BUCKET}/gpus/latest", version_id=v["VersionId"])) for v in versions]
+    late = [v for v, x in zip(versions, written, strict=True)
+            if x["generation"] == 1 and v["LastModified"].timestamp() > gen["claimed_at"] + 1]
+    assert not late, late
+    shown = cli("status", name)
+    assert shown.code == 0, shown.err
+    assert f"#2 on box2 from step {k}; gpuA gone since" in shown.out, shown.out
+    assert f"its GPUs gone: GPU 1 ({H100_UUIDS[1]}" in shown.out, shown.out
+    assert "Unable to determine the device handle for GPU0000:00:07.0: Unknown Error" in shown.out, shown.out

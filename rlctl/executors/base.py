@@ -163,7 +163,9 @@ class Executor:
 
     def probe(self, run_dir: Path, ref: dict[str, Any], current: bool = False) -> dict[str, Any]:
         """One look at an attempt: {"state": alive | ended | unreachable | gone, "why", "status", "step", "outcome",
-        "superseded_by"}; for the run's `current` attempt, the local record is refreshed from it."""
+        "superseded_by", "running"}; gone with "running": its place answers and its processes live there, but it
+        cannot progress (the GPUs it was placed on are gone): failover stops it. For the run's `current` attempt,
+        the local record is refreshed from it."""
         raise NotImplementedError
 
     def relaunch(self, run_dir: Path, place: str, lineage: dict[str, Any], source: dict[str, Any],

@@ -6,7 +6,8 @@
   started on the host picked, and the record keeps what starting it elsewhere needs (the request with the inputs'
   hashes, copies of the inputs, the names of the secrets it was sent);
 - probe: one round trip to an attempt's host: alive, ended, unreachable, or gone (it answers without the run's
-  processes, or without its run directory);
+  processes, or without its run directory, or its processes live while the GPUs they were placed on at launch are
+  gone: rlctl.executors.host_gpus; then "running" says they still run there, for failover to stop them);
 - relaunch: the next attempt on another host, with the same inputs, from the checkpoint failover chose (the store's:
   the host fetches it; one here: pushed, verified);
 - stop_attempt: `rlctl stop` of an old attempt on a host that answers again.
@@ -209,8 +210,9 @@ def make_current(run_dir: Path, ref: dict[str, Any], there: dict[str, Any]) -> N
 
 def probe(run_dir: Path, ref: dict[str, Any], current: bool = False) -> dict[str, Any]:
     """One round trip to the attempt `ref` ({host, run_dir}): {"state": alive | ended | unreachable | gone, "why",
-    "status", "step", "outcome", "superseded_by"}. For the run's current attempt (`current`), its state and the
-    mirror here are refreshed as `rlctl status` does."""
+    "status", "step", "outcome", "superseded_by", "running" (gone, yet its processes still run there: its GPUs
+    are gone)}. For the run's current attempt (`current`), its state and the mirror here are refreshed as `rlctl
+    status` does."""
     from rlctl.executors.ssh import mirror, record
     from rlctl.executors.ssh_runner import Runner, call_remote
 
@@ -221,7 +223,7 @@ def probe(run_dir: Path, ref: dict[str, Any], current: bool = False) -> dict[str
     rd = str(ref["run_dir"])
     runner = Runner(host, connect_timeout=min(SSHExecutor.timeout, 10))
     try:
-        answer = call_remote(runner, "poll", {"run_dirs": [rd]}, timeout=max(SSHExecutor.timeout, 20))
+        answer = call_remote(runner, "poll", {"run_dirs": [rd], "gpus": True}, timeout=max(SSHExecutor.timeout, 30))
     except RlctlError as e:
         if current:
             write_state(run_dir, unreachable=e.message)
@@ -246,6 +248,10 @@ def probe(run_dir: Path, ref: dict[str, Any], current: bool = False) -> dict[str
     if status == "lost":
         return {**found, "state": "gone", "why": f"{host.name} answers, but the run's processes are gone there"}
     if status in ACTIVE or status == "stalled":
+        if entry.get("gpus_gone"):  # its processes live on GPUs that are gone: it cannot progress
+            from rlctl.executors.host_gpus import why
+
+            return {**found, "state": "gone", "running": True, "why": why(entry["gpus_gone"])}
         return {**found, "state": "alive"}
     return {**found, "state": "ended"}
 

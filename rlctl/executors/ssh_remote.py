@@ -246,13 +246,33 @@ def remote_launch(req: dict[str, Any]) -> dict[str, Any]:
     from rlctl.runs.state import read_state
 
     st = read_state(run_dir)
+    if st.get("executor") == "local":  # its processes run on this host: the GPUs they were placed on, for poll
+        record_gpus(run_dir)
     answer.update(run_dir=str(run_dir), name=run_dir.name, state=st)
     return answer
 
 
-def poll(run_dirs: list[str], stall_after: float = 1800.0) -> dict[str, Any]:
-    """Each run's settled state and its summary row (as `rlctl status --json` gives it)."""
-    from rlctl.runs.state import read_state, run_status
+def record_gpus(run_dir: Path) -> None:
+    """The GPUs a run just launched here takes (its recipe's gpus_per_node and CUDA_VISIBLE_DEVICES, else this
+    host's), as nvidia-smi lists them now: what a poll with `gpus` compares against (rlctl.executors.host_gpus)."""
+    import tomllib
+
+    from rlctl.executors import host_gpus
+
+    try:
+        data = tomllib.loads((run_dir / "recipe.toml").read_text())
+        per_node = int((data.get("resources") or {}).get("gpus_per_node") or 0)
+        visible = (data.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES")
+        host_gpus.record(run_dir, per_node, visible)
+    except Exception as e:  # never fails a launch: the run is then simply not judged by its GPUs
+        print(f"rlctl: the run's GPUs were not recorded ({type(e).__name__}: {e}): a GPU lost later is not seen "
+              "as its host gone", file=sys.stderr)
+
+
+def poll(run_dirs: list[str], stall_after: float = 1800.0, gpus: bool = False) -> dict[str, Any]:
+    """Each run's settled state and its summary row (as `rlctl status --json` gives it); with `gpus`, a live run
+    whose GPUs recorded at launch are gone now says which ("gpus_gone", rlctl.executors.host_gpus)."""
+    from rlctl.runs.state import ACTIVE, read_state, run_status
     from rlctl.runs.status import summary
 
     out: dict[str, Any] = {}
@@ -264,6 +284,12 @@ def poll(run_dirs: list[str], stall_after: float = 1800.0) -> dict[str, Any]:
         try:
             rs = run_status(p, stall_after)
             out[d] = {"summary": summary(rs), "state": read_state(p)}
+            if gpus and (out[d]["summary"].get("status") in ACTIVE or out[d]["summary"].get("status") == "stalled"):
+                from rlctl.executors.host_gpus import check
+
+                lost = check(p)
+                if lost:
+                    out[d]["gpus_gone"] = lost
         except Exception as e:
             out[d] = {"error": f"{type(e).__name__}: {e}"}
     return out
@@ -510,7 +536,8 @@ def stage_once(manifest: dict[str, str], token: str) -> Path:
 VERBS = {
     "blobs": lambda req: {"missing": missing_blobs(list(req.get("sha256") or []))},
     "launch": remote_launch,
-    "poll": lambda req: poll(list(req.get("run_dirs") or []), float(req.get("stall_after") or 1800)),
+    "poll": lambda req: poll(list(req.get("run_dirs") or []), float(req.get("stall_after") or 1800),
+                             bool(req.get("gpus"))),
     "ckpt": lambda req: (eval_picks(str(req["run_dir"]), [int(s) for s in req["steps"]]) if req.get("steps") is not None
                          else checkpoints(str(req["run_dir"]), req.get("step"), bool(req.get("list")))),
     "adopt": adopt_checkpoint,

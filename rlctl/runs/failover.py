@@ -6,12 +6,14 @@ what the plan needs) and its lineage: one entry per attempt placed somewhere (#1
 Each look:
 
 1. the current attempt's place is asked through its executor (one round trip): alive, ended, unreachable, or gone
-   (it answers without the run's processes, or without its run directory);
+   (it answers without the run's processes, or without its run directory, or with its processes alive on GPUs that
+   are gone: "running");
 2. unreachable for longer than `failover_after_s`, or gone: the run fails over. The newest complete checkpoint it
    can reach (the store's, as fencing reads it, or a copy `rlctl ckpt pull` brought here: the newer of the two),
    the next generation claimed in the store (rlctl.runs.fencing: two watchers never launch the same run twice, and
-   the old attempt stops itself when it sees the claim), a place of the pool that fits the plan, the run's stream up
-   to that step and its W&B run id carried over; on_event `failover`;
+   the old attempt stops itself when it sees the claim; one gone while its processes still run is stopped there
+   once the claim is made, before the next attempt starts), a place of the pool that fits the plan, the run's
+   stream up to that step and its W&B run id carried over; on_event `failover`;
 3. an earlier attempt's place that answers again: its attempt is stopped there if it still runs, or what became of
    it is said (it stopped itself on learning from the store that it was superseded);
 4. the run ended: on_event `finish` (or `death`, which also fires when no place of the pool can take a run whose
@@ -169,10 +171,12 @@ class Failover:
             why = f"unreachable for {now - since:.0f} s"
         else:
             why = str(seen.get("why"))
-        return self._fail_over(ex, pool, why, since)
+        return self._fail_over(ex, pool, why, since, running=bool(seen.get("running")))
 
     # ---- moving the run ---------------------------------------------------------------------------------------
-    def _fail_over(self, ex: Any, pool: dict[str, Any], why: str, since: float) -> str:
+    def _fail_over(self, ex: Any, pool: dict[str, Any], why: str, since: float, running: bool = False) -> str:
+        """Move the run to the next place; `running`: the attempt left behind still runs where it is (its place
+        answers, its GPUs are gone) and is stopped there once the next generation is claimed."""
         from rlctl.runs import fencing
 
         st = read_state(self.run_dir)
@@ -225,6 +229,10 @@ class Failover:
             fence = fencing.fence_spec(str(pool["sync"]), rec, place, limit)
             write_state(self.run_dir, claim={"generation": g, "token": token})
         gone = {**cur, "gone_since": since, "gone_why": why}
+        if running:  # it cannot progress, and fenced now, it is stopped before the next attempt starts
+            gone["settled"] = self._stop_stuck(ex, cur)
+            if not gone["settled"]:
+                gone.pop("settled")
         entry = {"generation": g, "token": token, "host": place, "ref": None, "from_step": source.get("step"),
                  "from": source["words"], "started_at": time.time(), "launching": True}
         write_state(self.run_dir, lineage=[*lineage[:-1], gone, entry], status="restarting")
@@ -251,6 +259,18 @@ class Failover:
         self._fire(read_state(self.run_dir), "failover", f"failover:{g}", host=place, from_host=cur.get("host"),
                    step=source.get("step"), generation=g, reason=why)
         return "running"
+
+    def _stop_stuck(self, ex: Any, cur: dict[str, Any]) -> str | None:
+        """Stop an attempt whose place answers but which cannot progress; what became of it, or None (not stopped:
+        a later look at earlier attempts tries again)."""
+        try:
+            ex.stop_attempt(cur["ref"], 10.0)
+        except RlctlError as err:
+            self.say(f"{cur['host']} answers, but its attempt #{cur['generation']} there could not be stopped: "
+                     f"{err.message} (it is fenced: it writes no checkpoint, latest or W&B record)")
+            return None
+        self.say(f"stopped its attempt #{cur['generation']} there (its processes still ran on {cur['host']})")
+        return "stopped by rlctl watch: its processes still ran, on GPUs that were gone"
 
     def _still_current(self, pool: dict[str, Any], held: dict[str, Any]) -> bool:
         """Our claim of a generation whose launch failed is still the store's newest: the next try reuses it."""
@@ -371,7 +391,7 @@ class Failover:
             back = f"{e['host']} is back" if str(e.get("gone_why") or "").startswith("unreachable") else \
                 f"{e['host']} answers"
             at = f" at step {seen['step']}" if seen.get("step") is not None else ""
-            if seen["state"] == "alive":
+            if seen["state"] == "alive" or seen.get("running"):  # "running": gone, its processes still there
                 try:
                     ex.stop_attempt(e["ref"], 10.0)
                 except RlctlError as err:
