@@ -378,3 +378,27 @@ def test_quality_eval_key():
     assert quality_eval_key(["eval/a/response_length_mean", "eval/a/error", "eval/a/pass@1"]) == "eval/a/pass@1"
     assert quality_eval_key(["eval/a/turns", "eval/a/error", "eval/a/mean"]) == "eval/a/mean"
     assert quality_eval_key(["eval/a/error", "reward/mean"]) is None
+
+
+def test_eval_of_a_verl_checkpoint_without_hf_weights_names_verls_merger(tmp_path, cli):
+    """verl's checkpoint holds FSDP shards; its actor/huggingface/ has config and tokenizer only (unless "hf_model"
+    is saved). `rlctl eval RUN --step N` said nothing useful; now exit 2 with verl's own merger command, and once the
+    weights are there (merged, or saved with hf_model) the evaluator is given actor/huggingface."""
+    from rlctl.evals.loop import model_dir
+
+    run = make_run(tmp_path, "verl")
+    shutil.copyfile(Path(__file__).parents[1] / "recipes" / "verl-qwen2.5-math-1.5b-1xh100.toml", run / "recipe.toml")
+    root = run / "checkpoints" / "Qwen2.5-Math-1.5B-pi1-multisignal"  # the recipe's checkpoint.dir
+    hf = root / "global_step_6" / "actor" / "huggingface"
+    hf.mkdir(parents=True)  # what verl 0.9.1 wrote on the H100 (docs/gpu/verl-3.json's checkpoints)
+    (root / "global_step_6" / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"m")
+    (hf / "config.json").write_text("{}")
+    (hf / "tokenizer_config.json").write_text("{}")
+    (root / "latest_checkpointed_iteration.txt").write_text("6")
+    res = cli("eval", str(run), "--step", "6")
+    assert res.code == 2, res.out + res.err
+    assert "holds no model an evaluator can load" in res.err and "python -m verl.model_merger merge --backend fsdp" \
+        in res.err and "hf_model" in res.err, res.err
+    assert "Traceback" not in res.err
+    (hf / "model.safetensors").write_bytes(b"w")
+    assert model_dir(ck.find_checkpoints("verl", run)[0]) == str(hf)

@@ -447,6 +447,11 @@ class Backend:
         """The checkpoints under a checkpoint root, oldest first, each marked complete or not."""
         return []
 
+    def evaluable_fix(self, ckpt: Checkpoint) -> str | None:
+        """How to give an evaluator a model from a checkpoint that holds none it can load (None: nothing known)."""
+        del ckpt  # Unused
+        return None
+
     def describe_checkpoints(self, recipe: Recipe, root: Path) -> None:
         """A run rlctl did not start (`attach --recipe`): leave under `root` what `checkpoints(root)` needs to read the
         recipe's checkpoint layout, as a launch would. Nothing for a backend whose layout is its own."""

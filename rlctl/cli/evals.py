@@ -203,7 +203,7 @@ def _save_result(out_dir: Path, answer: dict[str, Any]) -> None:
 def _run_jobs(run_dir: Path, ev: dict[str, Any], step: int | None, all_: bool, ex: Any) -> list[tuple[int, str]]:
     """(step, model) of each job; for a run on an SSH host its checkpoints are listed there (the model path is
     resolved there)."""
-    from rlctl.evals.loop import model_dir
+    from rlctl.evals.loop import has_weights, model_dir
     from rlctl.runs.checkpoints import find_checkpoints
     from rlctl.runs.state import read_state
 
@@ -217,7 +217,17 @@ def _run_jobs(run_dir: Path, ev: dict[str, Any], step: int | None, all_: bool, e
         runner, answer = ex.remote_checkpoints(run_dir, list_only=True)
         complete = {r["step"]: f"{runner.host.name}:{r['path']}" for r in answer["checkpoints"] if r["complete"]}
     else:
-        complete = {c.step: model_dir(c) for c in find_checkpoints(st.get("backend") or "", run_dir) if c.complete}
+        found = {c.step: c for c in find_checkpoints(st.get("backend") or "", run_dir) if c.complete}
+        complete = {s: model_dir(c) for s, c in found.items()}
+        wanted = [] if step == 0 or ev.get("evaluator", "rlctl") != "rlctl" else (
+            [step] if step is not None else (sorted(found) if all_ else sorted(found)[-1:]))
+        for s in wanted:  # rlctl's evaluator loads an HF model (a command evaluator gets the path as it is)
+            if s in found and not has_weights(Path(complete[s])):
+                from rlctl.backends import get_backend
+
+                fix = get_backend(str(st.get("backend"))).evaluable_fix(found[s])
+                raise RlctlError(f"{run_dir.name}: checkpoint step {s} ({found[s].path}) holds no model an evaluator "
+                                 "can load (no HF weights).", hint=fix or "save the model in HF format beside it")
     steps = sorted(complete)
     if step == 0:
         return [(0, base)]

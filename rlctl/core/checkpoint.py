@@ -12,6 +12,8 @@ class Checkpoint:
     path: Path
     complete: bool
     extra_paths: list[Path] = field(default_factory=list)  # e.g. prime-rl's weights/step_N next to it
+    # where an evaluator looks first for a loadable model, inside the checkpoint (verl's actor/huggingface)
+    model_paths: list[Path] = field(default_factory=list)
 
     def paths(self) -> list[Path]:
         return [self.path, *self.extra_paths]

@@ -96,10 +96,23 @@ def placement(plan: dict[str, Any] | None, gpu: str | None, training: bool | Non
     return None
 
 
+def has_weights(p: Path) -> bool:
+    """An HF model or adapter directory with its weights (a config alone loads nothing: verl's huggingface/ holds
+    config and tokenizer unless "hf_model" is saved)."""
+    if not ((p / "config.json").is_file() or (p / "adapter_config.json").is_file()):
+        return False
+    return any(any(p.glob(g)) for g in ("*.safetensors", "*.bin", "*.pt"))
+
+
 def model_dir(ckpt: Any) -> str:
-    """What an evaluator loads for a checkpoint: of its paths (the layout the backend's adapter reports), the first
-    that is an HF model or adapter directory (e.g. OpenRLHF's global_stepN_hf next to the DeepSpeed state)."""
-    for p in ckpt.paths():
+    """What an evaluator loads for a checkpoint: of its paths (the layout the backend's adapter reports; its model
+    paths first), the first that is an HF model or adapter directory with weights (e.g. OpenRLHF's global_stepN_hf
+    next to the DeepSpeed state), else the first with a config."""
+    paths = [*getattr(ckpt, "model_paths", []), *ckpt.paths()]
+    for p in paths:
+        if has_weights(p):
+            return str(p)
+    for p in paths:
         if (p / "config.json").is_file() or (p / "adapter_config.json").is_file():
             return str(p)
     return str(ckpt.path)

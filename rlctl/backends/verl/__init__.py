@@ -517,6 +517,13 @@ class VerlBackend(Backend):
 
         return find(root)
 
+    def evaluable_fix(self, ckpt: Checkpoint) -> str | None:
+        from rlctl.backends.verl.checkpoints import merge_command
+
+        return (f"verl saved FSDP shards; its actor/huggingface/ holds config and tokenizer only. Merge this one with "
+                f"verl's own tool: `{merge_command(ckpt.path)}`, or have every checkpoint carry its HF weights: "
+                f'[backend.verl.extra] "{A}.actor.checkpoint.save_contents" = ["model", "extra", "hf_model"]')
+
     # ---- memory (verl/memory.py: what verl's FSDP actor holds during its update, read from verl's own code) -------
     # Bytes per (token x vocab) of the log-prob head at its peak, bf16 compute (workers/engine/fsdp/transformer_impl.py
     # prepare_model_outputs -> utils/torch_functional.py logprobs_from_logits): the bf16 logits (2) and their bf16 copy

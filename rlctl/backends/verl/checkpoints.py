@@ -45,4 +45,13 @@ def is_complete(step_dir: Path, step: int, latest: int | None) -> bool:
 
 def find(root: Path) -> list[Checkpoint]:
     latest = read_int(root / MARKER)
-    return ordered(scan([root], PATTERN, lambda p, step: is_complete(p, step, latest)))
+    found = ordered(scan([root], PATTERN, lambda p, step: is_complete(p, step, latest)))
+    for c in found:  # the HF export an evaluator loads: weights there only with "hf_model" in save_contents
+        c.model_paths = [c.path / "actor" / "huggingface"]
+    return found
+
+
+def merge_command(ckpt: Path) -> str:
+    """verl's own tool that turns a checkpoint's FSDP shards into an HF model where an evaluator looks for it."""
+    return (f"python -m verl.model_merger merge --backend fsdp --local_dir {ckpt}/actor "
+            f"--target_dir {ckpt}/actor/huggingface")
