@@ -402,3 +402,80 @@ def test_eval_of_a_verl_checkpoint_without_hf_weights_names_verls_merger(tmp_pat
     assert "Traceback" not in res.err
     (hf / "model.safetensors").write_bytes(b"w")
     assert model_dir(ck.find_checkpoints("verl", run)[0]) == str(hf)
+
+
+def test_eval_of_a_verl_checkpoint_merges_it_with_verls_own_tool_and_scores_chat_prompts(tmp_path):
+    """`rlctl eval RUN --step 6` on a checkpoint as verl 0.9.1 saves it (FSDP shard of the actor, fsdp_config.json,
+    actor/huggingface/ with config + tokenizer): rlctl runs verl's own model merger (the released wheel, its heavy
+    imports stubbed: tests/fixtures/verl_merger), then its evaluator generates on the CPU from verl's eval parquet —
+    chat-message prompts rendered with the model's chat template, labels from reward_model.ground_truth — and the
+    result lands in the run's stream."""
+    import os
+    import subprocess
+    import sys
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+    from safetensors.torch import load_file
+
+    from rlctl.recipe.tiny_model import make_tiny
+    from tests.conformance._verl_support import CACHE, verl_root
+
+    run = make_run(tmp_path, "verl")
+    src = CACHE / "tiny-qwen2"  # rlctl's tiny Qwen2, as tests/test_gpu_verl_workers.py keeps it
+    if not (src / "model.safetensors").is_file():
+        make_tiny(src)
+    actor = run / "checkpoints" / "global_step_6" / "actor"
+    (actor / "huggingface").mkdir(parents=True)
+    torch.save(load_file(src / "model.safetensors"), actor / "model_world_size_1_rank_0.pt")
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
+    for f in ("config.json", "generation_config.json", "tokenizer.json"):
+        shutil.copy(src / f, actor / "huggingface" / f)
+    tok = json.loads((src / "tokenizer_config.json").read_text())
+    tok["chat_template"] = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    (actor / "huggingface" / "tokenizer_config.json").write_text(json.dumps(tok))
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("6")
+    rows = [{"data_source": "toy", "prompt": [{"role": "user", "content": f"{i} + 0 ="}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": str(i)}, "extra_info": {"index": i}} for i in range(4)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "test.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    (run / "recipe.toml").write_text(f"""name = "v"
+[backend]
+name = "verl"
+version = "0.9.1"
+[model]
+path = "{src}"
+max_model_len = 128
+[data]
+train = "{tmp_path / 'train.parquet'}"
+eval = "{tmp_path / 'test.parquet'}"
+input_key = "prompt"
+max_prompt_tokens = 32
+[rollout]
+max_tokens = 4
+[eval]
+every = 2
+temperature = 0.0
+[checkpoint]
+dir = "checkpoints"
+every = 2
+""")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent / "fixtures" / "verl_merger"),
+           "RLCTL_TEST_REPO": str(Path(__file__).parents[1]), "RLCTL_TEST_VERL_ROOT": str(verl_root("0.9.1"))}
+    r = subprocess.run([sys.executable, "-m", "rlctl.cli", "eval", str(run), "--step", "6", "--json"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "with verl's own tool: python -m verl.model_merger merge --backend fsdp" in r.stderr, r.stderr
+    hf = actor / "huggingface"
+    merged = load_file(hf / "model.safetensors")
+    assert set(merged) == set(load_file(src / "model.safetensors"))  # verl's merger wrote the weights there
+    res = json.loads(r.stdout)["results"][0]
+    assert res["step"] == 6 and res["model"] == str(hf) and not res["error"], res
+    assert "eval/default/greedy_pass@1" in res["metrics"], res
+    spec = json.loads((run / "evals" / "step-6.json").read_text())
+    assert spec["label_key"] == "reward_model.ground_truth", spec
+    from rlctl.evals.job import read_rows
+
+    assert read_rows(str(tmp_path / "test.parquet"), "prompt", "reward_model.ground_truth", None)[1] == (
+        [{"role": "user", "content": "1 + 0 ="}], "1")

@@ -452,6 +452,17 @@ class Backend:
         del ckpt  # Unused
         return None
 
+    def eval_label_key(self, recipe: Recipe) -> str | None:
+        """Where rlctl's evaluator finds an eval row's label (a dotted path into nested columns is allowed): where
+        the backend's own reward reads it."""
+        return recipe.data.label_key
+
+    def export_for_eval(self, ckpt: Checkpoint) -> list[str] | None:
+        """The backend's own command (argv after the Python interpreter) that writes an HF model where the evaluator
+        looks for it (Checkpoint.model_paths), for a checkpoint that holds none; None: the backend has none."""
+        del ckpt  # Unused
+        return None
+
     def describe_checkpoints(self, recipe: Recipe, root: Path) -> None:
         """A run rlctl did not start (`attach --recipe`): leave under `root` what `checkpoints(root)` needs to read the
         recipe's checkpoint layout, as a launch would. Nothing for a backend whose layout is its own."""

@@ -225,9 +225,14 @@ def _run_jobs(run_dir: Path, ev: dict[str, Any], step: int | None, all_: bool, e
             if s in found and not has_weights(Path(complete[s])):
                 from rlctl.backends import get_backend
 
-                fix = get_backend(str(st.get("backend"))).evaluable_fix(found[s])
-                raise RlctlError(f"{run_dir.name}: checkpoint step {s} ({found[s].path}) holds no model an evaluator "
-                                 "can load (no HF weights).", hint=fix or "save the model in HF format beside it")
+                adapter = get_backend(str(st.get("backend")))
+                said = _export_for_eval(adapter, found[s], run_dir)
+                complete[s] = model_dir(found[s])
+                if not has_weights(Path(complete[s])):
+                    fix = adapter.evaluable_fix(found[s])
+                    raise RlctlError(f"{run_dir.name}: checkpoint step {s} ({found[s].path}) holds no model an "
+                                     f"evaluator can load (no HF weights){said}.",
+                                     hint=fix or "save the model in HF format beside it")
     steps = sorted(complete)
     if step == 0:
         return [(0, base)]
@@ -243,6 +248,30 @@ def _run_jobs(run_dir: Path, ev: dict[str, Any], step: int | None, all_: bool, e
         raise RlctlError(f"{run_dir.name} has no complete checkpoint.", hint=f"rlctl eval {run_dir.name} --step 0 "
                          "evaluates its base model")
     return [(steps[-1], complete[steps[-1]])]
+
+
+def _export_for_eval(adapter: Any, ckpt: Any, run_dir: Path) -> str:
+    """Run the backend's own export of a checkpoint into an HF model (verl: its model merger), where the backend is
+    installed; its log is kept under the run's evals/. What happened, for an error message ('' when it ran)."""
+    import subprocess
+    import sys
+
+    from rlctl.evals.loop import EVALS
+
+    argv = adapter.export_for_eval(ckpt)
+    if not argv:
+        return ""
+    log = run_dir / EVALS / f"export-step-{ckpt.step}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, *argv]
+    sys.stderr.write(f"step {ckpt.step}: no HF weights in the checkpoint; writing them with {adapter.name}'s own "
+                     f"tool: python {' '.join(cmd[1:])} (log: {log})\n")
+    with log.open("w") as fh:
+        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+    if code == 0:
+        return ""
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+    return f"; {adapter.name}'s export failed (exit {code}: {tail[0][:200]}; log {log})"
 
 
 def _base_model(run_dir: Path) -> str:

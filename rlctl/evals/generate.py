@@ -152,13 +152,26 @@ class Generator:
         self._hf: tuple[Any, Any] | None = None
         self._vllm: tuple[Any, Any] | None = None  # one engine for every set of the job
 
-    def generate(self, prompts: list[str], n: int, temperature: float,
+    def generate(self, prompts: list[Any], n: int, temperature: float,
                  max_tokens: int) -> tuple[list[list[str]], list[list[int]]]:
         if self.engine == "vllm":
             if self._vllm is None:
                 dtype = "bfloat16" if self.dtype == "float32" else self.dtype
                 self._vllm = load_vllm(self.path, self.base, self.seed, dtype, self.engine_args)
-            return generate_vllm(*self._vllm, prompts, n, temperature, max_tokens, self.seed)
+            texts = chat_texts(prompts, self._vllm[0].get_tokenizer())
+            return generate_vllm(*self._vllm, texts, n, temperature, max_tokens, self.seed)
         if self._hf is None:
             self._hf = load_hf(self.path, self.base, self.dtype)
-        return generate_hf(*self._hf, prompts, n, temperature, max_tokens, self.seed)
+        return generate_hf(*self._hf, chat_texts(prompts, self._hf[1]), n, temperature, max_tokens, self.seed)
+
+
+def chat_texts(prompts: list[Any], tok: Any) -> list[str]:
+    """Chat-message prompts rendered as the trainer renders them (the tokenizer's chat template with the generation
+    prompt: verl's RLHFDataset, TRL's conversational data); text prompts as they are."""
+    if not any(isinstance(p, list) for p in prompts):
+        return list(prompts)
+    if not getattr(tok, "chat_template", None):
+        raise ValueError("the eval set's prompts are chat messages and the model's tokenizer has no chat template "
+                         "to render them (the trainer could not have either)")
+    return [tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False) if isinstance(p, list) else p
+            for p in prompts]

@@ -37,8 +37,28 @@ def read_rows(path: str, input_key: str, label_key: str | None, limit: int | Non
         rows = json.loads(p.read_text())
     else:
         rows = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
-    out = [(str(r[input_key]), r.get(label_key) if label_key else None) for r in rows]
+    out = [(_prompt(r[input_key]), _label(r, label_key)) for r in rows]
     return out[:limit] if limit else out
+
+
+def _prompt(v: Any) -> Any:
+    """A prompt as the trainer saw it: text, or chat messages ([{"role", "content"}], verl's and the chat datasets'
+    layout) that the generator renders with the model's chat template, never their Python repr."""
+    if isinstance(v, list) and v and all(isinstance(m, dict) and "content" in m for m in v):
+        return [{"role": str(m.get("role") or "user"), "content": str(m["content"])} for m in v]
+    return str(v)
+
+
+def _label(row: dict[str, Any], key: str | None) -> Any:
+    """The row's label: a top-level key, or a dotted path into nested columns (verl: reward_model.ground_truth)."""
+    if not key:
+        return None
+    if key in row:
+        return row[key]
+    v: Any = row
+    for part in key.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v
 
 
 def command_metrics(spec: dict[str, Any], s: EvalSet) -> dict[str, Any]:
@@ -108,7 +128,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         cache = Path(spec.get("model_cache") or model_cache())  # the launch's cache, not one in the job's cwd
         model = resolve_model(spec["model"], cache)
         base = resolve_model(spec["base_model"], cache) if spec.get("base_model") else None
-        gen = Generator(model, base, spec.get("dtype", "float32"), int(spec.get("seed", 0)), spec.get("engine"),
+        gen = Generator(model, base, spec.get("dtype", "float32"), int(spec.get("seed") or 0), spec.get("engine"),
                         spec.get("engine_args") or {})
         result["engine"] = gen.engine
     for s in sets:

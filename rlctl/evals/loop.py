@@ -29,16 +29,24 @@ from rlctl.metrics.stream import METRICS, ingest_lock, write_records
 
 def evals_spec(recipe: Any, backend: Any) -> dict[str, Any] | None:
     """What the supervisor needs to evaluate checkpoints (plain JSON), or None when nothing is evaluated by rlctl."""
-    from rlctl.evals.sets import checkpoint_sets, primary_key
+    from rlctl.evals.sets import checkpoint_sets
 
     sets = checkpoint_sets(recipe, backend)
     if not sets and not recipe.run.stop_when:
         return None
+    return {"sets": [s.to_dict() for s in sets], **job_fields(recipe, backend)}
+
+
+def job_fields(recipe: Any, backend: Any) -> dict[str, Any]:
+    """What every eval job of the recipe needs beside its sets (the supervisor's and `rlctl eval`'s alike, whether
+    or not the backend evaluates the sets in its own loop)."""
+    from rlctl.evals.sets import primary_key
+
     r = recipe
     return {
-        "sets": [s.to_dict() for s in sets], "evaluator": r.eval.evaluator, "command": r.eval.command,
+        "evaluator": r.eval.evaluator, "command": r.eval.command,
         "base_model": r.model.path, "dtype": r.model.dtype, "seed": r.train.seed,
-        "input_key": r.data.input_key, "label_key": r.data.label_key,
+        "input_key": r.data.input_key, "label_key": backend.eval_label_key(r),
         "reward_file": r.reward.function, "reward_name": r.reward.function_name,
         "baseline": r.eval.baseline, "gpu": r.eval.gpu, "timeout_s": r.eval.timeout_s,
         "primary": primary_key(r, backend), "stop_when": list(r.run.stop_when),
@@ -517,7 +525,9 @@ def hand_spec(recipe_path: str | Path, set_names: list[str] | None, gpu: str | N
     if not sets:
         raise RlctlError(f"{recipe_path}: no eval sets to evaluate.",
                          hint="declare [eval.sets.<name>] data = \"...\" (or data.eval) in the recipe")
-    ev = evals_spec(r, get_backend(r.backend.name)) or {}
+    # not evals_spec: a run whose sets its backend evaluates in its own loop (verl) has no checkpoint sets there, and
+    # the job still needs the recipe's keys, labels, dtype and reward
+    ev = job_fields(r, get_backend(r.backend.name))
     ev.update(sets=[s.to_dict() for s in sets], evaluator=r.eval.evaluator, command=r.eval.command,
               base_model=r.model.path)
     if gpu is not None:

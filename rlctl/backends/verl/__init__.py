@@ -517,11 +517,22 @@ class VerlBackend(Backend):
 
         return find(root)
 
+    def eval_label_key(self, recipe: Recipe) -> str | None:
+        # verl's reward manager reads reward_model['ground_truth'] of every row (backends/verl/data.py), whatever
+        # data.label_key says
+        return "reward_model.ground_truth"
+
+    def export_for_eval(self, ckpt: Checkpoint) -> list[str] | None:
+        from rlctl.backends.verl.checkpoints import merge_argv
+
+        return merge_argv(ckpt.path) if (ckpt.path / "actor").is_dir() else None
+
     def evaluable_fix(self, ckpt: Checkpoint) -> str | None:
         from rlctl.backends.verl.checkpoints import merge_command
 
         return (f"verl saved FSDP shards; its actor/huggingface/ holds config and tokenizer only. Merge this one with "
-                f"verl's own tool: `{merge_command(ckpt.path)}`, or have every checkpoint carry its HF weights: "
+                f"verl's own tool where verl is installed: `{merge_command(ckpt.path)}`, or have every checkpoint "
+                f"carry its HF weights: "
                 f'[backend.verl.extra] "{A}.actor.checkpoint.save_contents" = ["model", "extra", "hf_model"]')
 
     # ---- memory (verl/memory.py: what verl's FSDP actor holds during its update, read from verl's own code) -------

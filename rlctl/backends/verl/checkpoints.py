@@ -51,7 +51,12 @@ def find(root: Path) -> list[Checkpoint]:
     return found
 
 
+def merge_argv(ckpt: Path) -> list[str]:
+    """verl's own tool that turns a checkpoint's FSDP shards into an HF model where an evaluator looks for it (the
+    actor's huggingface/, beside the config and tokenizer verl saved there)."""
+    return ["-m", "verl.model_merger", "merge", "--backend", "fsdp", "--local_dir", f"{ckpt}/actor",
+            "--target_dir", f"{ckpt}/actor/huggingface"]
+
+
 def merge_command(ckpt: Path) -> str:
-    """verl's own tool that turns a checkpoint's FSDP shards into an HF model where an evaluator looks for it."""
-    return (f"python -m verl.model_merger merge --backend fsdp --local_dir {ckpt}/actor "
-            f"--target_dir {ckpt}/actor/huggingface")
+    return "python " + " ".join(merge_argv(ckpt))
