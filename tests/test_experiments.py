@@ -103,6 +103,13 @@ def _kill_all(runs: Path) -> None:
                 for pid, rec in json.loads(pids.read_text()).items():
                     if process_alive(int(pid), rec.get("create_time")):
                         os.kill(int(pid), signal.SIGKILL)
+        for adir in run.parent.glob("attempts/*"):  # and those only the attempt's mark in their environment finds
+            if adir.name.isdigit():
+                from rlctl.executors.attempt_procs import mark_value, marked
+
+                for proc, _cmd in marked(mark_value(run.parent, int(adir.name))):
+                    with contextlib.suppress(OSError, ProcessLookupError):
+                        os.kill(proc.pid, signal.SIGKILL)
 
 
 def rlctl(w, *args, timeout=600):

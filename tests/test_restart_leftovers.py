@@ -25,10 +25,15 @@ out, resume = sys.argv[1], (sys.argv[3] if len(sys.argv) > 3 else None)
 os.makedirs(out, exist_ok=True)
 mark = os.path.join(out, "engine.pid")
 if resume is None:  # attempt 1: an engine in a session of its own, deaf to SIGTERM, as a Ray worker or vLLM may be
-    engine = subprocess.Popen([sys.executable, "-c",
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"],
-        start_new_session=True)
-    open(mark, "w").write(str(engine.pid))
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
+    if os.environ.get("ENGINE_DAEMON"):  # seed 002's way: `setsid nohup ... &` from a shell that exits at once
+        subprocess.run(["setsid", "sh", "-c", f'nohup {sys.executable} -c "import time; time.sleep(3600)" '
+                        f'>/dev/null 2>&1 & echo $! > {mark}'], check=True)
+        while not open(mark).read().strip():
+            time.sleep(0.01)
+    else:
+        engine = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        open(mark, "w").write(str(engine.pid))
     start = 1
     if os.environ.get("ENGINE_HOLD"):  # a run that trains on until it is stopped
         print("step 1 | reward 0.25", flush=True)
@@ -95,9 +100,13 @@ max_restarts = 1
 
 
 @pytest.mark.slow
-def test_restart_waits_until_the_failed_attempts_engine_is_gone(user):
+@pytest.mark.parametrize("how", ["popen", "daemon"])
+def test_restart_waits_until_the_failed_attempts_engine_is_gone(user, how):
+    """`popen`: the engine in a session of its own, deaf to SIGTERM; `daemon`: started with `setsid nohup ... &` from a
+    shell that exits at once (reparented to init before rlctl could see it in the attempt's tree: found by the mark
+    in its environment)."""
     work, rlctl = user
-    _project(work)
+    _project(work, extra='[env]\nENGINE_DAEMON = "1"\n' if how == "daemon" else "")
     r = rlctl("launch", "e.toml", "--detach")
     assert r.returncode == 0, r.stdout + r.stderr
     run = next((work / "runs").glob("engine-*"))
@@ -138,3 +147,38 @@ def test_stop_after_the_supervisor_died_stops_the_engine_that_left_the_group(use
                     Path(f"/proc/{engine}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", timeout=30), \
         f"the engine (pid {engine}) outlived `rlctl stop`"
     assert "had left its process group" in (run / "stdout.log").read_text()
+
+
+@pytest.mark.slow
+def test_what_an_unsupervised_attempt_left_is_stopped_by_resume_and_by_stop(user):
+    """The supervisor SIGKILLed, then the trainer crashes while nobody watches: its engine (a daemon of its own) lives
+    on. `rlctl resume` stops it before the next attempt starts; `rlctl stop` of a run that already ended stops what
+    its attempts left (it said "is not running" and left it)."""
+    import os
+    import signal
+
+    work, rlctl = user
+    _project(work, extra='[env]\nENGINE_DAEMON = "1"\nENGINE_HOLD = "1"\n')
+    r = rlctl("launch", "e.toml", "--detach")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = next((work / "runs").glob("engine-*"))
+    mark = run / "training_state" / "engine.pid"
+    assert wait_for(lambda: mark.is_file() and mark.read_text().strip() and "step 1" in
+                    (run / "stdout.log").read_text(), timeout=60), (run / "stdout.log").read_text()
+    engine = int(mark.read_text())
+    st = json.loads((run / "state.json").read_text())
+    os.kill(st["supervisor_pid"], signal.SIGKILL)
+    os.killpg(st["pgid"], signal.SIGKILL)  # the attempt dies unwatched; its engine is in a session of its own
+    assert wait_for(lambda: rlctl("status", run.name, "--json").returncode == 0 and json.loads(
+        rlctl("status", run.name, "--json").stdout)["status"] not in ("running", "starting"), timeout=30)
+    assert _alive(engine)
+    r = rlctl("stop", run.name)
+    assert r.returncode == 0 and "left" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert wait_for(lambda: not _alive(engine), timeout=20), "rlctl stop left the ended attempt's engine running"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -21,6 +21,29 @@ from typing import Any
 
 PIDS = "pids.json"
 SCAN_EVERY_S = 1.0
+# in every attempt's environment, inherited by whatever it starts, however it detaches (setsid, `nohup ... &`, a
+# double fork): the processes of an attempt are found by it even after they left its tree
+MARK = "RLCTL_ATTEMPT"
+
+
+def mark_value(run_dir: Path, attempt: int) -> str:
+    return f"{Path(run_dir).resolve()}#{attempt}"
+
+
+def marked(value: str) -> list[tuple[Any, str]]:
+    """The live processes whose environment carries MARK=value (this process excluded)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["status", "cmdline"]):
+        if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        try:
+            if p.environ().get(MARK) == value:
+                out.append((p, " ".join(p.info["cmdline"] or [])[:160]))
+        except (psutil.Error, OSError):
+            continue
+    return out
 
 
 def _proc(pid: int, create_time: float | None) -> Any:
@@ -39,9 +62,10 @@ def _proc(pid: int, create_time: float | None) -> Any:
 
 
 class AttemptProcesses:
-    def __init__(self, adir: Path, root_pid: int | None):
+    def __init__(self, adir: Path, root_pid: int | None, mark: str | None = None):
         self.path = adir / PIDS
         self.root = root_pid
+        self.mark = mark
         self.known: dict[int, dict[str, Any]] = {}
         self.last = 0.0
         with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
@@ -73,11 +97,15 @@ class AttemptProcesses:
                 os.replace(tmp, self.path)
 
     def alive(self) -> list[tuple[Any, str]]:
+        """Every process of the attempt still there: those seen in its tree, and those its environment marks."""
         out = []
         for pid, rec in self.known.items():
             p = _proc(pid, rec.get("create_time"))
             if p is not None:
                 out.append((p, str(rec.get("cmd") or "")))
+        if self.mark:
+            seen = {p.pid for p, _ in out}
+            out += [(p, cmd) for p, cmd in marked(self.mark) if p.pid not in seen]
         return out
 
 

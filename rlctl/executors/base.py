@@ -111,6 +111,11 @@ class Executor:
             time.sleep(0.1)
         return None
 
+    def leftovers(self, run_dir: Path, state: dict[str, Any], grace: float) -> str | None:
+        """Stop what the run's ended attempts left running (what a dead supervisor could not); what was done."""
+        del run_dir, state, grace  # Unused
+        return None
+
     def cleanup(self, run_dir: Path, handle: RunHandle, grace: float) -> None:
         """After an attempt ended: nothing it started may outlive it. Default: nothing to do."""
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rlctl.core.state import ACTIVE, process_alive, process_create_time, read_state, write_state
-from rlctl.executors.attempt_procs import AttemptProcesses, stop_strays, wait_gone
+from rlctl.executors.attempt_procs import MARK, AttemptProcesses, mark_value, stop_strays, wait_gone
 from rlctl.executors.base import EXIT_RECORD, Executor, RunHandle, attempt_dir, read_exit_record
 from rlctl.metrics.stream import LOG
 
@@ -102,6 +102,7 @@ class LocalExecutor(Executor):
         adir.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             (adir / EXIT_RECORD).unlink()
+        env = {**env, MARK: mark_value(run_dir, attempt)}  # what the attempt starts is found by it, wherever it goes
         log = open(run_dir / LOG, "ab", buffering=0)  # noqa: SIM115 - handed to the child
         try:
             proc = subprocess.Popen(
@@ -111,7 +112,7 @@ class LocalExecutor(Executor):
         finally:
             log.close()
         self.procs[attempt] = proc
-        self.trees[attempt] = AttemptProcesses(adir, proc.pid)
+        self.trees[attempt] = AttemptProcesses(adir, proc.pid, mark_value(run_dir, attempt))
         return RunHandle(self.name, {"pid": proc.pid, "pgid": proc.pid, "create_time": process_create_time(proc.pid)},
                          attempt)
 
@@ -139,7 +140,8 @@ class LocalExecutor(Executor):
         if handle.attempt not in self.trees:  # adopted: what the supervisor before this one saw, and on from here
             root = handle.ref.get("pid") if process_alive(handle.ref.get("pid"), handle.ref.get("create_time")) \
                 else None
-            self.trees[handle.attempt] = AttemptProcesses(attempt_dir(run_dir, handle.attempt), root)
+            self.trees[handle.attempt] = AttemptProcesses(attempt_dir(run_dir, handle.attempt), root,
+                                                          mark_value(run_dir, handle.attempt))
         return self.trees[handle.attempt]
 
     def cleanup(self, run_dir: Path, handle: RunHandle, grace: float) -> None:
@@ -176,6 +178,22 @@ class LocalExecutor(Executor):
             except (ProcessLookupError, psutil.Error, OSError):
                 continue
         return out
+
+    def leftovers(self, run_dir: Path, state: dict[str, Any], grace: float) -> str | None:
+        """Processes of the run's ended attempts still alive (an engine that left its group while nobody supervised
+        the run): stopped; what was done, or None."""
+        said = []
+        for adir in sorted(run_dir.glob("attempts/*")):
+            if not adir.name.isdigit():
+                continue
+            alive = AttemptProcesses(adir, None, mark_value(run_dir, int(adir.name))).alive()
+            if alive:
+                said += [f"attempt {adir.name}: {x}" for x in stop_strays(alive, min(grace, 10))]
+        if not said:
+            return None
+        text = f"stopped {len(said)} process(es) the run's ended attempts had left: {'; '.join(said)}"
+        _note(run_dir, f"rlctl: {text}")
+        return text
 
     # ---- any process -----------------------------------------------------------------------------------------------
     def status(self, run_dir: Path, state: dict[str, Any]) -> str:
@@ -223,7 +241,8 @@ class LocalExecutor(Executor):
             time.sleep(0.1)
         _signal_group(pgid, signal.SIGKILL)
         attempt = handle.attempt if handle else int(state.get("attempt") or 1)
-        strays = [(p, cmd) for p, cmd in AttemptProcesses(attempt_dir(run_dir, attempt), None).alive()
+        strays = [(p, cmd) for p, cmd in AttemptProcesses(attempt_dir(run_dir, attempt), None,
+                                                          mark_value(run_dir, attempt)).alive()
                   if _pgid(p.pid) != pgid]
         if strays:
             said = stop_strays(strays, min(grace, 10))

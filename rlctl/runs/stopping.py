@@ -59,10 +59,15 @@ def stop_run(run_dir: Path, grace: float = 30.0) -> str:
         raise Unreachable(f"{run_dir.name} was not stopped: {st.get('unreachable') or 'its host did not answer'}; "
                           f"last known state: {st.get('status')}, so it may still run there.",
                           hint=f"when the host answers again: rlctl stop {run_dir.name}")
-    if status not in ACTIVE:
-        code = read_state(run_dir).get("exit_code")
-        return f"{run_dir.name} is not running ({status}" + (f", exit code {code})." if code is not None else ").")
     name = state.get("executor")
     if name not in executors.registry():
         name = "local"
+    if status not in ACTIVE:
+        code = read_state(run_dir).get("exit_code")
+        said = f"{run_dir.name} is not running ({status}" + (f", exit code {code})." if code is not None else ").")
+        if state.get("executor") != ATTACHED:  # what its attempts left behind still goes (an engine of its own)
+            left = executors.get(name).leftovers(run_dir, state, grace)
+            if left:
+                said += f" {left[0].upper()}{left[1:]}."
+        return said
     return executors.get(name).stop(run_dir, read_state(run_dir), grace)

@@ -434,6 +434,10 @@ class Supervisor:
                                 exit_code=(rec or {}).get("exit_code"), exit_recorded=rec is not None)
                 if self._fenced_out():
                     return self.finish(0, "superseded")
+                with contextlib.suppress(Exception):  # an engine the dead attempt left must not meet the next one
+                    left = self.executor.leftovers(self.run_dir, state, self.grace)
+                    if left:
+                        self.say(left)
                 ckpt = self._latest_complete()
                 self._prepare_restart(ckpt, from_plan_env=True)
                 self._before_restart(f"resumed after the run was {status}", ckpt)
