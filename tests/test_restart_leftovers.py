@@ -149,15 +149,11 @@ def test_stop_after_the_supervisor_died_stops_the_engine_that_left_the_group(use
     assert "had left its process group" in (run / "stdout.log").read_text()
 
 
-@pytest.mark.slow
-def test_what_an_unsupervised_attempt_left_is_stopped_by_resume_and_by_stop(user):
-    """The supervisor SIGKILLed, then the trainer crashes while nobody watches: its engine (a daemon of its own) lives
-    on. `rlctl resume` stops it before the next attempt starts; `rlctl stop` of a run that already ended stops what
-    its attempts left (it said "is not running" and left it)."""
+def _unsupervised_crash(work: Path, rlctl) -> tuple[Path, int]:
+    """A run whose supervisor was SIGKILLed, then its attempt too: its engine (a daemon of its own) lives on."""
     import os
     import signal
 
-    work, rlctl = user
     _project(work, extra='[env]\nENGINE_DAEMON = "1"\nENGINE_HOLD = "1"\n')
     r = rlctl("launch", "e.toml", "--detach")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -172,6 +168,14 @@ def test_what_an_unsupervised_attempt_left_is_stopped_by_resume_and_by_stop(user
     assert wait_for(lambda: rlctl("status", run.name, "--json").returncode == 0 and json.loads(
         rlctl("status", run.name, "--json").stdout)["status"] not in ("running", "starting"), timeout=30)
     assert _alive(engine)
+    return run, engine
+
+
+@pytest.mark.slow
+def test_stop_of_an_ended_run_stops_what_its_unsupervised_attempt_left(user):
+    """`rlctl stop` of a run that already ended said "is not running" and left its engine running."""
+    work, rlctl = user
+    run, engine = _unsupervised_crash(work, rlctl)
     r = rlctl("stop", run.name)
     assert r.returncode == 0 and "left" in r.stdout + r.stderr, r.stdout + r.stderr
     assert wait_for(lambda: not _alive(engine), timeout=20), "rlctl stop left the ended attempt's engine running"
@@ -182,3 +186,17 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.slow
+def test_resume_stops_what_the_unsupervised_attempt_left_before_the_next_starts(user):
+    """`rlctl resume` started the next attempt (and its engine) beside the dead attempt's engine."""
+    work, rlctl = user
+    run, engine = _unsupervised_crash(work, rlctl)
+    r = rlctl("resume", run.name)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert wait_for(lambda: not _alive(engine), timeout=30), "resume left the dead attempt's engine running"
+    assert wait_for(lambda: "attempt 2 started" in (run / "stdout.log").read_text() or
+                    json.loads((run / "state.json").read_text()).get("attempt") == 2, timeout=60)
+    r = rlctl("stop", run.name, "--grace", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
