@@ -255,3 +255,34 @@ gpu = "H100"
         grpo = json.loads((out / "trl_config.json").read_text())["grpo"]
         assert grpo["per_device_train_batch_size"] * grpo["gradient_accumulation_steps"] * (2 if accum == 2 else 1) \
             == 32 and grpo["gradient_accumulation_steps"] == accum, (mode, grpo)
+
+
+# ---- a SIGKILLed custom trainer is recorded as killed, not as the runner's own error --------------------------------
+
+def test_a_sigkilled_command_trainer_is_recorded_with_its_signal(user):
+    """The command backend's runner re-raised the trainer's signal with signal.signal(SIGKILL, SIG_DFL), which Linux
+    refuses (EINVAL): the attempt was recorded `exit code 1` with the cause `OSError: [Errno 22] Invalid argument`
+    (new-user trial). Now it dies of the same SIGKILL: -9, as the OOM killer's victim is shown."""
+    import os
+    import signal
+
+    import psutil
+
+    work, rlctl = user
+    gate = work / "gate"
+    gate.mkdir()
+    counter_project(work, extra=f'[env]\nTRAINER_GATE = "{gate}"\n')
+    r = rlctl("launch", "c.toml", "--detach")
+    assert r.returncode == 0, r.stderr
+    run = next((work / "runs").glob("counter-*"))
+    assert wait_for(lambda: (run / "training_state" / "step_2" / "training_info.json").is_file(), timeout=60)
+    st = json.loads((run / "state.json").read_text())
+    trainer = next(p for p in psutil.Process(st["pid"]).children(recursive=True)
+                   if "counter_trainer.py" in " ".join(p.cmdline()))
+    os.kill(trainer.pid, signal.SIGKILL)
+    assert wait_for(lambda: json.loads((run / "state.json").read_text()).get("status") == "failed", timeout=60)
+    a1 = json.loads((run / "state.json").read_text())["attempts"][0]
+    assert a1["exit_code"] == -signal.SIGKILL, a1
+    assert "Invalid argument" not in (run / "stdout.log").read_text()
+    shown = rlctl("status", run.name).stdout
+    assert "OSError" not in shown, shown

@@ -426,8 +426,9 @@ def main(argv: list[str]) -> int:
         time.sleep(POLL)
     if logged["count"] and reports:
         write_descriptor(cfg, logged["last"] if logged["last"] is not None else None)
-    if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+    if code < 0:  # die of the trainer's signal, so the exit record says what killed it (SIGKILL: -9)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two cannot be handled, nor reset (EINVAL)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
