@@ -286,3 +286,19 @@ def test_a_sigkilled_command_trainer_is_recorded_with_its_signal(user):
     assert "Invalid argument" not in (run / "stdout.log").read_text()
     shown = rlctl("status", run.name).stdout
     assert "OSError" not in shown, shown
+
+
+def test_logs_of_the_supervisor_after_a_prune(user):
+    """`rlctl logs RUN --component supervisor` of any run that pruned a checkpoint: `internal error: KeyError:
+    'time'` (the prune event had no time; new-user trial). An event written so by an older rlctl is shown too."""
+    work, rlctl = user
+    counter_project(work, extra="keep_last = 1\n")  # appended under [checkpoint]
+    r = rlctl("launch", "c.toml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = next((work / "runs").glob("counter-*"))
+    r = rlctl("logs", run.name, "--component", "supervisor")
+    assert r.returncode == 0 and "pruned" in r.stdout, r.stdout + r.stderr
+    with (run / "rlctl-events.jsonl").open("a") as fh:
+        fh.write('{"event": "pruned", "steps": [1]}\n')
+    r = rlctl("logs", run.name, "--component", "supervisor")
+    assert r.returncode == 0 and "(no time) pruned" in r.stdout, r.stdout + r.stderr

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -233,4 +234,4 @@ def prune_during_run(run_dir: Path, spec: dict[str, Any], keep_last: int,
         return
     if doomed:
         with (run_dir / "rlctl-events.jsonl").open("a") as fh:
-            fh.write(json.dumps({"event": "pruned", "steps": [c.step for c in doomed]}) + "\n")
+            fh.write(json.dumps({"time": time.time(), "event": "pruned", "steps": [c.step for c in doomed]}) + "\n")

@@ -105,7 +105,8 @@ def _events(run_dir: Path) -> list[str]:
         for line in fh:
             with contextlib.suppress(ValueError, TypeError, AttributeError):
                 rec = json.loads(line)
-                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(rec.pop("time"))))
+                t = rec.pop("time", None)  # an event of an older rlctl may have none: shown without a time
+                when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(t))) if t is not None else "(no time)"
                 out.append(f"{when} {rec.pop('event', '?')}: " + ", ".join(f"{k}={v}" for k, v in rec.items()))
     return out
 
