@@ -147,6 +147,10 @@ def test_stop_after_the_supervisor_died_stops_the_engine_that_left_the_group(use
                     Path(f"/proc/{engine}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", timeout=30), \
         f"the engine (pid {engine}) outlived `rlctl stop`"
     assert "had left its process group" in (run / "stdout.log").read_text()
+    # the attempt's own line says how it ended too (it read `-> running` under a run `stopped`: new-user trial)
+    assert json.loads((run / "state.json").read_text())["attempts"][-1]["outcome"] == "stopped"
+    shown = rlctl("status", run.name).stdout
+    assert "-> running" not in shown and "stopped" in shown, shown
 
 
 def _unsupervised_crash(work: Path, rlctl) -> tuple[Path, int]:

@@ -64,6 +64,17 @@ def _pgid(pid: int) -> int | None:
         return None
 
 
+def _last_attempt_ended(state: dict[str, Any], outcome: str, code: int | None, ended_at: float | None
+                        ) -> dict[str, Any]:
+    """The attempts list with its last attempt ended as the run did, when no supervisor lived to record it (status
+    showed it `-> running` under a run `stopped`); {} when there is nothing to update."""
+    attempts = [dict(a) for a in state.get("attempts") or []]
+    if not attempts or attempts[-1].get("ended_at") is not None:
+        return {}
+    attempts[-1].update(outcome=outcome, exit_code=code, ended_at=ended_at, exit_recorded=code is not None)
+    return {"attempts": attempts}
+
+
 def _note(run_dir: Path, text: str) -> None:
     """One line of rlctl's own in the run's log, where the user reads the attempt's end."""
     with contextlib.suppress(OSError), open(run_dir / LOG, "a") as fh:
@@ -215,7 +226,8 @@ class LocalExecutor(Executor):
         outcome = _outcome(rec.get("exit_code"), bool(state.get("stop_requested_at")) or status == "stopping")
         with contextlib.suppress(OSError):
             write_state(run_dir, status=outcome, exit_code=rec.get("exit_code"), ended_at=rec.get("ended_at"),
-                        settled_by="exit record (the supervisor was gone)")
+                        settled_by="exit record (the supervisor was gone)",
+                        **_last_attempt_ended(state, outcome, rec.get("exit_code"), rec.get("ended_at")))
         return outcome
 
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
@@ -254,7 +266,9 @@ class LocalExecutor(Executor):
             time.sleep(0.1)
             rec = read_exit_record(run_dir, attempt)
         code = rec.get("exit_code") if rec else None
-        write_state(run_dir, status="stopped", ended_at=time.time(), exit_code=code)
+        now = time.time()
+        write_state(run_dir, status="stopped", ended_at=now, exit_code=code,
+                    **_last_attempt_ended(read_state(run_dir), "stopped", code, now))
         return f"{run_dir.name}: stopped" + (f" (exit code {code})" if code is not None else "")
 
 
