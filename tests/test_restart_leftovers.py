@@ -141,6 +141,8 @@ def test_stop_after_the_supervisor_died_stops_the_engine_that_left_the_group(use
                     timeout=60), (run / "stdout.log").read_text()
     engine = int(mark.read_text())
     os.kill(json.loads((run / "state.json").read_text())["supervisor_pid"], signal.SIGKILL)
+    dry = rlctl("stop", run.name, "--dry-run")  # it named the dead supervisor as the way (new-user trial)
+    assert "is gone" in dry.stdout + dry.stderr and "through its supervisor" not in dry.stdout, dry.stdout
     r = rlctl("stop", run.name, "--grace", "2")
     assert r.returncode == 0, r.stdout + r.stderr
     assert wait_for(lambda: not Path(f"/proc/{engine}").exists() or

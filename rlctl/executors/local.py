@@ -232,7 +232,11 @@ class LocalExecutor(Executor):
 
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         target = f"process group {state['pgid']}" if state.get("pgid") else f"pid {state.get('pid', '?')}"
-        sup = f" (through its supervisor, pid {state['supervisor_pid']})" if state.get("supervisor_pid") else ""
+        if process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")):
+            sup = f" (through its supervisor, pid {state['supervisor_pid']})"
+        else:  # the supervisor is gone: stop does its job itself
+            sup = (f" itself (its supervisor, pid {state['supervisor_pid']}, is gone), and any process its attempts "
+                   f"left" if state.get("supervisor_pid") else "")
         return f"would send SIGTERM to {target} of {run_dir.name}{sup}, then SIGKILL after {grace:g} s."
 
     def stop(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
