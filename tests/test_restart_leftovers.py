@@ -141,6 +141,11 @@ def test_stop_after_the_supervisor_died_stops_the_engine_that_left_the_group(use
                     timeout=60), (run / "stdout.log").read_text()
     engine = int(mark.read_text())
     os.kill(json.loads((run / "state.json").read_text())["supervisor_pid"], signal.SIGKILL)
+    shown = rlctl("status", run.name)  # it said `running` alone, restarts promised (new-user trial)
+    assert "supervisor" in shown.stdout and "is gone" in shown.stdout and f"rlctl resume {run.name}" in shown.stdout, \
+        shown.stdout
+    gone = json.loads(rlctl("status", run.name, "--json").stdout)["supervisor_gone"]
+    assert gone["fix"] == f"rlctl resume {run.name}", gone
     dry = rlctl("stop", run.name, "--dry-run")  # it named the dead supervisor as the way (new-user trial)
     assert "is gone" in dry.stdout + dry.stderr and "through its supervisor" not in dry.stdout, dry.stdout
     r = rlctl("stop", run.name, "--grace", "2")

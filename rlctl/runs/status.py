@@ -91,7 +91,22 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "pool": _dict(rs.state.get("pool")) and {k: rs.state["pool"].get(k) for k in
                                                   ("hosts", "failover_after_s", "sync", "on_event")},
         "lineage": _lineage(rs.state),
+        "supervisor_gone": _supervisor_gone(rs),
     }
+
+
+def _supervisor_gone(rs: RunStatus) -> dict[str, Any] | None:
+    """A run that trains on this machine while its supervisor is dead (SIGKILLed, OOM-killed): nothing restarts,
+    prunes or evaluates it until `rlctl resume`; status says so rather than `running` alone."""
+    from rlctl.core.state import process_alive
+
+    st = rs.state
+    if rs.status not in ("running", "stalled", "starting", "restarting") or st.get("executor", "local") != "local":
+        return None
+    pid = st.get("supervisor_pid")
+    if not pid or process_alive(pid, st.get("supervisor_create_time")):
+        return None
+    return {"pid": pid, "fix": f"rlctl resume {rs.path.name}"}
 
 
 def _executor_lines(rs: RunStatus) -> list[str]:
@@ -300,6 +315,10 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
     out = []
     if d.get("disk_full"):
         out.append(f"  ! disk full: {d['disk_full']} (the run stays supervised; free space to let rlctl write)")
+    if d.get("supervisor_gone"):
+        g = d["supervisor_gone"]
+        out.append(f"  ! its supervisor (pid {g['pid']}) is gone: the run goes on unwatched, with no restart, pruning "
+                   f"or checkpoint eval; `{g['fix']}` adopts it")
     attempts = d.get("attempts") or []
     pol = d.get("restart") or {}
     if len(attempts) > 1 or pol.get("mode", "never") != "never":
