@@ -302,3 +302,30 @@ def test_logs_of_the_supervisor_after_a_prune(user):
         fh.write('{"event": "pruned", "steps": [1]}\n')
     r = rlctl("logs", run.name, "--component", "supervisor")
     assert r.returncode == 0 and "(no time) pruned" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_foreground_launch_tells_the_restart_and_the_last_step_once(user):
+    """`rlctl launch` in the foreground printed `step 13/20`, then `step 17/20`, nothing of the crash and restart in
+    between (only stdout.log had it), and its final `step 20/20` line twice (new-user trial)."""
+    work, rlctl = user
+    (work / "crash_once.py").write_text(  # the counter trainer, whose first attempt dies after step 3
+        "import os, runpy, sys\n"
+        "flag = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'crashed')\n"
+        "first = '--resume' not in sys.argv and not os.path.exists(flag)\n"
+        "if first:\n"
+        "    open(flag, 'w').close()\n"
+        "    sys.argv[sys.argv.index('--steps') + 1] = '3'\n"
+        "try:\n"
+        f"    runpy.run_path({str(COUNTER)!r}, run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "sys.exit(1 if first else 0)\n")
+    counter_project(work)
+    text = (work / "c.toml").read_text().replace(str(COUNTER), str(work / "crash_once.py"))
+    (work / "c.toml").write_text(text + '[run]\nrestart = "on-failure"\nmax_restarts = 1\n')
+    r = rlctl("launch", "c.toml")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert "rlctl: attempt 1 failed" in out and "as attempt 2" in out, out
+    steps = [ln.split()[1] for ln in out.splitlines() if ln.startswith("step ")]
+    assert steps.count("6/6") == 1, out

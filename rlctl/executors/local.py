@@ -170,8 +170,8 @@ class LocalExecutor(Executor):
         if strays:
             said = stop_strays(strays, min(grace, 10))
             _note(run_dir, f"rlctl: {len(said)} process(es) of attempt {handle.attempt} left the attempt's process "
-                           f"group and outlived it (an engine or worker in a session of its own): stopped before "
-                           f"anything else starts: {'; '.join(said)}")
+                           f"group and outlived it (an engine or worker in a session of its own): stopped: "
+                           f"{'; '.join(said)}")
         if not wait_gone(lambda: _group_alive(pgid) or bool(tree.alive()), 30):
             left = ", ".join(f"pid {p.pid}" for p, _ in tree.alive()) or f"process group {pgid}"
             _note(run_dir, f"rlctl: attempt {handle.attempt}'s {left} still there 30 s after SIGKILL "

@@ -440,7 +440,7 @@ class Supervisor:
                         self.say(left)
                 ckpt = self._latest_complete()
                 self._prepare_restart(ckpt, from_plan_env=True)
-                self._before_restart(f"resumed after the run was {status}", ckpt)
+                self._before_restart(f"rlctl resume (the run was {status})", ckpt)
                 self.start(reason=f"resume ({status})", checkpoint=ckpt)
             return self.loop()
         finally:
@@ -459,8 +459,9 @@ class Supervisor:
         self._set_floor()
         self._reset_ingested_step(ckpt.step if ckpt is not None else 0)
         frm = f"checkpoint step {ckpt.step}" if ckpt is not None else "the start (no complete checkpoint yet)"
-        self._mark_log(f"attempt {self.attempt + 1}: {why}; restarting from {frm}")
-        self.say(f"attempt {self.attempt + 1}: {why}; restarting from {frm}")
+        text = f"{why}; restarting from {frm} as attempt {self.attempt + 1}"
+        self._mark_log(text)
+        self.say(text)
         self.state(status="restarting")
 
     def loop(self) -> int:
@@ -498,7 +499,7 @@ class Supervisor:
                         return self.finish(code, "stopped")
                     if self._fenced_out():
                         return self.finish(code, "superseded")
-                    self._before_restart(why, ckpt)
+                    self._before_restart(f"attempt {self.attempt} {why}", ckpt)
                     self.start(reason=why, checkpoint=ckpt, restart=True)
                     if self.stop_requested_at is not None:
                         with contextlib.suppress(Exception):
