@@ -517,3 +517,16 @@ def test_micro_batch_over_the_train_batch_is_said():
     assert r.verdict == "warn" and "32 samples > train batch 16" in r.figure, r.figure
     assert "train.micro_batch_size <= 16" in r.fix
     assert "0 accumulation" not in r.figure
+
+
+def test_a_restart_policy_without_checkpoints_is_said(cli):
+    """`[run] restart` with checkpoint.every unset restarted from step 0, said only when it happened (new-user
+    trial): preflight says it first, with the fix."""
+    res = cli("preflight", str(QUICK), "--set", 'run.restart="on-failure"', "--json")
+    got = {r["check"]: r for r in json.loads(res.out)["results"]}
+    assert got["run.restart"]["verdict"] == "warn" and "step 0" in got["run.restart"]["figure"], got["run.restart"]
+    res = cli("preflight", str(QUICK), "--set", 'run.restart="on-failure"', "--set", "checkpoint.every=10", "--json")
+    got = {r["check"]: r for r in json.loads(res.out)["results"]}
+    assert got["run.restart"]["verdict"] == "ok"
+    res = cli("preflight", str(QUICK), "--json")
+    assert "run.restart" not in {r["check"] for r in json.loads(res.out)["results"]}
