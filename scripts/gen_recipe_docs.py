@@ -148,14 +148,14 @@ def main() -> None:
             from rlctl.recipe.schema import executor_table_model
 
             lines[-2:-2] = ["Each executor's own table; `rlctl render` shows what it makes of it.", ""]
+            for ex in sorted(executors.available()):
+                table = executor_table_model(ex)
+                fields += [(f"executor.{ex}.{name}", f) for name, f in (table.model_fields if table else {}).items()]
         if prefix == "backend":  # the backends' own tables are theirs (docs/backends/<name>.md)
             lines[-2:-2] = ["Each backend's own table is in its page: `[backend.command]` (your trainer's command, its "
                             "log pattern, checkpoint layout and resume arguments) in docs/backends/command.md, "
                             "`[backend.<name>.extra]` (a backend's own keys, passed as they are) in "
                             "docs/backends/<name>.md.", ""]
-            for ex in sorted(executors.available()):
-                table = executor_table_model(ex)
-                fields += [(f"executor.{ex}.{name}", f) for name, f in (table.model_fields if table else {}).items()]
         for key, f in fields:
             if key in SECTIONS and key not in ("env",):
                 continue
