@@ -124,7 +124,8 @@ class CommandBackend(Backend):
             out[name] = Component(name, files=(where,), process=opts.processes.get(name), where=where)
         for name, rx in opts.processes.items():
             if name not in out:
-                out[name] = Component(name, process=rx, where="its process is watched, but no log file is named for it: add it to backend.command.logs")
+                out[name] = Component(name, process=rx, where="its process is watched, but no log file is named "
+                                      "for it: add it to backend.command.logs")
             elif name == "trainer":
                 out[name] = Component(name, main_log=True, process=rx, where=out[name].where)
         return out
