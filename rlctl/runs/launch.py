@@ -332,8 +332,9 @@ def _not_running(parent: Path, force: bool, out: Any) -> None:
     if not force:
         raise RlctlError(f"--resume {parent.name}: that run is still {status}; a new run from its checkpoint would "
                          "train beside it (a fork), not take over.",
-                         hint=f"stop it first (rlctl stop {parent.name}) and launch again to continue it; or add "
-                              "--force to fork it on purpose")
+                         hint=f"it goes on by itself (after a crash, `rlctl resume {parent.name}` continues it); to "
+                              f"start a new run from its checkpoint, stop it first (rlctl stop {parent.name}) and "
+                              "launch again, or add --force to fork it on purpose")
     print(f"rlctl: {parent.name} is still {status}: forking it (--force); it goes on, the new run starts from its "
           "checkpoint", file=out)
 
