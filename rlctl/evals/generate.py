@@ -158,18 +158,22 @@ class Generator:
             if self._vllm is None:
                 dtype = "bfloat16" if self.dtype == "float32" else self.dtype
                 self._vllm = load_vllm(self.path, self.base, self.seed, dtype, self.engine_args)
-            texts = chat_texts(prompts, self._vllm[0].get_tokenizer())
+            llm = self._vllm[0]
+            texts = chat_texts(prompts, lambda: llm.get_tokenizer())
             return generate_vllm(*self._vllm, texts, n, temperature, max_tokens, self.seed)
         if self._hf is None:
             self._hf = load_hf(self.path, self.base, self.dtype)
-        return generate_hf(*self._hf, chat_texts(prompts, self._hf[1]), n, temperature, max_tokens, self.seed)
+        tok = self._hf[1]
+        return generate_hf(*self._hf, chat_texts(prompts, lambda: tok), n, temperature, max_tokens, self.seed)
 
 
-def chat_texts(prompts: list[Any], tok: Any) -> list[str]:
+def chat_texts(prompts: list[Any], tokenizer: Any) -> list[str]:
     """Chat-message prompts rendered as the trainer renders them (the tokenizer's chat template with the generation
-    prompt: verl's RLHFDataset, TRL's conversational data); text prompts as they are."""
+    prompt: verl's RLHFDataset, TRL's conversational data); text prompts as they are. `tokenizer`: a callable that
+    gives it, asked only for chat prompts."""
     if not any(isinstance(p, list) for p in prompts):
         return list(prompts)
+    tok = tokenizer()
     if not getattr(tok, "chat_template", None):
         raise ValueError("the eval set's prompts are chat messages and the model's tokenizer has no chat template "
                          "to render them (the trainer could not have either)")
