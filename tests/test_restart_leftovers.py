@@ -11,17 +11,20 @@ save; the restarted trainer records whether the engine of the attempt before it 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.test_seams_followups import wait_for
+from tests.test_seams_followups import COUNTER, counter_project, wait_for
 
 TRAINER = r'''
-import json, os, signal, subprocess, sys, time
+import argparse, json, os, signal, subprocess, sys, time
 
-out, resume = sys.argv[1], (sys.argv[3] if len(sys.argv) > 3 else None)
+ap = argparse.ArgumentParser()  # the counter trainer's command line (tests/fixtures/command/counter_trainer.py)
+for flag in ("--steps", "--save-every", "--out", "--resume"):
+    ap.add_argument(flag)
+a = ap.parse_args()
+out, resume = a.out, a.resume
 os.makedirs(out, exist_ok=True)
 mark = os.path.join(out, "engine.pid")
 if resume is None:  # attempt 1: an engine in a session of its own, deaf to SIGTERM, as a Ray worker or vLLM may be
@@ -45,13 +48,13 @@ else:
     except OSError:
         state = "gone"
     json.dump({"pid": pid, "state": state}, open(os.path.join(out, "engine_at_restart.json"), "w"))
-    start = json.load(open(os.path.join(resume, "info.json")))["step"] + 1
+    start = json.load(open(os.path.join(resume, "training_info.json")))["step"] + 1
 for step in range(start, 5):
     print(f"step {step} | reward {step / 4:.2f}", flush=True)
     if step % 2 == 0:
         d = os.path.join(out, f"step_{step}")
         os.makedirs(d, exist_ok=True)
-        json.dump({"step": step}, open(os.path.join(d, "info.json"), "w"))
+        json.dump({"step": step}, open(os.path.join(d, "training_info.json"), "w"))
     if resume is None and step == 3:
         time.sleep(1.5)  # long enough for the supervisor to see the whole attempt
         os._exit(1)      # the driver dies; its engine lives on
@@ -59,44 +62,10 @@ for step in range(start, 5):
 
 
 def _project(work: Path, extra: str = "") -> None:
+    """The counter trainer's recipe (tests/test_seams_followups.py) running TRAINER instead, restarted on failure."""
     (work / "trainer.py").write_text(TRAINER)
-    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
-    cmd = [sys.executable, str(work / "trainer.py"), "{checkpoint_dir}"]
-    (work / "e.toml").write_text(f"""name = "engine"
-[backend]
-name = "command"
-[backend.command]
-command = {json.dumps(cmd)}
-log_pattern = 'step (?P<step>\\d+) \\| reward (?P<reward>\\S+)'
-metrics_map = {{reward = "reward/mean"}}
-checkpoint_pattern = "step_{{step}}"
-checkpoint_marker = "info.json"
-resume_args = ["--resume", "{{path}}"]
-[model]
-path = "random:qwen2?hidden=64&layers=2"
-dtype = "float32"
-max_model_len = 128
-[data]
-train = "prompts.jsonl"
-max_prompt_tokens = 32
-[rollout]
-group_size = 4
-prompts_per_step = 2
-max_tokens = 16
-[train]
-steps = 4
-train_batch_size = 8
-micro_batch_size = 4
-[resources]
-gpus_per_node = 0
-gpu = "cpu"
-[checkpoint]
-dir = "training_state"
-every = 2
-[run]
-restart = "on-failure"
-max_restarts = 1
-""" + extra)
+    counter_project(work, steps=4, extra='[run]\nrestart = "on-failure"\nmax_restarts = 1\n' + extra)
+    (work / "c.toml").write_text((work / "c.toml").read_text().replace(str(COUNTER), str(work / "trainer.py")))
 
 
 @pytest.mark.slow
@@ -107,9 +76,9 @@ def test_restart_waits_until_the_failed_attempts_engine_is_gone(user, how):
     in its environment)."""
     work, rlctl = user
     _project(work, extra='[env]\nENGINE_DAEMON = "1"\n' if how == "daemon" else "")
-    r = rlctl("launch", "e.toml", "--detach")
+    r = rlctl("launch", "c.toml", "--detach")
     assert r.returncode == 0, r.stdout + r.stderr
-    run = next((work / "runs").glob("engine-*"))
+    run = next((work / "runs").glob("counter-*"))
     seen = run / "training_state" / "engine_at_restart.json"
     assert wait_for(lambda: json.loads(rlctl("status", run.name, "--json").stdout).get("status") == "finished",
                     timeout=120), rlctl("status", run.name).stdout + (run / "stdout.log").read_text()
@@ -132,9 +101,9 @@ def test_stop_after_the_supervisor_died_stops_the_engine_that_left_the_group(use
 
     work, rlctl = user
     _project(work, extra='[env]\nENGINE_HOLD = "1"\n')
-    r = rlctl("launch", "e.toml", "--detach")
+    r = rlctl("launch", "c.toml", "--detach")
     assert r.returncode == 0, r.stdout + r.stderr
-    run = next((work / "runs").glob("engine-*"))
+    run = next((work / "runs").glob("counter-*"))
     mark = run / "training_state" / "engine.pid"
     pids = run / "attempts" / "1" / "pids.json"
     assert wait_for(lambda: mark.is_file() and pids.is_file() and mark.read_text().strip() in pids.read_text(),
@@ -166,9 +135,9 @@ def _unsupervised_crash(work: Path, rlctl) -> tuple[Path, int]:
     import signal
 
     _project(work, extra='[env]\nENGINE_DAEMON = "1"\nENGINE_HOLD = "1"\n')
-    r = rlctl("launch", "e.toml", "--detach")
+    r = rlctl("launch", "c.toml", "--detach")
     assert r.returncode == 0, r.stdout + r.stderr
-    run = next((work / "runs").glob("engine-*"))
+    run = next((work / "runs").glob("counter-*"))
     mark = run / "training_state" / "engine.pid"
     assert wait_for(lambda: mark.is_file() and mark.read_text().strip() and "step 1" in
                     (run / "stdout.log").read_text(), timeout=60), (run / "stdout.log").read_text()
