@@ -139,18 +139,25 @@ def wait_for(pred, timeout: float = 120.0) -> bool:
     return False
 
 
+def held_run(work: Path, rlctl, timeout: float = 120.0) -> Path:
+    """The counter trainer launched detached and held after its first save (TRAINER_GATE): a run that is running,
+    with a complete checkpoint, until the test lets it go (a file `go` in work/gate) or stops it."""
+    gate = work / "gate"
+    gate.mkdir()
+    counter_project(work, extra=f'[env]\nTRAINER_GATE = "{gate}"\n')
+    r = rlctl("launch", "c.toml", "--detach")
+    assert r.returncode == 0, r.stderr
+    run = work / "runs" / r.stdout.strip().splitlines()[-1]
+    assert wait_for(lambda: (run / "training_state" / "step_2" / "training_info.json").is_file(), timeout=timeout)
+    return run
+
+
 def test_resume_of_a_running_run_is_refused_unless_forced(user):
     """`rlctl launch R --resume RUN` while RUN still trains started a second run from its checkpoint beside it,
     silently; now exit 2 with the fix (stop it first, or --force to fork on purpose, said when it happens)."""
     work, rlctl = user
-    gate = work / "gate"
-    gate.mkdir()
-    counter_project(work, extra=f'[env]\nTRAINER_GATE = "{gate}"\n')  # held after its first save
-    r = rlctl("launch", "c.toml", "--detach")
-    assert r.returncode == 0, r.stderr
-    name = r.stdout.strip().splitlines()[-1]
-    run = work / "runs" / name
-    assert wait_for(lambda: (run / "training_state" / "step_2" / "training_info.json").is_file())
+    run = held_run(work, rlctl)
+    name, gate = run.name, work / "gate"
     r = rlctl("launch", "c.toml", "--resume", name)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert f"--resume {name}: that run is still running" in r.stderr and "a fork" in r.stderr, r.stderr
@@ -207,14 +214,8 @@ def test_resume_says_when_the_new_supervisor_dies_at_once(user):
     supervisor that dies at once. Exit 1 and the end of its supervisor.log (the error itself, not only its last
     line), not exit 2 with a `fix:` line out of context."""
     work, rlctl = user
-    gate = work / "gate"
-    gate.mkdir()
-    counter_project(work, extra=f'[env]\nTRAINER_GATE = "{gate}"\n')
-    r = rlctl("launch", "c.toml", "--detach")
-    assert r.returncode == 0, r.stderr
-    name = r.stdout.strip().splitlines()[-1]
-    run = work / "runs" / name
-    assert wait_for(lambda: (run / "training_state" / "step_2" / "training_info.json").is_file())
+    run = held_run(work, rlctl)
+    name = run.name
     assert rlctl("stop", name).returncode == 0
     spec = json.loads((run / ".launch.json").read_text())
     (run / ".launch.json").write_text(json.dumps({**spec, "executor": "k8s"}))  # a plugin's, not installed here
@@ -269,13 +270,7 @@ def test_a_sigkilled_command_trainer_is_recorded_with_its_signal(user):
     import psutil
 
     work, rlctl = user
-    gate = work / "gate"
-    gate.mkdir()
-    counter_project(work, extra=f'[env]\nTRAINER_GATE = "{gate}"\n')
-    r = rlctl("launch", "c.toml", "--detach")
-    assert r.returncode == 0, r.stderr
-    run = next((work / "runs").glob("counter-*"))
-    assert wait_for(lambda: (run / "training_state" / "step_2" / "training_info.json").is_file(), timeout=60)
+    run = held_run(work, rlctl, timeout=60)
     st = json.loads((run / "state.json").read_text())
     trainer = next(p for p in psutil.Process(st["pid"]).children(recursive=True)
                    if "counter_trainer.py" in " ".join(p.cmdline()))
