@@ -59,6 +59,7 @@ class Nvml(threading.Thread):
         self.every = every
         self.samples: list[list[float]] = []  # [t, used GiB of GPU 0, GPU 1, ...]
         self.procs: list[dict] = []  # {"t", "gpu", "pid", "gib", "cmd"}
+        self.cmds: dict[int, str] = {}
         self.stop = threading.Event()
         self.error = None
         self.handles: list[Any] = []
@@ -87,8 +88,10 @@ class Nvml(threading.Thread):
         for i, h in enumerate(self.handles):
             with contextlib.suppress(Exception):
                 for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(h):
+                    if p.pid not in self.cmds or len(self.cmds) > 4096:
+                        self.cmds[p.pid] = cmdline(p.pid)[:160]
                     out.append({"gpu": i, "pid": p.pid, "gib": round((p.usedGpuMemory or 0) / GiB, 3),
-                                "cmd": cmdline(p.pid)[:160]})
+                                "cmd": self.cmds[p.pid]})
         return out
 
     def run(self) -> None:
@@ -97,7 +100,7 @@ class Nvml(threading.Thread):
             t = now()
             with contextlib.suppress(Exception):
                 self.samples.append([t, *(round(u, 3) for u in self.used())])
-            if t - last_procs >= 1.0:
+            if t - last_procs >= 0.2:
                 last_procs = t
                 for p in self.processes():
                     self.procs.append({"t": t, **p})
@@ -121,11 +124,86 @@ def cmdline(pid: int) -> str:
 
 
 # ---- running rlctl ---------------------------------------------------------------------------------------------------
+# Every Python process the runs start (the trainer, Ray's actors, vLLM's engine core) loads this sitecustomize
+# (PYTHONPATH; Ray's workers inherit the head's environment): once the process has touched CUDA, a daemon thread
+# writes torch's own figures (allocated and reserved, now and at their peak) to TORCHMEM/<pid>.json every 0.1 s.
+# With NVML's figure per process it splits a process's memory into torch's allocations, the caching allocator's
+# slack and what lives outside torch (CUDA context, NCCL): the terms of rlctl's plan. Standard library at import.
+TORCHMEM_SITE = r'''
+import os, sys, threading, time, json
+
+
+def _probe():
+    out = os.environ.get("RLCTL_TORCHMEM_DIR")
+    while "torch" not in sys.modules:
+        time.sleep(0.5)
+    torch = sys.modules["torch"]
+    while not (hasattr(torch, "cuda") and torch.cuda.is_initialized()):
+        time.sleep(0.5)
+    path = os.path.join(out, f"{os.getpid()}.json")
+    try:
+        title = open("/proc/self/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        title = ""
+    while True:
+        try:
+            dev = torch.cuda.current_device()
+            row = {"pid": os.getpid(), "cmd": title, "device": dev, "t": time.time(),
+                   "allocated": torch.cuda.memory_allocated(dev), "reserved": torch.cuda.memory_reserved(dev),
+                   "max_allocated": torch.cuda.max_memory_allocated(dev),
+                   "max_reserved": torch.cuda.max_memory_reserved(dev)}
+            try:
+                row["cmd_now"] = open("/proc/self/cmdline", "rb").read().replace(b"\0", b" ").decode(
+                    errors="replace")[:200]
+            except OSError:
+                pass
+            with open(path + ".tmp", "w") as f:
+                json.dump(row, f)
+            os.replace(path + ".tmp", path)
+        except Exception:
+            pass
+        time.sleep(0.1)
+
+
+if os.environ.get("RLCTL_TORCHMEM_DIR"):
+    threading.Thread(target=_probe, daemon=True, name="rlctl-torchmem").start()
+
+# the sitecustomize this one shadows (the image's own, if any) still runs
+_here = os.path.dirname(os.path.abspath(__file__))
+for _d in sys.path:
+    _f = os.path.join(_d or ".", "sitecustomize.py")
+    if os.path.abspath(_d or ".") != _here and os.path.isfile(_f):
+        exec(compile(open(_f).read(), _f, "exec"), {"__name__": "sitecustomize", "__file__": _f})
+        break
+'''
+
+
+def torchmem_env(work: Path, env: dict[str, str]) -> Path:
+    """The probe's folder on PYTHONPATH and its output folder in RLCTL_TORCHMEM_DIR; returns the output folder."""
+    site = work / "torchmem-site"
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(TORCHMEM_SITE)
+    out = work / "torchmem"
+    out.mkdir(parents=True, exist_ok=True)
+    env["PYTHONPATH"] = f"{site}:{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(site)
+    env["RLCTL_TORCHMEM_DIR"] = str(out)
+    return out
+
+
+def torchmem_read(out: Path) -> list[dict]:
+    rows = []
+    for f in sorted(out.glob("*.json")) if out.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError):
+            rows.append(json.loads(f.read_text()))
+    return rows
+
+
 class Ctx:
     def __init__(self, stack: str, work: Path, cpu: bool, log: list[str], render_only: bool = False):
         self.stack, self.work, self.cpu, self.log, self.render_only = stack, work, cpu, log, render_only
         self.env = dict(os.environ)
         self.env.setdefault("PYTHONUNBUFFERED", "1")
+        self.torchmem = torchmem_env(work, self.env) if not cpu else None
 
     def say(self, msg: str) -> None:
         line = f"[{now():7.1f}s] {msg}"
@@ -178,7 +256,7 @@ def complete_checkpoints(ctx: Ctx, run: Path) -> list[int]:
     """Steps of the complete checkpoints, as `rlctl ckpt list --json` says."""
     r = ctx.rlctl("ckpt", "list", run.name, "--json", timeout=60)
     rows = (r.get("json") or {}).get("checkpoints") or []
-    return sorted(c["step"] for c in rows if c.get("complete"))
+    return sorted(c["step"] for c in rows if c.get("complete") and c.get("step") is not None)
 
 
 def wait_for(ctx: Ctx, what: str, cond, timeout: float, every: float = 0.2) -> bool:
@@ -298,6 +376,8 @@ def collect(ctx: Ctx, name: str, run: Path, keys: list[str]) -> dict:
     out["vllm_log"] = vllm_lines(run)
     torch_mem = run / "torch_memory.json"
     out["torch_memory"] = _read_json(torch_mem)
+    # every CUDA process's own torch figures (the sitecustomize probe), beside NVML's per-process peaks
+    out["torch_memory_processes"] = torchmem_read(ctx.torchmem) if ctx.torchmem else []
     evals = run / "evals"
     if evals.is_dir():
         out["evals"] = {p.name: _read_json(p) for p in sorted(evals.glob("*.json"))}
@@ -568,6 +648,7 @@ def launched_run(ctx: Ctx, nv: Nvml, name: str, recipe: str, *, total: int, kill
         ctx.say(f"{name}: launch made no run directory (exit {launch['exit']}): {launch['stderr'][-800:]}")
         return res
     ctx.say(f"{name}: launched {run.name}")
+    seen: list[int] = []  # the complete checkpoints the last wait saw
     for i, (kind, ckpt) in enumerate(kills):
         # kill i+1 comes in attempt i+1, once checkpoint `ckpt` is complete and a step past it has been logged
         def ready(ckpt=ckpt, attempt=i + 1) -> bool:
@@ -580,6 +661,7 @@ def launched_run(ctx: Ctx, nv: Nvml, name: str, recipe: str, *, total: int, kill
             if not steps or max(steps) < ckpt + 1:
                 return False
             done = complete_checkpoints(ctx, run)
+            seen[:] = done
             return bool(done) and done[-1] >= ckpt
         try:
             got_there = wait_for(ctx, f"{name}: checkpoint {ckpt} and one more step before kill {i + 1}", ready,
@@ -590,7 +672,12 @@ def launched_run(ctx: Ctx, nv: Nvml, name: str, recipe: str, *, total: int, kill
         if not got_there:
             res["kill_error"] = f"kill {i + 1} ({kind}): the run did not get there"
             break
-        done = complete_checkpoints(ctx, run)
+        again = ctx.rlctl("ckpt", "list", run.name, "--json", timeout=60)
+        rows = (again.get("json") or {}).get("checkpoints") or []
+        done = sorted(c["step"] for c in rows if c.get("complete") and c.get("step") is not None)
+        if not done:  # the list the wait saw had them: keep what `ckpt list` said now (seen once on OpenRLHF)
+            ev.append({"t": now(), "what": "ckpt list at kill time lists no complete checkpoint", "result": again})
+            done = list(seen)
         steps = metric_steps(run)
         attempt = state(run).get("attempt")
         if kind == "driver":
@@ -627,10 +714,25 @@ def launched_run(ctx: Ctx, nv: Nvml, name: str, recipe: str, *, total: int, kill
              every=0.5)
     ev.append({"t": now(), "what": "ended", **gpu_at(nv)})
     res["nvml_window"] = nv.window(t0)
+    res["process_peaks"] = process_peaks(nv, t0)
     res["collected"] = collect(ctx, name, run, keys)
     res["steps"] = steps_once(run, total)
     res["t"] = [t0, now()]
     return res
+
+
+def process_peaks(nv: Nvml, t0: float) -> list[dict]:
+    """NVML's peak per GPU process since t0 (sampled every 0.2 s), with the process's last command line (Ray's
+    actors name themselves there: `ray::PolicyModelActor`)."""
+    peaks: dict[tuple[int, int], dict] = {}
+    for p in nv.procs:
+        if p["t"] < t0:
+            continue
+        k = (p["gpu"], p["pid"])
+        cur = peaks.setdefault(k, {"gpu": p["gpu"], "pid": p["pid"], "peak_gib": 0.0, "first_t": p["t"]})
+        cur["peak_gib"] = max(cur["peak_gib"], p["gib"])
+        cur["cmd"] = p["cmd"]
+    return sorted(peaks.values(), key=lambda r: (r["gpu"], r["first_t"]))
 
 
 def _alive(pid: int) -> bool:
