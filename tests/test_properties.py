@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rlctl.backends import BUILTIN, get_backend
 from rlctl.errors import RlctlError
-from rlctl.metrics.parsers import Malformed
+from rlctl.metrics.parsers import STAND_IN, STAND_IN_CURRENT, Malformed
 from rlctl.metrics.stream import METRICS, ingest, iter_metrics
 from rlctl.recipe.loader import load, parse_set
 
@@ -45,6 +45,8 @@ metricish = st.one_of(
     st.builds(lambda k, v: f"step:{k} - {v}", st.integers(-5, 10**6), st.text(max_size=80)),
     st.builds(lambda k, v: f"12:00:00 SUCCESS Step {k} | {v}", st.integers(0, 10**6), st.text(max_size=80)),
     st.builds(lambda k, v: f"✨ Global step {k}: {v}", st.integers(0, 10**6), st.text(max_size=80)),
+    st.builds(lambda e, v: f"Train epoch [{e}/2]: 100%|##| 3/3 [00:01<00:00, act_loss={v}, act_lr=1e-6]",  # stand-ins
+              st.integers(1, 2), st.text(max_size=20)),
     st.builds(lambda d: repr(d), st.dictionaries(st.text(max_size=8), st.one_of(
         st.floats(allow_nan=True), st.integers(), st.text(max_size=8), st.none()), max_size=6)),
 )
@@ -59,7 +61,8 @@ def test_parsers_return_a_record_none_or_malformed(line):
         except Malformed:
             continue
         if rec is not None:
-            assert isinstance(rec.get("step"), int | None), name  # own step, current (None) or counted (absent)
+            # own step, current (None), counted (absent) or a stand-in (parsers.STAND_IN, STAND_IN_CURRENT)
+            assert isinstance(rec.get("step"), int | None) or rec["step"] in (STAND_IN, STAND_IN_CURRENT), name
             json.dumps(rec, allow_nan=False)  # what goes into the stream is valid JSON
 
 

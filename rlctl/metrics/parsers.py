@@ -10,7 +10,13 @@ Steps in a record (see docs/metrics.md, "Steps"):
   - `"step": N`     the backend's own step;
   - no `step` key   a counted step: the stream gives it the step after the last one it saw (a backend that prints
                     no step, e.g. a console dict printed without one);
-  - `"step": None`  the step in progress: the same step as the last record (e.g. an eval dict printed without one).
+  - `"step": None`  the step in progress: the same step as the last record (e.g. an eval dict printed without one);
+  - `"step": STAND_IN` / `STAND_IN_CURRENT`  a record that stands in for the backend's own record of a step (a
+                    progress bar's summary, printed by another process than the step's own line): counted, or the
+                    step in progress, while the log has given no record with a step of its own. Once it has, the two
+                    reach the log in either order, so the stream pairs each stand-in with the step's own record: one
+                    coming before it takes its step (the own record then overwrites the values both have), one coming
+                    after it is not written (that record carries the step). A log with stand-ins only counts them.
 """
 
 from __future__ import annotations
@@ -25,10 +31,14 @@ from typing import Any
 
 from rlctl.metrics import clean_value, unify
 
-__all__ = ["ANSI", "Header", "Incomplete", "KeyMap", "Malformed", "RowPlans", "clean_value", "flat_dict",
-           "forget_lines", "json_numbers", "json_objects", "key_values", "lines_with", "literal_dict", "literal_rows",
-           "number", "plain_lines", "plain_numbers", "plain_rows", "split_lines", "strip_ansi", "strip_prefixes",
-           "template_rows", "unify"]
+__all__ = ["ANSI", "STAND_IN", "STAND_IN_CURRENT", "Header", "Incomplete", "KeyMap", "Malformed", "RowPlans",
+           "clean_value", "flat_dict", "forget_lines", "json_numbers", "json_objects", "key_values", "lines_with",
+           "literal_dict", "literal_rows", "number", "plain_lines", "plain_numbers", "plain_rows", "split_lines",
+           "strip_ansi", "strip_prefixes", "template_rows", "unify"]
+
+
+STAND_IN = "stand-in"  # a record's `step`: counted where the log gives no step of its own (module docstring)
+STAND_IN_CURRENT = "stand-in, current"  # likewise, the step in progress
 
 
 class Malformed(ValueError):

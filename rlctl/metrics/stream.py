@@ -8,6 +8,11 @@ The backend's adapter reads the lines (`rlctl.backends.get_backend(name).parse`,
 `metric_needles`); this module knows no backend. A record the adapter says goes on in the next lines (`Incomplete`)
 is retried with them joined; lines that look like metrics but are not understood are counted, and the first few kept
 (`IngestState.examples`), so nothing is dropped silently.
+
+Steps (parsers' module docstring): a record's own, counted, or the one in progress; a stand-in (a progress bar's
+summary of a step whose own record another process prints) is counted only while the log has given no step of its
+own, then paired with the own records (`_stand_in`), and left out where its step's own record came first: the two
+processes' lines reach the log in either order. The pairing is kept per log in IngestState, between reads.
 """
 
 from __future__ import annotations
@@ -26,7 +31,15 @@ from pathlib import Path
 from stat import S_ISREG
 from typing import Any
 
-from rlctl.metrics.parsers import Header, Incomplete, forget_lines, split_lines, strip_ansi
+from rlctl.metrics.parsers import (
+    STAND_IN,
+    STAND_IN_CURRENT,
+    Header,
+    Incomplete,
+    forget_lines,
+    split_lines,
+    strip_ansi,
+)
 
 LOG = "stdout.log"
 BACKEND_METRICS = "backend_metrics.jsonl"  # structured metrics a backend writes itself (e.g. through rlctl's patch)
@@ -49,6 +62,10 @@ class IngestState:
     skipped: int = 0  # lines that looked like metrics but were not understood
     restarts: int = 0  # how often the log was found truncated or replaced
     last_step: int = 0  # the step of the last record (counted steps continue from it)
+    # a stand-in record's pairing with the backend's own records (parsers.STAND_IN; assign_steps): the step of the
+    # last record that carried its own (-1: none yet, stand-ins are counted), the step the last stand-in stood for
+    own_step: int = -1
+    stand_in_step: int = 0
     pending: str = ""  # the start of a record that continues on the next lines
     pending_lines: int = 0
     context: str = ""  # a table's header (`Header`): the lines after it are read with it
@@ -113,19 +130,25 @@ _INT = {int}
 
 
 def assign_steps(records: list[dict[str, Any]], st: IngestState) -> list[dict[str, Any]]:
-    """Give every record an int step: its own, the next counted one (no `step`), or the current one (None)."""
+    """Give every record an int step: its own, the next counted one (no `step`), or the current one (None). A
+    stand-in (parsers.STAND_IN, STAND_IN_CURRENT) is counted or current while the log has given no record with its
+    own step; after one it is paired with them (`_stand_in`), and left out where its step's own record came first."""
     steps = list(map(dict.get, records, repeat("step")))
     if steps and set(map(type, steps)) == _INT:  # every record with its own int step (the common case): as they are
-        st.last_step = steps[-1]
+        st.last_step = st.own_step = steps[-1]
         return records
     out = []
     for rec in records:
         step = rec.get("step", ...)
         if type(step) is int:  # the record's own step (the common case): as it is
-            st.last_step = step
+            st.last_step = st.own_step = step
             out.append(rec)
             continue
-        if step is ...:
+        if step in (STAND_IN, STAND_IN_CURRENT):
+            step = _stand_in(step, st)
+            if step is None:
+                continue
+        elif step is ...:
             step = st.last_step + 1
         elif step is None:
             step = st.last_step
@@ -134,6 +157,37 @@ def assign_steps(records: list[dict[str, Any]], st: IngestState) -> list[dict[st
         st.last_step = step
         out.append({**rec, "step": step})
     return out
+
+
+def _stand_in(kind: str, st: IngestState) -> int | None:
+    """A stand-in's step, or None where its step's own record has come already (it carries the step's values).
+
+    The backend prints one stand-in and one own record per step, from two processes whose lines reach the log in
+    either order (Ray forwards each actor's output on its own). A stand-in for the next step comes while the last
+    own record is the step the last stand-in stood for; any other time, the step of the last own record has had no
+    stand-in yet: this one is it. Where a line was lost (or a step has no stand-in), the pairing errs towards
+    leaving out stand-ins whose own record is still to come (it carries their step), never towards a step the run
+    did not make; a restart starts it again (restart_steps)."""
+    if st.own_step < 0:  # no step of the backend's own in this log (yet): stand-ins count the steps
+        if kind == STAND_IN:
+            st.stand_in_step = st.last_step + 1
+            return st.stand_in_step
+        return st.last_step
+    if kind == STAND_IN_CURRENT:  # the step in progress: only one a stand-in counted, its own record still to come
+        return st.last_step if st.own_step < st.last_step else None
+    if st.stand_in_step != st.own_step:
+        st.stand_in_step = st.own_step
+        return None
+    st.stand_in_step = st.last_step + 1
+    return st.stand_in_step
+
+
+def restart_steps(state: dict[str, Any], base: int) -> None:
+    """A restart from the checkpoint of step `base`, on one log's state as saved in .ingest.json: counting goes on
+    from it, and so does a stand-in's pairing (that step had both its records; the repeated steps have theirs anew)."""
+    state["last_step"] = state["stand_in_step"] = base
+    if state.get("own_step", -1) >= 0:
+        state["own_step"] = base
 
 
 try:
@@ -443,9 +497,9 @@ class _Reader:
                 continue
             if rec is None:
                 continue
-            if "step" in rec or len(segments) == 1:
+            if len(segments) == 1 or rec.get("step", STAND_IN) != STAND_IN:
                 records.append(rec)
-            else:
+            else:  # a counted record (no `step`, or a stand-in): one per display
                 counted = rec
         if counted is not None:
             records.append(counted)

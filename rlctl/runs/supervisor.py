@@ -260,7 +260,7 @@ class Supervisor:
 
     def _reset_ingested_step(self, base: int) -> None:
         """At a restart: counting continues from the checkpoint's step (what the new attempt repeats from)."""
-        from rlctl.metrics.stream import ingest_lock
+        from rlctl.metrics.stream import ingest_lock, restart_steps
 
         with contextlib.suppress(OSError, ValueError), ingest_lock(self.run_dir, wait=10) as held:
             if not held:
@@ -268,7 +268,7 @@ class Supervisor:
             raw = json.loads((self.run_dir / INGEST_STATE).read_text())
             for st in raw.values():
                 if isinstance(st, dict):
-                    st["last_step"] = base
+                    restart_steps(st, base)
             tmp = self.run_dir / (INGEST_STATE + ".tmp")
             tmp.write_text(json.dumps(raw))
             os.replace(tmp, self.run_dir / INGEST_STATE)

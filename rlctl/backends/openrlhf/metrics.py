@@ -11,9 +11,11 @@ tests):
   - the actor's tqdm bar `Train epoch [e/E]: 100%|...| 8/8 [.., <short_status>]` (its `short_status` dict, every
     release from 0.3.6): 0.3.6 - 0.3.8 `pg=, rm=, ret=, glen=, tlen=, kl=` (+ `cri=, vals=, ptx=` with a critic,
     pretraining loss); 0.4.0 - 0.7.1 the same + `act_lr=` (+ `cri_lr=`); from 0.7.2 `act_loss=, reward=, return=,
-    gen_len=, tot_len=, kl=, act_lr=, ent_loss=` (0.11 adds grad_norm). The final frame of a bar (drawn again by
+    gen_len=, tot_len=, kl=, act_lr=, ent_loss=` (0.10 adds grad_norm). The final frame of a bar (drawn again by
     close()) is the last micro-batch of the step being trained: the first epoch's gets a counted step (the step
-    after the last one seen), a later epoch's (--max_epochs) the step in progress.
+    after the last one seen), a later epoch's (--max_epochs) the step in progress; both stand in for the step's
+    Global step line (parsers.STAND_IN): printed by the actor's process, they reach a Ray log before or after it,
+    and one that comes after it is left out (the Global dict has the step's exact values, the bar 3 digits).
   - up to 0.8.0, the `Episode [e/E]` bar's postfix is the step's whole status dict (`policy_loss=.., reward=..`),
     printed by `set_postfix` before `update()`, and in 0.8.0's async trainer the `Training Process` bar's: a frame
     showing n of N is step (e-1)*N + n + 1 (the closing frame, n = N, repeats step e*N). Up to 0.4.4 that bar
@@ -31,6 +33,8 @@ from itertools import chain, repeat
 from typing import Any
 
 from rlctl.metrics.parsers import (
+    STAND_IN,
+    STAND_IN_CURRENT,
     Incomplete,
     KeyMap,
     Malformed,
@@ -145,9 +149,14 @@ def _bar(s: str) -> dict[str, Any] | None:
     raw = {POSTFIX_RENAME.get(k, k): v for k, v in fields.items()}
     rec = unify(NAME, {k: number(v) for k, v in raw.items()}, POSTFIX_MAP if actor else {})
     epoch = _EPOCH.search(s)
+    # It stands in for the step's Global step line (from 0.8.1), printed by the trainer's process: it reaches the log
+    # before or after that line (Ray forwards each actor's output on its own), and the stream pairs them
+    # (parsers.STAND_IN); up to 0.8.0 it is the step's only record while the run goes, and counts the steps.
     if not actor or (epoch and int(epoch.group(1)) > 1):
-        rec["step"] = None  # the critic's bar, or a later epoch (--max_epochs) over the same step: the step in progress
-    return rec  # the actor's bar of a step's first epoch ends a step: no `step`, the stream counts it
+        rec["step"] = STAND_IN_CURRENT  # the critic's bar, or a later epoch (--max_epochs): the step in progress
+    else:
+        rec["step"] = STAND_IN  # the actor's bar of a step's first epoch ends a step: counted
+    return rec
 
 
 def record(raw: dict[str, Any]) -> dict[str, Any] | None:
