@@ -74,13 +74,25 @@ def verl_plan(row: dict[str, Any]):
 
 
 def deepspeed_plan(row: dict[str, Any]):
-    """OpenRLHF's recipe on one trainer GPU with the same model, ZeRO stage, checkpointing and micro batch."""
-    return _plan(OPENRLHF, [f"model.path={row['shape']}", "model.dtype=bfloat16", f"train.seq_len={row['seq']}",
-                            f"train.micro_batch_size={row['mb']}", f"train.train_batch_size={row['mb']}",
-                            f"train.zero_stage={row['zero_stage']}", f"lora.rank={row['lora'] or 8}",
-                            f"train.gradient_checkpointing={'true' if row['ac'] else 'false'}",
-                            "resources.gpus_per_node=2", "resources.trainer_gpus=[1]",
-                            "resources.inference_gpus=[0]", "algorithm.kl_coef=0"], row)
+    """OpenRLHF's recipe on one trainer GPU with the same model, ZeRO stage, checkpointing and micro batch, planned as
+    the bench ran it: one process doing forward/backward and steps only (the engine's allocator slack), not
+    OpenRLHF's actor, which also runs the experience forward and the broadcast to vLLM (its own measured slack)."""
+    import dataclasses
+
+    from rlctl.backends import get_backend
+    from rlctl.recipe.planning import prepare
+
+    sets = [f"model.path={row['shape']}", "model.dtype=bfloat16", f"train.seq_len={row['seq']}",
+            f"train.micro_batch_size={row['mb']}", f"train.train_batch_size={row['mb']}",
+            f"train.zero_stage={row['zero_stage']}", f"lora.rank={row['lora'] or 8}",
+            f"train.gradient_checkpointing={'true' if row['ac'] else 'false'}",
+            "resources.gpus_per_node=2", "resources.trainer_gpus=[1]",
+            "resources.inference_gpus=[0]", "algorithm.kl_coef=0"]
+    recipe = prepare(OPENRLHF, sets).recipe
+    if not row["lora"]:
+        recipe.lora = None
+    f = dataclasses.replace(get_backend("openrlhf").memory_features(recipe), allocator_slack=None)
+    return _plan(OPENRLHF, sets, row, f)
 
 
 def table(files: list[str], plan, held_out: set[str], predicted: str | None = None) -> str:

@@ -35,14 +35,18 @@ def test_each_finished_part_holds_what_was_measured(path):
     calls = doc["nvml"]["calls"]
     assert calls and all(c["samples"] and c["interval_s"] for c in calls)  # raw samples, every call
     finished = {k: p for k, p in doc["parts"].items() if not p.get("in_progress") and "collected" in p}
-    assert finished
-    for name, part in finished.items():
-        assert part["preflight"]["json"]["results"], name  # rlctl's plan, verbatim
+    # a run whose part broke in the kit (openrlhf-1: run.py's kill step) read to its end by a later `--part collect`
+    later = {f"{k}/{run}": e for k, p in doc["parts"].items() if k.split("#")[0] == "collect"
+             for run, e in p.items() if isinstance(e, dict) and "collected" in e}
+    assert finished or later
+    for name, part in {**finished, **later}.items():
+        if name in finished:
+            assert part["preflight"]["json"]["results"], name  # rlctl's plan, verbatim
         c = part["collected"]
         for verb in ("status", "doctor", "ckpt_list", "metrics"):
             assert c[verb]["argv"][0] == "rlctl" and "stdout" in c[verb], (name, verb)
         assert c["log_tail"], name
         assert isinstance(c["checkpoint_bytes"], dict), name
-        if part["steps"]["seen"]:
+        if (part.get("steps") or {"seen": True})["seen"]:
             ckpts = json.loads(c["ckpt_list"]["stdout"])["checkpoints"]
             assert ckpts and all(k["bytes"] > 0 for k in ckpts if k["complete"]), name

@@ -159,6 +159,11 @@ class MemoryFeatures:
     reference_on_gpu: bool = True  # False: the reference model's weights stay on the CPU (forward-only offload)
     unsharded_grad_bytes: float = 0.0  # per trainable parameter, held unsharded on every GPU while micro batches
     # accumulate (FSDP no_sync): not divided by the GPUs
+    reference_process: bool = False  # the reference model is its own process on the trainer's GPU (its weights and
+    # its own CUDA context beside the trainer's, outside the trainer's allocator)
+    allocator_slack: float | None = None  # NVML-visible / allocated peak measured for this trainer; None: the engine's
+    trainer_sleeps: bool = False  # colocated: the trainer's weights and optimizer states leave the GPU while the
+    # engine generates (OpenRLHF --ds.enable_sleep)
     notes: list[str] = field(default_factory=list)
 
 

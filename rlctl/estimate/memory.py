@@ -166,7 +166,8 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     b.terms["optimizer"] = 0.0 if f.optimizer == "cpu" else opt_states
     if f.optimizer == "cpu":
         b.notes.append("optimizer states on the CPU")
-    if r.algorithm.kl_coef > 0 and full and f.reference_on_gpu:
+    reference = r.algorithm.kl_coef > 0 and full and f.reference_on_gpu
+    if reference and not f.reference_process:
         # TRL loads the reference with the policy's model_init_kwargs (fp32 under mixed); FSDP/DeepSpeed: bf16 shards
         b.terms["reference model"] = shard(P * (pb if engine == "plain" else cb), 3)
     autocast_fp32 = engine == "plain" and pb > cb and base_b > cb
@@ -249,7 +250,8 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         train_extra = b.terms["gradients"] + acts + logits + b.terms.get("autocast weight copies", 0.0)
         b.terms["generation (beyond training)"] = max(gen - train_extra, 0.0)
     allocated = sum(b.terms.values())
-    slack = ALLOCATOR_SLACK.get(f"{engine}-lora" if not full else engine) or ALLOCATOR_SLACK.get(engine, 1.1)
+    slack = f.allocator_slack or ALLOCATOR_SLACK.get(f"{engine}-lora" if not full else engine) or \
+        ALLOCATOR_SLACK.get(engine, 1.1)
     step_beyond = b.terms.get("optimizer step (beyond forward/backward)", 0.0)
     if step_beyond and full:
         reserved = max((allocated - step_beyond) * slack, allocated * STEP_SLACK.get(engine, slack))
@@ -257,18 +259,25 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         reserved = allocated * slack
     b.terms["allocator slack"] = reserved - allocated
     b.terms["cuda context"] = DEEPSPEED_CONTEXT[3 if stage >= 3 else 2] if engine == "deepspeed" else CUDA_CONTEXT
+    if reference and f.reference_process:
+        # its own process beside the trainer's (OpenRLHF's ReferenceModelActor): unsharded bf16 weights and a CUDA
+        # context of its own; its forward's blocks are freed (empty_cache) before the actor trains
+        b.terms["reference model (own process)"] = P * cb + b.terms["cuda context"]
     b.facts = {"engine": engine, "param_dtype": pdt, "tokens_per_micro_batch": tokens, "micro_batch": mb,
                "checkpointing": gc, "checkpointed_layers": n_ck, "gradient_accumulation": accumulation,
                "allocated_peak": allocated, "optimizer": f.optimizer, "token_budget": f.token_budget,
-               "backend_notes": list(f.notes)}
+               "backend_notes": list(f.notes), "sleeps": f.trainer_sleeps}
     return b
 
 
 def trainer_resident(trainer: Breakdown, with_optimizer: bool = False) -> float:
-    """What the trainer holds between steps: its weights (and, once it has stepped, its optimizer states)."""
-    keep = {"weights", "lora weights", "reference model", "cuda context"}
-    if with_optimizer:
-        keep.add("optimizer")
+    """What the trainer holds between steps: its weights (and, once it has stepped, its optimizer states); a trainer
+    that sleeps while the engine generates (its states offloaded) holds only its contexts and the reference."""
+    keep = {"reference model", "reference model (own process)", "cuda context"}
+    if not trainer.facts.get("sleeps"):
+        keep |= {"weights", "lora weights"}
+        if with_optimizer:
+            keep.add("optimizer")
     return sum(v for k, v in trainer.terms.items() if k in keep)
 
 

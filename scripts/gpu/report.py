@@ -67,6 +67,20 @@ def planned(part: dict) -> dict[str, float]:
     return out
 
 
+def per_gpu(part: dict) -> str | None:
+    """Where the backend's scheduler placed shares of different sizes (OpenRLHF's actor on one GPU, its engine on
+    another: Ray picks which), each GPU's plan against each GPU's NVML peak over its first reading, matched by size;
+    None where the plan has one share per GPU of one kind."""
+    data = (_check(part, "memory.gpus") or {}).get("data") or {}
+    shares = sorted(g["total_gib"] for g in data.get("gpus") or [])
+    win = part.get("later_window") if part.get("ended_in_later_call") else None
+    win = part.get("nvml_window") or win or {}
+    if data.get("placed") or len(set(shares)) < 2 or not win.get("peak_gib"):
+        return None
+    peaks = sorted(p - f for p, f in zip(win["peak_gib"], win["first_gib"], strict=False))[-len(shares):]
+    return "; ".join(ratio(s, m) for s, m in zip(shares, peaks, strict=False))
+
+
 def call_of(doc: dict, part: dict) -> dict:
     """The NVML record of the call that ran the part: the one its `call_started` names, else (evidence written
     before parts named it) the one whose samples agree with the NVML readings the part's events took."""
@@ -237,11 +251,18 @@ def rows(files: list[Path]) -> list[list[str]]:
                                                                                            seen.values()) else ""))
             p, m = (planned(part), measured(doc, part)) if seen else ({}, {})  # never trained: nothing to compare
             end = " (its end seen by a later call)" if part.get("ended_in_later_call") else ""
-            out.append([f.name, name, ver, gpu, outcome(part) + end, steps, kills(part),
-                        ratio(p.get("run"), m.get("run")), ratio(p.get("with_eval"), m.get("with_eval")),
+            mem = (per_gpu(part) if seen else None) or ratio(p.get("run"), m.get("run"))
+            beside = ratio(p.get("with_eval"), m.get("with_eval"))
+            if name.split("#")[0] in STAND_IN_TRAINERS:
+                mem, beside = "- (a stand-in trainer: no plan to test)", "-"
+            out.append([f.name, name, ver, gpu, outcome(part) + end, steps, kills(part), mem, beside,
                         evals(part)])
     return out
 
+
+# parts whose trainer is a script of the kit's own (seed 004's engine-dies: a loop waiting on a vLLM server), not a
+# backend's: their memory says nothing of rlctl's plan
+STAND_IN_TRAINERS = {"engine-dies"}
 
 HEAD = ["evidence", "part", "versions", "GPU", "outcome", "steps logged", "kills -> restart (GPU at restart)",
         "memory: plan / NVML peak (GiB), run alone", "... with rlctl's evaluator beside it", "evals"]

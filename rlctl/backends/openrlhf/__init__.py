@@ -156,6 +156,25 @@ class OpenRLHFBackend(Backend):
         pick which GPU holds which: only the counts are known."""
         return super().gpu_roles(recipe) if self.colocated(recipe) else None
 
+    # The actor's NVML-visible / allocated peak, full fine-tune, measured on OpenRLHF 0.10.4 launched by rlctl on an
+    # H100 (docs/gpu/openrlhf-2.json, torch's own figures inside the PolicyModelActor: 17.95/10.74, 17.78/10.68,
+    # 16.04/10.75 over three attempts): the actor alternates the experience forward over rollout micro batches, the
+    # training step and the broadcast to vLLM, whose differently shaped blocks the caching allocator keeps; a
+    # one-phase trainer of its shape (bench/gpu_deepspeed.py) showed 1.08-1.31.
+    ACTOR_SLACK = 1.66
+
+    def memory_features(self, recipe: Recipe) -> Any:
+        """The base features, and how OpenRLHF places what it holds: its reference model is a Ray actor of its own
+        (ReferenceModelActor), on the actor's GPU as rlctl renders it (--colocate_actor_ref); with --ds.enable_sleep
+        (--deepspeed_enable_sleep) the actor's weights and optimizer states leave the GPU while vLLM generates."""
+        f = super().memory_features(recipe)
+        f.reference_process = True
+        if recipe.lora is None:
+            f.allocator_slack = self.ACTOR_SLACK
+        extra = {k.lstrip("-") for k, v in recipe.backend.extra().items() if v}
+        f.trainer_sleeps = bool(extra & {"ds.enable_sleep", "deepspeed_enable_sleep"})
+        return f
+
     def colocation_mode(self, recipe: Recipe) -> str:
         """Colocated vLLM sleeps while training with --vllm_enable_sleep (<= 0.10.1.post2) / --vllm.enable_sleep."""
         extra = {k.lstrip("-") for k, v in recipe.backend.extra().items() if v}
