@@ -252,6 +252,8 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     allocated = sum(b.terms.values())
     slack = f.allocator_slack or ALLOCATOR_SLACK.get(f"{engine}-lora" if not full else engine) or \
         ALLOCATOR_SLACK.get(engine, 1.1)
+    if f.allocator_slack:
+        b.notes.append(f"allocator slack: {f.allocator_slack:g}x the allocated peak, as measured for this trainer")
     step_beyond = b.terms.get("optimizer step (beyond forward/backward)", 0.0)
     if step_beyond and full:
         reserved = max((allocated - step_beyond) * slack, allocated * STEP_SLACK.get(engine, slack))
@@ -263,6 +265,7 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         # its own process beside the trainer's (OpenRLHF's ReferenceModelActor): unsharded bf16 weights and a CUDA
         # context of its own; its forward's blocks are freed (empty_cache) before the actor trains
         b.terms["reference model (own process)"] = P * cb + b.terms["cuda context"]
+        b.notes.append("the reference model is a process of its own on this GPU (its weights and CUDA context)")
     b.facts = {"engine": engine, "param_dtype": pdt, "tokens_per_micro_batch": tokens, "micro_batch": mb,
                "checkpointing": gc, "checkpointed_layers": n_ck, "gradient_accumulation": accumulation,
                "allocated_peak": allocated, "optimizer": f.optimizer, "token_budget": f.token_budget,
