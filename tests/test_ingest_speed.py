@@ -173,8 +173,9 @@ def test_writer_fast_and_plain_give_the_same_records(pairs):
             return
         finally:
             stream._orjson = saved
-        assert [json.loads(x) for x in a.read_text().splitlines()] == [
-            json.loads(x) for x in b.read_text().splitlines()]
+        # lines end at "\n" only: a string value may hold U+0085 unescaped (orjson writes it so)
+        assert [json.loads(x) for x in a.read_text().split("\n") if x] == [
+            json.loads(x) for x in b.read_text().split("\n") if x]
 
 
 # ---- following a growing log ---------------------------------------------------------------------------------
@@ -401,3 +402,14 @@ def test_the_attached_command_parser_reads_in_bulk_exactly_line_by_line(patterns
     check()
     good = "\n".join(GOOD["command"].format(i) for i in range(1, 41)) + "\n"
     assert len(parse.metric_bulk(good)) == 40  # the runner's lines: all in bulk
+
+
+def test_status_reads_a_record_whose_text_holds_a_unicode_line_break(tmp_path):
+    """JSON lets U+0085 / U+2028 stand unescaped in a string (orjson writes them so): they end no line of
+    metrics.jsonl, and the tail `status` reads keeps the record (str.splitlines broke the line there and dropped
+    it)."""
+    path = tmp_path / "metrics.jsonl"
+    recs = [{"step": 1, "note": "a\x85b\u2028c", "reward/mean": 0.5}, {"step": 2, "reward/mean": 0.7}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
+    got = stream.tail_records(path)
+    assert [r["step"] for r in got] == [1, 2] and got[0]["note"] == "a\x85b\u2028c"

@@ -707,7 +707,9 @@ def tail_records(path: Path, max_bytes: int = 4 * 1024 * 1024) -> list[dict[str,
     if start:
         data = data[data.find(b"\n") + 1:]
     out = []
-    for line in data.decode("utf-8", errors="replace").splitlines():
+    for line in data.decode("utf-8", errors="replace").split("\n"):  # JSON may hold U+0085/U+2028 unescaped
+        if not line.strip():
+            continue
         try:
             rec = _sane_record(json.loads(line))
         except (ValueError, RecursionError):
