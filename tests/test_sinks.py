@@ -80,3 +80,20 @@ def test_a_failing_sink_is_recorded_and_switched_off(tmp_path, monkeypatch):
     events = [json.loads(x) for x in (tmp_path / "rlctl-events.jsonl").read_text().splitlines()]
     assert events == [{"event": "sink_error", "error": "W&B is down"}]
     assert sinks.SinkPump(tmp_path, None).off
+
+
+def test_a_record_whose_text_holds_u0085_reaches_the_sink(tmp_path):
+    """metrics.jsonl lines end at "\\n" only: a string value may hold U+0085 unescaped (orjson writes it so); the
+    record is sent, not split there and dropped."""
+    pytest.importorskip("tensorboard")
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    with (tmp_path / "metrics.jsonl").open("w", encoding="utf-8") as fh:
+        for s in (1, 2):
+            fh.write(json.dumps({"step": s, "time": 0, "reward/mean": s / 10, "note": "a\x85b"},
+                                ensure_ascii=False) + "\n")
+    fwd = Forwarder(tmp_path, {"names": ["tensorboard"], "tensorboard": None})
+    assert fwd.pump() == 2
+    fwd.close()
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("reward/mean")] == [1, 2]

@@ -114,7 +114,7 @@ class Forwarder:
         if cut < 0:
             return 0
         n = 0
-        for line in data[: cut + 1].decode("utf-8", errors="replace").splitlines():
+        for line in data[: cut + 1].decode("utf-8", errors="replace").split("\n"):  # not splitlines: U+0085
             try:
                 rec = json.loads(line)
             except ValueError:
