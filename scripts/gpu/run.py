@@ -1019,7 +1019,23 @@ PARTS = {
     "openrlhf": {"2gpu": part_openrlhf_2gpu, "colocated": part_openrlhf_colocated},
 }
 # parts run only when named: `collect` (the runs an earlier call left going), `engine-dies` (2 GPUs)
-ONLY_ASKED = {"collect": part_collect, "engine-dies": part_engine_dies}
+def part_eval_runs(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """`rlctl eval RUN --step N` for every ended run an earlier call left on the machine (N: its newest complete
+    checkpoint), as a user evaluates a checkpoint after training: the calls that trained ran out of time first."""
+    out: dict[str, Any] = {}
+    for run in sorted(p for p in (ctx.work / "runs").glob("*") if (p / "state.json").is_file()):
+        if state(run).get("status") not in ("finished", "failed", "stopped", "lost"):
+            out[run.name] = {"skipped": f"the run is {state(run).get('status')}"}
+            continue
+        done = complete_checkpoints(ctx, run)
+        if not done:
+            out[run.name] = {"skipped": "no complete checkpoint"}
+            continue
+        out[run.name] = {"step": done[-1], "eval_after": eval_after(ctx, nv, run, done[-1])}
+    return out
+
+
+ONLY_ASKED = {"collect": part_collect, "engine-dies": part_engine_dies, "eval-runs": part_eval_runs}
 SHAPE = "Qwen/Qwen2.5-0.5B"
 
 
