@@ -101,10 +101,18 @@ def restart_point(backend: str, run_dir: Path) -> tuple[Checkpoint | None, list[
     changes: list[str] = []
     try:
         prunable_root(run_dir, root)
-        changes = adapter.point_resume(root, chosen)
-    except (RlctlError, OSError) as e:
-        changes = [f"left as it was ({e})"]
-    return adapter.resumes_from(root, chosen), changes
+    except RlctlError:
+        shared = True
+    else:
+        shared = False
+        try:
+            changes = adapter.point_resume(root, chosen)
+        except OSError as e:
+            changes = [f"could not change {root} ({e})"]
+    loaded = adapter.resumes_from(root, chosen)
+    if shared and (loaded and loaded.step) != (chosen and chosen.step):
+        changes = [f"{root} is not the run's own: left as it is"]
+    return loaded, changes
 
 
 def best_from_stream(run_dir: Path, backend: str, primary: str | None = None,

@@ -273,9 +273,9 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
                 executor=executor.name, started_at=time.time(),
                 resumed_from=str(resumed_from) if resumed_from else (opts.resume if remote else None),
                 resumed_from_checkpoint=str(parent_ckpt.path) if parent_ckpt else None, wandb_run_id=wandb_id,
-                resume_changes=resume_changes or None,
                 restart=spec["restart"],
-                preflight={r.verdict: sum(1 for x in results if x.verdict == r.verdict) for r in results})
+                preflight={r.verdict: sum(1 for x in results if x.verdict == r.verdict) for r in results},
+                **({"resume_changes": resume_changes} if resume_changes else {}))  # made the copy the one loaded
     if resumed_from:
         (run_dir / "parent").symlink_to(resumed_from.resolve())
 

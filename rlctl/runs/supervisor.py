@@ -464,14 +464,21 @@ class Supervisor:
 
     def _mark_checkpoint_root(self) -> None:
         """What the backend's checkpoint layout must know of rlctl's rendering before its first save
-        (Backend.mark_checkpoint_root), in the run's checkpoint root; a run without a recipe (a test's) has none."""
+        (Backend.mark_checkpoint_root), in the run's own checkpoint root; a run without a recipe (a test's) has none.
+        Without the mark the layout falls back to what is on disk (OpenRLHF: any HF export there)."""
         if not (self.run_dir / "recipe.toml").is_file():
+            return
+        from rlctl.runs.checkpoints import checkpoint_dir, prunable_root
+
+        root = checkpoint_dir(self.run_dir)
+        try:
+            prunable_root(self.run_dir, root)  # the run's own directory only: never a shared one (nor a cluster's path)
+        except RlctlError:
             return
         try:
             from rlctl.backends import get_backend
-            from rlctl.runs.checkpoints import checkpoint_dir
 
-            get_backend(self.spec["backend"]).mark_checkpoint_root(checkpoint_dir(self.run_dir))
+            get_backend(self.spec["backend"]).mark_checkpoint_root(root)
         except Exception as e:
             self.say(f"could not mark the checkpoint directory ({e}): `ckpt list` may call a checkpoint complete "
                      "before all its parts are written")

@@ -134,6 +134,31 @@ def test_restart_after_a_kill_records_the_checkpoint_deepspeed_loads(kill, files
     assert listed(run) == {2: True, 4: True, 6: True}  # OpenRLHF keeps every HF export (rlctl prunes, not here)
 
 
+@pytest.mark.parametrize("kill", [4, 6])  # the first save: `latest` written (no export anywhere yet); mid-export
+def test_restart_in_the_first_save_starts_afresh(kill, files, tmp_path):
+    """No checkpoint is complete yet: the restart is from the start, and the backend must not load the DeepSpeed state
+    of step 2 either (its export would never be written): rlctl's mark says exports are due before the first one."""
+    run = tmp_path / "run"
+    run.mkdir()
+    args = parsed(files, run)
+    BACKEND.mark_checkpoint_root(run / "checkpoints")
+    writes = {"n": 0}
+
+    def event(what: str) -> None:
+        writes["n"] += 1
+        if writes["n"] == kill:
+            raise Killed(what)
+
+    with Saves(VERSION, args, event) as s:
+        with contextlib.suppress(Killed):
+            s.save(2)
+        assert listed(run) == {2: False}
+        ckpt, changes = restart_point("openrlhf", run)
+        assert ckpt is None and s.loads(run / "checkpoints") is None, changes
+        assert "_actor/latest (global_step2) removed: the restart starts afresh" in changes
+        assert listed(run) == {}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the same through rlctl's supervisor: a trainer that runs the release's code and is SIGKILLed mid-save
 
@@ -183,6 +208,7 @@ def test_supervisor_restart_resumes_where_the_backend_does_every_step_once(kill,
     assert sorted(steps) == list(range(1, 7)) and max(Counter(steps).values()) == 1, steps
     assert (run / ".step_floor").read_text().strip() == "4"
     assert listed(run) == {4: True, 6: True}  # keep_last 2, each whole: step 4 written again
+    assert json.loads((run / "checkpoints" / ".rlctl-openrlhf.json").read_text()) == {"hf_exports": True}
 
 
 def test_launch_resume_from_the_best_checkpoint_loads_that_one(files, tmp_path):
