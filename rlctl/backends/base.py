@@ -452,6 +452,33 @@ class Backend:
         """The checkpoints under a checkpoint root, oldest first, each marked complete or not."""
         return []
 
+    # a restart resumes from one checkpoint, and the attempt record, the stream's step and the backend must agree on
+    # it (rlctl.runs.resume): which one, what the backend's own resume reads, and what it will really load
+    def resume_checkpoint(self, root: Path, ckpts: list[Checkpoint]) -> Checkpoint | None:
+        """The checkpoint a restart resumes from: the newest complete one whose state the backend's resume can load.
+        Default: the newest complete one."""
+        del root  # Unused
+        done = [c for c in ckpts if c.complete]
+        return done[-1] if done else None
+
+    def point_resume(self, root: Path, ckpt: Checkpoint | None) -> list[str]:
+        """Before a restart from `ckpt` (None: from the start), in the run's own checkpoint root: make what the
+        backend's resume reads there name `ckpt`; returns what was changed, in words (the attempt record keeps them).
+        Default: nothing to change, the rendered command names the step (checkpoint.resume)."""
+        del root, ckpt  # Unused
+        return []
+
+    def resumes_from(self, root: Path, ckpt: Checkpoint | None) -> Checkpoint | None:
+        """The checkpoint the backend will load, rendered to resume from `ckpt`, with root as it is now. Default:
+        `ckpt` (the rendered command names its step)."""
+        del root  # Unused
+        return ckpt
+
+    def mark_checkpoint_root(self, root: Path) -> None:
+        """Before each attempt rlctl starts (where the run lives): leave under root what `checkpoints(root)` must know
+        of rlctl's rendering before the first save (OpenRLHF: every checkpoint has an HF export). Default: nothing."""
+        del root  # Unused
+
     def evaluable_fix(self, ckpt: Checkpoint) -> str | None:
         """How to give an evaluator a model from a checkpoint that holds none it can load (None: nothing known)."""
         del ckpt  # Unused

@@ -81,6 +81,40 @@ def latest_complete(backend: str, run_dir: Path) -> Checkpoint | None:
     return done[-1] if done else None
 
 
+def restart_point(backend: str, run_dir: Path) -> tuple[Checkpoint | None, list[str]]:
+    """The checkpoint a restart resumes from — the one the backend will really load (None: the start) — and what
+    rlctl changed in the run's checkpoint root to make it load that one (in words; [] when nothing). The newest
+    complete checkpoint the backend can resume from (Backend.resume_checkpoint); where the backend's own resume reads
+    a pointer in the root rather than the step rlctl renders (OpenRLHF's DeepSpeed `latest`), the pointer is made to
+    name it (Backend.point_resume) — only in a root that is the run's own (prunable_root), never a shared one; then
+    the backend says what it will load (Backend.resumes_from), and that is the answer, whatever was chosen."""
+    from rlctl.backends import get_backend
+
+    try:
+        adapter = get_backend(backend)
+    except RlctlError:
+        return None, []
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return None, []
+    chosen = adapter.resume_checkpoint(root, adapter.checkpoints(root))
+    changes: list[str] = []
+    try:
+        prunable_root(run_dir, root)
+    except RlctlError:
+        shared = True
+    else:
+        shared = False
+        try:
+            changes = adapter.point_resume(root, chosen)
+        except OSError as e:
+            changes = [f"could not change {root} ({e})"]
+    loaded = adapter.resumes_from(root, chosen)
+    if shared and (loaded and loaded.step) != (chosen and chosen.step):
+        changes = [f"{root} is not the run's own: left as it is"]
+    return loaded, changes
+
+
 def best_from_stream(run_dir: Path, backend: str, primary: str | None = None,
                      root: Path | None = None) -> dict[str, Any] | None:
     """The complete checkpoint (or step 0, the base model) whose primary eval in the stream is highest:

@@ -193,16 +193,19 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     else:
         run_dir = create_run_dir(runs_root(), name).resolve()
     rerender = False
+    resume_changes: list[str] = []
     if resumed_from is not None:
         # the new run resumes from its own copy: nothing is ever written into the parent's directory
         own = _own_checkpoint_dir(recipe, run_dir, resumed_from)
         if own != recipe.checkpoint.dir:
             recipe.checkpoint.dir, rerender = own, True
         stage_checkpoint(parent_ckpt, _ckpt_root(resumed_from), _abs(run_dir, recipe.checkpoint.dir))
+        resume_changes = point_staged(prep.backend, _abs(run_dir, recipe.checkpoint.dir), parent_ckpt.step)
     if remote is not None:
         from rlctl.runs.sync import fetch_manifest, mark_synced
 
         fetch_manifest(opts.resume, remote, _abs(run_dir, recipe.checkpoint.dir))
+        resume_changes = point_staged(prep.backend, _abs(run_dir, recipe.checkpoint.dir), remote["step"])
         if recipe.checkpoint.sync == opts.resume:  # the run's own store: the checkpoint is synced already
             mark_synced(run_dir, opts.resume, remote)
     if executor.copies_working_dir and not Path(recipe.checkpoint.dir).is_absolute():
@@ -271,7 +274,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
                 resumed_from=str(resumed_from) if resumed_from else (opts.resume if remote else None),
                 resumed_from_checkpoint=str(parent_ckpt.path) if parent_ckpt else None, wandb_run_id=wandb_id,
                 restart=spec["restart"],
-                preflight={r.verdict: sum(1 for x in results if x.verdict == r.verdict) for r in results})
+                preflight={r.verdict: sum(1 for x in results if x.verdict == r.verdict) for r in results},
+                **({"resume_changes": resume_changes} if resume_changes else {}))  # made the copy the one loaded
     if resumed_from:
         (run_dir / "parent").symlink_to(resumed_from.resolve())
 
@@ -337,6 +341,14 @@ def _not_running(parent: Path, force: bool, out: Any) -> None:
                               "launch again, or add --force to fork it on purpose")
     print(f"rlctl: {parent.name} is still {status}: forking it (--force); it goes on, the new run starts from its "
           "checkpoint", file=out)
+
+
+def point_staged(backend: Any, root: Path, step: int) -> list[str]:
+    """The copy resumed from is what the backend's own resume loads in the new run's root (Backend.point_resume: a
+    best-marked checkpoint older than the parent's newest is staged without OpenRLHF's `latest`, which names the
+    newest). Returns what was changed there, in words."""
+    staged = next((c for c in backend.checkpoints(root) if c.step == step), None) if root.is_dir() else None
+    return backend.point_resume(root, staged) if staged is not None else []
 
 
 def _parent_checkpoint(backend: Any, old_run: Path) -> Any:

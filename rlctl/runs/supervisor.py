@@ -145,6 +145,7 @@ class Supervisor:
         self.disk_stop: Any = None  # rlctl.runs.disk_pressure.Pressure that stopped the run
         self._disk_at = 0.0
         self.evals: Any = None  # rlctl.evals.loop.CheckpointEvals (spec "evals"), False when the run has none
+        self._resume_changes: list[str] = []  # what the restart point changed (rlctl.runs.checkpoints.restart_point)
 
     # ---- compatibility: the local executor's process of the current attempt ---------------------------------------
     @property
@@ -207,7 +208,10 @@ class Supervisor:
                                  "restart": restart,
                                  "from_checkpoint": str(checkpoint.path) if checkpoint is not None else None,
                                  "from_step": checkpoint.step if checkpoint is not None else None}
+        if self._resume_changes:  # what rlctl changed so that the backend loads that checkpoint
+            entry["resume_changes"], self._resume_changes = self._resume_changes, []
         self.attempts.append(entry)
+        self._mark_checkpoint_root()
         if self.gpu is not None and getattr(self.gpu, "active", False):  # a restart: is the card free for it?
             with contextlib.suppress(Exception):
                 self.gpu.tick()
@@ -438,7 +442,7 @@ class Supervisor:
                     left = self.executor.leftovers(self.run_dir, state, self.grace)
                     if left:
                         self.say(left)
-                ckpt = self._latest_complete()
+                ckpt = self._restart_point()
                 self._prepare_restart(ckpt, from_plan_env=True)
                 self._before_restart(f"rlctl resume (the run was {status})", ckpt)
                 self.start(reason=f"resume ({status})", checkpoint=ckpt)
@@ -446,19 +450,46 @@ class Supervisor:
         finally:
             self.executor.close()
 
-    def _latest_complete(self) -> Any:
-        from rlctl.runs.checkpoints import latest_complete
+    def _restart_point(self) -> Any:
+        """The checkpoint the next attempt resumes from: the one its backend will load, made so where its resume reads
+        a pointer (rlctl.runs.checkpoints.restart_point); what that changed goes into the attempt record."""
+        from rlctl.runs.checkpoints import restart_point
 
         try:
-            return latest_complete(self.spec["backend"], self.run_dir)
-        except Exception:
+            ckpt, self._resume_changes = restart_point(self.spec["backend"], self.run_dir)
+        except Exception as e:
+            self.say(f"could not tell which checkpoint the backend resumes from ({e}); restarting from the start")
             return None
+        return ckpt
+
+    def _mark_checkpoint_root(self) -> None:
+        """What the backend's checkpoint layout must know of rlctl's rendering before its first save
+        (Backend.mark_checkpoint_root), in the run's own checkpoint root; a run without a recipe (a test's) has none.
+        Without the mark the layout falls back to what is on disk (OpenRLHF: any HF export there)."""
+        if not (self.run_dir / "recipe.toml").is_file():
+            return
+        from rlctl.runs.checkpoints import checkpoint_dir, prunable_root
+
+        root = checkpoint_dir(self.run_dir)
+        try:
+            prunable_root(self.run_dir, root)  # the run's own directory only: never a shared one (nor a cluster's path)
+        except RlctlError:
+            return
+        try:
+            from rlctl.backends import get_backend
+
+            get_backend(self.spec["backend"]).mark_checkpoint_root(root)
+        except Exception as e:
+            self.say(f"could not mark the checkpoint directory ({e}): `ckpt list` may call a checkpoint complete "
+                     "before all its parts are written")
 
     def _before_restart(self, why: str, ckpt: Any) -> None:
         self._ingest(final=True, wait=True)
         self._set_floor()
         self._reset_ingested_step(ckpt.step if ckpt is not None else 0)
         frm = f"checkpoint step {ckpt.step}" if ckpt is not None else "the start (no complete checkpoint yet)"
+        if self._resume_changes:
+            frm += f" (so that the backend loads it: {'; '.join(self._resume_changes)})"
         text = f"{why}; restarting from {frm} as attempt {self.attempt + 1}"
         self._mark_log(text)
         self.say(text)
@@ -489,7 +520,7 @@ class Supervisor:
             if why != "stopped" and self.policy.wants(why):
                 restarts = sum(1 for a in self.attempts if a.get("restart"))
                 if restarts < self.policy.max_restarts:
-                    ckpt = self._latest_complete()
+                    ckpt = self._restart_point()
                     try:
                         self._prepare_restart(ckpt)
                     except Exception as e:  # the recipe no longer renders: give up, say why

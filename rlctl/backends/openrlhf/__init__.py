@@ -624,3 +624,25 @@ class OpenRLHFBackend(Backend):
         from rlctl.backends.openrlhf.checkpoints import find
 
         return find(root)
+
+    # --load_checkpoint loads the tag DeepSpeed's `_actor/latest` names, not a step rlctl renders (checkpoints.py)
+    def resume_checkpoint(self, root: Path, ckpts: list[Checkpoint]) -> Checkpoint | None:
+        from rlctl.backends.openrlhf.checkpoints import resumable
+
+        done = [c for c in ckpts if resumable(root, c)]
+        return done[-1] if done else None
+
+    def point_resume(self, root: Path, ckpt: Checkpoint | None) -> list[str]:
+        from rlctl.backends.openrlhf.checkpoints import point_resume
+
+        return point_resume(root, ckpt)
+
+    def resumes_from(self, root: Path, ckpt: Checkpoint | None) -> Checkpoint | None:
+        from rlctl.backends.openrlhf.checkpoints import loads
+
+        return loads(root)
+
+    def mark_checkpoint_root(self, root: Path) -> None:
+        from rlctl.backends.openrlhf.checkpoints import mark_root
+
+        mark_root(root)
