@@ -91,7 +91,7 @@ def deepspeed_plan(row: dict[str, Any]):
     recipe = prepare(OPENRLHF, sets).recipe
     if not row["lora"]:
         recipe.lora = None
-    f = dataclasses.replace(get_backend("openrlhf").memory_features(recipe), allocator_slack=None)
+    f = dataclasses.replace(get_backend("openrlhf").memory_features(recipe), transient_slack=None)
     return _plan(OPENRLHF, sets, row, f)
 
 

@@ -161,7 +161,8 @@ class MemoryFeatures:
     # accumulate (FSDP no_sync): not divided by the GPUs
     reference_process: bool = False  # the reference model is its own process on the trainer's GPU (its weights and
     # its own CUDA context beside the trainer's, outside the trainer's allocator)
-    allocator_slack: float | None = None  # NVML-visible / allocated peak measured for this trainer; None: the engine's
+    transient_slack: float | None = None  # reserved beyond the allocated peak, in multiples of the step's transient
+    # terms (activations, logits, reduce bucket, the step's extra), measured for this trainer; None: the engine's ratio
     trainer_sleeps: bool = False  # colocated: the trainer's weights and optimizer states leave the GPU while the
     # engine generates (OpenRLHF --ds.enable_sleep)
     notes: list[str] = field(default_factory=list)

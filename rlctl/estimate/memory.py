@@ -166,7 +166,9 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     b.terms["optimizer"] = 0.0 if f.optimizer == "cpu" else opt_states
     if f.optimizer == "cpu":
         b.notes.append("optimizer states on the CPU")
-    reference = r.algorithm.kl_coef > 0 and full and f.reference_on_gpu
+    # a reference model: the full fine-tune's frozen copy; with LoRA only where it is a process of its own (OpenRLHF
+    # loads the base model there; TRL and verl take the base by switching the adapters off)
+    reference = r.algorithm.kl_coef > 0 and f.reference_on_gpu and (full or f.reference_process)
     if reference and not f.reference_process:
         # TRL loads the reference with the policy's model_init_kwargs (fp32 under mixed); FSDP/DeepSpeed: bf16 shards
         b.terms["reference model"] = shard(P * (pb if engine == "plain" else cb), 3)
@@ -250,21 +252,26 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
         train_extra = b.terms["gradients"] + acts + logits + b.terms.get("autocast weight copies", 0.0)
         b.terms["generation (beyond training)"] = max(gen - train_extra, 0.0)
     allocated = sum(b.terms.values())
-    slack = f.allocator_slack or ALLOCATOR_SLACK.get(f"{engine}-lora" if not full else engine) or \
-        ALLOCATOR_SLACK.get(engine, 1.1)
-    if f.allocator_slack:
-        b.notes.append(f"allocator slack: {f.allocator_slack:g}x the allocated peak, as measured for this trainer")
+    slack = ALLOCATOR_SLACK.get(f"{engine}-lora" if not full else engine) or ALLOCATOR_SLACK.get(engine, 1.1)
     step_beyond = b.terms.get("optimizer step (beyond forward/backward)", 0.0)
-    if step_beyond and full:
+    if f.transient_slack and full:
+        # a trainer whose phases (experience forward, training, weight broadcast) each leave their blocks cached:
+        # the slack grows with the step's transient memory, not with the states allocated once
+        moving = acts + logits + b.terms.get("gradient bucket", 0.0) + step_beyond
+        reserved = allocated + f.transient_slack * moving
+        b.notes.append(f"allocator slack: {f.transient_slack:g}x the step's transient memory, as measured for this "
+                       "trainer")
+    elif step_beyond and full:
         reserved = max((allocated - step_beyond) * slack, allocated * STEP_SLACK.get(engine, slack))
     else:
         reserved = allocated * slack
     b.terms["allocator slack"] = reserved - allocated
     b.terms["cuda context"] = DEEPSPEED_CONTEXT[3 if stage >= 3 else 2] if engine == "deepspeed" else CUDA_CONTEXT
     if reference and f.reference_process:
-        # its own process beside the trainer's (OpenRLHF's ReferenceModelActor): unsharded bf16 weights and a CUDA
-        # context of its own; its forward's blocks are freed (empty_cache) before the actor trains
-        b.terms["reference model (own process)"] = P * cb + b.terms["cuda context"]
+        # its own process beside the trainer's (OpenRLHF's ReferenceModelActor): bf16 weights, sharded as the actor's
+        # under ZeRO-3 (get_ds_eval_config takes the actor's stage), and a CUDA context of its own; its forward's
+        # blocks are freed (empty_cache) before the actor trains
+        b.terms["reference model (own process)"] = shard(P * cb, 3) + b.terms["cuda context"]
         b.notes.append("the reference model is a process of its own on this GPU (its weights and CUDA context)")
     b.facts = {"engine": engine, "param_dtype": pdt, "tokens_per_micro_batch": tokens, "micro_batch": mb,
                "checkpointing": gc, "checkpointed_layers": n_ck, "gradient_accumulation": accumulation,

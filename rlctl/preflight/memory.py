@@ -73,7 +73,8 @@ def trainer(ctx: Context) -> Result:
                 how += (f" (micro batch 1 needs more, {gib(plans[(1, use_gc)])}: gradient accumulation keeps the "
                         "whole gradients between micro batches)")
             options = ["shorten train.seq_len", *([] if r.lora else ["use LoRA"]),
-                       "raise train.zero_stage / more trainer GPUs", *([] if r.train.offload else ["train.offload"])]
+                       "raise train.zero_stage / more trainer GPUs" if (r.train.zero_stage or 0) < 3
+                       else "more trainer GPUs", *([] if r.train.offload else ["train.offload"])]
             fix = (f"no micro batch fits: the least is {how}: "
                    + ", ".join(options[:-1]) + ", or " + options[-1])
         else:
@@ -225,6 +226,10 @@ def gpus(ctx: Context) -> Result | None:
     shared = plan.shared()
     data["peak"] = max([g.total for g in plan.gpus]
                        + ([shared.total + ev.footprint(ev.beside)] if shared and ev and ev.beside else []), default=0.0)
+    over = [g for g in plan.gpus if g.total > plan.total]
+    if over:  # memory.trainer / memory.colocation say why and compute the fix: never OK beside them
+        return Result("memory.gpus", FAIL, split,
+                      "a GPU holds more than it has: memory.trainer / memory.colocation give the fix", data)
     if ev is None:
         return Result("memory.gpus", OK, split, None, data)
     if ev.alone is None:

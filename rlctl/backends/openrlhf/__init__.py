@@ -156,12 +156,14 @@ class OpenRLHFBackend(Backend):
         pick which GPU holds which: only the counts are known."""
         return super().gpu_roles(recipe) if self.colocated(recipe) else None
 
-    # The actor's NVML-visible / allocated peak, full fine-tune, measured on OpenRLHF 0.10.4 launched by rlctl on an
-    # H100 (docs/gpu/openrlhf-2.json, torch's own figures inside the PolicyModelActor: 17.95/10.74, 17.78/10.68,
-    # 16.04/10.75 over three attempts): the actor alternates the experience forward over rollout micro batches, the
-    # training step and the broadcast to vLLM, whose differently shaped blocks the caching allocator keeps; a
-    # one-phase trainer of its shape (bench/gpu_deepspeed.py) showed 1.08-1.31.
-    ACTOR_SLACK = 1.66
+    # The actor's reserved beyond its allocated peak, in multiples of the step's transient memory (activations,
+    # logits, reduce bucket, the step's extra), full fine-tune, measured on OpenRLHF 0.10.4 launched by rlctl on an H100
+    # (docs/gpu/openrlhf-2.json, torch's own figures inside the PolicyModelActor: reserved - allocated 7.21, 7.10, 5.29
+    # GiB over three attempts against 3.68 GiB planned transient): the actor runs the experience forward over rollout
+    # micro batches, the training step and the broadcast to vLLM, and the caching allocator keeps each phase's blocks;
+    # a one-phase trainer of its shape (bench/gpu_deepspeed.py) showed 1.08-1.31x its whole allocated peak. Measured
+    # on one shape (0.5B, ZeRO-2, one actor GPU): preflight says so.
+    ACTOR_TRANSIENT_SLACK = 1.93
 
     def memory_features(self, recipe: Recipe) -> Any:
         """The base features, and how OpenRLHF places what it holds: its reference model is a Ray actor of its own
@@ -170,7 +172,9 @@ class OpenRLHFBackend(Backend):
         f = super().memory_features(recipe)
         f.reference_process = True
         if recipe.lora is None:
-            f.allocator_slack = self.ACTOR_SLACK
+            f.transient_slack = self.ACTOR_TRANSIENT_SLACK
+            f.notes.append("the actor's allocator slack was measured on one shape (OpenRLHF 0.10.4, 0.5B, ZeRO-2, one "
+                           "actor GPU: docs/gpu.md)")
         extra = {k.lstrip("-") for k, v in recipe.backend.extra().items() if v}
         f.trainer_sleeps = bool(extra & {"ds.enable_sleep", "deepspeed_enable_sleep"})
         return f
