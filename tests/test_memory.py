@@ -406,7 +406,8 @@ def _terms(*sets):
 
 def test_openrlhf_lora_counts_the_reference_process_the_render_starts():
     """OpenRLHF starts a ReferenceModelActor whenever the KL coefficient is set, LoRA or not, and loads the base model
-    there (sharded as the actor under ZeRO-3): the seed's own LoRA recipe planned 22.3 GiB without it (new-user trial)."""
+    there (sharded as the actor under ZeRO-3): the seed's own LoRA recipe planned 22.3 GiB without it (new-user
+    trial)."""
     b = _terms()
     ref = b.terms["reference model (own process)"]
     assert ref == pytest.approx(b.terms["weights"] + b.terms["cuda context"])  # ZeRO-3: the actor's shard of bf16
