@@ -286,6 +286,10 @@ def test_eval_every_that_checkpoints_cannot_serve(tmp_path_factory):
     assert [x["verdict"] for x in json.loads(r.stdout)["results"] if x["check"] == "eval.every"] == ["ok"]
     r = u("preflight", "r.toml", "--set", "checkpoint.every=5", "--json")
     assert [x["verdict"] for x in json.loads(r.stdout)["results"] if x["check"] == "eval.every"] == ["ok"]
+    # without the step-0 baseline the steps start at the first checkpoint (new-user trial: "at 0, 20, 40" was said)
+    r = u("preflight", "r.toml", "--set", "checkpoint.every=5", "--set", "eval.baseline=false", "--json")
+    found = [x for x in json.loads(r.stdout)["results"] if x["check"] == "eval.every"]
+    assert "(at 5, 10, 15, 20)" in found[0]["figure"], found
 
 
 # ---- 2.12: LR "reaches 30% of the target by step 20" ----------------------------------------------------------------
