@@ -223,3 +223,11 @@ def test_max_samples_cutting_the_eval_set_is_said(write, tmp_path):
             "train.steps=7", "backend.openrlhf.extra={}"]
     found = [f for f in prepare(OPENRLHF, sets).validate() if f.key == "data.eval"]
     assert found and "--max_samples" in found[0].message and "300 to" in found[0].message
+
+
+def test_only_takes_families_separated_by_commas(cli):
+    """`--only memory,context` (new-user trial: refused as one unknown family); a wrong name among them still exits 2
+    naming it."""
+    res = cli("preflight", str(RECIPES / "quickstart.toml"), "--only", "memory,context", "--json")
+    checks = {r["check"].split(".")[0] for r in json.loads(res.out)["results"]}
+    assert checks == {"memory", "context"}, checks

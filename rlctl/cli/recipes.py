@@ -83,13 +83,15 @@ def preflight(
     set_: SetOpt = None,
     as_json: JsonOpt = False,
     only: Annotated[list[str] | None, typer.Option("--only", metavar="CHECK",
-                                                   help="Run only these checks or families.")] = None,
+                                                   help="Run only these checks or families (repeat the option, "
+                                                        "or separate them with commas).")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the LR curve to this PNG.")] = None,
 ) -> None:
     """Run every check that needs no GPU. Exit 0 if nothing fails, 1 if a check fails, 2 for unusable input."""
     from rlctl import preflight as pf
     from rlctl.recipe.planning import prepare
 
+    only = [o.strip() for v in only for o in v.split(",") if o.strip()] or None if only else None
     pf.check_only(only)
     if plot is not None:
         from rlctl.ui.plots import check_out
