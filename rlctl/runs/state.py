@@ -46,13 +46,16 @@ class RunStatus:
 
     @property
     def elapsed(self) -> float | None:
-        """The time the run's attempts ran: a run stopped for an hour and resumed did not train in that hour."""
+        """The time the run's attempts ran: a run stopped for an hour and resumed did not train in that hour. What
+        came before its first recorded attempt counts whole (the launch; a pool run's generations on other hosts)."""
         now = time.time()
+        start = self.state.get("started_at")
         ran = [self._ran(a, now) for a in self.attempts]
         if ran and None not in ran:
-            return sum(r for r in ran if r is not None)
-        start = self.state.get("started_at")  # no attempts recorded (a run rlctl follows but did not start)
-        if not start:
+            first = self.attempts[0].get("started_at")
+            lead = max(first - start, 0.0) if _num(start) and _num(first) else 0.0
+            return lead + sum(r for r in ran if r is not None)
+        if not start:  # no attempts recorded (a run rlctl follows but did not start)
             return None
         end = self.state.get("ended_at") if self.status not in ACTIVE + ("stalled",) else None
         return (end or now) - start
