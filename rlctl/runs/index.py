@@ -27,7 +27,7 @@ from typing import Any
 from rlctl.core.state import ACTIVE, STATE, read_state
 
 INDEX = ".index.json"
-VERSION = 3  # 2: rows keep the host of a run on an SSH host; 3: and why a failed run failed
+VERSION = 4  # 2: rows keep the host of a run on an SSH host; 3: and why a failed run failed; 4: when each attempt ran
 EXPERIMENT = "experiment.json"  # written into a run directory by the experiment queue
 METRICS = "metrics.jsonl"
 TAIL = 16 * 1024  # bytes of metrics.jsonl read for the latest step and reward (many records of one step)
@@ -116,7 +116,11 @@ def build_row(run_dir: Path) -> dict[str, Any]:
         exp = data if isinstance(data, dict) else {}
     keep = ("status", "backend", "started_at", "ended_at", "exit_code", "total_steps", "executor", "host", "cause",
             "disk_full")
-    return {"name": run_dir.name, "state": {k: state.get(k) for k in keep if state.get(k) is not None},
+    kept = {k: state.get(k) for k in keep if state.get(k) is not None}
+    if isinstance(state.get("attempts"), list):  # elapsed is the time attempts ran (rlctl.runs.state.RunStatus)
+        kept["attempts"] = [{k: a.get(k) for k in ("started_at", "ended_at", "from_step", "outcome")}
+                            for a in state["attempts"] if isinstance(a, dict)]
+    return {"name": run_dir.name, "state": kept,
             "step": step, "reward": reward, "last_time": last,
             "experiment": exp.get("experiment") if isinstance(exp.get("experiment"), str) else None}
 

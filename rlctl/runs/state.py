@@ -28,18 +28,64 @@ class RunStatus:
     cause: dict[str, Any] | None = None  # why a failed run failed, when rlctl can tell (rlctl.runs.disk_full)
 
     @property
+    def attempts(self) -> list[dict[str, Any]]:
+        """The recorded attempts, the last one ended as the run is when it is not running any more (killed with its
+        supervisor: nobody wrote the end down, and `lost` or the settled outcome decides it, as it does the header)."""
+        out = [a for a in self.state.get("attempts") or [] if isinstance(a, dict)]
+        if out and self.status not in ACTIVE + ("stalled", "unreachable") and out[-1].get("outcome") is None:
+            out[-1] = {**out[-1], "outcome": self.status}
+        return out
+
+    def _ran(self, a: dict[str, Any], now: float) -> float | None:
+        start, end = a.get("started_at"), a.get("ended_at")
+        if not _num(start):
+            return None
+        if not _num(end):  # running (or ended unrecorded: up to its last step, or the run's end)
+            end = now if self.status in ACTIVE + ("stalled",) else self.state.get("ended_at") or self.last_step_time
+        return max(end - start, 0.0) if _num(end) else None
+
+    @property
     def elapsed(self) -> float | None:
+        """The time the run's attempts ran: a run stopped for an hour and resumed did not train in that hour. What
+        came before its first recorded attempt counts whole (the launch; a pool run's generations on other hosts)."""
+        now = time.time()
         start = self.state.get("started_at")
-        if not start:
+        ran = [self._ran(a, now) for a in self.attempts]
+        if ran and None not in ran:
+            first = self.attempts[0].get("started_at")
+            lead = max(first - start, 0.0) if _num(start) and _num(first) else 0.0
+            return lead + sum(r for r in ran if r is not None)
+        if not start:  # no attempts recorded (a run rlctl follows but did not start)
             return None
         end = self.state.get("ended_at") if self.status not in ACTIVE + ("stalled",) else None
-        return (end or time.time()) - start
+        return (end or now) - start
+
+    @property
+    def this_attempt(self) -> float | None:
+        """How long the current attempt has run, when the run has had more than one."""
+        if len(self.attempts) < 2 or self.status not in ("running", "stalled"):
+            return None
+        return self._ran(self.attempts[-1], time.time())
 
     @property
     def eta(self) -> float | None:
-        if self.status not in ("running", "stalled") or not self.step or not self.total or not self.elapsed:
+        """From the current attempt's own step rate (its steps since the checkpoint it started from): neither a
+        stopped gap nor an earlier attempt's pace counts."""
+        if self.status not in ("running", "stalled") or not self.step or not self.total:
             return None
-        return self.elapsed / self.step * max(self.total - self.step, 0)
+        left = max(self.total - self.step, 0)
+        if self.attempts:
+            last = self.attempts[-1]
+            frm = last.get("from_step") if _num(last.get("from_step")) else 0
+            ran = self._ran(last, time.time())
+            if self.step > frm and ran:
+                return ran / (self.step - frm) * left
+            return None  # no step of this attempt yet: no rate to tell from
+        return self.elapsed / self.step * left if self.elapsed else None
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def settled_status(run_dir: Path, state: dict[str, Any] | None = None) -> str:

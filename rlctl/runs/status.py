@@ -76,7 +76,8 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
                         for c in ckpts],
         "ingest": {"lines": ing.lines, "records": ing.records, "skipped": ing.skipped, "restarts": ing.restarts},
         "gpus": None if _elsewhere(rs.state) else gpu_stats(),  # this machine's GPUs are not the run's
-        "attempts": rs.state.get("attempts") or [],
+        "attempts": rs.attempts,  # the last one ended as the header says, where nobody wrote its end
+        "this_attempt_s": rs.this_attempt,
         "restart": rs.state.get("restart"),
         "gave_up": rs.state.get("gave_up"),
         "disk_full": rs.state.get("disk_full")
@@ -220,7 +221,8 @@ def _detail_text(d: dict[str, Any]) -> str:
     lines = [f"{d['name']}  ({d['backend']})  {d['status']}" + (f": {d['reason']}" if d.get("reason") else "")
              + (f"  exit code {d['exit_code']}" if d["exit_code"] is not None else ""),
              f"step {d['step'] if d['step'] is not None else '-'}{total}   elapsed {fmt_duration(d['elapsed_s'])}"
-             f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
+             + (f" (this attempt {fmt_duration(d['this_attempt_s'])})" if d.get("this_attempt_s") is not None else "")
+             + f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
     if d.get("unreachable"):
         lines.append(f"  ! {d['unreachable']}; what is shown is the last known state")
     lines += d.get("where") or []  # the executor's own words (a batch job: its queue state, how it ended)
