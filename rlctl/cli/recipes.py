@@ -91,7 +91,7 @@ def preflight(
     from rlctl import preflight as pf
     from rlctl.recipe.planning import prepare
 
-    only = [o.strip() for v in only for o in v.split(",") if o.strip()] or None if only else None
+    only = [o.strip() for v in only or [] for o in v.split(",") if o.strip()] or None
     pf.check_only(only)
     if plot is not None:
         from rlctl.ui.plots import check_out
