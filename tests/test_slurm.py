@@ -187,8 +187,12 @@ def test_quickstart_runs_as_a_slurm_job(sl):
     assert rlctl("doctor", run.name).returncode in (0, 1)
     assert (run / "slurm.sbatch").is_file()
 
-    # by hand: the run ran on SLURM, so its eval job is a SLURM job (not a process on the login node)
-    e = rlctl("eval", run.name, "--step", "4", "--json", timeout=600)
+    # by hand, step 4 again: its checkpoint eval did it, so its result is shown and no job is submitted
+    again = rlctl("eval", run.name, "--step", "4", "--json", timeout=600)
+    assert again.returncode == 0 and json.loads(again.stdout)["results"][0]["evaluated_already"], again.stdout
+    assert "by_hand" not in json.loads((run / "evals" / "evals.json").read_text()), "no job, no record"
+    # --force: the run ran on SLURM, so its eval job is a SLURM job (not a process on the login node)
+    e = rlctl("eval", run.name, "--step", "4", "--force", "--json", timeout=600)
     assert e.returncode == 0, e.stderr + (run / "evals" / "step-4.log").read_text(errors="replace")
     assert "each eval job goes there too" in e.stderr and "SLURM job" in e.stderr, e.stderr
     assert "eval/id/greedy_pass@1" in json.loads(e.stdout)["results"][0]["metrics"]

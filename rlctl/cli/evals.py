@@ -17,6 +17,7 @@ Examples:
   rlctl eval my-run                     the newest complete checkpoint, every eval set of its recipe
   rlctl eval my-run --all --set ood     every checkpoint (and the step-0 baseline) on the set `ood`
   rlctl eval my-run --step 30 --gpu 7   one checkpoint, on GPU 7, beside the training
+  rlctl eval my-run --force             again, though the run's own evals did it (else their result is shown)
   rlctl eval Qwen/Qwen2.5-7B --recipe r.toml   the baseline of a base model on the recipe's sets
   rlctl eval my-run --all --on spare    on an SSH host: checkpoints pushed (verified), results back here
   rlctl eval my-run --all --executor slurm --partition gpu   each job a SLURM job (the default for a run on SLURM)
@@ -64,6 +65,8 @@ def eval_cmd(
     account: AccountOpt = None,
     time_limit: Annotated[str | None, typer.Option("--time", help="With --executor slurm: each eval job's time "
                                                    "limit (default: eval.timeout_s and 10 minutes).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Evaluate again a checkpoint already evaluated on these "
+                                        "sets (by default its recorded result is shown and nothing runs, unless --on, --executor or --gpu names where).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate checkpoints (or a base model) on the recipe's eval sets, each job in its own process; a run's
@@ -98,6 +101,21 @@ def eval_cmd(
         out_dir = run_dir / EVALS
     rows: list[dict[str, Any]] = []
     failed = False
+    # a plain repeat of what was evaluated already shows it, not run again (and recorded twice); a place named
+    # (--on, --executor, --gpu) or --force is a request to evaluate there, so it runs
+    if run_dir is not None and not (force or on or executor or gpu):
+        from rlctl.evals.ledger import evaluated
+
+        for s_step, model in list(jobs):
+            had = evaluated(run_dir, s_step, set_names)
+            if had is None:
+                continue
+            jobs.remove((s_step, model))
+            rows.append({"step": s_step, "model": model, "metrics": had, "error": None, "evaluated_already": True})
+            if not as_json:
+                _echo(f"step {s_step:>6}  {model}  (evaluated already: not run again; --force evaluates it again)")
+                for k, v in sorted(had.items()):
+                    _echo(f"    {k:<48} {v:.4g}")
 
     def show(s_step: int, model: str, metrics: dict[str, float], failure: str | None, tail: str = "") -> None:
         nonlocal failed
@@ -114,7 +132,7 @@ def eval_cmd(
             for line in tail.splitlines()[-12:]:
                 _echo(f"    | {line}")
 
-    if ex is not None:
+    if ex is not None and jobs:  # (none left: every one was evaluated already)
         assert on is not None
         done: list[int] = []
         try:
@@ -135,7 +153,7 @@ def eval_cmd(
                               f"{', '.join(f'step {s}' for s in left)} (run the command again for them: a job "
                               "still running there is picked up, not started twice)")
             raise
-    elif placed is not None:  # an executor that places each job (SLURM: a batch job each)
+    elif placed is not None and jobs:  # an executor that places each job (SLURM: a batch job each)
         from rlctl.recipe.loader import load
 
         for a in placed.eval_jobs(ev, jobs, out_dir, run_dir, load(recipe_path).recipe, placement):

@@ -34,3 +34,35 @@ def write_ledger(run_dir: Path, ledger: dict[str, Any]) -> None:
     tmp = d / (LEDGER + ".tmp")
     tmp.write_text(json.dumps(ledger, indent=2) + "\n")
     os.replace(tmp, d / LEDGER)
+
+
+def evaluated(run_dir: Path, step: int, sets: list[str]) -> dict[str, float] | None:
+    """The results of `step` on every one of `sets` when the run's checkpoint evals or an `rlctl eval` already
+    evaluated it (an ok entry in the ledger for each set), else None: what is done is not run again silently."""
+    ledger = read_ledger(run_dir)
+    done = ledger.get("done") if isinstance(ledger.get("done"), dict) else {}
+    entries = [done.get(str(step))] + [e for e in ledger.get("by_hand") or [] if isinstance(e, dict)
+                                       and e.get("step") == step]
+    keys = {k for e in entries if isinstance(e, dict) and e.get("outcome") == "ok"
+            for k in e.get("metrics") or [] if isinstance(k, str) and k.count("/") >= 2}
+    if not sets or not set(sets) <= {k.split("/")[1] for k in keys}:
+        return None
+    wanted = {k for k in keys if k.split("/")[1] in sets}
+    values: dict[str, float] = {}
+    from rlctl.metrics.stream import METRICS
+
+    try:
+        with (run_dir / METRICS).open("rb") as fh:
+            for line in fh:
+                if b'"eval/' not in line:  # most records are training steps
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("step") == step:
+                    values.update({k: float(v) for k, v in rec.items() if k in wanted
+                                   and isinstance(v, (int, float)) and not isinstance(v, bool)})  # the latest wins
+    except OSError:
+        return None
+    return values or None
