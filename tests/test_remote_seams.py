@@ -308,7 +308,8 @@ def test_a_run_whose_host_disk_filled_says_so(world, tiny):
     assert wait_for(settled, timeout=300, interval=2)
     # a save under way when the disk filled may still have completed (and the rotation freed an older one's room):
     # the truth is the newest complete checkpoint on tiny now; the one after it is what could not fit
-    done = max(int(c.parent.name.split("-")[1]) for c in (there / "checkpoints").glob("checkpoint-*/trainer_state.json"))
+    saved = (there / "checkpoints").glob("checkpoint-*/trainer_state.json")
+    done = max(int(c.parent.name.split("-")[1]) for c in saved)
     d = json.loads(cli("status", name, "--json").out)
     if d["status"] == "stopped":
         want = "stopped: out of disk on tiny: the next checkpoint"

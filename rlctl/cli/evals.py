@@ -66,7 +66,8 @@ def eval_cmd(
     time_limit: Annotated[str | None, typer.Option("--time", help="With --executor slurm: each eval job's time "
                                                    "limit (default: eval.timeout_s and 10 minutes).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Evaluate again a checkpoint already evaluated on these "
-                                        "sets (by default its recorded result is shown and nothing runs, unless --on, --executor or --gpu names where).")] = False,
+                                        "sets (by default its recorded result is shown and nothing runs, "
+                                        "unless --on, --executor or --gpu names where).")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate checkpoints (or a base model) on the recipe's eval sets, each job in its own process; a run's
