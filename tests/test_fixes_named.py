@@ -83,24 +83,29 @@ def test_env_backend_fix_for_prime_rl_is_a_checkout():
 
 # ---- disk.lora_zero3: silenced only by a patch set that declares it ------------------------------------------------
 
-def test_bundled_patch_set_does_not_silence_lora_zero3(tmp_path):
+def test_bundled_patch_set_carries_the_save_fix(tmp_path):
+    """openrlhf/0.9.3 carries seed 001's save_model fix (0003) and declares it: no leak warning, no shards counted."""
     res = run(OPENRLHF, f'checkpoint.dir="{tmp_path}"', 'patches.set="openrlhf/0.9.3"', "train.zero_stage=3",
               only=["disk"])
-    r = named(res, "disk.lora_zero3")
-    assert [x.verdict for x in r] == ["warn"]
-    assert "openrlhf save_model patch set" not in r[0].fix and r[0].set == {"train.zero_stage": 2}
+    assert named(res, "disk.lora_zero3") == []
+    assert "shards" not in named(res, "disk.checkpoints")[0].figure
 
 
-def test_a_patch_set_that_declares_the_fix_silences_lora_zero3(tmp_path):
+def test_a_patch_set_that_does_not_declare_the_fix_does_not_silence_lora_zero3(tmp_path):
     d = tmp_path / "sets" / "openrlhf" / "0.9.3"
     d.mkdir(parents=True)
     src = RECIPES.parent / "patches" / "openrlhf" / "0.9.3"
     for f in src.iterdir():
         (d / f.name).write_bytes(f.read_bytes())
     manifest = d / "manifest.toml"
-    manifest.write_text(manifest.read_text().replace('description =', 'fixes = ["disk.lora_zero3"]\ndescription ='))
-    res = run(OPENRLHF, f'checkpoint.dir="{tmp_path}"', f'patches.set="{d}"', "train.zero_stage=3", only=["disk"])
-    assert named(res, "disk.lora_zero3") == []
+    text = manifest.read_text()
+    assert 'fixes = ["disk.lora_zero3"]\n' in text
+    manifest.write_text(text.replace('fixes = ["disk.lora_zero3"]\n', ""))  # the same patches, the fix not declared
+    for patch_set in (f'patches.set="{d}"', 'patches.set=""'):
+        res = run(OPENRLHF, f'checkpoint.dir="{tmp_path}"', patch_set, "train.zero_stage=3", only=["disk"])
+        r = named(res, "disk.lora_zero3")
+        assert [x.verdict for x in r] == ["warn"] and r[0].set == {"train.zero_stage": 2}
+        assert 'patches.set = "openrlhf/0.9.3"' in r[0].fix  # the bundled set that carries it, for this release
 
 
 # ---- memory: the least a micro batch can need, said consistently ---------------------------------------------------

@@ -10,6 +10,7 @@ import py_compile
 import shutil
 import stat
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch
 SET = patches_dir() / "openrlhf" / "0.9.3"
 EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
 TRAINER = "openrlhf/trainer/ppo_trainer.py"
+DS = "openrlhf/utils/deepspeed/deepspeed.py"
+SAVE_FIX = "0003-save-model-lora-zero3-shards.patch"
 
 
 @pytest.fixture
@@ -59,23 +62,26 @@ def test_bundled_set_status_apply_idempotent_revert(site, tmp_path):
     before = tree_hash(sp)
     ps = patching.load_set(SET)
     inst = patching.locate("openrlhf", py)
+    # seed 001's save_model fix ships with the set, and the set says so (preflight's disk checks then trust it)
+    assert [e.file.name for e in ps.patches][-1] == SAVE_FIX and ps.fixes == ["disk.lora_zero3"]
     states, note = patching.status(ps, inst)
-    assert [s.state for s in states] == ["not applied", "not applied"] and note is None
+    assert [s.state for s in states] == ["not applied"] * 3 and note is None
     assert tree_hash(sp) == before  # status changes nothing
 
     out = patching.apply(ps, inst)
     assert out.changed == [e.file.name for e in ps.patches] and out.skipped == []
-    assert [s.state for s in patching.status(ps, inst)[0]] == ["applied", "applied"]
+    assert [s.state for s in patching.status(ps, inst)[0]] == ["applied"] * 3
     em = (sp / EM).read_text()
     assert "if isinstance(value, bool) or not isinstance(value, (int, float)):" in em
     assert 'os.environ.get("RLCTL_METRICS_FILE")' in (sp / TRAINER).read_text()
-    for t in (EM, TRAINER):
+    assert "_rlctl_full_model_files(output_dir)" in (sp / DS).read_text()
+    for t in (EM, TRAINER, DS):
         py_compile.compile(str(sp / t), cfile=str(tmp_path / "check.pyc"), doraise=True)
     rec = json.loads((sp / ".rlctl-patches-openrlhf.json").read_text())
     assert set(rec["openrlhf/0.9.3"]["applied"]) == {e.file.name for e in ps.patches}
 
     again = patching.apply(ps, inst)
-    assert again.changed == [] and len(again.skipped) == 2
+    assert again.changed == [] and len(again.skipped) == 3
 
     patching.revert(ps, inst)
     after = tree_hash(sp)
@@ -110,6 +116,76 @@ def test_patched_metrics_hook_writes_json_lines_rlctl_reads(site, tmp_path, monk
     line = out.read_text().strip()
     assert json.loads(line) == {"global_step": 3, "policy_loss": 0.25, "reward": 0.5, "kl": None}
     assert parse_openrlhf(line) == {"step": 3, "policy_loss": 0.25, "reward/mean": 0.5, "kl": None}
+
+
+class _Config:
+    tie_word_embeddings = False
+
+    def to_json_file(self, path: str) -> None:
+        Path(path).write_text("{}")
+
+
+class _Tokenizer:
+    def save_pretrained(self, d: str) -> None:
+        (Path(d) / "tokenizer_config.json").write_text("{}")
+
+
+def _patched_save(sp: Path, out: Path, lora: bool) -> None:
+    """The patched strategy.save_model of the release, under ZeRO-3 on rank 0, with a model whose save_pretrained
+    writes what seed 001 saw a PeftModel leave (the adapter and the full model's shards) and, without LoRA, the
+    full model. What runs is OpenRLHF's code; torch is real, peft/deepspeed/dist are stubs (tests/conformance)."""
+    import torch
+
+    from tests.conformance._openrlhf_support import OpenRLHF
+
+    weights = {"w.weight": torch.zeros(2), "w.lora_A.weight": torch.ones(2)}
+    with OpenRLHF("0.9.3", {"openrlhf.utils.deepspeed.deepspeed"}, root=sp) as o:
+        ds = o.module("openrlhf.utils.deepspeed.deepspeed")
+        ds.get_peft_model_state_dict = lambda model, sd: {k: v for k, v in sd.items() if "lora_" in k}  # peft's
+
+        class Model(ds.PeftModel if lora else object):  # ds.PeftModel: the stubbed peft's class save_model checks
+            config = _Config()
+
+            def state_dict(self):
+                return dict(weights)
+
+            def save_pretrained(self, d, state_dict=None, **kw):
+                if lora:
+                    (Path(d) / "adapter_model.safetensors").write_bytes(b"a")
+                    (Path(d) / "adapter_config.json").write_text("{}")
+                for n in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"):
+                    (Path(d) / n).write_bytes(b"s" * 1000)
+                (Path(d) / "model.safetensors.index.json").write_text("{}")
+
+        engine = types.SimpleNamespace(module=Model(), _consolidated_16bit_state_dict=lambda: dict(weights))
+        strategy = ds.DeepspeedStrategy.__new__(ds.DeepspeedStrategy)
+        strategy.args = types.SimpleNamespace(zero_stage=3, ds_tensor_parallel_size=1)
+        strategy.stage, strategy.ds_tensor_parallel_size = 3, 1
+        strategy.is_rank_0 = lambda: True
+        strategy.save_model(engine, _Tokenizer(), str(out))
+
+
+def test_patched_save_model_removes_the_lora_zero3_shards(site, tmp_path, capsys):
+    """Seed 001 §4: a LoRA save under ZeRO-3 leaves full-model shards next to the adapter; the bundled set's save
+    fix removes them (and their index), keeps the adapter, config and tokenizer, and says what it removed."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    sp, py = site
+    patching.apply(patching.load_set(SET), patching.locate("openrlhf", py))
+    out = tmp_path / "global_step10_hf"
+    out.mkdir()
+    (out / "pytorch_model.bin").write_bytes(b"theirs")  # in the directory before the save: not the save's to remove
+    _patched_save(sp, out, lora=True)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "adapter_config.json", "adapter_model.bin", "config.json", "pytorch_model.bin", "tokenizer_config.json"]
+    assert (out / "pytorch_model.bin").read_bytes() == b"theirs"
+    assert "rlctl: removed 3 full-model weight files" in capsys.readouterr().out
+
+    full = tmp_path / "full_hf"  # without LoRA the full model is what the save is for: every file stays
+    _patched_save(sp, full, lora=False)
+    assert sorted(p.name for p in full.iterdir()) == [
+        "config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json", "tokenizer_config.json"]
 
 
 def _four_patch_set(tmp_path: Path, sp: Path, break_third: bool) -> patching.PatchSet:
@@ -200,7 +276,7 @@ def test_partly_applied_and_conflicting(site, tmp_path):
                                               "self.tensorboard_logger.log_train(global_step, dict(logs_dict))")
     (sp / TRAINER).write_text(text)
     states = [s.state for s in patching.status(patching.load_set(SET), inst)[0]]
-    assert states == ["applied", "conflicting"]
+    assert states == ["applied", "conflicting", "applied"]
 
 
 def test_reinstall_wiping_patches_is_reported(site):
@@ -258,9 +334,9 @@ def test_cli_patch_commands(site, cli, tmp_path):
     data = json.loads(res.out)
     assert data["installed"] == "0.9.3" and {p["state"] for p in data["patches"]} == {"not applied"}
     res = cli("patch", "apply", "openrlhf/0.9.3", "--python", py, "--dry-run")
-    assert res.code == 0 and "would apply 2" in res.out and "checking file" in res.out
+    assert res.code == 0 and "would apply 3" in res.out and "checking file" in res.out
     assert [s.state for s in patching.status(patching.load_set(SET), patching.locate("openrlhf", py))[0]] == \
-        ["not applied", "not applied"]
+        ["not applied"] * 3
     assert cli("patch", "apply", "openrlhf/0.9.3", "--python", py).code == 0
     assert "applied 0" in cli("patch", "apply", "openrlhf/0.9.3", "--python", py).out
     assert cli("patch", "revert", "openrlhf/0.9.3", "--python", py).code == 0

@@ -315,14 +315,18 @@ def test_disk_ok_for_lora_adapters(tmp_path):
     assert verdicts(res, "disk.deepspeed") == ["warn"]
 
 
+NO_SET = 'patches.set=""'  # the recipe without its patch set: no save fix
+
+
 def test_disk_counts_the_lora_zero3_shard_leak(monkeypatch, tmp_path):
     """Issue 30 point 2.10, seed 001 §4: OpenRLHF LoRA + ZeRO-3 without a save fix leaves ~203 GB of full-model
-    shards next to each 91 MB adapter. On the seed's 1 TB /mnt/data the seed's recipe (keep_last 3 and an eval set:
-    rlctl keeps the best besides, and writes the next before the oldest goes: 5 copies) does not fit."""
+    shards next to each 91 MB adapter. On the seed's 1 TB /mnt/data the seed's recipe without its patch set (keep_last
+    3 and an eval set: rlctl keeps the best besides, and writes the next before the oldest goes: 5 copies) does not
+    fit. (With the bundled set, which carries the seed's save fix, it does: the test after this one.)"""
     import shutil
 
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**12, 0, 10**12))
-    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', only=["disk"])
+    res = results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', NO_SET, only=["disk"])
     r = one(res, "disk.checkpoints")
     assert r.verdict == "fail", r
     assert 200e9 < r.data["per_checkpoint"] < 206e9 and r.data["count"] == 5
@@ -330,17 +334,36 @@ def test_disk_counts_the_lora_zero3_shard_leak(monkeypatch, tmp_path):
         in r.figure
     assert r.set == {"checkpoint.keep_last": 2}  # 2 + the best + the one written = 4 x 203 GB fit in 900 GB
     # the rotation note at render/preflight counts the same copies as the disk check (one function)
-    note = [f for f in prepare(OPENRLHF, [f'checkpoint.dir="{tmp_path}"']).validate()
+    note = [f for f in prepare(OPENRLHF, [f'checkpoint.dir="{tmp_path}"', NO_SET]).validate()
             if f.key == "checkpoint.keep_last" and f.level == "note"]
     assert note and "up to 4 stay on disk" in note[0].message and "= 5 while the next is saved" in note[0].message
     # ZeRO-2 saves the adapter alone
-    assert one(results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', "train.zero_stage=2", only=["disk"]),
+    assert one(results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', NO_SET, "train.zero_stage=2", only=["disk"]),
                "disk.checkpoints").verdict == "ok"
     # without an eval set OpenRLHF's own rotation plus rlctl's pruning of the HF exports: 3 + the one written
-    plain = one(results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', 'data.eval=""', "checkpoint.keep_last=4",
+    plain = one(results(OPENRLHF, f'checkpoint.dir="{tmp_path}"', NO_SET, 'data.eval=""', "checkpoint.keep_last=4",
                         only=["disk"]), "disk.checkpoints")
     assert plain.verdict == "fail" and plain.data["count"] == 5 and "the best-eval" not in plain.figure
     assert "train.zero_stage = 2" in plain.fix or plain.set == {"checkpoint.keep_last": 3}
+
+
+def test_shipped_openrlhf_recipe_has_no_shard_leak(user):
+    """The README's way: `rlctl preflight recipes/openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml` from a working
+    directory, every default. Its patch set openrlhf/0.9.3 carries seed 001's save_model fix (0003, declared in the
+    manifest's `fixes`), so disk.checkpoints counts the adapter alone, not ~203 GB of shards per checkpoint. Other
+    findings stay honest here: the seed's data and reward files are not on this machine, no W&B key."""
+    work, rlctl = user
+    (work / "recipes").mkdir()
+    (work / "recipes" / OPENRLHF.name).write_bytes(OPENRLHF.read_bytes())
+    r = rlctl("preflight", f"recipes/{OPENRLHF.name}", "--json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    res = {x["check"]: x for x in json.loads(r.stdout)["results"]}
+    disk = res["disk.checkpoints"]
+    assert disk["data"]["per_checkpoint"] < 100e6 and "shards" not in disk["figure"], disk  # 31.9 MB: HF adapter
+    assert disk["data"]["count"] == 5 and "disk.lora_zero3" not in res
+    if disk["data"]["free"] > 10e9:
+        assert disk["verdict"] == "ok", disk
+    assert res["reference.data"]["verdict"] == "fail"  # /home/rlu/Code/rft/data/... is the seed team's machine
 
 
 # ---- environment ----------------------------------------------------------------------------------------------

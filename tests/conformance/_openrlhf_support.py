@@ -184,10 +184,10 @@ class OpenRLHF:
 
     real_first: set[str] = set()  # real modules an earlier context removed for holding a stub
 
-    def __init__(self, version: str, real: set[str] = PARSE_MODULES):
+    def __init__(self, version: str, real: set[str] = PARSE_MODULES, root: Path | None = None):
         self.version = version
         self.real = real
-        self.root = wheel_root(version)
+        self.root = root or wheel_root(version)  # root: another copy of the release (e.g. one rlctl patched)
         self.cli = self.root / "openrlhf" / "cli" / "train_ppo_ray.py"
 
     def __enter__(self) -> OpenRLHF:

@@ -596,14 +596,15 @@ class OpenRLHFBackend(Backend):
         leak = P * LORA_ZERO3_LEAK_PER_PARAM if self.leaks_shards(r) else 0
         if leak:
             what += (f" + ~{leak / 1e9:.0f} GB of full-model shards LoRA + ZeRO-3 leaves next to the adapter on every "
-                     "save (no save fix in the patch set)")
+                     "save (no patch set with the save fix)")
         return hf + ds + leak, what
 
     def leaks_shards(self, recipe: Recipe) -> bool:
         """Seed 001 §4: with LoRA and ZeRO-3, strategy.save_model (utils/deepspeed/deepspeed.py, the same code in every
         release rlctl knows) leaves full-model shard files (pytorch_model-*.bin, model-*.safetensors) next to the
         adapter in each global_stepN_hf export, unless the recipe's patch set declares the fix (its manifest's
-        `fixes = ["disk.lora_zero3"]`: the seed's save_model.patch deletes them after the save)."""
+        `fixes = ["disk.lora_zero3"]`: the seed's save_model.patch deletes them after the save; the bundled
+        openrlhf/0.9.3 carries it as 0003-save-model-lora-zero3-shards.patch)."""
         from rlctl.backends.openrlhf.honour import patch_set_fixes
 
         r = recipe

@@ -252,8 +252,7 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
             out.append(Result("disk.lora_zero3", WARN,
                               "OpenRLHF LoRA + ZeRO-3 saves full-model shards next to the adapter (~200 GB for 20B; "
                               "disk.checkpoints counts them)",
-                              "set train.zero_stage = 2, or a patch set whose manifest declares "
-                              "fixes = [\"disk.lora_zero3\"] (patches.set; no bundled set has one)",
+                              "set train.zero_stage = 2, or " + _set_that_fixes(backend, r, "disk.lora_zero3"),
                               set={"train.zero_stage": 2}))
         if r.checkpoint.every and not r.checkpoint.keep_last:
             out.append(Result("disk.hf_exports", WARN,
@@ -261,6 +260,20 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
                               "steps stays on disk for the whole run", "set checkpoint.keep_last (rlctl then prunes "
                               "them during the run)"))
     return out
+
+
+def _set_that_fixes(backend: Any, recipe: Recipe, check: str) -> str:
+    """The patch set to name in `check`'s fix: the bundled one for the release if it declares the fix."""
+    from rlctl.patching import discover
+
+    name = f"openrlhf/{backend.target_version(recipe)}"
+    try:
+        if any(s.name == name and check in s.fixes for s in discover()):
+            return f'patches.set = "{name}" (the bundled set, which fixes it)'
+    except Exception:  # a broken bundled manifest is `rlctl patch list`'s error; here it names nothing
+        pass
+    return (f'a patch set whose manifest declares fixes = ["{check}"] (patches.set; no bundled set for this release '
+            "has one)")
 
 
 def patch_set_fixes(recipe: Recipe) -> list[str]:
