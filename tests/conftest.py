@@ -116,18 +116,23 @@ def released_source(tmp_path_factory):
     import subprocess
     import zipfile
 
-    cache = tmp_path_factory.mktemp("wheels")
+    # the wheels are kept between sessions (the cache every conformance test shares), unpacked per session
+    cache = Path(os.environ.get("RLCTL_TEST_WHEELS", Path.home() / ".cache" / "rlctl-tests" / "wheels"))
+    cache.mkdir(parents=True, exist_ok=True)
+    unpacked = tmp_path_factory.mktemp("wheels")
     done: dict = {}
 
     def get(dist: str, version: str) -> Path:
         if (dist, version) in done:
             return done[(dist, version)]
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
-                            f"{dist}=={version}"], capture_output=True, text=True)
-        if r.returncode != 0:
-            pytest.skip(f"cannot download {dist}=={version} from PyPI: {r.stderr.strip()[-200:]}")
-        wheel = next(cache.glob(f"{dist.replace('-', '_')}-{version}-*.whl"))
-        out = cache / f"{dist}-{version}"
+        pattern = f"{dist.replace('-', '_')}-{version}-*.whl"
+        if not any(cache.glob(pattern)):
+            r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(cache),
+                                f"{dist}=={version}"], capture_output=True, text=True)
+            if r.returncode != 0:
+                pytest.skip(f"cannot download {dist}=={version} from PyPI: {r.stderr.strip()[-200:]}")
+        wheel = next(cache.glob(pattern))
+        out = unpacked / f"{dist}-{version}"
         with zipfile.ZipFile(wheel) as zf:
             zf.extractall(out)
         # wheels with a .data/purelib layout (OpenRLHF) vs plain layout
