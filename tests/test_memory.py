@@ -434,3 +434,11 @@ def test_memory_gpus_is_never_ok_over_the_card_and_the_fix_does_not_ask_for_zero
     assert res["memory.trainer"].verdict == "fail"
     assert "zero_stage" not in res["memory.trainer"].fix
     assert res["memory.gpus"].verdict == "fail" and "memory.trainer" in res["memory.gpus"].fix
+
+
+def test_vllm_weights_of_a_quantized_checkpoint_say_where_they_come_from():
+    """gpt-oss-20b's vLLM weights are its MXFP4 checkpoint's bytes on disk (12.9 GiB), not 20.9B x bf16: the
+    memory.vllm line says so (new-user trial 4: it gave 6.4 GiB per TP-2 GPU with no word of why)."""
+    line = run(OPENRLHF_20B)["memory.vllm"].figure
+    assert ("weights 6.4 GiB (TP 2; from the checkpoint's quantized size on disk, 12.9 GiB, not params x bfloat16)"
+            in line), line

@@ -98,8 +98,11 @@ def engine(ctx: Context) -> Result:
     data = {k: getattr(e, k) for k in ("budget", "weights", "activations", "kv_cache", "kv_per_token",
                                         "seqs_at_max_len", "seqs_at_rollout_len", "concurrent_needed")}
     rollout_len = min(r.data.max_prompt_tokens + r.rollout.max_tokens, r.model.max_model_len)
+    # a checkpoint vLLM holds as stored (gpt-oss: MXFP4 experts) is sized from its bytes on disk, not params x dtype
+    stored = (f"; from the checkpoint's quantized size on disk, {gib(arch.weight_bytes_on_disk)}, not params x "
+              f"{r.model.dtype}" if arch.weight_bytes_on_disk else "")
     figure = (f"{r.rollout.gpu_memory_utilization:.2f} x {gib(total)} = {gib(e.budget)} per GPU: weights "
-              f"{gib(e.weights)} (TP {r.rollout.tensor_parallel}), activations {gib(e.activations)}, KV cache "
+              f"{gib(e.weights)} (TP {r.rollout.tensor_parallel}{stored}), activations {gib(e.activations)}, KV cache "
               f"{gib(max(e.kv_cache, 0))} = {e.seqs_at_rollout_len} sequences of {rollout_len} tokens at once "
               f"(a rollout has {e.concurrent_needed} per engine)")
     if e.kv_cache <= 0:
