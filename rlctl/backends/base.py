@@ -551,6 +551,14 @@ class Backend:
         """True when rlctl must prune to keep_last while the run goes (the backend keeps more on its own)."""
         return False
 
+    def min_keep_last(self, recipe: Recipe) -> tuple[int, str] | None:
+        """The smallest checkpoint.keep_last that leaves a complete checkpoint on disk while the next one is written,
+        and why (preflight's run.keep_last, and the keep_last the disk check may propose), where the backend's own
+        rotation deletes before it saves. None: any keep_last does (a rotation that deletes after the save, or
+        rlctl's, which never deletes the newest complete checkpoint)."""
+        del recipe  # Unused
+        return None
+
     # what becomes of the backend's own checkpoint rotation when rlctl rotates instead (render/preflight's note)
     own_rotation: ClassVar[str | None] = None
 

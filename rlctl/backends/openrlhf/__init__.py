@@ -613,6 +613,18 @@ class OpenRLHFBackend(Backend):
         """ZeRO-2 saves a LoRA adapter without the shard leak (save_model's stage-3 path is the one that leaks)."""
         return [{"train.zero_stage": 2}] if self.leaks_shards(recipe) else []
 
+    def min_keep_last(self, recipe: Recipe) -> tuple[int, str] | None:
+        """--max_ckpt_num rotates before the save: save_ckpt deletes DeepSpeed states until fewer than max_num remain,
+        then writes the next (utils/deepspeed/deepspeed.py, 0.9.3-0.11.2), and a restart resumes only from a DeepSpeed
+        state (checkpoints.resumable). With 1, the only one is gone while the next is written. Not where rlctl
+        rotates (NO_ROTATION rendered) nor without DeepSpeed states (--disable_ds_ckpt: save_ckpt is not called)."""
+        ck = recipe.checkpoint
+        if not ck.every or not ck.save_optimizer or self.rotation_by_rlctl(recipe):
+            return None
+        return 2, ("OpenRLHF's save deletes the oldest DeepSpeed states before it writes the next "
+                   "(--max_ckpt_num: save_ckpt keeps fewer than keep_last, then saves), and a restart resumes only "
+                   "from a DeepSpeed state")
+
     def prune_during_run(self, recipe: Recipe) -> bool:
         """OpenRLHF's --max_ckpt_num rotates only the DeepSpeed states under `_actor/` (utils/deepspeed/deepspeed.py
         save_ckpt); the HF exports `global_stepN_hf` are never deleted, in any release. With HF exports on (rlctl always
