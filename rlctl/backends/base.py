@@ -475,6 +475,15 @@ class Backend:
         del root  # Unused
         return ckpt
 
+    def recipe_start(self, recipe: Recipe, root: Path) -> str | None:
+        """Where the backend starts when a restart has no complete checkpoint to resume from and renders the recipe's
+        own checkpoint.resume again (its own starting point), in words for the run's log, events and status; None:
+        from the start (the recipe's model). Default: the step the recipe names, which the rendered command asks for
+        (`latest` finds nothing complete: the start)."""
+        del root  # Unused
+        resume = recipe.checkpoint.resume
+        return f"checkpoint.resume = {resume}" if isinstance(resume, int) else None
+
     def mark_checkpoint_root(self, root: Path) -> None:
         """Before each attempt rlctl starts (where the run lives): leave under root what `checkpoints(root)` must know
         of rlctl's rendering before the first save (OpenRLHF: every checkpoint has an HF export). Default: nothing."""

@@ -658,6 +658,16 @@ class OpenRLHFBackend(Backend):
 
         return loads(root)
 
+    def recipe_start(self, recipe: Recipe, root: Path) -> str | None:
+        """--load_checkpoint loads the tag `_actor/latest` names, whatever step the recipe names (honour.py says so);
+        with no complete checkpoint rlctl has removed it (point_resume): the start, unless a root that is not the
+        run's own still names one."""
+        del recipe  # Unused
+        from rlctl.backends.openrlhf.checkpoints import loads
+
+        found = loads(root)
+        return f"step {found.step} (named by _actor/latest)" if found is not None else None
+
     def mark_checkpoint_root(self, root: Path) -> None:
         from rlctl.backends.openrlhf.checkpoints import mark_root
 
