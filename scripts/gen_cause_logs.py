@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""Write tests/fixtures/causes/*.log: what a trainer prints when it dies of a CUDA illegal memory access or an NCCL
-timeout, with each library's own text (see tests/fixtures/causes/README.md), printed the way the trainer's launcher
-prints it: a plain Python process's traceback (raised and printed by this interpreter), and torchrun's own report of
-a rank that aborted (torch.distributed.elastic, run here for real on the CPU).
+"""Write tests/fixtures/causes/*.log: what a trainer prints when it dies of a CUDA illegal memory access, an NCCL
+timeout or an exception of its reward function, with each library's own text (see tests/fixtures/causes/README.md),
+printed the way the trainer's launcher prints it: a plain Python process's traceback (raised and printed by this
+interpreter), and torchrun's own report of a rank that aborted (torch.distributed.elastic, run here for real on the
+CPU).
 
-    python scripts/gen_cause_logs.py
+    python scripts/gen_cause_logs.py [--out DIR] [--only NAME ...]
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "causes"
@@ -69,19 +72,63 @@ NCCL = textwrap.dedent('''
 ''') % WATCHDOG
 
 
-def main() -> int:
-    OUT.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "train.py"
-        script.write_text(ILLEGAL)
-        p = subprocess.run([sys.executable, script.name], capture_output=True, text=True, cwd=tmp)
-        (OUT / "illegal_memory_access.log").write_text(p.stdout + p.stderr)
-        script.write_text(NCCL)
-        torchrun = Path(sys.executable).with_name("torchrun")
-        p = subprocess.run([str(torchrun), "--nproc-per-node=2", "--master-port=0", script.name],
-                           capture_output=True, text=True, cwd=tmp, timeout=120)
-        (OUT / "nccl_timeout.log").write_text(p.stdout + p.stderr)
-        print(f"torchrun exit code {p.returncode}")
+# a trainer whose reward function raises (the new-user trial's crashing reward server): its steps, then Python's own
+# traceback through the reward module it imported
+REWARD_TRAIN = textwrap.dedent('''
+    import reward
+    for step in range(1, 4):
+        if step == 3:
+            reward.reward(["a"])
+        print(f"step {step} loss 0.0{12 - step}", flush=True)
+''').lstrip()
+REWARD_MODULE = textwrap.dedent('''
+    def reward(completions):
+        raise RuntimeError("simulated reward server crash")
+''').lstrip()
+
+
+def _python(tmp: Path, files: dict[str, str]) -> str:
+    """`python3 train.py` in tmp with these files: what it printed, stdout then stderr."""
+    for name, text in files.items():
+        (tmp / name).write_text(text)
+    p = subprocess.run([sys.executable, "train.py"], capture_output=True, text=True, cwd=tmp, timeout=120)
+    return p.stdout + p.stderr
+
+
+def illegal_memory_access(tmp: Path) -> str:
+    return _python(tmp, {"train.py": ILLEGAL})
+
+
+def nccl_timeout(tmp: Path) -> str:
+    (tmp / "train.py").write_text(NCCL)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    p = subprocess.run([str(torchrun), "--nproc-per-node=2", "--master-port=0", "train.py"],
+                       capture_output=True, text=True, cwd=tmp, timeout=120)
+    print(f"torchrun exit code {p.returncode}")
+    return p.stdout + p.stderr
+
+
+def reward_exception(tmp: Path) -> str:
+    return _python(tmp, {"train.py": REWARD_TRAIN, "reward.py": REWARD_MODULE})
+
+
+# each log this script writes (tests/fixtures/causes/<name>.log): the trainer that prints it
+CASES: dict[str, Callable[[Path], str]] = {
+    "illegal_memory_access": illegal_memory_access,
+    "nccl_timeout": nccl_timeout,
+    "reward_exception": reward_exception,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=OUT, help=f"where the logs go (default {OUT})")
+    ap.add_argument("--only", action="append", choices=sorted(CASES), help="write only this log (repeatable)")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.only or list(CASES):
+        with tempfile.TemporaryDirectory() as tmp:
+            (args.out / f"{name}.log").write_text(CASES[name](Path(tmp)))
     return 0
 
 

@@ -120,6 +120,29 @@ def test_a_dead_run_says_why_with_its_evidence(user, what):
     assert json.loads(cli("doctor", run.name, "--json").out)["findings"][0]["evidence"]["cause"]["what"] == what
 
 
+def test_every_cause_log_is_written_by_the_script(tmp_path):
+    """scripts/gen_cause_logs.py writes every log of tests/fixtures/causes (its README says so): the reward-function
+    exception's log was recorded by hand and the script could not write it again. Written afresh, it is the committed
+    one but for the temporary directory the trainer ran in."""
+    import importlib.util
+    import re
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gen_cause_logs.py"
+    spec = importlib.util.spec_from_file_location("gen_cause_logs", script)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert set(gen.CASES) == {p.stem for p in CAUSES.glob("*.log")}
+    r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--only", "reward_exception"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["reward_exception.log"]
+
+    def same(text: str) -> str:
+        return re.sub(r'File "[^"]*/', 'File "', text)
+
+    assert same((tmp_path / "reward_exception.log").read_text()) == same((CAUSES / "reward_exception.log").read_text())
+
+
 def test_the_fixtures_hold_cudas_own_text():
     """What the illegal-memory-access fixture says is what CUDA's runtime says for error 700, wherever one is
     installed (the fixture was written from libcudart.so.13's cudaGetErrorString)."""

@@ -553,3 +553,45 @@ def test_a_restart_policy_without_checkpoints_is_said(cli):
     assert got["run.restart"]["verdict"] == "ok"
     res = cli("preflight", str(QUICK), "--json")
     assert "run.restart" not in {r["check"] for r in json.loads(res.out)["results"]}
+
+
+def test_openrlhf_keep_last_1_is_said_to_leave_no_complete_checkpoint_during_a_save(user):
+    """OpenRLHF's save deletes the oldest DeepSpeed states *before* it writes the next (save_ckpt, --max_ckpt_num):
+    with keep_last = 1 the only complete checkpoint is gone while the next is written, and a kill then (OOM,
+    preemption) leaves nothing to restart from. Preflight says so, naming the key and the count that keeps one."""
+    _, rlctl = user
+    base = ["preflight", "openrlhf-gpt-oss-20b-grpo-lora-8xh100", "--json", "--set", "data.eval=null",
+            "--set", "checkpoint.save_optimizer=true"]
+
+    def said(*sets: str) -> dict:
+        r = rlctl(*base, *[a for s in sets for a in ("--set", s)])
+        assert r.returncode in (0, 1), r.stderr
+        return {x["check"]: x for x in json.loads(r.stdout)["results"]}.get("run.keep_last")
+
+    got = said("checkpoint.keep_last=1")
+    assert got and got["verdict"] == "warn", got
+    assert "checkpoint.keep_last = 1" in got["figure"] and "no complete checkpoint" in got["figure"], got
+    assert "checkpoint.keep_last = 2" in got["fix"] and got["set"] == {"checkpoint.keep_last": 2}, got
+    assert said("checkpoint.keep_last=2") is None
+    assert said("checkpoint.keep_last=1", 'data.eval="probe.jsonl"') is None  # rlctl rotates: the newest stays
+    assert said("checkpoint.keep_last=1", "checkpoint.save_optimizer=false") is None  # no DeepSpeed state rotated
+
+
+def test_the_disk_fix_never_proposes_a_keep_last_that_leaves_no_complete_checkpoint(monkeypatch, tmp_path):
+    import shutil
+
+    sets = [f'checkpoint.dir="{tmp_path}"', "data.eval=null", "checkpoint.save_optimizer=true",
+            "checkpoint.keep_last=3", "train.zero_stage=2"]
+    per = one(results(OPENRLHF, *sets, only=["disk.checkpoints"]), "disk.checkpoints").data["per_checkpoint"]
+    free = int(per * 2.5)  # room for 2 copies: keep_last 1 + the one being written
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10 * free, 9 * free, free))
+    r = one(results(OPENRLHF, *sets, only=["disk.checkpoints"]), "disk.checkpoints")
+    assert r.verdict == "fail" and r.set != {"checkpoint.keep_last": 1}, (r.fix, r.set)
+    # TRL's rotation deletes after the save: keep_last = 1 stays a fix there
+    trl = [f'checkpoint.dir="{tmp_path}"', "checkpoint.every=10", "checkpoint.keep_last=3"]
+    monkeypatch.undo()
+    per = one(results(QUICK, *trl, only=["disk.checkpoints"]), "disk.checkpoints").data["per_checkpoint"]
+    free = int(per * 2.5)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10 * free, 9 * free, free))
+    r = one(results(QUICK, *trl, only=["disk.checkpoints"]), "disk.checkpoints")
+    assert r.verdict == "fail" and r.set == {"checkpoint.keep_last": 1}, (r.fix, r.set)

@@ -273,3 +273,17 @@ def test_grid_axis_can_unset_a_key(write):
     p = write("r.toml", MINIMAL + '\n[optim]\nwarmup_steps = 0\n')
     arms = grid_arms(str(p), parse_grid(["optim.warmup_steps=null,5"]), [])
     assert [a.diff.get("optim.warmup_steps") for a in arms] == [[0, None], [0, 5]]
+
+
+@pytest.mark.parametrize("value", ["-1", "0"])
+def test_a_count_out_of_range_says_what_is_allowed(user, value):
+    """`keep_last = -1` (or 0): the error names the file, the line and the key, and its fix says what the key takes
+    and what leaving it out means (new-user trial: the message had no fix line)."""
+    work, rlctl = user
+    (work / "r.toml").write_text(MINIMAL + f"\n[checkpoint]\nevery = 10\nkeep_last = {value}\n")
+    r = rlctl("preflight", "r.toml")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    line = (MINIMAL + "\n[checkpoint]\nevery = 10\n").count("\n") + 1
+    assert f"{work / 'r.toml'}:{line}: `checkpoint.keep_last` = {value} is invalid: expected a value >= 1" in r.stderr
+    fix = r.stderr.split("fix: ", 1)[-1] if "fix: " in r.stderr else ""
+    assert "from 1 to" in fix and "remove the key" in fix and "every checkpoint" in fix, r.stderr

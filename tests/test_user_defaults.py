@@ -131,3 +131,21 @@ def test_hosts_install_knows_an_rlctl_installed_from_a_clone():
         assert _source_tree() == str(ROOT)
     else:  # an rlctl found through an older egg-info beside the sources: nothing to name
         assert _source_tree() is None
+
+
+def test_an_empty_run_name_is_an_error_not_a_prefix_of_every_run(user):
+    """`rlctl status ''` (an unset shell variable: `rlctl status "$RUN"`) named every run by the empty prefix and showed
+    the only one, or said it matched all; stop would have acted on it. Each command that takes a run says instead
+    that the name is empty, exit 2 (new-user trial)."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (work / "b.toml").write_text(bandit_recipe(steps=2))
+    assert rlctl("launch", "b.toml").returncode == 0
+    for args in (["status", ""], ["logs", ""], ["metrics", ""], ["eval", ""], ["stop", ""], ["doctor", ""],
+                 ["ckpt", "list", ""], ["status", " "], ["metrics", next((work / "runs").iterdir()).name, ""]):
+        r = rlctl(*args)
+        assert r.returncode == 2 and "an empty run name" in r.stderr and "fix: " in r.stderr, (args, r)
+        assert "Traceback" not in r.stderr and "bandit" not in r.stdout, (args, r)
+    r = rlctl("launch", "b.toml", "--resume", "")  # was a fresh run: `--resume ""` read as no --resume
+    assert r.returncode == 2 and "an empty run name" in r.stderr, r
+    assert len(list((work / "runs").iterdir())) == 1

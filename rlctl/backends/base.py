@@ -475,6 +475,15 @@ class Backend:
         del root  # Unused
         return ckpt
 
+    def recipe_start(self, recipe: Recipe, root: Path) -> str | None:
+        """Where the backend starts when a restart has no complete checkpoint to resume from and renders the recipe's
+        own checkpoint.resume again (its own starting point), in words for the run's log, events and status; None:
+        from the start (the recipe's model). Default: the step the recipe names, which the rendered command asks for
+        (`latest` finds nothing complete: the start)."""
+        del root  # Unused
+        resume = recipe.checkpoint.resume
+        return f"checkpoint.resume = {resume}" if isinstance(resume, int) else None
+
     def mark_checkpoint_root(self, root: Path) -> None:
         """Before each attempt rlctl starts (where the run lives): leave under root what `checkpoints(root)` must know
         of rlctl's rendering before the first save (OpenRLHF: every checkpoint has an HF export). Default: nothing."""
@@ -550,6 +559,14 @@ class Backend:
     def prune_during_run(self, recipe: Recipe) -> bool:
         """True when rlctl must prune to keep_last while the run goes (the backend keeps more on its own)."""
         return False
+
+    def min_keep_last(self, recipe: Recipe) -> tuple[int, str] | None:
+        """The smallest checkpoint.keep_last that leaves a complete checkpoint on disk while the next one is written,
+        and why (preflight's run.keep_last, and the keep_last the disk check may propose), where the backend's own
+        rotation deletes before it saves. None: any keep_last does (a rotation that deletes after the save, or
+        rlctl's, which never deletes the newest complete checkpoint)."""
+        del recipe  # Unused
+        return None
 
     # what becomes of the backend's own checkpoint rotation when rlctl rotates instead (render/preflight's note)
     own_rotation: ClassVar[str | None] = None

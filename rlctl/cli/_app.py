@@ -8,13 +8,37 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import typer.core
 
 from rlctl.errors import RlctlError
 
-app = typer.Typer(
+
+class _Command(typer.core.TyperCommand):
+    """A command whose usage line writes its arguments as click does (`RUN`, `[RUN]`, `RUNS...`): typer from 0.2x
+    writes a required one as `{run}`, which a user reads as a placeholder left unformatted."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if p.param_type_name != "argument":
+                pieces.extend(p.get_usage_pieces(ctx))
+                continue
+            name = (p.metavar or p.name or "").upper() + ("..." if p.nargs != 1 else "")
+            pieces.append(name if p.required else f"[{name}]")
+        return pieces
+
+
+class Typer(typer.Typer):
+    """rlctl's Typer apps: every command built as _Command unless it names its own class."""
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Any:
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+
+app = Typer(
     name="rlctl",
     help="A control plane for RL fine-tuning of LLMs (OpenRLHF, prime-rl, verl, TRL).",
     no_args_is_help=True,
@@ -23,13 +47,13 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-recipe_app = typer.Typer(help="Inspect recipes.", no_args_is_help=True)
+recipe_app = Typer(help="Inspect recipes.", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")
-patch_app = typer.Typer(help="Versioned patch sets for installed backends.", no_args_is_help=True)
+patch_app = Typer(help="Versioned patch sets for installed backends.", no_args_is_help=True)
 app.add_typer(patch_app, name="patch")
-ckpt_app = typer.Typer(help="A run's checkpoints.", no_args_is_help=True)
+ckpt_app = Typer(help="A run's checkpoints.", no_args_is_help=True)
 app.add_typer(ckpt_app, name="ckpt")
-model_app = typer.Typer(help="Models for smoke tests.", no_args_is_help=True)
+model_app = Typer(help="Models for smoke tests.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
 def _print_version(value: bool) -> None:

@@ -26,8 +26,9 @@ Examples:
 
 def _parse_target(target: str, recipe: str | None) -> tuple[Path | None, str]:
     """(run directory or None, the recipe to read the sets from)."""
-    from rlctl.runs.state import find_run
+    from rlctl.runs.state import check_run_ref, find_run
 
+    check_run_ref(target)  # an empty target is no run, nor a model to evaluate
     try:
         run_dir = find_run(target)
     except RlctlError as e:

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 
 import typer
 
-from rlctl.cli._app import JsonOpt, RecipeArg, SetOpt, _echo, _json, _seconds, app
+from rlctl.cli._app import JsonOpt, RecipeArg, SetOpt, Typer, _echo, _json, _seconds, app
 from rlctl.errors import EXIT_CHECK_FAILED, CheckFailed, RlctlError
 
-experiment_app = typer.Typer(help="Experiments: many runs of one question (sweeps, A/B tests).",
+experiment_app = Typer(help="Experiments: many runs of one question (sweeps, A/B tests).",
                              no_args_is_help=True)
 app.add_typer(experiment_app, name="experiment")
 

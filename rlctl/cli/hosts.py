@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from rlctl.cli._app import JsonOpt, _echo, app
+from rlctl.cli._app import JsonOpt, Typer, _echo, app
 from rlctl.errors import EXIT_CHECK_FAILED, RlctlError
 
-hosts_app = typer.Typer(help="SSH hosts where runs can go (rlctl launch RECIPE --on HOST).", no_args_is_help=True)
+hosts_app = Typer(help="SSH hosts where runs can go (rlctl launch RECIPE --on HOST).", no_args_is_help=True)
 app.add_typer(hosts_app, name="hosts")
 
 

@@ -262,10 +262,20 @@ def list_runs(root: Path | None = None) -> list[Path]:
     return sorted(runs, key=started)
 
 
+def check_run_ref(ref: str) -> str:
+    """A run reference that can name a run: an empty one (`rlctl stop "$RUN"` with RUN unset) is a prefix of every
+    run's name and, as a path, the working directory: an error, never a match."""
+    if not ref.strip():
+        raise RlctlError(f"{ref!r} is an empty run name: it would match every run.",
+                         hint="give a run's name, a unique prefix of it or its directory (rlctl status lists the "
+                              "runs; in a script, check that the variable holding the name is set)")
+    return ref
+
+
 def find_run(ref: str, root: Path | None = None) -> Path:
     """A run by directory path, full name, or unique prefix of its name: in ./runs (or `root`), else — with no
     `root` given — in the other runs directories this user's runs were made in (rlctl.core.run_places)."""
-    p = Path(ref)
+    p = Path(check_run_ref(ref))
     if p.is_dir() and (p / STATE).is_file():
         return p.absolute()  # as runs_root: the run's directory must mean the same in a process started elsewhere
     explicit = root is not None

@@ -50,7 +50,7 @@ def _fix(ctx: Context, per: float, count: int, usable: float) -> tuple[str, dict
     """The computed fix: the keep_last that fits (counted as the check counts, Backend.checkpoint_copies), else lighter
     checkpoints where the backend honours the key (without the optimizer; the adapter's own, e.g. what stops a save
     from writing more than it should), else more disk (never a key the backend cannot honour, never the keep_last
-    already set)."""
+    already set, never one below the backend's min_keep_last)."""
     from rlctl.preflight._fixes import apply, honoured
 
     r, b = ctx.recipe, ctx.backend
@@ -60,7 +60,8 @@ def _fix(ctx: Context, per: float, count: int, usable: float) -> tuple[str, dict
         k = int(usable // per) - (one.total - 1)  # the copies besides keep_last: the best-eval one, the one written
         k = min(k, keep - 1) if keep else k
         sets = {"checkpoint.keep_last": k}
-        if k >= 1 and honoured(b, r, sets):
+        floor = b.min_keep_last(apply(r, {"checkpoint.keep_last": 1}))  # never one that empties itself in a save
+        if k >= (floor[0] if floor else 1) and honoured(b, r, sets):
             copies = b.checkpoint_copies(apply(r, sets), ctx.total_steps)
             return f"set checkpoint.keep_last = {k} ({copies.words()} x {human(per)} fit)", sets
     lighter_sets = ([{"checkpoint.save_optimizer": False}] if r.checkpoint.save_optimizer else []) + \

@@ -1,4 +1,5 @@
-"""A restart policy needs checkpoints to restart from: without them every restart trains from step 0 again."""
+"""A restart policy needs checkpoints to restart from: without them every restart trains from step 0 again; and a
+keep_last the backend's own rotation empties during each save leaves none while a checkpoint is written."""
 
 from __future__ import annotations
 
@@ -20,3 +21,20 @@ def restart_from(ctx: Context) -> list[Result] | None:
     return [Result(NAME, WARN, f"restart = {mode!r} and checkpoint.every is unset: unless the trainer saves "
                    "checkpoints on its own, a restart trains again from step 0",
                    f"set checkpoint.every = {want}", {"mode": mode}, {"checkpoint.every": want})]
+
+
+KEEP = "run.keep_last"
+
+
+@check(KEEP)
+def keep_last(ctx: Context) -> Result | None:
+    keep = ctx.recipe.checkpoint.keep_last
+    floor = ctx.backend.min_keep_last(ctx.recipe) if keep else None
+    if keep is None or floor is None or keep >= floor[0]:
+        return None
+    n, why = floor
+    return Result(KEEP, WARN, f"checkpoint.keep_last = {keep}: {why}, so while each checkpoint is written no complete "
+                  "checkpoint is on disk: a kill then (a crash, out of memory, preemption) leaves nothing to restart "
+                  "or resume from, and every step is lost",
+                  f"set checkpoint.keep_last = {n}: one complete checkpoint stays while the next is written",
+                  {"keep_last": keep, "min_keep_last": n}, {"checkpoint.keep_last": n})

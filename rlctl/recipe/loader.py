@@ -520,6 +520,45 @@ def _expected(err: dict[str, Any]) -> str:
     return err["msg"].lower()
 
 
+_BOUNDS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+
+
+def _range_fix(dotted: str) -> str | None:
+    """The fix of a value out of its key's range: the whole range the key takes (both bounds, from the schema), what
+    the key means, and, for an optional key, that it can be left out (its description says what unset means)."""
+    section, _, name = dotted.rpartition(".")
+    model = SECTIONS.get(section)
+    info = model.model_fields.get(name) if model is not None else None
+    if info is None:
+        return None
+    bounds: dict[str, Any] = {}
+    whole = False
+    for ann in (info.annotation, *typing.get_args(info.annotation)):  # `Steps | None`: the bounds sit in the union
+        base, *meta = typing.get_args(ann) if typing.get_origin(ann) is typing.Annotated else (ann,)
+        for m in [*meta, *info.metadata]:
+            for f in getattr(m, "metadata", [m]):  # a nested FieldInfo holds its constraints in .metadata
+                for op in ("ge", "gt", "le", "lt"):
+                    if getattr(f, op, None) is not None:
+                        bounds[op] = getattr(f, op)
+        whole = whole or base is int
+    lo = (">=", bounds["ge"]) if "ge" in bounds else (">", bounds["gt"]) if "gt" in bounds else None
+    hi = ("<=", bounds["le"]) if "le" in bounds else ("<", bounds["lt"]) if "lt" in bounds else None
+    kind = "a whole number" if whole else "a number"
+    if lo and hi and lo[0] == ">=" and hi[0] == "<=":
+        allowed = f"{kind} from {lo[1]} to {hi[1]}"
+    else:
+        allowed = " and ".join(f"{kind if i == 0 else ''} {op} {v}".strip() for i, (op, v) in
+                               enumerate(b for b in (lo, hi) if b))
+    if not allowed:
+        return None
+    fix = f"set {allowed}"
+    if not info.is_required() and info.default is None:
+        fix += ", or remove the key"
+    if info.description:
+        fix += f" ({dotted}: {info.description[0].lower()}{info.description[1:].rstrip('.')})"
+    return fix + "."
+
+
 def literal_secrets(data: dict[str, Any]) -> list[str]:
     """Dotted keys outside [env] whose name says they hold a secret (is_secret_name) and that hold a value.
     rlctl passes secrets to a run only through its environment, never through argv or config files it writes."""
@@ -587,7 +626,9 @@ def validate(
             else:
                 got = err.get("input")
                 got_s = json.dumps(got) if isinstance(got, (int, float, str, bool)) else type(got).__name__
-                problems.append(f"{where}: `{dotted}` = {got_s} is invalid: expected {_expected(err)}.")
+                fix = _range_fix(dotted) if err["type"] in _BOUNDS else None
+                problems.append(f"{where}: `{dotted}` = {got_s} is invalid: expected {_expected(err)}."
+                                + (f"\n  fix: {fix}" if fix else ""))
         raise RecipeError("\n".join(problems)) from None
 
 

@@ -324,8 +324,11 @@ class RewardSection(Section):
 class CheckpointSection(Section):
     dir: str = "checkpoints"
     final_dir: str | None = Field(default=None, description="Where the final model goes; defaults to <dir>/final.")
-    every: Steps | None = None
-    keep_last: Steps | None = None
+    every: Steps | None = Field(default=None, description="Save a checkpoint every this many optimizer steps; unset: "
+                                "none during the run, only the final model.")
+    keep_last: Steps | None = Field(default=None, description="How many of the newest complete checkpoints stay on "
+                                    "disk (with eval sets the best-eval one is kept besides); unset: every checkpoint "
+                                    "the run saves stays.")
     resume: str | int = "off"
     save_optimizer: bool = Field(default=True, description="Keep optimizer/DeepSpeed state (needed to resume).")
     sync: str | None = Field(default=None, description="Upload complete checkpoints here (an fsspec URL, "

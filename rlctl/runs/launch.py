@@ -118,12 +118,14 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     from rlctl.recipe.loader import dump_toml
     from rlctl.recipe.planning import prepare
     from rlctl.runs.rundir import check_run_name, create_run_dir, environment_record, masked_recipe_data
-    from rlctl.runs.state import find_run, read_state, runs_root, write_state
+    from rlctl.runs.state import check_run_ref, find_run, read_state, runs_root, write_state
     from rlctl.runs.supervisor import RestartPolicy, write_spec
 
     out = out or sys.stderr
     if opts.name is not None:
         check_run_name(opts.name)
+    if opts.resume is not None:  # `--resume ""` is no parent: an error, not a fresh start
+        check_run_ref(opts.resume)
     prep = prepare(opts.recipe, opts.sets)
     recipe = prep.recipe
     name = check_run_name(opts.name if opts.name is not None else recipe.name,

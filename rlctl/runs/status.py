@@ -328,7 +328,8 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
                    f"{pol.get('max_restarts', '-')} restarts)")
         for a in attempts:
             when = time.strftime("%H:%M:%S", time.localtime(a["started_at"])) if a.get("started_at") else "-"
-            frm = f"from step {a['from_step']}" if a.get("from_step") is not None else "from the start"
+            frm = (f"from step {a['from_step']}" if a.get("from_step") is not None else
+                   f"from the recipe's {a['from_recipe']}" if a.get("from_recipe") else "from the start")
             end = a.get("outcome") or "running"
             if a.get("exit_code") is not None:
                 end += f", exit code {a['exit_code']}"

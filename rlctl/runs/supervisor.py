@@ -146,6 +146,8 @@ class Supervisor:
         self._disk_at = 0.0
         self.evals: Any = None  # rlctl.evals.loop.CheckpointEvals (spec "evals"), False when the run has none
         self._resume_changes: list[str] = []  # what the restart point changed (rlctl.runs.checkpoints.restart_point)
+        # a restart with no complete checkpoint: where the recipe rendered as launched starts (Backend.recipe_start)
+        self._recipe_start: str | None = None
 
     # ---- compatibility: the local executor's process of the current attempt ---------------------------------------
     @property
@@ -210,6 +212,9 @@ class Supervisor:
                                  "from_step": checkpoint.step if checkpoint is not None else None}
         if self._resume_changes:  # what rlctl changed so that the backend loads that checkpoint
             entry["resume_changes"], self._resume_changes = self._resume_changes, []
+        if checkpoint is None and self._recipe_start:  # no checkpoint of its own: where the recipe starts
+            entry["from_recipe"] = self._recipe_start
+        self._recipe_start = None
         self.attempts.append(entry)
         self._mark_checkpoint_root()
         if self.gpu is not None and getattr(self.gpu, "active", False):  # a restart: is the card free for it?
@@ -354,11 +359,17 @@ class Supervisor:
 
     def _prepare_restart(self, checkpoint: Any, from_plan_env: bool = False) -> None:
         """Render the command again, resuming from `checkpoint` (the backend's own resume keys), into the run
-        directory; the recipe stays as launched."""
+        directory; the recipe stays as launched. Without a checkpoint the recipe's own checkpoint.resume is rendered
+        again: the attempt starts where the recipe does, and the adapter says where that is (recipe_start)."""
         from rlctl.recipe.planning import prepare
+        from rlctl.runs.checkpoints import checkpoint_dir
 
         sets = [f"checkpoint.resume={checkpoint.step}"] if checkpoint is not None else []
         prep = prepare(self.run_dir / "recipe.toml", sets)
+        self._recipe_start = None
+        if checkpoint is None:
+            with contextlib.suppress(Exception):  # a broken adapter answer must not stop the restart: the start
+                self._recipe_start = prep.backend.recipe_start(prep.recipe, checkpoint_dir(self.run_dir))
         plan = prep.backend.prepare_launch(prep.plan, self.run_dir)
         for name, content in plan.files.items():
             p = self.run_dir / name
@@ -399,6 +410,7 @@ class Supervisor:
                 return self.finish(0, "stopped")
             if self._fenced_out():
                 return self.finish(0, "superseded")
+            self._recipe_start = self._recipe_start_now()  # `launch --resume RUN`, or the recipe's own resume
             self.start()
             return self.loop()
         finally:
@@ -450,6 +462,21 @@ class Supervisor:
         finally:
             self.executor.close()
 
+    def _recipe_start_now(self) -> str | None:
+        """Where the run's recipe, rendered as it is, starts (Backend.recipe_start); None: the start, or a run without
+        a recipe (a test's) or one that no longer loads (the attempt says why)."""
+        if not (self.run_dir / "recipe.toml").is_file():
+            return None
+        try:
+            from rlctl.backends import get_backend
+            from rlctl.recipe.loader import load
+            from rlctl.runs.checkpoints import checkpoint_dir
+
+            recipe = load(self.run_dir / "recipe.toml").recipe
+            return get_backend(self.spec["backend"]).recipe_start(recipe, checkpoint_dir(self.run_dir))
+        except Exception:
+            return None
+
     def _restart_point(self) -> Any:
         """The checkpoint the next attempt resumes from: the one its backend will load, made so where its resume reads
         a pointer (rlctl.runs.checkpoints.restart_point); what that changed goes into the attempt record."""
@@ -487,12 +514,20 @@ class Supervisor:
         self._ingest(final=True, wait=True)
         self._set_floor()
         self._reset_ingested_step(ckpt.step if ckpt is not None else 0)
-        frm = f"checkpoint step {ckpt.step}" if ckpt is not None else "the start (no complete checkpoint yet)"
+        if ckpt is not None:
+            frm = f"checkpoint step {ckpt.step}"
+        elif self._recipe_start:
+            frm = (f"the recipe's own starting point, {self._recipe_start} (no complete checkpoint yet: the recipe "
+                   "is rendered as launched)")
+        else:
+            frm = "the start (no complete checkpoint yet)"
         if self._resume_changes:
             frm += f" (so that the backend loads it: {'; '.join(self._resume_changes)})"
         text = f"{why}; restarting from {frm} as attempt {self.attempt + 1}"
         self._mark_log(text)
         self.say(text)
+        self.event(event="restart", attempt=self.attempt + 1, why=why, from_step=ckpt.step if ckpt else None,
+                   **{"from": frm})
         self.state(status="restarting")
 
     def loop(self) -> int:

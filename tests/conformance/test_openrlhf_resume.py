@@ -237,3 +237,40 @@ def test_launch_resume_from_the_best_checkpoint_loads_that_one(files, tmp_path):
         assert s.loads(child) == 4
         assert [(c.step, c.complete) for c in BACKEND.checkpoints(child)] == [(4, True)]
         assert (parent / "checkpoints" / "_actor" / "latest").read_text() == "global_step6"  # the parent as it was
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+@pytest.mark.parametrize("kill", [1, 3])  # step 4's save: before its model states (its rotation done); before `latest`
+def test_keep_last_1_leaves_no_complete_checkpoint_during_a_save(keep, kill, files, tmp_path):
+    """OpenRLHF's save_ckpt rotates *before* it saves: with --max_ckpt_num 1 it deletes step 2's DeepSpeed state, then
+    writes step 4's; killed in between, nothing is left to resume from (the restart starts afresh, every step lost).
+    With 2 step 2 stays whole. What preflight's run.keep_last says (Backend.min_keep_last) is what happens."""
+    run = tmp_path / "run"
+    run.mkdir()
+    recipe(files, run)
+    (run / "recipe.toml").write_text((run / "recipe.toml").read_text().replace("keep_last = 2", f"keep_last = {keep}"))
+    prep = prepare(run / "recipe.toml")
+    with OpenRLHF(VERSION) as o:
+        args, _, _ = o.parse(entry(prep))
+    BACKEND.mark_checkpoint_root(run / "checkpoints")
+    floor = BACKEND.min_keep_last(prep.recipe)
+    assert floor is not None and floor[0] == 2
+    writes = {"n": 0, "armed": False}
+
+    def event(what: str) -> None:
+        if writes["armed"]:
+            writes["n"] += 1
+            if writes["n"] == kill:
+                raise Killed(what)
+
+    with Saves(VERSION, args, event) as s:
+        s.save(2)
+        assert listed(run) == {2: True}
+        writes["armed"] = True
+        with contextlib.suppress(Killed):
+            s.save(4)
+        ckpt, _ = restart_point("openrlhf", run)
+        if keep < floor[0]:
+            assert ckpt is None and s.loads(run / "checkpoints") is None, listed(run)
+        else:
+            assert ckpt is not None and ckpt.step == 2 and s.loads(run / "checkpoints") == 2, listed(run)

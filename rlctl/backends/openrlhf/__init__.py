@@ -614,6 +614,18 @@ class OpenRLHFBackend(Backend):
         """ZeRO-2 saves a LoRA adapter without the shard leak (save_model's stage-3 path is the one that leaks)."""
         return [{"train.zero_stage": 2}] if self.leaks_shards(recipe) else []
 
+    def min_keep_last(self, recipe: Recipe) -> tuple[int, str] | None:
+        """--max_ckpt_num rotates before the save: save_ckpt deletes DeepSpeed states until fewer than max_num remain,
+        then writes the next (utils/deepspeed/deepspeed.py, 0.9.3-0.11.2), and a restart resumes only from a DeepSpeed
+        state (checkpoints.resumable). With 1, the only one is gone while the next is written. Not where rlctl
+        rotates (NO_ROTATION rendered) nor without DeepSpeed states (--disable_ds_ckpt: save_ckpt is not called)."""
+        ck = recipe.checkpoint
+        if not ck.every or not ck.save_optimizer or self.rotation_by_rlctl(recipe):
+            return None
+        return 2, ("OpenRLHF's save deletes the oldest DeepSpeed states before it writes the next "
+                   "(--max_ckpt_num: save_ckpt keeps fewer than keep_last, then saves), and a restart resumes only "
+                   "from a DeepSpeed state")
+
     def prune_during_run(self, recipe: Recipe) -> bool:
         """OpenRLHF's --max_ckpt_num rotates only the DeepSpeed states under `_actor/` (utils/deepspeed/deepspeed.py
         save_ckpt); the HF exports `global_stepN_hf` are never deleted, in any release. With HF exports on (rlctl always
@@ -646,6 +658,16 @@ class OpenRLHFBackend(Backend):
         from rlctl.backends.openrlhf.checkpoints import loads
 
         return loads(root)
+
+    def recipe_start(self, recipe: Recipe, root: Path) -> str | None:
+        """--load_checkpoint loads the tag `_actor/latest` names, whatever step the recipe names (honour.py says so);
+        with no complete checkpoint rlctl has removed it (point_resume): the start, unless a root that is not the
+        run's own still names one."""
+        del recipe  # Unused
+        from rlctl.backends.openrlhf.checkpoints import loads
+
+        found = loads(root)
+        return f"step {found.step} (named by _actor/latest)" if found is not None else None
 
     def mark_checkpoint_root(self, root: Path) -> None:
         from rlctl.backends.openrlhf.checkpoints import mark_root
