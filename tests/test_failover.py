@@ -585,3 +585,36 @@ def test_a_run_whose_gpus_are_gone_while_its_host_answers_fails_over(world, sshd
     assert f"#2 on box2 from step {k}; gpuA gone since" in shown.out, shown.out
     assert f"its GPUs gone: GPU 1 ({H100_UUIDS[1]}" in shown.out, shown.out
     assert "Unable to determine the device handle for GPU0000:00:07.0: Unknown Error" in shown.out, shown.out
+
+
+def test_a_pool_run_syncs_to_a_local_store_and_a_resume_reads_from_it(world):
+    """`checkpoint.sync = "file:///..."` (a directory, maybe on an NFS mount, that does not exist yet): fsspec's
+    local filesystem creates no parent directories, so the launch failed on generations/1.json and, once the user
+    made that, every upload failed (`sync_error` in rlctl-events.jsonl, the run 'finished' with nothing synced).
+    The store now holds the checkpoints and `latest`, and a run resumed from it starts after its step."""
+    from rlctl.runs.sync import read_latest
+
+    world.cut.up()
+    store = world.tmp / "nfs" / "store"  # not there: the user names it, rlctl makes it
+    url = f"file://{store}"
+    (world.laptop / "local.toml").write_text(recipe(world, steps=4, sync=url, pool=["box2", "box1"]))
+    r = cli("launch", "local.toml", "--detach", "--name", "localsync")
+    assert r.code == 0, r.out + r.err
+    there = Path(read_state(world.laptop / "runs" / r.out.strip().splitlines()[-1])["remote_run_dir"])
+    assert wait_for(lambda: read_state(there).get("status") in ("finished", "failed"), timeout=120)
+    assert read_state(there)["status"] == "finished", (there / "stdout.log").read_text()[-2000:]
+    events = (there / "rlctl-events.jsonl").read_text() if (there / "rlctl-events.jsonl").is_file() else ""
+    assert "sync_error" not in events, events
+    m = read_latest(url)
+    assert m is not None and m["step"] == 4, m
+    assert (store / "latest").is_file() and (store / "generations" / "1.json").is_file()
+    assert all((store / m["prefix"] / "checkpoints" / f).stat().st_size == n for f, n in m["files"].items())
+    # a new run resumes from the local store (its own store beside it: one run per store)
+    (world.laptop / "more.toml").write_text(recipe(world, steps=6, sync=f"file://{store}-2", pool=["box2"]))
+    r = cli("launch", "more.toml", "--detach", "--name", "more", "--resume", url)
+    assert r.code == 0, r.out + r.err
+    there2 = Path(read_state(world.laptop / "runs" / r.out.strip().splitlines()[-1])["remote_run_dir"])
+    assert wait_for(lambda: read_state(there2).get("status") in ("finished", "failed"), timeout=120)
+    log = (there2 / "stdout.log").read_text()
+    assert read_state(there2)["status"] == "finished" and "at step 5" in log, log[-2000:]
+    assert read_latest(f"file://{store}-2")["step"] == 6

@@ -38,4 +38,6 @@ def store(url: str) -> tuple[Any, str]:
         fs, root = fsspec.core.url_to_fs(url, skip_instance_cache=True)  # credentials/endpoint as of now
     except (ImportError, ValueError) as e:
         raise RlctlError(f"checkpoint.sync = {url!r}: {e}", hint="e.g. pip install s3fs for s3:// URLs") from None
+    if hasattr(fs, "auto_mkdir"):  # a directory tree (file://, an NFS mount; smb://): a write makes its parents,
+        fs.auto_mkdir = True       # as an object store's keys need none (fsspec's local filesystem makes none)
     return fs, root.rstrip("/")
