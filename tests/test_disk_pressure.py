@@ -282,3 +282,30 @@ def test_a_disk_filled_during_a_save_fails_saying_which_and_leaves_no_half_check
     ckpts = find_checkpoints("command", run)
     assert [c.step for c in ckpts] == [2, 4] and all(c.complete for c in ckpts), ckpts
     assert f"{d['status']}: {want}" in cli("status").out
+
+
+def test_preflight_counts_min_free_gb_and_resume_says_a_run_stopped_for_disk_would_stop_again(user):
+    """The quickstart with `checkpoint.min_free_gb` larger than the free disk: preflight said `OK disk.checkpoints`
+    and the run stopped one second after its start (out of disk: the supervisor's rule counts min_free_gb); then
+    `rlctl resume RUN` printed "RUN: stopping (attempt 2)" and it stopped again. Preflight now applies the same rule
+    (FAIL, the fix names the key); resume refuses while the rule would stop it again, saying why."""
+    import shutil
+
+    work, rlctl = user
+    shutil.copytree(Path(__file__).resolve().parents[1] / "recipes", work / "recipes")
+    big = ["--set", "checkpoint.min_free_gb=900000", "--set", "checkpoint.every=3", "--set", "checkpoint.keep_last=2"]
+    r = rlctl("preflight", "recipes/quickstart.toml", *big)
+    line = next((x for x in r.stdout.splitlines() if "disk.checkpoints" in x), "")
+    assert r.returncode != 0 and "FAIL" in line and "checkpoint.min_free_gb" in r.stdout, r.stdout + r.stderr
+    r = rlctl("launch", "recipes/quickstart.toml", *big, "--force", "--detach", "--name", "full")
+    assert r.returncode == 0, r.stdout + r.stderr
+    run = next((work / "runs").glob("full*"))
+    deadline = time.time() + 120
+    while time.time() < deadline and read_state(run).get("status") not in ("stopped", "failed", "finished"):
+        time.sleep(0.2)
+    st = read_state(run)
+    assert st["status"] == "stopped" and st["stopped_by"]["rule"] == "checkpoint.min_free_gb", st
+    r = rlctl("resume", run.name)
+    assert r.returncode == 2 and "would stop again" in r.stderr and "checkpoint.min_free_gb" in r.stderr, \
+        r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and read_state(run).get("attempt") == st.get("attempt")

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check, existing_parent
+from rlctl.runs.disk_pressure import GB, room_needed
 
 
 def human(n: float) -> str:
@@ -33,13 +34,20 @@ def checkpoints(ctx: Context) -> list[Result]:
         out.append(Result("disk.checkpoints", WARN, f"{human(per)} per checkpoint ({what}); unknown count",
                           "set checkpoint.keep_last", data))
     else:
-        need = per * count
+        need = room_needed(per * count, r.checkpoint.min_free_gb)  # the rule the supervisor stops a run by
+        floor = room_needed(0, r.checkpoint.min_free_gb)
         note = "" if base == where.absolute() else f" (checked on {base}, the nearest existing parent)"
-        figure = (f"{count} x {human(per)} ({what}) = {human(need)}; {human(free)} free on {ctx.machine}{note}; "
-                  f"{count} on disk at once: {copies.words()}")
+        kept_free = f" + checkpoint.min_free_gb {human(floor)}" if floor else ""
+        figure = (f"{count} x {human(per)} ({what}){kept_free} = {human(need)}; {human(free)} free on "
+                  f"{ctx.machine}{note}; {count} on disk at once: {copies.words()}")
         usable = free * (1 - r.preflight.disk_headroom)
-        if need > usable:
-            fix, sets = _fix(ctx, per, count, usable)
+        if need > usable and per * count <= usable:  # the checkpoints fit: what must stay free beside them does not
+            out.append(Result("disk.checkpoints", FAIL, figure,
+                              f"free {human(need - usable)} or more on this disk, or set checkpoint.min_free_gb <= "
+                              f"{int((usable - per * count) // GB)} (the supervisor stops the run when less than "
+                              "checkpoints + checkpoint.min_free_gb is free)", data))
+        elif need > usable:
+            fix, sets = _fix(ctx, per, count, usable - floor)
             out.append(Result("disk.checkpoints", FAIL, figure, fix, data, set=sets))
         else:
             out.append(Result("disk.checkpoints", OK, figure, None, data))

@@ -98,6 +98,30 @@ def _size(b: float) -> str:
     return f"{b / 1e3:.0f} kB"
 
 
+def room_needed(checkpoints: float | None, min_free_gb: float | None) -> int:
+    """The rule: bytes that must be free before checkpoints of this size are written, `checkpoint.min_free_gb`
+    beside them (the supervisor's every tick, for the next one; preflight's disk.checkpoints, for every copy kept)."""
+    return int((checkpoints or 0) + float(min_free_gb or 0) * GB)
+
+
+def still_short(run_dir: Path, spec: dict[str, Any]) -> str | None:
+    """For a run the rule stopped: why it would stop again at once (nothing pruned, nothing written), or None once
+    there is room."""
+    from rlctl.runs.checkpoints import checkpoint_dir, find_checkpoints
+
+    root = checkpoint_dir(run_dir, spec.get("checkpoint_dir"))
+    probe = root if root.exists() else run_dir
+    complete = [c for c in find_checkpoints(str(spec.get("backend") or ""), run_dir, root) if c.complete]
+    next_bytes = on_disk(complete[-1]) if complete else None
+    need, free = room_needed(next_bytes, spec.get("min_free_gb")), shutil.disk_usage(probe).free
+    if free >= need:
+        return None
+    floor = f" + checkpoint.min_free_gb {_size(room_needed(0, spec.get('min_free_gb')))}" \
+        if spec.get("min_free_gb") else ""
+    nxt = f"the next checkpoint (~{_size(next_bytes)})" if next_bytes else "checkpoints"
+    return f"{nxt}{floor} would still not fit: {_size(free)} free at {probe}"
+
+
 def latest_synced(run_dir: Path) -> int | None:
     from rlctl.runs.sync import latest_synced as synced
 
@@ -121,14 +145,14 @@ def check(run_dir: Path, spec: dict[str, Any]) -> Pressure | None:
     backend = str(spec.get("backend") or "")
     root = checkpoint_dir(run_dir, spec.get("checkpoint_dir"))
     probe = root if root.exists() else run_dir
-    floor = int(float(spec.get("min_free_gb") or 0) * GB)
+    floor = room_needed(0, spec.get("min_free_gb"))
     ckpts = find_checkpoints(backend, run_dir, root)
     complete = [c for c in ckpts if c.complete]
     newest = complete[-1] if complete else None
     saving = [c for c in ckpts if not c.complete and (newest is None or c.step > newest.step)]
     next_bytes = on_disk(newest) if newest is not None else None
     free = shutil.disk_usage(probe).free
-    if free >= (next_bytes or 0) + floor:  # the common case: no save in progress is walked
+    if free >= room_needed(next_bytes, spec.get("min_free_gb")):  # the common case: no save in progress is walked
         return None
     need = max((next_bytes or 0) - sum(on_disk(c) for c in saving), 0) + floor
     if free >= need:

@@ -987,7 +987,17 @@ def _pick_up_check(run_dir: Path) -> str | None:
     status = settled_status(run_dir, state)
     if status == "finished":
         return f"{run_dir.name}: finished (exit code {read_state(run_dir).get('exit_code')}); nothing to resume"
-    read_spec(run_dir)
+    spec = read_spec(run_dir)
+    by = state.get("stopped_by") if isinstance(state.get("stopped_by"), dict) else {}
+    if status == "stopped" and by.get("by") == "disk":
+        from rlctl.runs.disk_pressure import still_short
+
+        short = still_short(run_dir, spec)
+        if short:  # resumed now, the same rule would stop it again within a tick
+            raise RlctlError(f"{run_dir.name} was stopped for disk ({by.get('rule')}); resumed now it would stop "
+                             f"again: {short}.",
+                             hint=f"free space there (the run keeps checkpoint.min_free_gb = "
+                                  f"{spec.get('min_free_gb') or 0} GB free), then rlctl resume {run_dir.name}")
     return None
 
 
