@@ -80,3 +80,25 @@ def test_a_synced_checkpoint_names_its_wandb_run_and_a_resume_from_the_store_con
     url = f"{s3['url']}/run-w"
     CheckpointSync(run, "trl", url).tick(final=True)
     assert read_latest(url)["wandb_run_id"] == "qs-20261127-010203"  # launch --resume URL takes it from there
+
+
+def test_a_sync_that_fails_is_seen_at_preflight_and_in_status_and_doctor(user):
+    """`checkpoint.sync = "nosuchscheme://x/y"`: preflight said all OK, the run 'finished (exit code 0)', status,
+    status --json and doctor said nothing; only rlctl-events.jsonl had the sync_error. Preflight now fails on the
+    URL; a run launched anyway shows its sync errors and the newest checkpoint not in the store."""
+    import shutil
+
+    work, rlctl = user
+    shutil.copytree(Path(__file__).resolve().parents[1] / "recipes", work / "recipes")
+    bad = ["--set", "checkpoint.sync=nosuchscheme://x/y", "--set", "train.steps=2", "--set", "checkpoint.every=2"]
+    r = rlctl("preflight", "recipes/quickstart.toml", *bad)
+    line = next((x for x in r.stdout.splitlines() if "checkpoint.sync" in x), "")
+    assert r.returncode != 0 and "FAIL" in line and "nosuchscheme" in line, r.stdout + r.stderr
+    r = rlctl("launch", "recipes/quickstart.toml", *bad, "--force", "--name", "lost")
+    run = next((work / "runs").glob("lost*"))
+    d = json.loads(rlctl("status", run.name, "--json").stdout)
+    assert d["sync"]["errors"] >= 1 and d["sync"]["behind"] and d["sync"]["newest_checkpoint"] == 2, d.get("sync")
+    shown = rlctl("status", run.name).stdout
+    assert "checkpoint sync to nosuchscheme://x/y: nothing synced" in shown and "sync error" in shown, shown
+    doc = rlctl("doctor", run.name).stdout
+    assert "checkpoint.sync" in doc and "not in the store" in doc, doc

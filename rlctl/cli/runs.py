@@ -263,6 +263,23 @@ def metrics(
     _echo(compare(runs, [k.strip() for k in keys.split(",") if k.strip()], plot, csv))
 
 
+def _sync_finding(run_dir: Path) -> list:
+    """A checkpoint sync that failed or is behind: the run's work is not where a failover or resume would look."""
+    from rlctl.runs.checkpoints import find_checkpoints
+    from rlctl.runs.doctor import Finding
+    from rlctl.runs.state import read_state
+    from rlctl.runs.sync import sync_health, sync_warning
+
+    ckpts = find_checkpoints(str(read_state(run_dir).get("backend") or ""), run_dir)
+    h = sync_health(run_dir, max((c.step for c in ckpts if c.complete), default=None))
+    line = sync_warning(h)
+    if not line:
+        return []
+    return [Finding("checkpoint.sync", "warn", line, "fix checkpoint.sync (or the store's credentials), then rlctl "
+                    f"resume {run_dir.name} syncs what is missing; rlctl-events.jsonl has every sync_error",
+                    {"sync": h})]
+
+
 @app.command()
 def doctor(
     run: RunArg, as_json: JsonOpt = False,
@@ -282,7 +299,7 @@ def doctor(
     run_dir = find_run(run)
     settled_status(run_dir)  # a live run's executor brings its newest log here first (a remote run's mirror)
     cause = cause_finding(run_dir)  # a run that died or hangs: why, first
-    findings = ([cause] if cause else []) + diagnose(run_dir)
+    findings = ([cause] if cause else []) + diagnose(run_dir) + _sync_finding(run_dir)
     unweighed = None
     if weights or between:
         from rlctl.runs.weights import weights_finding

@@ -93,7 +93,14 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
                                                   ("hosts", "failover_after_s", "sync", "on_event")},
         "lineage": _lineage(rs.state),
         "supervisor_gone": _supervisor_gone(rs),
+        "sync": _sync(rs.path, ckpts),
     }
+
+
+def _sync(run_dir: Any, ckpts: list[Any]) -> dict[str, Any] | None:
+    from rlctl.runs.sync import sync_health
+
+    return sync_health(run_dir, max((c.step for c in ckpts if c.complete), default=None))
 
 
 def _supervisor_gone(rs: RunStatus) -> dict[str, Any] | None:
@@ -317,6 +324,10 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
     out = []
     if d.get("disk_full"):
         out.append(f"  ! disk full: {d['disk_full']} (the run stays supervised; free space to let rlctl write)")
+    from rlctl.runs.sync import sync_warning
+
+    if sync := sync_warning(d.get("sync")):
+        out.append(f"  ! {sync}")
     if d.get("supervisor_gone"):
         g = d["supervisor_gone"]
         out.append(f"  ! its supervisor (pid {g['pid']}) is gone: the run goes on unwatched, with no restart, pruning "

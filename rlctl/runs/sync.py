@@ -341,3 +341,38 @@ class CheckpointSync:
     def _event(self, event: str, error: str) -> None:
         with contextlib.suppress(OSError), (self.run_dir / "rlctl-events.jsonl").open("a") as fh:
             fh.write(json.dumps({"time": time.time(), "event": event, "error": error}) + "\n")
+
+
+def sync_health(run_dir: Path, newest: int | None) -> dict[str, Any] | None:
+    """What a user must see of the run's checkpoint sync (status, doctor): its errors (count, the last one), the last
+    step synced, and whether the newest complete checkpoint (`newest`) is in the store; None without a sync."""
+    import tomllib
+
+    url = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        url = tomllib.loads((run_dir / "recipe.toml").read_text()).get("checkpoint", {}).get("sync")
+    errors = []
+    with contextlib.suppress(OSError):
+        for line in (run_dir / "rlctl-events.jsonl").read_text(errors="replace").splitlines():
+            if '"sync_error"' in line:
+                with contextlib.suppress(ValueError):
+                    errors.append(json.loads(line))
+    if not url and not errors:
+        return None
+    synced = latest_synced(run_dir)
+    behind = newest is not None and (synced is None or synced < newest)
+    return {"url": url, "errors": len(errors), "last_error": (errors[-1].get("error") if errors else None),
+            "last_synced_step": synced, "newest_checkpoint": newest, "behind": behind}
+
+
+def sync_warning(h: dict[str, Any] | None) -> str | None:
+    """One line for a sync that failed or is behind the run's newest checkpoint, else None."""
+    if not h or not (h["errors"] or h["behind"]):
+        return None
+    where = f"last step synced {h['last_synced_step']}" if h["last_synced_step"] is not None else "nothing synced"
+    out = f"checkpoint sync to {h['url']}: {where}"
+    if h["behind"]:
+        out += f", newest checkpoint step {h['newest_checkpoint']} is not in the store"
+    if h["errors"]:
+        out += f"; {h['errors']} sync error(s), the last: {h['last_error']}"
+    return out
