@@ -149,3 +149,35 @@ def test_an_empty_run_name_is_an_error_not_a_prefix_of_every_run(user):
     r = rlctl("launch", "b.toml", "--resume", "")  # was a fresh run: `--resume ""` read as no --resume
     assert r.returncode == 2 and "an empty run name" in r.stderr, r
     assert len(list((work / "runs").iterdir())) == 1
+
+
+def _commands_with(option: str) -> list[list[str]]:
+    from tests.test_cli_properties import COMMANDS
+
+    return [path for path, params in COMMANDS if any(option in getattr(p, "opts", ()) for p in params)]
+
+
+def test_an_empty_on_is_an_error_not_this_machine(user):
+    """`rlctl launch R --on ""` (an unset `$HOST`) trained here: an 80-step local run started; `--on " "` said "no
+    host ''" and `eval RUN --on ""` proposed `rlctl hosts add  USER@HOST`. An empty or blank --on, or an empty
+    element of a pool (`--on a,,b`), is an error naming --on, exit 2, with a fix, in every command that takes --on;
+    so is an empty `eval --gpu` (it read as no GPU given). New-user trial of host pools (issue 32)."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (work / "b.toml").write_text(bandit_recipe(steps=2))
+    for value in ("", " ", "box1,,box2", "box1, ,box2", ","):
+        r = rlctl("launch", "b.toml", "--on", value)
+        assert r.returncode == 2 and "--on" in r.stderr and "empty" in r.stderr and "fix: " in r.stderr, (value, r)
+        assert "Traceback" not in r.stderr and "hosts add  " not in r.stderr, (value, r)
+    assert not (work / "runs").exists() or not list((work / "runs").iterdir()), "no run started"
+    paths = _commands_with("--on")
+    assert {"launch", "eval", "sweep"} <= {p[0] for p in paths}, paths
+    for path in paths:  # each command's --on, before any argument it lacks
+        r = rlctl(*path, "--on", "")
+        assert r.returncode == 2 and "--on ''" in r.stderr and "fix: " in r.stderr, (path, r)
+    assert rlctl("launch", "b.toml").returncode == 0
+    run = next((work / "runs").iterdir()).name
+    for args in (["eval", run, "--on", ""], ["eval", run, "--gpu", ""], ["eval", run, "--gpu", " "]):
+        r = rlctl(*args)
+        assert r.returncode == 2 and "empty" in r.stderr and "fix: " in r.stderr, (args, r)
+        assert "hosts add  " not in r.stderr and "Traceback" not in r.stderr, (args, r)

@@ -123,7 +123,19 @@ def load_hosts() -> dict[str, Host]:
     return {name: _host(name, t) for name, t in hosts.items()}
 
 
+def check_on(value: str | None, option: str = "--on") -> str | None:
+    """A host or a pool (`HOST[,HOST...]`) as given to --on: an empty or blank one (`--on "$HOST"` with HOST unset)
+    or an empty element (`--on a,,b`) is an error, never "no host given" (which means this machine)."""
+    if value is None or all(n.strip() for n in value.split(",")):
+        return value
+    raise RlctlError(f"{option} {value!r}: an empty host name.",
+                     hint=f"{option} HOST (rlctl hosts list), or {option} HOST1,HOST2 for a pool; in a script, check "
+                          "that the variable holding it is set (drop the option to run on this machine)")
+
+
 def get_host(name: str) -> Host:
+    if not name.strip():  # `rlctl hosts add  USER@HOST` is no fix for an empty name
+        raise RlctlError(f"{name!r}: an empty host name.", hint="name a host of `rlctl hosts list`")
     hosts = load_hosts()
     if name not in hosts:
         known = ", ".join(sorted(hosts)) or "none"

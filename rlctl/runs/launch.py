@@ -130,6 +130,10 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     recipe = prep.recipe
     name = check_run_name(opts.name if opts.name is not None else recipe.name,
                           "--name" if opts.name is not None else "the recipe's name")
+    if isinstance(opts.on, str):  # an empty --on is no host, never "here" (the CLI says so first)
+        from rlctl.core.host import check_on
+
+        check_on(opts.on)
     on = opts.on or (None if os.environ.get("RLCTL_REMOTE_SIDE") else recipe.run.on)
     if on:  # the run goes to an SSH host (or a pool of them): preflight and supervision happen there
         return executors.get("ssh").launch(opts, pool_hosts(on) or on, out)  # type: ignore[attr-defined]
