@@ -181,3 +181,25 @@ def test_an_empty_on_is_an_error_not_this_machine(user):
         r = rlctl(*args)
         assert r.returncode == 2 and "empty" in r.stderr and "fix: " in r.stderr, (args, r)
         assert "hosts add  " not in r.stderr and "Traceback" not in r.stderr, (args, r)
+
+
+def test_an_unknown_host_in_run_on_fails_preflight_where_it_is_written(user):
+    """`[run] on = ["box1", "nohost"]`: preflight passed (exit 0) and launch then said only "no host 'nohost' in
+    .../hosts.toml", not where the recipe names it. Preflight fails a check naming the recipe's file:line, run.on,
+    the host and the fix; launch's error names file:line too (new-user trial of pools, issue 32)."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    text = bandit_recipe(steps=2) + '\non = ["box1", "nohost"]\n'
+    (work / "p.toml").write_text(text)
+    line = text.rstrip("\n").count("\n") + 1
+    assert rlctl("hosts", "add", "box1", "me@127.0.0.1").returncode == 0
+    r = rlctl("preflight", "p.toml")
+    assert r.returncode == 1, r
+    failed = [ln for ln in r.stdout.splitlines() if "nohost" in ln]
+    assert failed and "FAIL" in failed[0] and f"p.toml:{line}" in failed[0] and "run.on" in failed[0], r.stdout
+    assert "rlctl hosts add nohost USER@HOST" in r.stdout, r.stdout
+    assert "box1" not in " ".join(failed).replace("box1, nohost", ""), r.stdout  # box1 is known: not named unknown
+    r = rlctl("launch", "p.toml")
+    assert r.returncode == 2 and f"p.toml:{line}" in r.stderr and "run.on" in r.stderr and "nohost" in r.stderr, r
+    assert "fix: rlctl hosts add nohost USER@HOST" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (work / "runs").exists() or not list((work / "runs").iterdir())
