@@ -379,8 +379,8 @@ def test_a_run_whose_host_is_lost_finishes_on_another_host_of_the_pool(world):
     assert events[0]["RLCTL_HOST"] == "box2" and events[0]["RLCTL_FROM_HOST"] == "box1"
     assert events[0]["RLCTL_STEP"] == str(k) and events[0]["RLCTL_RUN"] == name
     # every event says its generation (the finish's was empty: new-user trial of pools)
-    assert [e.get("RLCTL_GENERATION") for e in events] == ["2", "2"], events
-    assert events[1]["RLCTL_HOST"] == "box2", events
+    assert [json.loads(e["RLCTL_EVENT_JSON"]).get("generation") for e in events] == [2, 2], events
+    assert json.loads(events[1]["RLCTL_EVENT_JSON"])["host"] == "box2", events
     assert not any("testing" in a for e in events for a in e["argv"])  # the store's secret key stays out of argv
     # watching again is idempotent: the run has ended, nothing is launched
     again = cli("watch", name)
