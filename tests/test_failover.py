@@ -612,7 +612,8 @@ def test_every_on_event_says_its_generation(tmp_path):
     run = tmp_path / "runs" / "r"
     run.mkdir(parents=True)
     write_state(run, name="r", status="finished", host="box2",
-                pool={"hosts": ["box1", "box2"], "on_event": f"{sys.executable} {script} {log}"}, lineage=[{"generation": 1, "host": "box1"}, {"generation": 2, "host": "box2"}])
+                pool={"hosts": ["box1", "box2"], "on_event": f"{sys.executable} {script} {log}"},
+                lineage=[{"generation": 1, "host": "box1"}, {"generation": 2, "host": "box2"}])
     f = Failover(run)
     st = read_state(run)
     f._ended(st, "finished")
