@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -361,16 +362,25 @@ def test_a_run_whose_host_is_lost_finishes_on_another_host_of_the_pool(world):
     # the lineage, as status shows it
     shown = cli("status", name)
     assert shown.code == 0, shown.err
-    assert f"#2 on box2 from step {k}; box1 gone since" in shown.out, shown.out
+    assert f"#2 on box2 from step {k}; box1 unreachable since" in shown.out, shown.out
     assert "#1 on box1" in shown.out and "superseded" in shown.out, shown.out
+    # the attempts list agrees with the lineage: each attempt on its host, #2 from step k (it said "attempts: 1 ...
+    # launch, from the start" and --json from_step null: new-user trial of pools)
+    assert re.search(r"#1 \S+ launch on box1, from the start -> ", shown.out), shown.out
+    assert re.search(rf"#2 \S+ failover on box2, from step {k} -> ", shown.out), shown.out
     d = json.loads(cli("status", name, "--json").out)
     assert [a["host"] for a in d["lineage"]] == ["box1", "box2"], d.get("lineage")
+    assert [(a["host"], a["from_step"]) for a in d["attempts"]][:2] == [("box1", None), ("box2", k)], d["attempts"]
+    assert d["attempts"][1]["from_checkpoint"], d["attempts"]
     assert d["elapsed_s"] >= st2["ended_at"] - read_state(there1)["started_at"] - 1  # from attempt #1 on, not box2's
     # on_event: once for the failover, once for the finish; the event in the environment, never a secret in argv
     events = [json.loads(x) for x in (world.laptop / "events.jsonl").read_text().splitlines()]
     assert [e["RLCTL_EVENT"] for e in events] == ["failover", "finish"], events
     assert events[0]["RLCTL_HOST"] == "box2" and events[0]["RLCTL_FROM_HOST"] == "box1"
     assert events[0]["RLCTL_STEP"] == str(k) and events[0]["RLCTL_RUN"] == name
+    # every event says its generation (the finish's was empty: new-user trial of pools)
+    assert [json.loads(e["RLCTL_EVENT_JSON"]).get("generation") for e in events] == [2, 2], events
+    assert json.loads(events[1]["RLCTL_EVENT_JSON"])["host"] == "box2", events
     assert not any("testing" in a for e in events for a in e["argv"])  # the store's secret key stays out of argv
     # watching again is idempotent: the run has ended, nothing is launched
     again = cli("watch", name)
@@ -582,7 +592,8 @@ def test_a_run_whose_gpus_are_gone_while_its_host_answers_fails_over(world, sshd
     assert not late, late
     shown = cli("status", name)
     assert shown.code == 0, shown.err
-    assert f"#2 on box2 from step {k}; gpuA gone since" in shown.out, shown.out
+    # gpuA answered: the lineage says the run was lost there, not that the host was unreachable (issue 32 trial)
+    assert f"#2 on box2 from step {k}; gpuA answered without the run since" in shown.out, shown.out
     assert f"its GPUs gone: GPU 1 ({H100_UUIDS[1]}" in shown.out, shown.out
     assert "Unable to determine the device handle for GPU0000:00:07.0: Unknown Error" in shown.out, shown.out
 
@@ -618,3 +629,28 @@ def test_a_pool_run_syncs_to_a_local_store_and_a_resume_reads_from_it(world):
     log = (there2 / "stdout.log").read_text()
     assert read_state(there2)["status"] == "finished" and "at step 5" in log, log[-2000:]
     assert read_latest(f"file://{store}-2")["step"] == 6
+
+
+def test_every_on_event_says_its_generation(tmp_path):
+    """The finish event's RLCTL_GENERATION was empty (the failover's was 2); docs/resilience.md says every event has
+    it: failover, death and finish each carry the generation (and host) of the lineage's newest attempt."""
+    from rlctl.core.state import write_state
+    from rlctl.runs import on_event
+    from rlctl.runs.failover import Failover
+
+    log = tmp_path / "events.txt"
+    script = tmp_path / "ev.py"
+    script.write_text("import os, sys\nopen(sys.argv[1], 'a').write(os.environ['RLCTL_EVENT'] + ' ' + "
+                      "os.environ.get('RLCTL_GENERATION', '') + ' ' + os.environ.get('RLCTL_HOST', '') + '\\n')\n")
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    write_state(run, name="r", status="finished", host="box2",
+                pool={"hosts": ["box1", "box2"], "on_event": f"{sys.executable} {script} {log}"},
+                lineage=[{"generation": 1, "host": "box1"}, {"generation": 2, "host": "box2"}])
+    f = Failover(run)
+    st = read_state(run)
+    f._ended(st, "finished")
+    f._fire(read_state(run), "failover", "failover:2", host="box2", from_host="box1", step=4, generation=2)
+    f._ended({**read_state(run), "events_fired": []}, "failed")
+    on_event.wait_all(60)
+    assert sorted(log.read_text().splitlines()) == ["death 2 box2", "failover 2 box2", "finish 2 box2"]

@@ -287,3 +287,43 @@ def test_a_count_out_of_range_says_what_is_allowed(user, value):
     assert f"{work / 'r.toml'}:{line}: `checkpoint.keep_last` = {value} is invalid: expected a value >= 1" in r.stderr
     fix = r.stderr.split("fix: ", 1)[-1] if "fix: " in r.stderr else ""
     assert "from 1 to" in fix and "remove the key" in fix and "every checkpoint" in fix, r.stderr
+
+
+@pytest.mark.parametrize("key,table,value,says,fix", [
+    ("run.on", "run", "5", "a host name or a list of host names", 'run.on = "box1"'),
+    ("run.on", "run", "[5]", "a host name or a list of host names", 'run.on = ["box1", "box2"]'),
+    ("lora.target_modules", "lora", "5", '"all-linear" or a list of module names', "lora.target_modules = "),
+    ("checkpoint.resume", "checkpoint", "1.5", "off, latest or a step number", "checkpoint.resume = "),
+])
+def test_a_key_of_several_forms_says_which_with_its_line(user, key, table, value, says, fix):
+    """`[run] on = 5` said "h2.toml: `run.on.str` = 5 is invalid ... `run.on.list[str]` = 5 is invalid": no line,
+    pydantic's names of the union's members, no fix (new-user trial of pools). A key that takes several forms is one
+    problem like any other key's: file:line, the key, the forms it takes and a fix."""
+    work, rlctl = user
+    extra = "rank = 4\n" if table == "lora" else ""
+    (work / "r.toml").write_text(MINIMAL + f"\n[{table}]\n{extra}{key.split('.')[1]} = {value}\n")
+    r = rlctl("preflight", "r.toml")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    line = (MINIMAL + f"\n[{table}]\n{extra}").count("\n") + 1
+    assert f"{work / 'r.toml'}:{line}: `{key}` = {value} is invalid: expected {says}." in r.stderr, r.stderr
+    assert r.stderr.count("is invalid") == 1 and "[str]" not in r.stderr and f"{key}." not in r.stderr, r.stderr
+    assert "fix: " in r.stderr and fix in r.stderr.split("fix: ", 1)[1], r.stderr
+
+
+def test_every_key_of_several_forms_declares_them():
+    """The loader says what a union-typed key takes from its declared `form` and fixes it with its examples: a new
+    such key without them would fall back to type names."""
+    import types
+    import typing
+
+    from rlctl.recipe.schema import SECTIONS
+
+    unions = []
+    for section, model in SECTIONS.items():
+        for name, info in model.model_fields.items():
+            args = typing.get_args(info.annotation)
+            if typing.get_origin(info.annotation) in (typing.Union, types.UnionType) and \
+                    len([a for a in args if a is not type(None)]) > 1:
+                unions.append(f"{section}.{name}")
+                assert (info.json_schema_extra or {}).get("form") and info.examples, f"{section}.{name}"
+    assert {"run.on", "lora.target_modules", "checkpoint.resume"} <= set(unions)

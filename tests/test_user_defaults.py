@@ -149,3 +149,57 @@ def test_an_empty_run_name_is_an_error_not_a_prefix_of_every_run(user):
     r = rlctl("launch", "b.toml", "--resume", "")  # was a fresh run: `--resume ""` read as no --resume
     assert r.returncode == 2 and "an empty run name" in r.stderr, r
     assert len(list((work / "runs").iterdir())) == 1
+
+
+def _commands_with(option: str) -> list[list[str]]:
+    from tests.test_cli_properties import COMMANDS
+
+    return [path for path, params in COMMANDS if any(option in getattr(p, "opts", ()) for p in params)]
+
+
+def test_an_empty_on_is_an_error_not_this_machine(user):
+    """`rlctl launch R --on ""` (an unset `$HOST`) trained here: an 80-step local run started; `--on " "` said "no
+    host ''" and `eval RUN --on ""` proposed `rlctl hosts add  USER@HOST`. An empty or blank --on, or an empty
+    element of a pool (`--on a,,b`), is an error naming --on, exit 2, with a fix, in every command that takes --on;
+    so is an empty `eval --gpu` (it read as no GPU given). New-user trial of host pools (issue 32)."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (work / "b.toml").write_text(bandit_recipe(steps=2))
+    for value in ("", " ", "box1,,box2", "box1, ,box2", ","):
+        r = rlctl("launch", "b.toml", "--on", value)
+        assert r.returncode == 2 and "--on" in r.stderr and "empty" in r.stderr and "fix: " in r.stderr, (value, r)
+        assert "Traceback" not in r.stderr and "hosts add  " not in r.stderr, (value, r)
+    assert not (work / "runs").exists() or not list((work / "runs").iterdir()), "no run started"
+    paths = _commands_with("--on")
+    assert {"launch", "eval", "sweep"} <= {p[0] for p in paths}, paths
+    for path in paths:  # each command's --on, before any argument it lacks
+        r = rlctl(*path, "--on", "")
+        assert r.returncode == 2 and "--on ''" in r.stderr and "fix: " in r.stderr, (path, r)
+    assert rlctl("launch", "b.toml").returncode == 0
+    run = next((work / "runs").iterdir()).name
+    for args in (["eval", run, "--on", ""], ["eval", run, "--gpu", ""], ["eval", run, "--gpu", " "]):
+        r = rlctl(*args)
+        assert r.returncode == 2 and "empty" in r.stderr and "fix: " in r.stderr, (args, r)
+        assert "hosts add  " not in r.stderr and "Traceback" not in r.stderr, (args, r)
+
+
+def test_an_unknown_host_in_run_on_fails_preflight_where_it_is_written(user):
+    """`[run] on = ["box1", "nohost"]`: preflight passed (exit 0) and launch then said only "no host 'nohost' in
+    .../hosts.toml", not where the recipe names it. Preflight fails a check naming the recipe's file:line, run.on,
+    the host and the fix; launch's error names file:line too (new-user trial of pools, issue 32)."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    text = bandit_recipe(steps=2) + '\non = ["box1", "nohost"]\n'
+    (work / "p.toml").write_text(text)
+    line = text.rstrip("\n").count("\n") + 1
+    assert rlctl("hosts", "add", "box1", "me@127.0.0.1").returncode == 0
+    r = rlctl("preflight", "p.toml")
+    assert r.returncode == 1, r
+    failed = [ln for ln in r.stdout.splitlines() if "nohost" in ln]
+    assert failed and "FAIL" in failed[0] and f"p.toml:{line}" in failed[0] and "run.on" in failed[0], r.stdout
+    assert "rlctl hosts add nohost USER@HOST" in r.stdout, r.stdout
+    assert "box1" not in " ".join(failed).replace("box1, nohost", ""), r.stdout  # box1 is known: not named unknown
+    r = rlctl("launch", "p.toml")
+    assert r.returncode == 2 and f"p.toml:{line}" in r.stderr and "run.on" in r.stderr and "nohost" in r.stderr, r
+    assert "fix: rlctl hosts add nohost USER@HOST" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (work / "runs").exists() or not list((work / "runs").iterdir())

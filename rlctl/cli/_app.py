@@ -82,6 +82,13 @@ TimeOpt = Annotated[str | None, typer.Option("--time", help="With --executor slu
                                              "(e.g. 4:00:00); it checkpoints and requeues itself before it.")]
 
 
+def on_option(value: str | None) -> str | None:
+    """The callback of every command's --on: one check that an empty host or pool is an error, not this machine."""
+    from rlctl.core.host import check_on
+
+    return check_on(value)
+
+
 def _echo(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 

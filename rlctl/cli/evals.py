@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rlctl.cli._app import AccountOpt, JsonOpt, PartitionOpt, _echo, app
+from rlctl.cli._app import AccountOpt, JsonOpt, PartitionOpt, _echo, app, on_option
 from rlctl.errors import RlctlError
 
 EPILOG = """\b
@@ -22,6 +22,16 @@ Examples:
   rlctl eval my-run --all --on spare    on an SSH host: checkpoints pushed (verified), results back here
   rlctl eval my-run --all --executor slurm --partition gpu   each job a SLURM job (the default for a run on SLURM)
 """
+
+
+def _gpu_option(value: str | None) -> str | None:
+    """An empty --gpu (`--gpu "$GPU"` with GPU unset) is an error, not "no GPU named" (which lets the run's place
+    decide, and skips checkpoints already evaluated)."""
+    if value is not None and not value.strip():
+        raise RlctlError(f"--gpu {value!r}: an empty GPU list.",
+                         hint="--gpu 7 (or --gpu 6,7: CUDA_VISIBLE_DEVICES); in a script, check that the variable "
+                              "holding it is set (drop --gpu to evaluate where the run's place decides)")
+    return value
 
 
 def _parse_target(target: str, recipe: str | None) -> tuple[Path | None, str]:
@@ -55,9 +65,10 @@ def eval_cmd(
     all_: Annotated[bool, typer.Option("--all", help="Every complete checkpoint, and the baseline.")] = False,
     set_name: Annotated[list[str] | None, typer.Option("--set", metavar="SET",
                                                        help="Only this eval set (repeatable).")] = None,
-    on: Annotated[str | None, typer.Option("--on", help="Evaluate on this SSH host (rlctl hosts list).")] = None,
-    gpu: Annotated[str | None, typer.Option("--gpu", help="CUDA_VISIBLE_DEVICES for the eval job (on the host "
-                                            "with --on).")] = None,
+    on: Annotated[str | None, typer.Option("--on", callback=on_option,
+                                           help="Evaluate on this SSH host (rlctl hosts list).")] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", callback=_gpu_option, help="CUDA_VISIBLE_DEVICES for the eval job "
+                                            "(on the host with --on).")] = None,
     recipe: Annotated[str | None, typer.Option("--recipe", help="Recipe with the eval sets (default: the run's).")]
     = None,
     executor: Annotated[str | None, typer.Option("--executor", help="Where each job runs: local (this machine) or "

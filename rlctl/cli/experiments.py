@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rlctl.cli._app import JsonOpt, RecipeArg, SetOpt, Typer, _echo, _json, _seconds, app
+from rlctl.cli._app import JsonOpt, RecipeArg, SetOpt, Typer, _echo, _json, _seconds, app, on_option
 from rlctl.errors import EXIT_CHECK_FAILED, CheckFailed, RlctlError
 
 experiment_app = Typer(help="Experiments: many runs of one question (sweeps, A/B tests).",
@@ -25,7 +25,8 @@ SeedsOpt = Annotated[int | None, typer.Option("--seeds", min=1, metavar="N",
 NameOpt = Annotated[str | None, typer.Option("--name", help="Experiment name; an existing one is resumed/extended.")]
 ParallelOpt = Annotated[int | None, typer.Option("--parallel", min=1, help="Runs at once (per host with --on).")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Launch even if some variants fail preflight.")]
-OnOpt = Annotated[str | None, typer.Option("--on", help="Spread runs over SSH hosts: HOST[,HOST...].")]
+OnOpt = Annotated[str | None, typer.Option("--on", callback=on_option,
+                                           help="Spread runs over SSH hosts: HOST[,HOST...].")]
 ExecOpt = Annotated[str | None, typer.Option("--executor", help="local (default), ray, or a plugin's.")]
 AddrOpt = Annotated[str | None, typer.Option("--address", help="Ray cluster address (with --executor ray).")]
 WaitOpt = Annotated[bool, typer.Option("--wait", help="Stay until every variant has ended, printing progress.")]

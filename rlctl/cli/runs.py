@@ -19,6 +19,7 @@ from rlctl.cli._app import (
     _echo,
     _seconds,
     app,
+    on_option,
 )
 from rlctl.errors import EXIT_CHECK_FAILED, RlctlError
 
@@ -43,7 +44,8 @@ def launch(
         "(default: the recipe's [run] restart).")] = None,
     max_restarts: Annotated[int | None, typer.Option(
         "--max-restarts", min=0, help="Give up after this many restarts (default: [run] max_restarts).")] = None,
-    on: Annotated[str | None, typer.Option("--on", help="Run on this SSH host (rlctl hosts list), or the first of a "
+    on: Annotated[str | None, typer.Option("--on", callback=on_option,
+                                           help="Run on this SSH host (rlctl hosts list), or the first of a "
                                            "pool that fits (--on box1,box2: rlctl watch moves the run when its host "
                                            "is gone); --resume then takes RUN or HOST:RUN.")] = None,
     partition: PartitionOpt = None,

@@ -123,7 +123,37 @@ def load_hosts() -> dict[str, Host]:
     return {name: _host(name, t) for name, t in hosts.items()}
 
 
+def check_on(value: str | None, option: str = "--on") -> str | None:
+    """A host or a pool (`HOST[,HOST...]`) as given to --on: an empty or blank one (`--on "$HOST"` with HOST unset)
+    or an empty element (`--on a,,b`) is an error, never "no host given" (which means this machine)."""
+    if value is None or all(n.strip() for n in value.split(",")):
+        return value
+    raise RlctlError(f"{option} {value!r}: an empty host name.",
+                     hint=f"{option} HOST (rlctl hosts list), or {option} HOST1,HOST2 for a pool; in a script, check "
+                          "that the variable holding it is set (drop the option to run on this machine)")
+
+
+def unknown_hosts(names: list[str]) -> list[str]:
+    """The names of `names` that hosts.toml does not hold (a pool's, a recipe's `[run] on`)."""
+    known = load_hosts()
+    return [n for n in names if n not in known]
+
+
+def check_hosts_known(names: list[str], where: str) -> None:
+    """Every host a recipe or --on names is in hosts.toml, else an error saying where it was named (`r.toml:12:
+    run.on`, `--on`) and how to add it, before anything is asked of any host."""
+    missing = unknown_hosts(names)
+    if missing:
+        known = ", ".join(sorted(load_hosts())) or "none"
+        raise RlctlError(f"{where} names {', '.join(repr(n) for n in missing)}: no such host in {hosts_file()} "
+                         f"(known: {known}).",
+                         hint=" and ".join(f"rlctl hosts add {n} USER@HOST" for n in missing)
+                         + " (--workdir DIR --python PATH as that host needs)")
+
+
 def get_host(name: str) -> Host:
+    if not name.strip():  # `rlctl hosts add  USER@HOST` is no fix for an empty name
+        raise RlctlError(f"{name!r}: an empty host name.", hint="name a host of `rlctl hosts list`")
     hosts = load_hosts()
     if name not in hosts:
         known = ", ".join(sorted(hosts)) or "none"

@@ -167,6 +167,29 @@ def group_size(ctx: Context) -> Result:
     return Result("placement.group_size", OK, f"{g} samples per prompt")
 
 
+@check("placement.hosts")
+def hosts(ctx: Context) -> Result | None:
+    """Every host `[run] on` names is one rlctl knows (hosts.toml): launch would refuse it, after preflight passed.
+    Not on the host a run was sent to: its recipe names the laptop's hosts."""
+    import os
+
+    from rlctl.core.host import hosts_file, unknown_hosts
+    from rlctl.preflight.references import where
+
+    on = ctx.recipe.run.on
+    if on is None or os.environ.get("RLCTL_REMOTE_SIDE"):
+        return None
+    names = [on] if isinstance(on, str) else list(on)
+    missing = unknown_hosts(names)
+    if not missing:
+        return Result("placement.hosts", OK, f"run.on: {', '.join(names)} in {hosts_file()}")
+    return Result("placement.hosts", FAIL,
+                  f"{where(ctx, 'run.on')}: run.on names {', '.join(repr(n) for n in missing)}, no host in "
+                  f"{hosts_file()}",
+                  " and ".join(f"rlctl hosts add {n} USER@HOST" for n in missing)
+                  + " (--workdir DIR --python PATH as that host needs), or remove it from run.on")
+
+
 @check("placement.pool")
 def pool(ctx: Context) -> Result | None:
     """A pool (`[run] on = [...]`) moves a run whose host is gone to another host from its newest synced checkpoint;

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import re
 from pathlib import Path
+from typing import Any
 
 from rlctl.errors import RlctlError
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
@@ -28,9 +29,13 @@ def verdict_for(ctx: Context, problem: str) -> str:
 
 def where(ctx: Context, dotted: str) -> str:
     """`recipe.toml:12` (or `--set`) for the key that set `dotted`, for messages."""
+    return key_where(ctx.prepared.resolved, dotted)
+
+
+def key_where(resolved: Any, dotted: str) -> str:
+    """`recipe.toml:12` (or `--set`) for the key of a resolved recipe that set `dotted`."""
     from rlctl.recipe.loader import locate
 
-    resolved = ctx.prepared.resolved
     src = resolved.origins.get(dotted, resolved.path)
     if str(src) == "--set":
         return f"--set {dotted}"

@@ -584,6 +584,45 @@ def literal_secrets(data: dict[str, Any]) -> list[str]:
     return found
 
 
+def _key_of(loc: tuple[Any, ...], data: dict[str, Any]) -> tuple[str, bool]:
+    """(the recipe key an error is about, whether pydantic went into a union to find it). A union's member tags
+    (`run.on.str`, `run.on.list[str]`) are no keys: the key is the longest part of the path the recipe has."""
+    node: Any = data
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int):
+            if isinstance(node, list) and 0 <= p < len(node):
+                node = node[p]
+            continue
+        if not isinstance(node, dict) or p not in node:
+            return ".".join(parts), True
+        parts.append(str(p))
+        node = node[p]
+    return ".".join(parts), False
+
+
+def _shown(value: Any) -> str:
+    """A value as the recipe wrote it (TOML's scalars and arrays as JSON writes them), else its type's name."""
+    try:
+        return json.dumps(value) if isinstance(value, (int, float, str, bool, list)) else type(value).__name__
+    except (TypeError, ValueError):
+        return type(value).__name__
+
+
+def _forms(dotted: str) -> tuple[str, str | None]:
+    """What a key of several forms takes (its declared `form`, else its type's members) and a fix from its examples."""
+    section, _, name = dotted.rpartition(".")
+    model = SECTIONS.get(section)
+    info = model.model_fields.get(name) if model is not None else None
+    if info is None:
+        return "another value", None
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    form = str(extra.get("form") or " or ".join(
+        getattr(a, "__name__", str(a)) for a in typing.get_args(info.annotation) if a is not type(None)))
+    examples = [f"{dotted} = {json.dumps(v)}" for v in info.examples or []]
+    return form, (f"write {' or '.join(examples)}" if examples else None)
+
+
 def validate(
     data: dict[str, Any], origins: dict[str, Path], texts: dict[Path, str], top: Path
 ) -> Recipe:
@@ -611,8 +650,19 @@ def validate(
     try:
         return Recipe.model_validate(data)
     except ValidationError as e:
+        unions: set[str] = set()
         for err in e.errors():
             dotted = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
+            if err["type"] != "missing":
+                dotted, in_union = _key_of(tuple(err["loc"]), data)
+                if in_union and err["type"] != "value_error":  # one problem for the key, not one per member
+                    if dotted not in unions:
+                        unions.add(dotted)
+                        form, fix = _forms(dotted)
+                        got = err.get("input")
+                        problems.append(f"{_where(dotted, origins, texts, top)}: `{dotted}` = {_shown(got)} is "
+                                        f"invalid: expected {form}." + (f"\n  fix: {fix}" if fix else ""))
+                    continue
             where = _where(dotted, origins, texts, top)
             if err["type"] == "missing":
                 section = dotted.rsplit(".", 1)[0] if "." in dotted else dotted
@@ -625,7 +675,7 @@ def validate(
                 problems.append(f"{where}: {key}{msg}.")
             else:
                 got = err.get("input")
-                got_s = json.dumps(got) if isinstance(got, (int, float, str, bool)) else type(got).__name__
+                got_s = _shown(got)
                 fix = _range_fix(dotted) if err["type"] in _BOUNDS else None
                 problems.append(f"{where}: `{dotted}` = {got_s} is invalid: expected {_expected(err)}."
                                 + (f"\n  fix: {fix}" if fix else ""))

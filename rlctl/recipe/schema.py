@@ -139,7 +139,9 @@ class ModelSection(Section):
 class LoraSection(Section):
     rank: _upto(65536)
     alpha: _upto(MAX_SAMPLES) = 16
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear", json_schema_extra={"form": '"all-linear" or a list of module names'},
+        examples=["all-linear", ["q_proj", "v_proj"]])
     dropout: Fraction = 0.0
 
     @field_validator("target_modules")
@@ -329,7 +331,8 @@ class CheckpointSection(Section):
     keep_last: Steps | None = Field(default=None, description="How many of the newest complete checkpoints stay on "
                                     "disk (with eval sets the best-eval one is kept besides); unset: every checkpoint "
                                     "the run saves stays.")
-    resume: str | int = "off"
+    resume: str | int = Field(default="off", json_schema_extra={"form": "off, latest or a step number"},
+                              examples=["latest", 100])
     save_optimizer: bool = Field(default=True, description="Keep optimizer/DeepSpeed state (needed to resume).")
     sync: str | None = Field(default=None, description="Upload complete checkpoints here (an fsspec URL, "
                              "e.g. s3://bucket/prefix); a `latest` pointer is written last.")
@@ -377,7 +380,9 @@ class RunSection(Section):
     max_restarts: _upto(100_000, 0) = Field(default=3, description="Give up (status failed) after this many restarts.")
     stall: StallSection = Field(default_factory=StallSection)
     on: str | list[str] | None = Field(
-        default=None, description="An SSH host (rlctl hosts add) to run on, as `launch --on HOST`; a list is a pool: "
+        default=None, json_schema_extra={"form": "a host name or a list of host names"},
+        examples=["box1", ["box1", "box2"]],
+        description="An SSH host (rlctl hosts add) to run on, as `launch --on HOST`; a list is a pool: "
         "launch picks the first whose GPUs and disk fit the plan, and `rlctl watch` moves the run to another when its "
         "host is gone (docs/resilience.md).")
     failover_after_s: Annotated[float, NoBool, Field(ge=1.0, le=MAX_SECONDS)] = Field(

@@ -65,7 +65,8 @@ def lineage_lines(state: dict[str, Any]) -> list[str]:
         frm = f"from step {e['from_step']}" if e.get("from_step") is not None else "from the start"
         line = f"  #{e.get('generation')} on {e.get('host')} {frm}"
         if prev is not None and prev.get("gone_since"):
-            line += f"; {prev.get('host')} gone since {_hhmm(prev['gone_since'])}"
+            line += (f"; {prev.get('host')} unreachable since {_hhmm(prev['gone_since'])}" if _unreachable(prev) else
+                     f"; {prev.get('host')} answered without the run since {_hhmm(prev['gone_since'])}")
             if prev.get("gone_why"):
                 line += f" ({prev['gone_why']})"
         if e.get("launching"):
@@ -75,6 +76,42 @@ def lineage_lines(state: dict[str, Any]) -> list[str]:
             out.append(f"     {e['settled']}")
         prev = e
     return out
+
+
+def lineage_attempts(state: dict[str, Any], attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A pool run's attempts as `rlctl status` lists them: each generation on its host, where it started (the step
+    the lineage says), then the current host's own restarts. The current host's record alone starts at its launch
+    "from the start", though that launch resumed from the lineage's checkpoint."""
+    lin = [e for e in lineage_of(state) if not e.get("launching")]
+    if len(lin) < 2:
+        return attempts
+    out: list[dict[str, Any]] = []
+    for i, e in enumerate(lin[:-1]):
+        end = e.get("settled") or (f"unreachable since {_hhmm(e['gone_since'])}" if _unreachable(e) else
+                                   f"its processes gone since {_hhmm(e.get('gone_since'))}")
+        out.append({"attempt": i + 1, "generation": e.get("generation"), "host": e.get("host"),
+                    "started_at": e.get("started_at"), "reason": "launch" if i == 0 else "failover",
+                    "from_step": e.get("from_step"), "from_checkpoint": e.get("from") if i else None,
+                    "outcome": end})
+    cur = lin[-1]
+    for j, a in enumerate(attempts):
+        a = {**a, "attempt": len(out) + 1, "generation": cur.get("generation"), "host": cur.get("host")}
+        if j == 0:  # its launch resumed where the lineage says
+            a.update(reason="failover", from_step=a.get("from_step") if a.get("from_step") is not None
+                     else cur.get("from_step"), from_checkpoint=a.get("from_checkpoint") or cur.get("from"))
+        out.append(a)
+    if not attempts:
+        out.append({"attempt": len(out) + 1, "generation": cur.get("generation"), "host": cur.get("host"),
+                    "started_at": cur.get("started_at"), "reason": "failover", "from_step": cur.get("from_step"),
+                    "from_checkpoint": cur.get("from")})
+    return out
+
+
+def _unreachable(e: dict[str, Any]) -> bool:
+    """Was this attempt's host unreachable (rather than answering without the run's processes)?"""
+    if "host_answered" in e:
+        return not e["host_answered"]
+    return str(e.get("gone_why") or "").startswith("unreachable")
 
 
 def _records(text: str) -> list[dict[str, Any]]:
@@ -228,7 +265,7 @@ class Failover:
             g = int(rec["generation"])
             fence = fencing.fence_spec(str(pool["sync"]), rec, place, limit)
             write_state(self.run_dir, claim={"generation": g, "token": token})
-        gone = {**cur, "gone_since": since, "gone_why": why}
+        gone = {**cur, "gone_since": since, "gone_why": why, "host_answered": not why.startswith("unreachable")}
         if running:  # it cannot progress, and fenced now, it is stopped before the next attempt starts
             gone["settled"] = self._stop_stuck(ex, cur)
             if not gone["settled"]:
@@ -409,7 +446,8 @@ class Failover:
                 e["settled"] = f"ended there ({seen.get('status')}){at}"
                 self.say(f"{back}: its attempt #{e['generation']} had ended ({seen.get('status')}){at}")
             else:
-                e["settled"] = "gone with its host"
+                e["settled"] = ("gone with its host: it answers again without the run's processes" if _unreachable(e)
+                                else f"its processes gone; {e['host']} answers")
                 self.say(f"{back} without the run's processes: nothing of attempt #{e['generation']} runs there")
             changed = True
         if changed:
@@ -449,7 +487,14 @@ class Failover:
                 "step"), reason=st.get("gave_up") or st.get("error"))
 
     def _fire(self, st: dict[str, Any], event: str, key: str, **fields: Any) -> None:
-        """on_event, once per key (the record keeps which fired: a watcher restarted does not fire them again)."""
+        """on_event, once per key (the record keeps which fired: a watcher restarted does not fire them again).
+        Every event has the generation (and host) of the attempt it is about: the lineage's newest."""
+        lin = lineage_of(st)
+        if lin:
+            if fields.get("generation") is None:
+                fields["generation"] = lin[-1].get("generation")
+            if "host" in fields and fields["host"] is None and event != "death":
+                fields["host"] = lin[-1].get("host")
         fired = [k for k in st.get("events_fired") or [] if isinstance(k, str)]
         if key in fired:
             return

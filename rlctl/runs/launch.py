@@ -130,8 +130,18 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
     recipe = prep.recipe
     name = check_run_name(opts.name if opts.name is not None else recipe.name,
                           "--name" if opts.name is not None else "the recipe's name")
+    if isinstance(opts.on, str):  # an empty --on is no host, never "here" (the CLI says so first)
+        from rlctl.core.host import check_on
+
+        check_on(opts.on)
     on = opts.on or (None if os.environ.get("RLCTL_REMOTE_SIDE") else recipe.run.on)
-    if on:  # the run goes to an SSH host (or a pool of them): preflight and supervision happen there
+    if on:
+        from rlctl.core.host import check_hosts_known
+        from rlctl.preflight.references import key_where
+
+        named = "--on" if opts.on else f"{key_where(prep.resolved, 'run.on')}: run.on"
+        check_hosts_known(pool_hosts(on) or [str(on)], named)
+        # the run goes to an SSH host (or a pool of them): preflight and supervision happen there
         return executors.get("ssh").launch(opts, pool_hosts(on) or on, out)  # type: ignore[attr-defined]
     resumed_from = parent_ckpt = None
     if opts.smoke:

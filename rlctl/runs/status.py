@@ -76,7 +76,8 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
                         for c in ckpts],
         "ingest": {"lines": ing.lines, "records": ing.records, "skipped": ing.skipped, "restarts": ing.restarts},
         "gpus": None if _elsewhere(rs.state) else gpu_stats(),  # this machine's GPUs are not the run's
-        "attempts": rs.attempts,  # the last one ended as the header says, where nobody wrote its end
+        # the last one ended as the header says, where nobody wrote its end; a pool run's, each generation's
+        "attempts": _pool_attempts(rs.state, rs.attempts),
         "this_attempt_s": rs.this_attempt,
         "restart": rs.state.get("restart"),
         "gave_up": rs.state.get("gave_up"),
@@ -128,11 +129,18 @@ def _executor_lines(rs: RunStatus) -> list[str]:
         return []
 
 
+def _pool_attempts(state: dict[str, Any], attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from rlctl.runs.failover import lineage_attempts
+
+    return lineage_attempts(state, attempts)
+
+
 def _lineage(state: dict[str, Any]) -> list[dict[str, Any]]:
     """A pool run's attempts, one per host it was placed on (rlctl.runs.failover)."""
     from rlctl.runs.failover import lineage_of
 
-    keys = ("generation", "host", "from_step", "from", "started_at", "gone_since", "gone_why", "settled", "launching")
+    keys = ("generation", "host", "from_step", "from", "started_at", "gone_since", "gone_why", "host_answered",
+            "settled", "launching")
     return [{k: e.get(k) for k in keys if k in e} for e in lineage_of(state)]
 
 
@@ -344,7 +352,8 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
             end = a.get("outcome") or "running"
             if a.get("exit_code") is not None:
                 end += f", exit code {a['exit_code']}"
-            out.append(f"    #{a.get('attempt')} {when} {a.get('reason', '-')}, {frm} -> {end}"
+            on = f" on {a['host']}" if a.get("host") else ""
+            out.append(f"    #{a.get('attempt')} {when} {a.get('reason', '-')}{on}, {frm} -> {end}"
                        + (f" (last step {a['last_step']})" if a.get("last_step") is not None else ""))
             if a.get("stall"):
                 out.append(f"       stalled: {a['stall']}")
