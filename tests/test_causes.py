@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.core.state import read_state, write_state
+from rlctl.runs.status import state_cell
 from tests.conftest import FIXTURES, run_cli
 from tests.remote_sshd import ssh_home, sshd  # noqa: F401 - the session fixture
 
@@ -101,7 +102,7 @@ def test_a_dead_run_says_why_with_its_evidence(user, what):
     assert r.code != 0, r.out + r.err
     run = next((user / "runs").iterdir())
     table = cli("status")
-    assert f"failed: {summary}" in table.out, table.out
+    assert state_cell({"status": "failed", "reason": summary}) in table.out, table.out  # whole below
     d = json.loads(cli("status", run.name, "--json").out)
     assert d["status"] == "failed" and d["reason"] == summary and d["cause"]["what"] == what, d
     ev = d["cause"]["evidence"]
