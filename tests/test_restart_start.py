@@ -63,7 +63,8 @@ def test_a_restart_without_a_complete_checkpoint_says_it_starts_where_the_recipe
     (work / "prompts.jsonl").write_text('{"input": "a"}\n')
     (work / "train.py").write_text(TRAINER)
     (work / "r.toml").write_text(recipe("2"))  # the recipe resumes from step 2, which this run does not have
-    r = rlctl("launch", "r.toml")
+    assert rlctl("preflight", "r.toml").returncode == 1  # preflight's checkpoint.resume check says so first
+    r = rlctl("launch", "r.toml", "--force")
     assert r.returncode != 0, r.stdout + r.stderr
     run = next((work / "runs").iterdir())
     log = (run / "stdout.log").read_text()
