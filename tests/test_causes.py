@@ -89,6 +89,9 @@ CASES = {
                                    "CUDA error: an illegal memory access was encountered"),
     "exception": (CAUSES / "reward_exception.log", "RuntimeError: simulated reward server crash",
                   "RuntimeError: simulated reward server crash"),
+    # the command backend's runner, asked to resume from a step that is not there: exit 2 before the trainer starts
+    "resume checkpoint missing": (CAUSES / "resume_missing.log", "no complete checkpoint of step 2 to resume from",
+                                  "rlctl-command: no complete checkpoint of step 2 in "),
     "out of memory": (FIXTURES / "oom" / "stdout.log",
                       "out of memory (torch OutOfMemoryError: tried to allocate 8.00 GiB on GPU 0 (79.18 GiB, "
                       "6.66 GiB free))", "torch.OutOfMemoryError: CUDA out of memory"),
@@ -142,6 +145,14 @@ def test_every_cause_log_is_written_by_the_script(tmp_path):
         return re.sub(r'File "[^"]*/', 'File "', text)
 
     assert same((tmp_path / "reward_exception.log").read_text()) == same((CAUSES / "reward_exception.log").read_text())
+    r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--only", "resume_missing"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "command runner exit code 2" in r.stdout, r.stdout + r.stderr
+
+    def tmp(text: str) -> str:
+        return re.sub(r" in /\S+/ck$", " in TMP/ck", text, flags=re.M)
+
+    assert tmp((tmp_path / "resume_missing.log").read_text()) == tmp((CAUSES / "resume_missing.log").read_text())
 
 
 def test_the_fixtures_hold_cudas_own_text():

@@ -69,6 +69,12 @@ def test_a_restart_without_a_complete_checkpoint_says_it_starts_where_the_recipe
     run = next((work / "runs").iterdir())
     log = (run / "stdout.log").read_text()
     assert "no complete checkpoint of step 2" in log, log  # what the backend did: it looked for step 2 again
+    # a named cause (was none): the runner's line as evidence, the resume key as the fix
+    d = json.loads(rlctl("status", run.name, "--json").stdout)
+    assert d["cause"]["what"] == "resume checkpoint missing", d
+    assert d["reason"] == "no complete checkpoint of step 2 to resume from", d
+    assert any("stdout.log:" in e and "no complete checkpoint of step 2" in e for e in d["cause"]["evidence"]), d
+    assert "checkpoint.resume" in d["cause"]["fix"] and "r.toml" in d["cause"]["fix"], d["cause"]
     restart = next(line for line in log.splitlines() if "restarting from" in line)
     assert "the start" not in restart and "checkpoint.resume = 2" in restart, restart
     events = [json.loads(x) for x in (run / "rlctl-events.jsonl").read_text().splitlines()]
