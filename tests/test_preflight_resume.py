@@ -63,3 +63,16 @@ def test_a_resume_step_the_run_does_not_have_fails_preflight_with_the_steps_ther
         assert res["verdict"] == "skip" and str(ck) in res["figure"], res
     finally:
         ck.chmod(0o755)
+
+
+def test_a_backend_that_does_not_ask_for_the_step_is_not_failed(tmp_path):
+    """OpenRLHF loads what `_actor/latest` names, whatever checkpoint.resume says (its unhonoured finding warns):
+    nothing fails at start, so the check says nothing."""
+    from rlctl import preflight as pf
+    from rlctl.recipe.planning import prepare
+    from tests.conformance.test_openrlhf import BASE
+
+    (tmp_path / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (tmp_path / "o.toml").write_text(BASE.format(version="0.10.4", data=tmp_path / "prompts.jsonl",
+                                                 reward=tmp_path / "r.py", ckpt=tmp_path / "ck"))
+    assert pf.run(prepare(str(tmp_path / "o.toml"), ["checkpoint.resume=2"]), ["checkpoint"]) == []

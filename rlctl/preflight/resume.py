@@ -19,6 +19,8 @@ def resume_step(ctx: Context) -> Result | None:
     step = r.checkpoint.resume
     if not isinstance(step, int):  # off, or latest: the newest there is, or the start
         return None
+    if any(f.key == NAME for f in ctx.backend.unhonoured(r)):  # the backend does not ask for step N (OpenRLHF loads
+        return None  # what _actor/latest names): its unhonoured finding says so, and nothing fails at start
     key = f"checkpoint.resume = {step} ({where(ctx, NAME)})"
     data = {"step": step, "dir": r.checkpoint.dir}
     staged = getattr(ctx.prepared, "resume_source", None)
