@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Write tests/fixtures/causes/*.log: what a trainer prints when it dies of a CUDA illegal memory access, an NCCL
-timeout or an exception of its reward function, with each library's own text (see tests/fixtures/causes/README.md),
+timeout or an exception of its reward function, and what the command backend's runner prints when the step it is to
+resume from is not there, with each library's own text (see tests/fixtures/causes/README.md),
 printed the way the trainer's launcher prints it: a plain Python process's traceback (raised and printed by this
 interpreter), and torchrun's own report of a rank that aborted (torch.distributed.elastic, run here for real on the
 CPU).
@@ -112,11 +113,33 @@ def reward_exception(tmp: Path) -> str:
     return _python(tmp, {"train.py": REWARD_TRAIN, "reward.py": REWARD_MODULE})
 
 
+# the command backend's runner (rlctl/backends/command/runner.py, the file a run directory gets) asked to resume from a
+# step its checkpoint directory lacks (checkpoint.resume = 2; step_1 is there, complete): what it prints before it
+# exits 2, never starting the trainer
+RESUME_CONFIG = {"argv": ["python3", "train.py"], "cwd": ".", "metrics": {"patterns": []},
+                 "checkpoint": {"dir": "ck", "pattern": "step_{step}", "marker": "done.json", "resume_args": [],
+                                "resume": 2, "total_steps": 3}}
+
+
+def resume_missing(tmp: Path) -> str:
+    import json
+
+    runner = Path(__file__).resolve().parents[1] / "rlctl" / "backends" / "command" / "runner.py"
+    (tmp / "ck" / "step_1").mkdir(parents=True)
+    (tmp / "ck" / "step_1" / "done.json").write_text('{"step": 1}')
+    (tmp / "command.json").write_text(json.dumps(RESUME_CONFIG))
+    p = subprocess.run([sys.executable, str(runner), "command.json"], capture_output=True, text=True, cwd=tmp,
+                       timeout=120)
+    print(f"command runner exit code {p.returncode}")
+    return p.stdout + p.stderr
+
+
 # each log this script writes (tests/fixtures/causes/<name>.log): the trainer that prints it
 CASES: dict[str, Callable[[Path], str]] = {
     "illegal_memory_access": illegal_memory_access,
     "nccl_timeout": nccl_timeout,
     "reward_exception": reward_exception,
+    "resume_missing": resume_missing,
 }
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.core.state import read_state, write_state
+from rlctl.runs.status import state_cell
 from tests.conftest import FIXTURES, run_cli
 from tests.remote_sshd import ssh_home, sshd  # noqa: F401 - the session fixture
 
@@ -88,6 +89,9 @@ CASES = {
                                    "CUDA error: an illegal memory access was encountered"),
     "exception": (CAUSES / "reward_exception.log", "RuntimeError: simulated reward server crash",
                   "RuntimeError: simulated reward server crash"),
+    # the command backend's runner, asked to resume from a step that is not there: exit 2 before the trainer starts
+    "resume checkpoint missing": (CAUSES / "resume_missing.log", "no complete checkpoint of step 2 to resume from",
+                                  "rlctl-command: no complete checkpoint of step 2 in "),
     "out of memory": (FIXTURES / "oom" / "stdout.log",
                       "out of memory (torch OutOfMemoryError: tried to allocate 8.00 GiB on GPU 0 (79.18 GiB, "
                       "6.66 GiB free))", "torch.OutOfMemoryError: CUDA out of memory"),
@@ -101,7 +105,7 @@ def test_a_dead_run_says_why_with_its_evidence(user, what):
     assert r.code != 0, r.out + r.err
     run = next((user / "runs").iterdir())
     table = cli("status")
-    assert f"failed: {summary}" in table.out, table.out
+    assert state_cell({"status": "failed", "reason": summary}) in table.out, table.out  # whole below
     d = json.loads(cli("status", run.name, "--json").out)
     assert d["status"] == "failed" and d["reason"] == summary and d["cause"]["what"] == what, d
     ev = d["cause"]["evidence"]
@@ -141,6 +145,14 @@ def test_every_cause_log_is_written_by_the_script(tmp_path):
         return re.sub(r'File "[^"]*/', 'File "', text)
 
     assert same((tmp_path / "reward_exception.log").read_text()) == same((CAUSES / "reward_exception.log").read_text())
+    r = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--only", "resume_missing"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "command runner exit code 2" in r.stdout, r.stdout + r.stderr
+
+    def tmp(text: str) -> str:
+        return re.sub(r" in /\S+/ck$", " in TMP/ck", text, flags=re.M)
+
+    assert tmp((tmp_path / "resume_missing.log").read_text()) == tmp((CAUSES / "resume_missing.log").read_text())
 
 
 def test_the_fixtures_hold_cudas_own_text():

@@ -49,3 +49,13 @@ def test_a_missing_argument_shows_a_plain_usage_line(path, tmp_path):
     usage = next(line for line in r.err.splitlines() if line.startswith("Usage:"))
     assert not PLACEHOLDER.findall(usage), usage
     assert re.search(r" [A-Z][A-Z_]*(\.\.\.)?( |$)", usage), usage  # the argument in capitals, as click writes it
+
+
+@pytest.mark.parametrize("path", [p for p, required in PATHS if required], ids=" ".join)
+def test_a_missing_argument_is_named_as_the_usage_line_names_it(path, tmp_path):
+    """A new-user trial: `Error: Missing argument 'run'.` under `Usage: rlctl logs [OPTIONS] RUN`."""
+    r = run_cli(*path, cwd=tmp_path)
+    usage = next(line for line in r.err.splitlines() if line.startswith("Usage:"))
+    m = re.search(r"Missing argument '([^']+)'", r.err)
+    assert m and m[1] == m[1].upper(), r.err
+    assert re.search(rf" \[?{re.escape(m[1])}\]?( |$)", usage), (m[1], usage)

@@ -125,3 +125,30 @@ def test_compare_as_a_user_types_it_unknown_metric_unfinished_runs_degenerate_te
     assert t["test"]["significant"] is None
     assert math.isclose(t["test"]["diff"], 0.25, abs_tol=1e-12)
     assert "t = inf" in t["verdict"] and "degenerate" in t["verdict"]
+
+
+@pytest.mark.timeout(300)
+def test_compare_of_one_run_or_one_arm_says_there_is_nothing_to_compare_against(user):
+    """A new user's `rlctl compare RUN`: it printed 'test: paired t-test by seed (...)' and no test. One run is a
+    usage error (exit 2, what to give instead); several seeds of one recipe (one arm) show the arm's mean and
+    interval, and say that no test ran and why."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n{"input": "b"}\n')
+    (work / "b.toml").write_text(bandit_recipe(steps=3))
+    for seed, name in ((42, "one"), (43, "two")):
+        r = rlctl("launch", "b.toml", "--name", name, "--set", f"train.seed={seed}")
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    r = rlctl("compare", "one")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stdout == "" and "t-test" not in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
+    assert "one run" in r.stderr and "nothing to compare" in r.stderr, r.stderr
+    assert "fix: " in r.stderr and "rlctl compare one RUN2" in r.stderr, r.stderr
+
+    r = rlctl("compare", "one", "two")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "t-test" not in r.stdout, r.stdout
+    assert "test: none: one arm" in r.stdout and "nothing to compare it against" in r.stdout, r.stdout
+    c = strict_json(rlctl("compare", "one", "two", "--json").stdout)
+    assert c["comparisons"] == [] and c["test"].startswith("none: one arm"), c
+    assert len(c["arms"]) == 1 and c["arms"][0]["ci95"] is not None

@@ -63,11 +63,18 @@ def test_a_restart_without_a_complete_checkpoint_says_it_starts_where_the_recipe
     (work / "prompts.jsonl").write_text('{"input": "a"}\n')
     (work / "train.py").write_text(TRAINER)
     (work / "r.toml").write_text(recipe("2"))  # the recipe resumes from step 2, which this run does not have
-    r = rlctl("launch", "r.toml")
+    assert rlctl("preflight", "r.toml").returncode == 1  # preflight's checkpoint.resume check says so first
+    r = rlctl("launch", "r.toml", "--force")
     assert r.returncode != 0, r.stdout + r.stderr
     run = next((work / "runs").iterdir())
     log = (run / "stdout.log").read_text()
     assert "no complete checkpoint of step 2" in log, log  # what the backend did: it looked for step 2 again
+    # a named cause (was none): the runner's line as evidence, the resume key as the fix
+    d = json.loads(rlctl("status", run.name, "--json").stdout)
+    assert d["cause"]["what"] == "resume checkpoint missing", d
+    assert d["reason"] == "no complete checkpoint of step 2 to resume from", d
+    assert any("stdout.log:" in e and "no complete checkpoint of step 2" in e for e in d["cause"]["evidence"]), d
+    assert "checkpoint.resume" in d["cause"]["fix"] and "r.toml" in d["cause"]["fix"], d["cause"]
     restart = next(line for line in log.splitlines() if "restarting from" in line)
     assert "the start" not in restart and "checkpoint.resume = 2" in restart, restart
     events = [json.loads(x) for x in (run / "rlctl-events.jsonl").read_text().splitlines()]

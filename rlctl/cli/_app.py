@@ -16,9 +16,26 @@ import typer.core
 from rlctl.errors import RlctlError
 
 
+def _usage_name(p: Any) -> str:
+    """An argument as the usage line and the missing-argument error write it: `RUN`, `RUNS...`."""
+    return (p.metavar or p.name or "").upper() + ("..." if p.nargs != 1 else "")
+
+
+def _missing_parameter() -> tuple[type[BaseException], ...]:
+    """Click's MissingParameter, wherever this typer keeps it (typer >= 0.29 vendors click as `typer._click`)."""
+    found: list[type[BaseException]] = []
+    for mod in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            found.append(__import__(mod, fromlist=["MissingParameter"]).MissingParameter)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
 class _Command(typer.core.TyperCommand):
     """A command whose usage line writes its arguments as click does (`RUN`, `[RUN]`, `RUNS...`): typer from 0.2x
-    writes a required one as `{run}`, which a user reads as a placeholder left unformatted."""
+    writes a required one as `{run}`, which a user reads as a placeholder left unformatted; and whose missing-argument
+    error names it the same way (typer says `Missing argument 'run'.`)."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -26,9 +43,18 @@ class _Command(typer.core.TyperCommand):
             if p.param_type_name != "argument":
                 pieces.extend(p.get_usage_pieces(ctx))
                 continue
-            name = (p.metavar or p.name or "").upper() + ("..." if p.nargs != 1 else "")
+            name = _usage_name(p)
             pieces.append(name if p.required else f"[{name}]")
         return pieces
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except _missing_parameter() as e:
+            param = getattr(e, "param", None)
+            if param is not None and param.param_type_name == "argument" and getattr(e, "param_hint", 1) is None:
+                e.param_hint = f"'{_usage_name(param)}'"  # type: ignore[attr-defined]
+            raise
 
 
 class Typer(typer.Typer):

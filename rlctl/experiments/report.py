@@ -160,6 +160,12 @@ def arms_of_runs(refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[
     from rlctl.experiments.variants import SEED_KEY, diff, flat
     from rlctl.runs.state import find_run, read_state
 
+    if len(refs) == 1:  # one run is one arm of one seed: no interval, no test, nothing to set it against
+        rd = find_run(refs[0])
+        raise RlctlError(f"{rd.name} is one run: there is nothing to compare it against (compare takes an experiment, "
+                         "or two or more runs: runs that differ only in train.seed form one arm).",
+                         hint=f"rlctl compare {refs[0]} RUN2 [RUN3 ...] (a run of another recipe, or more seeds of "
+                              f"this one), or rlctl compare EXP; rlctl status {refs[0]} shows this run alone")
     groups: list[tuple[dict[str, Any], list[tuple[Path, int | None]]]] = []
     attached: set[Path] = set()
     for ref in refs:
@@ -342,6 +348,10 @@ def _by_seed(a: ArmResult, b: ArmResult) -> tuple[list[float], list[float]]:
 
 
 def _pairable(arms: list[dict[str, Any]], results: list[ArmResult]) -> tuple[bool, str]:
+    if len(results) < 2:
+        return False, ("none: one arm (every run has the same recipe but for train.seed), so there is nothing to "
+                       "compare it against; give runs of another recipe too (rlctl compare RUN... RUN_B...), or an "
+                       "experiment of two or more arms (rlctl ab, rlctl sweep)")
     seeds = [{r.seed for r in ar.runs if r.value is not None} for ar in results]
     if any(None in s for s in seeds) or len({frozenset(s) for s in seeds}) != 1:
         return False, "Welch's t-test (the arms do not share the same seeds)"

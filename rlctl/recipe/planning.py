@@ -19,6 +19,9 @@ class Prepared:
     backend: Any
     dataset_size: int | None
     plan: LaunchPlan
+    # where `launch --resume RUN|URL` takes checkpoint.resume's step from (copied into the new run before it starts),
+    # in words; None: from the recipe's checkpoint.dir (preflight checks the step is there)
+    resume_source: str | None = None
 
     @property
     def recipe(self):

@@ -198,6 +198,35 @@ def inference_idle(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str
                   "the trainer's stack (attempts/N/evidence.txt) show where")
 
 
+# what the command backend's runner prints (and exits 2) when checkpoint.resume names a step its directory lacks
+RESUME_MISSING = re.compile(r"no complete checkpoint of step (?P<step>\d+) in (?P<dir>\S.*?)\s*$")
+
+
+def resume_missing(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    """The step the recipe resumes from is not there: the trainer never started. The fix is the recipe's key."""
+    hits = logs.search(lambda t: RESUME_MISSING.search(t) is not None, ("trainer",))
+    if not hits:
+        return None
+    m = RESUME_MISSING.search(hits[-1][1])
+    if m is None:
+        return None
+    key = f"checkpoint.resume = {m['step']}"
+    src = state.get("recipe")
+    if isinstance(src, str) and src:
+        from rlctl.recipe.loader import locate
+
+        try:
+            line = locate(Path(src).read_text(errors="replace"), "checkpoint.resume")
+        except (OSError, ValueError):
+            line = None
+        key += f" ({src}:{line})" if line else f" ({src} or a --set)"
+    return _cause("resume checkpoint missing", f"no complete checkpoint of step {m['step']} to resume from",
+                  hits[-1][0], [hits[-1][1]],
+                  f"{key} names a step {m['dir']} does not have: set it to one there is (rlctl ckpt list RUN) or "
+                  "\"latest\", or resume a run's checkpoint with rlctl launch RECIPE --resume RUN (preflight's "
+                  "checkpoint.resume check says this before a launch)")
+
+
 # the line that ends a Python traceback: the exception's qualified name, then its message
 EXCEPTION = re.compile(r"^(?:\([^)]*\) )?(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault))"
                        r"(?::\s*(?P<msg>.*))?$")
@@ -232,6 +261,7 @@ RULES: tuple[tuple[str, Callable[[Path, dict[str, Any], Logs], dict[str, Any] | 
     ("rollout requests refused", rollouts_refused),
     ("nccl timeout", nccl_timeout),
     ("inference engine idle", inference_idle),
+    ("resume checkpoint missing", resume_missing),
     ("exception", exception),
 )
 

@@ -172,11 +172,13 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
             raise RlctlError(f"--resume {opts.resume}: no complete synced checkpoint there (no `latest`, or its "
                              "files are missing).")
         recipe.checkpoint.resume = remote["step"]
+        prep.resume_source = f"the synced checkpoint of {opts.resume}, fetched into the new run (--resume)"
     elif opts.resume:
         resumed_from = find_run(opts.resume)
         _not_running(resumed_from, opts.force, out)
         parent_ckpt = _parent_checkpoint(prep.backend, resumed_from)
         recipe.checkpoint.resume = parent_ckpt.step
+        prep.resume_source = f"{resumed_from.name}'s checkpoint, copied into the new run (--resume)"
     prep.plan = prep.backend.render(recipe, prep.dataset_size)
 
     results = pf.run(prep)

@@ -216,18 +216,40 @@ def eval_lines(rs: RunStatus, merged: dict[int, dict[str, Any]]) -> list[dict[st
     return out
 
 
+STATE_WIDTH = 60  # the table's state column: the state word and a short cause (status RUN says it whole)
+
+
+def state_cell(r: dict[str, Any]) -> str:
+    """A row's state in the table: the state word, its cause cut at a word's end to fit STATE_WIDTH (ending in
+    "..."), and the last known state of a host that did not answer."""
+    last = f" (last: {r['last_known']})" if r.get("last_known") else ""
+    reason = str(r.get("reason") or "")
+    if not reason:
+        return r["status"] + last
+    room = max(STATE_WIDTH - len(r["status"]) - len(last) - 2, 12)
+    if len(reason) > room:
+        short = reason[:room - 3]
+        if " " in short[-16:]:
+            short = short[:short.rindex(" ")]
+        reason = short.rstrip(" +:;,(") + "..."
+    return f"{r['status']}: {reason}{last}"
+
+
 def _table(rows: list[dict[str, Any]]) -> str:
     head = ("run", "host", "backend", "state", "step", "reward", "elapsed", "eta")
     body = []
+    cut = False
     for r in rows:
         step = f"{r['step'] if r['step'] is not None else '-'}" + (f"/{r['total_steps']}" if r["total_steps"] else "")
-        state = (r["status"] + (f": {r['reason']}" if r.get("reason") else "")
-                 + (f" (last: {r['last_known']})" if r.get("last_known") else ""))
+        state = state_cell(r)
+        cut = cut or (bool(r.get("reason")) and str(r["reason"]) not in state)
         body.append((r["name"], r.get("host") or "local", r["backend"] or "-", state, step, fmt_num(r["reward"]),
                      fmt_duration(r["elapsed_s"]), fmt_duration(r["eta_s"])))
     widths = [max(len(h), *(len(str(b[i])) for b in body)) if body else len(h) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(b, widths, strict=True)) for b in body]
+    if cut:
+        lines.append("(a state ending in ... is cut short: rlctl status RUN says it whole)")
     return "\n".join(lines)
 
 

@@ -22,7 +22,6 @@ import pytest
 
 from rlctl.backends import get_backend
 from rlctl.backends.command import runner
-from rlctl.errors import RlctlError
 from rlctl.recipe.loader import load
 from tests.conftest import ROOT, run_cli
 
@@ -186,8 +185,8 @@ def test_render_applies_the_resume_template(workdir, tmp_path):
     rec = load(recipe, [f'checkpoint.dir="{root}"', "checkpoint.resume=2"]).recipe
     assert "step 2" in " ".join(backend.render(rec).notes)
     rec = load(recipe, [f'checkpoint.dir="{root}"', "checkpoint.resume=6"]).recipe
-    with pytest.raises(RlctlError, match="no complete checkpoint of step 6"):
-        backend.render(rec)
+    # said, not raised: preflight's checkpoint.resume check fails on it with the key's line and the steps there are
+    assert "no complete checkpoint of step 6" in " ".join(backend.render(rec).notes)
     # a whole other command to resume with
     cfg["resume_argv"] = ["resume.py", "--from-step", "{step}", "--dir", "{dir}"]
     assert runner.command_argv(cfg, (4, str(root / "step_4"))) == ["resume.py", "--from-step", "4", "--dir",

@@ -267,9 +267,8 @@ class CommandBackend(Backend):
                     "directory when the run starts)"]
         try:
             found = _runner.pick_resume(cfg)
-        except LookupError as e:
-            raise RlctlError(f"checkpoint.resume = {want}: {e}.", hint=f"rlctl ckpt list, or look in {ck['dir']}") \
-                from None
+        except LookupError as e:  # preflight's checkpoint.resume check fails on it, with the key's line and the steps
+            return [f"command: {shown}", f"checkpoint.resume = {want}: {e}: the run would fail at start"]
         if found is None:
             return [f"command: {shown}", f"no complete checkpoint in {ck['dir']} yet: starts fresh"]
         full = _runner.command_argv(cfg, found)
