@@ -317,7 +317,7 @@ def test_a_rollout_error_only_the_inference_log_shows(user, vllm):
         assert want[:120] in d["reason"], d["reason"]
         assert all(e.startswith("outputs/logs/inference.log:") for e in d["cause"]["evidence"]), d["cause"]
         assert "max_model_len" in d["cause"]["fix"]
-        assert f"stalled: {d['reason']}" in cli("status", "--stall-after", "600").out
+        assert state_cell(d) in cli("status", "--stall-after", "600").out  # the table's cell; status RUN: whole
         shown = cli("logs", run.name, "--component", "inference")
         assert shown.code == 0 and shown.out == stream.getvalue(), shown.err
         assert cli("logs", run.name, "--component", "orchestrator", "-n", "1").out == \
