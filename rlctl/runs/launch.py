@@ -265,6 +265,9 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         "prune_during_run": bool(recipe.checkpoint.keep_last) and prep.backend.prune_during_run(recipe),
         "sinks": sink_spec(recipe, run_dir, wandb_id),
         "total_steps": logged_total, "optimizer_steps": plan.total_steps,
+        # the step the first attempt resumes from (--resume, a failover, the recipe's own step): at total_steps
+        # the supervisor starts nothing (Supervisor._nothing_left)
+        "resume_step": recipe.checkpoint.resume if type(recipe.checkpoint.resume) is int else None,
         "checkpoint_every": recipe.checkpoint.every, "eval_every": recipe.eval.every,
         "restart": {"mode": policy.mode, "max_restarts": policy.max_restarts},
         "stall": recipe.run.stall.model_dump(), "sync": recipe.checkpoint.sync,
@@ -304,6 +307,8 @@ def launch(opts: LaunchOptions, out: Any = None) -> tuple[Path, int]:
         code = executor.submit(run_dir, spec, child_env, detach=False, on_tick=progress.tick)
     except OSError:
         raise RlctlError(f"could not start {spec['argv'][0]!r}; see {run_dir / 'stdout.log'}.") from None
+    if note := read_state(run_dir).get("nothing_left"):
+        print(f"rlctl: {note}", file=out)
     progress.done(run_dir)
     from rlctl.metrics.gpu import verdict_line  # measured peak (NVML) vs the plan; says so when not measured
 

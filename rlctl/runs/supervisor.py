@@ -411,6 +411,8 @@ class Supervisor:
             if self._fenced_out():
                 return self.finish(0, "superseded")
             self._recipe_start = self._recipe_start_now()  # `launch --resume RUN`, or the recipe's own resume
+            if self._nothing_left(self.spec.get("resume_step")):
+                return self._finish_at_end(self.spec["resume_step"])
             self.start()
             return self.loop()
         finally:
@@ -455,6 +457,8 @@ class Supervisor:
                     if left:
                         self.say(left)
                 ckpt = self._restart_point()
+                if ckpt is not None and self._nothing_left(ckpt.step):
+                    return self._finish_at_end(ckpt.step, f"the run was {status}")
                 self._prepare_restart(ckpt, from_plan_env=True)
                 self._before_restart(f"rlctl resume (the run was {status})", ckpt)
                 self.start(reason=f"resume ({status})", checkpoint=ckpt)
@@ -476,6 +480,23 @@ class Supervisor:
             return get_backend(self.spec["backend"]).recipe_start(recipe, checkpoint_dir(self.run_dir))
         except Exception:
             return None
+
+    def _nothing_left(self, step: Any) -> bool:
+        """A start from a checkpoint at the run's last step (train.steps counts optimizer steps; checkpoints and
+        total_steps count the step the backend logs) has nothing left to train: no attempt starts, whatever the
+        backend would do with it (transformers' Trainer checks max_steps only after a step: it trained one more)."""
+        total = self.spec.get("total_steps")
+        return type(step) is int and type(total) is int and 0 < total <= step
+
+    def _finish_at_end(self, step: int, after: str | None = None) -> int:
+        """The run ends finished without starting the backend: said in its log, events and state."""
+        note = f"nothing left to train: the checkpoint is at step {step} of {self.spec['total_steps']}"
+        text = f"{after}; {note}" if after else note
+        self._mark_log(text)
+        self.say(text)
+        self.event(event="nothing_left", step=step, **({"after": after} if after else {}))
+        self.state(nothing_left=note, nothing_left_at=step)
+        return self.finish(0, "finished")
 
     def _restart_point(self) -> Any:
         """The checkpoint the next attempt resumes from: the one its backend will load, made so where its resume reads
@@ -556,6 +577,8 @@ class Supervisor:
                 restarts = sum(1 for a in self.attempts if a.get("restart"))
                 if restarts < self.policy.max_restarts:
                     ckpt = self._restart_point()
+                    if ckpt is not None and self._nothing_left(ckpt.step):  # it ended after its last checkpoint
+                        return self._finish_at_end(ckpt.step, f"attempt {self.attempt} {why} (exit code {code})")
                     try:
                         self._prepare_restart(ckpt)
                     except Exception as e:  # the recipe no longer renders: give up, say why

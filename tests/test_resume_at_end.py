@@ -1,0 +1,112 @@
+"""Resuming from a run's final checkpoint: `train.steps` is the number of optimizer steps, so a run resumed at step ==
+train.steps has nothing left to train. It ends at once, finished, and says so; no backend is started, so no step
+past train.steps is trained and no checkpoint past it is written.
+
+Before: the README quickstart with `train.steps = 4` run to the end, then `launch --resume RUN` trained `step 5/4`
+and wrote checkpoint-5 (transformers' Trainer checks max_steps only after a step); the same on failover from a
+final synced checkpoint and on a restart after a crash past the last save."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RECIPES
+
+COUNTER = Path(__file__).resolve().parent / "fixtures" / "command" / "counter_trainer.py"
+
+
+def _run(work: Path, prefix: str) -> Path:
+    return next(d for d in (work / "runs").iterdir() if d.name.startswith(prefix))
+
+
+def _state(run: Path) -> dict:
+    return json.loads((run / "state.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_quickstart_resumed_from_its_final_checkpoint_trains_nothing(user):
+    pytest.importorskip("trl")
+    work, rlctl = user
+    shutil.copytree(RECIPES / "quickstart", work / "quickstart")
+    (work / "q.toml").write_text((RECIPES / "quickstart.toml").read_text().replace("steps = 80", "steps = 4")
+                                 .replace('dir = "checkpoints"', 'dir = "checkpoints"\nevery = 2'))
+    r = rlctl("launch", "q.toml", "--name", "first")
+    assert r.returncode == 0 and "step 4/4" in r.stderr, r.stderr[-3000:]
+    first = _run(work, "first")
+    assert (first / "checkpoints" / "checkpoint-4" / "trainer_state.json").is_file()
+    r = rlctl("launch", "q.toml", "--resume", first.name, "--name", "res")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert "nothing left to train: the checkpoint is at step 4 of 4" in out, out[-3000:]
+    assert "step 5/4" not in out
+    res = _run(work, "res")
+    assert not (res / "checkpoints" / "checkpoint-5").exists()
+    assert sorted(p.name for p in (res / "checkpoints").glob("checkpoint-*")) == ["checkpoint-4"]
+    st = _state(res)
+    assert st["status"] == "finished" and st["exit_code"] == 0, st
+    status = rlctl("status", "res")
+    assert "finished" in status.stdout and "4/4" in status.stdout and "5/4" not in status.stdout, status.stdout
+
+
+def _counter_recipe(steps: int) -> str:
+    cmd = [sys.executable, str(COUNTER), "--steps", "{steps}", "--save-every", "{checkpoint_every}", "--out",
+           "{checkpoint_dir}"]
+    return f"""
+name = "counter"
+[backend]
+name = "command"
+[backend.command]
+command = {json.dumps(cmd)}
+log_pattern = 'step (?P<step>\\d+) \\| reward (?P<reward>\\S+)'
+metrics_map = {{reward = "reward/mean"}}
+checkpoint_pattern = "step_{{step}}"
+checkpoint_marker = "training_info.json"
+resume_args = ["--resume", "{{path}}"]
+[model]
+path = "random:qwen2?hidden=64&layers=2"
+dtype = "float32"
+max_model_len = 128
+[data]
+train = "prompts.jsonl"
+max_prompt_tokens = 32
+[rollout]
+group_size = 4
+prompts_per_step = 2
+max_tokens = 16
+[train]
+steps = {steps}
+train_batch_size = 8
+micro_batch_size = 4
+[resources]
+gpus_per_node = 0
+gpu = "cpu"
+[checkpoint]
+dir = "training_state"
+every = 2
+"""
+
+
+def test_a_command_run_resumed_from_its_final_checkpoint_starts_no_trainer(user):
+    """The seam is rlctl's, not the trainer's: whatever the trainer would do with a checkpoint at its last step, it
+    is not started (the trainer's own line `rlctl-command: ...` never appears in the resumed run's log)."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (work / "c.toml").write_text(_counter_recipe(4))
+    r = rlctl("launch", "c.toml", "--name", "first")
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = _run(work, "first")
+    r = rlctl("launch", "c.toml", "--resume", first.name, "--name", "res")
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "nothing left to train: the checkpoint is at step 4 of 4" in out, out[-3000:]
+    res = _run(work, "res")
+    st = _state(res)
+    assert st["status"] == "finished" and st["exit_code"] == 0, st
+    assert "rlctl-command:" not in (res / "stdout.log").read_text(), (res / "stdout.log").read_text()
+    assert sorted(p.name for p in (res / "training_state").glob("step_*")) == ["step_4"]
+    status = rlctl("status", "res")
+    assert "finished" in status.stdout and "4/4" in status.stdout, status.stdout
