@@ -110,3 +110,20 @@ def test_a_command_run_resumed_from_its_final_checkpoint_starts_no_trainer(user)
     assert sorted(p.name for p in (res / "training_state").glob("step_*")) == ["step_4"]
     status = rlctl("status", "res")
     assert "finished" in status.stdout and "4/4" in status.stdout, status.stdout
+
+
+def test_a_command_recipe_resuming_latest_at_its_end_does_not_start_the_trainer(user):
+    """`checkpoint.resume = "latest"` is resolved by the command backend's runner when the attempt starts: there too
+    a final checkpoint means nothing left to train (the trainer is not started)."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    shared = work / "shared_ckpts"
+    (work / "c.toml").write_text(_counter_recipe(4).replace('dir = "training_state"',
+                                                            f'dir = "{shared}"\nresume = "latest"'))
+    r = rlctl("launch", "c.toml", "--name", "first")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = rlctl("launch", "c.toml", "--name", "again", "--force")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    log = (_run(work, "again") / "stdout.log").read_text()
+    assert "nothing left to train: the checkpoint is at step 4 of 4" in log, log
+    assert "step 5" not in log and sorted(p.name for p in shared.glob("step_*")) == ["step_2", "step_4"]

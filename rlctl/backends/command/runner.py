@@ -369,6 +369,12 @@ def main(argv: list[str]) -> int:
     except LookupError as e:
         print(f"{said}: {e}", flush=True)
         return 2
+    total = (cfg.get("checkpoint") or {}).get("total_steps")
+    if resume is not None and type(total) is int and 0 < total <= resume[0]:
+        # `latest` resolved here to the final checkpoint: the trainer is not started (rlctl's supervisor does the
+        # same for a step it knows; a trainer may well train one more step past its end)
+        print(f"{said}: nothing left to train: the checkpoint is at step {resume[0]} of {total}", flush=True)
+        return 0
     if reports:
         write_descriptor(cfg)
     cmd = command_argv(cfg, resume, base)
