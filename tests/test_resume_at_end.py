@@ -127,3 +127,32 @@ def test_a_command_recipe_resuming_latest_at_its_end_does_not_start_the_trainer(
     log = (_run(work, "again") / "stdout.log").read_text()
     assert "nothing left to train: the checkpoint is at step 4 of 4" in log, log
     assert "step 5" not in log and sorted(p.name for p in shared.glob("step_*")) == ["step_2", "step_4"]
+
+
+def test_a_failover_from_the_final_synced_checkpoint_finishes_the_run(tmp_path, monkeypatch):
+    """box1 saved and synced step 4 of 4, then became unreachable: the watcher records the run finished (on_event
+    `finish`) and starts no attempt (before: it moved the run "from step 4" and box2 trained step 5/4). The newest
+    checkpoint is the store's as fencing reads it (Failover._checkpoint, covered by test_failover.py's sshd tests)."""
+    from rlctl.core.state import read_state, write_state
+    from rlctl.runs.failover import Failover
+
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    write_state(run, name="r", status="running", host="box1", total_steps=4, backend="trl",
+                pool={"hosts": ["box1", "box2"], "sync": "file:///nowhere", "failover_after_s": 1},
+                lineage=[{"generation": 1, "host": "box1", "ref": {}}])
+
+    class NoPlace:
+        def pick_place(self, *a, **k):
+            raise AssertionError("no place is picked for a run with nothing left to train")
+
+    monkeypatch.setattr(Failover, "_checkpoint", lambda self, st, pool: {
+        "kind": "store", "step": 4, "words": "the copy in file:///nowhere"})
+    f = Failover(run, out=open(tmp_path / "watch.txt", "w"))  # noqa: SIM115
+    assert f._fail_over(NoPlace(), read_state(run)["pool"], "unreachable for 301 s", 0.0) == "finished"
+    st = read_state(run)
+    assert st["status"] == "finished" and st["nothing_left_at"] == 4 and len(st["lineage"]) == 1, st
+    f.out.close()
+    said = (tmp_path / "watch.txt").read_text()
+    assert "nothing left to train: the checkpoint is at step 4 of 4" in said and "moving" not in said, said
+    assert "finish:end" in st["events_fired"]

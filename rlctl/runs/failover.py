@@ -223,6 +223,10 @@ class Failover:
         tried = {e["host"] for e in st.get("failover_errors") or [] if isinstance(e, dict)
                  and time.time() - float(e.get("at") or 0) < limit}
         exclude = {str(cur["host"])} | tried
+        source = self._checkpoint(st, pool)
+        total = st.get("total_steps")
+        if type(source.get("step")) is int and type(total) is int and 0 < total <= source["step"]:
+            return self._finished_at(st, source, why)  # its final checkpoint is there: nothing left to train
         if self.pick is not None:
             place, notes = self.pick(exclude)
         else:
@@ -240,7 +244,6 @@ class Failover:
             return "unreachable"
         for n in notes:
             self.say(n)
-        source = self._checkpoint(st, pool)
         token = fencing.new_token()
         g = int(cur.get("generation") or 1) + 1
         fence = None
@@ -296,6 +299,16 @@ class Failover:
         self._fire(read_state(self.run_dir), "failover", f"failover:{g}", host=place, from_host=cur.get("host"),
                    step=source.get("step"), generation=g, reason=why)
         return "running"
+
+    def _finished_at(self, st: dict[str, Any], source: dict[str, Any], why: str) -> str:
+        """A run whose newest complete checkpoint is its last step has trained every step (train.steps): it is
+        finished, whatever became of its host after that save; no attempt is started anywhere."""
+        note = f"nothing left to train: the checkpoint is at step {source['step']} of {st['total_steps']}"
+        self.say(f"{lineage_of(st)[-1].get('host')} gone ({why}); {note} ({source['words']}): the run is finished")
+        write_state(self.run_dir, status="finished", exit_code=0, ended_at=time.time(), outcome="finished",
+                    nothing_left=note, nothing_left_at=source["step"], unreachable_since=None)
+        self._ended(read_state(self.run_dir), "finished")
+        return "finished"
 
     def _stop_stuck(self, ex: Any, cur: dict[str, Any]) -> str | None:
         """Stop an attempt whose place answers but which cannot progress; what became of it, or None (not stopped:

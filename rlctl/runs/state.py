@@ -145,7 +145,7 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     step = max(merged) if merged else None
     if step is None and type(state.get("nothing_left_at")) is int:  # resumed from its final checkpoint: no records
         step = state["nothing_left_at"]
-    latest = merged[step] if step in merged else {}
+    latest = merged.get(step, {})
     times = [t for r in records if isinstance(t := r.get("time"), (int, float)) and not isinstance(t, bool)]
     last_time = max(times, default=None)  # a damaged record (time null or text) has no time
     status = true_status(run_dir, state, last_time, stall_after)
