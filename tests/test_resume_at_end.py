@@ -156,3 +156,10 @@ def test_a_failover_from_the_final_synced_checkpoint_finishes_the_run(tmp_path, 
     said = (tmp_path / "watch.txt").read_text()
     assert "nothing left to train: the checkpoint is at step 4 of 4" in said and "moving" not in said, said
     assert "finish:end" in st["events_fired"]
+
+
+def test_a_duration_below_zero_is_no_estimate():
+    """A step past the run's total made the progress line say `eta -1:59:59` (new-user trial 6)."""
+    from rlctl.ui.progress import fmt_duration
+
+    assert fmt_duration(-3.0) == "-" and fmt_duration(None) == "-" and fmt_duration(61) == "1:01"

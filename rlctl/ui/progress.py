@@ -9,7 +9,7 @@ from typing import IO
 
 
 def fmt_duration(seconds: float | None) -> str:
-    if seconds is None:
+    if seconds is None or seconds < 0:  # no estimate (a step past the run's total has none either)
         return "-"
     s = int(seconds)
     h, rem = divmod(s, 3600)
