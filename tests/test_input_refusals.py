@@ -114,3 +114,25 @@ def test_a_comma_joined_run_on_suggests_the_list_form(user):
     (work / "p.toml").write_text(bandit_recipe(steps=2) + '\non = "box1,box2"\n')
     r = rlctl("render", "p.toml")
     _refused(r, "run.on", 'on = ["box1", "box2"]')
+
+
+def test_every_numeric_key_of_the_schema_refuses_a_boolean():
+    """The check is one mechanism (Section's validator), so every numeric key refuses `true` (a key added later too):
+    each key of the schema's walk (tests/test_cli_properties.py) set to true on a bundled recipe is a RecipeError
+    naming the key and the boolean, never read as 1."""
+    import pytest
+
+    from rlctl.errors import RecipeError
+    from rlctl.recipe.loader import load
+    from tests.conftest import RECIPES
+    from tests.test_cli_properties import NUMERIC_KEYS
+
+    assert "checkpoint.resume" in NUMERIC_KEYS and "optim.lr" in NUMERIC_KEYS, NUMERIC_KEYS
+    wrong = {}
+    for key in NUMERIC_KEYS:
+        key = key.replace("eval.sets.", "eval.sets.s.")  # the walk passes through the dict of named sets
+        with pytest.raises(RecipeError) as e:
+            load(RECIPES / "quickstart.toml", sets=[f"{key}=true"])
+        if "boolean" not in str(e.value) or key not in str(e.value):
+            wrong[key] = str(e.value)
+    assert not wrong, wrong
