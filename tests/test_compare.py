@@ -144,6 +144,13 @@ def test_compare_of_one_run_or_one_arm_says_there_is_nothing_to_compare_against(
     assert r.stdout == "" and "t-test" not in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert "one run" in r.stderr and "nothing to compare" in r.stderr, r.stderr
     assert "fix: " in r.stderr and "rlctl compare one RUN2" in r.stderr, r.stderr
+    # the same run named twice (by name, by a prefix, by its directory) was two seeds of one arm, with "zero
+    # variance across its 2 seeds" (new-user trial 6): a usage error naming the run
+    run_dir = str(next((work / "runs").glob("one-*")))
+    for twice in (["one", "one"], ["one", "on"], ["one", run_dir], ["one", "two", "one"]):
+        r = rlctl("compare", *twice)
+        assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, (twice, r.stdout + r.stderr)
+        assert "named twice" in r.stderr and "one" in r.stderr and "fix: " in r.stderr, (twice, r.stderr)
 
     r = rlctl("compare", "one", "two")
     assert r.returncode == 0, r.stdout + r.stderr

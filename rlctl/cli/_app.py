@@ -109,10 +109,18 @@ TimeOpt = Annotated[str | None, typer.Option("--time", help="With --executor slu
 
 
 def on_option(value: str | None) -> str | None:
-    """The callback of every command's --on: one check that an empty host or pool is an error, not this machine."""
+    """The callback of the --on of a command that takes a pool (HOST[,HOST...]): one check that an empty host, an
+    empty element or a host named twice is an error, not this machine (or a pool of one host twice)."""
     from rlctl.core.host import check_on
 
     return check_on(value)
+
+
+def on_host_option(ctx: typer.Context, value: str | None) -> str | None:
+    """The callback of the --on of a command that runs on one host (eval, patch): a list is an error saying so."""
+    from rlctl.core.host import check_on
+
+    return check_on(value, pool=False, command=" ".join(["rlctl", *ctx.command_path.split()[1:]]))
 
 
 def _echo(text: str) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from rlctl.cli._app import AccountOpt, JsonOpt, PartitionOpt, _echo, app, on_option
+from rlctl.cli._app import AccountOpt, JsonOpt, PartitionOpt, _echo, app, on_host_option
 from rlctl.errors import RlctlError
 
 EPILOG = """\b
@@ -25,12 +25,16 @@ Examples:
 
 
 def _gpu_option(value: str | None) -> str | None:
-    """An empty --gpu (`--gpu "$GPU"` with GPU unset) is an error, not "no GPU named" (which lets the run's place
-    decide, and skips checkpoints already evaluated)."""
-    if value is not None and not value.strip():
-        raise RlctlError(f"--gpu {value!r}: an empty GPU list.",
-                         hint="--gpu 7 (or --gpu 6,7: CUDA_VISIBLE_DEVICES); in a script, check that the variable "
-                              "holding it is set (drop --gpu to evaluate where the run's place decides)")
+    """An empty --gpu (`--gpu "$GPU"` with GPU unset), or an empty element of it (`--gpu 0,,1`), is an error, not
+    "no GPU named" (which lets the run's place decide, and skips checkpoints already evaluated)."""
+    if value is not None:
+        from rlctl.core.gpus import check_gpu_list
+
+        try:
+            check_gpu_list(value, "--gpu")
+        except RlctlError as e:
+            raise RlctlError(e.message,
+                             hint=f"{e.hint} (drop --gpu to evaluate where the run's place decides)") from None
     return value
 
 
@@ -65,7 +69,7 @@ def eval_cmd(
     all_: Annotated[bool, typer.Option("--all", help="Every complete checkpoint, and the baseline.")] = False,
     set_name: Annotated[list[str] | None, typer.Option("--set", metavar="SET",
                                                        help="Only this eval set (repeatable).")] = None,
-    on: Annotated[str | None, typer.Option("--on", callback=on_option,
+    on: Annotated[str | None, typer.Option("--on", callback=on_host_option,
                                            help="Evaluate on this SSH host (rlctl hosts list).")] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", callback=_gpu_option, help="CUDA_VISIBLE_DEVICES for the eval job "
                                             "(on the host with --on).")] = None,

@@ -81,7 +81,7 @@ def hosts_check(
 
     host_facts = executors.get("ssh").host_facts
 
-    hosts = [get_host(name)] if name else list(load_hosts().values())
+    hosts = [get_host(name)] if name is not None else list(load_hosts().values())  # `""` is no host, not all
     if not hosts:
         raise RlctlError("no hosts to check.", hint="rlctl hosts add NAME USER@HOST --workdir DIR --python PATH")
     report, failed = {}, False

@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from rlctl.cli._app import BackendOpt, DirOpt, JsonOpt, PythonOpt, SetArg, _echo, on_option, patch_app
+from rlctl.cli._app import BackendOpt, DirOpt, JsonOpt, PythonOpt, SetArg, _echo, on_host_option, patch_app
 from rlctl.errors import RlctlError
 
-OnOpt = Annotated[str | None, typer.Option("--on", callback=on_option,
+OnOpt = Annotated[str | None, typer.Option("--on", callback=on_host_option,
                                            help="Do it on this SSH host, with its rlctl (same journal "
                                            "and atomicity there).")]
 

@@ -75,6 +75,25 @@ def list_gpus() -> tuple[list[dict[str, Any]] | None, str | None]:
     return None, f"no NVIDIA GPU found (NVML: {nvml_err}; nvidia-smi {smi})"
 
 
+def check_gpu_list(value: str, where: str, written: Any = None) -> str:
+    """A CUDA_VISIBLE_DEVICES list as a user gives it (`--gpu 6,7`, `eval.gpu = "7"`): an empty one or an empty
+    element is an error. CUDA stops reading the variable at its first invalid entry, so `0,,1` would hide GPU 1 and
+    an empty one every GPU, where the user meant some."""
+    from rlctl.errors import RlctlError
+
+    written = written or (lambda v: f"{where} {v}")  # how the fix is written: an option, or a recipe's key
+    if not value.strip():
+        raise RlctlError(f"{where} {value!r}: an empty GPU list.",
+                         hint=f"{written('7')} (or {written('6,7')}: CUDA_VISIBLE_DEVICES); in a script, check that "
+                              "the variable holding it is set")
+    parts = [p.strip() for p in value.split(",")]
+    if not all(parts):
+        raise RlctlError(f"{where} {value!r}: an empty element in the GPU list (CUDA stops reading "
+                         "CUDA_VISIBLE_DEVICES at it: the GPUs after it are not seen).",
+                         hint=written(",".join(p for p in parts if p)))
+    return value
+
+
 # an idle GPU: NVML shows only the driver's own reservation (~0.5 GiB on an H100) in use
 IDLE_USED_GIB = 1.0
 

@@ -123,14 +123,28 @@ def load_hosts() -> dict[str, Host]:
     return {name: _host(name, t) for name, t in hosts.items()}
 
 
-def check_on(value: str | None, option: str = "--on") -> str | None:
-    """A host or a pool (`HOST[,HOST...]`) as given to --on: an empty or blank one (`--on "$HOST"` with HOST unset)
-    or an empty element (`--on a,,b`) is an error, never "no host given" (which means this machine)."""
-    if value is None or all(n.strip() for n in value.split(",")):
+def check_on(value: str | None, option: str = "--on", pool: bool = True, command: str = "this command") -> str | None:
+    """A host, or a pool (`HOST[,HOST...]`) where the command takes one, as given to --on: an empty or blank one
+    (`--on "$HOST"` with HOST unset) or an empty element (`--on a,,b`) is an error, never "no host given" (which
+    means this machine); so is a host named twice in a pool (as `run.on = [...]` refuses it), and a list where the
+    command runs on one host."""
+    if value is None:
         return value
-    raise RlctlError(f"{option} {value!r}: an empty host name.",
-                     hint=f"{option} HOST (rlctl hosts list), or {option} HOST1,HOST2 for a pool; in a script, check "
-                          "that the variable holding it is set (drop the option to run on this machine)")
+    names = [n.strip() for n in value.split(",")]
+    one = f"{option} HOST (rlctl hosts list)"
+    if not all(names):
+        raise RlctlError(f"{option} {value!r}: an empty host name.",
+                         hint=(f"{one}, or {option} HOST1,HOST2 for a pool" if pool else one)
+                         + "; in a script, check that the variable holding it is set (drop the option to run on this "
+                           "machine)")
+    if not pool and len(names) > 1:
+        raise RlctlError(f"{option} {value!r}: {command} runs on one host, not a pool.",
+                         hint=f"{option} {names[0]} (one of {', '.join(names)})")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise RlctlError(f"{option} {value!r}: a host is named twice ({', '.join(twice)}).",
+                         hint=f"{option} {','.join(dict.fromkeys(names))} (each host of the pool once)")
+    return value
 
 
 def unknown_hosts(names: list[str]) -> list[str]:

@@ -166,10 +166,20 @@ def arms_of_runs(refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[
                          "or two or more runs: runs that differ only in train.seed form one arm).",
                          hint=f"rlctl compare {refs[0]} RUN2 [RUN3 ...] (a run of another recipe, or more seeds of "
                               f"this one), or rlctl compare EXP; rlctl status {refs[0]} shows this run alone")
+    dirs = [find_run(ref) for ref in refs]
+    seen: dict[Path, str] = {}
+    for ref, rd in zip(refs, dirs, strict=True):  # one run named twice is not two seeds (a variance of zero)
+        if rd.resolve() in seen:
+            first = seen[rd.resolve()]
+            rest = [r for r, d in zip(refs, dirs, strict=True) if d.resolve() != rd.resolve()]
+            names = f"{first!r} and {ref!r}" if first != ref else f"{ref!r}"
+            raise RlctlError(f"run {rd.name} is named twice ({names}): one run is one seed, never two.",
+                             hint=f"rlctl compare {' '.join([first, *rest]) if rest else first + ' RUN2'} "
+                                  "(each run once; more seeds are more runs of the recipe)")
+        seen[rd.resolve()] = ref
     groups: list[tuple[dict[str, Any], list[tuple[Path, int | None]]]] = []
     attached: set[Path] = set()
-    for ref in refs:
-        rd = find_run(ref)
+    for rd in dirs:
         data = _run_recipe(rd)
         seed = data.get(SEED_KEY)
         key = {k: v for k, v in data.items() if k not in (SEED_KEY, "name")}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlctl.backends import cpu_backends
-from rlctl.preflight import FAIL, OK, WARN, Context, Result, check
+from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
 
 
 @check("placement.gpus")
@@ -199,6 +199,13 @@ def pool(ctx: Context) -> Result | None:
         return None
     hosts = ", ".join(r.run.on)
     if r.checkpoint.sync:
+        import os
+
+        from rlctl.core.host import unknown_hosts
+
+        if not os.environ.get("RLCTL_REMOTE_SIDE") and unknown_hosts(list(r.run.on)):  # no OK about a host unknown
+            return Result("placement.pool", SKIP, f"pool of {len(r.run.on)} host(s) ({hosts}): not every one is a "
+                          "host rlctl knows (placement.hosts says which)")
         return Result("placement.pool", OK, f"pool of {len(r.run.on)} host(s) ({hosts}); a failover resumes from the "
                       f"newest complete checkpoint in {r.checkpoint.sync}")
     return Result("placement.pool", WARN,

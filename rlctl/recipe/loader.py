@@ -670,9 +670,9 @@ def validate(
                     f" Add it under [{section}]." if "." in dotted else f" Add a [{dotted}] table."
                 ))
             elif err["type"] == "value_error":
-                msg = err["msg"].removeprefix("Value error, ")
+                msg, has_fix, fix = err["msg"].removeprefix("Value error, ").partition("\n  fix: ")
                 key = f"`{dotted}`: " if "." in dotted and dotted not in msg else ""
-                problems.append(f"{where}: {key}{msg}.")
+                problems.append(f"{where}: {key}{msg}." + (f"\n  fix: {fix}" if has_fix else ""))
             else:
                 got = err.get("input")
                 got_s = _shown(got)

@@ -10,7 +10,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 def _not_bool(v: Any) -> Any:
@@ -47,9 +56,45 @@ Samples = _upto(MAX_SAMPLES)
 Seconds = Annotated[float, NoBool, Field(ge=0.0, le=MAX_SECONDS)]
 GpuId = _upto(MAX_GPUS_PER_NODE - 1, 0)
 
+def _leaf_types(annotation: Any) -> set[Any]:
+    """The plain types a field's annotation accepts (`Annotated[int, ...] | str | None` -> {int, str, NoneType})."""
+    import types
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _leaf_types(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_leaf_types(a) for a in typing.get_args(annotation)))
+    return {annotation}
+
+
+def refuse_bool_as_number(model: type[BaseModel], value: Any, field: str | None) -> Any:
+    """`checkpoint.resume = true` is a mistake, not step 1: pydantic takes a bool as an int (and a float) unless
+    told not to. One check for every key whose type is numeric and not boolean, in every section, so that a key
+    added later is covered too; it names what the key takes."""
+    if not isinstance(value, bool) or field is None or field not in model.model_fields:
+        return value
+    info = model.model_fields[field]
+    kinds = _leaf_types(info.annotation)
+    if bool in kinds or not kinds & {int, float}:
+        return value
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    takes = extra.get("form") or ("a whole number" if float not in kinds else "a number")
+    examples = [e for e in (info.examples or [info.default]) if isinstance(e, int | float | str)
+                and not isinstance(e, bool)]
+    fix = " or ".join(f"{field} = {e!r}".replace("'", '"') for e in examples) or f"{field} = 1"
+    raise ValueError(f"{str(value).lower()} is a boolean; it takes {takes}\n  fix: {fix}")
+
+
 class Section(BaseModel):
     # inf and nan are never meaningful settings (a KL coefficient of inf, a temperature of nan): rejected everywhere
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        return refuse_bool_as_number(cls, v, info.field_name)
 
 
 class BackendExtra(Section):
@@ -103,8 +148,8 @@ class BackendSection(Section):
             try:
                 self.model_extra[key] = model.model_validate(value)
             except ValidationError as e:
-                problems = "; ".join(f"backend.{key}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
-                                     for err in e.errors())
+                problems = "; ".join(f"backend.{key}.{'.'.join(map(str, err['loc']))}: "
+                                     f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())
                 raise ValueError(problems) from None
         return self
 
@@ -276,8 +321,8 @@ class ExecutorSection(Section):
             try:
                 self.model_extra[key] = model.model_validate(value)
             except ValidationError as e:
-                problems = "; ".join(f"executor.{key}.{'.'.join(map(str, err['loc']))}: {err['msg']}"
-                                     for err in e.errors())
+                problems = "; ".join(f"executor.{key}.{'.'.join(map(str, err['loc']))}: "
+                                     f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())
                 raise ValueError(problems) from None
         return self
 
@@ -401,7 +446,13 @@ class RunSection(Section):
         names = [v] if isinstance(v, str) else v or []
         for n in names:
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", n):
-                raise ValueError(f"run.on {n!r}: not a host name (rlctl hosts list shows yours)")
+                parts = [p.strip() for p in n.split(",")]
+                if isinstance(v, str) and len(parts) > 1 and all(parts):  # a pool written as --on writes it
+                    listed = ", ".join(f'"{p}"' for p in parts)
+                    raise ValueError(f"run.on {n!r}: not a host name; a pool is a list of host names\n"
+                                     f"  fix: on = [{listed}]")
+                raise ValueError(f"run.on {n!r}: not a host name (rlctl hosts list shows yours)\n"
+                                 '  fix: on = "HOST", or a pool: on = ["HOST1", "HOST2"] (names of rlctl hosts list)')
         if isinstance(v, list) and len(set(v)) != len(v):
             raise ValueError(f"run.on {v}: a host is named twice")
         if isinstance(v, list) and not v:
@@ -488,6 +539,19 @@ class EvalSection(Section):
     gpu: str | None = Field(default=None, description="CUDA_VISIBLE_DEVICES for checkpoint evals (e.g. \"7\").")
     timeout_s: Annotated[float, Field(gt=0.0)] = Field(default=3600.0, description="An eval job running longer "
                                                        "is killed and recorded as failed.")
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu_list(cls, v: str | None) -> str | None:
+        from rlctl.core.gpus import check_gpu_list
+        from rlctl.errors import RlctlError
+
+        if v is not None:
+            try:
+                check_gpu_list(v, "eval.gpu", lambda g: f'gpu = "{g}"')
+            except RlctlError as e:  # the loader names the file and line
+                raise ValueError(e.message.removesuffix(".") + (f"\n  fix: {e.hint}" if e.hint else "")) from None
+        return v
 
     @field_validator("sets")
     @classmethod

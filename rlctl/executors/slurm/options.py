@@ -7,7 +7,7 @@ import re
 import sys
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 # SLURM's time formats (sbatch --time): M, M:S, H:M:S, D-H, D-H:M, D-H:M:S, or UNLIMITED
 _TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+|\d+-\d+:\d{1,2}|\d+-\d+:\d{1,2}:\d{1,2})$")
@@ -40,6 +40,13 @@ class SlurmOptions(BaseModel):
     """What sbatch is asked for. Every key is optional: the cluster's defaults apply to what is not set."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        from rlctl.recipe.schema import refuse_bool_as_number  # the recipe's one check (`ray_port = true` is no port)
+
+        return refuse_bool_as_number(cls, v, info.field_name)
 
     partition: str | None = Field(default=None, description="sbatch --partition.")
     account: str | None = Field(default=None, description="sbatch --account.")

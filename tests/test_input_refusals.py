@@ -1,0 +1,138 @@
+"""What a new user typed that rlctl took for something else (new-user trial 6): a host named twice in --on, an empty
+element of a --gpu list, several hosts where a command runs on one, an empty host name to `hosts check`, a boolean
+where the recipe means a number, a comma-joined host string in `run.on`. Each is refused (exit 2, naming the option
+or key, with a fix) before anything runs; a pool's preflight line is not OK about a host rlctl does not know."""
+
+from __future__ import annotations
+
+from tests.test_experiments import bandit_recipe
+
+
+def _refused(r, *words: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "fix: " in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, (w, r.stderr)
+
+
+def test_a_host_named_twice_in_on_is_refused_as_in_the_recipe(user):
+    """`launch q.toml --on box1,box1` was taken as `pool box1, box1` while `on = ["box1","box1"]` was refused."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (work / "q.toml").write_text(bandit_recipe(steps=2))
+    assert rlctl("hosts", "add", "box1", "me@127.0.0.1").returncode == 0
+    for value in ("box1,box1", "box1, box1", "box1,box2,box1"):
+        r = rlctl("launch", "q.toml", "--on", value)
+        _refused(r, "--on", "named twice", "box1")
+    assert not (work / "runs").exists() or not list((work / "runs").iterdir()), "no run started"
+
+
+def test_an_empty_element_of_a_gpu_list_is_refused(user):
+    """`eval RUN --gpu "0,,1"` was taken (CUDA stops reading CUDA_VISIBLE_DEVICES at the empty entry: GPU 1 is
+    never seen); so was `eval.gpu = "0,,1"` in a recipe."""
+    work, rlctl = user
+    for value in ("0,,1", "0,", ",1", "0, ,1"):
+        _refused(rlctl("eval", "some-run", "--gpu", value), "--gpu", "empty")
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (work / "e.toml").write_text(bandit_recipe(steps=2) + '\n[eval]\ngpu = "0,,1"\n')
+    r = rlctl("render", "e.toml")
+    _refused(r, "eval.gpu", "empty")
+
+
+def test_eval_on_a_pool_says_it_runs_on_one_host(user):
+    """`eval RUN --on box1,box2` proposed `rlctl hosts add box1,box2 USER@HOST` (which hosts add refuses), and the
+    empty --on fix offered eval a pool."""
+    work, rlctl = user
+    assert rlctl("hosts", "add", "box1", "me@127.0.0.1").returncode == 0
+    r = rlctl("eval", "some-run", "--on", "box1,box2")
+    _refused(r, "--on", "eval runs on one host")
+    assert "hosts add box1,box2" not in r.stderr and "--on box1" in r.stderr, r.stderr
+    r = rlctl("eval", "some-run", "--on", "")
+    _refused(r, "--on ''")
+    assert "pool" not in r.stderr and "HOST1,HOST2" not in r.stderr, r.stderr
+    r = rlctl("launch", "q.toml", "--on", "")  # launch takes a pool: its fix says so
+    _refused(r, "--on ''", "HOST1,HOST2")
+
+
+def test_hosts_check_of_an_empty_name_is_refused(user):
+    """`hosts check ""` (an unset $HOST) checked every host, exit 0."""
+    work, rlctl = user
+    assert rlctl("hosts", "add", "box1", "me@127.0.0.1").returncode == 0
+    for value in ("", " "):
+        r = rlctl("hosts", "check", value)
+        _refused(r, "empty host name")
+        assert "box1" not in r.stdout, r.stdout
+
+
+def test_a_boolean_where_the_recipe_means_a_number_is_a_type_error(user):
+    """`checkpoint.resume = true` was read as step 1 (pydantic takes a bool as an int); so were other numeric keys
+    that lacked the bool check. Every numeric key of every section refuses a boolean, naming it and what it takes."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    base = bandit_recipe(steps=2)
+    cases = {
+        "checkpoint.resume": ("[checkpoint]\nresume = true\n", "off, latest or a step number"),
+        "optim.lr": (None, "a number"),
+        "rollout.top_p": ("[rollout]\ntop_p = true\n", "a number"),
+        "run.stall.k": ("[run.stall]\nk = true\n", "a number"),
+        "eval.timeout_s": ("[eval]\ntimeout_s = true\n", "a number"),
+    }
+    for key, (table, takes) in cases.items():
+        text = base.replace("lr = 0.5", "lr = true") if table is None else _merge(base, table)
+        (work / "b.toml").write_text(text)
+        r = rlctl("render", "b.toml")
+        _refused(r, key, "true", "boolean", takes)
+
+
+def _merge(base: str, table: str) -> str:
+    """Add `table` (a `[section]` and its keys) to the recipe, into the section it already has."""
+    head, body = table.split("\n", 1)
+    if head in base:
+        return base.replace(head + "\n", table, 1)
+    return base + "\n" + table
+
+
+def test_preflight_pool_line_is_not_ok_about_an_unknown_host(user):
+    """`on = ["box1", "nohost"]`: preflight printed `OK placement.pool pool of 2 host(s) (box1, nohost)` beside
+    `FAIL placement.hosts`."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (work / "p.toml").write_text(bandit_recipe(steps=2) + '\non = ["box1", "nohost"]\n'
+                                 '[checkpoint]\nsync = "s3://bucket/prefix"\n')
+    assert rlctl("hosts", "add", "box1", "me@127.0.0.1").returncode == 0
+    r = rlctl("preflight", "p.toml")
+    assert r.returncode == 1, r
+    pool = [ln for ln in r.stdout.splitlines() if "placement.pool" in ln]
+    assert not pool or not pool[0].lstrip().startswith("OK"), r.stdout
+    assert any("FAIL" in ln and "placement.hosts" in ln for ln in r.stdout.splitlines()), r.stdout
+
+
+def test_a_comma_joined_run_on_suggests_the_list_form(user):
+    """`on = "box1,box2"` said `not a host name` with no fix line."""
+    work, rlctl = user
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    (work / "p.toml").write_text(bandit_recipe(steps=2) + '\non = "box1,box2"\n')
+    r = rlctl("render", "p.toml")
+    _refused(r, "run.on", 'on = ["box1", "box2"]')
+
+
+def test_every_numeric_key_of_the_schema_refuses_a_boolean():
+    """The check is one mechanism (Section's validator), so every numeric key refuses `true` (a key added later too):
+    each key of the schema's walk (tests/test_cli_properties.py) set to true on a bundled recipe is a RecipeError
+    naming the key and the boolean, never read as 1."""
+    import pytest
+
+    from rlctl.errors import RecipeError
+    from rlctl.recipe.loader import load
+    from tests.conftest import RECIPES
+    from tests.test_cli_properties import NUMERIC_KEYS
+
+    assert "checkpoint.resume" in NUMERIC_KEYS and "optim.lr" in NUMERIC_KEYS, NUMERIC_KEYS
+    wrong = {}
+    for key in NUMERIC_KEYS:
+        key = key.replace("eval.sets.", "eval.sets.s.")  # the walk passes through the dict of named sets
+        with pytest.raises(RecipeError) as e:
+            load(RECIPES / "quickstart.toml", sets=[f"{key}=true"])
+        if "boolean" not in str(e.value) or key not in str(e.value):
+            wrong[key] = str(e.value)
+    assert not wrong, wrong
