@@ -413,6 +413,7 @@ resume = "latest"
 
     def attempt(steps: int) -> str:
         cfg["argv"][cfg["argv"].index("--steps") + 1] = str(steps)
+        cfg["checkpoint"]["total_steps"] = steps  # the run's length as the recipe would say it (the runner reads it)
         (run / "command.json").write_text(json.dumps(cfg))
         with open(run / "stdout.log", "ab") as out:
             code = subprocess.run(plan.argv, cwd=run, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=60)
