@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import RECIPES
-
-COUNTER = Path(__file__).resolve().parent / "fixtures" / "command" / "counter_trainer.py"
+from tests.test_seams_followups import counter_project
 
 
 def _run(work: Path, prefix: str) -> Path:
@@ -53,50 +51,11 @@ def test_the_quickstart_resumed_from_its_final_checkpoint_trains_nothing(user):
     assert "finished" in status.stdout and "4/4" in status.stdout and "5/4" not in status.stdout, status.stdout
 
 
-def _counter_recipe(steps: int) -> str:
-    cmd = [sys.executable, str(COUNTER), "--steps", "{steps}", "--save-every", "{checkpoint_every}", "--out",
-           "{checkpoint_dir}"]
-    return f"""
-name = "counter"
-[backend]
-name = "command"
-[backend.command]
-command = {json.dumps(cmd)}
-log_pattern = 'step (?P<step>\\d+) \\| reward (?P<reward>\\S+)'
-metrics_map = {{reward = "reward/mean"}}
-checkpoint_pattern = "step_{{step}}"
-checkpoint_marker = "training_info.json"
-resume_args = ["--resume", "{{path}}"]
-[model]
-path = "random:qwen2?hidden=64&layers=2"
-dtype = "float32"
-max_model_len = 128
-[data]
-train = "prompts.jsonl"
-max_prompt_tokens = 32
-[rollout]
-group_size = 4
-prompts_per_step = 2
-max_tokens = 16
-[train]
-steps = {steps}
-train_batch_size = 8
-micro_batch_size = 4
-[resources]
-gpus_per_node = 0
-gpu = "cpu"
-[checkpoint]
-dir = "training_state"
-every = 2
-"""
-
-
 def test_a_command_run_resumed_from_its_final_checkpoint_starts_no_trainer(user):
     """The seam is rlctl's, not the trainer's: whatever the trainer would do with a checkpoint at its last step, it
     is not started (the trainer's own line `rlctl-command: ...` never appears in the resumed run's log)."""
     work, rlctl = user
-    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
-    (work / "c.toml").write_text(_counter_recipe(4))
+    counter_project(work, steps=4)
     r = rlctl("launch", "c.toml", "--name", "first")
     assert r.returncode == 0, r.stderr[-3000:]
     first = _run(work, "first")
@@ -116,10 +75,9 @@ def test_a_command_recipe_resuming_latest_at_its_end_does_not_start_the_trainer(
     """`checkpoint.resume = "latest"` is resolved by the command backend's runner when the attempt starts: there too
     a final checkpoint means nothing left to train (the trainer is not started)."""
     work, rlctl = user
-    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
     shared = work / "shared_ckpts"
-    (work / "c.toml").write_text(_counter_recipe(4).replace('dir = "training_state"',
-                                                            f'dir = "{shared}"\nresume = "latest"'))
+    recipe = counter_project(work, steps=4)
+    recipe.write_text(recipe.read_text().replace('dir = "training_state"', f'dir = "{shared}"\nresume = "latest"'))
     r = rlctl("launch", "c.toml", "--name", "first")
     assert r.returncode == 0, r.stderr[-3000:]
     r = rlctl("launch", "c.toml", "--name", "again", "--force")
