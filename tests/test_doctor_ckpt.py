@@ -405,6 +405,17 @@ def test_eval_of_a_verl_checkpoint_without_hf_weights_names_verls_merger(tmp_pat
 
 
 def test_eval_of_a_verl_checkpoint_merges_it_with_verls_own_tool_and_scores_chat_prompts(tmp_path):
+    _verl_merge_and_eval(tmp_path, lora=False)
+
+
+def test_eval_of_a_verl_lora_checkpoint_loads_the_adapter_verls_merger_writes_not_the_frozen_base(tmp_path):
+    """verl's FSDP LoRA actor saves peft's keys (base_layer + lora_A/lora_B) and lora_train_meta.json; verl's merger
+    writes the frozen base to actor/huggingface/ and the adapter to actor/huggingface/lora_adapter/. rlctl's evaluator
+    must load base + adapter: evaluating huggingface/ alone scores the untrained base under the trained step's name."""
+    _verl_merge_and_eval(tmp_path, lora=True)
+
+
+def _verl_merge_and_eval(tmp_path, lora: bool):
     """`rlctl eval RUN --step 6` on a checkpoint as verl 0.9.1 saves it (FSDP shard of the actor, fsdp_config.json,
     actor/huggingface/ with config + tokenizer): rlctl runs verl's own model merger (the released wheel, its heavy
     imports stubbed: tests/fixtures/verl_merger), then its evaluator generates on the CPU from verl's eval parquet —
@@ -428,7 +439,21 @@ def test_eval_of_a_verl_checkpoint_merges_it_with_verls_own_tool_and_scores_chat
         make_tiny(src)
     actor = run / "checkpoints" / "global_step_6" / "actor"
     (actor / "huggingface").mkdir(parents=True)
-    torch.save(load_file(src / "model.safetensors"), actor / "model_world_size_1_rank_0.pt")
+    weights = load_file(src / "model.safetensors")
+    if lora:  # peft's names, as verl's FSDP engine wraps the model (q_proj and v_proj targeted, rank 4)
+        g = torch.Generator().manual_seed(0)
+        wrapped = {}
+        for k, v in weights.items():
+            if k.endswith(("q_proj.weight", "v_proj.weight")):
+                stem = "base_model.model." + k[: -len(".weight")]
+                wrapped[f"{stem}.base_layer.weight"] = v
+                wrapped[f"{stem}.lora_A.default.weight"] = torch.randn(4, v.shape[1], generator=g).to(v.dtype)
+                wrapped[f"{stem}.lora_B.default.weight"] = torch.randn(v.shape[0], 4, generator=g).to(v.dtype)
+            else:
+                wrapped["base_model.model." + k] = v
+        weights = wrapped
+        (actor / "lora_train_meta.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "task_type": "CAUSAL_LM"}))
+    torch.save(weights, actor / "model_world_size_1_rank_0.pt")
     (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
     for f in ("config.json", "generation_config.json", "tokenizer.json"):
         shutil.copy(src / f, actor / "huggingface" / f)
@@ -471,7 +496,14 @@ every = 2
     merged = load_file(hf / "model.safetensors")
     assert set(merged) == set(load_file(src / "model.safetensors"))  # verl's merger wrote the weights there
     res = json.loads(r.stdout)["results"][0]
-    assert res["step"] == 6 and res["model"] == str(hf) and not res["error"], res
+    if lora:
+        adapter = json.loads((hf / "lora_adapter" / "adapter_config.json").read_text())
+        assert adapter["r"] == 4 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"], adapter
+        assert res["step"] == 6 and res["model"] == str(hf / "lora_adapter") and not res["error"], res
+        spec = json.loads((run / "evals" / "step-6.json").read_text())
+        assert spec["base_model"] == str(src), spec
+    else:
+        assert res["step"] == 6 and res["model"] == str(hf) and not res["error"], res
     assert "eval/default/greedy_pass@1" in res["metrics"], res
     spec = json.loads((run / "evals" / "step-6.json").read_text())
     assert spec["label_key"] == "reward_model.ground_truth", spec

@@ -387,3 +387,36 @@ def test_eval_job_with_relative_paths_finds_its_spec_and_checkpoint(tmp_path, mo
     metrics, failure = read_result(out_file, log, 0)
     assert failure is None, log.read_text()
     assert metrics == {"eval/probe/greedy_pass@1": 1.0}
+
+
+def test_vllm_serves_a_verl_lora_adapter_on_the_runs_base_with_the_checkpoints_tokenizer(tmp_path, monkeypatch):
+    """verl's merger writes an adapter that names no base model (base_model_name_or_path null) into
+    huggingface/lora_adapter/, the tokenizer verl saved staying in huggingface/: vLLM gets the run's base model, the
+    checkpoint's tokenizer and the adapter as its LoRA request (an adapter read as a full model would not load)."""
+    import sys
+    import types
+
+    from rlctl.evals.generate import load_vllm
+
+    hf = tmp_path / "actor" / "huggingface"
+    (hf / "lora_adapter").mkdir(parents=True)
+    (hf / "tokenizer_config.json").write_text("{}")
+    (hf / "lora_adapter" / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["q_proj"],
+         "base_model_name_or_path": None}))
+    seen = {}
+
+    class LLM:
+        def __init__(self, **kw):
+            seen.update(kw)
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM))
+    monkeypatch.setitem(sys.modules, "vllm.lora", types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", types.SimpleNamespace(
+        LoRARequest=lambda name, i, path: (name, i, path)))
+    _, lora = load_vllm(str(hf / "lora_adapter"), "/models/base", 0, "bfloat16", {"gpu_memory_utilization": 0.1})
+    assert seen["model"] == "/models/base" and seen["tokenizer"] == str(hf) and seen["enable_lora"], seen
+    assert seen["max_lora_rank"] == 16 and seen["gpu_memory_utilization"] == 0.1
+    assert lora == ("checkpoint", 1, str(hf / "lora_adapter"))
+    with pytest.raises(ValueError, match="names no base model"):
+        load_vllm(str(hf / "lora_adapter"), None, 0, "bfloat16")

@@ -9,12 +9,26 @@ from pathlib import Path
 from typing import Any
 
 
-def adapter_base(path: str) -> str | None:
-    """The base model a LoRA adapter directory names, or None when `path` is a full model."""
+def adapter_base(path: str, base: str | None = None) -> str | None:
+    """The base model to load a LoRA adapter directory on (`base`, the run's model, else the one the adapter names),
+    or None when `path` is a full model. verl's merger writes adapters that name none (base_model_name_or_path null)."""
     cfg = Path(path) / "adapter_config.json"
     if not cfg.is_file():
         return None
-    return json.loads(cfg.read_text()).get("base_model_name_or_path")
+    named = base or json.loads(cfg.read_text()).get("base_model_name_or_path")
+    if not named:
+        raise ValueError(f"{path} is a LoRA adapter that names no base model, and none was given")
+    return named
+
+
+def tokenizer_dir(path: str, base: str) -> str:
+    """Where an adapter's tokenizer is: beside it, else in the HF folder it sits in (verl's merger writes the adapter
+    to huggingface/lora_adapter/, the tokenizer verl saved with the checkpoint stays in huggingface/), else the
+    base's."""
+    for d in (Path(path), Path(path).parent):
+        if (d / "tokenizer_config.json").is_file():
+            return str(d)
+    return base
 
 
 def engine_name() -> str:
@@ -33,14 +47,14 @@ def load_hf(path: str, base: str | None, dtype: str = "float32") -> tuple[Any, A
 
     torch_dtype = getattr(torch, dtype) if dtype in ("float32", "bfloat16", "float16") else torch.float32
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    adapter = adapter_base(path)
+    adapter = adapter_base(path, base)
     if adapter is not None:
         from peft import PeftModel
 
-        base_path = base or adapter
+        base_path = adapter
         model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch_dtype)
         model = PeftModel.from_pretrained(model, path)
-        tok_src = path if (Path(path) / "tokenizer_config.json").is_file() else base_path
+        tok_src = tokenizer_dir(path, base_path)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
         tok_src = path if (Path(path) / "tokenizer_config.json").is_file() else (base or path)
@@ -112,15 +126,15 @@ def load_vllm(path: str, base: str | None, seed: int, dtype: str,
     from vllm import LLM
 
     kw = dict(engine_args or {})
-    adapter = adapter_base(path)
+    adapter = adapter_base(path, base)
     if adapter is None:
         return LLM(model=path, dtype=dtype, seed=seed, **kw), None
     from peft import PeftConfig
     from vllm.lora.request import LoRARequest
 
     rank = int(getattr(PeftConfig.from_pretrained(path), "r", 16) or 16)
-    llm = LLM(model=base or adapter, dtype=dtype, enable_lora=True, max_lora_rank=vllm_max_lora_rank(rank),
-              seed=seed, **kw)
+    llm = LLM(model=adapter, tokenizer=tokenizer_dir(path, adapter), dtype=dtype, enable_lora=True,
+              max_lora_rank=vllm_max_lora_rank(rank), seed=seed, **kw)
     return llm, LoRARequest("checkpoint", 1, path)
 
 

@@ -817,6 +817,20 @@ def part_verl_1gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dic
     return res
 
 
+def part_verl_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """verl on one GPU with a LoRA adapter: every process of the attempt SIGKILLed (seed 004's `pkill -9 python`)
+    after checkpoint 2, `rlctl resume`; rlctl's evaluator on vLLM for the last (LoRA) checkpoint afterwards."""
+    pq_data = write_parquet(ctx.work, data)
+    steps, every = 4, 2
+    recipe = verl_recipe(ctx, "verl-lora", model, pq_data, steps=steps, every=every, lora=16)
+    res = launched_run(ctx, nv, "verl-lora", recipe, total=steps, kills=[("all", every)],
+                       marker="verl.trainer.main_ppo", keys=VERL_KEYS, step_timeout=420)
+    run = run_dir(ctx, "verl-lora")
+    if run is not None:
+        res["eval_after"] = eval_after(ctx, nv, run, steps)
+    return res
+
+
 def part_verl_2gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
     pq_data = write_parquet(ctx.work, data)
     steps, every = 6, 3
@@ -840,6 +854,20 @@ def part_openrlhf_2gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) ->
     res = launched_run(ctx, nv, "openrlhf-2gpu", recipe, total=steps, kills=kills,
                        marker="openrlhf.cli.train_ppo_ray", keys=OPENRLHF_KEYS, step_timeout=420)
     run = run_dir(ctx, "openrlhf-2gpu")
+    if run is not None:
+        res["eval_after"] = eval_after(ctx, nv, run, steps)
+    return res
+
+
+def part_openrlhf_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """OpenRLHF on 2 GPUs with a LoRA adapter: every process of the attempt (the Ray head included) SIGKILLed after
+    checkpoint 2, `rlctl resume`; rlctl's evaluator on vLLM for the last (LoRA) checkpoint afterwards."""
+    steps, every = 4, 2
+    recipe = openrlhf_recipe(ctx, "openrlhf-lora", model, openrlhf_data(ctx.work, data), steps=steps, every=every,
+                             lora=16)
+    res = launched_run(ctx, nv, "openrlhf-lora", recipe, total=steps, kills=[("all", every)],
+                       marker="openrlhf.cli.train_ppo_ray", keys=OPENRLHF_KEYS, step_timeout=420)
+    run = run_dir(ctx, "openrlhf-lora")
     if run is not None:
         res["eval_after"] = eval_after(ctx, nv, run, steps)
     return res
@@ -1015,8 +1043,8 @@ def part_engine_dies(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> d
 
 PARTS = {
     "trl-vllm": {"full": part_trl_full, "lora": part_trl_lora, "trainer-only": part_trl_trainer_only},
-    "verl": {"1gpu": part_verl_1gpu, "2gpu": part_verl_2gpu},
-    "openrlhf": {"2gpu": part_openrlhf_2gpu, "colocated": part_openrlhf_colocated},
+    "verl": {"1gpu": part_verl_1gpu, "2gpu": part_verl_2gpu, "lora": part_verl_lora},
+    "openrlhf": {"2gpu": part_openrlhf_2gpu, "colocated": part_openrlhf_colocated, "lora": part_openrlhf_lora},
 }
 # parts run only when named: `collect` (the runs an earlier call left going), `engine-dies` (2 GPUs)
 def part_eval_runs(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:

@@ -46,8 +46,11 @@ def is_complete(step_dir: Path, step: int, latest: int | None) -> bool:
 def find(root: Path) -> list[Checkpoint]:
     latest = read_int(root / MARKER)
     found = ordered(scan([root], PATTERN, lambda p, step: is_complete(p, step, latest)))
-    for c in found:  # the HF export an evaluator loads: weights there only with "hf_model" in save_contents
-        c.model_paths = [c.path / "actor" / "huggingface"]
+    for c in found:  # the HF export an evaluator loads: weights there only with "hf_model" in save_contents;
+        # for a LoRA actor verl's merger writes the frozen base there and the trained adapter in lora_adapter/
+        # (model_merger/base_model_merger.py save_lora_adapter): the adapter first, on the recipe's base model
+        hf = c.path / "actor" / "huggingface"
+        c.model_paths = [hf / "lora_adapter", hf]
     return found
 
 
