@@ -232,3 +232,38 @@ def test_a_restart_repeats_steps_without_a_step_beyond_them(after, printer_0104,
             assert max(_steps(run)) <= 6, (step, line[:100], _steps(run))
     m = by_step(list(iter_metrics(run / METRICS)))
     assert sorted(m) == list(range(1, STEPS + 1)) and m[6]["kl"] == 0.00121568546940883
+
+
+def test_a_bars_final_frame_drawn_again_by_close_is_one_step_not_two(tmp_path):
+    """On the H100 (OpenRLHF 0.10.4 LoRA, docs/gpu/openrlhf-3.json) Ray wrote each frame of the actor's bar on a line
+    of its own: the final frame (update) and the same frame drawn again by close() are two identical lines. The
+    step's Global line never came (the weight sync after it failed); the log was read as `status 2/4`, step 2 a copy
+    of step 1. The recorded lines: one step, as they come (one read per line) and read whole."""
+    lines = (FIXTURES / "openrlhf" / "h100-lora-bar-close.log").read_text().splitlines(keepends=True)
+    assert sum("Train epoch [1/1]: 100%" in line for line in lines) == 2 and lines[-1] == lines[-2]
+    follow, whole = _run(tmp_path, "follow"), _run(tmp_path, "whole")
+    for line in lines:
+        with (follow / "stdout.log").open("a") as fh:
+            fh.write(line)
+        ingest(follow, "openrlhf")
+    (whole / "stdout.log").write_text("".join(lines))
+    ingest(whole, "openrlhf", final=True)
+    for run in (follow, whole):
+        recs = list(iter_metrics(run / METRICS))
+        assert [r["step"] for r in recs] == [1], recs
+        assert recs[0]["kl"] == 3.39e-5 and recs[0]["grad_norm"] == 0.000175
+
+
+def test_a_repeated_final_frame_before_its_global_step_line_adds_no_step(printer_0104, tmp_path):
+    """The same, a step's Global line following: bar frame, the frame again, Global step 1, ... for 6 steps, one line
+    per frame as Ray writes them: steps 1..6, never a step ahead of the step printed."""
+    run = _run(tmp_path)
+    log = run / "stdout.log"
+    for step in range(1, STEPS + 1):
+        final = printer_0104.bar(step).split("\r")[-1].rstrip("\n") + "\n"
+        for line in (final, final, printer_0104.global_step(step)):
+            with log.open("a") as fh:
+                fh.write(line)
+            ingest(run, "openrlhf")
+            assert max(_steps(run)) == step, (step, line[:100], _steps(run))
+    assert sorted(by_step(list(iter_metrics(run / METRICS)))) == list(range(1, STEPS + 1))

@@ -66,6 +66,9 @@ class IngestState:
     # last record that carried its own (-1: none yet, stand-ins are counted), the step the last stand-in stood for
     own_step: int = -1
     stand_in_step: int = 0
+    # the last stand-in's values: a bar's final frame drawn again by close() is the same step (Ray writes each frame
+    # on a line of its own: docs/gpu/openrlhf-3.json), left out; any record of the backend's own in between clears it
+    last_stand_in: str = ""
     pending: str = ""  # the start of a record that continues on the next lines
     pending_lines: int = 0
     context: str = ""  # a table's header (`Header`): the lines after it are read with it
@@ -136,15 +139,21 @@ def assign_steps(records: list[dict[str, Any]], st: IngestState) -> list[dict[st
     steps = list(map(dict.get, records, repeat("step")))
     if steps and set(map(type, steps)) == _INT:  # every record with its own int step (the common case): as they are
         st.last_step = st.own_step = steps[-1]
+        st.last_stand_in = ""
         return records
     out = []
     for rec in records:
         step = rec.get("step", ...)
         if type(step) is int:  # the record's own step (the common case): as it is
             st.last_step = st.own_step = step
+            st.last_stand_in = ""
             out.append(rec)
             continue
         if step in (STAND_IN, STAND_IN_CURRENT):
+            same = json.dumps({k: v for k, v in rec.items() if k not in ("step", "time")}, sort_keys=True, default=str)
+            if same == st.last_stand_in:
+                continue  # the frame again (tqdm's close()), not a step
+            st.last_stand_in = same
             step = _stand_in(step, st)
             if step is None:
                 continue
