@@ -865,7 +865,8 @@ def part_openrlhf_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) ->
     steps, every = 4, 2
     recipe = openrlhf_recipe(ctx, "openrlhf-lora", model, openrlhf_data(ctx.work, data), steps=steps, every=every,
                              lora=16)
-    res = launched_run(ctx, nv, "openrlhf-lora", recipe, total=steps, kills=[("all", every)],
+    kills = [] if os.environ.get("RLCTL_GPU_KILLS") == "0" else [("all", every)]  # 0: a call too short for a restart
+    res = launched_run(ctx, nv, "openrlhf-lora", recipe, total=steps, kills=kills,
                        marker="openrlhf.cli.train_ppo_ray", keys=OPENRLHF_KEYS, step_timeout=420)
     run = run_dir(ctx, "openrlhf-lora")
     if run is not None:
