@@ -354,19 +354,25 @@ def test_fake_nvml_records_per_gpu_memory_and_peak(tmp_path, monkeypatch):
     assert "peak 35.0 GiB of 80.0" in verdict_line(tmp_path)
 
 
-def _gpu_run_plan(part: dict):
-    """rlctl's plan now for a recipe the GPU kit launched (its model, a random Qwen2.5-0.5B shape, read as that
+def _gpu_run_recipe(part: dict):
+    """A recipe the GPU kit launched, as rlctl reads it now (its model, a random Qwen2.5-0.5B shape, read as that
     shape; nothing else of the recipe changed)."""
     import re
     import tempfile
 
-    from rlctl.estimate.gpu_plan import gpu_plan
     from rlctl.recipe.planning import load
 
     text = re.sub(r'path = "[^"]*models/[^"]*"', 'path = "Qwen/Qwen2.5-0.5B"', part["recipe"])
     path = Path(tempfile.mkdtemp()) / "recipe.toml"
     path.write_text(text)
-    return gpu_plan(load(path).recipe, KNOWN["qwen/qwen2.5-0.5b"])
+    return load(path).recipe
+
+
+def _gpu_run_plan(part: dict):
+    """rlctl's plan now for a recipe the GPU kit launched."""
+    from rlctl.estimate.gpu_plan import gpu_plan
+
+    return gpu_plan(_gpu_run_recipe(part), KNOWN["qwen/qwen2.5-0.5b"])
 
 
 def test_openrlhf_on_h100_per_gpu_peaks_within_10_percent_of_the_plan():
@@ -381,7 +387,7 @@ def test_openrlhf_on_h100_per_gpu_peaks_within_10_percent_of_the_plan():
     plan = _gpu_run_plan(split)
     shares = sorted(g.total / GiB for g in plan.gpus)
     peaks = sorted(p - base for p in split["nvml_window"]["peak_gib"])
-    assert [round(s, 1) for s in shares] == [22.4, 23.8]
+    assert [round(s, 1) for s in shares] == [22.5, 23.8]  # 22.4 before the reduce bucket was counted whole
     for s, p in zip(shares, peaks, strict=True):  # Ray places the actor and the engine: matched by size
         assert abs(s / p - 1) <= 0.10, (shares, peaks)
     # the first sitting's run of the same recipe (docs/gpu/openrlhf-1.json, the whole window): actor GPU 20.8
@@ -394,6 +400,95 @@ def test_openrlhf_on_h100_per_gpu_peaks_within_10_percent_of_the_plan():
     peak = max(colo["nvml_window"]["peak_gib"]) - base
     assert abs(total / peak - 1) <= 0.10, (plan.gpus[0].parts, peak)
     assert "trainer (between steps)" in plan.gpus[0].parts  # the generation phase is the peak: DeepSpeed asleep
+
+
+# OpenRLHF 0.10.4 with LoRA, launched by rlctl on 2 x H100 (issue 31; the GPU kit's part `lora`, fifth sitting): the
+# recipe as the kit wrote it, and what the run showed: NVML's peak per GPU (0.469 GiB the card's own use), torch's
+# peaks inside the PolicyModelActor (its sitecustomize probe) over attempts 1-3, NVML per process
+OPENRLHF_LORA = {"recipe": """
+name = "openrlhf-lora"
+[backend]
+name = "openrlhf"
+version = "0.10.4"
+[backend.openrlhf.extra]
+"ds.attn_implementation" = "sdpa"
+[model]
+path = "/tmp/gpurun/openrlhf/models/Qwen_Qwen2.5-0.5B"
+dtype = "bfloat16"
+max_model_len = 128
+[lora]
+rank = 16
+alpha = 32
+target_modules = "all-linear"
+[data]
+train = "/tmp/gpurun/openrlhf/data/prompts.jsonl"
+eval = "/tmp/gpurun/openrlhf/data/probe.jsonl"
+input_key = "prompt"
+label_key = "label"
+max_prompt_tokens = 32
+[rollout]
+group_size = 8
+prompts_per_step = 4
+max_tokens = 96
+temperature = 1.0
+engines = 1
+gpu_memory_utilization = 0.3
+[algorithm]
+name = "grpo"
+kl_coef = 0.04
+use_kl_loss = true
+[optim]
+lr = 1e-5
+schedule = "constant"
+warmup_steps = 0
+max_grad_norm = 1.0
+[train]
+steps = 4
+train_batch_size = 32
+micro_batch_size = 8
+gradient_checkpointing = false
+zero_stage = 2
+[resources]
+nodes = 1
+gpus_per_node = 2
+gpu = "H100-80GB"
+colocate = false
+executor = "ray"
+[reward]
+function = "/tmp/gpurun/openrlhf/data/openrlhf_reward.py"
+[checkpoint]
+dir = "checkpoints"
+every = 2
+keep_last = 2
+[run]
+restart = "on-failure"
+max_restarts = 3
+[eval]
+every = 2
+temperature = 0.0
+""", "nvml_peak_gib": (11.541, 25.909), "actor_torch_allocated_peak_gib": (4.298, 4.275, 4.298),
+    "actor_torch_reserved_peak_gib": (6.150, 5.488, 6.150), "actor_nvml_peak_gib": (8.461, 7.799, 8.463)}
+
+
+def test_openrlhf_lora_on_h100_per_gpu_peaks_within_10_percent_of_the_plan():
+    """The plan said 8.2 GiB for the actor's GPU, NVML saw 11.1 over the card's own use (rlctl's closing line: "plan
+    UNDERestimated by 26%"). The reference process was as planned (2.5-2.6 GiB at rest); the actor was not: torch's
+    allocated peak 4.30 GiB against 3.73 planned (DeepSpeed's reduce bucket is reduce_bucket_size elements whatever the
+    trainable count: 0.93 GiB, not LoRA's 0.02) and its reserved peak 6.15 against 3.96 (the one-phase 1.06x where the
+    actor keeps what each micro batch of its training phase cached)."""
+    base = 0.469
+    run = OPENRLHF_LORA
+    plan = _gpu_run_plan(run)
+    shares = sorted(g.total / GiB for g in plan.gpus)
+    peaks = sorted(p - base for p in run["nvml_peak_gib"])
+    for s, p in zip(shares, peaks, strict=True):  # Ray places the actor and the engine: matched by size
+        assert abs(s / p - 1) <= 0.10, (shares, peaks)
+    b = trainer_memory(_gpu_run_recipe(run), KNOWN["qwen/qwen2.5-0.5b"])
+    allocated = b.facts["allocated_peak"] / GiB
+    reserved = allocated + b.terms["allocator slack"] / GiB
+    assert abs(allocated / max(run["actor_torch_allocated_peak_gib"]) - 1) <= 0.10, allocated
+    assert abs(reserved / max(run["actor_torch_reserved_peak_gib"]) - 1) <= 0.10, reserved
+    assert b.terms["reference model (own process)"] / GiB == pytest.approx(2.6, abs=0.1)
 
 
 OPENRLHF_20B = RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"

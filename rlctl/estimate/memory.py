@@ -225,9 +225,12 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     b.terms["activations"] = acts
     b.terms["logits"] = logits
     if engine == "deepspeed":
-        # ZeRO's reduce bucket is there through backward and the step; the step casts the flattened gradients to
-        # fp32 beside the bf16 ones: it counts where it outweighs forward/backward
-        b.terms["gradient bucket"] = min(DEEPSPEED_BUCKET, T) * cb
+        # ZeRO's reduce bucket is there through backward and the step, reduce_bucket_size elements whatever the
+        # trainable count (contiguous_gradients, DeepSpeed's default: setup_buckets allocates torch.empty(
+        # reduce_bucket_size) at the first gradient): a LoRA actor's is 0.93 GiB too (OpenRLHF 0.10.4, 0.5B, rank 16:
+        # torch's allocated peak 4.30 GiB, 3.73 planned with a bucket of the 8.8M adapter elements). The step casts
+        # the flattened gradients to fp32 beside the bf16 ones: it counts where it outweighs forward/backward
+        b.terms["gradient bucket"] = DEEPSPEED_BUCKET * cb
         part = shard(T, 1)
         cast = part * 4 if stage < 3 else min(part, DEEPSPEED_SUB_GROUP) * 4
         step_extra = shard(T * g_b, 2) + part * cb + cast
@@ -254,8 +257,9 @@ def trainer_memory(recipe: Recipe, arch: Arch, micro_batch: int | None = None,
     allocated = sum(b.terms.values())
     slack = ALLOCATOR_SLACK.get(f"{engine}-lora" if not full else engine) or ALLOCATOR_SLACK.get(engine, 1.1)
     step_beyond = b.terms.get("optimizer step (beyond forward/backward)", 0.0)
-    if f.transient_slack and full:
-        # a trainer whose phases (experience forward, training, weight broadcast) each leave their blocks cached:
+    if f.transient_slack:
+        # a trainer whose training phase leaves blocks of differing sizes cached (micro batches of differing lengths,
+        # per-parameter gradients, the step's casts), measured for full fine-tunes and LoRA apart (the adapter says):
         # the slack grows with the step's transient memory, not with the states allocated once
         moving = acts + logits + b.terms.get("gradient bucket", 0.0) + step_beyond
         reserved = allocated + f.transient_slack * moving

@@ -157,13 +157,19 @@ class OpenRLHFBackend(Backend):
         return super().gpu_roles(recipe) if self.colocated(recipe) else None
 
     # The actor's reserved beyond its allocated peak, in multiples of the step's transient memory (activations,
-    # logits, reduce bucket, the step's extra), full fine-tune, measured on OpenRLHF 0.10.4 launched by rlctl on an H100
-    # (docs/gpu/openrlhf-2.json, torch's own figures inside the PolicyModelActor: reserved - allocated 7.21, 7.10, 5.29
-    # GiB over three attempts against 3.68 GiB planned transient): the actor runs the experience forward over rollout
-    # micro batches, the training step and the broadcast to vLLM, and the caching allocator keeps each phase's blocks;
-    # a one-phase trainer of its shape (bench/gpu_deepspeed.py) showed 1.08-1.31x its whole allocated peak. Measured
-    # on one shape (0.5B, ZeRO-2, one actor GPU): preflight says so.
+    # logits, reduce bucket, the step's extra), measured on OpenRLHF 0.10.4 launched by rlctl on an H100 (0.5B, ZeRO-2,
+    # one actor GPU; torch's own figures inside the PolicyModelActor). fit() empties the cache before and after its
+    # training phase, but inside it the micro batches (shuffled, each padded to its own longest sample) and the step
+    # leave blocks of differing sizes cached; a one-phase trainer of its shape (bench/gpu_deepspeed.py) showed
+    # 1.04-1.31x its whole allocated peak. Full fine-tune (docs/gpu/openrlhf-2.json): reserved - allocated 7.21, 7.10,
+    # 5.29 GiB over three attempts against 3.68 GiB planned transient. LoRA (rank 16, all-linear; issue 31's fifth
+    # sitting, tests/test_memory.py OPENRLHF_LORA): 1.85, 1.21, 1.85 GiB against 3.58 planned: a smaller multiple, as
+    # the full fine-tune's training phase also makes a bf16 gradient per parameter (up to the 0.25 GiB embedding,
+    # copied into the reduce bucket and freed) and the step's flattened fp32 cast of them (6 bytes per parameter),
+    # blocks that LoRA's 8.8M adapter elements do not make. (The LoRA plan's one-phase 1.06x gave 0.2 GiB of slack:
+    # the actor's GPU planned 8.2 GiB, 11.1 measured.) Measured on one shape each: preflight says so.
     ACTOR_TRANSIENT_SLACK = 1.93
+    ACTOR_TRANSIENT_SLACK_LORA = 0.52
 
     def memory_features(self, recipe: Recipe) -> Any:
         """The base features, and how OpenRLHF places what it holds: its reference model is a Ray actor of its own
@@ -171,10 +177,9 @@ class OpenRLHFBackend(Backend):
         (--deepspeed_enable_sleep) the actor's weights and optimizer states leave the GPU while vLLM generates."""
         f = super().memory_features(recipe)
         f.reference_process = True
-        if recipe.lora is None:
-            f.transient_slack = self.ACTOR_TRANSIENT_SLACK
-            f.notes.append("the actor's allocator slack was measured on one shape (OpenRLHF 0.10.4, 0.5B, ZeRO-2, one "
-                           "actor GPU: docs/gpu.md)")
+        f.transient_slack = self.ACTOR_TRANSIENT_SLACK if recipe.lora is None else self.ACTOR_TRANSIENT_SLACK_LORA
+        f.notes.append("the actor's allocator slack was measured on one shape (OpenRLHF 0.10.4, 0.5B, ZeRO-2, one "
+                       f"actor GPU, {'full fine-tune' if recipe.lora is None else 'LoRA'}: docs/gpu.md)")
         extra = {k.lstrip("-") for k, v in recipe.backend.extra().items() if v}
         f.trainer_sleeps = bool(extra & {"ds.enable_sleep", "deepspeed_enable_sleep"})
         return f
