@@ -111,3 +111,19 @@ def test_patched_release_sends_merged_weights_under_the_plain_names(version, zer
         zero3.restore(model)
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), own[n]), n  # the actor's weights are never changed by a sync
+
+
+@pytest.mark.parametrize("version", PATCHED)
+def test_patched_release_syncs_a_full_fine_tune_as_before(version, files, released_source, tmp_path):
+    """The set is applied to the whole site-packages (the GPU kit's other OpenRLHF parts run it too): without LoRA
+    the engines get what the release itself sends, name for name and tensor for tensor."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.conformance._openrlhf_sync import tiny
+
+    args = parsed_args(files, version, zero=2)
+    model = AutoModelForCausalLM.from_pretrained(tiny(), dtype=torch.bfloat16)
+    before = sent_to_engines(released_source("openrlhf", version), version, args, model)
+    after = sent_to_engines(site_with_bundled_set(released_source, tmp_path, version), version, args, model)
+    assert [n for n, _ in after] == [n for n, _ in before] and {n for n, _ in after} == plain_names()
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(after, before, strict=True))
