@@ -72,6 +72,14 @@ def _fact(name: str, rel: str, text: str, table: list[tuple[str, object]]) -> ob
                      f"release's code and extend scripts/snapshot_openrlhf.py and the adapter")
 
 
+def _method(text: str, name: str) -> str:
+    """The source of the first method `name` of a class in `text` (up to the next method or top-level statement)."""
+    m = re.search(rf"\n    def {name}\(self[^\n]*\n(.|\n)*?(?=\n    def |\n\S)", text)
+    if not m:
+        raise SystemExit(f"cannot find a method {name} in openrlhf/trainer/ray/ppo_actor.py")
+    return m.group(0)
+
+
 def facts(src: Source) -> dict:
     cli = src.text("cli/train_ppo_ray.py")
     actor = src.text("trainer/ray/ppo_actor.py")
@@ -126,6 +134,20 @@ def facts(src: Source) -> dict:
     f["wandb_gate"] = _fact("wandb_gate", "trainer/ppo_trainer.py", trainer, [
         (r"WandbLogger\(self\.args\) if self\.args\.use_wandb else None", "--use_wandb"),
         (r"WandbLogger\(self\.args\) if self\.args\.logger\.wandb\.key else None", "--logger.wandb.key"),
+    ])
+    # whether ActorPPOTrainer.broadcast_to_vllm can sync a LoRA (PEFT) actor: every release sends the actor's
+    # model.named_parameters() under their own names, a PeftModel's `base_model.model.….base_layer.weight`,
+    # `lora_A`, `lora_B`, which vLLM's model does not have (ValueError: no module or parameter named 'base_model')
+    sync = _method(actor, "broadcast_to_vllm")
+    if re.search(r"(?i)peft|lora|merge_adapter|base_layer", sync):
+        raise SystemExit("openrlhf/trainer/ray/ppo_actor.py broadcast_to_vllm now mentions LoRA/PEFT: read how it "
+                         "syncs a LoRA actor and teach scripts/snapshot_openrlhf.py (fact lora_vllm_sync) and the "
+                         "adapter")
+    f["lora_vllm_sync"] = _fact("lora_vllm_sync", "trainer/ray/ppo_actor.py", sync, [
+        (r"count, num_params = 0, len\(list\(model\.named_parameters\(\)\)\)\n(.|\n)*"
+         r"for name, param in model\.named_parameters\(\):", False),
+        (r"params_to_sync = \[\s*\(n, p\) for n, p in model\.named_parameters\(\)(.|\n)*"
+         r"for name, param in params_to_sync:", False),
     ])
     m = re.search(r'ray\.init\(\s*runtime_env=\{\s*"env_vars":\s*\{(.*?)\}\s*\}', cli, re.S)
     if not m:

@@ -99,8 +99,9 @@ def test_a_patch_set_that_does_not_declare_the_fix_does_not_silence_lora_zero3(t
         (d / f.name).write_bytes(f.read_bytes())
     manifest = d / "manifest.toml"
     text = manifest.read_text()
-    assert 'fixes = ["disk.lora_zero3"]\n' in text
-    manifest.write_text(text.replace('fixes = ["disk.lora_zero3"]\n', ""))  # the same patches, the fix not declared
+    assert 'fixes = ["disk.lora_zero3", "lora.vllm_sync"]\n' in text
+    # the same patches, the fix not declared
+    manifest.write_text(text.replace('fixes = ["disk.lora_zero3", "lora.vllm_sync"]\n', 'fixes = ["lora.vllm_sync"]\n'))
     for patch_set in (f'patches.set="{d}"', 'patches.set=""'):
         res = run(OPENRLHF, f'checkpoint.dir="{tmp_path}"', patch_set, "train.zero_stage=3", only=["disk"])
         r = named(res, "disk.lora_zero3")

@@ -25,7 +25,10 @@ SET = patches_dir() / "openrlhf" / "0.9.3"
 EM = "openrlhf/trainer/ppo_utils/experience_maker.py"
 TRAINER = "openrlhf/trainer/ppo_trainer.py"
 DS = "openrlhf/utils/deepspeed/deepspeed.py"
+ACTOR = "openrlhf/trainer/ray/ppo_actor.py"
 SAVE_FIX = "0003-save-model-lora-zero3-shards.patch"
+SYNC_FIX = "0004-broadcast-lora-merged-to-vllm.patch"
+N = 4  # patches in the bundled 0.9.3 set
 
 
 @pytest.fixture
@@ -62,26 +65,29 @@ def test_bundled_set_status_apply_idempotent_revert(site, tmp_path):
     before = tree_hash(sp)
     ps = patching.load_set(SET)
     inst = patching.locate("openrlhf", py)
-    # seed 001's save_model fix ships with the set, and the set says so (preflight's disk checks then trust it)
-    assert [e.file.name for e in ps.patches][-1] == SAVE_FIX and ps.fixes == ["disk.lora_zero3"]
+    # seed 001's save_model and LoRA weight sync fixes ship with the set, and the set says so (preflight's disk and
+    # lora checks then trust it)
+    assert [e.file.name for e in ps.patches][2:] == [SAVE_FIX, SYNC_FIX]
+    assert ps.fixes == ["disk.lora_zero3", "lora.vllm_sync"]
     states, note = patching.status(ps, inst)
-    assert [s.state for s in states] == ["not applied"] * 3 and note is None
+    assert [s.state for s in states] == ["not applied"] * N and note is None
     assert tree_hash(sp) == before  # status changes nothing
 
     out = patching.apply(ps, inst)
     assert out.changed == [e.file.name for e in ps.patches] and out.skipped == []
-    assert [s.state for s in patching.status(ps, inst)[0]] == ["applied"] * 3
+    assert [s.state for s in patching.status(ps, inst)[0]] == ["applied"] * N
     em = (sp / EM).read_text()
     assert "if isinstance(value, bool) or not isinstance(value, (int, float)):" in em
     assert 'os.environ.get("RLCTL_METRICS_FILE")' in (sp / TRAINER).read_text()
     assert "_rlctl_full_model_files(output_dir)" in (sp / DS).read_text()
-    for t in (EM, TRAINER, DS):
+    assert "_rlctl_merged(layer, param)" in (sp / ACTOR).read_text()
+    for t in (EM, TRAINER, DS, ACTOR):
         py_compile.compile(str(sp / t), cfile=str(tmp_path / "check.pyc"), doraise=True)
     rec = json.loads((sp / ".rlctl-patches-openrlhf.json").read_text())
     assert set(rec["openrlhf/0.9.3"]["applied"]) == {e.file.name for e in ps.patches}
 
     again = patching.apply(ps, inst)
-    assert again.changed == [] and len(again.skipped) == 3
+    assert again.changed == [] and len(again.skipped) == N
 
     patching.revert(ps, inst)
     after = tree_hash(sp)
@@ -276,7 +282,7 @@ def test_partly_applied_and_conflicting(site, tmp_path):
                                               "self.tensorboard_logger.log_train(global_step, dict(logs_dict))")
     (sp / TRAINER).write_text(text)
     states = [s.state for s in patching.status(patching.load_set(SET), inst)[0]]
-    assert states == ["applied", "conflicting", "applied"]
+    assert states == ["applied", "conflicting", "applied", "applied"]
 
 
 def test_reinstall_wiping_patches_is_reported(site):
@@ -334,9 +340,9 @@ def test_cli_patch_commands(site, cli, tmp_path):
     data = json.loads(res.out)
     assert data["installed"] == "0.9.3" and {p["state"] for p in data["patches"]} == {"not applied"}
     res = cli("patch", "apply", "openrlhf/0.9.3", "--python", py, "--dry-run")
-    assert res.code == 0 and "would apply 3" in res.out and "checking file" in res.out
+    assert res.code == 0 and f"would apply {N}" in res.out and "checking file" in res.out
     assert [s.state for s in patching.status(patching.load_set(SET), patching.locate("openrlhf", py))[0]] == \
-        ["not applied"] * 3
+        ["not applied"] * N
     assert cli("patch", "apply", "openrlhf/0.9.3", "--python", py).code == 0
     assert "applied 0" in cli("patch", "apply", "openrlhf/0.9.3", "--python", py).out
     assert cli("patch", "revert", "openrlhf/0.9.3", "--python", py).code == 0

@@ -1,4 +1,5 @@
-"""LoRA: the target modules exist in the model (peft refuses a list that matches none: NoMatchingPeftModuleError)."""
+"""LoRA: the target modules exist in the model (peft refuses a list that matches none: NoMatchingPeftModuleError), and
+the backend's weight sync can give a LoRA actor's weights to its inference engines (the adapter knows)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,11 @@ def targets(ctx: Context) -> Result | None:
         return Result("lora.targets", WARN, f"lora.target_modules {missing}: no such module in {arch.name}; peft "
                       f"adapts only {found}", f"drop {missing}", set={"lora.target_modules": found})
     return Result("lora.targets", OK, f"{len(found)} of {arch.name}'s linear layer kinds adapted")
+
+
+@check("lora.vllm_sync")
+def vllm_sync(ctx: Context) -> list[Result]:
+    r = ctx.recipe
+    if r.lora is None or not r.uses_vllm:
+        return []
+    return ctx.backend.preflight(ctx, "lora")

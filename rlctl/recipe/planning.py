@@ -51,7 +51,8 @@ class Prepared:
 
 
 # preflight checks render runs too (check -> the recipe key its finding names): they read only the recipe
-RENDER_CHECKS = {"schedule.warmup": "optim.warmup_ratio", "placement.gpus": "resources"}
+RENDER_CHECKS = {"schedule.warmup": "optim.warmup_ratio", "placement.gpus": "resources",
+                 "lora.vllm_sync": "lora.rank"}
 
 
 def dataset_size(path: str) -> int | None:

@@ -565,6 +565,8 @@ def verl_recipe(ctx: Ctx, name: str, model: str, pq_data: dict[str, Path], *, st
               "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
               "[run]", 'restart = "on-failure"', "max_restarts = 3",
               "[eval]", f"every = {every}", "temperature = 0.0"]
+    if lora:  # no release syncs a LoRA actor to vLLM (preflight lora.vllm_sync): the bundled set's fix does
+        lines += ["[patches]", 'set = "openrlhf/0.10.4"']
     path = ctx.work / "recipes" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -593,7 +595,9 @@ def openrlhf_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, s
                     colocated: bool = False, lora: int = 0) -> str:
     """OpenRLHF 0.10.4 launched by rlctl's Ray executor (a head on loopback for the run, the job submitted through its
     job API): 2 GPUs, one vLLM engine and one actor (+ its reference model), or all on one GPU with the sleep
-    flags. sdpa: flash-attn is not carried (its stand-in has no kernels); OpenRLHF's default is flash_attention_2."""
+    flags. sdpa: flash-attn is not carried (its stand-in has no kernels); OpenRLHF's default is flash_attention_2.
+    With LoRA the recipe names the bundled patch set openrlhf/0.10.4, which `rlctl launch` applies: unpatched, every
+    attempt died at the first weight sync (vLLM: no parameter named 'base_model')."""
     gpu = not ctx.cpu
     lines = [f'name = "{name}"', "[backend]", 'name = "openrlhf"', 'version = "0.10.4"', "[backend.openrlhf.extra]",
              '"ds.attn_implementation" = "sdpa"']
@@ -618,6 +622,8 @@ def openrlhf_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, s
               "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
               "[run]", 'restart = "on-failure"', "max_restarts = 3",
               "[eval]", f"every = {every}", "temperature = 0.0"]
+    if lora:  # no release syncs a LoRA actor to vLLM (preflight lora.vllm_sync): the bundled set's fix does
+        lines += ["[patches]", 'set = "openrlhf/0.10.4"']
     path = ctx.work / "recipes" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

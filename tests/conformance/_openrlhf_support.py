@@ -3,8 +3,9 @@
 - `wheel_root(version)`: the released wheel, fetched once with `pip download --no-deps` into the cache
   (~/.cache/rlctl-tests/wheels, or $RLCTL_TEST_WHEELS) and unpacked next to it.
 - `OpenRLHF(version)`: a context in which the release's modules import for real from the unpacked wheel, where
-  heavy dependencies (ray, deepspeed, vllm, peft, flash_attn, ...) and the OpenRLHF modules not under test are
-  permissive stubs (sys.modules stubs, scoped: see _module_scope.py), so that:
+  heavy dependencies (ray, deepspeed, vllm, peft, flash_attn, ...; `real_deps` names those the code under test uses
+  for real, e.g. peft for a real LoRA model) and the OpenRLHF modules not under test are permissive stubs (sys.modules
+  stubs, scoped: see _module_scope.py), so that:
     * `parse(argv)` runs `openrlhf/cli/train_ppo_ray.py` as `__main__`: the real argparse parser, every post-parse
       check, and `train(args)` up to the first thing that starts Ray work (vLLM engines or actor groups); it returns
       the parsed namespace and train()'s locals at that point (e.g. `max_len`, vLLM's context);
@@ -143,9 +144,10 @@ def _stop_here(where: str):
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Stubs for HEAVY packages and for every openrlhf module not in `real`; real ones load from the wheel."""
 
-    def __init__(self, root: Path, real: set[str]):
+    def __init__(self, root: Path, real: set[str], heavy: tuple[str, ...] = HEAVY):
         self.root = root
         self.real = real
+        self.heavy = heavy
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         top = fullname.split(".")[0]
@@ -154,7 +156,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                 file = self.root / (fullname.replace(".", "/") + ".py")
                 return importlib.util.spec_from_file_location(fullname, file)
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        if top in HEAVY:
+        if top in self.heavy:
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
@@ -184,9 +186,13 @@ class OpenRLHF:
 
     real_first: set[str] = set()  # real modules an earlier context removed for holding a stub
 
-    def __init__(self, version: str, real: set[str] = PARSE_MODULES, root: Path | None = None):
+    def __init__(self, version: str, real: set[str] = PARSE_MODULES, root: Path | None = None,
+                 real_deps: tuple[str, ...] = ()):
         self.version = version
         self.real = real
+        # heavy dependencies the code under test uses for real (peft: a real LoRA model), imported before the scope
+        self.heavy = tuple(h for h in HEAVY if h not in real_deps)
+        self.real_deps = real_deps
         self.root = root or wheel_root(version)  # root: another copy of the release (e.g. one rlctl patched)
         self.cli = self.root / "openrlhf" / "cli" / "train_ppo_ray.py"
 
@@ -194,12 +200,14 @@ class OpenRLHF:
         for name in sorted(OpenRLHF.real_first):  # loaded for real while no stub exists: they stay clean
             with contextlib.suppress(Exception):
                 importlib.import_module(name)
+        for name in self.real_deps:
+            importlib.import_module(name)
         self._scope = ModuleScope(_discard, is_stub).__enter__()
         self._saved_path = list(sys.path)
         for name in list(sys.modules):  # the scope puts these back on exit
-            if name.split(".")[0] in ("openrlhf", *HEAVY):
+            if name.split(".")[0] in ("openrlhf", *self.heavy):
                 del sys.modules[name]
-        self._finder = _Finder(self.root, self.real)
+        self._finder = _Finder(self.root, self.real, self.heavy)
         sys.meta_path.insert(0, self._finder)
         import openrlhf.trainer.ray as tray
         import openrlhf.trainer.ray.launcher as launcher

@@ -10,7 +10,10 @@ job meets before its first step, each from the code that decides it:
 - peft on the parsed --target_modules (peft's real get_peft_model on a tiny Qwen2): a name no module has is
   NoMatchingPeftModuleError / ValueError at start;
 - Ray's placement: the GPUs the parsed counts ask for (actor, + critic and vLLM engines unless colocated) exist in the
-  cluster, else the placement groups wait forever.
+  cluster, else the placement groups wait forever;
+- the first weight sync, at the end of step 1 (trainer/ray/ppo_actor.py broadcast_to_vllm, the release's own, run on
+  a LoRA of rlctl's tiny Qwen2: _openrlhf_sync.py): a LoRA actor's weights go to vLLM under names its model must have,
+  else vLLM's load_weights refuses the first (seen on 2 x H100: no parameter named 'base_model'), on every restart.
 
 `extra` entries that collide with what rlctl renders (EXTRAS): the same flag with the same or another value, the
 other dialect's spelling (`--max_ckpt_num` / `--ckpt.max_num`), a store_true flag given a value or `false`, a valued
@@ -41,6 +44,7 @@ from rlctl.backends.openrlhf.releases import FLAGS, release
 from rlctl.recipe.planning import prepare
 from tests.conformance._agreement import disagreement, peft_accepts, profile, rlctl_verdict, workdir
 from tests.conformance._openrlhf_support import OpenRLHF, dest
+from tests.conformance._openrlhf_sync import refused_by_vllm
 
 BACKEND = OpenRLHFBackend()
 VERSIONS = BACKEND.known_versions
@@ -192,6 +196,10 @@ def openrlhf_verdict(version: str, argv: list[str], have: int) -> tuple[bool, st
     need = max(procs, engines) if colocate_all else procs + critic + engines
     if need > have:
         return False, f"ray: placement groups ask for {need} GPUs, the cluster has {have}"
+    if v("lora_rank") and v("vllm_num_engines"):
+        refused = refused_by_vllm(version, args)
+        if refused:
+            return False, f"vllm at the first weight sync: there is no module or parameter named {refused!r}"
     return True, ""
 
 

@@ -243,6 +243,8 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
                 "export WANDB_API_KEY=... (the Ray head rlctl starts inherits it; never written), or keep the key on "
                 "the cluster and pass W&B flags through backend.openrlhf.extra instead of [logging.wandb] "
                 "(docs/backends/openrlhf.md)"))
+    if family == "lora":
+        out += _lora_vllm_sync(backend, r)
     if family == "disk":
         if r.checkpoint.save_optimizer:
             out.append(Result("disk.deepspeed", WARN,
@@ -262,16 +264,48 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
     return out
 
 
-def _set_that_fixes(backend: Any, recipe: Recipe, check: str) -> str:
-    """The patch set to name in `check`'s fix: the bundled one for the release if it declares the fix."""
+def _lora_vllm_sync(backend: Any, r: Recipe) -> list[Any]:
+    """A LoRA actor with vLLM engines: trainer/ray/ppo_actor.py broadcast_to_vllm sends model.named_parameters() as
+    named, a PeftModel's `base_model.model.….base_layer.weight` and `lora_A`/`lora_B`, and vLLM's load_weights refuses
+    the first (seen on 2 x H100, 0.10.4: every attempt died after step 1). No release handles it (Release fact)."""
+    from rlctl.preflight import FAIL, OK, Result
+
+    rel, version = backend.release(r), backend.target_version(r)
+    if rel.lora_vllm_sync:
+        return []
+    if "lora.vllm_sync" in patch_set_fixes(r):
+        return [Result("lora.vllm_sync", OK, f"LoRA actor -> vLLM: patch set {r.patches.set} declares it fixes "
+                       "lora.vllm_sync (the engines get the merged weights under the base model's names; openrlhf "
+                       f"{version}'s own broadcast_to_vllm cannot)")]
+    flags = ", ".join(f for f in (rel.flag("lora_rank"), rel.flag("vllm_num_engines")) if f)
+    bundled = _bundled_set_that_fixes(backend, r, "lora.vllm_sync")
+    return [Result(
+        "lora.vllm_sync", FAIL,
+        f"lora.rank {r.lora.rank} with rollout.engines {r.rollout.engines} ({flags}): openrlhf {version}'s "
+        "broadcast_to_vllm sends the LoRA actor's parameters under peft's names (base_model.model.….base_layer.weight, "
+        "lora_A, lora_B), which vLLM's model does not have: the run dies at the first weight sync, after step 1 "
+        "(ValueError: There is no module or parameter named 'base_model'), on every restart",
+        f"{_set_that_fixes(backend, r, 'lora.vllm_sync')}: it sends the merged weights under the base model's names; "
+        "or a full fine-tune (remove [lora])",
+        set={"patches.set": bundled} if bundled and not r.patches.set else None)]
+
+
+def _bundled_set_that_fixes(backend: Any, recipe: Recipe, check: str) -> str | None:
+    """The bundled patch set for the release, if its manifest declares it fixes `check`."""
     from rlctl.patching import discover
 
     name = f"openrlhf/{backend.target_version(recipe)}"
     try:
-        if any(s.name == name and check in s.fixes for s in discover()):
-            return f'patches.set = "{name}" (the bundled set, which fixes it)'
+        return name if any(s.name == name and check in s.fixes for s in discover()) else None
     except Exception:  # a broken bundled manifest is `rlctl patch list`'s error; here it names nothing
-        pass
+        return None
+
+
+def _set_that_fixes(backend: Any, recipe: Recipe, check: str) -> str:
+    """The patch set to name in `check`'s fix: the bundled one for the release if it declares the fix."""
+    name = _bundled_set_that_fixes(backend, recipe, check)
+    if name:
+        return f'patches.set = "{name}" (the bundled set, which fixes it)'
     return (f'a patch set whose manifest declares fixes = ["{check}"] (patches.set; no bundled set for this release '
             "has one)")
 

@@ -132,6 +132,12 @@ class Release:
     def best_checkpoints(self) -> bool:
         return bool(self.facts.get("best_checkpoints"))
 
+    @property
+    def lora_vllm_sync(self) -> bool:
+        """Whether ActorPPOTrainer.broadcast_to_vllm can sync a LoRA (PEFT) actor to the vLLM engines: no release
+        can (it sends the PeftModel's own parameter names, which vLLM's model does not have)."""
+        return bool(self.facts["lora_vllm_sync"])
+
 
 @cache
 def release(version: str) -> Release:
