@@ -231,9 +231,10 @@ def _sync(root: Path, vroot: Path, ti: Any, cfg: Any) -> dict[str, Any]:
     req.lora_name, req.lora_int_id, req.lora_path = "123", 123, "simon_lora_path"  # vllm_rollout/utils.py's
     req.peft_config, req.lora_tensors = peft_config, tensors
     manager = _manager(vroot, LoRAModel, mc.hf_config.num_hidden_layers)
-    worker = types.SimpleNamespace(
-        _adapter_manager=manager, _lora_model_cls=LoRAModel, vocab_size=mc.hf_config.vocab_size,
-        lora_config=types.SimpleNamespace(max_lora_rank=get_vllm_max_lora_rank(mc.lora_rank), lora_dtype=torch.bfloat16))
+    # the server starts vLLM with --max_lora_rank from verl's own rounding (vllm_async_server.py)
+    lora_config = types.SimpleNamespace(max_lora_rank=get_vllm_max_lora_rank(mc.lora_rank), lora_dtype=torch.bfloat16)
+    worker = types.SimpleNamespace(_adapter_manager=manager, _lora_model_cls=LoRAModel, lora_config=lora_config,
+                                   vocab_size=mc.hf_config.vocab_size)
     try:
         lora = load_adapter(worker, req)
     except Exception as e:

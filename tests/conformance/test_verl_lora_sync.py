@@ -153,3 +153,17 @@ def test_the_harness_runs_the_wheels_files(synced):
     root = sync.vllm_root()
     assert all((root / f).is_file() for f in sync.VLLM_FILES)
     assert not (Path(__file__).parent / "vllm").exists()
+
+
+def test_a_dummy_load_format_is_said_and_with_layered_summon_refused(recipes, tmp_path):
+    """load_format "dummy" put back: a warning (the first sync pushes the whole base); with layered_summon verl raises
+    at that first sync (utils/fsdp_utils.py collect_lora_params: "To use layered_summon, you must make sure
+    base-model is preloaded in vllm"): an error. Both name the key."""
+    key = f'backend.verl.extra."{A}.rollout.load_format"'
+    text = recipes["rendered"].read_text()
+    for extra, level in ((f'"{A}.rollout.load_format" = "dummy"', "warn"),
+                         (f'"{A}.rollout.load_format" = "dummy"\n"{A}.rollout.layered_summon" = true', "error")):
+        p = tmp_path / f"{level}.toml"
+        p.write_text(text.replace("[model]", f"{extra}\n[model]", 1))
+        found = [f for f in VERL.unhonoured(load(p).recipe) if f.key == key]
+        assert [f.level for f in found] == [level] and '"auto"' in found[0].fix
