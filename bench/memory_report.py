@@ -62,11 +62,13 @@ def fsdp_plan(row: dict[str, Any]):
 
 def verl_plan(row: dict[str, Any]):
     """verl's recipe: packed tokens (prompt + response = the bench's sequence), temperature 0.6, no dynamic
-    batching, no reference model."""
+    batching, no reference model; FSDP1, the engine the grid ran (LoRA included: rlctl now renders FSDP2 for a LoRA
+    recipe, rlctl/backends/verl/__init__.py LORA_SYNC)."""
     seq, mb, dp = row["seq"], row["mb"], row.get("gpus", 1)
     return _plan(VERL, [f"model.path={row['shape']}", f"data.max_prompt_tokens={seq // 2}",
                         f"rollout.max_tokens={seq // 2}", f"model.max_model_len={max(seq, 4096)}",
-                        f"train.micro_batch_size={mb}", f"train.train_batch_size={mb * dp}", "backend.verl.extra={}",
+                        f"train.micro_batch_size={mb}", f"train.train_batch_size={mb * dp}",
+                        'backend.verl.extra={"actor_rollout_ref.actor.strategy"="fsdp"}',
                         f"resources.gpus_per_node={dp}",
                         f"train.gradient_checkpointing={'true' if row['ac'] else 'false'}", "algorithm.kl_coef=0",
                         "algorithm.use_kl_loss=false", f"lora.rank={row['lora'] or 8}", "rollout.temperature=0.6"],

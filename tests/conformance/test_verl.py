@@ -71,7 +71,7 @@ SELECT = [
     f"{A}.rollout.n", f"{A}.rollout.response_length", f"{A}.rollout.prompt_length", f"{A}.rollout.temperature",
     f"{A}.rollout.top_p", f"{A}.rollout.gpu_memory_utilization", f"{A}.rollout.tensor_model_parallel_size",
     f"{A}.rollout.enforce_eager", f"{A}.rollout.max_model_len", f"{A}.model.path", f"{A}.model.lora_rank",
-    f"{A}.model.lora_alpha",
+    f"{A}.model.lora_alpha", f"{A}.actor.strategy", f"{A}.ref.strategy", f"{A}.rollout.load_format",
     f"{A}.model.target_modules", f"{A}.actor.use_kl_loss", f"{A}.actor.kl_loss_coef", f"{A}.actor.kl_loss_type",
     f"{A}.actor.ppo_mini_batch_size", f"{A}.actor.ppo_epochs", f"{A}.actor.loss_agg_mode", f"{A}.actor.clip_ratio",
     f"{A}.actor.loss_scale_factor",
@@ -376,8 +376,12 @@ def test_meaning(verl_results, workdir, version, name):
     if r.lora:
         assert (v[f"{A}.model.lora_rank"], v[f"{A}.model.lora_alpha"]) == (r.lora.rank, r.lora.alpha)
         assert v[f"{A}.model.target_modules"] == r.lora.target_modules
+        # FSDP2, and vLLM loading the base itself: the adapter reaches vLLM (test_verl_lora_sync.py)
+        assert (v[f"{A}.actor.strategy"], v[f"{A}.ref.strategy"], v[f"{A}.rollout.load_format"]) == (
+            "fsdp2", "fsdp2", "auto")
     else:
         assert v[f"{A}.model.lora_rank"] == 0
+        assert (v[f"{A}.actor.strategy"], v[f"{A}.rollout.load_format"]) == ("fsdp", "dummy")  # verl's defaults
     adv = {"grpo": "grpo", "dr_grpo": "grpo", "reinforce_baseline": "reinforce_plus_plus_baseline", "ppo": "gae"}
     assert v["algorithm.adv_estimator"] == adv[r.algorithm.name]
     assert v["algorithm.norm_adv_by_std_in_grpo"] == (r.algorithm.name != "dr_grpo")

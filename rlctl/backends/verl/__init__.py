@@ -47,6 +47,20 @@ SDPA_KEY = f"+{A}.model.override_config.attn_implementation"
 # AutoModelForCausalLMWithValueHead at every model build (models/transformers/monkey_patch.py apply_monkey_patch, 0.9.0
 # and 0.9.1) and stop there without it: TRL 1.13.0 removed trl.experimental.ppo (1.12.0 is the last that has it)
 TRL_WITHOUT_VALUE_HEAD = "1.13.0"
+# What a LoRA recipe renders so that vLLM gets the adapter (0.9.0 and 0.9.1; tests/conformance/test_verl_lora_sync.py
+# runs the sync with verl's and vLLM's own code). At every weight sync engine_workers.py update_weights takes the
+# adapter from the FSDP engine (transformer_impl.py get_per_tensor_param -> utils/fsdp_utils.py collect_lora_params ->
+# peft's get_peft_model_state_dict) and vLLM builds a LoRA model of it (utils/vllm/utils.py VLLMHijack -> vLLM's
+# LoRAModel.from_lora_tensors). Under FSDP1, verl's default strategy "fsdp", peft >= 0.21 (what verl's unpinned peft
+# installs) returns nothing: it picks the adapter's keys by the module names of the model it is given
+# (tuners_utils.py _get_tuner_state_dict_key_prefixes), names that carry FSDP1's nested `_fsdp_wrapped_module.` while
+# the state dict's keys do not. vLLM then gets an empty adapter and add_lora stops before step 1 (model_manager.py
+# _create_merged_loras_inplace: `next(iter(lora_model.loras.values()))`, StopIteration; an H100, verl 0.9.1 + vLLM
+# 0.24 + peft 0.21). FSDP2 keeps the module names: the whole adapter arrives. A load_format other than "dummy" has
+# vLLM load the base from model.path itself (engine_workers.py: `base_sync_done = "dummy" not in load_format`), so a
+# sync sends the adapter alone, as verl's LoRA guide asks (docs/advance/ppo_lora.rst, "safetensors"; "auto" loads
+# .bin checkpoints too), not first the whole base through a CPU copy (collect_lora_params, base_sync_done=False).
+LORA_SYNC = {f"{A}.actor.strategy": "fsdp2", f"{A}.rollout.load_format": "auto"}
 
 
 def _val(v: Any) -> str:
@@ -207,7 +221,7 @@ class VerlBackend(Backend):
             o.append((f"{A}.model.trust_remote_code", True))
         if r.lora:
             o += [(f"{A}.model.lora_rank", r.lora.rank), (f"{A}.model.lora_alpha", r.lora.alpha),
-                  (f"{A}.model.target_modules", r.lora.target_modules)]
+                  (f"{A}.model.target_modules", r.lora.target_modules), *LORA_SYNC.items()]
         o += [
             (f"{A}.actor.optim.lr", r.optim.lr),
             (f"{A}.actor.optim.lr_scheduler_type", self._kind(r)),
@@ -347,6 +361,11 @@ class VerlBackend(Backend):
                              + (" (its default)" if impl == DEFAULT_ATTENTION else "")
                              + f": the {ATTENTION_PACKAGE[impl]} package must be installed where its workers run "
                              "(preflight env.flash_attn checks this machine)")
+        if recipe.lora and all(dict(overrides).get(k) == v for k, v in LORA_SYNC.items()):
+            notes.append("LoRA: " + " ".join(f"{k}={v}" for k, v in LORA_SYNC.items()) + ": under FSDP1 (verl's "
+                         "default strategy) peft >= 0.21 hands vLLM an empty adapter and add_lora stops before step "
+                         "1 (StopIteration); vLLM loads the base from model.path, so each sync sends the adapter "
+                         "alone")
         return LaunchPlan(
             backend=self.name, version=version, argv=argv, env=env,
             keys=[k for k, _ in overrides], total_steps=self.total_steps(recipe, dataset_size),

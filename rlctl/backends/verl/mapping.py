@@ -68,6 +68,8 @@ def unhonoured(adapter: Any, recipe: Recipe, snap: dict[str, Any]) -> list[Findi
     if r.lora and r.lora.dropout > 0:
         add("warn", "lora.dropout", "the FSDP engine builds peft's LoraConfig without lora_dropout "
             "(workers/engine/fsdp/transformer_impl.py): dropout is 0")
+    if r.lora:
+        out += _lora_sync_overridden(r, v)
     if _set(r.model, "dtype") and r.model.dtype not in ("bfloat16", "auto"):
         add("warn", "model.dtype", f"not rendered: verl's FSDP actor trains in bf16 mixed precision and vLLM "
             f"rolls out in bf16 ({r.model.dtype} asked)")
@@ -105,4 +107,38 @@ def unhonoured(adapter: Any, recipe: Recipe, snap: dict[str, Any]) -> list[Findi
     if r.algorithm.name == "ppo":
         add("warn", "algorithm.name", "ppo: the critic starts from model.path with verl's own critic optimizer "
             "defaults (critic.optim.lr 1e-5, no LoRA); set others with backend.verl.extra")
+    return out
+
+
+def _lora_sync_overridden(r: Recipe, version: str) -> list[Finding]:
+    """A LoRA recipe whose backend.verl.extra undoes what rlctl renders for the adapter's sync into vLLM (LORA_SYNC:
+    why each key, in rlctl/backends/verl/__init__.py)."""
+    from rlctl.backends.verl import LORA_SYNC, A
+    from rlctl.backends.verl.memory import recipe_key
+
+    extra = {k.lstrip("+"): val for k, val in r.backend.extra().items()}
+    out: list[Finding] = []
+    strategy_key, format_key = list(LORA_SYNC)
+    if str(extra.get(strategy_key, LORA_SYNC[strategy_key])) == "fsdp":
+        out.append(Finding(
+            "error", recipe_key(strategy_key),
+            f"verl {version}: LoRA under FSDP1 (strategy fsdp) sends vLLM an empty adapter with peft >= 0.21 "
+            "(utils/fsdp_utils.py collect_lora_params -> peft get_peft_model_state_dict finds no key under FSDP1's "
+            "nested wrapper names): vLLM's add_lora stops before step 1 (model_manager.py "
+            "_create_merged_loras_inplace, StopIteration)",
+            f'drop {recipe_key(strategy_key)} (rlctl renders "fsdp2" for LoRA)'))
+    fmt = str(extra.get(format_key, LORA_SYNC[format_key]))
+    if "dummy" in fmt and bool(extra.get(f"{A}.rollout.layered_summon")):
+        out.append(Finding(
+            "error", recipe_key(format_key),
+            f"verl {version}: layered_summon with load_format {fmt!r} raises at the first weight sync "
+            "(utils/fsdp_utils.py collect_lora_params: \"To use layered_summon, you must make sure base-model is "
+            "preloaded in vllm\")", f'drop {recipe_key(format_key)} (rlctl renders "{LORA_SYNC[format_key]}")'))
+    elif "dummy" in fmt:
+        out.append(Finding(
+            "warn", recipe_key(format_key),
+            f"verl {version}: with load_format {fmt!r} vLLM starts on random weights and the first sync sends the "
+            "whole base model through a CPU copy (utils/fsdp_utils.py collect_lora_params, base_sync_done=False); "
+            "verl's LoRA guide requires vLLM to load the base itself (docs/advance/ppo_lora.rst)",
+            f'drop {recipe_key(format_key)} (rlctl renders "{LORA_SYNC[format_key]}")'))
     return out
