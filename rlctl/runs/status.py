@@ -259,7 +259,9 @@ def _detail_text(d: dict[str, Any]) -> str:
              + (f"  exit code {d['exit_code']}" if d["exit_code"] is not None else ""),
              f"step {d['step'] if d['step'] is not None else '-'}{total}   elapsed {fmt_duration(d['elapsed_s'])}"
              + (f" (this attempt {fmt_duration(d['this_attempt_s'])})" if d.get("this_attempt_s") is not None else "")
-             + f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
+             + f"   eta {fmt_duration(d['eta_s'])}   "
+             + (f"last step {fmt_duration(d['last_step_age_s'])} ago" if d.get("last_step_age_s") is not None
+                else "no step logged yet")]
     if d.get("unreachable"):
         lines.append(f"  ! {d['unreachable']}; what is shown is the last known state")
     lines += d.get("where") or []  # the executor's own words (a batch job: its queue state, how it ended)
