@@ -108,6 +108,19 @@ def test_vllms_fatal_lines_are_its_own():
     assert not ENGINE_FAILED.search("Invocation of collective_rpc method failed")  # a failed call; the engine lives
 
 
+def test_the_stall_rule_on_the_recorded_log():
+    """engine_failed_s after vLLM's line, not the first step's grace, busy GPU or not; a step after it clears it."""
+    from rlctl.runs.stall import StallConfig, StallDetector
+
+    d = StallDetector(StallConfig(engine_failed_s=300, first_step_s=1800, floor_s=600), [], started_at=0.0)
+    d.observe_log(VERL_LOG.read_text(errors="replace"), 100.0)
+    assert d.check(399.0, gpus_busy=True) is None
+    said = d.check(401.0, gpus_busy=True)
+    assert said and said.endswith("no step came for 301s after it (limit 300s, run.stall.engine_failed_s)"), said
+    d.observe_step(1, 402.0)  # the trainer went on: the engine that failed was not the run's end
+    assert d.check(1000.0) is None
+
+
 def live_verl_run(work: Path, proc: subprocess.Popen) -> Path:
     """The recorded run as `status` met it: verl's components as launch records them, the recorded log, the GPU
     memory records rlctl's own sampler wrote (no step was ever logged), its trainer alive and hung."""
@@ -167,6 +180,7 @@ def test_status_and_doctor_name_the_failed_engine_at_once_and_claim_no_step(user
         write_state(run, engine_failed={"at": time.time() - 400, "limit_s": 300.0, "line": WORKER_FAILED})
         d = json.loads(cli("status", run.name, "--json").out)
         assert d["status"] == "stalled" and d["cause"]["what"] == "inference engine failed", d
+        assert "(run.stall.engine_failed_s = 300 s)" in cli("status", run.name).out
     finally:
         proc.kill()
         proc.wait()

@@ -381,6 +381,8 @@ def settle(run_dir: Path, state: dict[str, Any], status: str, light: bool = Fals
     if status == "stopped":  # rlctl stopped it (a disk that could not hold the next checkpoint) and said why
         return status, cached if isinstance(cached, dict) else None
     if status == "running":  # an engine that failed is said at once, while the trainer still waits for it
+        if _watched(state) and not isinstance(state.get("engine_failed"), dict):
+            return status, None  # its supervisor reads every line: none said so, or a step came after it
         try:
             return status, inference_failed(run_dir, state, Logs(run_dir, state, light))
         except Exception:
@@ -404,6 +406,17 @@ def settle(run_dir: Path, state: dict[str, Any], status: str, light: bool = Fals
                     **({"settled_by": "disk full (its outcome could not be written)"} if disk and status == "lost"
                        else {}))
     return ("failed" if disk else status), cause
+
+
+def _watched(state: dict[str, Any]) -> bool:
+    """A live supervisor follows the current attempt's output (it records where that began): what it saw of vLLM's
+    engine is in state.json `engine_failed`, cleared again when a step follows."""
+    from rlctl.core.state import process_alive
+
+    attempts = state.get("attempts") if isinstance(state.get("attempts"), list) else []
+    last = attempts[-1] if attempts and isinstance(attempts[-1], dict) else {}
+    return type(last.get("log_offset")) is int and bool(state.get("supervisor_pid")) and \
+        process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time"))
 
 
 def say(cause: dict[str, Any] | None, host: str | None = None) -> str | None:

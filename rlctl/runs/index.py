@@ -289,8 +289,8 @@ def _summary(path: Path, row: dict[str, Any], stall_after: float, summary: Calla
         from rlctl.runs.causes import settle
 
         with contextlib.suppress(Exception):
-            status, cause = settle(path, read_state(path) if status in ("failed", "lost", "stalled") else state,
-                                   status, light=True)
+            status, cause = settle(path, read_state(path) if status in ("failed", "lost", "stalled", "running")
+                                   else state, status, light=True)
     rs = RunStatus(row.get("name", path.name), path, state, status, row.get("step"), state.get("total_steps"),
                    {"reward/mean": row.get("reward")}, row.get("last_time"), cause=cause)
     s = summary(rs)

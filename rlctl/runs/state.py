@@ -167,8 +167,8 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     status = true_status(run_dir, state, last_time, stall_after)
     if _elsewhere(state):  # told by its host (the poll above recorded it)
         summ = state.get("remote_summary") if isinstance(state.get("remote_summary"), dict) else {}
-        told = state.get("cause") if status in ("failed", "stopped") else summ.get("cause") if status == "stalled" \
-            else None
+        told = state.get("cause") if status in ("failed", "stopped") else \
+            summ.get("cause") if status in ("stalled", "running") else None
         cause = told if isinstance(told, dict) else None
     else:
         from rlctl.runs.causes import settle
