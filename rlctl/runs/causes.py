@@ -175,7 +175,12 @@ def inference_failed(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[s
             break
     else:
         return None
-    fatal = hits[0]  # the first: what followed is the engine going down
+    # the first line of the last burst: what followed it is the engine going down (an engine's own log file holds
+    # every attempt's; the run's stdout.log is read from the current attempt's start)
+    k = len(hits) - 1
+    while k and hits[k] - hits[k - 1] <= ROOT_WINDOW:
+        k -= 1
+    fatal = hits[k]
     lo = max(fatal - ROOT_WINDOW, 0)
     tbs = tracebacks([t for _, _, t in lines[lo:fatal + ROOT_WINDOW]])
     # a message vLLM logs with its traceback (logger.exception) comes right before it; "see the stack trace above

@@ -10,6 +10,10 @@ The inference engine is watched on its own (InferenceWatch): a run whose engine 
 to ~0 after it had loaded, or its process gone — while the run's processes live, or whose engine GPU and trainer GPU
 both sit idle, makes no progress (seed 004: vLLM died after step 6, GPU 0 showed 0 MiB, the trainer waited three
 hours); without a new step for `inference_idle_s` it is stalled, whatever the generic limit says.
+
+vLLM's own line that its engine failed (rlctl.runs.causes.ENGINE_FAILED) with no step for `engine_failed_s` after it
+is a stall too, before any other rule: the engine may fail while its process and memory live on (verl 0.9.1 on an
+H100: the Ray actor hosting vLLM lived, the trainer waited with no step), and the first step's grace is long.
 """
 
 from __future__ import annotations
