@@ -369,7 +369,7 @@ def test_vllm_engine_lines_under_ray_are_the_inference_component(user, backend):
         assert "/tmp/ray/session_latest" in cli("logs", run.name, "--component", "ray").out + \
             cli("logs", run.name, "--component", "nope").err
         d = json.loads(cli("status", run.name, "--json", "--stall-after", "600").out)
-        assert d["cause"]["what"] == "inference engine dead", d
+        assert d["cause"]["what"] == "inference engine failed", d  # vLLM said so: its own line, with the root cause
         assert any(f"({engine} pid=40213)" in e and "EngineCore encountered a fatal error." in e
                    for e in d["cause"]["evidence"]), d["cause"]
     finally:

@@ -295,13 +295,14 @@ def doctor(
     """Diagnose a run with the tuning playbook: flat learning, instability, spikes, collapse, truncation,
     zero-variance groups, train/eval divergence; with --weights, whether its checkpoints change at all.
     Exit 1 when a critical finding is made."""
-    from rlctl.runs.doctor import cause_finding, diagnose, to_json
+    from rlctl.runs.doctor import cause_finding, diagnose, repeated_failure_finding, to_json
     from rlctl.runs.state import find_run, settled_status
 
     run_dir = find_run(run)
     settled_status(run_dir)  # a live run's executor brings its newest log here first (a remote run's mirror)
-    cause = cause_finding(run_dir)  # a run that died or hangs: why, first
-    findings = ([cause] if cause else []) + diagnose(run_dir) + _sync_finding(run_dir)
+    # a run that died or hangs: why, first; then a failure that repeated and was not restarted
+    findings = [f for f in (cause_finding(run_dir), repeated_failure_finding(run_dir)) if f is not None]
+    findings += diagnose(run_dir) + _sync_finding(run_dir)
     unweighed = None
     if weights or between:
         from rlctl.runs.weights import weights_finding

@@ -728,6 +728,17 @@ def tail_records(path: Path, max_bytes: int = 4 * 1024 * 1024) -> list[dict[str,
     return out
 
 
+# records rlctl writes itself into the stream, not the trainer: the GPU memory sampler's (rlctl.metrics.gpu) and
+# the checkpoint evaluator's results (rlctl.evals.loop), each at the step the run had reached
+OWN_PREFIXES = ("gpu/", "eval/")
+
+
+def is_progress(rec: dict[str, Any]) -> bool:
+    """The record says the trainer logged a step (a metric of its own), not one rlctl wrote beside it: the time of
+    the last such record is the run's "last step", which an hour of GPU samples after a hung start never is."""
+    return any(k not in ("step", "time") and not k.startswith(OWN_PREFIXES) for k in rec)
+
+
 def by_step(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """Merge records per step (a step can be reported in several lines, e.g. by two processes of one run)."""
     merged: dict[int, dict[str, Any]] = {}

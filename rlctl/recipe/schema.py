@@ -408,6 +408,10 @@ class StallSection(Section):
     inference_idle_s: Seconds = Field(
         default=600.0, description="Stalled after this long without a step while the inference engine is gone (its "
         "GPU's memory at ~0 or its process gone) or its GPU and the trainer's both idle (docs/supervision.md).")
+    engine_failed_s: Seconds = Field(
+        default=300.0, description="Stalled after this long without a step once vLLM's own log says its engine failed "
+        "(EngineCore encountered a fatal error, Worker failed with error, ...), whatever the first step's grace; "
+        "restarted under restart = on-failure, on-stall or always (docs/supervision.md).")
 
 
 # The doctor's rule names, which [run] stop_when may name (tests/test_evals.py keeps this equal to

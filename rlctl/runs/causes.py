@@ -43,9 +43,22 @@ REFUSED = re.compile(r"VLLMValidationError|maximum context length is \d+|'max_to
                      r"too large|max_tokens.{0,40}(is too large|cannot be greater than)")
 HTTP_400 = re.compile(r'"POST /v1/(chat/)?completions HTTP/[\d.]+" 400')
 MANY_400 = 3  # a few refused requests in a row are a pattern; one may be a client's mistake
-# vLLM's engine dying (v1/engine/core.py, exceptions.py, executor/multiproc_executor.py; the V0 engine loop's)
-ENGINE_DEAD = re.compile(r"EngineDeadError|Engine loop has died|EngineCore encountered (a fatal error|an issue)|"
-                         r"Worker proc \S+ died unexpectedly")
+# vLLM's own words for an engine that failed (vllm 0.24-0.26: v1/engine/core.py "EngineCore failed to start." and
+# "EngineCore encountered a fatal error."; v1/engine/utils.py "Engine core initialization failed. See root cause
+# above."; v1/executor/multiproc_executor.py "Worker failed with error '...', please check the stack trace above for
+# the root cause", "WorkerProc failed", "Worker proc X died unexpectedly"; v1/engine/exceptions.py EngineDeadError
+# "EngineCore encountered an issue."; async_llm.py "AsyncLLM output_handler failed."; the V0 engine loop's). Not
+# "Invocation of X method failed": one call failed there and the engine goes on.
+ENGINE_FAILED = re.compile(r"EngineCore encountered (?:a fatal error|an issue)|EngineCore failed to start|"
+                           r"Engine core initialization failed|Worker failed with error|WorkerProc failed|"
+                           r"Worker proc \S+ died unexpectedly|EngineDeadError|Engine loop has died|"
+                           r"AsyncLLM output_handler failed|RuntimeError: Executor failed")
+ROOT_WINDOW = 500  # lines before an engine's fatal line searched for the exception that caused it
+
+
+def engine_failed_line(text: str) -> bool:
+    """vLLM said its engine failed (not rlctl's own line quoting it)."""
+    return not text.startswith("rlctl: ") and ENGINE_FAILED.search(text) is not None
 
 
 class Logs:
@@ -59,18 +72,24 @@ class Logs:
             self.comps = run_components(run_dir, state, light=light)
         except Exception:
             self.comps = {"trainer": Component("trainer", main_log=True)}
-        self._tails: dict[str, list[tuple[str, int | None, str]]] = {}
+        self._tails: dict[tuple[str, bool], list[tuple[str, int | None, str]]] = {}
+        attempts = state.get("attempts") if isinstance(state.get("attempts"), list) else []
+        last = attempts[-1] if attempts and isinstance(attempts[-1], dict) else {}
+        # where the current attempt began writing the run's stdout.log (recorded when it started)
+        self.since = last.get("log_offset") if type(last.get("log_offset")) is int else 0
 
-    def lines(self, name: str) -> list[tuple[str, int | None, str]]:
-        if name not in self._tails:
+    def lines(self, name: str, current: bool = False) -> list[tuple[str, int | None, str]]:
+        """The component's last lines; `current`: only those the current attempt wrote to the run's stdout.log."""
+        if (name, current) not in self._tails:
             from rlctl.runs.components import tail
 
             comp = self.comps.get(name)
             try:
-                self._tails[name] = tail(self.run_dir, comp, TAIL) if comp is not None else []
+                self._tails[name, current] = tail(self.run_dir, comp, TAIL, self.since if current else 0) \
+                    if comp is not None else []
             except Exception:
-                self._tails[name] = []
-        return self._tails[name]
+                self._tails[name, current] = []
+        return self._tails[name, current]
 
     def search(self, match: Callable[[str], bool], names: tuple[str, ...] = ("trainer", "inference")
                ) -> list[tuple[str, str]]:
@@ -137,14 +156,68 @@ def illegal_memory_access(run_dir: Path, state: dict[str, Any], logs: Logs) -> d
                   "restart may pass, a repeat at the same step is a bug (a custom kernel, attention, the vLLM build)")
 
 
-def inference_dead(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+def _gone(state: dict[str, Any]) -> dict[str, Any] | None:
+    """What the supervisor saw of the engine going (its process ended, its GPU's memory at ~0)."""
     seen = state.get("inference") if isinstance(state.get("inference"), dict) else {}
-    gone = seen.get("gone") if isinstance(seen.get("gone"), dict) else None
-    signs = [h for _, h in logs.search(lambda t: bool(ENGINE_DEAD.search(t)), ("inference", "trainer"))]
-    if gone is None and not signs:
+    return seen.get("gone") if isinstance(seen.get("gone"), dict) else None
+
+
+def inference_failed(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    """vLLM's own line that its engine failed, in this attempt's output (the engine's log first, then the trainer's:
+    a colocated engine prints there), named with the exception that caused it: the traceback vLLM's line points at
+    ("see root cause above"), or the one it logged right after it."""
+    from rlctl.runs.tracebacks import tracebacks
+
+    for name in ("inference", "trainer"):
+        lines = logs.lines(name, current=True)
+        hits = [i for i, (_, _, t) in enumerate(lines) if engine_failed_line(t)]
+        if hits:
+            break
+    else:
         return None
-    evidence = [str(e) for e in (gone or {}).get("evidence") or []] + signs
-    how = (gone or {}).get("summary") or "its log says the engine died"
+    # the first line of the last burst: what followed it is the engine going down (an engine's own log file holds
+    # every attempt's; the run's stdout.log is read from the current attempt's start)
+    k = len(hits) - 1
+    while k and hits[k] - hits[k - 1] <= ROOT_WINDOW:
+        k -= 1
+    fatal = hits[k]
+    lo = max(fatal - ROOT_WINDOW, 0)
+    tbs = tracebacks([t for _, _, t in lines[lo:fatal + ROOT_WINDOW]])
+    # a message vLLM logs with its traceback (logger.exception) comes right before it; "see the stack trace above
+    # for the root cause" (a RuntimeError ending the engine's own traceback) after the worker's
+    after = [r for tb in tbs if 0 < tb.start + lo - fatal <= 2 for r in tb.raised[-1:]
+             if not engine_failed_line(r.text)]
+    before = [r for tb in tbs for r in tb.raised if r.index + lo < fatal and not engine_failed_line(r.text)]
+    root = after[0] if after else max(before, key=lambda r: r.index) if before else None
+    src, n, text = lines[fatal]
+    evidence = []
+    if root is not None:
+        rs, rn, rt = lines[root.index + lo]
+        evidence.append(evidence_line(rs, rn, rt))
+    evidence.append(evidence_line(src, n, text))
+    gone = _gone(state)
+    evidence += [str(e) for e in (gone or {}).get("evidence") or []]
+    if root is not None:
+        where = root.where()
+        what = root.short if len(root.short) <= 160 else root.short[:159] + "…"
+        summary = f"the inference engine failed: {what}" + (f" (raised in {where})" if where else "")
+    else:
+        from rlctl.runs.tracebacks import split
+
+        summary = f"the inference engine failed (vLLM: {split(text)[1].strip()[:200]})"
+    return _cause("inference engine failed", summary, "inference", evidence,
+                  "the first evidence line is what the engine raised (`rlctl logs RUN --component inference` shows its "
+                  "traceback); a restart meets it again unless that changes. rlctl restarts a run whose engine failed "
+                  "and logs no step for run.stall.engine_failed_s, as [run] restart says, but not into the same "
+                  "failure twice")
+
+
+def inference_dead(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
+    gone = _gone(state)
+    if gone is None:
+        return None
+    evidence = [str(e) for e in gone.get("evidence") or []]
+    how = gone.get("summary") or "its process is gone"
     return _cause("inference engine dead", f"the inference engine died ({how}) while the trainer waited",
                   "inference", evidence,
                   "restart from the last checkpoint ([run] restart = \"on-stall\" does it); a repeat: `rlctl logs RUN "
@@ -227,36 +300,52 @@ def resume_missing(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str
                   "checkpoint.resume check says this before a launch)")
 
 
-# the line that ends a Python traceback: the exception's qualified name, then its message
-EXCEPTION = re.compile(r"^(?:\([^)]*\) )?(?P<name>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Fault))"
-                       r"(?::\s*(?P<msg>.*))?$")
 NEW_ATTEMPT = re.compile(r"^rlctl: (attempt \d+|restarting|resumed)")
+LONG = 200  # characters of an exception's message a summary keeps
 
 
 def exception(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
     """The last: the trainer died of a Python exception its log shows (a reward function that raised, a missing
-    module, a bad config value), said with the exception's own line — unless a later attempt started after it."""
-    lines = logs.lines("trainer")
-    start = next((i for i in range(len(lines) - 1, -1, -1)
-                  if lines[i][2].strip().startswith("Traceback (most recent call last)")), None)
-    if start is None or any(NEW_ATTEMPT.match(t) for _, _, t in lines[start:]):
+    module, a bad config value), said with the innermost exception line of its last traceback — through Ray's
+    RayTaskError chain, and where that line relays another process's error (a Ray actor's, vLLM's engine's), that
+    process's own line — unless a later attempt started after it."""
+    from rlctl.runs.tracebacks import relayed_from, tracebacks
+
+    lines = logs.lines("trainer", current=True)
+    tbs = tracebacks([t for _, _, t in lines])
+    if not tbs:
         return None
-    for src, n, text in lines[start + 1:]:
-        m = EXCEPTION.match(text.strip())
-        if m:
-            name = m["name"].rsplit(".", 1)[-1]
-            msg = (m["msg"] or "").strip()
-            return _cause("exception", f"{name}: {msg}"[:240] if msg else name, "trainer",
-                          [evidence_line(src, n, text)],
-                          "the traceback above it in `rlctl logs RUN` says where it was raised; fix that, then "
-                          "rlctl resume RUN")
-    return None
+    last = max(tbs, key=lambda tb: tb.innermost.index)  # type: ignore[union-attr]
+    inner = last.innermost
+    assert inner is not None
+    if any(NEW_ATTEMPT.match(t) for _, _, t in lines[inner.index:]):
+        return None
+    src, n, text = lines[inner.index]
+    evidence = [evidence_line(src, n, text)]
+    root, component = inner, "trainer"
+    others = [tb for tb in tbs if tb is not last]
+    inf = logs.lines("inference", current=True) if "inference" in logs.comps else []
+    from_inf = tracebacks([t for _, _, t in inf])
+    origin = relayed_from(inner, others + from_inf)
+    if origin is not None:
+        root = origin
+        if any(origin is r for tb in from_inf for r in tb.raised):
+            component = "inference"
+            os_, on, ot = inf[origin.index]
+        else:
+            os_, on, ot = lines[origin.index]
+        evidence.insert(0, evidence_line(os_, on, ot))
+    msg = root.short if len(root.short) <= LONG else root.short[:LONG - 1] + "…"
+    return _cause("exception", msg, component, evidence,
+                  "the traceback above it in `rlctl logs RUN` says where it was raised; fix that, then "
+                  "rlctl resume RUN", **({"raised_in": root.where()} if root.where() else {}))
 
 
 RULES: tuple[tuple[str, Callable[[Path, dict[str, Any], Logs], dict[str, Any] | None]], ...] = (
     ("disk full", disk_full),
     ("out of memory", out_of_memory),
     ("cuda illegal memory access", illegal_memory_access),
+    ("inference engine failed", inference_failed),
     ("inference engine dead", inference_dead),
     ("rollout requests refused", rollouts_refused),
     ("nccl timeout", nccl_timeout),
@@ -296,6 +385,13 @@ def settle(run_dir: Path, state: dict[str, Any], status: str, light: bool = Fals
     cached = state.get("cause")
     if status == "stopped":  # rlctl stopped it (a disk that could not hold the next checkpoint) and said why
         return status, cached if isinstance(cached, dict) else None
+    if status == "running":  # an engine that failed is said at once, while the trainer still waits for it
+        if _watched(state) and not isinstance(state.get("engine_failed"), dict):
+            return status, None  # its supervisor reads every line: none said so, or a step came after it
+        try:
+            return status, inference_failed(run_dir, state, Logs(run_dir, state, light))
+        except Exception:
+            return status, None
     if status not in ("failed", "lost", "stalled"):
         return status, None
     if isinstance(cached, dict) and status != "stalled":
@@ -317,6 +413,17 @@ def settle(run_dir: Path, state: dict[str, Any], status: str, light: bool = Fals
     return ("failed" if disk else status), cause
 
 
+def _watched(state: dict[str, Any]) -> bool:
+    """A live supervisor follows the current attempt's output (it records where that began): what it saw of vLLM's
+    engine is in state.json `engine_failed`, cleared again when a step follows."""
+    from rlctl.core.state import process_alive
+
+    attempts = state.get("attempts") if isinstance(state.get("attempts"), list) else []
+    last = attempts[-1] if attempts and isinstance(attempts[-1], dict) else {}
+    return type(last.get("log_offset")) is int and bool(state.get("supervisor_pid")) and \
+        process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time"))
+
+
 def say(cause: dict[str, Any] | None, host: str | None = None) -> str | None:
     """The cause in a few words, for the status table: "disk full on HOST while saving checkpoint-N" (HOST: the
     host's name as hosts.toml has it, else this machine's), else the cause's summary."""
@@ -332,3 +439,14 @@ def say(cause: dict[str, Any] | None, host: str | None = None) -> str | None:
         return f"out of disk on {host or socket.gethostname()}: {cause.get('summary')}"
     summary = cause.get("summary")
     return str(summary) if summary else str(cause.get("what") or "") or None
+
+
+def signature(cause: Any) -> str | None:
+    """What stays the same when a failure repeats: the kind and summary of a cause without what changes from one
+    attempt to the next (process ids, addresses, numbers, the contents of a printed set or list). None: no cause."""
+    if not isinstance(cause, dict) or not cause.get("what"):
+        return None
+    text = str(cause.get("summary") or "")
+    text = re.sub(r"\{[^}]*\}?|\[[^\]]*\]?", "{}", text)  # a printed collection (a set's order varies per process)
+    text = re.sub(r"0x[0-9a-fA-F]+|\d+", "N", text)
+    return f"{cause['what']}: {' '.join(text.split())}"

@@ -107,8 +107,9 @@ def files_of(run_dir: Path, comp: Component) -> list[Path]:
     return out
 
 
-def _tail_bytes(path: Path, max_bytes: int) -> tuple[bytes, bool]:
-    """The last `max_bytes` of a file (cut at a line start), and whether that is the whole file."""
+def _tail_bytes(path: Path, max_bytes: int, since: int = 0) -> tuple[bytes, bool, int]:
+    """The last `max_bytes` of a file (cut at a line start), whether that is the whole file, and how many lines
+    before `since` (a byte offset: where an attempt began writing) were left out of it."""
     with path.open("rb") as fh:
         fh.seek(0, 2)
         size = fh.tell()
@@ -116,8 +117,14 @@ def _tail_bytes(path: Path, max_bytes: int) -> tuple[bytes, bool]:
         fh.seek(start)
         data = fh.read(max_bytes)
     if start:
-        data = data.split(b"\n", 1)[-1]
-    return data, start == 0
+        head, _, data = data.partition(b"\n")
+        start += len(head) + 1
+    skipped = 0
+    if since > start:
+        cut = since - start
+        skipped = len(data[:cut].decode("utf-8", "replace").splitlines())
+        data = data[cut:]
+    return data, start == 0, skipped
 
 
 def _keep(comp: Component, line: str) -> bool:
@@ -127,9 +134,11 @@ def _keep(comp: Component, line: str) -> bool:
     return actor not in comp.other_actors if actor else True
 
 
-def tail(run_dir: Path, comp: Component, max_bytes: int = 1 << 20) -> list[tuple[str, int | None, str]]:
+def tail(run_dir: Path, comp: Component, max_bytes: int = 1 << 20, since: int = 0
+         ) -> list[tuple[str, int | None, str]]:
     """The component's last lines as (source, 1-based line number when the whole file was read, text), oldest
-    first: its files, then its lines of the run's stdout.log."""
+    first: its files, then its lines of the run's stdout.log (`since`: only those written from that byte of it on,
+    i.e. by the current attempt)."""
     out: list[tuple[str, int | None, str]] = []
     sources = files_of(run_dir, comp)
     if comp.ray_actors or comp.main_log:
@@ -138,11 +147,11 @@ def tail(run_dir: Path, comp: Component, max_bytes: int = 1 << 20) -> list[tuple
         if not p.is_file():
             continue
         try:
-            data, whole = _tail_bytes(p, max_bytes)
+            data, whole, skipped = _tail_bytes(p, max_bytes, since if p == run_dir / LOG else 0)
         except OSError:
             continue
         name = p.name if p.parent == run_dir else str(p.relative_to(run_dir)) if run_dir in p.parents else str(p)
-        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
+        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), start=1 + skipped):
             if (comp.ray_actors or comp.other_actors) and p.name == LOG and p.parent == run_dir \
                     and not _keep(comp, line):
                 continue

@@ -598,10 +598,24 @@ def cause_finding(run_dir: Path) -> Finding | None:
     rs = run_status(run_dir, ingest=False)
     if rs.cause is None:
         return None
-    verb = "hangs" if rs.status == "stalled" else rs.status
-    return Finding("cause", "critical", f"the run {verb}: {say(rs.cause, rs.state.get('host'))}",
+    verb = {"stalled": "hangs:", "running": "is running, but"}.get(rs.status, f"{rs.status}:")
+    return Finding("cause", "critical", f"the run {verb} {say(rs.cause, rs.state.get('host'))}",
                    str(rs.cause.get("fix") or ""), {"lines": list(rs.cause.get("evidence") or []),
                                                     "cause": rs.cause})
+
+
+def repeated_failure_finding(run_dir: Path) -> Finding | None:
+    """A run the supervisor did not restart because its attempt failed as the one before it did, no further on."""
+    from rlctl.core.state import read_state
+
+    seen = read_state(run_dir).get("repeated_failure")
+    if not isinstance(seen, dict) or not seen.get("message"):
+        return None
+    cause = seen.get("cause") if isinstance(seen.get("cause"), dict) else {}
+    return Finding("repeated_failure", "critical", str(seen["message"]),
+                   "the same recipe fails the same way again: fix what the evidence shows (a recipe key, the "
+                   "backend's release or a patch), then `rlctl resume RUN`; raising --max-restarts would only repeat "
+                   "it", {"lines": list(cause.get("evidence") or []), "attempts": seen.get("attempts")})
 
 
 def headline(run_dir: Path, records: list[dict[str, Any]] | None = None) -> str | None:

@@ -69,6 +69,8 @@ def _tail(path: Path, max_lines: int = 64) -> tuple[int | None, float | None, fl
     lines = data.splitlines()
     if st.st_size > TAIL:
         lines = lines[1:]  # the first may be cut
+    from rlctl.metrics.stream import is_progress
+
     step = reward = last = None
     for raw in reversed(lines[-max_lines:]):
         try:
@@ -80,13 +82,36 @@ def _tail(path: Path, max_lines: int = 64) -> tuple[int | None, float | None, fl
             continue
         step = s if step is None else max(step, s)
         t = rec.get("time")
-        if isinstance(t, (int, float)) and not isinstance(t, bool) and (last is None or t > last):
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and (last is None or t > last) \
+                and is_progress(rec):  # rlctl's own records (GPU samples, evals) are no step of the trainer's
             last = float(t)
         r = rec.get("reward/mean")
         if isinstance(r, (int, float)) and not isinstance(r, bool) and r == r:
             reward = r
             break
+    if last is None and st.st_size > TAIL:  # the newest lines are GPU samples: the last step is further back
+        last = _last_progress(path, st.st_size)
     return step, reward, last
+
+
+def _last_progress(path: Path, size: int) -> float | None:
+    """The time of the newest record of the trainer's own, read backwards over more of the file (a long step under
+    rlctl's GPU sampler writes a record every 10 s)."""
+    from rlctl.metrics.stream import is_progress
+
+    for span in (256 * 1024, 4 * 1024 * 1024):
+        with path.open("rb") as fh:
+            fh.seek(max(0, size - span))
+            lines = fh.read().splitlines()[1 if size > span else 0:]
+        for raw in reversed(lines):
+            with contextlib.suppress(ValueError, RecursionError, AttributeError):
+                rec = json.loads(raw)
+                t = rec.get("time")
+                if isinstance(t, (int, float)) and not isinstance(t, bool) and is_progress(rec):
+                    return float(t)
+        if size <= span:
+            break
+    return None
 
 
 def _final_ingest(run_dir: Path, state: dict[str, Any]) -> None:
@@ -264,8 +289,8 @@ def _summary(path: Path, row: dict[str, Any], stall_after: float, summary: Calla
         from rlctl.runs.causes import settle
 
         with contextlib.suppress(Exception):
-            status, cause = settle(path, read_state(path) if status in ("failed", "lost", "stalled") else state,
-                                   status, light=True)
+            status, cause = settle(path, read_state(path) if status in ("failed", "lost", "stalled", "running")
+                                   else state, status, light=True)
     rs = RunStatus(row.get("name", path.name), path, state, status, row.get("step"), state.get("total_steps"),
                    {"reward/mean": row.get("reward")}, row.get("last_time"), cause=cause)
     s = summary(rs)

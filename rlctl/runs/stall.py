@@ -10,6 +10,10 @@ The inference engine is watched on its own (InferenceWatch): a run whose engine 
 to ~0 after it had loaded, or its process gone — while the run's processes live, or whose engine GPU and trainer GPU
 both sit idle, makes no progress (seed 004: vLLM died after step 6, GPU 0 showed 0 MiB, the trainer waited three
 hours); without a new step for `inference_idle_s` it is stalled, whatever the generic limit says.
+
+vLLM's own line that its engine failed (rlctl.runs.causes.ENGINE_FAILED) with no step for `engine_failed_s` after it
+is a stall too, before any other rule: the engine may fail while its process and memory live on (verl 0.9.1 on an
+H100: the Ray actor hosting vLLM lived, the trainer waited with no step), and the first step's grace is long.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class StallConfig:
     slow_step_s: float = 1800.0  # a step with an evaluation or a checkpoint save
     gpu_busy_pct: float = 5.0  # NVML: a GPU above this utilisation counts as working
     inference_idle_s: float = 600.0  # no step while the inference engine is gone, or its GPU and the trainer's idle
+    engine_failed_s: float = 300.0  # no step after vLLM said its engine failed (rlctl.runs.causes.ENGINE_FAILED)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any] | None) -> StallConfig:
@@ -52,6 +57,7 @@ class StallDetector:
         self.intervals: list[float] = []
         self.pattern_hit: str | None = None
         self.pattern_hit_at: float | None = None
+        self.engine_failed: tuple[float, str] | None = None  # (when, vLLM's line) since the last step
 
     def observe_step(self, step: int | None, now: float) -> None:
         if step is None or (self.last_step is not None and step <= self.last_step):
@@ -61,16 +67,22 @@ class StallDetector:
             self.intervals = self.intervals[-200:]
         self.last_step, self.last_step_at = step, now
         self.pattern_hit = self.pattern_hit_at = None
+        self.engine_failed = None  # steps came after it: the engine that failed was not this run's end
 
     def observe_log(self, text: str, now: float) -> None:
-        if not self.patterns or not text:
+        if not text:
             return
+        from rlctl.runs.causes import engine_failed_line
+        from rlctl.runs.tracebacks import split
+
         for line in text.splitlines():
+            if self.engine_failed is None and engine_failed_line(line):
+                self.engine_failed = (now, " ".join(x for x in split(line) if x).strip()[:300])
             for p in self.patterns:
                 if p.search(line):
                     if self.pattern_hit is None:
                         self.pattern_hit, self.pattern_hit_at = line.strip()[:300], now
-                    return
+                    break
 
     def _slow_step_next(self) -> bool:
         s = self.last_step or 0
@@ -93,9 +105,25 @@ class StallDetector:
         return max(c.inference_idle_s, c.slow_step_s) if self.last_step_at is not None and self._slow_step_next() \
             else c.inference_idle_s
 
+    def engine_failed_stall(self, now: float) -> str | None:
+        """vLLM said its engine failed and no step came for engine_failed_s since: the trainer waits for an engine
+        that will not answer (verl 0.9.1 on an H100: the Ray actor hosting vLLM lived on, so nothing looked gone),
+        whatever the first step's grace or a busy GPU say."""
+        if self.engine_failed is None:
+            return None
+        at, line = self.engine_failed
+        limit = self.cfg.engine_failed_s
+        if now - at < limit:
+            return None
+        return (f"the inference engine failed ({line}) and no step came for {now - at:.0f}s after it (limit "
+                f"{limit:.0f}s, run.stall.engine_failed_s)")
+
     def check(self, now: float, gpus_busy: bool | None = None, watch: InferenceWatch | None = None) -> str | None:
         """A reason when the attempt is stalled, else None."""
         since = self.last_step_at or self.started_at
+        failed = self.engine_failed_stall(now)
+        if failed is not None:
+            return failed
         if self.pattern_hit is not None and now - max(since, self.pattern_hit_at or since) >= self.cfg.floor_s:
             return f"no new step for {now - since:.0f}s after the log said: {self.pattern_hit}"
         if watch is not None:

@@ -109,7 +109,20 @@ def true_status(run_dir: Path, state: dict[str, Any], last_step_time: float | No
     reference = last_step_time or state.get("started_at")
     if status == "running" and reference and time.time() - reference > stall_after:
         return "stalled"
+    if status == "running" and engine_failed_stall(state, last_step_time):
+        return "stalled"
     return status
+
+
+def engine_failed_stall(state: dict[str, Any], last_step_time: float | None, now: float | None = None) -> bool:
+    """The supervisor saw vLLM say its engine failed (state.json `engine_failed`) and no step came for the run's
+    run.stall.engine_failed_s since: stalled, whether or not the restart policy acts on it."""
+    seen = state.get("engine_failed")
+    if not isinstance(seen, dict) or not _num(seen.get("at")) or not _num(seen.get("limit_s")):
+        return False
+    if last_step_time is not None and last_step_time > seen["at"]:
+        return False
+    return (now or time.time()) - seen["at"] >= seen["limit_s"]
 
 
 def _elsewhere(state: dict[str, Any]) -> bool:
@@ -121,7 +134,7 @@ def _elsewhere(state: dict[str, Any]) -> bool:
 
 
 def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) -> RunStatus:
-    from rlctl.metrics.stream import METRICS, by_step, tail_records
+    from rlctl.metrics.stream import METRICS, by_step, is_progress, tail_records
     from rlctl.metrics.stream import ingest as do_ingest
 
     state = read_state(run_dir)
@@ -146,13 +159,16 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
     if step is None and type(state.get("nothing_left_at")) is int:  # resumed from its final checkpoint: no records
         step = state["nothing_left_at"]
     latest = merged.get(step, {})
-    times = [t for r in records if isinstance(t := r.get("time"), (int, float)) and not isinstance(t, bool)]
-    last_time = max(times, default=None)  # a damaged record (time null or text) has no time
+    # the last step the trainer logged: rlctl's own records (GPU samples, evals) are no step (a damaged record's
+    # time, null or text, is none)
+    times = [t for r in records if isinstance(t := r.get("time"), (int, float)) and not isinstance(t, bool)
+             and is_progress(r)]
+    last_time = max(times, default=None)
     status = true_status(run_dir, state, last_time, stall_after)
     if _elsewhere(state):  # told by its host (the poll above recorded it)
         summ = state.get("remote_summary") if isinstance(state.get("remote_summary"), dict) else {}
-        told = state.get("cause") if status in ("failed", "stopped") else summ.get("cause") if status == "stalled" \
-            else None
+        told = state.get("cause") if status in ("failed", "stopped") else \
+            summ.get("cause") if status in ("stalled", "running") else None
         cause = told if isinstance(told, dict) else None
     else:
         from rlctl.runs.causes import settle

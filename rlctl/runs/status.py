@@ -89,6 +89,8 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "unreachable": rs.state.get("unreachable") if rs.status == "unreachable" else None,
         # what the supervisor sees of the inference engine while the run lives (gone, or idle beside the trainer)
         "inference": _dict(rs.state.get("inference")) if rs.status in ("running", "stalled") else None,
+        # vLLM's line that its engine failed, as the supervisor read it (when, the line, the stall limit)
+        "engine_failed": _dict(rs.state.get("engine_failed")) if rs.status in ("running", "stalled") else None,
         "where": _executor_lines(rs),
         "pool": _dict(rs.state.get("pool")) and {k: rs.state["pool"].get(k) for k in
                                                   ("hosts", "failover_after_s", "sync", "on_event")},
@@ -259,7 +261,9 @@ def _detail_text(d: dict[str, Any]) -> str:
              + (f"  exit code {d['exit_code']}" if d["exit_code"] is not None else ""),
              f"step {d['step'] if d['step'] is not None else '-'}{total}   elapsed {fmt_duration(d['elapsed_s'])}"
              + (f" (this attempt {fmt_duration(d['this_attempt_s'])})" if d.get("this_attempt_s") is not None else "")
-             + f"   eta {fmt_duration(d['eta_s'])}   last step {fmt_duration(d['last_step_age_s'])} ago"]
+             + f"   eta {fmt_duration(d['eta_s'])}   "
+             + (f"last step {fmt_duration(d['last_step_age_s'])} ago" if d.get("last_step_age_s") is not None
+                else "no step logged yet")]
     if d.get("unreachable"):
         lines.append(f"  ! {d['unreachable']}; what is shown is the last known state")
     lines += d.get("where") or []  # the executor's own words (a batch job: its queue state, how it ended)
@@ -273,6 +277,12 @@ def _detail_text(d: dict[str, Any]) -> str:
             lines.append(f"  ! the inference engine is {kind} ({seen.get('summary')}) since "
                          f"{time.strftime('%H:%M:%S', time.localtime(seen['at']))}: the run is stalled after "
                          "run.stall.inference_idle_s without a step")
+    seen = d.get("engine_failed") or {}
+    if isinstance(seen.get("at"), (int, float)) and isinstance(seen.get("limit_s"), (int, float)):
+        lines.append(f"  ! vLLM said its inference engine failed at "
+                     f"{time.strftime('%H:%M:%S', time.localtime(seen['at']))}: stalled without a step by "
+                     f"{time.strftime('%H:%M:%S', time.localtime(seen['at'] + seen['limit_s']))} "
+                     f"(run.stall.engine_failed_s = {seen['limit_s']:g} s)")
     lines += cause_lines(d.get("cause"))
     lines += _attempt_lines(d)
     if d["metrics"]:
@@ -415,7 +425,7 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
         row["status"] = polled.get(p, {}).get("status") or st.get("status", "unknown")
         # why it died (as recorded here, with the host's name as hosts.toml has it) or why it hangs (told there)
         row["reason"] = say(st.get("cause"), st.get("host")) if row["status"] in ("failed", "stopped") else \
-            say(row.get("cause"), st.get("host")) if row["status"] == "stalled" else None
+            say(row.get("cause"), st.get("host")) if row["status"] in ("stalled", "running") else None
         if row["status"] == "unreachable":
             row["last_known"] = st.get("status")
         rows[p] = row

@@ -74,7 +74,11 @@ class RestartPolicy:
             raise RlctlError(f"restart policy {p.mode!r}: expected one of {', '.join(POLICIES)}.")
         return p
 
-    def wants(self, why: str) -> bool:
+    def wants(self, why: str, engine_failed: bool = False) -> bool:
+        """`engine_failed`: the attempt stalled because vLLM said its engine failed and no step came after: a failure
+        the trainer did not notice, restarted under on-failure too."""
+        if engine_failed and why == "stalled" and self.mode == "on-failure":
+            return True
         if self.mode == "always":
             return why in ("failed", "stalled", "exited early", "lost")
         if self.mode == "on-failure":
@@ -96,10 +100,11 @@ def read_spec(run_dir: Path) -> dict[str, Any]:
 
 
 def _max_step(run_dir: Path) -> int | None:
-    from rlctl.metrics.stream import tail_records
+    """The newest step the trainer logged (rlctl's own GPU and eval records are none), None before its first."""
+    from rlctl.metrics.stream import is_progress, tail_records
 
     recs = tail_records(run_dir / METRICS, max_bytes=1 << 20)
-    return max((r["step"] for r in recs), default=None)
+    return max((r["step"] for r in recs if is_progress(r)), default=None)
 
 
 def _is_disk_full(e: OSError) -> bool:
@@ -141,6 +146,7 @@ class Supervisor:
         self.watch: InferenceWatch | None = None  # the inference engine of the current attempt (its GPUs, process)
         self._watch_spec: tuple[list[int], list[int], str | None] | None = None
         self._watch_said: tuple[bool, bool] = (False, False)
+        self._engine_failed_said: tuple[float, str] | None = None  # what state.json `engine_failed` says now
         self._procs_at = 0.0
         self.disk_stop: Any = None  # rlctl.runs.disk_pressure.Pressure that stopped the run
         self._disk_at = 0.0
@@ -212,6 +218,8 @@ class Supervisor:
                                  "from_step": checkpoint.step if checkpoint is not None else None}
         if self._resume_changes:  # what rlctl changed so that the backend loads that checkpoint
             entry["resume_changes"], self._resume_changes = self._resume_changes, []
+        with contextlib.suppress(OSError):  # where this attempt's output begins: its own cause is read from there on
+            entry["log_offset"] = (self.run_dir / LOG).stat().st_size
         if checkpoint is None and self._recipe_start:  # no checkpoint of its own: where the recipe starts
             entry["from_recipe"] = self._recipe_start
         self._recipe_start = None
@@ -252,7 +260,8 @@ class Supervisor:
         self.state(status="stopping" if self.stop_requested_at else "running", attempt=self.attempt,
                    stop_requested_at=self.stop_requested_at, exit_code=None, ended_at=None, gave_up=None,
                    outcome=None, settled_by=None, error=None, cause=None, inference=None, stopped_by=None,
-                   attempts=self.attempts, handle=self.handle.to_dict(), executor=self.executor.name,
+                   engine_failed=None, attempts=self.attempts, handle=self.handle.to_dict(),
+                   executor=self.executor.name,
                    restart={"mode": self.policy.mode, "max_restarts": self.policy.max_restarts},
                    pid=ref.get("pid"), pgid=ref.get("pgid"), pid_create_time=ref.get("create_time"),
                    supervisor_pid=os.getpid(), supervisor_create_time=process_create_time(os.getpid()))
@@ -291,6 +300,7 @@ class Supervisor:
         self.detector = StallDetector(self.stall_cfg, patterns, time.time(),
                                       (self.spec.get("checkpoint_every") or 0, self.spec.get("eval_every") or 0))
         self.detector.last_step = base_step  # steps up to it are repeats of an earlier attempt, not progress
+        self._engine_failed_said = None
         with contextlib.suppress(OSError):
             self.log_pos = (self.run_dir / LOG).stat().st_size
 
@@ -440,6 +450,9 @@ class Supervisor:
                 self.attempt = handle.attempt
                 self.executor.attach(self.run_dir, handle)
                 self._new_detector()
+                last = self.attempts[-1] if self.attempts else {}
+                if type(last.get("log_offset")) is int:  # what the attempt printed while nobody watched is read too
+                    self.log_pos = last["log_offset"]
                 self.watch = self._new_watch()  # its engine's process, seen from the first look on
                 self.state(status="running", supervisor_pid=os.getpid(),
                            supervisor_create_time=process_create_time(os.getpid()))
@@ -557,7 +570,7 @@ class Supervisor:
             code = self.executor.poll(self.run_dir, self.handle)
             self.tick()
             stalled = None
-            if code is None and self.stop_requested_at is None and self.watch_stalls:
+            if code is None and self.stop_requested_at is None:
                 stalled = self._check_stall()
                 if stalled:
                     evidence = self._evidence(stalled)
@@ -572,8 +585,13 @@ class Supervisor:
                         self.executor.kill(self.run_dir, self.handle)
                 time.sleep(POLL)
                 continue
+            engine_failed = stalled is not None and self.detector is not None and \
+                self.detector.engine_failed_stall(time.time()) is not None
             why = self._end_attempt(code, stalled)
-            if why != "stopped" and self.policy.wants(why):
+            if why != "stopped" and self.policy.wants(why, engine_failed):
+                repeated = self._repeats_previous(why)
+                if repeated is not None:  # the same failure again, nothing gained: a restart would repeat it
+                    return self._finish_repeated(code, why, repeated)
                 restarts = sum(1 for a in self.attempts if a.get("restart"))
                 if restarts < self.policy.max_restarts:
                     ckpt = self._restart_point()
@@ -597,6 +615,37 @@ class Supervisor:
                 return self.finish(code, why, gave_up=f"{why} after {restarts} restart(s) (--max-restarts "
                                                       f"{self.policy.max_restarts})")
             return self.finish(code, why)
+
+    def _repeats_previous(self, why: str) -> str | None:
+        """Why not to restart: this attempt ended as the one before it did — the same cause (rlctl.runs.causes.
+        signature: process ids, addresses and numbers aside) — and got no further (no newer step in the stream, no
+        newer complete checkpoint). A deterministic failure (a bad config, a bug at step N) would only repeat."""
+        from rlctl.runs.causes import signature
+
+        if len(self.attempts) < 2:
+            return None
+        prev, cur = self.attempts[-2], self.attempts[-1]
+        sig = signature(cur.get("cause"))
+        if sig is None or sig != signature(prev.get("cause")):
+            return None
+
+        def reached(a: dict[str, Any], key: str) -> int:
+            v = a.get(key)
+            return v if type(v) is int else -1
+
+        if any(reached(cur, k) > reached(prev, k) for k in ("last_step", "checkpoint_step")):
+            return None
+        step = reached(cur, "last_step")
+        where = f"at step {step}" if step > 0 else "before its first step"
+        return f"{why} twice the same way {where}: {cur['cause'].get('summary')}; restarting would repeat it"
+
+    def _finish_repeated(self, code: int, why: str, said: str) -> int:
+        """The run ends failed, saying why it was not restarted (status's `gave up`, doctor's repeated_failure)."""
+        ids = [self.attempts[-2].get("attempt"), self.attempts[-1].get("attempt")]
+        self.event(event="repeated_failure", attempts=ids, message=said)
+        self._mark_log(f"attempt {self.attempt} {why} as attempt {ids[0]} did; not restarted: {said}")
+        self.state(repeated_failure={"attempts": ids, "message": said, "cause": self.attempts[-1].get("cause")})
+        return self.finish(code, why, gave_up=said)
 
     def _end_attempt(self, code: int, stalled: str | None) -> str:
         with contextlib.suppress(Exception):
@@ -628,6 +677,11 @@ class Supervisor:
         entry = self.attempts[-1]
         entry.update(ended_at=time.time(), exit_code=code, outcome=why,
                      exit_recorded=rec is not None, last_step=_max_step(self.run_dir))
+        with contextlib.suppress(Exception):  # how far it got: a repeat of the same failure gets no further
+            from rlctl.runs.checkpoints import latest_complete
+
+            done = latest_complete(self.spec["backend"], self.run_dir)
+            entry["checkpoint_step"] = done.step if done is not None else None
         if why in ("failed", "exited early") and "evidence" not in entry:
             entry["evidence"] = self._evidence(f"attempt {self.attempt} {why} (exit code {code})", live=False)
         if died_of_full_disk is not None:
@@ -700,11 +754,36 @@ class Supervisor:
             det.observe_log(data.decode("utf-8", errors="replace"), now)
         except OSError:
             pass
+        self._said_engine_failed(det)
+        failed = det.engine_failed_stall(now)
+        if failed is not None:  # acted on by every policy that restarts (a failure the trainer did not notice)
+            return failed if self.policy.mode != "never" else None
+        if not self.watch_stalls:
+            return None
         limit, _ = det.threshold()
         soonest = min(limit, det.cfg.floor_s, det.cfg.inference_idle_s if self.watch is not None else limit)
         if now - (det.last_step_at or det.started_at) < soonest:
             return None
         return det.check(now, self._gpus_busy(), self.watch)
+
+    def _said_engine_failed(self, det: StallDetector) -> None:
+        """vLLM's line that its engine failed, recorded once seen (state.json `engine_failed`: status says it at once
+        and calls the run stalled after the limit, whatever the policy), and forgotten when a step follows."""
+        seen = det.engine_failed
+        if seen == self._engine_failed_said:
+            return
+        self._engine_failed_said = seen
+        if seen is None:
+            self.state(engine_failed=None)
+            return
+        at, line = seen
+        limit = det.cfg.engine_failed_s
+        self.state(engine_failed={"at": at, "line": line, "limit_s": limit})
+        self.event(event="engine_failed", attempt=self.attempt, line=line, limit_s=limit)
+        act = "then restarted as [run] restart says" if self.policy.mode != "never" else "not restarted (restart = " \
+            "never)"
+        self.say(f"attempt {self.attempt}: vLLM says its inference engine failed ({line}); stalled if no step comes "
+                 f"within {limit:g}s (run.stall.engine_failed_s), {act}")
 
     # ---- each tick -------------------------------------------------------------------------------------------------
     def tick(self) -> None:
