@@ -36,7 +36,7 @@ IMPORTS = {
     # server, the orchestrator, the trainer (under torchrun)
     "prime-rl": ["rlctl.cli", "vllm:LLM", "prime_rl.entrypoints.rl", "prime_rl.inference.vllm.server",
                  "prime_rl.entrypoints.env_server", "prime_rl.orchestrator.orchestrator", "prime_rl.trainer.rl.train",
-                 "pynvml"],
+                 "flash_attn.cute:flash_attn_varlen_func", "pynvml"],
 }
 
 

@@ -75,13 +75,16 @@ def lock_inputs(name: str) -> tuple[list[str], list[str]]:
     except the packages the stack carries itself (`carry`, `overrides`), the never-imported kernels excluded by a
     marker that is never true. An override wins over every requirement (vLLM pins numba, whose numpy range the
     image's numpy is outside of, and runs with the image's numba): a release that refuses the image's version at
-    import is named in `carry`, and the resolver then picks what it accepts."""
+    import is named in `carry`, and the resolver then picks what it accepts. A stack that imports one of the common
+    `never` kernels names it in `allow`."""
     data = stacks()
     s = stack(name)
     reqs = list(data["common"]["requires"]) + list(s["requires"])
     own = carried_anyway(name) | {norm(re.split(r"[=<>!;\s]", o, maxsplit=1)[0]) for o in s.get("overrides", [])}
     over = [f"{k}=={v}" for k, v in data["device"]["versions"].items() if norm(k) not in own]
-    over += list(s.get("overrides", [])) + [f"{n}; sys_platform == 'never'" for n in data["common"]["never"]]
+    allowed = {norm(n) for n in s.get("allow", [])}
+    over += list(s.get("overrides", [])) + [f"{n}; sys_platform == 'never'" for n in data["common"]["never"]
+                                            if norm(n) not in allowed]
     return reqs, over
 
 
@@ -95,8 +98,8 @@ def uv() -> str:
 def upstream_pins(name: str, over: list[str]) -> list[str]:
     """Constraints from the uv.lock a stack's own source locks its environment with (`lock_like`: a `source`
     entry): each PyPI package at the version the release was tested with, except the device's own, the ones the stack
-    overrides or carries, the never-imported and the ones built from source (and a package the lock holds in
-    several versions: the resolver picks)."""
+    overrides or carries, the never-imported, the ones built from source, those in `lock_like_skip` (what an
+    override's own dependencies decide), and a package the lock holds in several versions (the resolver picks)."""
     src = stack(name).get("lock_like")
     if not src:
         return []
@@ -106,8 +109,8 @@ def upstream_pins(name: str, over: list[str]) -> list[str]:
     for m in re.finditer(r'^\[\[package\]\]\nname = "([^"]+)"\nversion = "([^"]+)"\nsource = \{ registry = ', text,
                          re.M):
         found.setdefault(norm(m.group(1)), set()).add(m.group(2))
-    skip = device_names() | carried_anyway(name) | {norm(re.split(r"[=<>!;@\s]", o, maxsplit=1)[0]) for o in over}
-    skip |= {norm(n) for n in stack(name).get("source", {})}
+    skip = device_names() | carried_anyway(name) | {norm(re.split(r"[\[=<>!;@\s]", o, maxsplit=1)[0]) for o in over}
+    skip |= {norm(n) for n in [*stack(name).get("source", {}), *stack(name).get("lock_like_skip", [])]}
     return [f"{n}=={next(iter(v))}" for n, v in sorted(found.items()) if len(v) == 1 and n not in skip]
 
 
