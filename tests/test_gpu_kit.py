@@ -105,15 +105,26 @@ def test_a_damaged_piece_is_refused_and_leaves_no_site(packed, tmp_path):
     assert not (tmp_path / "site" / "kit-test").exists()
 
 
-@pytest.mark.parametrize("stack", ["trl-vllm", "verl", "openrlhf"])
+@pytest.mark.parametrize("stack", ["trl-vllm", "verl", "openrlhf", "prime-rl"])
 def test_every_stack_has_a_lock_that_carries_its_backend(stack):
     pins = dict(kit.read_lock(stack))
     under = kit.bases(stack)
     carried = {n for s in [stack, *under] for n, _ in kit.read_lock(s)}
     assert "vllm" in carried
-    own = {"trl-vllm": "trl", "verl": "verl", "openrlhf": "openrlhf"}[stack]
+    own = {"trl-vllm": "trl", "verl": "verl", "openrlhf": "openrlhf", "prime-rl": "prime-rl"}[stack]
     assert own in pins
-    assert not {"torch", "flashinfer-python", "nvidia-cutlass-dsl"} & carried  # the device's, or never imported
+    allowed = {kit.norm(n) for n in kit.stack(stack).get("allow", [])}  # prime-rl's FA4 runs on the CuTe DSL
+    assert not ({"torch", "flashinfer-python", "nvidia-cutlass-dsl"} - allowed) & carried  # the device's, or never
+
+
+def test_a_source_built_package_is_pinned_to_its_commit_in_the_lock():
+    """prime-rl is not on PyPI: the lock names where each source-built package came from (stacks.toml `source`), and
+    a wheel built from a ref is checked against the lock's version before it is packed."""
+    text = (KIT / "locks" / "prime-rl.txt").read_text()
+    for name, spec in kit.stack("prime-rl")["source"].items():
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"{kit.norm(name)}=="))
+        assert f"# source {spec['repo']} {spec['ref']}" in line, line
+    assert "prime-rl==0.8.0" in text and "vllm==0.26.0" in text and "transformers==5.6.2" in text
 
 
 def test_resplit_keeps_the_whole(packed, tmp_path):

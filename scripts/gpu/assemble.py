@@ -103,9 +103,43 @@ def dist_versions(site: Path) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+# A site dir on PYTHONPATH is no site-packages: Python runs no .pth file there. nvidia-cutlass-dsl (prime-rl's
+# FlashAttention-4) puts its `cutlass` package on sys.path from one (nvidia_cutlass_dsl_packages.pth). A site holding
+# .pth files gets this sitecustomize: it runs them as site.addsitedir does for site-packages, then the sitecustomize it
+# shadows (the image's own, if any), as Python would have.
+PTH_HOOK = '''"""rlctl GPU kit (scripts/gpu/assemble.py): the .pth files of this site dir, run as in site-packages."""
+import os
+import site
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+site.addsitedir(_here)
+_seen = False
+for _d in list(sys.path):
+    _d = os.path.abspath(_d or ".")
+    if _d == _here:
+        _seen = True
+        continue
+    _f = os.path.join(_d, "sitecustomize.py")
+    if _seen and os.path.isfile(_f):
+        exec(compile(open(_f).read(), _f, "exec"), {"__name__": "sitecustomize", "__file__": _f})
+        break
+'''
+
+
+def pth_hook(site: Path) -> Path | None:
+    """site/sitecustomize.py running the site's .pth files, when it has any (PTH_HOOK)."""
+    if not any(site.glob("*.pth")):
+        return None
+    hook = site / "sitecustomize.py"
+    hook.write_text(PTH_HOOK)
+    return hook
+
+
 def write_env(site: Path, env: dict[str, str], bases: list[Path]) -> dict[str, str]:
     """env.sh for a shell and env.json for go.py: the site in front of its bases on PYTHONPATH, its bin/ on PATH
     (with an `rlctl` shim), the stack's variables (`{site}` in one is the site's path)."""
+    pth_hook(site)
     bin_dir = site / "bin"
     bin_dir.mkdir(exist_ok=True)
     shim = bin_dir / "rlctl"
@@ -207,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"assemble: {report['stack']} in {report['site']}: {len(report['packages'])} packages, "
           f"{report['bytes'] / MiB:.0f} MiB, unpacked in {report['unpack_s']} s")
-    for name in ("rlctl", "vllm", "trl", "verl", "openrlhf", "deepspeed", "ray", "transformers", "peft"):
+    for name in ("rlctl", "vllm", "trl", "verl", "openrlhf", "deepspeed", "ray", "prime-rl", "verifiers", "uv",
+                 "transformers", "peft"):
         if name in report["packages"]:
             print(f"  {name} {report['packages'][name]}")
     for c in report["imports"]:

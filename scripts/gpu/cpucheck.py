@@ -133,6 +133,9 @@ def install(stack: str, root: Path) -> tuple[Path, dict[str, str], dict[str, dic
             if name != "device":  # what the kit removes before packing is absent here too, its checkouts there
                 data = kit.stacks()
                 kit.slim(site, list(data["common"]["slim"]) + list(kit.stack(name).get("slim", [])))
+                import assemble
+
+                assemble.pth_hook(site)  # the .pth files run as on the GPU machine
                 trees = [f"checkouts/{n}" for n, spec in kit.stack(name).get("source", {}).items()
                          if spec.get("checkout")]
                 for rel in trees:
