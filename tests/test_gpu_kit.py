@@ -135,3 +135,26 @@ def test_resplit_keeps_the_whole(packed, tmp_path):
     assert json.loads((out / "manifest.json").read_text())["whole"] == whole
     r = go(gpu, tmp_path, "kit-test")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_site_runs_its_pth_files_and_names_itself_in_the_env(tmp_path):
+    """A site dir on PYTHONPATH runs no .pth file, and nvidia-cutlass-dsl (prime-rl's FlashAttention-4) puts its
+    `cutlass` package on sys.path from one: FA4 failed to import on the CPU check until the site got a sitecustomize
+    running them. `{site}` in a stack's env is the site's path (prime-rl's PRIME_RL_DIR points into it)."""
+    w = tmp_path / "wheels"
+    w.mkdir()
+    dsl = wheel(w, "dsl", "1.0", {"dsl/__init__.py": b"", "dsl/pkgs/cutlass_like.py": b"OK = 1\n",
+                                  "dsl_pkgs.pth": b"import sys, os, dsl; sys.path.insert(0, os.path.join("
+                                                  b"dsl.__path__[0], 'pkgs'))\n"})
+    gpu = tmp_path / ".gpu"
+    kit.make_pack("pth-test", [dsl], gpu / "pth-test", 1 << 20, slim_globs=[],
+                  env={"WHERE": "{site}/checkouts/x"})
+    kit.copy_kit(gpu)
+    r = go(gpu, tmp_path, "pth-test")
+    assert r.returncode == 0, r.stdout + r.stderr
+    site = tmp_path / "site" / "pth-test"
+    env = json.loads((site / "env.json").read_text())
+    assert env["WHERE"] == f"{site}/checkouts/x"
+    p = subprocess.run([sys.executable, "-c", "import cutlass_like; print(cutlass_like.OK)"], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": env["PYTHONPATH"]}, cwd=tmp_path)
+    assert p.stdout.strip() == "1", p.stderr
