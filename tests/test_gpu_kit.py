@@ -105,15 +105,26 @@ def test_a_damaged_piece_is_refused_and_leaves_no_site(packed, tmp_path):
     assert not (tmp_path / "site" / "kit-test").exists()
 
 
-@pytest.mark.parametrize("stack", ["trl-vllm", "verl", "openrlhf"])
+@pytest.mark.parametrize("stack", ["trl-vllm", "verl", "openrlhf", "prime-rl"])
 def test_every_stack_has_a_lock_that_carries_its_backend(stack):
     pins = dict(kit.read_lock(stack))
     under = kit.bases(stack)
     carried = {n for s in [stack, *under] for n, _ in kit.read_lock(s)}
     assert "vllm" in carried
-    own = {"trl-vllm": "trl", "verl": "verl", "openrlhf": "openrlhf"}[stack]
+    own = {"trl-vllm": "trl", "verl": "verl", "openrlhf": "openrlhf", "prime-rl": "prime-rl"}[stack]
     assert own in pins
-    assert not {"torch", "flashinfer-python", "nvidia-cutlass-dsl"} & carried  # the device's, or never imported
+    allowed = {kit.norm(n) for n in kit.stack(stack).get("allow", [])}  # prime-rl's FA4 runs on the CuTe DSL
+    assert not ({"torch", "flashinfer-python", "nvidia-cutlass-dsl"} - allowed) & carried  # the device's, or never
+
+
+def test_a_source_built_package_is_pinned_to_its_commit_in_the_lock():
+    """prime-rl is not on PyPI: the lock names where each source-built package came from (stacks.toml `source`), and
+    a wheel built from a ref is checked against the lock's version before it is packed."""
+    text = (KIT / "locks" / "prime-rl.txt").read_text()
+    for name, spec in kit.stack("prime-rl")["source"].items():
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"{kit.norm(name)}=="))
+        assert f"# source {spec['repo']} {spec['ref']}" in line, line
+    assert "prime-rl==0.8.0" in text and "vllm==0.26.0" in text and "transformers==5.6.2" in text
 
 
 def test_resplit_keeps_the_whole(packed, tmp_path):
@@ -124,3 +135,26 @@ def test_resplit_keeps_the_whole(packed, tmp_path):
     assert json.loads((out / "manifest.json").read_text())["whole"] == whole
     r = go(gpu, tmp_path, "kit-test")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_site_runs_its_pth_files_and_names_itself_in_the_env(tmp_path):
+    """A site dir on PYTHONPATH runs no .pth file, and nvidia-cutlass-dsl (prime-rl's FlashAttention-4) puts its
+    `cutlass` package on sys.path from one: FA4 failed to import on the CPU check until the site got a sitecustomize
+    running them. `{site}` in a stack's env is the site's path (prime-rl's PRIME_RL_DIR points into it)."""
+    w = tmp_path / "wheels"
+    w.mkdir()
+    dsl = wheel(w, "dsl", "1.0", {"dsl/__init__.py": b"", "dsl/pkgs/cutlass_like.py": b"OK = 1\n",
+                                  "dsl_pkgs.pth": b"import sys, os, dsl; sys.path.insert(0, os.path.join("
+                                                  b"dsl.__path__[0], 'pkgs'))\n"})
+    gpu = tmp_path / ".gpu"
+    kit.make_pack("pth-test", [dsl], gpu / "pth-test", 1 << 20, slim_globs=[],
+                  env={"WHERE": "{site}/checkouts/x"})
+    kit.copy_kit(gpu)
+    r = go(gpu, tmp_path, "pth-test")
+    assert r.returncode == 0, r.stdout + r.stderr
+    site = tmp_path / "site" / "pth-test"
+    env = json.loads((site / "env.json").read_text())
+    assert env["WHERE"] == f"{site}/checkouts/x"
+    p = subprocess.run([sys.executable, "-c", "import cutlass_like; print(cutlass_like.OK)"], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": env["PYTHONPATH"]}, cwd=tmp_path)
+    assert p.stdout.strip() == "1", p.stderr

@@ -32,6 +32,11 @@ IMPORTS = {
     "verl": ["rlctl.cli", "vllm:LLM", "verl.trainer.main_ppo", "ray", "hydra", "tensordict", "pynvml"],
     "openrlhf": ["rlctl.cli", "vllm:LLM", "openrlhf.cli.train_ppo_ray", "deepspeed", "ray", "flash_attn.bert_padding",
                  "pynvml"],
+    # what `rl` starts: its launcher, the inference server (vLLM's API server with prime-rl's routes), the env
+    # server, the orchestrator, the trainer (under torchrun)
+    "prime-rl": ["rlctl.cli", "vllm:LLM", "prime_rl.entrypoints.rl", "prime_rl.inference.vllm.server",
+                 "prime_rl.entrypoints.env_server", "prime_rl.orchestrator.orchestrator", "prime_rl.trainer.rl.train",
+                 "flash_attn.cute:flash_attn_varlen_func", "pynvml"],
 }
 
 
@@ -98,9 +103,43 @@ def dist_versions(site: Path) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+# A site dir on PYTHONPATH is no site-packages: Python runs no .pth file there. nvidia-cutlass-dsl (prime-rl's
+# FlashAttention-4) puts its `cutlass` package on sys.path from one (nvidia_cutlass_dsl_packages.pth). A site holding
+# .pth files gets this sitecustomize: it runs them as site.addsitedir does for site-packages, then the sitecustomize it
+# shadows (the image's own, if any), as Python would have.
+PTH_HOOK = '''"""rlctl GPU kit (scripts/gpu/assemble.py): the .pth files of this site dir, run as in site-packages."""
+import os
+import site
+import sys
+
+_here = os.path.dirname(os.path.abspath(__file__))
+site.addsitedir(_here)
+_seen = False
+for _d in list(sys.path):
+    _d = os.path.abspath(_d or ".")
+    if _d == _here:
+        _seen = True
+        continue
+    _f = os.path.join(_d, "sitecustomize.py")
+    if _seen and os.path.isfile(_f):
+        exec(compile(open(_f).read(), _f, "exec"), {"__name__": "sitecustomize", "__file__": _f})
+        break
+'''
+
+
+def pth_hook(site: Path) -> Path | None:
+    """site/sitecustomize.py running the site's .pth files, when it has any (PTH_HOOK)."""
+    if not any(site.glob("*.pth")):
+        return None
+    hook = site / "sitecustomize.py"
+    hook.write_text(PTH_HOOK)
+    return hook
+
+
 def write_env(site: Path, env: dict[str, str], bases: list[Path]) -> dict[str, str]:
     """env.sh for a shell and env.json for go.py: the site in front of its bases on PYTHONPATH, its bin/ on PATH
-    (with an `rlctl` shim), the stack's variables."""
+    (with an `rlctl` shim), the stack's variables (`{site}` in one is the site's path)."""
+    pth_hook(site)
     bin_dir = site / "bin"
     bin_dir.mkdir(exist_ok=True)
     shim = bin_dir / "rlctl"
@@ -108,11 +147,28 @@ def write_env(site: Path, env: dict[str, str], bases: list[Path]) -> dict[str, s
     shim.chmod(0o755)
     path = [str(site), *(str(b) for b in bases)]
     full = {"PYTHONPATH": ":".join(path + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])),
-            "PATH": ":".join([str(bin_dir), *(str(b / "bin") for b in bases), os.environ.get("PATH", "")]), **env}
+            "PATH": ":".join([str(bin_dir), *(str(b / "bin") for b in bases), os.environ.get("PATH", "")]),
+            **{k: v.replace("{site}", str(site)) for k, v in env.items()}}
     lines = [f"export {k}={json.dumps(v)}" for k, v in full.items()]
     (site / "env.sh").write_text("\n".join(lines) + "\n")
     (site / "env.json").write_text(json.dumps(full, indent=1) + "\n")
     return full
+
+
+def project_envs(site: Path, trees: list[str], system_site: bool = True) -> list[str]:
+    """The project environment (`.venv`) of each checkout the stack carries, made from this machine's python3:
+    what `uv sync` leaves there, with the image's packages (`--system-site-packages`: torch and the rest) and the
+    stack's through PYTHONPATH (env.sh). `uv run --project <checkout>` runs in it (UV_NO_SYNC: nothing to sync, no
+    network). Problems, none when every one was made."""
+    problems = []
+    for rel in trees:
+        venv = site / rel / ".venv"
+        cmd = [sys.executable, "-m", "venv", "--without-pip", *(["--system-site-packages"] if system_site else []),
+               str(venv)]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode:
+            problems.append(f"{venv}: python3 -m venv failed: {p.stderr.strip()[-500:]}")
+    return problems
 
 
 def import_checks(stack: str, env: dict[str, str]) -> list[dict]:
@@ -160,6 +216,7 @@ def assemble(manifest: Path, folders: list[Path], site: Path, bases: list[Path] 
     missing = sorted(set(m["packages"]) - set(report["packages"]))
     if missing:
         problems.append(f"packages in the manifest but not unpacked: {', '.join(missing)}")
+    problems += project_envs(site, list(m.get("trees") or {}))
     report["env"] = write_env(site, m.get("env", {}), bases or [])
     report["imports"] = import_checks(m["stack"], report["env"])
     return report
@@ -184,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(f"assemble: {report['stack']} in {report['site']}: {len(report['packages'])} packages, "
           f"{report['bytes'] / MiB:.0f} MiB, unpacked in {report['unpack_s']} s")
-    for name in ("rlctl", "vllm", "trl", "verl", "openrlhf", "deepspeed", "ray", "transformers", "peft"):
+    for name in ("rlctl", "vllm", "trl", "verl", "openrlhf", "deepspeed", "ray", "prime-rl", "verifiers", "uv",
+                 "transformers", "peft"):
         if name in report["packages"]:
             print(f"  {name} {report['packages'][name]}")
     for c in report["imports"]:

@@ -43,12 +43,14 @@ def image_versions() -> dict[str, str]:
 
 
 def device_pins(stack: str) -> list[tuple[str, str]]:
-    """The lock's `# device` packages, at the image's versions, CUDA-only ones and torch left out."""
+    """The lock's `# device` packages, at the image's versions, CUDA-only ones and torch left out (except those the
+    stack's code imports at load and that import on a CPU: stacks.toml `cpucheck_device`, prime-rl's triton)."""
     image = image_versions()
+    wanted = {kit.norm(n) for n in kit.stack(stack).get("cpucheck_device", [])}
     out = []
     for line in (kit.LOCKS / f"{stack}.txt").read_text().splitlines():
         m = re.match(r"^([A-Za-z0-9_.\-]+)==([^\s;#]+)\s+# device", line.strip())
-        if m and not CUDA_ONLY.match(kit.norm(m.group(1))):
+        if m and (not CUDA_ONLY.match(kit.norm(m.group(1))) or kit.norm(m.group(1)) in wanted):
             name = kit.norm(m.group(1))
             out.append((name, image.get(name, m.group(2))))
     return out
@@ -108,19 +110,19 @@ def install(stack: str, root: Path) -> tuple[Path, dict[str, str], dict[str, dic
         want = sorted(f"{n}=={v}" for n, v in pins)
         if not done.is_file() or json.loads(done.read_text()).get("pins") != want:
             sdist = {kit.norm(x) for s in kit.stacks()["stacks"].values() for x in s.get("sdist", [])}
-            build_env = kit.stack(name).get("build_env") if name != "device" else None
-            pins, subs = substitute(pins, sdist, python)
+            # built from source (pure Python): the same wheel on any CPython
+            built = {kit.norm(n) for n in kit.stack(name).get("source", {})} if name != "device" else set()
+            subst, subs = substitute([p for p in pins if p[0] not in built], sdist, python)
+            pins = [p for p in pins if p[0] in built] + subst
             substituted.update(subs)
-            wheels = kit.fetch(pins, sdist, kit.CACHE / "wheels", python=python, build_env=build_env)
             if name == "device":
+                wheels = kit.fetch(pins, sdist, kit.CACHE / "wheels", python=python)
                 torch_wheel, sub = _torch_cpu(python, kit.CACHE / "cpu")
                 wheels.append(torch_wheel)
                 if sub:
                     substituted["torch"] = sub
-            elif kit.stack(name).get("local"):
-                from standins import build_standins
-
-                wheels += build_standins(kit.stack(name)["local"], kit.CACHE / "local")
+            else:
+                wheels = kit.stack_wheels(name, pins, python=python)
             if site.exists():
                 import shutil
 
@@ -128,16 +130,32 @@ def install(stack: str, root: Path) -> tuple[Path, dict[str, str], dict[str, dic
             site.mkdir(parents=True)
             for w in wheels:
                 kit.unpack(w, site)
-            if name != "device":  # what the kit removes before packing is absent here too
+            if name != "device":  # what the kit removes before packing is absent here too, its checkouts there
                 data = kit.stacks()
                 kit.slim(site, list(data["common"]["slim"]) + list(kit.stack(name).get("slim", [])))
+                import assemble
+
+                assemble.pth_hook(site)  # the .pth files run as on the GPU machine
+                trees = [f"checkouts/{n}" for n, spec in kit.stack(name).get("source", {}).items()
+                         if spec.get("checkout")]
+                for rel in trees:
+                    kit.checkout(kit.stack(name)["source"][rel.split("/", 1)[1]], site / rel)
+                # from the bare venv's python, no system site: the device layer is on PYTHONPATH here
+                problems = subprocess.run([str(venv / "bin" / "python"), "-c",
+                                           "import sys, assemble; from pathlib import Path; "
+                                           f"print(assemble.project_envs(Path({str(site)!r}), {trees!r}, False))"],
+                                          capture_output=True, text=True, cwd=kit.KIT)
+                if problems.returncode or problems.stdout.strip() != "[]":
+                    raise kit.KitError(f"project environments: {problems.stdout}{problems.stderr}")
             done.write_text(json.dumps({"pins": want, "substituted": substituted}))
         substituted.update(json.loads(done.read_text()).get("substituted") or {})
         sites.insert(0, site)
         versions[name] = kit.dist_versions(site)
     data = kit.stacks()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "RLCTL_"))}
-    env.update({**data["common"]["env"], **kit.stack(stack).get("env", {})})
+    own = root / f"site-{stack}"
+    env.update({k: v.replace("{site}", str(own)) for k, v in {**data["common"]["env"],
+                                                               **kit.stack(stack).get("env", {})}.items()})
     # rlctl from this checkout in front, as go.py puts the checkout's wheel in front on the GPU machine
     env.update({"PYTHONPATH": ":".join([str(kit.ROOT), *(str(s) for s in sites)]), "CUDA_VISIBLE_DEVICES": "",
                 "PATH": ":".join([*(str(s / "bin") for s in sites), str(venv / "bin"), env.get("PATH", "")]),

@@ -6,6 +6,11 @@ transfer to a GPU machine with no network (docs/gpu.md).
     python scripts/gpu/kit.py build trl-vllm --out .gpu --piece-mib 56
     python scripts/gpu/kit.py verify .gpu/trl-vllm     # sha256 of every piece against the manifest
 
+Packages that are not on PyPI, or that a stack pins to a commit (stacks.toml `source`: prime-rl, its verifiers), are
+built here into wheels from their git sources: a clone under $RLCTL_GPU_KIT_SRC when one is there, else one cloned
+from GitHub into the cache. A `checkout = true` source also travels as a shallow clone of its ref (prime-rl's runs
+need a checkout: rlctl launches `uv run --project <checkout> rl`).
+
 `build` downloads the lock's wheels for CPython 3.12 on manylinux x86_64 (those the GPU image lacks, stacks.toml
 [device]), builds rlctl's own wheel from this checkout and the kit's stand-ins, unpacks them all into one site
 directory (what `pip install --target --no-deps` would make), removes what a Hopper run never loads (`slim`), packs it
@@ -70,13 +75,16 @@ def lock_inputs(name: str) -> tuple[list[str], list[str]]:
     except the packages the stack carries itself (`carry`, `overrides`), the never-imported kernels excluded by a
     marker that is never true. An override wins over every requirement (vLLM pins numba, whose numpy range the
     image's numpy is outside of, and runs with the image's numba): a release that refuses the image's version at
-    import is named in `carry`, and the resolver then picks what it accepts."""
+    import is named in `carry`, and the resolver then picks what it accepts. A stack that imports one of the common
+    `never` kernels names it in `allow`."""
     data = stacks()
     s = stack(name)
     reqs = list(data["common"]["requires"]) + list(s["requires"])
     own = carried_anyway(name) | {norm(re.split(r"[=<>!;\s]", o, maxsplit=1)[0]) for o in s.get("overrides", [])}
     over = [f"{k}=={v}" for k, v in data["device"]["versions"].items() if norm(k) not in own]
-    over += list(s.get("overrides", [])) + [f"{n}; sys_platform == 'never'" for n in data["common"]["never"]]
+    allowed = {norm(n) for n in s.get("allow", [])}
+    over += list(s.get("overrides", [])) + [f"{n}; sys_platform == 'never'" for n in data["common"]["never"]
+                                            if norm(n) not in allowed]
     return reqs, over
 
 
@@ -87,14 +95,37 @@ def uv() -> str:
     raise KitError("`uv` is needed to resolve a lock (pip install uv); building from an existing lock does not need it")
 
 
+def upstream_pins(name: str, over: list[str]) -> list[str]:
+    """Constraints from the uv.lock a stack's own source locks its environment with (`lock_like`: a `source`
+    entry): each PyPI package at the version the release was tested with, except the device's own, the ones the stack
+    overrides or carries, the never-imported, the ones built from source, those in `lock_like_skip` (what an
+    override's own dependencies decide), and a package the lock holds in several versions (the resolver picks)."""
+    src = stack(name).get("lock_like")
+    if not src:
+        return []
+    gd, commit = source_commit(stack(name)["source"][src])
+    text = _git(gd, "show", f"{commit}:uv.lock").stdout
+    found: dict[str, set[str]] = {}
+    for m in re.finditer(r'^\[\[package\]\]\nname = "([^"]+)"\nversion = "([^"]+)"\nsource = \{ registry = ', text,
+                         re.M):
+        found.setdefault(norm(m.group(1)), set()).add(m.group(2))
+    skip = device_names() | carried_anyway(name) | {norm(re.split(r"[\[=<>!;@\s]", o, maxsplit=1)[0]) for o in over}
+    skip |= {norm(n) for n in [*stack(name).get("source", {}), *stack(name).get("lock_like_skip", [])]}
+    return [f"{n}=={next(iter(v))}" for n, v in sorted(found.items()) if len(v) == 1 and n not in skip]
+
+
 def lock(name: str) -> Path:
     reqs, over = lock_inputs(name)
+    built = source_wheels(name)  # the resolver reads each one's own metadata through its file URL
+    reqs += [f"{n} @ {w.resolve().as_uri()}" for n, (w, _) in built.items()]
     LOCKS.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "req.in").write_text("\n".join(reqs) + "\n")
         (Path(tmp) / "over.txt").write_text("\n".join(over) + "\n")
+        (Path(tmp) / "constraints.txt").write_text("\n".join(upstream_pins(name, over)) + "\n")
         out = Path(tmp) / "lock.txt"
         cmd = [uv(), "pip", "compile", str(Path(tmp) / "req.in"), "--override", str(Path(tmp) / "over.txt"),
+               "--constraint", str(Path(tmp) / "constraints.txt"),
                "--python-version", "3.12", "--python-platform", "x86_64-manylinux_2_28", "--no-header",
                "--no-annotate", "--index-url", os.environ.get("RLCTL_GPU_KIT_INDEX", "https://pypi.org/simple"),
                "-o", str(out)]
@@ -102,6 +133,7 @@ def lock(name: str) -> Path:
         if p.returncode:
             raise KitError(f"uv pip compile failed for {name}:\n{p.stderr[-3000:]}")
         pins = [ln.strip() for ln in out.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    pins = [source_pin(p, built, stack(name)) for p in pins]
     dest = LOCKS / f"{name}.txt"
     head = [f"# {name}: resolved by `python scripts/gpu/kit.py lock {name}` from stacks.toml (CPython 3.12,",
             "# manylinux_2_28 x86_64). Lines marked `device` are the GPU image's own and are not carried."]
@@ -136,6 +168,121 @@ def read_lock(name: str) -> list[tuple[str, str]]:
             raise KitError(f"{path}: cannot read {ln!r} (want name==version)")
         out.append((norm(m.group(1)), m.group(2)))
     return out
+
+
+# ---- packages built from their git sources (stacks.toml `source`) ---------------------------------------------------
+def _git(where: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True)
+
+
+def git_dir(repo: str) -> Path:
+    """A git directory (a clone, bare or not) holding `owner/name`: under a folder of $RLCTL_GPU_KIT_SRC
+    (os.pathsep-separated) as <owner>+<name>/repo, <owner>+<name> or <name>, else cloned from GitHub into the cache."""
+    owner, name = repo.split("/", 1)
+    for root in filter(None, os.environ.get("RLCTL_GPU_KIT_SRC", "").split(os.pathsep)):
+        for cand in (Path(root) / f"{owner}+{name}" / "repo", Path(root) / f"{owner}+{name}", Path(root) / name):
+            if cand.is_dir() and _git(cand, "rev-parse", "--git-dir").returncode == 0:
+                return cand
+    dest = CACHE / "src" / f"{owner}+{name}.git"
+    if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        p = subprocess.run(["git", "clone", "--bare", "--filter=blob:none", f"https://github.com/{repo}", str(dest)],
+                           capture_output=True, text=True)
+        if p.returncode:
+            raise KitError(f"cannot clone {repo} (set RLCTL_GPU_KIT_SRC to a folder holding a clone):\n{p.stderr}")
+    return dest
+
+
+def source_commit(spec: dict) -> tuple[Path, str]:
+    """(git directory, commit) of a `source` entry's ref."""
+    gd = git_dir(spec["repo"])
+    p = _git(gd, "rev-parse", "--verify", "--quiet", f"{spec['ref']}^{{commit}}")
+    if p.returncode and gd.is_relative_to(CACHE):  # the kit's own clone may predate the ref
+        _git(gd, "fetch", "--tags", "origin", spec["ref"])
+        p = _git(gd, "rev-parse", "--verify", "--quiet", f"{spec['ref']}^{{commit}}")
+    if p.returncode:
+        raise KitError(f"{spec['repo']}: {gd} has no commit {spec['ref']}")
+    return gd, p.stdout.strip()
+
+
+def source_wheel(name: str, spec: dict) -> tuple[Path, str]:
+    """(wheel, commit) of one `source` entry: the ref's tree (`git archive`; only `paths` when given: a snapshot may
+    lack its test data), its `subdir` built by `pip wheel --no-deps`; `version` for a tree whose version comes from
+    git tags it does not carry (hatch-vcs, setuptools-scm). Kept in the cache per commit; a wheel built here must be
+    pure Python."""
+    gd, commit = source_commit(spec)
+    out = CACHE / "source" / f"{norm(name)}-{commit[:12]}"
+    found = sorted(out.glob("*.whl"))
+    if not found:
+        with tempfile.TemporaryDirectory(dir=os.environ.get("RLCTL_GPU_KIT_TMP")) as tmp:
+            archive = subprocess.run(["git", "-C", str(gd), "archive", "--format=tar", commit, "--",
+                                      *spec.get("paths", [])], capture_output=True)
+            if archive.returncode:
+                raise KitError(f"git archive {spec['repo']} {commit} failed: {archive.stderr.decode()[-1000:]}")
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+            env = dict(os.environ)
+            if spec.get("version"):
+                env["SETUPTOOLS_SCM_PRETEND_VERSION"] = spec["version"]
+            # a pure-Python wheel does not depend on the Python that builds it (prime-rl asks for ~=3.12.0)
+            p = _pip("wheel", "--no-deps", "--ignore-requires-python", "-w", str(out),
+                     str(Path(tmp) / spec.get("subdir", "")), env=env)
+            if p.returncode:
+                raise KitError(f"pip wheel {name} ({spec['repo']} {spec['ref']}) failed:\n{p.stderr[-3000:]}")
+        found = sorted(out.glob("*.whl"))
+    wheel = found[0]
+    if norm(wheel.name.split("-")[0]) != norm(name) or not wheel.name.endswith("-none-any.whl"):
+        raise KitError(f"{spec['repo']} {spec['ref']} built {wheel.name}: want a pure-Python wheel of {name}")
+    return wheel, commit
+
+
+def source_wheels(name: str) -> dict[str, tuple[Path, str]]:
+    """{package: (wheel, commit)} of a stack's `source` entries."""
+    return {norm(n): source_wheel(n, spec) for n, spec in stack(name).get("source", {}).items()}
+
+
+def source_pin(line: str, built: dict[str, tuple[Path, str]], s: dict) -> str:
+    """A resolver's `name @ file:///...whl` line as the lock keeps it: name==version, where it came from."""
+    m = re.match(r"^([A-Za-z0-9_.\-]+) @ file://\S+", line)
+    if not m or norm(m.group(1)) not in built:
+        return line
+    n = norm(m.group(1))
+    wheel, commit = built[n]
+    spec = next(v for k, v in s["source"].items() if norm(k) == n)
+    return f"{n}=={wheel.name.split('-')[1]}    # source {spec['repo']} {spec['ref']} ({commit[:12]})"
+
+
+def checkout(spec: dict, dest: Path) -> Path:
+    """A shallow clone of a source's ref at dest (what a user's `git clone --branch` gives: `git describe` names it)."""
+    gd, commit = source_commit(spec)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run(["git", "clone", "--quiet", "--depth", "1", "--branch", spec["ref"],
+                        Path(gd).resolve().as_uri(), str(dest)], capture_output=True, text=True)
+    if p.returncode:
+        raise KitError(f"cannot clone {spec['repo']} {spec['ref']} into {dest}:\n{p.stderr[-1500:]}")
+    _git(dest, "remote", "set-url", "origin", f"https://github.com/{spec['repo']}")
+    return dest
+
+
+def stack_wheels(name: str, pins: list[tuple[str, str]], python: str = "3.12") -> list[Path]:
+    """The wheels of a stack's pins: built from source (`source`), downloaded or built (fetch), plus the kit's own
+    stand-ins (`local`)."""
+    s = stack(name)
+    built = source_wheels(name)
+    wheels = []
+    for n, v in pins:
+        if n in built:
+            have = built[n][0].name.split("-")[1]
+            if have != v:
+                raise KitError(f"locks/{name}.txt pins {n}=={v}, its source builds {have}: "
+                               f"`python scripts/gpu/kit.py lock {name}` again")
+            wheels.append(built[n][0])
+    wheels += fetch([p for p in pins if p[0] not in built], {norm(x) for x in s.get("sdist", [])}, CACHE / "wheels",
+                    python=python, build_env=s.get("build_env"))
+    if s.get("local"):
+        from standins import build_standins  # noqa: PLC0415 (the kit's folder is on sys.path)
+
+        wheels += build_standins(s["local"], CACHE / "local")
+    return wheels
 
 
 # ---- build ---------------------------------------------------------------------------------------------------------
@@ -354,22 +501,21 @@ def build(name: str, out_root: Path, piece_mib: int) -> Path:
     if under:  # only what the bases do not carry, as they carry it
         have = {p for b in under for p in read_lock(b)}
         pins = [p for p in pins if p not in have]
-    sdist = {norm(x) for x in s.get("sdist", [])}
-    wheels = fetch(pins, sdist, CACHE / "wheels", build_env=s.get("build_env"))
-    if s.get("local"):
-        from standins import build_standins  # noqa: PLC0415 (the kit's folder is on sys.path)
-
-        wheels += build_standins(s["local"], CACHE / "local")
+    wheels = stack_wheels(name, pins)
+    trees = {f"checkouts/{n}": spec for n, spec in s.get("source", {}).items() if spec.get("checkout")}
     out = make_pack(name, wheels, out_root / name, piece_mib * MiB,
                     slim_globs=list(data["common"]["slim"]) + list(s.get("slim", [])),
-                    env={**data["common"]["env"], **s.get("env", {})}, gpus=s.get("gpus", 1), bases=under)
+                    env={**data["common"]["env"], **s.get("env", {})}, gpus=s.get("gpus", 1), bases=under,
+                    trees=trees)
     copy_kit(out_root)
     return out
 
 
 def make_pack(name: str, wheels: list[Path], out: Path, piece_bytes: int, *, slim_globs: list[str],
-              env: dict[str, str], gpus: int = 1, bases: list[str] | None = None) -> Path:
-    """Wheels -> one site dir -> slimmed -> tar.xz in pieces of at most piece_bytes, with manifest.json."""
+              env: dict[str, str], gpus: int = 1, bases: list[str] | None = None,
+              trees: dict[str, dict] | None = None) -> Path:
+    """Wheels -> one site dir -> slimmed -> tar.xz in pieces of at most piece_bytes, with manifest.json; `trees`:
+    {path in the site: source entry} cloned there (a checkout a run needs)."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -380,6 +526,8 @@ def make_pack(name: str, wheels: list[Path], out: Path, piece_bytes: int, *, sli
             unpack(w, site)
         unpacked = sum(f.stat().st_size for f in site.rglob("*") if f.is_file())
         removed = slim(site, slim_globs)
+        for rel, spec in (trees or {}).items():
+            checkout(spec, site / rel)
         versions = dist_versions(site)
         pieces, whole = pack(site, out, piece_bytes)
     manifest = {
@@ -390,6 +538,7 @@ def make_pack(name: str, wheels: list[Path], out: Path, piece_bytes: int, *, sli
         "packages": versions,
         "wheels": sorted(w.name for w in wheels),
         "env": env, "gpus": gpus, "bases": bases or [],
+        "trees": {rel: {"repo": spec["repo"], "ref": spec["ref"]} for rel, spec in (trees or {}).items()},
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return out
@@ -493,7 +642,9 @@ def main(argv: list[str] | None = None) -> int:
             problems = verify(args.folder)
             print("\n".join(problems) or f"{args.folder}: every piece matches manifest.json")
             return 1 if problems else 0
-    except KitError as e:
+    except Exception as e:  # KitError, also as cpucheck raises it (`kit.KitError`: this file imported as a module)
+        if type(e).__name__ != "KitError":
+            raise
         print(f"kit: {e}", file=sys.stderr)
         return 2
     return 0

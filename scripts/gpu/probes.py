@@ -38,7 +38,10 @@ def rendered(stack: str, part: str) -> tuple[dict, Path, dict]:
     ctx = run.Ctx(stack, work, cpu=False, log=[], render_only=True)
     data = run.write_data(work)
     model, _ = run.make_model(ctx, run.SHAPE)
-    if stack == "verl":
+    if stack == "prime-rl":
+        recipe = run.prime_recipe(ctx, f"prime-{part}", model, data, steps=6, every=2)
+        os.environ["PYTHONPATH"] = ctx.env["PYTHONPATH"]  # the environment's module, as run.py gives the runs
+    elif stack == "verl":
         data = run.write_parquet(work, data)
         recipe = run.verl_recipe(ctx, f"verl-{part}", model, data, steps=6, every=2, gpus=2 if part == "2gpu" else 1)
     elif stack == "openrlhf":
@@ -387,8 +390,73 @@ def trl_runner() -> None:
     say("rlctl.backends.trl.runner and trl.GRPOTrainer import")
 
 
+# ---- prime-rl ----------------------------------------------------------------------------------------------------
+def prime_preflight() -> None:
+    """`rlctl preflight` of the 2-GPU recipe in the stack's environment: no check fails but the GPU ones this CPU
+    cannot pass (the checkout at v0.8.0 and `uv` found, the environment loaded for the prompt lengths)."""
+    plan, recipe, _ = rendered("prime-rl", "2gpu")
+    p = subprocess.run([sys.executable, "-m", "rlctl.cli", "preflight", str(recipe), "--json"], capture_output=True,
+                       text=True, cwd=recipe.parent)
+    results = json.loads(p.stdout)["results"]
+    for r in results:
+        if r["verdict"] != "ok":
+            say(f"{r['verdict']:5} {r['check']:24} {r['figure'][:200]}")
+    failed = [r for r in results if r["verdict"] == "fail" and not r["check"].startswith(("env.gpus", "memory."))]
+    if failed:
+        raise SystemExit(f"preflight fails: {[r['check'] for r in failed]}")
+    say(f"rendered argv: {' '.join(plan['argv'])}")
+
+
+def prime_dry_run() -> None:
+    """The rendered rl.toml through the real launcher, as rlctl's launch.sh runs it (`uv run --project
+    $PRIME_RL_DIR rl @ rl.toml`, in the run directory) with `--dry-run`: uv finds the checkout's project
+    environment, v0.8.0's RLConfig takes the file with all its validators and writes the subconfigs the trainer,
+    orchestrator, inference server and env server are started with."""
+    plan, recipe, _ = rendered("prime-rl", "2gpu")
+    rundir = WORK / "prime-rl" / "dry-run"
+    rundir.mkdir(parents=True, exist_ok=True)
+    for name, text in plan["files"].items():
+        (rundir / name).write_text(text)
+    argv = [os.path.expandvars(a.replace("${PRIME_RL_DIR}", os.environ["PRIME_RL_DIR"])) for a in plan["argv"]]
+    p = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, cwd=rundir, timeout=600)
+    say((p.stdout + p.stderr).strip()[-1500:])
+    if p.returncode:
+        raise SystemExit(f"{' '.join(argv)} --dry-run: exit {p.returncode}")
+    configs = rundir / "checkpoints" / "configs"
+    import tomllib
+
+    trainer = tomllib.loads((configs / "trainer.toml").read_text())
+    orch = tomllib.loads((configs / "orchestrator.toml").read_text())
+    env_files = sorted(str(f.relative_to(configs)) for f in (configs / "envs").rglob("*.toml"))
+    say(f"subconfigs: {sorted(f.name for f in configs.glob('*.toml'))} + {env_files}")
+    say(f"trainer.model: attn={trainer['model']['attn']} impl={trainer['model'].get('impl')} "
+        f"seq_len={trainer['model']['seq_len']}; orchestrator: batch_size={orch.get('batch_size')}, "
+        f"client={orch['model']['client'].get('base_url')}, renderer={orch['renderer'].get('name')}")
+    if not env_files:
+        raise SystemExit("no env server config written")
+
+
+def prime_env() -> None:
+    """The recipe's verifiers environment loaded as the env server loads a classic (v0) one
+    (verifiers.utils.env_utils.load_environment: by its id, from PYTHONPATH), and its rubric scoring completions."""
+    rendered("prime-rl", "2gpu")  # writes the environment's module and puts its folder on PYTHONPATH
+    sys.path[:0] = [p for p in os.environ["PYTHONPATH"].split(":") if p not in sys.path]
+    from verifiers.utils.env_utils import load_environment
+
+    env = load_environment("a-fraction")
+    ds = env.get_dataset()
+    say(f"{type(env).__name__}: {len(ds)} prompts, first {ds[0]['prompt']}")
+    import a_fraction
+
+    got = [a_fraction.a_fraction(c) for c in ("aaaa", [{"role": "assistant", "content": "abab"}], "")]
+    if got != [1.0, 0.5, 0.0]:
+        raise SystemExit(f"reward {got}")
+    say(f"reward of 'aaaa', 'abab', '': {got}")
+
+
 PROBES = {
     "trl-vllm": {"runner": trl_runner},
+    "prime-rl": {"preflight": prime_preflight, "dry-run": prime_dry_run, "env": prime_env},
     "verl": {"compose": verl_compose, "workers": verl_workers},
     "openrlhf": {"standin": openrlhf_standin, "parse": openrlhf_parse, "reward": openrlhf_reward,
                  "actor": openrlhf_actor, "ray-job": openrlhf_ray_job},

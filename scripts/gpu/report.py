@@ -229,7 +229,8 @@ def rows(files: list[Path]) -> list[list[str]]:
         doc = {**doc, "parts": with_later_calls(doc)}
         v = doc.get("versions") or {}
         stack = doc["stack"]
-        own = {"trl-vllm": ("trl",), "verl": ("verl", "ray"), "openrlhf": ("openrlhf", "deepspeed", "ray")}
+        own = {"trl-vllm": ("trl",), "verl": ("verl", "ray"), "openrlhf": ("openrlhf", "deepspeed", "ray"),
+               "prime-rl": ("prime-rl", "verifiers", "transformers")}
         ver = f"vLLM {v.get('vllm')}" + "".join(f", {k} {v[k]}" for k in own.get(stack, ()) if v.get(k))
         gpu = ", ".join(sorted(set((doc.get("machine") or {}).get("gpus") or []))) or "-"
         for name, part in doc["parts"].items():

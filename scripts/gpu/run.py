@@ -439,18 +439,19 @@ CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor 
 
 MODEL_CODE = """
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import {arch}Config, {arch}ForCausalLM
 from rlctl.recipe.models import KNOWN
 from rlctl.recipe.tiny_model import byte_tokenizer
 a = KNOWN[{shape!r}]
 tok = byte_tokenizer()
-c = Qwen2Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
+c = {arch}Config(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                 num_hidden_layers=a.layers, num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                 max_position_embeddings=a.max_positions, tie_word_embeddings=a.tie_embeddings,
-                eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+                eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id,
+                {extra})
 torch.manual_seed(0)
 with torch.device("cuda"):
-    m = Qwen2ForCausalLM(c).to(torch.bfloat16)
+    m = {arch}ForCausalLM(c).to(torch.bfloat16)
 m.generation_config.eos_token_id = tok.eos_token_id
 m.generation_config.pad_token_id = tok.eos_token_id
 tok.chat_template = {chat!r}
@@ -459,18 +460,27 @@ tok.save_pretrained({out!r})
 """
 
 
+# the architecture of the kit's model per stack: Qwen2 (the shape's own), except prime-rl's, whose trainer runs
+# FlashAttention-4 (the only one in reach for v0.8.0: stacks.toml) in its own model classes only, which Qwen2 lacks
+# (model.impl = custom: Llama, Qwen3, ...): a Qwen3 model of the same size (head_dim = hidden / heads, no qkv bias)
+ARCH = {"prime-rl": ("Qwen3", "head_dim=a.hidden // a.heads, attention_bias=False")}
+
+
 def make_model(ctx: Ctx, shape: str) -> tuple[str, dict]:
     """A randomly initialised model of a public shape (rlctl.recipe.models.KNOWN) with rlctl's byte-level tokenizer,
-    bf16 on disk like the real one; on a CPU rlctl's own tiny model (`rlctl model tiny`)."""
-    out = ctx.work / "models" / (shape.replace("/", "_") if not ctx.cpu else "tiny")
+    bf16 on disk like the real one (in the stack's ARCH); on a CPU rlctl's own tiny model (`rlctl model tiny`)."""
+    arch, extra = ARCH.get(ctx.stack, ("Qwen2", ""))
+    name = shape.replace("/", "_") + ("" if arch == "Qwen2" else f"-{arch.lower()}")
+    out = ctx.work / "models" / (name if not ctx.cpu else "tiny")
     if (out / "config.json").is_file():
         return str(out), _read_json(out / "config.json") or {}
     if ctx.render_only:  # the shape alone (config + tokenizer): what render and preflight read
-        code = MODEL_CODE.replace('with torch.device("cuda"):\n    m = Qwen2ForCausalLM(c).to(torch.bfloat16)\n', "")
+        code = MODEL_CODE.replace('with torch.device("cuda"):\n    m = {arch}ForCausalLM(c).to(torch.bfloat16)\n', "")
         code = code.replace("m.generation_config.eos_token_id = tok.eos_token_id\n", "")
         code = code.replace("m.generation_config.pad_token_id = tok.eos_token_id\n", "")
         code = code.replace("m.save_pretrained(", "c.save_pretrained(")
-        subprocess.run([sys.executable, "-c", code.format(shape=shape.lower(), out=str(out), chat=CHAT_TEMPLATE)],
+        subprocess.run([sys.executable, "-c", code.format(shape=shape.lower(), out=str(out), chat=CHAT_TEMPLATE,
+                                                          arch=arch, extra=extra)],
                        check=True, cwd=ctx.work, env=ctx.env, timeout=300)
         return str(out), _read_json(out / "config.json") or {}
     if ctx.cpu:
@@ -478,7 +488,7 @@ def make_model(ctx: Ctx, shape: str) -> tuple[str, dict]:
         if r["exit"] != 0:
             raise RuntimeError(f"rlctl model tiny failed: {r['stderr']}")
         return str(out), _read_json(out / "config.json") or {}
-    code = MODEL_CODE.format(shape=shape.lower(), out=str(out), chat=CHAT_TEMPLATE)
+    code = MODEL_CODE.format(shape=shape.lower(), out=str(out), chat=CHAT_TEMPLATE, arch=arch, extra=extra)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ctx.work, env=ctx.env, timeout=300)
     return str(out), _read_json(out / "config.json") or {}
 
@@ -889,12 +899,128 @@ def part_openrlhf_colocated(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path
                         marker="openrlhf.cli.train_ppo_ray", keys=OPENRLHF_KEYS, step_timeout=420)
 
 
+# ---- prime-rl -------------------------------------------------------------------------------------------------------
+PRIME_ENV = "a-fraction"
+# A classic (v0) verifiers environment with the quickstart's task and reward, as a user packages a reward for prime-rl
+# (`reward.environment`): verifiers imports it by its id (`a-fraction` -> module a_fraction, utils/env_utils.py) in
+# the env server rl starts; run.py puts its folder on PYTHONPATH, as an installed environment package would be.
+PRIME_ENV_CODE = '''"""The quickstart's task as a verifiers environment: prompts of words, the reward the fraction of
+'a'
+in the completion (rlctl's GPU kit, scripts/gpu/run.py)."""
+
+import json
+from pathlib import Path
+
+import verifiers as vf
+from datasets import Dataset
+
+PROMPTS = Path(__file__).resolve().parent / "prompts.jsonl"
+
+
+def a_fraction(completion, **kwargs) -> float:
+    if isinstance(completion, str):
+        text = completion
+    else:
+        text = "".join(m.get("content") or "" for m in completion if isinstance(m, dict))
+    return text.count("a") / len(text) if text else 0.0
+
+
+def load_environment(**kwargs) -> vf.Environment:
+    rows = [json.loads(line) for line in PROMPTS.read_text().splitlines()]
+    dataset = Dataset.from_list([{"question": r["prompt"], "answer": r["label"]} for r in rows])
+    return vf.SingleTurnEnv(dataset=dataset, rubric=vf.Rubric(funcs=[a_fraction], weights=[1.0]), **kwargs)
+'''
+
+
+def prime_env(ctx: Ctx, data: dict[str, Path]) -> Path:
+    """The environment's module and its prompts in work/envs, that folder on the runs' PYTHONPATH."""
+    folder = ctx.work / "envs"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{PRIME_ENV.replace('-', '_')}.py").write_text(PRIME_ENV_CODE)
+    shutil.copyfile(data["train"], folder / "prompts.jsonl")
+    path = ctx.env.get("PYTHONPATH", "")
+    if str(folder) not in path.split(":"):
+        ctx.env["PYTHONPATH"] = f"{folder}:{path}" if path else str(folder)
+    return folder
+
+
+def prime_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, steps: int, every: int) -> str:
+    """prime-rl v0.8.0 through `rl`: inference (vLLM) on GPU 0, the trainer on GPU 1 (v0.8.0 cannot share a GPU:
+    SingleNodeDeploymentConfig.validate_gpu_count), the env server and the orchestrator beside them. What the
+    machine cannot have is said in backend.prime_rl.extra: no vllm-router (the `disagg` extra's GitHub-only wheel:
+    the engine serves the orchestrator itself), FlashAttention-4 for the trainer (`auto` is FlashAttention-3 on
+    Hopper, whose wheel is on a PyTorch test index; v0.8.0 has no sdpa), the model's own chat template (the byte
+    tokenizer is no model the renderers package maps). The eval set is for `rlctl eval` on a checkpoint's HF weights
+    (weights/step_N): the probe prompts under rlctl's default input key (data.input_key would say something about
+    prime-rl's data, which the environment defines)."""
+    prime_env(ctx, data)
+    probe = ctx.work / "data" / "probe_input.jsonl"
+    rows = [json.loads(line) for line in data["probe"].read_text().splitlines()]
+    probe.write_text("".join(json.dumps({"input": r["prompt"], "label": r["label"]}) + "\n" for r in rows))
+    lines = [f'name = "{name}"', "[backend]", 'name = "prime_rl"', 'version = "0.8.0"', "[backend.prime_rl.extra]",
+             '"inference.router" = "None"', '"trainer.model.attn" = "flash_attention_4"',
+             '"orchestrator.renderer.name" = "default"',
+             "[model]", f'path = "{model}"', 'dtype = "bfloat16"', "max_model_len = 256",
+             "[data]", f'train = "{PRIME_ENV}"', "max_prompt_tokens = 32",
+             "[rollout]", "group_size = 8", "max_tokens = 96", "temperature = 1.0", "gpu_memory_utilization = 0.5",
+             "[algorithm]", 'name = "grpo"', "kl_coef = 0.0",
+             "[optim]", "lr = 1e-5", 'schedule = "constant"', "max_grad_norm = 1.0",
+             "[train]", f"steps = {steps}", "train_batch_size = 32", "seq_len = 256",
+             "gradient_checkpointing = false",
+             "[resources]", "nodes = 1", "gpus_per_node = 2", 'gpu = "H100-80GB"', "inference_gpus = [0]",
+             "trainer_gpus = [1]",
+             "[reward.environment]", f'id = "{PRIME_ENV}"',
+             "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
+             "[run]", 'restart = "on-failure"', "max_restarts = 3",
+             "[eval.sets.probe]", f'data = "{probe}"', 'grader = "exact_match"', "temperature = 0.0", "n = 1",
+             "max_tokens = 32"]
+    path = ctx.work / "recipes" / f"{name}.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+PRIME_KEYS = ["reward/mean", "policy_loss", "entropy", "grad_norm", "lr", "time/step", "throughput/tokens_per_s",
+              "response_length/clip_ratio"]
+
+
+def part_prime_2gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """prime-rl v0.8.0 on 2 GPUs, launched by rlctl (`uv run --project $PRIME_RL_DIR rl @ rl.toml`): two kills (the
+    `rl` launcher alone, its inference server, env server, orchestrator and torchrun trainer left behind; then every
+    process of the attempt, rlctl's supervisor included, and `rlctl resume`), each restarted from the last complete
+    checkpoint (trainer DCP + orchestrator progress); rlctl's evaluator on vLLM for the last checkpoint's weights."""
+    steps, every = 6, 2
+    recipe = prime_recipe(ctx, "prime-2gpu", model, data, steps=steps, every=every)
+    kills = [("driver", every), ("all", 2 * every)] if os.environ.get("RLCTL_GPU_KILLS", "2") == "2" else \
+        [("driver", every)]
+    res = launched_run(ctx, nv, "prime-2gpu", recipe, total=steps, kills=kills, marker="bin/rl @",
+                       keys=PRIME_KEYS, step_timeout=600)
+    run = run_dir(ctx, "prime-2gpu")
+    if run is not None:
+        res["eval_after"] = eval_after(ctx, nv, run, steps)
+    return res
+
+
+def part_prime_1gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
+    """prime-rl v0.8.0 on one GPU: what rlctl says about it. v0.8.0 places inference and the trainer on GPUs of their
+    own (SingleNodeDeploymentConfig.validate_gpu_count: num_train_gpus + num_infer_gpus <= gpus_per_node), so a
+    one-GPU recipe (colocated) is refused by rlctl's validator before anything starts; the seeds' one-GPU layout is
+    v0.3.0's. Kept as a part so the evidence holds rlctl's own words on the GPU machine; nothing is launched."""
+    prime_env(ctx, data)
+    path = Path(prime_recipe(ctx, "prime-1gpu", model, data, steps=4, every=2))
+    text = path.read_text().replace("gpus_per_node = 2", "gpus_per_node = 1")
+    text = text.replace("inference_gpus = [0]\ntrainer_gpus = [1]", "colocate = true")
+    path.write_text(text)
+    return {"recipe": text, "preflight": ctx.rlctl("preflight", str(path), "--json"),
+            "render": ctx.rlctl("render", str(path)), "launched": False}
+
+
 def part_collect(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
     """The runs an earlier call launched and left going when its time ran out (a detached run goes on on the machine
     between calls): each waited for to its end within this call's time, then read back as a part reads its run."""
     import tomllib
 
-    keys = {"trl-vllm": TRL_KEYS, "verl": VERL_KEYS, "openrlhf": OPENRLHF_KEYS}[ctx.stack]
+    keys = {"trl-vllm": TRL_KEYS, "verl": VERL_KEYS, "openrlhf": OPENRLHF_KEYS, "prime-rl": PRIME_KEYS}[ctx.stack]
     out: dict[str, Any] = {}
     for run in sorted(p for p in (ctx.work / "runs").glob("*") if (p / "state.json").is_file()):
         t0 = now()
@@ -1052,6 +1178,7 @@ PARTS = {
     "trl-vllm": {"full": part_trl_full, "lora": part_trl_lora, "trainer-only": part_trl_trainer_only},
     "verl": {"1gpu": part_verl_1gpu, "2gpu": part_verl_2gpu, "lora": part_verl_lora},
     "openrlhf": {"2gpu": part_openrlhf_2gpu, "colocated": part_openrlhf_colocated, "lora": part_openrlhf_lora},
+    "prime-rl": {"2gpu": part_prime_2gpu, "1gpu": part_prime_1gpu},
 }
 # parts run only when named: `collect` (the runs an earlier call left going), `engine-dies` (2 GPUs)
 def part_eval_runs(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
@@ -1082,7 +1209,8 @@ def versions(ctx: Ctx) -> dict:
             "import torch; out['torch.version.cuda'] = torch.version.cuda; out['python'] = sys.version.split()[0]\n"
             "print(json.dumps(out))")
     names = ["rlctl", "torch", "transformers", "vllm", "trl", "peft", "accelerate", "datasets", "verl", "ray",
-             "openrlhf", "deepspeed", "tensordict", "hydra-core", "nvidia-ml-py", "pydantic", "typer"]
+             "openrlhf", "deepspeed", "tensordict", "hydra-core", "nvidia-ml-py", "pydantic", "typer", "prime-rl",
+             "prime-rl-configs", "verifiers", "renderers", "torchtitan", "torchao", "uv"]
     p = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, cwd=ctx.work, env=ctx.env)
     try:
         return json.loads(p.stdout)
@@ -1145,7 +1273,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = write_data(work)
         model, config = make_model(ctx, SHAPE)
-        ev["model"] = {"shape": SHAPE if not args.cpu else "rlctl model tiny", "path": model, "config": config}
+        ev["model"] = {"shape": (SHAPE + (f" ({ARCH[args.stack][0]} architecture)" if args.stack in ARCH else ""))
+                       if not args.cpu else "rlctl model tiny", "path": model, "config": config}
         stop = threading.Event()
 
         def keep_writing() -> None:

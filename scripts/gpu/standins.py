@@ -4,6 +4,10 @@
 flash-attn-standin  `flash_attn.bert_padding` and `flash_attn.utils.distributed` in pure torch: what OpenRLHF 0.10.4
                     imports at module load (flash-attn itself is published as source only). Its distribution name is
                     not `flash-attn`, so transformers never takes it for FlashAttention-2 (runs use sdpa).
+flash-attn-ring-standin  `flash_attn.flash_attn_interface` with the four names ring-flash-attn 0.1.8 imports at load
+                    and no kernels (prime-rl v0.8.0's trainer imports ring-flash-attn whatever its attention; it calls
+                    them only with context parallelism). A package of its own: OpenRLHF's guarded import of
+                    flash_attn.flash_attn_interface must keep failing.
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ import zipfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "standins"
-# distribution name -> (version, top-level package folder under standins/, one-line summary)
+# distribution name -> (version, top-level package, one-line summary[, its folder under standins/ if not the package])
 STANDINS = {
     "flash-attn-standin": ("0.0.0", "flash_attn",
                            "rlctl GPU kit: flash_attn.bert_padding and flash_attn.utils.distributed in pure torch"),
+    "flash-attn-ring-standin": ("0.0.0", "flash_attn",
+                                "rlctl GPU kit: the flash_attn.flash_attn_interface names ring-flash-attn imports, "
+                                "without kernels", "flash_attn_ring"),
 }
 
 
@@ -29,14 +36,15 @@ def build_standin(name: str, dest: Path) -> Path:
     """One stand-in as a wheel in dest (rebuilt every time: it is small and its source is in this checkout)."""
     if name not in STANDINS:
         raise KeyError(f"no stand-in named {name!r}; scripts/gpu/standins.py has: {', '.join(STANDINS)}")
-    version, package, summary = STANDINS[name]
+    version, package, summary, *folder = STANDINS[name]
+    src = HERE / (folder[0] if folder else package)
     dist = name.replace("-", "_")
     dest.mkdir(parents=True, exist_ok=True)
     path = dest / f"{dist}-{version}-py3-none-any.whl"
     info = f"{dist}-{version}.dist-info"
     files: list[tuple[str, bytes]] = []
-    for f in sorted((HERE / package).rglob("*.py")):
-        files.append((f"{package}/{f.relative_to(HERE / package).as_posix()}", f.read_bytes()))
+    for f in sorted(src.rglob("*.py")):
+        files.append((f"{package}/{f.relative_to(src).as_posix()}", f.read_bytes()))
     files += [
         (f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n"
                              "Requires-Dist: torch\nRequires-Dist: einops\n".encode()),
