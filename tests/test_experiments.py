@@ -597,7 +597,11 @@ def test_a_host_going_down_mid_sweep_is_said_and_nothing_hangs(two_hosts):
     RLCTL_EXP_UNREACHABLE_S; status answers at once; once the host is back, resume finishes without relaunching."""
     w = two_hosts
     w["env"]["RLCTL_EXP_UNREACHABLE_S"] = "8"
-    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=30, sleep=0.5))
+    # the runs over there are held at their step 2 by the gate until sshd is back (they were 30 steps of 0.5 s: a run
+    # going on through the outage by its length, and two more of them after the resume)
+    gate = w["dir"] / "gate"
+    gate.mkdir()
+    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=30) + f'\n[env]\nBANDIT_GATE = "{gate}"\n')
     r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=0.1,0.5", "--seeds", "2", "--on", "h1,h2", "--name", "dn")
     assert r.returncode == 0, r.stderr[-3000:]
     assert wait_for(lambda: sum(v.get("state") == "running" for v in queue_record(w, "dn")["variants"].values()) == 2)
@@ -624,6 +628,9 @@ def test_a_host_going_down_mid_sweep_is_said_and_nothing_hangs(two_hosts):
         assert shown.out.count("unreachable for 8 s") == 2 and "queue incomplete" in shown.out, shown.out
     finally:
         w["sshd"].start()
+    assert all(read_state(p).get("status") == "running" for p in remote)  # through the outage
+    for seed in ("42", "43"):
+        (gate / seed).write_text("")
     # the runs went on over there; resume finds them finished and runs the two left, each once
     assert wait_for(lambda: all(read_state(p).get("status") == "finished" for p in remote), timeout=120)
     r = rlctl(w, "experiment", "resume", "dn", "--wait")
