@@ -317,13 +317,18 @@ def test_status_index_survives_damage_and_follows_changes(w):
 @pytest.mark.slow
 def test_stop_then_resume_continues_the_stopped_run_and_launches_nothing_twice(w):
     """`experiment stop` mid-way, `experiment resume`: the stopped run continues (its own supervisor)."""
-    (w["dir"] / "slow.toml").write_text(bandit_recipe(steps=40, sleep=0.3))
+    # a0 is held at its step 2 by the gate (it was 40 steps of 0.3 s, run twice over, so the stop landed mid-way):
+    # stopped mid-way whatever the machine's speed; let go before the resume
+    gate = w["dir"] / "gate"
+    gate.mkdir()
+    (w["dir"] / "slow.toml").write_text(bandit_recipe(steps=40) + f'\n[env]\nBANDIT_GATE = "{gate}"\n')
     r = rlctl(w, "sweep", "slow.toml", "--grid", "optim.lr=0.1,0.5", "--parallel", "1", "--name", "s")
     assert r.returncode == 0, r.stderr[-3000:]
     assert wait_for(lambda: run_dirs(w, "s-a0") and read_state(run_dirs(w, "s-a0")[0]).get("status") == "running")
     r = cli(w, "experiment", "stop", "s", "--grace", "5")
     assert r.code == 0 and "stopped" in r.out, r.err
     assert read_state(run_dirs(w, "s-a0")[0])["status"] == "stopped" and not run_dirs(w, "s-a1")
+    (gate / "42").write_text("")
     r = rlctl(w, "experiment", "resume", "s", "--wait")
     assert r.returncode == 0, r.stderr[-3000:] + (w["runs"] / "_experiments" / "s" / "queue.log").read_text()
     assert len(run_dirs(w, "s-")) == 2 and all(read_state(p)["status"] == "finished" for p in run_dirs(w, "s-"))
@@ -436,9 +441,14 @@ def test_queue_survives_kill_9_and_resumes_without_relaunching_then_extends(qs):
     The resumed queue adopts the running one (not launched twice), does not relaunch the finished one; --seeds 2
     then runs only the new seeds."""
     w = qs
-    # the bandit learner (no TRL start-up): a0 ends in a second, a1 (300 steps of 0.1 s) still runs at the resume
-    (w["dir"] / "k.toml").write_text(bandit_recipe(sleep=0.1))
-    r = rlctl(w, "sweep", "k.toml", "--grid", "train.steps=4,300", "--parallel", "2", "--name", "k")
+    # the bandit learner (no TRL start-up): a0 (4 steps) ends in a second; a1 (30 steps) is held at its step 5 by the
+    # gate until the resumed queue has taken it over, so it still runs at the resume whatever the machine's speed
+    # (it was 300 steps of 0.1 s, twice: a minute of waiting)
+    gate = w["dir"] / "gate"
+    gate.mkdir()
+    (w["dir"] / "k.toml").write_text(bandit_recipe(sleep=0.1) + f'\n[env]\nBANDIT_GATE = "{gate}"\n'
+                                     'BANDIT_GATE_STEP = "5"\n')
+    r = rlctl(w, "sweep", "k.toml", "--grid", "train.steps=4,30", "--parallel", "2", "--name", "k")
     assert r.returncode == 0, r.stderr[-3000:]
     q = queue_record(w, "k")
     assert wait_for(lambda: sum(v.get("state") == "running" for v in queue_record(w, "k")["variants"].values()) == 2)
@@ -450,13 +460,23 @@ def test_queue_survives_kill_9_and_resumes_without_relaunching_then_extends(qs):
     shown = cli(w, "experiment", "show", "k").out  # the truth: the record says running, the queue is gone
     assert "queue dead (pid" in shown and "rlctl experiment resume k" in shown, shown
     assert "queue dead" in cli(w, "experiment", "list").out
-    r = rlctl(w, "experiment", "resume", "k", "--wait", timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:] + _log(w, "k")
+    resume = subprocess.Popen([sys.executable, "-m", "rlctl.cli", "experiment", "resume", "k", "--wait"],
+                              cwd=w["dir"], env=w["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # the new queue has recorded itself (it adopts a1 next, in the same breath): a1 is let go
+        assert wait_for(lambda: queue_record(w, "k").get("pid") not in (None, q["pid"]), timeout=120), _log(w, "k")
+        assert read_state(long)["status"] == "running"
+        (gate / "42").write_text("")
+        _, err = resume.communicate(timeout=900)
+    finally:
+        resume.kill()
+    assert resume.returncode == 0, err[-3000:] + _log(w, "k")
     dirs = run_dirs(w, "k-")
     assert len(dirs) == 2, [d.name for d in dirs]  # neither launched again
     assert all(read_state(p)["status"] == "finished" for p in dirs)
     assert len(read_state(long)["attempts"]) == 1  # adopted, not restarted
-    # --seeds more: only the new seeds run
+    # --seeds more: only the new seeds run (the new a1 is not held)
+    (gate / "43").write_text("")
     r = rlctl(w, "sweep", "k.toml", "--name", "k", "--seeds", "2", "--wait", timeout=900)
     assert r.returncode == 0, r.stderr[-3000:] + _log(w, "k")
     dirs = run_dirs(w, "k-")
@@ -577,7 +597,11 @@ def test_a_host_going_down_mid_sweep_is_said_and_nothing_hangs(two_hosts):
     RLCTL_EXP_UNREACHABLE_S; status answers at once; once the host is back, resume finishes without relaunching."""
     w = two_hosts
     w["env"]["RLCTL_EXP_UNREACHABLE_S"] = "8"
-    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=30, sleep=0.5))
+    # the runs over there are held at their step 2 by the gate until sshd is back (they were 30 steps of 0.5 s: a run
+    # going on through the outage by its length, and two more of them after the resume)
+    gate = w["dir"] / "gate"
+    gate.mkdir()
+    (w["dir"] / "b.toml").write_text(bandit_recipe(steps=30) + f'\n[env]\nBANDIT_GATE = "{gate}"\n')
     r = rlctl(w, "sweep", "b.toml", "--grid", "optim.lr=0.1,0.5", "--seeds", "2", "--on", "h1,h2", "--name", "dn")
     assert r.returncode == 0, r.stderr[-3000:]
     assert wait_for(lambda: sum(v.get("state") == "running" for v in queue_record(w, "dn")["variants"].values()) == 2)
@@ -604,6 +628,9 @@ def test_a_host_going_down_mid_sweep_is_said_and_nothing_hangs(two_hosts):
         assert shown.out.count("unreachable for 8 s") == 2 and "queue incomplete" in shown.out, shown.out
     finally:
         w["sshd"].start()
+    assert all(read_state(p).get("status") == "running" for p in remote)  # through the outage
+    for seed in ("42", "43"):
+        (gate / seed).write_text("")
     # the runs went on over there; resume finds them finished and runs the two left, each once
     assert wait_for(lambda: all(read_state(p).get("status") == "finished" for p in remote), timeout=120)
     r = rlctl(w, "experiment", "resume", "dn", "--wait")

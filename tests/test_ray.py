@@ -147,9 +147,15 @@ FLAG_REWARD = """
 import os
 import time
 
+calls = 0
+
 
 def reward_func(completions, **kwargs):
-    while os.path.exists({flag!r}):  # a verifier that hangs while the flag file exists
+    global calls
+    calls += 1
+    # a verifier that hangs while the flag file exists, after its attempt's first three steps: the stall is then
+    # called after k x the attempt's step time (run.stall.k), not after the first step's grace
+    while calls > 3 and os.path.exists({flag!r}):
         time.sleep(0.2)
     time.sleep(1.0)  # and is slow: the test's kill lands while the job still trains
     return [c.count("a") / max(len(c), 1) for c in completions]
@@ -242,12 +248,13 @@ def test_attach_a_running_ray_job_by_id_and_follow_it_to_its_end(env, tmp_path):
 
 # ---- secrets: never on a command line, never in a job record ------------------------------------------------------
 SECRET_TRAINER = """
-import hashlib, os, time
+import hashlib, os, sys, time
 v = os.environ.get("MY_SERVICE_API_KEY", "")
 print("secret sha", hashlib.sha256(v.encode()).hexdigest()[:16], flush=True)
 for s in range(1, 13):
     print(f"step {s} | loss {1.0 / s}", flush=True)
-    time.sleep(1.0)
+    while s == 2 and not os.path.exists(sys.argv[1]):  # held running until the test has looked for the secret
+        time.sleep(0.1)
 """
 
 
@@ -288,7 +295,7 @@ def test_secrets_stay_off_command_lines_and_job_records(env, tmp_path):
 [backend]
 name = "command"
 [backend.command]
-command = ["{sys.executable}", "{tmp_path / 'trainer.py'}"]
+command = ["{sys.executable}", "{tmp_path / 'trainer.py'}", "{tmp_path / 'looked'}"]
 log_pattern = 'step (?P<step>\\d+) \\| loss (?P<loss>\\S+)'
 metrics_map = {{loss = "policy_loss"}}
 [model]
@@ -313,6 +320,7 @@ MY_SERVICE_API_KEY = "${{MY_SERVICE_API_KEY}}"
     state = read_state(run)
     assert state["status"] == "running" and state["ray_started_head"] is True
     assert _leaks(secret, state["ray_address"]) == []  # while the job runs
+    (tmp_path / "looked").write_text("")  # the job goes on to its end
     assert wait_for(lambda: read_state(run).get("status") == "finished", timeout=120), read_state(run)
     log = (run / "stdout.log").read_text()
     assert f"secret sha {hashlib.sha256(secret.encode()).hexdigest()[:16]}" in log  # the job had it

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -448,14 +449,29 @@ def test_eval_a_base_model_and_a_run_in_place_on_the_host(remote, cli, monkeypat
     assert r.code == 2 and "--on box" in r.err
 
 
+def remote_eval_handlers() -> dict[int, float]:
+    """The `rlctl.executors.ssh_remote eval` processes on the host (this machine): pid -> start time."""
+    import psutil
+
+    found = {}
+    for p in psutil.process_iter(["cmdline", "create_time"]):
+        cmd = p.info["cmdline"] or []
+        if "rlctl.executors.ssh_remote" in cmd and "eval" in cmd:
+            found[p.pid] = p.info["create_time"]
+    return found
+
+
 def test_eval_on_host_faults_unreachable_cut_and_full_disk(remote, cli, monkeypatch, tmp_path):
     """sshd down: said within the timeout; the connection cut mid-eval: the steps already back are recorded whole,
     the one in flight not at all; the host's disk full during the checkpoint push: said, with the fix."""
     recipe = eval_recipe(remote["tmp"])
     script = recipe.parent / "eval_posthoc.py"
     calls = remote["tmp"] / "calls.log"  # each evaluator start, to tell a picked-up job from a second one
-    script.write_text(f"import time, sys\nopen({str(calls)!r}, 'a').write(sys.argv[1] + '\\n')\n"
-                      "if int(sys.argv[1]) == 4:\n    time.sleep(20)\n" + EVAL_SCRIPT)
+    hold = remote["tmp"] / "hold"  # step 4's job runs there while it exists (it slept 20 s: the test waited them out)
+    hold.write_text("")
+    script.write_text(f"import os, time, sys\nopen({str(calls)!r}, 'a').write(sys.argv[1] + '\\n')\n"
+                      f"while int(sys.argv[1]) == 4 and os.path.exists({str(hold)!r}):\n    time.sleep(0.1)\n"
+                      + EVAL_SCRIPT)
     run = fake_run(remote["runs"], recipe)
     monkeypatch.chdir(remote["tmp"])
     remote["sshd"].stop()
@@ -482,8 +498,15 @@ def test_eval_on_host_faults_unreachable_cut_and_full_disk(remote, cli, monkeypa
     assert "recorded: step 0, step 2; not recorded: step 4" in err and "Traceback" not in err, err
     ev = stream(run)  # every line whole (stream() parses each)
     assert sorted(ev) == [0, 2]
-    # again: step 4's job, still running there, is picked up and recorded once; nothing is evaluated twice
+    # again: step 4's job, still running there, is picked up and recorded once; nothing is evaluated twice (the job
+    # is let go once the pickup's handler there has waited on it a moment)
+    before = remote_eval_handlers()
+    release = threading.Thread(target=lambda: (wait_for(lambda: any(
+        time.time() - t >= 2 for pid, t in remote_eval_handlers().items() if pid not in before), timeout=120,
+        interval=0.2), hold.unlink()), daemon=True)
+    release.start()
     r = cli("eval", run.name, "--step", "4", "--on", "box")
+    release.join(timeout=10)
     assert r.code == 0, r.out + r.err
     assert "step 4 was in flight on box" in r.err, r.err
     assert stream(run)[4]["eval/probe/greedy_pass@1"] == pytest.approx(0.4)
