@@ -1,0 +1,87 @@
+"""A recipe's patch set as render and preflight see it: one that does not exist, or is for another release, fails
+both (exit 2, naming patches.set and where it is set) and never credits its `fixes`; a user's directory wins over
+a bundled set of the same name; a relative set path is relative to the current directory; a manifest's `fixes`
+names only known checks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from rlctl import patching
+from rlctl.errors import PatchError
+from rlctl.resources import patches_dir
+from tests.test_lora_vllm_sync import lora_recipe  # noqa: F401 - the fixture
+
+BUNDLED = patches_dir() / "openrlhf"
+
+
+def _user_set(root, version="0.9.3", extra_fixes=None):
+    """A user's copy of a bundled set under root/openrlhf/<version>, with one more (harmless) patch."""
+    d = root / "openrlhf" / version
+    shutil.copytree(BUNDLED / version, d)
+    (d / "0005-user.patch").write_text(
+        "--- a/openrlhf/user_marker.py\n+++ b/openrlhf/user_marker.py\n@@ -0,0 +1 @@\n+MARK = 1\n")
+    text = (d / "manifest.toml").read_text()
+    if extra_fixes is not None:
+        text = text.replace('fixes = ["disk.lora_zero3", "lora.vllm_sync"]', f"fixes = {json.dumps(extra_fixes)}")
+    (d / "manifest.toml").write_text(text + '\n[[patch]]\nfile = "0005-user.patch"\npurpose = "the user\'s own"\n')
+    return d
+
+
+def test_an_unknown_set_fails_render_and_preflight_naming_where(lora_recipe, cli):  # noqa: F811
+    r = lora_recipe("0.10.4", "nope/1.0")
+    for cmd in (("preflight", str(r)), ("render", str(r))):
+        res = cli(*cmd)
+        assert res.code == 2 and "Traceback" not in res.err, (cmd, res.code, res.err)
+        assert "patches.set" in res.err and "nope/1.0" in res.err and f"{r}:" in res.err, res.err
+        assert "openrlhf/0.10.4" in res.err and "openrlhf/0.9.3" in res.err, res.err  # the known sets
+    res = cli("preflight", str(lora_recipe("0.10.4", name="s.toml")), "--set", 'patches.set="nope/1.0"')
+    assert res.code == 2 and "--set patches.set" in res.err and "nope/1.0" in res.err, res.err
+
+
+@pytest.mark.parametrize("recipe_version, set_name", [("0.9.3", "openrlhf/0.10.4"), ("0.10.4", "openrlhf/0.9.3")])
+def test_a_set_for_another_release_is_refused_and_never_credited(lora_recipe, cli, recipe_version,  # noqa: F811
+                                                                  set_name):
+    r = lora_recipe(recipe_version, set_name)
+    for cmd in (("preflight", str(r)), ("render", str(r))):
+        res = cli(*cmd)
+        assert res.code == 2, (cmd, res.code, res.out, res.err)
+        assert set_name in res.err and recipe_version in res.err and "patches.set" in res.err, res.err
+        assert "declares it fixes" not in res.out
+    from rlctl.backends.openrlhf.honour import patch_set_fixes
+    from rlctl.recipe.loader import load
+
+    assert patch_set_fixes(load(r).recipe) == []
+
+
+def test_a_users_set_wins_over_the_bundled_one_of_the_same_name(tmp_path, cli):
+    _user_set(tmp_path / "mypatches", extra_fixes=["disk.lora_zero3"])
+    ps = patching.find_set("openrlhf/0.9.3", tmp_path / "mypatches")
+    assert ps.source == "user" and len(ps.patches) == 5 and ps.fixes == ["disk.lora_zero3"]
+    # a listing (here: the known sets of an error) says which is which
+    res = cli("patch", "status", "team/0.9.3", "--dir", "mypatches", cwd=tmp_path)
+    assert res.code == 2 and "no patch set" in res.err
+    assert "openrlhf/0.9.3 (bundled)" in res.err and "openrlhf/0.9.3 (mypatches" in res.err, res.err
+    listed = cli("patch", "list", "--dir", "mypatches", cwd=tmp_path).out
+    assert "shadowed" in listed and "user" in listed, listed
+
+
+def test_a_relative_set_path_is_relative_to_the_current_directory(tmp_path, monkeypatch):
+    d = _user_set(tmp_path / "mypatches")
+    monkeypatch.chdir(tmp_path)
+    ps = patching.find_set("mypatches/openrlhf/0.9.3")
+    assert ps.root == d and all(e.file.is_absolute() for e in ps.patches)
+    ps = patching.find_set("openrlhf/0.9.3", patching.Path("mypatches"))
+    assert ps.root == d and all(e.file.is_absolute() for e in ps.patches)
+
+
+def test_a_fix_naming_no_check_is_refused(tmp_path):
+    d = _user_set(tmp_path / "mp", extra_fixes=["no.such.check"])
+    with pytest.raises(PatchError) as e:
+        patching.load_set(d, "user")
+    msg = f"{e.value.message} {e.value.hint}"
+    assert "no.such.check" in msg and f"{d / 'manifest.toml'}:" in msg, msg
+    assert "lora.vllm_sync" in msg and "disk.lora_zero3" in msg, msg
