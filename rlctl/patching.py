@@ -44,6 +44,7 @@ class PatchSet:
     patches: list[PatchEntry] = field(default_factory=list)
     source: str = "bundled"
     fixes: list[str] = field(default_factory=list)  # preflight checks the set declares it fixes (manifest `fixes`)
+    shadowed: bool = False  # a bundled set hidden by a user's set of the same name (the user's wins)
 
 
 @dataclass
@@ -116,7 +117,22 @@ def _relative_path(v: str) -> bool:
     return bool(v) and "\0" not in v and not p.is_absolute() and ".." not in p.parts
 
 
+def fixable_checks() -> list[str]:
+    """The checks a manifest's `fixes` may name: those whose backend rules consult it (Backend.patch_fixable)."""
+    from rlctl.backends import available, get_backend
+
+    out: set[str] = set()
+    for name in available():
+        try:
+            out.update(getattr(get_backend(name), "patch_fixable", ()) or ())
+        except Exception:  # a broken third-party backend is `rlctl backends`' finding, not a manifest's
+            continue
+    return sorted(out)
+
+
 def load_set(root: Path, source: str = "bundled") -> PatchSet:
+    # absolute: each patch is run with site-packages as the working directory
+    root = Path(os.path.abspath(root))
     manifest = root / "manifest.toml"
     if not manifest.is_file():
         what = "is not a regular file" if manifest.exists() or manifest.is_symlink() else "is missing"
@@ -193,6 +209,12 @@ def load_set(root: Path, source: str = "bundled") -> PatchSet:
     if not isinstance(fixes, list) or not all(isinstance(c, str) for c in fixes):
         raise m.error("fixes", f"must be a list of preflight check names, not {_type_name(fixes)}.",
                       hint='e.g. fixes = ["disk.lora_zero3"]')
+    known = fixable_checks()
+    unknown = [c for c in fixes if c not in known]
+    if unknown:
+        raise m.error("fixes", f"names {unknown[0]!r:.60}, which is not a check a patch set can fix (known: "
+                      f"{', '.join(known) or 'none'}).",
+                      hint="name only checks the set's patches really fix; any other stays as preflight says")
     return PatchSet(f"{data['backend']}/{data['version']}", root, data["backend"], data["package"], data["version"],
                     data.get("description", ""), entries, source, list(fixes))
 
@@ -253,7 +275,7 @@ def discover(user_dir: Path | None = None, label: str = "--dir") -> list[PatchSe
     sets = [load_set(m.parent, "bundled") for m in sorted(base.glob("*/*/manifest.toml"))] if base.is_dir() else []
     if user_dir is None:
         return sets
-    user, other = _scan_user_dir(user_dir, label)
+    user, other = _scan_user_dir(Path(os.path.abspath(user_dir)), label)
     if not user:
         found = "; ".join(other[:8]) + (f"; and {len(other) - 8} more" if len(other) > 8 else "") if other else \
             "nothing (an empty directory)"
@@ -264,19 +286,57 @@ def discover(user_dir: Path | None = None, label: str = "--dir") -> list[PatchSe
     if shown:
         sys.stderr.write(f"rlctl: warning: {label} {user_dir}: not patch sets, ignored: {'; '.join(shown[:8])}"
                          + (f"; and {len(shown) - 8} more" if len(shown) > 8 else "") + "\n")
+    mine = {s.name for s in user}
+    for s in sets:
+        s.shadowed = s.name in mine  # the user's directory wins (find_set)
     return sets + user
 
 
+def describe(ps: PatchSet, user_dir: Path | None = None, label: str = "--dir") -> str:
+    """`openrlhf/0.9.3 (bundled)`, `openrlhf/0.9.3 (--dir mypatches)`: which of two same-named sets is which."""
+    where = f"{label} {user_dir}" if ps.source == "user" and user_dir is not None else ps.source
+    return f"{ps.name} ({where}" + (", shadowed by the user's set)" if ps.shadowed else ")")
+
+
 def find_set(name: str, user_dir: Path | None = None, label: str = "--dir") -> PatchSet:
+    """A set by its path (relative to the current directory) or its name; a user's set wins over a bundled one."""
     p = Path(name)
     if (p / "manifest.toml").is_file():
         return load_set(p, "path")
     sets = discover(user_dir, label)
     for s in sets:
-        if s.name == name:
+        if s.name == name and not s.shadowed:
             return s
-    known = ", ".join(s.name for s in sets) or "none"
+    known = ", ".join(describe(s, user_dir, label) for s in sets) or "none"
     raise PatchError(f"no patch set {name!r}.", hint=f"known sets: {known} (rlctl patch list)")
+
+
+def recipe_set(recipe: Any, version: str | None, where: str = "patches.set") -> PatchSet | None:
+    """The recipe's patch set (`patches.set`, from `patches.dir` too), which must exist and be for the recipe's
+    backend and release (`version`, what it renders for): render, preflight and launch all ask here, and a set
+    that fails this credits no `fixes`. None when the recipe names no set."""
+    name = recipe.patches.set
+    if not name:
+        return None
+    user_dir = Path(recipe.patches.dir) if recipe.patches.dir else None
+    try:
+        ps = find_set(name, user_dir, "patches.dir")
+    except PatchError as e:
+        raise PatchError(f"{where}: patches.set = {name!r}: {e.message}", hint=e.hint) from None
+    backend = recipe.backend.name
+    if ps.backend != backend or (version is not None and ps.version != version):
+        want = f"{backend}/{version}" if version else backend
+        try:
+            match = [s.name for s in discover(user_dir, "patches.dir")
+                     if s.backend == backend and s.version == version and not s.shadowed]
+        except PatchError:
+            match = []
+        raise PatchError(f"{where}: patches.set = {name!r} is for {ps.backend} {ps.version}, but the recipe runs "
+                         f"{backend} {version or '(any release)'}: its patches would not apply there and its "
+                         "`fixes` do not hold.",
+                         hint=f'set patches.set = "{match[0]}"' if match else
+                         f"use a patch set made for {want}, or remove patches.set")
+    return ps
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -749,7 +809,7 @@ def revert(ps: PatchSet, inst: Installed, dry_run: bool = False) -> Outcome:
 def apply_for_launch(recipe: Any, out: IO[str]) -> None:
     """`rlctl launch`: the recipe's patch set must be applied (or already be); otherwise refuse to start."""
     user_dir = Path(recipe.patches.dir) if recipe.patches.dir else None
-    ps = find_set(recipe.patches.set, user_dir, "patches.dir")
+    ps = find_set(recipe.patches.set, user_dir, "patches.dir")  # prepare() already checked it (recipe_set)
     from rlctl.backends import get_backend
 
     if not get_backend(recipe.backend.name).patch_locally(recipe):

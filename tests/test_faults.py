@@ -51,8 +51,9 @@ def test_live_process_without_new_steps_is_stalled(tmp_path):
 
 def test_launch_refuses_when_the_patch_set_cannot_be_applied(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("RLCTL_RUNS_DIR", str(tmp_path / "runs"))
+    # quickstart runs trl: an openrlhf set is for another backend, refused before anything is launched or written
     res = cli("launch", str(RECIPES / "quickstart.toml"), "--set", 'patches.set="openrlhf/0.9.3"')
-    assert res.code == 2 and "openrlhf is not installed" in res.err
+    assert res.code == 2 and "is for openrlhf 0.9.3, but the recipe runs trl" in res.err, res.err
     assert not (tmp_path / "runs").exists()  # nothing started, nothing written
 
 

@@ -64,9 +64,9 @@ def test_a_users_set_wins_over_the_bundled_one_of_the_same_name(tmp_path, cli):
     # a listing (here: the known sets of an error) says which is which
     res = cli("patch", "status", "team/0.9.3", "--dir", "mypatches", cwd=tmp_path)
     assert res.code == 2 and "no patch set" in res.err
-    assert "openrlhf/0.9.3 (bundled)" in res.err and "openrlhf/0.9.3 (mypatches" in res.err, res.err
+    assert "openrlhf/0.9.3 (bundled, shadowed" in res.err and "openrlhf/0.9.3 (--dir mypatches)" in res.err, res.err
     listed = cli("patch", "list", "--dir", "mypatches", cwd=tmp_path).out
-    assert "shadowed" in listed and "user" in listed, listed
+    assert "(bundled: " in listed and "shadowed" in listed and "(user: " in listed, listed
 
 
 def test_a_relative_set_path_is_relative_to_the_current_directory(tmp_path, monkeypatch):

@@ -579,6 +579,10 @@ class Backend:
         return bool(recipe.checkpoint.keep_last) and has_sets
 
     # ---- checks ------------------------------------------------------------------------------------------------
+    # the checks of this backend's rules that consult a patch set's manifest `fixes` (only those can go silent):
+    # what a manifest may name there (rlctl.patching.fixable_checks)
+    patch_fixable: tuple[str, ...] = ()
+
     def preflight(self, ctx: Any, family: str) -> list[Any]:
         """This backend's own rules for one check family ("disk", "placement", "env", ...), as preflight Results.
         `ctx` is the preflight Context (recipe, arch, dataset size, total steps)."""

@@ -55,7 +55,8 @@ def patch_list(user_dir: DirOpt = None) -> None:
     from rlctl import patching
 
     for ps in patching.discover(user_dir):
-        _echo(f"{ps.name}  ({ps.source}: {ps.root})  {ps.description}")
+        shadowed = ", shadowed by the one in --dir: not used" if ps.shadowed else ""
+        _echo(f"{ps.name}  ({ps.source}: {ps.root}{shadowed})  {ps.description}")
         for i, e in enumerate(ps.patches, 1):
             _echo(f"  {i}. {e.file.name}: {e.purpose}")
             _echo(f"     targets: {', '.join(e.targets)}")

@@ -62,6 +62,11 @@ def dataset_size(path: str) -> int | None:
 def prepare(recipe_path: str | Path, sets: list[str] | None = None) -> Prepared:
     resolved = load(recipe_path, sets)
     backend = get_backend(resolved.recipe.backend.name)
+    if resolved.recipe.patches.set:  # a set that is unknown or for another release: render and preflight refuse
+        from rlctl.patching import recipe_set
+        from rlctl.preflight.references import key_where
+
+        recipe_set(resolved.recipe, backend.target_version(resolved.recipe), key_where(resolved, "patches.set"))
     size = dataset_size(resolved.recipe.data.train)
     plan = backend.render(resolved.recipe, size)
     return Prepared(resolved=resolved, backend=backend, dataset_size=size, plan=plan)

@@ -113,6 +113,7 @@ class OpenRLHFBackend(Backend):
     tp_spans_nodes = True
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
+    patch_fixable = ("disk.lora_zero3", "lora.vllm_sync")  # honour.py: what a set's manifest `fixes` silences
     known_versions = KNOWN_VERSIONS
     metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 

@@ -8,7 +8,6 @@ The facts behind each rule are cited from OpenRLHF's released code (the same in 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends.base import Finding
@@ -314,10 +313,11 @@ def patch_set_fixes(recipe: Recipe) -> list[str]:
     """The checks the recipe's patch set declares it fixes (its manifest's `fixes`): only those may go silent."""
     if not recipe.patches.set:
         return []
-    from rlctl.patching import find_set
+    from rlctl.backends import get_backend
+    from rlctl.patching import recipe_set
 
-    try:
-        user_dir = Path(recipe.patches.dir) if recipe.patches.dir else None
-        return find_set(recipe.patches.set, user_dir).fixes
-    except Exception:  # an unknown set is reference.patches' finding; here it fixes nothing
+    try:  # only a set that exists and is for this release (render and preflight refuse any other)
+        ps = recipe_set(recipe, get_backend(recipe.backend.name).target_version(recipe))
+        return ps.fixes if ps else []
+    except Exception:  # an unknown or mismatched set fixes nothing here
         return []
