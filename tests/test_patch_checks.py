@@ -14,6 +14,7 @@ from rlctl import patching
 from rlctl.errors import PatchError
 from rlctl.resources import patches_dir
 from tests.test_lora_vllm_sync import lora_recipe  # noqa: F401 - the fixture
+from tests.test_patching import site  # noqa: F401 - the fixture
 
 BUNDLED = patches_dir() / "openrlhf"
 
@@ -23,7 +24,7 @@ def _user_set(root, version="0.9.3", extra_fixes=None):
     d = root / "openrlhf" / version
     shutil.copytree(BUNDLED / version, d)
     (d / "0005-user.patch").write_text(
-        "--- a/openrlhf/user_marker.py\n+++ b/openrlhf/user_marker.py\n@@ -0,0 +1 @@\n+MARK = 1\n")
+        "--- /dev/null\n+++ b/openrlhf/user_marker.py\n@@ -0,0 +1 @@\n+MARK = 1\n")
     text = (d / "manifest.toml").read_text()
     if extra_fixes is not None:
         text = text.replace('fixes = ["disk.lora_zero3", "lora.vllm_sync"]', f"fixes = {json.dumps(extra_fixes)}")
@@ -85,3 +86,18 @@ def test_a_fix_naming_no_check_is_refused(tmp_path):
     msg = f"{e.value.message} {e.value.hint}"
     assert "no.such.check" in msg and f"{d / 'manifest.toml'}:" in msg, msg
     assert "lora.vllm_sync" in msg and "disk.lora_zero3" in msg, msg
+
+
+@pytest.mark.skipif(shutil.which("patch") is None, reason="GNU patch not installed")
+def test_the_users_set_and_a_relative_path_against_the_real_package(site, tmp_path, cli):  # noqa: F811
+    """As the trial ran it: the user's 5-patch set shadowing the bundled one applies all 5; status by a relative
+    path reports the real states, not every patch conflicting."""
+    sp, py = site
+    _user_set(tmp_path / "mypatches")
+    res = cli("patch", "status", "mypatches/openrlhf/0.9.3", "--python", py, "--json", cwd=tmp_path)
+    assert res.code == 0 and {p["state"] for p in json.loads(res.out)["patches"]} == {"not applied"}, res.out
+    res = cli("patch", "apply", "openrlhf/0.9.3", "--dir", "mypatches", "--python", py, cwd=tmp_path)
+    assert res.code == 0 and "applied 5" in res.out, (res.out, res.err)
+    assert (sp / "openrlhf" / "user_marker.py").read_text() == "MARK = 1\n"
+    res = cli("patch", "status", "mypatches/openrlhf/0.9.3", "--python", py, "--json", cwd=tmp_path)
+    assert {p["state"] for p in json.loads(res.out)["patches"]} == {"applied"}, res.out
