@@ -65,7 +65,8 @@ def _parse_target(target: str, recipe: str | None) -> tuple[Path | None, str]:
 @app.command("eval", epilog=EPILOG)
 def eval_cmd(
     target: Annotated[str, typer.Argument(help="A run (name, prefix or directory), or a model path/id with --recipe.")],
-    step: Annotated[int | None, typer.Option("--step", help="Evaluate the checkpoint of this step (0 = base).")] = None,
+    step: Annotated[str | None, typer.Option("--step", metavar="N", help="Evaluate the checkpoint of this step "
+                                             "(0 = base).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every complete checkpoint, and the baseline.")] = False,
     set_name: Annotated[list[str] | None, typer.Option("--set", metavar="SET",
                                                        help="Only this eval set (repeatable).")] = None,
@@ -103,6 +104,7 @@ def eval_cmd(
 
         get_host(on)  # an unknown host is said before anything is read or sent
     run_dir, recipe_path = _parse_target(target, recipe)
+    step_n = _step_number(run_dir, step) if run_dir is not None else None  # a word: said before any recipe is read
     placed = None if on is not None else _placed(executor, run_dir, placement)
     if ex is not None and run_dir is not None and recipe is None and not (run_dir / "recipe.toml").is_file():
         from rlctl.runs.state import read_state
@@ -114,7 +116,7 @@ def eval_cmd(
         jobs = [(0, target)]
         out_dir = Path.cwd() / "rlctl-evals" / Path(target).name
     else:
-        jobs = _run_jobs(run_dir, ev, step, all_, ex)
+        jobs = _run_jobs(run_dir, ev, step_n, all_, ex)
         out_dir = run_dir / EVALS
     rows: list[dict[str, Any]] = []
     failed = False
@@ -233,6 +235,25 @@ def _save_result(out_dir: Path, answer: dict[str, Any]) -> None:
     tmp.write_text(json.dumps({**result, "host": answer.get("host"), "remote_log": answer.get("log")}) + "\n")
     os.replace(tmp, out_file)
     log.write_text(f"# the tail of {answer.get('host')}:{answer.get('log')}\n{answer.get('log_tail') or ''}\n")
+
+
+def _step_number(run_dir: Path, step: str | None) -> int | None:
+    """--step as a checkpoint's step; a word (`final`, `latest`) is exit 2 naming the steps there are: a final save
+    without a step (TRL's `final/`) is no checkpoint of the run's stream, but it can be evaluated as a model."""
+    if step is None or step.strip().isdigit():
+        return None if step is None else int(step)
+    from rlctl.runs.checkpoints import final_saves, find_checkpoints
+    from rlctl.runs.state import read_state
+
+    backend = str(read_state(run_dir).get("backend") or "")
+    steps = [c.step for c in find_checkpoints(backend, run_dir) if c.complete]
+    finals = final_saves(backend, run_dir)
+    said = (f"; its final save {finals[-1]} has no step: evaluate it as a model, rlctl eval {finals[-1]} --recipe "
+            f"{run_dir / 'recipe.toml'}") if finals else ""
+    raise RlctlError(f"--step {step!r}: --step takes a checkpoint's step number (0 = the base model). "
+                     f"{run_dir.name}'s complete checkpoints: {', '.join(map(str, steps)) or 'none'}{said}.",
+                     hint=f"rlctl eval {run_dir.name} --step {steps[-1] if steps else 0}" + (
+                         " (the newest)" if steps else " (the base model)"))
 
 
 def _run_jobs(run_dir: Path, ev: dict[str, Any], step: int | None, all_: bool, ex: Any) -> list[tuple[int, str]]:

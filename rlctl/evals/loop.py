@@ -396,9 +396,11 @@ class CheckpointEvals:
                  "metrics": sorted(metrics), "log": str(log)}
         if failure:
             entry["error"] = failure
-            self.ledger.setdefault("failures", []).append({"step": step, "error": failure, "log": str(log)})
+            self.ledger.setdefault("failures", []).append({"step": step, "error": failure, "log": str(log),
+                                                           "at": time.time()})
             self.sup.state(eval_failures=self.ledger["failures"][-5:])
         self._done()[str(step)] = entry
+        self.ledger.get("stopped", {}).pop(str(step), None)
         self.ledger.pop("running", None)
         write_ledger(self.run_dir, self.ledger)
         self.sup.event(event="eval_done", step=step, outcome=entry["outcome"], error=failure)
@@ -470,12 +472,26 @@ class CheckpointEvals:
         self.kill()
 
     def kill(self) -> None:
-        if self.job is not None:
-            proc = self.job[1]
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        """The supervisor stops the job in flight (the attempt ended, or the drain ran out of time): not a failure of
+        the evaluator. A job that wrote its results first is recorded; one that did not is left out of `done`, so the
+        next supervisor of the run (`rlctl resume`) evaluates that step again, and said so."""
+        if self.job is None:
+            return
+        step, proc, out_file, *_ = self.job
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if out_file.is_file():
             self._collect(proc.returncode)
+            return
+        self.job = None
+        why = (f"stopped by rlctl when the run's attempt ended; evaluated again on resume, or now with "
+               f"`rlctl eval {self.run_dir.name} --step {step}`")
+        self.ledger.setdefault("stopped", {})[str(step)] = {"why": why, "at": time.time()}
+        self.ledger.pop("running", None)
+        write_ledger(self.run_dir, self.ledger)
+        self.sup.event(event="eval_stopped", step=step, why=why)
+        self.sup._mark_log(f"eval of step {step} {why}")
 
     def mark_best(self) -> None:
         with contextlib.suppress(Exception):

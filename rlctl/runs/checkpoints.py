@@ -139,7 +139,8 @@ def best_from_stream(run_dir: Path, backend: str, primary: str | None = None,
         v = rec.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or (step != 0 and step not in ckpts):
             continue
-        if best is None or v > best["value"]:
+        # a tie goes to a checkpoint, never to the base model (step 0), and among checkpoints to the earliest
+        if best is None or v > best["value"] or (v == best["value"] and best["step"] == 0 and step != 0):
             best = {"step": step, "key": key, "value": float(v),
                     "path": str(ckpts[step].path) if step in ckpts else None}
     return best

@@ -66,8 +66,8 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         **summary(rs),
         "metrics": metrics,
         "evals": eval_lines(rs, merged),
-        "eval_failures": [f for f in _list(rs.state.get("eval_failures")) if isinstance(f, dict)]
-        + by_hand_failures(rs.path),
+        "eval_failures": standing_failures(rs.path, rs.state) + by_hand_failures(rs.path),
+        "eval_stopped": stopped_evals(rs.path),
         "stopped_by": _dict(rs.state.get("stopped_by")),
         "best_checkpoint": _dict(rs.state.get("best_checkpoint")),
         "health": [f.__dict__ for f in health_flags(merged)],
@@ -144,6 +144,38 @@ def _lineage(state: dict[str, Any]) -> list[dict[str, Any]]:
     keys = ("generation", "host", "from_step", "from", "started_at", "gone_since", "gone_why", "host_answered",
             "settled", "launching")
     return [{k: e.get(k) for k in keys if k in e} for e in lineage_of(state)]
+
+
+def standing_failures(run_dir: Path, state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The supervisor's eval failures (state.json) still standing: one is cleared by a later ok eval of its step,
+    the run's own (the ledger's `done`) or by hand (docs/eval.md: "until a later eval of that step succeeds")."""
+    from rlctl.evals.ledger import read_ledger
+
+    ledger = read_ledger(run_dir)
+    done = ledger.get("done") if isinstance(ledger.get("done"), dict) else {}
+    hand_ok = [e for e in _list(ledger.get("by_hand")) if isinstance(e, dict) and e.get("outcome") == "ok"]
+    out = []
+    for f in _list(state.get("eval_failures")):
+        if not isinstance(f, dict):
+            continue
+        step, at = f.get("step"), f.get("at")
+        if (done.get(str(step)) or {}).get("outcome") == "ok" or any(
+                e.get("step") == step and not (isinstance(at, (int, float)) and isinstance(e.get("at"), (int, float))
+                                               and e["at"] < at) for e in hand_ok):
+            continue
+        out.append(f)
+    return out
+
+
+def stopped_evals(run_dir: Path) -> list[dict[str, Any]]:
+    """Checkpoint evals the supervisor stopped (its attempt ended) that no eval has done since."""
+    from rlctl.evals.ledger import read_ledger
+
+    ledger = read_ledger(run_dir)
+    stopped = ledger.get("stopped") if isinstance(ledger.get("stopped"), dict) else {}
+    hand_ok = {e.get("step") for e in _list(ledger.get("by_hand")) if isinstance(e, dict) and e.get("outcome") == "ok"}
+    return [{"step": int(k), "why": v.get("why")} for k, v in sorted(stopped.items(), key=lambda kv: kv[0])
+            if k.isdigit() and isinstance(v, dict) and int(k) not in hand_ok]
 
 
 def by_hand_failures(run_dir: Path) -> list[dict[str, Any]]:
@@ -302,10 +334,16 @@ def _detail_text(d: dict[str, Any]) -> str:
     if d.get("best_checkpoint"):
         b = d["best_checkpoint"]
         value = b.get("value") if isinstance(b.get("value"), (int, float)) else None
-        lines.append(f"  best checkpoint: step {b.get('step')} ({b.get('key')} = {fmt_num(value)})")
+        if b.get("step") == 0:  # the base model, no checkpoint: no checkpoint evaluated beats it (yet)
+            lines.append(f"  best: the baseline (base model, step 0: {b.get('key')} = {fmt_num(value)}); "
+                         "no checkpoint evaluated beats it")
+        else:
+            lines.append(f"  best checkpoint: step {b.get('step')} ({b.get('key')} = {fmt_num(value)})")
     if d.get("stopped_by"):
         by = "" if d["stopped_by"].get("by") == "disk" else "stop_when "
         lines.append(f"  stopped by {by}{d['stopped_by'].get('rule')}: {d['stopped_by'].get('message')}")
+    for e in d.get("eval_stopped") or []:
+        lines.append(f"  eval of step {e.get('step')} {e.get('why')}")
     for f in d.get("eval_failures") or []:
         how = (" by hand" + (f" on {f['host']}" if f.get("host") else "")) if f.get("by_hand") else ""
         lines.append(f"  ! eval{how} failed at step {f.get('step')}: {f.get('error')} (log {f.get('log')})")
