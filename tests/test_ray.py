@@ -131,16 +131,39 @@ def test_preflight_checks_the_cluster(env, tmp_path, cli):
 
 
 def job_process(temp_dir: str, needle: str = "rlctl.backends.trl.runner") -> int | None:
-    """The trainer process of a job on the run's own head (its working directory lies in the head's temp dir)."""
+    """The trainer process of a job on the run's own head (its working directory lies in the head's temp dir): the
+    interpreter whose argv names the module, not the `/bin/sh -c "... -m MODULE ..."` Ray starts it with (killing
+    that one left the trainer training on beside the next attempts)."""
     import psutil
 
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
-            if any(needle in (a or "") for a in p.info["cmdline"] or []) and temp_dir in (p.info["cwd"] or ""):
+            if needle in (p.info["cmdline"] or []) and temp_dir in (p.info["cwd"] or ""):
                 return p.pid
         except psutil.Error:
             continue
     return None
+
+
+def job_processes(temp_dir: str, needle: str = "rlctl.backends.trl.runner") -> list[int]:
+    """Every process of the run's jobs whose command line names the trainer (and the `sh -c` Ray starts it with)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        with contextlib.suppress(psutil.Error):
+            if any(needle in (a or "") for a in p.info["cmdline"] or []) and temp_dir in (p.info["cwd"] or ""):
+                out.append(p.pid)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 FLAG_REWARD = """
@@ -181,8 +204,10 @@ def test_ray_job_killed_then_stalled_is_restarted_from_its_checkpoint_and_finish
     state = read_state(run)
     pid = job_process(state["ray_head_temp_dir"])
     assert pid, "the trainer of the Ray job was not found"
+    first = job_processes(state["ray_head_temp_dir"])  # the trainer and the shell Ray started it with
     flag.write_text("")  # the next attempt's verifier will hang
     os.kill(pid, signal.SIGKILL)  # the trainer dies: the job FAILED
+    assert wait_for(lambda: not any(_alive(p) for p in first), timeout=30), "attempt 1's trainer is still running"
     assert wait_for(lambda: len(read_state(run).get("attempts") or []) >= 3, timeout=300), read_state(run)
     flag.unlink()  # the third attempt runs through
     assert wait_for(lambda: read_state(run).get("status") == "finished", timeout=300), read_state(run)

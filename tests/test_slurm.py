@@ -212,15 +212,17 @@ trap '[ $i -gt 0 ] && save $i && echo "saved step $i on SIGTERM"; exit 0' TERM
 while [ $i -lt $steps ]; do
   i=$((i+1)); echo "step $i | reward 0.$i"
   [ $((i % every)) = 0 ] && save $i
+  HOLD
   sleep STEP_S & wait $!
 done
 """
 
 
-def _sh_recipe(work: Path, steps: int, every: int, step_s: float = 1.0) -> Path:
+def _sh_recipe(work: Path, steps: int, every: int, step_s: float = 1.0, hold: tuple[int, Path] | None = None) -> Path:
     """A command recipe of SH_TRAINER (a step every `step_s` seconds): checkpoints in ckpt/step_N (done.json last),
-    resumed with --from N."""
-    (work / "trainer.sh").write_text(SH_TRAINER.replace("STEP_S", str(step_s)))
+    resumed with --from N. `hold` (step, file): after that step the trainer waits while the file exists."""
+    wait = f'while [ $i = {hold[0]} ] && [ -e "{hold[1]}" ]; do sleep 0.1; done' if hold else ":"
+    (work / "trainer.sh").write_text(SH_TRAINER.replace("STEP_S", str(step_s)).replace("HOLD", wait))
     argv = ["sh", str(work / "trainer.sh"), "{steps}", "{checkpoint_every}"]
     rec = work / "sh.toml"
     rec.write_text(_command_recipe("", f"""log_pattern = 'step (?P<step>\\d+) \\| reward (?P<reward>\\S+)'
@@ -269,13 +271,18 @@ def test_requeue_resumes_from_the_checkpoint(sl):
     """`scontrol requeue` (what preemption with requeue, or an admin, does): the next allocation resumes from the
     last complete checkpoint, and the run finishes all its steps."""
     work, rlctl, cluster = sl
-    r = rlctl("launch", str(_sh_recipe(work, steps=16, every=2)), "--executor", "slurm", "--detach")
+    # held at step 3 until the requeue has happened (it was 16 steps of 1 s, so that the requeue landed mid-run)
+    hold = work / "hold"
+    hold.write_text("")
+    r = rlctl("launch", str(_sh_recipe(work, steps=16, every=2, step_s=0.2, hold=(3, hold))), "--executor", "slurm",
+              "--detach")
     assert r.returncode == 0, r.stderr
     run = _run_dir(work)
     _wait(lambda: _sh_ckpt(run, 2), 120, "a complete checkpoint", run)
     job = _job(run)
     assert cluster.scontrol("requeue", job).returncode == 0
     _wait(lambda: rlctl("status", run.name).stdout.count("queued"), 60, "said queued", run)
+    hold.unlink()  # the next allocation runs through
     _release(cluster, job)
     # asked as a user does meanwhile: the login node's status writes SLURM's word into the state the job's rlctl
     # writes too, and neither loses the other's (a status that did left the run `restarting` while it ran)
