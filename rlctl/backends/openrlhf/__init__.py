@@ -171,6 +171,8 @@ class OpenRLHFBackend(Backend):
     ACTOR_TRANSIENT_SLACK = 1.93
     ACTOR_TRANSIENT_SLACK_LORA = 0.52
 
+    seq_len_key = None  # no trainer sequence length: the actor trains on the rollouts (honour.py warns)
+
     def memory_features(self, recipe: Recipe) -> Any:
         """The base features, and how OpenRLHF places what it holds: its reference model is a Ray actor of its own
         (ReferenceModelActor), on the actor's GPU as rlctl renders it (--colocate_actor_ref); with --ds.enable_sleep
