@@ -215,6 +215,21 @@ class OpenRLHFBackend(Backend):
         """OpenRLHF logs `global_step`, one per rollout: that many optimizer steps each (rounded when fractional)."""
         return max(1, round(plan_steps(recipe, None).per_rollout))
 
+    def every_rollouts(self, every: int, recipe: Recipe) -> int:
+        """--save_steps / --eval_steps count global steps, one a rollout (PPOTrainer: `global_step % save_steps`
+        and `global_step % eval_steps`, every release); checkpoint.every / eval.every count optimizer steps. Rounded
+        down, at least 1 (honour.py warns when it rounds)."""
+        return max(every // self.optimizer_steps_per_logged_step(recipe), 1)
+
+    def saved_checkpoints(self, recipe: Recipe, total_steps: int) -> int:
+        """One checkpoint every --save_steps rollouts (global_step % save_steps == 0): total_steps optimizer steps
+        are total_steps // per-rollout rollouts."""
+        every = recipe.checkpoint.every
+        if not every:
+            return 1
+        rollouts = total_steps // self.optimizer_steps_per_logged_step(recipe)
+        return max(rollouts // self.every_rollouts(every, recipe), 1)
+
     def _dataset_size(self, recipe: Recipe) -> int | None:
         from rlctl.recipe.data import count_records, is_local
 
@@ -307,7 +322,7 @@ class OpenRLHFBackend(Backend):
         if not ck.save_optimizer:
             c.append(("disable_ds_ckpt", True))
         if ck.every:
-            c.append(("save_steps", ck.every))
+            c.append(("save_steps", self.every_rollouts(ck.every, r)))
         if ck.resume != "off":
             c.append(("load_checkpoint", True))
         c += [
@@ -367,7 +382,7 @@ class OpenRLHFBackend(Backend):
         if r.data.eval:
             c.append(("eval_dataset", r.data.eval))
             if r.eval.every:
-                c.append(("eval_steps", r.eval.every))
+                c.append(("eval_steps", self.every_rollouts(r.eval.every, r)))
             c += [("eval_temperature", r.eval.temperature), ("eval_n_samples_per_prompt", r.eval.n_samples)]
         c += [("temperature", r.rollout.temperature)]
         if r.rollout.top_p != 1.0:
