@@ -84,7 +84,10 @@ def deepspeed_plan(row: dict[str, Any]):
     from rlctl.backends import get_backend
     from rlctl.recipe.planning import prepare
 
-    sets = [f"model.path={row['shape']}", "model.dtype=bfloat16", f"train.seq_len={row['seq']}",
+    sets = [f"model.path={row['shape']}", "model.dtype=bfloat16",
+            # OpenRLHF trains on prompt + response (it has no train.seq_len): the bench's sequence split in two
+            f"data.max_prompt_tokens={row['seq'] // 2}", f"rollout.max_tokens={row['seq'] - row['seq'] // 2}",
+            f"model.max_model_len={row['seq']}",
             f"train.micro_batch_size={row['mb']}", f"train.train_batch_size={row['mb']}",
             f"train.zero_stage={row['zero_stage']}", f"lora.rank={row['lora'] or 8}",
             f"train.gradient_checkpointing={'true' if row['ac'] else 'false'}",

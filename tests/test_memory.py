@@ -537,3 +537,19 @@ def test_vllm_weights_of_a_quantized_checkpoint_say_where_they_come_from():
     line = run(OPENRLHF_20B)["memory.vllm"].figure
     assert ("weights 6.4 GiB (TP 2; from the checkpoint's quantized size on disk, 12.9 GiB, not params x bfloat16)"
             in line), line
+
+
+def test_openrlhf_plan_trains_on_the_rollouts_whatever_train_seq_len_says():
+    """OpenRLHF has no trainer sequence length (it trains on prompt + response): train.seq_len, which it ignores,
+    must neither lower the plan nor be named in a fix (new-user trial)."""
+    recipe = RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"
+    sets = ("train.micro_batch_size=8", "train.train_batch_size=32")
+    plain = run(recipe, *sets)["memory.trainer"]
+    short = run(recipe, *sets, "train.seq_len=2048")["memory.trainer"]
+    assert (short.verdict, short.figure) == (plain.verdict, plain.figure)
+    from rlctl.recipe.models import resolve_arch
+
+    r = prepare(recipe, [*sets, "train.seq_len=2048"]).recipe
+    b = trainer_memory(r, resolve_arch(r.model.path))
+    assert b.facts["tokens_per_micro_batch"] == 8 * (r.data.max_prompt_tokens + r.rollout.max_tokens)
+    assert "train.seq_len" not in (plain.fix or "") and "train.seq_len" not in (short.fix or "")

@@ -642,10 +642,21 @@ class Backend:
         return MemoryFeatures(checkpoint_every=1 if recipe.train.gradient_checkpointing else None,
                               optimizer="cpu" if recipe.train.offload else "gpu")
 
+    # the recipe key that sets the trainer's sequence length; None where the trainer has none (it trains on the
+    # rollouts, prompt + response): a fix then names the lengths that really bound it
+    seq_len_key: ClassVar[str | None] = "train.seq_len"
+
+    def trainer_seq_len(self, recipe: Recipe) -> int:
+        """The longest sequence the trainer trains on: train.seq_len (else model.max_model_len); a backend with no
+        trainer sequence length: prompt + response."""
+        if self.seq_len_key is None:
+            return recipe.data.max_prompt_tokens + recipe.rollout.max_tokens
+        return recipe.train_seq_len
+
     def micro_tokens(self, recipe: Recipe, micro_batch: int) -> int:
         """Tokens in one micro batch's forward/backward: micro batch x the trainer sequence length (padded or packed
         to it)."""
-        return micro_batch * recipe.train_seq_len
+        return micro_batch * self.trainer_seq_len(recipe)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -304,7 +304,7 @@ def fitting_fix(recipe: Recipe, arch: Arch, limit: float) -> dict[str, Any]:
     for use_gc in ([True] if gc else [False, True]):
         if budget is not None:
             key, most = budget
-            least = recipe.train_seq_len  # one whole sequence must fit a micro batch
+            least = _adapter(recipe).trainer_seq_len(recipe)  # one whole sequence must fit a micro batch
             step = 256
             best = 0
             for tokens in range(least, most + 1, step):

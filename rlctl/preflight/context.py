@@ -154,7 +154,10 @@ def budget(ctx: Context) -> list[Result]:
                              if fails else ""),
                           cut + (" (or configure rope scaling in the model's config.json)" if fails else
                                  "; positions past the model's are extrapolated")))
-    if r.train_seq_len < need:
+    from rlctl.backends import get_backend
+
+    # a backend with no trainer sequence length trains on whole rollouts: nothing is truncated there
+    if get_backend(r.backend.name).seq_len_key is not None and r.train_seq_len < need:
         out.append(Result("context.train_seq_len", WARN,
                           f"trainer seq_len {r.train_seq_len} < prompt + response {need}"
                           + ("" if known else " (prompt not measured)")

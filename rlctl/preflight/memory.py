@@ -72,7 +72,11 @@ def trainer(ctx: Context) -> Result:
             if mb > 1 and gib(plans[(1, use_gc)]) != gib(least):
                 how += (f" (micro batch 1 needs more, {gib(plans[(1, use_gc)])}: gradient accumulation keeps the "
                         "whole gradients between micro batches)")
-            options = ["shorten train.seq_len", *([] if r.lora else ["use LoRA"]),
+            from rlctl.backends import get_backend
+
+            key = get_backend(r.backend.name).seq_len_key
+            shorten = f"shorten {key}" if key else "shorten data.max_prompt_tokens or rollout.max_tokens"
+            options = [shorten, *([] if r.lora else ["use LoRA"]),
                        "raise train.zero_stage / more trainer GPUs" if (r.train.zero_stage or 0) < 3
                        else "more trainer GPUs", *([] if r.train.offload else ["train.offload"])]
             fix = (f"no micro batch fits: the least is {how}: "

@@ -277,7 +277,8 @@ def check_meaning(o: OpenRLHF, v: str, prep, args: Any, train_locals: dict[str, 
     assert value(args, v, "input_key") == r.data.input_key
     assert value(args, v, "eval_dataset") == r.data.eval
     if r.data.eval:
-        assert value(args, v, "eval_steps") == (r.eval.every or -1)
+        # --eval_steps counts global steps (rollouts), eval.every optimizer steps
+        assert value(args, v, "eval_steps") == (BACKEND.every_rollouts(r.eval.every, r) if r.eval.every else -1)
         assert value(args, v, "eval_temperature") == r.eval.temperature
         assert value(args, v, "eval_n_samples_per_prompt") == r.eval.n_samples
     # checkpoints: where, how often, what OpenRLHF itself rotates, resume
@@ -286,7 +287,7 @@ def check_meaning(o: OpenRLHF, v: str, prep, args: Any, train_locals: dict[str, 
     assert value(args, v, "save_path") == (ck.final_dir or f"{ck.dir}/final")
     assert value(args, v, "save_hf_ckpt") is True
     assert value(args, v, "disable_ds_ckpt") == (not ck.save_optimizer)
-    assert value(args, v, "save_steps") == (ck.every or -1)
+    assert value(args, v, "save_steps") == (BACKEND.every_rollouts(ck.every, r) if ck.every else -1)
     # with eval sets rlctl rotates (keeping the best-eval checkpoint): OpenRLHF's count is one it never reaches
     assert value(args, v, "max_ckpt_num") == (NO_ROTATION if BACKEND.rotation_by_rlctl(r) else ck.keep_last or 3)
     assert value(args, v, "load_checkpoint") == (ck.resume != "off")
@@ -617,6 +618,39 @@ def test_checkpoint_layout_and_retention_on_disk(version, save_optimizer, files,
     half.mkdir()
     (half / "adapter_config.json").write_text("{}")
     assert not BACKEND.checkpoints(ckpt)[-1].complete
+
+
+@pytest.mark.parametrize("version", ["0.9.3", "0.11.2"])
+@pytest.mark.parametrize("every,saves", [(16, [2, 4, 6]), (20, [2, 4, 6])])
+def test_checkpoint_every_counts_optimizer_steps_where_openrlhf_saves_per_rollout(version, every, saves, files):
+    """OpenRLHF saves when `global_step % save_steps == 0`, one global step a rollout (PPOTrainer's
+    save_logs_and_checkpoints, run here over the rollouts): checkpoint.every (optimizer steps) is rendered in global
+    steps, so a run of 6 rollouts x 8 optimizer steps saves where the recipe asked, and the disk check counts those
+    saves. 20 is not a multiple of 8: it rounds to 16, and rlctl says so."""
+    prep = prepare(recipe_file(files, version), [f"checkpoint.every={every}", "checkpoint.keep_last=null",
+                                                 "rollout.prompts_per_step=16", "rollout.group_size=8",
+                                                 "train.train_batch_size=16", "train.micro_batch_size=1",
+                                                 "train.epochs_per_rollout=1"])
+    r = prep.recipe
+    assert plan_steps(r, None).per_rollout == 8  # 16 prompts x 8 samples / 16
+    with OpenRLHF(version) as o:
+        args, _, _ = o.parse(entry(prep))
+    with OpenRLHF(version, {"openrlhf.trainer.ppo_trainer", "openrlhf.utils.logging_utils"}) as o:
+        trainer = o.module("openrlhf.trainer.ppo_trainer")
+        saved: list[int] = []
+        group = types.SimpleNamespace(async_run_method=lambda method_name, tag, **kw: saved.append(int(tag[11:])) or [])
+        me = types.SimpleNamespace(args=args, wandb_logger=None, tensorboard_logger=None, actor_model_group=group,
+                                   critic_model_group=None, best_eval_metric_key=None, best_eval_metric_value=None,
+                                   _latest_eval_metric_value=None)
+        sys.modules["ray"].get = lambda refs: refs
+        for global_step in range(1, 7):  # fit(): train_step returns global_step + 1 per rollout
+            trainer.BasePPOTrainer.save_logs_and_checkpoints(me, global_step, {})
+    assert saved == saves
+    assert [s * 8 for s in saved] == [s for s in range(8, 49, 8) if s % (every // 8 * 8) == 0]
+    assert BACKEND.saved_checkpoints(r, 48) == len(saves)
+    assert BACKEND.checkpoint_copies(r, 48).kept == len(saves)
+    rounded = [f for f in BACKEND.unhonoured(r) if f.key == "checkpoint.every"]
+    assert bool(rounded) == bool(every % 8) and all("16" in f.message for f in rounded)
 
 
 def test_bundled_recipe_disk_count_is_what_stays(files):

@@ -172,6 +172,8 @@ class OpenRLHFBackend(Backend):
     ACTOR_TRANSIENT_SLACK = 1.93
     ACTOR_TRANSIENT_SLACK_LORA = 0.52
 
+    seq_len_key = None  # no trainer sequence length: the actor trains on the rollouts (honour.py warns)
+
     def memory_features(self, recipe: Recipe) -> Any:
         """The base features, and how OpenRLHF places what it holds: its reference model is a Ray actor of its own
         (ReferenceModelActor), on the actor's GPU as rlctl renders it (--colocate_actor_ref); with --ds.enable_sleep
@@ -213,6 +215,21 @@ class OpenRLHFBackend(Backend):
     def optimizer_steps_per_logged_step(self, recipe: Recipe) -> int:
         """OpenRLHF logs `global_step`, one per rollout: that many optimizer steps each (rounded when fractional)."""
         return max(1, round(plan_steps(recipe, None).per_rollout))
+
+    def every_rollouts(self, every: int, recipe: Recipe) -> int:
+        """--save_steps / --eval_steps count global steps, one a rollout (PPOTrainer: `global_step % save_steps`
+        and `global_step % eval_steps`, every release); checkpoint.every / eval.every count optimizer steps. Rounded
+        down, at least 1 (honour.py warns when it rounds)."""
+        return max(every // self.optimizer_steps_per_logged_step(recipe), 1)
+
+    def saved_checkpoints(self, recipe: Recipe, total_steps: int) -> int:
+        """One checkpoint every --save_steps rollouts (global_step % save_steps == 0): total_steps optimizer steps
+        are total_steps // per-rollout rollouts."""
+        every = recipe.checkpoint.every
+        if not every:
+            return 1
+        rollouts = total_steps // self.optimizer_steps_per_logged_step(recipe)
+        return max(rollouts // self.every_rollouts(every, recipe), 1)
 
     def _dataset_size(self, recipe: Recipe) -> int | None:
         from rlctl.recipe.data import count_records, is_local
@@ -306,7 +323,7 @@ class OpenRLHFBackend(Backend):
         if not ck.save_optimizer:
             c.append(("disable_ds_ckpt", True))
         if ck.every:
-            c.append(("save_steps", ck.every))
+            c.append(("save_steps", self.every_rollouts(ck.every, r)))
         if ck.resume != "off":
             c.append(("load_checkpoint", True))
         c += [
@@ -366,7 +383,7 @@ class OpenRLHFBackend(Backend):
         if r.data.eval:
             c.append(("eval_dataset", r.data.eval))
             if r.eval.every:
-                c.append(("eval_steps", r.eval.every))
+                c.append(("eval_steps", self.every_rollouts(r.eval.every, r)))
             c += [("eval_temperature", r.eval.temperature), ("eval_n_samples_per_prompt", r.eval.n_samples)]
         c += [("temperature", r.rollout.temperature)]
         if r.rollout.top_p != 1.0:

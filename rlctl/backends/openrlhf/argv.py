@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from rlctl.backends.base import Finding
 from rlctl.backends.openrlhf.releases import FLAGS, release
+from rlctl.backends.openrlhf.steps import per_rollout
 
 if TYPE_CHECKING:
     from rlctl.recipe.schema import Recipe
@@ -224,6 +225,9 @@ def _recipe_value(concept: str, value: Any, recipe: Recipe) -> Any:
         raise KeyError(concept)  # turning LoRA on takes more than one key (rank, alpha, targets)
     if concept in ("wandb_project", "wandb_run_name", "wandb_org") and recipe.logging.wandb is None:
         raise KeyError(concept)
+    if concept in ("save_steps", "eval_steps"):
+        # global steps (rollouts) back into the recipe's optimizer steps; -1 (never) is no value
+        return value * max(1, round(per_rollout(recipe))) if value > 0 else None
     return value
 
 

@@ -70,6 +70,12 @@ def _unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
             "set eval.every")
     if r.eval.every and not r.data.eval:
         add("warn", "eval.every", "eval.every without data.eval: there is nothing to evaluate", "set data.eval")
+    k = backend.optimizer_steps_per_logged_step(r)
+    for key, every, does in (("checkpoint.every", r.checkpoint.every, "saves"),
+                             ("eval.every", r.eval.every if r.data.eval else None, "evaluates")):
+        if every and every % k:
+            add("warn", key, f"OpenRLHF {does} every N global steps (rollouts) of {k} optimizer steps: {every} "
+                f"becomes {backend.every_rollouts(every, r) * k}", f"make it a multiple of {k}")
 
     # algorithm
     if r.algorithm.name in ("grpo", "dr_grpo", "reinforce_baseline") and r.rollout.group_size < 2:
