@@ -73,8 +73,9 @@ def test_openrlhf_seed_flags_as_the_seed_ran_them():
 
 
 def test_openrlhf_newest_renders_dotted_flags_that_exist():
+    # the recipe's patch set is 0.9.3's: another release takes none (patching.recipe_set)
     prep = prepare(RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml", ["backend.version=0.11.2",
-                                                                         "backend.openrlhf.extra={}"])
+                                                                         "backend.openrlhf.extra={}", 'patches.set=""'])
     entry = prep.plan.argv
     assert "--rollout.n_samples_per_prompt" in entry and "--n_samples_per_prompt" not in entry
     assert "--actor.adam.lr" in entry and "--ds.lora.rank" in entry
@@ -93,7 +94,7 @@ def test_flag_absent_from_version_is_reported_with_the_version(cli):
 
 
 def test_flat_flag_on_dotted_version_is_reported():
-    prep = prepare(RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml", ["backend.version=0.11.2"])
+    prep = prepare(RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml", ["backend.version=0.11.2", 'patches.set=""'])
     errors = [f for f in prep.backend.validate(prep.plan, None) if f.level == "error"]
     assert [f.key for f in errors] == ["--gradient_checkpointing_use_reentrant"]
     assert "0.11.2" in errors[0].message and "--actor.gradient_checkpointing_reentrant" in errors[0].fix
