@@ -140,18 +140,20 @@ def test_openrlhf_budget_is_the_context_openrlhf_gives_vllm():
     prompt_max_len + generate_max_len, later --max_len / --data.max_len), whatever model.max_model_len says, and cuts
     prompts to fit. A recipe it runs is not failed; one whose context vLLM refuses (longer than the model) is."""
     for version in ("0.9.3", "0.11.2"):
-        res = results(OPENRLHF, f'backend.version="{version}"', "model.max_model_len=2048", only=["context"])
+        # the recipe's patch set is 0.9.3's: another release takes none (patching.recipe_set)
+        unset = [] if version == "0.9.3" else ['patches.set=""']
+        res = results(OPENRLHF, f'backend.version="{version}"', "model.max_model_len=2048", *unset, only=["context"])
         budget = one(res, "context.budget")
         assert budget.verdict == "ok" and "1024 + 4096 = 5120 <= 5120" in budget.figure, budget
         assert "OpenRLHF sizes vLLM to" in budget.figure and budget.data["engine_context"] == 5120
         assert "context.positions" not in [r.check for r in res]
-        long = results(OPENRLHF, f'backend.version="{version}"', 'model.path="Qwen/Qwen2.5-0.5B"',
+        long = results(OPENRLHF, f'backend.version="{version}"', *unset, 'model.path="Qwen/Qwen2.5-0.5B"',
                        "rollout.max_tokens=32000", "lora.target_modules=[\"q_proj\"]", only=["context"])
         pos = one(long, "context.positions")
         assert pos.verdict == "fail" and "33024 > the model's 32768 positions" in pos.figure, pos
         assert "data.max_prompt_tokens + rollout.max_tokens" in pos.fix
         assert one(long, "context.budget").verdict == "ok"
-        allowed = results(OPENRLHF, f'backend.version="{version}"', 'model.path="Qwen/Qwen2.5-0.5B"',
+        allowed = results(OPENRLHF, f'backend.version="{version}"', *unset, 'model.path="Qwen/Qwen2.5-0.5B"',
                           "rollout.max_tokens=32000", "lora.target_modules=[\"q_proj\"]",
                           'env.VLLM_ALLOW_LONG_MAX_MODEL_LEN="1"', only=["context"])
         assert one(allowed, "context.positions").verdict == "warn"
