@@ -46,7 +46,8 @@ def recipe(files: dict, run: Path, version: str = VERSION) -> Path:
     """The conformance recipe, saving every 2 steps with DeepSpeed states, keep_last 2, into the run's `checkpoints`
     (absolute: OpenRLHF writes a relative --ckpt_path under its working directory)."""
     text = BASE.format(version=version, data=files["data"], reward=files["reward"], ckpt=run / "checkpoints")
-    text = text.replace("every = 5", "every = 2").replace("save_optimizer = false", "save_optimizer = true")
+    # every 4 optimizer steps = every 2 global steps (rollouts of 8 prompts x 4 / 16 per optimizer step): --save_steps 2
+    text = text.replace("every = 5", "every = 4").replace("save_optimizer = false", "save_optimizer = true")
     (run / "recipe.toml").write_text(text)
     return run / "recipe.toml"
 

@@ -46,6 +46,21 @@ if TYPE_CHECKING:
     from rlctl.recipe.schema import Recipe
 
 A = "actor_rollout_ref"
+
+# What a LoRA recipe renders so that vLLM gets the adapter (0.9.0 and 0.9.1; tests/conformance/test_verl_lora_sync.py
+# runs the sync with verl's and vLLM's own code). At every weight sync engine_workers.py update_weights takes the
+# adapter from the FSDP engine (transformer_impl.py get_per_tensor_param -> utils/fsdp_utils.py collect_lora_params ->
+# peft's get_peft_model_state_dict) and vLLM builds a LoRA model of it (utils/vllm/utils.py VLLMHijack -> vLLM's
+# LoRAModel.from_lora_tensors). Under FSDP1, verl's default strategy "fsdp", peft >= 0.21 (what verl's unpinned peft
+# installs) returns nothing: it picks the adapter's keys by the module names of the model it is given
+# (tuners_utils.py _get_tuner_state_dict_key_prefixes), names that carry FSDP1's nested `_fsdp_wrapped_module.` while
+# the state dict's keys do not. vLLM then gets an empty adapter and add_lora stops before step 1 (model_manager.py
+# _create_merged_loras_inplace: `next(iter(lora_model.loras.values()))`, StopIteration; an H100, verl 0.9.1 + vLLM
+# 0.24 + peft 0.21). FSDP2 keeps the module names: the whole adapter arrives. A load_format other than "dummy" has
+# vLLM load the base from model.path itself (engine_workers.py: `base_sync_done = "dummy" not in load_format`), so a
+# sync sends the adapter alone, as verl's LoRA guide asks (docs/advance/ppo_lora.rst, "safetensors"; "auto" loads
+# .bin checkpoints too), not first the whole base through a CPU copy (collect_lora_params, base_sync_done=False).
+LORA_SYNC = {f"{A}.actor.strategy": "fsdp2", f"{A}.rollout.load_format": "auto"}
 BUDGET = f"{A}.actor.ppo_max_token_len_per_gpu"
 LOG_PROB_BUDGET = f"{A}.rollout.log_prob_max_token_len_per_gpu"
 DYNAMIC = f"{A}.actor.use_dynamic_bsz"
