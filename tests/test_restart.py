@@ -137,7 +137,7 @@ def test_sigkilled_trainer_restarts_from_the_last_complete_checkpoint_and_finish
 def test_hung_reward_is_detected_restarted_and_given_up_with_evidence(env, tmp_path):
     reward = tmp_path / "hang.py"
     reward.write_text(HANGING_REWARD)
-    r = rlctl(env, "launch", QUICK, "--restart", "on-stall", "--max-restarts", "1", "--grace", "3",
+    r = rlctl(env, "launch", QUICK, "--restart", "on-stall", "--max-restarts", "1", "--grace", "1",
               "--set", "train.steps=50", "--set", f'reward.function="{reward}"',
               "--set", "run.stall.floor_s=4", "--set", "run.stall.k=3", "--set", "run.stall.first_step_s=40",
               timeout=300)
