@@ -165,3 +165,38 @@ def user(tmp_path):
     from tests.test_experiments import _kill_all
 
     _kill_all(work / "runs")  # what a failed test left running: queues, supervisors, trainers
+
+
+def replay_recipe_file(work: Path, file: str, name: str, replay: str, args: list[str], log_pattern: str,
+                       metrics_map: str, steps: int, tail: str = "", comment: str = "") -> Path:
+    """A command-backend recipe whose trainer is `replay` (written to work/replay.py) run with `args`: a recorded log
+    played back as a trainer prints it, on the CPU, prompts in work/prompts.jsonl. `tail`: TOML after [resources]."""
+    import json
+
+    (work / "replay.py").write_text(replay)
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
+    command = ", ".join(json.dumps(a) for a in [sys.executable, "replay.py", *args])
+    r = work / file
+    r.write_text(f"""name = "{name}"
+[backend]
+name = "command"
+[backend.command]
+command = [{command}]
+cwd = {json.dumps(str(work))}
+{comment}log_pattern = '{log_pattern}'
+metrics_map = {{{metrics_map}}}
+[model]
+path = "random:qwen2?hidden=64&layers=2"
+max_model_len = 128
+[data]
+train = "prompts.jsonl"
+max_prompt_tokens = 32
+[rollout]
+max_tokens = 16
+[train]
+steps = {steps}
+[resources]
+gpus_per_node = 0
+gpu = "cpu"
+{tail}""")
+    return r

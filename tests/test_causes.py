@@ -29,7 +29,7 @@ import pytest
 
 from rlctl.core.state import read_state, write_state
 from rlctl.runs.status import state_cell
-from tests.conftest import FIXTURES, run_cli
+from tests.conftest import FIXTURES, replay_recipe_file, run_cli
 from tests.remote_sshd import ssh_home, sshd  # noqa: F401 - the session fixture
 
 cli = run_cli
@@ -52,32 +52,8 @@ def user(tmp_path, monkeypatch):
 
 def command_recipe(work: Path, log: Path) -> Path:
     """A trainer rlctl does not know (seed 003): it prints its steps, then what it printed when it died."""
-    (work / "replay.py").write_text(REPLAY)
-    r = work / "r.toml"
-    r.write_text(f"""name = "dies"
-[backend]
-name = "command"
-[backend.command]
-command = [{json.dumps(sys.executable)}, "replay.py", {json.dumps(str(log))}]
-cwd = {json.dumps(str(work))}
-log_pattern = 'step (?P<step>\\d+) loss (?P<loss>\\S+)'
-metrics_map = {{loss = "policy_loss"}}
-[model]
-path = "random:qwen2?hidden=64&layers=2"
-max_model_len = 128
-[data]
-train = "prompts.jsonl"
-max_prompt_tokens = 32
-[rollout]
-max_tokens = 16
-[train]
-steps = 5
-[resources]
-gpus_per_node = 0
-gpu = "cpu"
-""")
-    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
-    return r
+    return replay_recipe_file(work, "r.toml", "dies", REPLAY, [str(log)], r"step (?P<step>\d+) loss (?P<loss>\S+)",
+                              'loss = "policy_loss"', 5)
 
 
 CASES = {

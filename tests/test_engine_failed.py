@@ -31,7 +31,7 @@ import psutil
 import pytest
 
 from rlctl.core.state import read_state, write_state
-from tests.conftest import FIXTURES, run_cli
+from tests.conftest import FIXTURES, replay_recipe_file, run_cli
 
 cli = run_cli
 LOGS = FIXTURES / "h100_failures"
@@ -196,37 +196,10 @@ time.sleep(600)
 
 
 def replay_recipe(work: Path, log: Path, restart: str = "on-failure", engine_failed_s: float = 1.0) -> Path:
-    (work / "replay.py").write_text(REPLAY)
-    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
-    r = work / "verl-lora.toml"
-    r.write_text(f"""name = "verl-lora"
-[backend]
-name = "command"
-[backend.command]
-command = [{json.dumps(sys.executable)}, "replay.py", {json.dumps(str(log))}]
-cwd = {json.dumps(str(work))}
-log_pattern = 'step:(?P<step>\\d+) - .*reward/mean:(?P<reward>\\S+)'
-metrics_map = {{reward = "reward/mean"}}
-[model]
-path = "random:qwen2?hidden=64&layers=2"
-max_model_len = 128
-[data]
-train = "prompts.jsonl"
-max_prompt_tokens = 32
-[rollout]
-max_tokens = 16
-[train]
-steps = 4
-[resources]
-gpus_per_node = 0
-gpu = "cpu"
-[run]
-restart = "{restart}"
-max_restarts = 3
-[run.stall]
-engine_failed_s = {engine_failed_s}
-""")
-    return r
+    return replay_recipe_file(
+        work, "verl-lora.toml", "verl-lora", REPLAY, [str(log)], r"step:(?P<step>\d+) - .*reward/mean:(?P<reward>\S+)",
+        'reward = "reward/mean"', 4,
+        f'[run]\nrestart = "{restart}"\nmax_restarts = 3\n[run.stall]\nengine_failed_s = {engine_failed_s}\n')
 
 
 @pytest.mark.timeout(120)

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from rlctl.core.state import read_state, write_state
-from tests.conftest import FIXTURES, run_cli
+from tests.conftest import FIXTURES, replay_recipe_file, run_cli
 
 cli = run_cli
 LOG = FIXTURES / "h100_failures" / "openrlhf_lora_same_failure.log"
@@ -98,36 +97,11 @@ sys.exit(1)
 
 def replay_recipe(work: Path, max_restarts: int = 3) -> Path:
     (work / "attempts.log").write_text("\x00".join(segments()), encoding="utf-8", errors="surrogateescape")
-    (work / "replay.py").write_text(REPLAY)
-    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
-    r = work / "openrlhf-lora.toml"
-    r.write_text(f"""name = "openrlhf-lora"
-[backend]
-name = "command"
-[backend.command]
-command = [{json.dumps(sys.executable)}, "replay.py", "attempts.log"]
-cwd = {json.dumps(str(work))}
-# OpenRLHF's step: the actor's train-epoch bar at 100% (steps counted)
-log_pattern = 'Train epoch \\[\\d+/\\d+\\]: 100%.*grad_norm=(?P<grad_norm>[0-9.e+-]+)'
-metrics_map = {{grad_norm = "grad_norm"}}
-[model]
-path = "random:qwen2?hidden=64&layers=2"
-max_model_len = 128
-[data]
-train = "prompts.jsonl"
-max_prompt_tokens = 32
-[rollout]
-max_tokens = 16
-[train]
-steps = 4
-[resources]
-gpus_per_node = 0
-gpu = "cpu"
-[run]
-restart = "on-failure"
-max_restarts = {max_restarts}
-""")
-    return r
+    return replay_recipe_file(
+        work, "openrlhf-lora.toml", "openrlhf-lora", REPLAY, ["attempts.log"],
+        r"Train epoch \[\d+/\d+\]: 100%.*grad_norm=(?P<grad_norm>[0-9.e+-]+)", 'grad_norm = "grad_norm"', 4,
+        f'[run]\nrestart = "on-failure"\nmax_restarts = {max_restarts}\n',
+        comment="# OpenRLHF's step: the actor's train-epoch bar at 100% (steps counted)\n")
 
 
 def test_the_same_failure_without_progress_is_not_restarted_again(user):
