@@ -575,8 +575,6 @@ def verl_recipe(ctx: Ctx, name: str, model: str, pq_data: dict[str, Path], *, st
               "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
               "[run]", 'restart = "on-failure"', "max_restarts = 3",
               "[eval]", f"every = {every}", "temperature = 0.0"]
-    if lora:  # no release syncs a LoRA actor to vLLM (preflight lora.vllm_sync): the bundled set's fix does
-        lines += ["[patches]", 'set = "openrlhf/0.10.4"']
     path = ctx.work / "recipes" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
