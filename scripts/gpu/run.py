@@ -770,12 +770,8 @@ def part_trl_full(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict
     steps, every = (12, 2) if not ctx.cpu else (6, 2)
     kills = [("driver", 2 * every), ("all", 4 * every)] if not ctx.cpu else [("driver", every), ("all", 2 * every)]
     recipe = trl_recipe(ctx, "trl-full", model, data, steps=steps, every=every, evals=False)
-    res = launched_run(ctx, nv, "trl-full", recipe, total=steps, kills=kills, marker="rlctl.backends.trl.runner",
+    return run_then_eval(ctx, nv, "trl-full", recipe, total=steps, kills=kills, marker="rlctl.backends.trl.runner",
                        keys=TRL_KEYS, step_timeout=300)
-    run = run_dir(ctx, "trl-full")
-    if run is not None:
-        res["eval_after"] = eval_after(ctx, nv, run, steps)
-    return res
 
 
 def part_trl_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
@@ -783,12 +779,24 @@ def part_trl_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict
     baseline first), then the LoRA checkpoint is evaluated by hand on vLLM."""
     steps, every = (8, 4) if not ctx.cpu else (4, 2)
     recipe = trl_recipe(ctx, "trl-lora", model, data, steps=steps, every=every, lora=16, evals=True)
-    res = launched_run(ctx, nv, "trl-lora", recipe, total=steps, kills=[], marker="rlctl.backends.trl.runner",
+    return run_then_eval(ctx, nv, "trl-lora", recipe, total=steps, kills=[], marker="rlctl.backends.trl.runner",
                        keys=TRL_KEYS, step_timeout=300)
-    run = run_dir(ctx, "trl-lora")
+
+
+def run_then_eval(ctx: Ctx, nv: Nvml, name: str, recipe: str, *, total: int, **kw: Any) -> dict:
+    """launched_run, then rlctl's evaluator on vLLM for the run's last checkpoint (eval_after)."""
+    res = launched_run(ctx, nv, name, recipe, total=total, **kw)
+    run = run_dir(ctx, name)
     if run is not None:
-        res["eval_after"] = eval_after(ctx, nv, run, steps)
+        res["eval_after"] = eval_after(ctx, nv, run, total)
     return res
+
+
+def two_kills(every: int) -> list[tuple[str, int]]:
+    """The driver alone after checkpoint `every`, then every process of the attempt after 2 x every;
+    RLCTL_GPU_KILLS=1: the driver kill only."""
+    return [("driver", every), ("all", 2 * every)] if os.environ.get("RLCTL_GPU_KILLS", "2") == "2" else \
+        [("driver", every)]
 
 
 def eval_after(ctx: Ctx, nv: Nvml, run: Path, step: int) -> dict:
@@ -821,14 +829,9 @@ def part_verl_1gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dic
     pq_data = write_parquet(ctx.work, data)
     steps, every = 6, 2
     recipe = verl_recipe(ctx, "verl-1gpu", model, pq_data, steps=steps, every=every)
-    kills = [("driver", every), ("all", 2 * every)] if os.environ.get("RLCTL_GPU_KILLS", "2") == "2" else \
-        [("driver", every)]
-    res = launched_run(ctx, nv, "verl-1gpu", recipe, total=steps, kills=kills,
+    kills = two_kills(every)
+    return run_then_eval(ctx, nv, "verl-1gpu", recipe, total=steps, kills=kills,
                        marker="verl.trainer.main_ppo", keys=VERL_KEYS, step_timeout=420)
-    run = run_dir(ctx, "verl-1gpu")
-    if run is not None:
-        res["eval_after"] = eval_after(ctx, nv, run, steps)
-    return res
 
 
 def part_verl_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
@@ -837,12 +840,8 @@ def part_verl_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dic
     pq_data = write_parquet(ctx.work, data)
     steps, every = 4, 2
     recipe = verl_recipe(ctx, "verl-lora", model, pq_data, steps=steps, every=every, lora=16)
-    res = launched_run(ctx, nv, "verl-lora", recipe, total=steps, kills=[("all", every)],
+    return run_then_eval(ctx, nv, "verl-lora", recipe, total=steps, kills=[("all", every)],
                        marker="verl.trainer.main_ppo", keys=VERL_KEYS, step_timeout=420)
-    run = run_dir(ctx, "verl-lora")
-    if run is not None:
-        res["eval_after"] = eval_after(ctx, nv, run, steps)
-    return res
 
 
 def part_verl_2gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
@@ -863,14 +862,9 @@ def part_openrlhf_2gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) ->
     evaluator on vLLM for the last checkpoint afterwards."""
     steps, every = 6, 2
     recipe = openrlhf_recipe(ctx, "openrlhf-2gpu", model, openrlhf_data(ctx.work, data), steps=steps, every=every)
-    kills = [("driver", every), ("all", 2 * every)] if os.environ.get("RLCTL_GPU_KILLS", "2") == "2" else \
-        [("driver", every)]
-    res = launched_run(ctx, nv, "openrlhf-2gpu", recipe, total=steps, kills=kills,
+    kills = two_kills(every)
+    return run_then_eval(ctx, nv, "openrlhf-2gpu", recipe, total=steps, kills=kills,
                        marker="openrlhf.cli.train_ppo_ray", keys=OPENRLHF_KEYS, step_timeout=420)
-    run = run_dir(ctx, "openrlhf-2gpu")
-    if run is not None:
-        res["eval_after"] = eval_after(ctx, nv, run, steps)
-    return res
 
 
 def part_openrlhf_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
@@ -880,12 +874,8 @@ def part_openrlhf_lora(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) ->
     recipe = openrlhf_recipe(ctx, "openrlhf-lora", model, openrlhf_data(ctx.work, data), steps=steps, every=every,
                              lora=16)
     kills = [] if os.environ.get("RLCTL_GPU_KILLS") == "0" else [("all", every)]  # 0: a call too short for a restart
-    res = launched_run(ctx, nv, "openrlhf-lora", recipe, total=steps, kills=kills,
+    return run_then_eval(ctx, nv, "openrlhf-lora", recipe, total=steps, kills=kills,
                        marker="openrlhf.cli.train_ppo_ray", keys=OPENRLHF_KEYS, step_timeout=420)
-    run = run_dir(ctx, "openrlhf-lora")
-    if run is not None:
-        res["eval_after"] = eval_after(ctx, nv, run, steps)
-    return res
 
 
 def part_openrlhf_colocated(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
@@ -989,14 +979,9 @@ def part_prime_2gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> di
     checkpoint (trainer DCP + orchestrator progress); rlctl's evaluator on vLLM for the last checkpoint's weights."""
     steps, every = 6, 2
     recipe = prime_recipe(ctx, "prime-2gpu", model, data, steps=steps, every=every)
-    kills = [("driver", every), ("all", 2 * every)] if os.environ.get("RLCTL_GPU_KILLS", "2") == "2" else \
-        [("driver", every)]
-    res = launched_run(ctx, nv, "prime-2gpu", recipe, total=steps, kills=kills, marker="bin/rl @",
+    kills = two_kills(every)
+    return run_then_eval(ctx, nv, "prime-2gpu", recipe, total=steps, kills=kills, marker="bin/rl @",
                        keys=PRIME_KEYS, step_timeout=600)
-    run = run_dir(ctx, "prime-2gpu")
-    if run is not None:
-        res["eval_after"] = eval_after(ctx, nv, run, steps)
-    return res
 
 
 def part_prime_1gpu(ctx: Ctx, nv: Nvml, model: str, data: dict[str, Path]) -> dict:
