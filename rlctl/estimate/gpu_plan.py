@@ -227,11 +227,13 @@ def _eval_engine(recipe: Recipe, arch: Arch, total: float, sets: list[Any], devi
                       max_num_batched_tokens=EVAL_BATCHED_TOKENS, weights=weights, activations=acts)
 
 
-def gpu_plan(recipe: Recipe, arch: Arch, environ: dict[str, str] | None = None) -> GpuPlan | None:
+def gpu_plan(recipe: Recipe, arch: Arch, environ: dict[str, str] | None = None,
+             card_gib: float | None = None) -> GpuPlan | None:
     """The run's GPUs and what each holds at its peak, with rlctl's checkpoint evaluator where the recipe has eval
-    sets it runs; None for a CPU recipe or a GPU rlctl does not know."""
+    sets it runs; None for a CPU recipe or a GPU rlctl does not know. `card_gib`: the memory of the card the run
+    has (NVML), where it is not the one `resources.gpu` names: vLLM takes its utilization of that card."""
     r = recipe
-    gib = gpu_memory_gib(r.resources.gpu)
+    gib = card_gib or gpu_memory_gib(r.resources.gpu)
     if r.resources.gpus_per_node == 0 or gib is None:
         return None
     total = gib * GiB

@@ -83,6 +83,20 @@ def gpu_memory_gib(name: str) -> float | None:
     return None
 
 
+def card_like(total_gib: float, named_gib: float) -> bool:
+    """A card NVML sees as the one `resources.gpu` names: the named figures round (80 GB -> 79.2 GiB; boards of
+    one model differ by a few hundred MiB), so within 3%."""
+    return abs(total_gib / named_gib - 1) <= 0.03
+
+
+def card_name(name: str, total_gib: float) -> str:
+    """How a recipe's `resources.gpu` names this card: the catalog's key found in NVML's name ("NVIDIA H200" ->
+    "H200"), else its memory in GB (44.4 GiB -> "45GB"), which gpu_memory_gib reads back."""
+    words = name.lower().replace("nvidia", " ").split()
+    known = [w for w in words if w in GPU_MEMORY_GIB and card_like(total_gib, GPU_MEMORY_GIB[w])]
+    return known[0].upper() if known else f"{round(total_gib / 0.99)}GB"
+
+
 @dataclass
 class Breakdown:
     """Bytes per term, in the order they are printed; `total` is the NVML-visible peak of one trainer process."""

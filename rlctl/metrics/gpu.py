@@ -84,11 +84,15 @@ class GpuSampler:
             self.reason = "nvidia-ml-py is not installed: GPU memory not sampled"
         except Exception as e:  # no driver, no GPU
             self.reason = f"NVML unavailable ({type(e).__name__}): GPU memory not sampled"
+        self.names: dict[int, str] = {}
         for i, h in self.handles:
             with contextlib.suppress(Exception):
                 mem = self.nvml.nvmlDeviceGetMemoryInfo(h)
                 self.total[i] = mem.total / GiB
                 self.before[i] = mem.used / GiB
+            with contextlib.suppress(Exception):
+                name = self.nvml.nvmlDeviceGetName(h)
+                self.names[i] = name.decode() if isinstance(name, bytes) else str(name)
         self._carry_on(read_summary(run_dir))
         self.plan = self._plan()
         self._write_summary()
@@ -119,7 +123,7 @@ class GpuSampler:
         try:
             from rlctl.estimate.gpu_plan import gpu_plan
             from rlctl.estimate.memory import GiB as G
-            from rlctl.estimate.memory import gpu_memory_gib, trainer_memory
+            from rlctl.estimate.memory import card_like, gpu_memory_gib, trainer_memory
             from rlctl.recipe.loader import load
             from rlctl.recipe.models import resolve_arch
 
@@ -128,10 +132,17 @@ class GpuSampler:
                 return None
             arch = resolve_arch(recipe.model.path)
             b = trainer_memory(recipe, arch)
+            named = gpu_memory_gib(recipe.resources.gpu)
             out = {"trainer_gib": round(b.total / G, 2), "terms_gib": {k: round(v / G, 3) for k, v in b.terms.items()},
-                   "gpu": recipe.resources.gpu, "gpu_gib": gpu_memory_gib(recipe.resources.gpu)}
+                   "gpu": recipe.resources.gpu, "gpu_gib": named}
+            # vLLM takes its gpu_memory_utilization of the card it is on: a plan for the card `resources.gpu` names
+            # judged against another card's peak says nothing (an H100 recipe on an H200: "UNDERestimated by 42%")
+            card = min(self.total.values(), default=None)
+            if card and (named is None or not card_like(card, named)):
+                out.update(gpu_gib=round(card, 2), card=self.names.get(min(self.total, key=self.total.get), "GPU"),
+                           recipe_gpu_gib=named)
             with contextlib.suppress(Exception):
-                plan = gpu_plan(recipe, arch, self.env)
+                plan = gpu_plan(recipe, arch, self.env, card_gib=out["gpu_gib"] if "card" in out else None)
                 if plan is not None:
                     out.update(plan.to_dict())
             return out
@@ -248,6 +259,16 @@ def oom_line(run_dir: Path, summary: dict[str, Any] | None) -> str | None:
         i, peak, total = max(peaks, key=lambda p: p[1])
         line += f"; measured peak {peak:.1f} GiB of {total:.1f} (GPU {i}), capped by the GPU: not a test of the plan"
     return line
+
+
+def _card_clause(plan: dict[str, Any]) -> str:
+    """Where the plan is for the card the run had, not the recipe's: which, and what the recipe said."""
+    if not plan.get("card"):
+        return ""
+    named = _num(plan.get("recipe_gpu_gib"))
+    return (f" (planned for the card the run had, {plan['card']} with {_num(plan.get('gpu_gib')) or 0.0:.1f} GiB; "
+            f"the recipe's resources.gpu = {plan.get('gpu')!r}"
+            + (f" is {named:.1f} GiB" if named else " is not a card rlctl knows") + ")")
 
 
 # less than one CUDA context (~0.5-0.8 GiB): nothing of the run was ever on the GPU
@@ -369,4 +390,4 @@ def verdict_line(run_dir: Path) -> str | None:
     line = "GPU memory: " + "; ".join(clauses)
     if by_size and len(groups) > 1:
         line += " (roles paired with GPUs by size: the backend's scheduler placed them)"
-    return line
+    return line + _card_clause(plan)

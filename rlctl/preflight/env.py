@@ -115,14 +115,46 @@ def gpus(ctx: Context) -> Result | None:
     if _executor(ctx).remote:
         return Result("env.gpus", SKIP, f"GPUs are on the {r.resources.executor} executor's machines; checked when "
                       "the job is submitted")
-    visible = sorted(Path("/dev").glob("nvidia[0-9]*"))
+    from rlctl.core.gpus import list_gpus
+
+    rows, _ = list_gpus()
+    visible = rows if rows is not None else sorted(Path("/dev").glob("nvidia[0-9]*"))
     if not visible and shutil.which("nvidia-smi") is None:
         return Result("env.gpus", SKIP, "no NVIDIA GPU visible on this machine (fine for a login node; launch "
                       "needs them)")
     if len(visible) < r.resources.gpus_per_node:
         return Result("env.gpus", FAIL, f"{len(visible)} GPU(s) visible, recipe needs {r.resources.gpus_per_node}",
                       "run on a machine with enough GPUs or lower resources.gpus_per_node")
-    return Result("env.gpus", OK, f"{len(visible)} GPU(s) visible")
+    return _card(ctx, rows or [], len(visible))
+
+
+def _card(ctx: Context, rows: list[dict], count: int) -> Result:
+    """The card this machine has against the one `resources.gpu` names: every memory check plans for the named
+    card, and vLLM takes its gpu_memory_utilization of the card it is on (an H100 recipe ran on an H200: vLLM's 0.3
+    was 42.1 GiB, the plan's 23.8)."""
+    from rlctl.estimate.gpu_plan import run_devices
+    from rlctl.estimate.memory import card_like, card_name, gpu_memory_gib
+
+    r = ctx.recipe
+    mine = {str(i) for i in run_devices(r)}
+    cards = [g for g in rows if isinstance(g.get("memory_total_gib"), (int, float))]
+    cards = [g for g in cards if str(g["index"]) in mine] or cards
+    named = gpu_memory_gib(r.resources.gpu)
+    unlike = [g for g in cards if named is None or not card_like(g["memory_total_gib"], named)]
+    if not unlike:
+        kinds = sorted({g.get("name") or "GPU" for g in cards})
+        return Result("env.gpus", OK, f"{count} GPU(s) visible" + (f" ({', '.join(kinds)})" if kinds else ""))
+    g = min(unlike, key=lambda g: g["memory_total_gib"])
+    total = g["memory_total_gib"]
+    said = f"{named:.1f} GiB" if named else "a card rlctl does not know"
+    vllm = (f"; vLLM's rollout.gpu_memory_utilization {r.rollout.gpu_memory_utilization} takes "
+            f"{r.rollout.gpu_memory_utilization * total:.1f} GiB of it, not "
+            f"{r.rollout.gpu_memory_utilization * named:.1f}") if r.uses_vllm and named else ""
+    want = card_name(g.get("name") or "", total)
+    return Result("env.gpus", WARN,
+                  f"{count} GPU(s) visible; GPU {g['index']} is {g.get('name') or 'a GPU'} with {total:.1f} GiB, but "
+                  f"resources.gpu = {r.resources.gpu!r} ({said}): every memory check plans for that card{vllm}",
+                  f'set resources.gpu = "{want}"', set={"resources.gpu": want})
 
 
 def _writable(p: Path) -> bool:
