@@ -114,3 +114,19 @@ def test_eval_step_final_is_a_clear_exit_2(user, tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 2 and "Traceback" not in out, out
     assert "final" in out and "10" in out and "--step 10" in out and "valid integer" not in out, out
+
+
+def test_a_baseline_mark_gives_way_to_a_checkpoint_that_ties_it(tmp_path):
+    """verl 0.9.1 on an H200 (docs/gpu/verl-5.json): killed whole at step 3, the run's `status --json` said
+    best_checkpoint step 0 (the base model, path null) beside a complete checkpoint 2 whose in-loop eval tied the
+    baseline (0.0 = 0.0): the baseline's mark, written before checkpoint 2 was complete, was returned as it was.
+    The rule is one: a tie goes to a checkpoint, whatever was marked first."""
+    from rlctl.runs.checkpoints import best_checkpoint
+
+    run = _run(tmp_path, steps=(2,))
+    _metrics(run, {"step": 0, KEY: 0.0}, {"step": 2, KEY: 0.0})
+    write_state(run, best_checkpoint={"step": 0, "key": KEY, "value": 0.0, "path": None})
+    best = best_checkpoint(run)
+    assert best and best["step"] == 2 and best["path"], best
+    write_state(run, best_checkpoint={"step": 0, "key": KEY, "value": 0.5, "path": None})  # the base model leads
+    assert best_checkpoint(run)["step"] == 0

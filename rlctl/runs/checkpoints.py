@@ -158,8 +158,13 @@ def best_checkpoint(run_dir: Path, backend: str | None = None, root: Path | None
     mark = state.get("best_checkpoint")
     if isinstance(mark, dict) and isinstance(mark.get("key"), str) and isinstance(mark.get("value"), (int, float)):
         step = mark.get("step")
-        if isinstance(step, int) and not isinstance(step, bool) and (
-                step == 0 or any(c.step == step and c.complete for c in find_checkpoints(backend, run_dir, root))):
+        if step == 0:  # the base model's mark, perhaps written before a checkpoint that ties it was complete
+            fresh = best_from_stream(run_dir, backend, mark["key"], root=root)
+            if fresh is not None and fresh["step"] != 0 and fresh["value"] >= mark["value"]:
+                return fresh
+            return mark
+        if isinstance(step, int) and not isinstance(step, bool) and any(
+                c.step == step and c.complete for c in find_checkpoints(backend, run_dir, root)):
             return mark
     return best_from_stream(run_dir, backend, root=root)
 
