@@ -153,8 +153,9 @@ def _flash_attn(facts: dict, attn: str, python: Path, where: str, checkout: str 
             if not have:
                 problems.append((f"{said} (prime-rl's default: FlashAttention-4 on SM100, 3 on SM90, 2 otherwise) "
                                  f"needs one of {', '.join(c['module'] for c in choices.values())}: none is there",
-                                 sync(checkout, choices["flash_attention_2"]["extra"]) + " (or the extra of the "
-                                 f"one your GPU gets), and set backend.prime_rl.extra \"{key}\" to it"))
+                                 "install the extra of the one the trainer's GPU gets ("
+                                 + ", ".join(f"{a}: {c['extra']}" for a, c in sorted(choices.items()))
+                                 + f") and set backend.prime_rl.extra \"{key}\" to it"))
             elif not problems:
                 return Result("env.flash_attn", WARN, f"could not check which flash-attention {said} picks: "
                               f"{'no GPU visible here' if not caps else 'GPUs of several kinds'} (it picks by the "
