@@ -44,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prime_rl_needs import facts as needs_facts  # noqa: E402
+
 OUT = ROOT / "rlctl" / "backends" / "prime_rl" / "schemas"
 
 # Modules the config modules import (directly or through prime_rl.utils.*) that validation never needs.
