@@ -20,6 +20,11 @@ Nothing of prime-rl's code is written into rlctl; only the schema (data) is comm
     # prime-rl's RLConfig resolves it (the test compares rlctl's own reading of each file with it)
     python scripts/prime_rl_schema.py --repo ... --tag v0.8.0 --verifiers-repo ... --record
 
+and what a v0.8+ tag needs installed beyond `uv sync` (flash-attention, vllm-router: scripts/prime_rl_needs.py) into
+the schema's `x-environment` entry (also written with the schema), without a venv:
+
+    python scripts/prime_rl_schema.py --repo ... --tag v0.8.0 --needs
+
 From v0.8 the config classes live in `packages/prime-rl-configs` and import `verifiers` (a git submodule, taken here
 at the commit the tag pins, from a clone given by --verifiers-repo) and `renderers` / `prime-pydantic-config`
 (installed from PyPI at the versions the tag's configs package asks for).
@@ -37,6 +42,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prime_rl_needs import facts as needs_facts  # noqa: E402
+
 OUT = ROOT / "rlctl" / "backends" / "prime_rl" / "schemas"
 
 # Modules the config modules import (directly or through prime_rl.utils.*) that validation never needs.
@@ -264,6 +272,8 @@ def main() -> None:
                     "(all its validators): one JSON line per file, `resolved` (the whole config) or `rejected`")
     ap.add_argument("--record", action="store_true", help="render tests/conformance/test_prime_rl.py's matrix for the "
                     "tag, build each with the real RLConfig and write tests/conformance/prime_rl_resolved_<v>.json")
+    ap.add_argument("--needs", action="store_true", help="only (re)write the schema's x-environment entry (what the "
+                    "tag needs installed beyond `uv sync`: scripts/prime_rl_needs.py) from the tag's sources; no venv")
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--path", action="append", default=[], help=argparse.SUPPRESS)
@@ -279,6 +289,14 @@ def main() -> None:
         tree = Path(tmp) / "tree"
         tree.mkdir()
         commit = extract(args.repo, args.tag, tree)
+        source = f"PrimeIntellect-ai/prime-rl {args.tag} ({commit})"
+        if args.needs:
+            out = args.out / f"{args.tag.lstrip('v')}.json"
+            schema = json.loads(out.read_text())
+            schema["x-environment"] = needs_facts(tree, source)
+            out.write_text(json.dumps(schema, indent=1, sort_keys=True) + "\n")
+            print(f"wrote x-environment into {out}")
+            return
         roots = [str(p) for p in source_roots(tree)]
         extra: list[str] = []
         stubs = list(HEAVY)
@@ -317,8 +335,10 @@ def main() -> None:
             if name.lower() in ("pydantic", "pydantic-settings", "prime-pydantic-config", "renderers"):
                 versions[name.lower()] = v
         version = args.tag.lstrip("v")
+        if (tree / "src" / "prime_rl" / "configs").exists() or configs_pyproject.is_file():  # v0.8+ layout
+            schema["x-environment"] = needs_facts(tree, source)
         schema["x-rlctl"] = {
-            "source": f"PrimeIntellect-ai/prime-rl {args.tag} ({commit})",
+            "source": source,
             "generator": "scripts/prime_rl_schema.py",
             "packages": versions,
         }

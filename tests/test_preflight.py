@@ -445,7 +445,10 @@ def test_plot_writes_png(cli, tmp_path):
 
 
 @pytest.mark.parametrize("args", [["--help"], ["render", str(VERL)], ["preflight", str(VERL), "--json"],
-                                  ["status"], ["recipe", "show", str(VERL)]])
+                                  ["status"], ["recipe", "show", str(VERL)],
+                                  # prime-rl v0.8.0's env.flash_attn / env.vllm_router look, in a child interpreter
+                                  ["preflight", str(RECIPES / "prime-rl-qwen3-8b-2xh100.toml"), "--json",
+                                   "--set", 'backend.version="0.8.0"', "--set", "backend.prime_rl.extra={}"]])
 def test_light_commands_import_no_heavy_library(args, tmp_path):
     code = (
         "import sys\n"

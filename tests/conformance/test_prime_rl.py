@@ -578,12 +578,13 @@ def test_command_runs_from_any_directory(tmp_path, monkeypatch):
     r = load(TWO_GPU, ['backend.prime_rl.checkout="/src/prime-rl"']).recipe
     assert PRIME.render(r).argv[:4] == ["uv", "run", "--project", "/src/prime-rl"]
     # preflight's env family: the checkout must exist where the job runs (and uv)
-    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/uv")
-    res = PRIME.preflight(type("C", (), {"recipe": r})(), "env")
+    monkeypatch.setattr("shutil.which", lambda name, **kw: "/usr/bin/uv")
+    res = [x for x in PRIME.preflight(type("C", (), {"recipe": r})(), "env") if x.check == "env.prime_rl_checkout"]
     assert [x.verdict for x in res] == ["fail"]
     (tmp_path / "pyproject.toml").write_text("[project]\nname='prime-rl'\n")
     r.backend.table().checkout = str(tmp_path)
-    assert [x.verdict for x in PRIME.preflight(type("C", (), {"recipe": r})(), "env")] == ["warn"]  # not git
+    assert [x.verdict for x in PRIME.preflight(type("C", (), {"recipe": r})(), "env")
+            if x.check == "env.prime_rl_checkout"] == ["warn"]  # not git
 
 
 def test_checkout_must_be_at_the_rendered_tag(tmp_path, monkeypatch):
@@ -599,15 +600,16 @@ def test_checkout_must_be_at_the_rendered_tag(tmp_path, monkeypatch):
     git("tag", "v0.3.0")
     r = load(TWO_GPU, [f'backend.prime_rl.checkout="{tmp_path}"']).recipe
     ctx = type("C", (), {"recipe": r})()
-    monkeypatch.setattr("shutil.which", lambda name: "/usr/bin/uv")
-    assert [(x.verdict, x.figure.split(" at ")[-1]) for x in PRIME.preflight(ctx, "env")] == [("ok", "v0.3.0")]
+    monkeypatch.setattr("shutil.which", lambda name, **kw: "/usr/bin/uv")
+    tag = [x for x in PRIME.preflight(ctx, "env") if x.check == "env.prime_rl_checkout"]
+    assert [(x.verdict, x.figure.split(" at ")[-1]) for x in tag] == [("ok", "v0.3.0")]
     r.backend.version = "0.8.0"
-    found = PRIME.preflight(ctx, "env")
+    found = [x for x in PRIME.preflight(ctx, "env") if x.check == "env.prime_rl_checkout"]
     assert found[0].verdict == "fail" and "renders for v0.8.0" in found[0].figure
 
 
 def test_uv_must_be_on_path(monkeypatch):
-    monkeypatch.setattr("shutil.which", lambda name: None)
+    monkeypatch.setattr("shutil.which", lambda name, **kw: None)
     r = load(TWO_GPU).recipe
     found = [x for x in PRIME.preflight(type("C", (), {"recipe": r})(), "env") if x.check == "env.uv"]
     assert [x.verdict for x in found] == ["fail"]

@@ -501,4 +501,7 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
                               f"{checkout} is not a prime-rl checkout (no pyproject.toml)", backend.install_hint))
         else:
             out.append(checkout_tag(Path(checkout).expanduser(), backend.target_version(r)))
+        from rlctl.backends.prime_rl.environment import results
+
+        out += results(backend, r, checkout)
     return out
