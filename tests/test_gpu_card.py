@@ -120,3 +120,26 @@ def test_preflight_says_the_machine_has_another_card_than_the_recipe_plans_for(t
     assert r.set == {"resources.gpu": "H200"}, r.set
     r = _env_gpus(tmp_path / "again", gpu="H200")
     assert r.verdict == OK and "NVIDIA H200" in r.figure, r
+
+
+@pytest.mark.parametrize(("evidence", "part", "base"), [("verl-5.json", "lora", 0.601),
+                                                         ("openrlhf-5.json", "lora", 0.601)])
+def test_the_plan_for_the_h200_holds_within_10_percent_on_each_gpu(tmp_path, evidence, part, base):
+    """The two runs on the H200s, planned now for the card they had: each GPU's NVML peak (less the card's own 0.60
+    GiB) within 10% of its share. Ray places OpenRLHF's actor and engine: paired by size."""
+    from rlctl.estimate.gpu_plan import gpu_plan
+    from rlctl.recipe.models import resolve_arch
+    from rlctl.recipe.planning import prepare
+
+    run, doc = _run_dir(tmp_path, evidence, part)
+    p = doc["parts"][part]
+    peaks = [x - base for x in p["nvml_window"]["peak_gib"] if x - base > 0.3]
+    later = doc["parts"].get("collect", {})
+    for entry in later.values():
+        if isinstance(entry, dict) and "nvml_window" in entry:
+            peaks = [max(a, b - base) for a, b in zip(peaks, entry["nvml_window"]["peak_gib"], strict=False)]
+    recipe = prepare(run / "recipe.toml").recipe
+    plan = gpu_plan(recipe, resolve_arch(recipe.model.path), card_gib=H200_TOTAL)
+    shares = sorted((g.total / GiB for g in plan.gpus), reverse=True)
+    for s, m in zip(shares, sorted(peaks, reverse=True), strict=True):
+        assert abs(s / m - 1) <= 0.10, (shares, peaks)

@@ -189,7 +189,8 @@ def evals(part: dict) -> str:
         res = ((after.get("json") or {}).get("results") or [{}])[0]
         m = res.get("metrics") or {}
         out.append(f"`rlctl eval --step {res.get('step')}`: exit {after['exit']}, {len(m)} metrics"
-                   + (f", {res.get('error')}" if res.get("error") else ""))
+                   + (f", {res.get('error')}" if res.get("error") else "")
+                   + (" (a later call)" if after.get("later_call") else ""))
     return "; ".join(out) or "-"
 
 
@@ -212,12 +213,21 @@ def with_later_calls(doc: dict) -> dict[str, dict]:
             for run, entry in part.items():
                 if isinstance(entry, dict) and "collected" in entry:
                     later.setdefault(run, entry)
+    # `--part eval-runs`: rlctl eval of a run's checkpoint in a later call, where the part's own call had no time
+    evals_later: dict[str, dict] = {}
+    for name, part in doc["parts"].items():
+        if name.split("#")[0] == "eval-runs":
+            for run, entry in part.items():
+                if isinstance(entry, dict) and "exit" in (entry.get("eval_after") or {}):
+                    evals_later.setdefault(run, entry["eval_after"])
     out = {}
     for name, part in doc["parts"].items():
         run = (part.get("collected") or {}).get("run_dir")
         if run in later:
             part = {**part, "collected": later[run]["collected"], "steps": later[run].get("steps"),
                     "later_window": later[run].get("nvml_window"), "ended_in_later_call": True}
+        if run in evals_later and "exit" not in (part.get("eval_after") or {}):
+            part = {**part, "eval_after": {**evals_later[run], "later_call": True}}
         out[name] = part
     return out
 

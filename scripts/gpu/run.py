@@ -1272,12 +1272,13 @@ def main(argv: list[str] | None = None) -> int:
                 ctx.say(f"part {part}: not started, less than a minute of this call's time left")
                 continue
             ctx.say(f"part {part}")
-            done = [k for k in ev["parts"] if k.split("#")[0] == part]
-            key = part if not done else f"{part}#{len(done) + 1}"  # a part run again is kept beside the first
+            name = part.split("#")[0]  # `lora#kill`: the part `lora`, its evidence kept under that label
+            done = [k for k in ev["parts"] if k.split("#")[0] == name]
+            key = part if not done or "#" in part else f"{part}#{len(done) + 1}"  # a part run again: kept beside
             CURRENT.update(part=key, res=None)
             t = time.time()
             try:
-                res = {**PARTS[args.stack], **ONLY_ASKED}[part](ctx, nv, model, data)
+                res = {**PARTS[args.stack], **ONLY_ASKED}[name](ctx, nv, model, data)
             except Exception as e:  # a part that broke says how; the others still run
                 import traceback
 
