@@ -310,8 +310,8 @@ class VerlBackend(Backend):
             ("trainer.nnodes", r.resources.nodes),
             ("trainer.n_gpus_per_node", r.resources.gpus_per_node),
             ("trainer.default_local_dir", r.checkpoint.dir),
-            ("trainer.save_freq", self._every(r.checkpoint.every, r)),
-            ("trainer.test_freq", self._every(r.eval.every, r) if r.data.eval else -1),
+            ("trainer.save_freq", self.every_iterations(r.checkpoint.every, r)),
+            ("trainer.test_freq", self.every_iterations(r.eval.every, r) if r.data.eval else -1),
             ("trainer.val_before_train", bool(r.data.eval and r.eval.every)),
         ]
         if r.train.steps is not None:
@@ -340,8 +340,8 @@ class VerlBackend(Backend):
             o.append((k, v))
         return o
 
-    def _every(self, every: int | None, recipe: Recipe) -> int:
-        """save_freq / test_freq count iterations; the recipe counts optimizer steps."""
+    def every_iterations(self, every: int | None, recipe: Recipe) -> int:
+        """save_freq / test_freq count iterations; the recipe counts optimizer steps (-1: never)."""
         if not every:
             return -1
         return max(every // self.optimizer_steps_per_logged_step(recipe), 1)
@@ -517,11 +517,14 @@ class VerlBackend(Backend):
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     def saved_checkpoints(self, recipe: Recipe, total_steps: int) -> int:
-        """verl saves every save_freq steps and once more at the last step (ray_trainer.py: is_last_step)."""
-        every = recipe.checkpoint.every
-        if not every:
+        """verl saves at every iteration that is a multiple of the rendered save_freq (iterations, every_iterations)
+        and at the last one (trainer_base.py fit: `save_freq > 0 and (is_last_step or global_steps % save_freq ==
+        0)`); total_steps counts optimizer steps."""
+        freq = self.every_iterations(recipe.checkpoint.every, recipe)
+        if freq <= 0:
             return 1
-        return total_steps // every + (1 if total_steps % every else 0)
+        iterations = max(total_steps // self.optimizer_steps_per_logged_step(recipe), 1)
+        return iterations // freq + (1 if iterations % freq else 0)
 
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe
