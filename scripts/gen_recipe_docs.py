@@ -124,7 +124,9 @@ def main() -> None:
              "(values are TOML values; `--grid` values too). TOML has no null: `--set a.b=null` unsets a key whose "
              "default is none (`optim.warmup_steps` a file set, an optional table such as `lora`, an `[env]` or "
              "`extra` entry); a key with a default cannot be unset (exit 2, naming the default to give instead); "
-             "`--set 'a.b=\"null\"'` is the string.",
+             "`--set 'a.b=\"null\"'` is the string. Under `backend.<name>.extra` everything after `extra.` is one key "
+             "of the backend's own, dots and `+` included: `--set backend.verl.extra.a.b.c=x` is the TOML "
+             "`[backend.verl.extra] \"a.b.c\" = \"x\"`.",
              "", "Paths (`data.train`, `data.eval`, `eval.sets.<name>.data`, `reward.function`, a local `model.path`, "
              "`patches.dir`, `backend.prime_rl.checkout`) are resolved once, when the recipe is loaded "
              "(`rlctl/recipe/paths.py`): a path written in a recipe file is relative to that file's directory (an "

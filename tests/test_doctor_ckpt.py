@@ -415,7 +415,15 @@ def test_eval_of_a_verl_lora_checkpoint_loads_the_adapter_verls_merger_writes_no
     _verl_merge_and_eval(tmp_path, lora=True)
 
 
-def _verl_merge_and_eval(tmp_path, lora: bool):
+def test_eval_of_a_verl_fsdp2_lora_checkpoint_merges_verls_dtensor_shards(tmp_path):
+    """verl renders LoRA with actor.strategy=fsdp2: its checkpoint manager then saves each rank's DTensor shards
+    (FSDP_version 2 in fsdp_config.json). The checkpoint here is written by verl 0.9.1's own apply_fsdp2 and
+    FSDPCheckpointManager over 2 gloo ranks on the CPU (tests/fixtures/verl_fsdp2_save.py); `rlctl eval` merges it
+    with verl's merger (its DTensor path) and evaluates base + adapter, the adapter being the whole unsharded one."""
+    _verl_merge_and_eval(tmp_path, lora=True, fsdp2=True)
+
+
+def _verl_merge_and_eval(tmp_path, lora: bool, fsdp2: bool = False):
     """`rlctl eval RUN --step 6` on a checkpoint as verl 0.9.1 saves it (FSDP shard of the actor, fsdp_config.json,
     actor/huggingface/ with config + tokenizer): rlctl runs verl's own model merger (the released wheel, its heavy
     imports stubbed: tests/fixtures/verl_merger), then its evaluator generates on the CPU from verl's eval parquet —
@@ -440,7 +448,17 @@ def _verl_merge_and_eval(tmp_path, lora: bool):
     actor = run / "checkpoints" / "global_step_6" / "actor"
     (actor / "huggingface").mkdir(parents=True)
     weights = load_file(src / "model.safetensors")
-    if lora:  # peft's names, as verl's FSDP engine wraps the model (q_proj and v_proj targeted, rank 4)
+    if fsdp2:
+        w = subprocess.run([sys.executable, "-m", "tests.fixtures.verl_fsdp2_save", str(verl_root("0.9.1")),
+                            str(src), str(actor)], cwd=Path(__file__).parents[1], capture_output=True, text=True,
+                           timeout=300)
+        assert w.returncode == 0, w.stderr[-3000:]
+        assert json.loads((actor / "fsdp_config.json").read_text()) == {"FSDP_version": 2, "world_size": 2}
+        shards = [torch.load(actor / f"model_world_size_2_rank_{i}.pt", weights_only=False) for i in (0, 1)]
+        lora_a = next(k for k in shards[0] if k.endswith("q_proj.lora_A.default.weight"))
+        assert type(shards[0][lora_a]).__name__ == "DTensor"
+        whole_a = torch.cat([sh[lora_a].to_local() for sh in shards])  # Shard(0) over the 2 ranks
+    elif lora:  # peft's names, as verl's FSDP engine wraps the model (q_proj and v_proj targeted, rank 4)
         g = torch.Generator().manual_seed(0)
         wrapped = {}
         for k, v in weights.items():
@@ -453,10 +471,11 @@ def _verl_merge_and_eval(tmp_path, lora: bool):
                 wrapped["base_model.model." + k] = v
         weights = wrapped
         (actor / "lora_train_meta.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "task_type": "CAUSAL_LM"}))
-    torch.save(weights, actor / "model_world_size_1_rank_0.pt")
-    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
-    for f in ("config.json", "generation_config.json", "tokenizer.json"):
-        shutil.copy(src / f, actor / "huggingface" / f)
+    if not fsdp2:
+        torch.save(weights, actor / "model_world_size_1_rank_0.pt")
+        (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 1, "world_size": 1}))
+        for f in ("config.json", "generation_config.json", "tokenizer.json"):
+            shutil.copy(src / f, actor / "huggingface" / f)
     tok = json.loads((src / "tokenizer_config.json").read_text())
     tok["chat_template"] = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
     (actor / "huggingface" / "tokenizer_config.json").write_text(json.dumps(tok))
@@ -500,6 +519,11 @@ every = 2
         adapter = json.loads((hf / "lora_adapter" / "adapter_config.json").read_text())
         assert adapter["r"] == 4 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"], adapter
         assert res["step"] == 6 and res["model"] == str(hf / "lora_adapter") and not res["error"], res
+        if fsdp2:
+            saved = load_file(hf / "lora_adapter" / "adapter_model.safetensors")
+            got = next(v for k, v in saved.items() if k.endswith("layers.0.self_attn.q_proj.lora_A.weight"))
+            # the merger writes bf16 (model_merger/base_model_merger.py): the whole adapter, both ranks' rows
+            assert "layers.0." in lora_a and torch.equal(got, whole_a.to(got.dtype)), (got.shape, whole_a.shape)
         spec = json.loads((run / "evals" / "step-6.json").read_text())
         assert spec["base_model"] == str(src), spec
     else:

@@ -136,3 +136,27 @@ def test_every_numeric_key_of_the_schema_refuses_a_boolean():
         if "boolean" not in str(e.value) or key not in str(e.value):
             wrong[key] = str(e.value)
     assert not wrong, wrong
+
+
+def test_colocate_beside_disjoint_gpu_lists_is_refused(cli, tmp_path):
+    """`resources.colocate = true` (trainer and inference share GPUs) beside disjoint trainer_gpus / inference_gpus
+    (they share none) got contradictory verdicts (placement counted shared GPUs, the GPU plan separate ones): the
+    recipe contradicts itself, whichever backend, and is refused where it is read."""
+    from tests.conftest import RECIPES
+
+    base = RECIPES / "prime-rl-qwen3-8b-2xh100.toml"
+    sets = ["resources.colocate=true", "resources.trainer_gpus=[0]", "resources.inference_gpus=[1]"]
+    for cmd in ("render", "preflight"):
+        r = cli(cmd, str(base), *[a for s in sets for a in ("--set", s)])
+        assert r.code == 2, (r.code, r.out, r.err)
+        assert "Traceback" not in r.err and "fix: " in r.err, r.err
+        for w in ("resources.colocate", "resources.trainer_gpus", "resources.inference_gpus"):
+            assert w in r.err, (w, r.err)
+    path = tmp_path / "r.toml"
+    path.write_text(f'extends = "{base}"\n[resources]\ncolocate = true\ntrainer_gpus = [0, 1]\n'
+                    "inference_gpus = [2, 3]\ngpus_per_node = 4\n")
+    r = cli("render", str(path))
+    assert r.code == 2 and f"{path}:" in r.err, r.err
+    # sharing one GPU, or colocate with one list only, is no contradiction
+    assert cli("render", str(base), "--set", "resources.colocate=true", "--set", "resources.trainer_gpus=[0,1]",
+               "--set", "resources.inference_gpus=[1]").code != 2

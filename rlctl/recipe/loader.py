@@ -293,18 +293,21 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
     the bare word `null` is NULL (unset the key)."""
     key, sep, raw = expr.partition("=")
     key = key.strip()
-    if not sep or not key or not re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key):
+    extra = re.fullmatch(r"(backend\.[A-Za-z0-9_]+\.extra)\.(\S+)", key)
+    if not sep or not key or not (extra or re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key)):
         raise RecipeError(
             f"--set {expr!r}: expected KEY=VALUE with a dotted key.", hint="e.g. --set rollout.group_size=16"
         )
     raw = raw.strip()
-    if raw == "null":
-        return key.split("."), NULL
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
-    keys = key.split(".")
+    # a backend's passthrough table takes the backend's own keys as they are, dots and `+` included: everything
+    # after `extra.` is one key, as the TOML form `[backend.verl.extra] "a.b.c" = v` writes it
+    keys = [*extra.group(1).split("."), extra.group(2)] if extra else key.split(".")
+    if raw == "null":
+        return keys, NULL
     if keys[0] == "env" and len(keys) == 2:
         value = env_value(value, raw)
     return keys, value

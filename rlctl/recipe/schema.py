@@ -269,13 +269,28 @@ class ResourcesSection(Section):
     nodes: _upto(MAX_NODES) = 1
     gpus_per_node: _upto(MAX_GPUS_PER_NODE, 0) = 1
     gpu: str = "H100-80GB"
-    colocate: bool = Field(default=False, description="Trainer and inference share the same GPUs.")
+    colocate: bool = Field(default=False, description="Trainer and inference share the same GPUs (with both "
+                           "trainer_gpus and inference_gpus given, they must share at least one: refused otherwise).")
     trainer_gpus: list[GpuId] | None = Field(default=None, description="GPU ids of the trainer (per node).")
     inference_gpus: list[GpuId] | None = Field(default=None, description="GPU ids of the inference engines.")
     executor: str = Field(default="local", description="Where the run's processes live: local, ray, ssh, "
                           "slurm (or a plugin).")
     ray_address: str | None = Field(default=None, description="Ray dashboard address, e.g. http://head:8265.")
     pip: list[str] | None = Field(default=None, description="pip requirements for the Ray job's runtime env.")
+
+    @field_validator("inference_gpus")
+    @classmethod
+    def _colocate_or_apart(cls, inf: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        # colocate = true says trainer and inference share GPUs; two lists with no id in common say they share none.
+        # Placement, the memory checks and the GPU plan each believed one of the two: refused, not guessed (checked
+        # on the last of the three keys, so that the error points at the file line or --set that gave it)
+        trn = info.data.get("trainer_gpus")
+        if info.data.get("colocate") and trn and inf and not set(trn) & set(inf):
+            raise ValueError(
+                f"resources.colocate = true (trainer and inference share GPUs) contradicts resources.trainer_gpus = "
+                f"{trn} and resources.inference_gpus = {inf}, which share none\n  fix: set resources.colocate = "
+                "false to keep them apart, or drop trainer_gpus and inference_gpus (colocated, both use every GPU)")
+        return inf
 
     @field_validator("executor")
     @classmethod

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,8 +61,32 @@ def _val(v: Any) -> str:
     if isinstance(v, float):
         return repr(v) if abs(v) >= 1e-3 or v == 0 else f"{v:g}"
     if isinstance(v, dict):
-        return json.dumps(v)
+        # Hydra's override grammar: {key:value,...} with bare keys (JSON's quoted keys are a parse error); Hydra
+        # merges it into the node the key names, as the dotted leaves would
+        return "{" + ",".join(f"{k}:{_element(x)}" for k, x in v.items()) + "}"
     return str(v)
+
+
+def _element(v: Any) -> str:
+    """A value inside a Hydra dict: a string Hydra would not read back as that string is quoted."""
+    if isinstance(v, str) and (not re.fullmatch(r"[A-Za-z_/][A-Za-z0-9_./\-]*", v)
+                               or v.lower() in ("true", "false", "null", "nan", "inf")):
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return _val(v)
+
+
+def leaves(key: str, value: Any) -> list[tuple[str, Any]]:
+    """An override as the dotted keys it sets (`+` dropped): a table value sets its leaves (Hydra merges a dict
+    override into the node it names)."""
+    if isinstance(value, dict) and value:
+        return [kv for k, x in value.items() for kv in leaves(f"{key.lstrip('+')}.{k}", x)]
+    return [(key.lstrip("+"), value)]
+
+
+def extra_leaves(recipe: Recipe) -> dict[str, Any]:
+    """backend.verl.extra as the Hydra keys it sets, whatever route wrote it: a quoted dotted key, a bare dotted key
+    or sub-table (nested tables), `+`-prefixed keys."""
+    return dict(kv for k, v in recipe.backend.extra().items() for kv in leaves(k, v))
 
 
 @cache
@@ -285,8 +310,8 @@ class VerlBackend(Backend):
             ("trainer.nnodes", r.resources.nodes),
             ("trainer.n_gpus_per_node", r.resources.gpus_per_node),
             ("trainer.default_local_dir", r.checkpoint.dir),
-            ("trainer.save_freq", self._every(r.checkpoint.every, r)),
-            ("trainer.test_freq", self._every(r.eval.every, r) if r.data.eval else -1),
+            ("trainer.save_freq", self.every_iterations(r.checkpoint.every, r)),
+            ("trainer.test_freq", self.every_iterations(r.eval.every, r) if r.data.eval else -1),
             ("trainer.val_before_train", bool(r.data.eval and r.eval.every)),
         ]
         if r.train.steps is not None:
@@ -315,8 +340,8 @@ class VerlBackend(Backend):
             o.append((k, v))
         return o
 
-    def _every(self, every: int | None, recipe: Recipe) -> int:
-        """save_freq / test_freq count iterations; the recipe counts optimizer steps."""
+    def every_iterations(self, every: int | None, recipe: Recipe) -> int:
+        """save_freq / test_freq count iterations; the recipe counts optimizer steps (-1: never)."""
         if not every:
             return -1
         return max(every // self.optimizer_steps_per_logged_step(recipe), 1)
@@ -492,11 +517,14 @@ class VerlBackend(Backend):
 
     # ---- checkpoints -----------------------------------------------------------------------------------------
     def saved_checkpoints(self, recipe: Recipe, total_steps: int) -> int:
-        """verl saves every save_freq steps and once more at the last step (ray_trainer.py: is_last_step)."""
-        every = recipe.checkpoint.every
-        if not every:
+        """verl saves at every iteration that is a multiple of the rendered save_freq (iterations, every_iterations)
+        and at the last one (trainer_base.py fit: `save_freq > 0 and (is_last_step or global_steps % save_freq ==
+        0)`); total_steps counts optimizer steps."""
+        freq = self.every_iterations(recipe.checkpoint.every, recipe)
+        if freq <= 0:
             return 1
-        return total_steps // every + (1 if total_steps % every else 0)
+        iterations = max(total_steps // self.optimizer_steps_per_logged_step(recipe), 1)
+        return iterations // freq + (1 if iterations % freq else 0)
 
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
         r = recipe
@@ -505,7 +533,7 @@ class VerlBackend(Backend):
         # fp32 FSDP model shards (+ Adam's two fp32 states of what trains); hf_model in save_contents (set through
         # backend.verl.extra) adds a bf16 HF export under actor/huggingface
         actor = P * 4 + (T * 8 if r.checkpoint.save_optimizer else 0)
-        contents = r.backend.extra().get(f"{A}.actor.checkpoint.save_contents") or []
+        contents = extra_leaves(r).get(f"{A}.actor.checkpoint.save_contents") or []
         hf = P * 2 if "hf_model" in contents else 0
         critic = (P * 4 + (P * 8 if r.checkpoint.save_optimizer else 0)) if r.algorithm.name == "ppo" else 0
         what = "FSDP model + optimizer shards" + (" + HF export" if hf else "")
@@ -564,7 +592,7 @@ class VerlBackend(Backend):
             self.require_known(version)
         except UnknownVersion:
             return None
-        rendered = [(k, _val(v)) for k, v in self.overrides(recipe, None, version)]
+        rendered = [(k2, _val(v2)) for k, v in self.overrides(recipe, None, version) for k2, v2 in leaves(k, v)]
         return memory.settings(version, rendered), version
 
     def memory_engine(self, recipe: Recipe) -> str:
@@ -638,7 +666,7 @@ def placement_rules(recipe: Recipe) -> list[Any]:
         out.append(Result("placement.batch", FAIL,
                           f"verl counts ppo_mini_batch_size in prompts: {tbs} samples is not whole groups of {g}",
                           "make train.train_batch_size a multiple of rollout.group_size"))
-    dynamic = bool(r.backend.extra().get(f"{A}.actor.use_dynamic_bsz"))
+    dynamic = bool(extra_leaves(r).get(f"{A}.actor.use_dynamic_bsz"))
     rollout_samples = r.rollout.prompts_per_step * g
     if n_gpus and not dynamic and rollout_samples % n_gpus:
         # verl/utils/config.py validate_config: real_train_batch_size % minimal_bsz (n_gpus) == 0

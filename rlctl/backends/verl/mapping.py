@@ -50,18 +50,22 @@ def unhonoured(adapter: Any, recipe: Recipe, snap: dict[str, Any]) -> list[Findi
             f"{adapter.iterations(r, None) * k}", f"make train.steps a multiple of {k}")
     if r.optim.warmup_steps and r.optim.warmup_steps % k:
         add("error", "optim.warmup_steps",
-            f"verl's LR scheduler steps once per iteration ({k} optimizer steps): warmup {r.optim.warmup_steps} "
-            f"becomes {adapter.warmup_iterations(r, 0) * k} optimizer steps", f"make it a multiple of {k}")
+            f"optim.warmup_steps = {r.optim.warmup_steps}: verl's LR scheduler steps once per iteration ({k} "
+            f"optimizer steps), so rlctl renders actor.optim.lr_warmup_steps={adapter.warmup_iterations(r, 0)}: "
+            f"{adapter.warmup_iterations(r, 0) * k} optimizer steps", f"make optim.warmup_steps a multiple of {k}")
     if r.optim.schedule == "linear":
         add("error", "optim.schedule",
             f"verl has no linear decay (lr_scheduler_type: {', '.join(snap['lr_scheduler_types'])})",
             'use "cosine", "cosine_with_min_lr" or "constant"')
     if r.optim.schedule == "constant" and _set(r.optim, "min_lr_ratio"):
         add("warn", "optim.min_lr_ratio", "ignored with a constant schedule")
-    for key, every in (("checkpoint.every", r.checkpoint.every), ("eval.every", r.eval.every)):
-        if every and every % k:
-            add("warn", key, f"verl saves/evaluates every N iterations of {k} optimizer steps: {every} becomes "
-                f"{max(every // k, 1) * k}", f"make it a multiple of {k}")
+    for key, every, freq in (("checkpoint.every", r.checkpoint.every, "trainer.save_freq"),
+                             ("eval.every", r.eval.every, "trainer.test_freq")):
+        if every and every % k and (key == "checkpoint.every" or r.data.eval):
+            used = adapter.every_iterations(every, r)
+            add("warn", key, f"{key} = {every} optimizer steps: verl counts {freq} in iterations of {k} optimizer "
+                f"steps, so rlctl renders {freq}={used}: every {used * k} optimizer steps, not {every}",
+                f"make {key} a multiple of {k}")
     if r.eval.every and not r.data.eval:
         add("warn", "eval.every", "no data.eval: nothing to evaluate, test_freq = -1")
     # ---- model and LoRA
@@ -113,9 +117,10 @@ def unhonoured(adapter: Any, recipe: Recipe, snap: dict[str, Any]) -> list[Findi
 def _lora_sync_overridden(r: Recipe, version: str) -> list[Finding]:
     """A LoRA recipe whose backend.verl.extra undoes what rlctl renders for the adapter's sync into vLLM (LORA_SYNC:
     why each key, in rlctl/backends/verl/__init__.py)."""
+    from rlctl.backends.verl import extra_leaves
     from rlctl.backends.verl.memory import LORA_SYNC, A, recipe_key
 
-    extra = {k.lstrip("+"): val for k, val in r.backend.extra().items()}
+    extra = extra_leaves(r)
     out: list[Finding] = []
     strategy_key, format_key = list(LORA_SYNC)
     if str(extra.get(strategy_key, LORA_SYNC[strategy_key])) == "fsdp":
