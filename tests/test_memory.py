@@ -579,3 +579,20 @@ def test_a_lora_checkpoint_holds_what_peft_writes():
     assert get_backend("trl").checkpoint_bytes(from_config(cfg.to_dict(), "tiny"), recipe)[0] == written
     r32 = load(RECIPES / "quickstart.toml", [*sets, "lora.rank=32"]).recipe
     assert get_backend("trl").checkpoint_bytes(KNOWN["openai/gpt-oss-20b"], r32)[0] == pytest.approx(63.7e6, rel=1e-3)
+
+
+def test_no_fix_suggests_train_seq_len_to_trl_which_never_reads_it():
+    """TRL's GRPOConfig has no trainer sequence length (max_completion_length, and max_prompt_length in the releases
+    before 1.x): it trains on prompt + completion. The memory and context fixes still said `train.seq_len`."""
+    from rlctl.backends import get_backend
+
+    assert get_backend("trl").seq_len_key is None
+    sets = ["model.path=Qwen/Qwen2.5-7B", "model.dtype=bfloat16", "resources.gpus_per_node=1", "train.seq_len=16",
+            "resources.gpu=H100-80GB", "model.max_model_len=8192", "train.gradient_checkpointing=true",
+            "train.micro_batch_size=4", "rollout.max_tokens=4096", "data.max_prompt_tokens=2048"]
+    res = pf.run(prepare(RECIPES / "quickstart.toml", sets), ["memory.trainer", "context.budget"])
+    said = " ".join(f"{r.figure} {r.fix or ''}" for r in res)
+    assert any(r.check == "memory.trainer" and r.verdict == "fail" for r in res), said
+    assert "train.seq_len" not in said and "rollout.max_tokens" in said, said
+    told = get_backend("trl").unhonoured(prepare(RECIPES / "quickstart.toml", sets).resolved.recipe)
+    assert any(f.key == "train.seq_len" and "not used" in f.message for f in told), told
