@@ -426,3 +426,22 @@ def test_the_supervisor_component_is_one_history_by_time(tmp_path, monkeypatch, 
     show_component(run, "supervisor", lines=3)
     out = capsys.readouterr().out.splitlines()
     assert [ln.split()[-1] for ln in out] == ["step=10", "step=20", "(resume)"], out
+
+
+@pytest.mark.parametrize("where", ["log", "attempt"])
+def test_a_ray_run_says_its_cause_from_the_same_place_as_any_run(user, where):
+    """`rlctl status RUN` of a Ray-executor run read its cause only from state.json: a run whose cause is in its log
+    (or in the attempt the supervisor recorded) said none. Every executor's cause comes from causes.settle."""
+    run = user / "runs" / "r-20260101-000000"
+    run.mkdir(parents=True)
+    log, summary, _ = CASES["nccl timeout"]
+    attempts = [{"n": 1, "exit_code": 1}]
+    if where == "log":
+        (run / "stdout.log").write_text(log.read_text())
+    else:
+        (run / "stdout.log").write_text("")
+        attempts[0]["cause"] = {"what": "nccl timeout", "summary": summary, "evidence": [], "fix": "raise it"}
+    write_state(run, name=run.name, status="failed", backend="command", executor="ray", exit_code=1,
+                attempts=attempts, handle={"executor": "ray", "ref": {"address": "127.0.0.1:1", "job": "j"}})
+    d = json.loads(cli("status", run.name, "--json").out)
+    assert d["cause"] and d["cause"]["what"] == "nccl timeout" and d["reason"] == summary, d

@@ -159,3 +159,25 @@ def test_compare_of_one_run_or_one_arm_says_there_is_nothing_to_compare_against(
     c = strict_json(rlctl("compare", "one", "two", "--json").stdout)
     assert c["comparisons"] == [] and c["test"].startswith("none: one arm"), c
     assert len(c["arms"]) == 1 and c["arms"][0]["ci95"] is not None
+
+
+def test_runs_that_differ_only_in_what_does_not_train_are_one_arm(tmp_path):
+    """Two seeds of one recipe, one of them launched with `--set run.restart=never` (and another keep_last, eval
+    schedule and name), were two arms of one run each: arms are keyed by what changes training."""
+    from rlctl.experiments.report import arms_of_runs
+
+    def run(name: str, extra: str) -> str:
+        d = tmp_path / "runs" / name
+        d.mkdir(parents=True)
+        (d / "state.json").write_text(json.dumps({"name": name, "status": "finished", "backend": "command"}))
+        (d / "recipe.toml").write_text(f'name = "{name}"\n[optim]\nlr = 1e-6\n{extra}')
+        return str(d)
+
+    a = run("a", '[train]\nseed = 1\n[run]\nrestart = "on-failure"\n[checkpoint]\nkeep_last = 2\n[eval]\nevery = 5\n')
+    b = run("b", '[train]\nseed = 2\n[run]\nrestart = "never"\nmax_restarts = 0\n[checkpoint]\nkeep_last = 9\n'
+            '[eval]\nevery = 10\n')
+    arms, runs = arms_of_runs([a, b])
+    assert len(arms) == 1 and len(runs["a0"]) == 2, arms
+    c = run("c", '[train]\nseed = 1\n[optim.schedule]\nwarmup = 3\n')
+    arms, _ = arms_of_runs([a, b, c])
+    assert len(arms) == 2 and "optim.schedule.warmup=3" in arms[1]["label"], arms

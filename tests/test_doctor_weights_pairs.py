@@ -75,3 +75,49 @@ def test_nothing_to_compare_of_a_run_on_a_host_says_where_its_checkpoints_are(tm
     write_state(run, executor="ssh", handle={"executor": "ssh", "ref": {"host": "box1", "run_dir": "/w/runs/r1"}})
     said = nothing_to_compare(run)
     assert "checkpoints are on box1" in said and "rlctl ckpt pull" in said and "Keep at least two" not in said, said
+
+
+def adapter(run: Path, name: str, lora_a: list[float], lora_b: list[float]) -> Path:
+    """A PEFT adapter checkpoint: adapter_model.safetensors with one lora_A/lora_B pair (F32, as PEFT saves)."""
+    d = run / "checkpoints" / name
+    d.mkdir(parents=True, exist_ok=True)
+    blobs = [struct.pack(f"<{len(v)}f", *v) for v in (lora_a, lora_b)]
+    names = ["base_model.model.layers.0.q_proj.lora_A.weight", "base_model.model.layers.0.q_proj.lora_B.weight"]
+    header, off = {}, 0
+    for n, b in zip(names, blobs, strict=True):
+        header[n] = {"dtype": "F32", "shape": [len(b) // 4], "data_offsets": [off, off + len(b)]}
+        off += len(b)
+    h = json.dumps(header).encode()
+    (d / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+    (d / "trainer_state.json").write_text("{}")
+    return d
+
+
+def lora_run_with_a_flat_kl(tmp_path: Path) -> Path:
+    """A LoRA run whose metrics show the sign `frozen_weights` reads (the KL to the reference exactly 0)."""
+    run = run_with(tmp_path)
+    with (run / "recipe.toml").open("a") as fh:
+        fh.write("[lora]\nr = 8\n")
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "kl": 0.0, "lr": 1e-6, "loss": 0.1 * s}) + "\n"
+                                               for s in range(1, 13)))
+    return run
+
+
+def test_a_lora_run_whose_adapter_moved_has_one_weights_message(tmp_path, cli):
+    """`doctor --weights` on a LoRA run said "frozen_weights" (from the metrics) and "28/28 tensors changed" (from the
+    checkpoints) at once. The checkpoints are the proof: one message, about the adapter, and no frozen finding."""
+    run = lora_run_with_a_flat_kl(tmp_path)
+    adapter(run, "checkpoint-10", [0.1, 0.2], [0.0, 0.0])
+    adapter(run, "checkpoint-20", [0.11, 0.19], [0.01, -0.02])
+    res = cli("doctor", str(run), "--weights")
+    assert "frozen_weights" not in res.out and "2/2 adapter tensors changed" in res.out, res.out
+    assert res.out.count("weights_frozen") == 1 and res.code == 0, res.out
+
+
+def test_a_lora_run_whose_adapter_did_not_move_is_one_critical_finding(tmp_path, cli):
+    run = lora_run_with_a_flat_kl(tmp_path)
+    adapter(run, "checkpoint-10", [0.1, 0.2], [0.0, 0.0])
+    adapter(run, "checkpoint-20", [0.1, 0.2], [0.0, 0.0])
+    res = cli("doctor", str(run), "--weights")
+    assert "frozen_weights" not in res.out and res.out.count("weights_frozen") == 1, res.out
+    assert "the LoRA adapter did not change" in res.out and "KL to the reference" in res.out and res.code == 1, res.out

@@ -178,6 +178,27 @@ def test_stall_rule_fits_rl():
     assert "after the log said: [rank0]: Watchdog" in d.check(221.0)
 
 
+
+def test_after_a_restart_from_the_start_the_stall_limit_keeps_the_runs_step_time(tmp_path):
+    """A restart from the start (no checkpoint) replays steps 1..N, which the supervisor sees as one observation:
+    with a new detector that knew no step time, the next step waited first_step_s (1800 s) instead of k x the
+    median step time the run had shown. The step time of the run carries over to the next attempt's detector."""
+    from rlctl.runs.supervisor import Supervisor
+
+    (tmp_path / "state.json").write_text(json.dumps({"status": "running"}))
+    spec = {"backend": "command", "executor": "local", "restart": {"mode": "on-stall"},
+            "stall": {"k": 3, "floor_s": 10, "first_step_s": 1800, "slow_step_s": 1800}}
+    sup = Supervisor(tmp_path, spec, {})
+    sup._new_detector()
+    for i, t in enumerate([100.0, 120.0, 140.0, 160.0], start=1):  # 20 s a step
+        sup.detector.observe_step(i, t)
+    assert sup.detector.threshold()[0] == 60
+    sup._new_detector(0)  # restarted from the start
+    assert sup.detector.threshold() == (1800, "the first step")  # loading again: the first step's grace
+    sup.detector.observe_step(4, 500.0)  # steps 1-4 replayed between two looks: one observation
+    assert sup.detector.threshold() == (60, "step 5"), sup.detector.threshold()
+
+
 def test_adapters_name_their_stall_signs():
     import re
 

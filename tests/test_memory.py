@@ -553,3 +553,46 @@ def test_openrlhf_plan_trains_on_the_rollouts_whatever_train_seq_len_says():
     b = trainer_memory(r, resolve_arch(r.model.path))
     assert b.facts["tokens_per_micro_batch"] == 8 * (r.data.max_prompt_tokens + r.rollout.max_tokens)
     assert "train.seq_len" not in (plain.fix or "") and "train.seq_len" not in (short.fix or "")
+
+
+def test_a_lora_checkpoint_holds_what_peft_writes():
+    """The disk check said 31.9 MB for an r=32 attention-only adapter of gpt-oss-20b: it counted the adapter in the
+    model's bf16, but PEFT keeps (and saves) adapters in fp32 (get_peft_model's autocast_adapter_dtype) under the
+    default mixed precision: 63.7 MB. Checked against peft's own state dict of a tiny random gpt-oss."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from rlctl.backends import get_backend
+    from rlctl.recipe.loader import load
+    from rlctl.recipe.models import from_config
+
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    cfg = transformers.GptOssConfig(hidden_size=96, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                                    head_dim=16, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2,
+                                    vocab_size=128, layer_types=["full_attention"] * 2)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    state = peft.get_peft_model_state_dict(peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=targets)))
+    written = sum(t.numel() * t.element_size() for t in state.values())
+    sets = ["model.dtype=bfloat16", "lora.rank=4", f"lora.target_modules={json.dumps(targets)}",
+            "checkpoint.save_optimizer=false"]
+    recipe = load(RECIPES / "quickstart.toml", sets).recipe
+    assert get_backend("trl").checkpoint_bytes(from_config(cfg.to_dict(), "tiny"), recipe)[0] == written
+    r32 = load(RECIPES / "quickstart.toml", [*sets, "lora.rank=32"]).recipe
+    assert get_backend("trl").checkpoint_bytes(KNOWN["openai/gpt-oss-20b"], r32)[0] == pytest.approx(63.7e6, rel=1e-3)
+
+
+def test_no_fix_suggests_train_seq_len_to_trl_which_never_reads_it():
+    """TRL's GRPOConfig has no trainer sequence length (max_completion_length, and max_prompt_length in the releases
+    before 1.x): it trains on prompt + completion. The memory and context fixes still said `train.seq_len`."""
+    from rlctl.backends import get_backend
+
+    assert get_backend("trl").seq_len_key is None
+    sets = ["model.path=Qwen/Qwen2.5-7B", "model.dtype=bfloat16", "resources.gpus_per_node=1", "train.seq_len=16",
+            "resources.gpu=H100-80GB", "model.max_model_len=8192", "train.gradient_checkpointing=true",
+            "train.micro_batch_size=4", "rollout.max_tokens=4096", "data.max_prompt_tokens=2048"]
+    res = pf.run(prepare(RECIPES / "quickstart.toml", sets), ["memory.trainer", "context.budget"])
+    said = " ".join(f"{r.figure} {r.fix or ''}" for r in res)
+    assert any(r.check == "memory.trainer" and r.verdict == "fail" for r in res), said
+    assert "train.seq_len" not in said and "rollout.max_tokens" in said, said
+    told = get_backend("trl").unhonoured(prepare(RECIPES / "quickstart.toml", sets).resolved.recipe)
+    assert any(f.key == "train.seq_len" and "not used" in f.message for f in told), told

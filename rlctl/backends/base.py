@@ -511,12 +511,16 @@ class Backend:
         del recipe, root  # Unused
 
     def checkpoint_bytes(self, arch: Any, recipe: Recipe) -> tuple[float, str]:
-        """(bytes one checkpoint takes on disk, what it holds). Default: an HF model (or adapter) + fp32 Adam."""
+        """(bytes one checkpoint takes on disk, what it holds). Default: an HF model (or adapter) + fp32 Adam. A PEFT
+        adapter is saved in the dtype it trains in (param_dtype): fp32 under mixed precision, because get_peft_model
+        upcasts bf16/fp16 adapters (autocast_adapter_dtype=True), not the base model's dtype."""
         r = recipe
         P = arch.params
         T = arch.lora_params(r.lora.rank, r.lora.target_modules) if r.lora else P
         w = 2 if r.model.dtype in ("bfloat16", "float16") else 4
-        return (T * w if r.lora else P * w) + (T * 2 * 4 if r.checkpoint.save_optimizer else 0), "HF model + optimizer"
+        adapter = 2 if self.param_dtype(r) in ("bfloat16", "float16") else 4
+        return (T * adapter if r.lora else P * w) + (T * 2 * 4 if r.checkpoint.save_optimizer else 0), \
+            "HF model + optimizer"
 
     def lighter_checkpoints(self, recipe: Recipe) -> list[dict[str, Any]]:
         """Recipe changes (keys -> values) that make this backend's checkpoints smaller, beyond not saving the

@@ -305,7 +305,7 @@ def doctor(
     findings += diagnose(run_dir) + _sync_finding(run_dir)
     unweighed = None
     if weights or between:
-        from rlctl.runs.weights import weights_finding
+        from rlctl.runs.weights import settle, weights_finding
 
         if between and len(between) != 2:
             raise typer.BadParameter("--between takes two checkpoints: --between A --between B")
@@ -322,7 +322,7 @@ def doctor(
 
             unweighed = nothing_to_compare(run_dir)
         else:
-            findings.append(found)
+            findings = settle(findings, found)
     if as_json:
         _echo(json.dumps({"run": run_dir.name, "findings": to_json(findings),
                           **({"weights": {"compared": False, "why": unweighed}} if unweighed else {})}, indent=2))

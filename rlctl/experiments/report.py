@@ -19,6 +19,28 @@ from rlctl.experiments import stats
 DEFAULT_METRIC = "reward/mean"
 # what changes the order prompts are drawn in besides the seed: arms differing here are not paired
 DATA_ORDER_KEYS = ("data.", "rollout.prompts_per_step", "backend.name")
+# keys that change how a run is named, supervised, kept or scheduled for evals, never what it trains: runs that
+# differ only here (and in train.seed) are seeds of one arm. `run.*`: restarts, stall limits, failover, on_event;
+# checkpoint.*: where and how many saves are kept and synced (not checkpoint.save_optimizer's resume state, which
+# is not training either, nor checkpoint.every, which sets where a restart resumes and stays a difference); eval.*
+# scheduling: when and where checkpoint evals run, not the sets or how they are sampled; logging, preflight and
+# doctor settings. A prefix ends with "."; "*" stands for one dotted part.
+NOT_TRAINING_KEYS = ("name", "description", "run.", "checkpoint.keep_last", "checkpoint.dir", "checkpoint.final_dir",
+                     "checkpoint.sync", "checkpoint.min_free_gb", "checkpoint.resume", "checkpoint.save_optimizer",
+                     "eval.every", "eval.baseline", "eval.gpu", "eval.timeout_s", "eval.sets.*.every",
+                     "eval.sets.*.in_loop", "logging.", "preflight.", "doctor.")
+
+
+def trains(key: str) -> bool:
+    """Does a difference at this flat recipe key change what is trained? (NOT_TRAINING_KEYS says what does not.)"""
+    parts = key.split(".")
+    for pat in NOT_TRAINING_KEYS:
+        want = pat.rstrip(".").split(".")
+        if len(parts) < len(want) or (not pat.endswith(".") and len(parts) != len(want)):
+            continue
+        if all(w in ("*", p) for w, p in zip(want, parts, strict=False)):
+            return False
+    return True
 
 
 @dataclass
@@ -182,7 +204,7 @@ def arms_of_runs(refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[
     for rd in dirs:
         data = _run_recipe(rd)
         seed = data.get(SEED_KEY)
-        key = {k: v for k, v in data.items() if k not in (SEED_KEY, "name")}
+        key = {k: v for k, v in data.items() if k != SEED_KEY and trains(k)}
         if read_state(rd).get("attached_from"):
             key, seed = {"attached run": rd.name}, None
             attached.add(rd)

@@ -165,12 +165,11 @@ def run_status(run_dir: Path, stall_after: float = 1800.0, ingest: bool = True) 
              and is_progress(r)]
     last_time = max(times, default=None)
     status = true_status(run_dir, state, last_time, stall_after)
-    if _elsewhere(state):  # told by its host (the poll above recorded it)
-        summ = state.get("remote_summary") if isinstance(state.get("remote_summary"), dict) else {}
-        told = state.get("cause") if status in ("failed", "stopped") else \
-            summ.get("cause") if status in ("stalled", "running") else None
+    summ = state.get("remote_summary") if isinstance(state.get("remote_summary"), dict) else {}
+    if _elsewhere(state) and status in ("stalled", "running"):  # a live run's host told why it waits (its poll)
+        told = summ.get("cause")
         cause = told if isinstance(told, dict) else None
-    else:
+    else:  # an ended run, on any executor: the one place that decides (state.json, the last attempt, the logs)
         from rlctl.runs.causes import settle
 
         status, cause = settle(run_dir, state, status)

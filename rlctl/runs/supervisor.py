@@ -292,6 +292,7 @@ class Supervisor:
             os.replace(tmp, self.run_dir / INGEST_STATE)
 
     def _new_detector(self, base_step: int | None = None) -> None:
+        previous = self.detector
         patterns: list[str] = []
         with contextlib.suppress(Exception):
             from rlctl.backends import get_backend
@@ -300,6 +301,10 @@ class Supervisor:
         self.detector = StallDetector(self.stall_cfg, patterns, time.time(),
                                       (self.spec.get("checkpoint_every") or 0, self.spec.get("eval_every") or 0))
         self.detector.last_step = base_step  # steps up to it are repeats of an earlier attempt, not progress
+        if previous is not None:  # the run's step time outlives an attempt: a restart from the start replays
+            # steps 1..N between two looks (one observation, no interval), and the next step would otherwise wait
+            # first_step_s instead of k x the median step time
+            self.detector.intervals = list(previous.intervals)
         self._engine_failed_said = None
         with contextlib.suppress(OSError):
             self.log_pos = (self.run_dir / LOG).stat().st_size

@@ -53,6 +53,7 @@ class Comparison:
     only_in_b: list[str] = field(default_factory=list)
     sampled: bool = False
     unchanged_names: list[str] = field(default_factory=list)
+    adapter: bool = False  # LoRA adapter tensors: the base is frozen by design, the adapter is what must move
 
     @property
     def fraction_tensors_changed(self) -> float:
@@ -67,6 +68,7 @@ class Comparison:
                 "fraction_tensors_changed": self.fraction_tensors_changed,
                 "elements_compared": self.elements_compared, "elements_changed": self.elements_changed,
                 "fraction_elements_changed": self.fraction_elements_changed, "sampled": self.sampled,
+                "adapter": self.adapter,
                 "only_in_a": self.only_in_a[:20], "only_in_b": self.only_in_b[:20],
                 "unchanged": self.unchanged_names[:20]}
 
@@ -174,6 +176,7 @@ def compare(a: Path, b: Path, sample: int = 64) -> Comparison:
     c = Comparison(str(a), str(b))
     c.only_in_a = sorted(set(ta) - set(tb))
     c.only_in_b = sorted(set(tb) - set(ta))
+    c.adapter = any(_is_adapter(n) for n in set(ta) & set(tb))
     reader_a, reader_b = _Reader(), _Reader()
     try:
         for name in sorted(set(ta) & set(tb)):
@@ -200,14 +203,28 @@ def compare(a: Path, b: Path, sample: int = 64) -> Comparison:
     return c
 
 
+def _is_adapter(name: str) -> bool:
+    """A PEFT LoRA tensor (lora_A, lora_B, lora_embedding_A/B, lora_magnitude_vector of DoRA)."""
+    return ".lora_" in name
+
+
 def verdict(c: Comparison) -> tuple[str, str]:
-    """(severity ok|warn|critical, one line) for doctor."""
-    line = (f"{c.tensors_changed}/{c.tensors} tensors changed ({c.fraction_tensors_changed:.1%}), "
+    """(severity ok|warn|critical, one line) for doctor. A LoRA adapter is judged by its tensors: each must move (the
+    base weights are frozen by design and are not in the adapter file)."""
+    what = "adapter tensors" if c.adapter else "tensors"
+    line = (f"{c.tensors_changed}/{c.tensors} {what} changed ({c.fraction_tensors_changed:.1%}), "
             f"{c.fraction_elements_changed:.2%} of {c.elements_compared:,} compared values"
             + (" (sampled)" if c.sampled else "") + f" between {Path(c.a).name} and {Path(c.b).name}")
     if not c.tensors:
         return "warn", (f"no tensor in common between {Path(c.a).name} and {Path(c.b).name} "
                         f"({len(c.only_in_a)} vs {len(c.only_in_b)} names): nothing compared")
+    if c.adapter:
+        if c.tensors_changed == 0:
+            return "critical", line + ": the LoRA adapter did not change at all (only the adapter trains)"
+        if c.tensors_changed < c.tensors:
+            return "warn", line + f": some adapter tensors did not move ({', '.join(c.unchanged_names[:3])}" + (
+                ", ..." if len(c.unchanged_names) > 3 else "") + ")"
+        return "ok", line + ": the LoRA adapter moves (the base weights stay frozen by design)"
     if c.tensors_changed == 0:
         return "critical", line + ": the weights did not change at all"
     if c.fraction_elements_changed < 0.1:
@@ -321,7 +338,26 @@ def weights_finding(run_dir: Path, sample: int = 64, pair: tuple[Path, Path] | N
                        c.to_json())
     if severity == "ok":
         return Finding("weights_frozen", "ok", line, "none: the weights move", c.to_json())
+    if c.adapter:
+        return Finding("weights_frozen", severity, line,
+                       "check that lora.target_modules name modules of this model and that optim.lr is not 0; with "
+                       "pure bf16 adapter weights an update below half a bf16 step is rounded away: model.precision = "
+                       "\"mixed\"", c.to_json())
     return Finding("weights_frozen", severity, line,
                    "with pure bf16 parameters an update below half a bf16 step is rounded away: set "
                    "model.precision = \"mixed\" (fp32 master weights), or raise optim.lr; check that the "
                    "trainable parameters are the ones you meant (LoRA target_modules)", c.to_json())
+
+
+def settle(findings: list[Any], proof: Any) -> list[Any]:
+    """The findings with the checkpoints' proof in place of the metrics' guess: `frozen_weights` reads signs in the
+    metrics (lr 0, no gradient, a KL of 0), the comparison of the weights says whether they moved. Both at once
+    contradicted each other (on a LoRA run the KL to the base can read 0 while the adapter moves), so the proof stays
+    and carries the sign as evidence: one message."""
+    guesses = [f for f in findings if f.rule == "frozen_weights"]
+    if guesses:
+        sign = guesses[0].message
+        proof.message += (f" (the metrics' sign, {sign}, is not frozen weights)" if proof.severity == "ok"
+                          else f"; the metrics agree: {sign}")
+        proof.evidence = {**proof.evidence, "metrics_sign": sign}
+    return [f for f in findings if f.rule != "frozen_weights"] + [proof]

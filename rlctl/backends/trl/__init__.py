@@ -35,6 +35,9 @@ class TRLBackend(Backend):
     metric_needles = ("{'", "'step'", "Training Loss")  # as in trl/metrics.py NEEDLES
     foreach_adam = False  # TrainingArguments.optim defaults to adamw_torch_fused (no step temporaries)
     logits_scope = "completion"  # TRL computes log-probs of the completion tokens only (logits_to_keep)
+    # GRPOConfig has no trainer sequence length (max_completion_length; max_prompt_length before 1.x): it trains on
+    # prompt + completion, so train.seq_len is never rendered and no fix may name it
+    seq_len_key = None
     precisions = ("mixed", "pure")
     logit_bytes = 3.0  # bf16 completion logits, row-wise log-softmax (measured on an H100, docs/memory.md)
     updates_straddle_rollouts = True  # generation_batch_size and gradient accumulation are independent in GRPOConfig
@@ -202,6 +205,11 @@ class TRLBackend(Backend):
             if k in plain or k in ("num_generations", "generation_batch_size"):
                 out.append(Finding("warn", f"backend.trl.extra.{k}", f"backend.trl.extra sets {k}, which rlctl "
                                    "renders from the recipe: the extra wins", "set it through the recipe instead"))
+        if r.train.seq_len is not None:
+            out.append(Finding("warn", "train.seq_len", "TRL has no trainer sequence length (GRPOConfig: "
+                               "max_completion_length only): it trains on prompt + completion, at most "
+                               f"{r.data.max_prompt_tokens + r.rollout.max_tokens} tokens; train.seq_len is not used",
+                               "remove train.seq_len; data.max_prompt_tokens and rollout.max_tokens bound it"))
         if r.lora and isinstance(r.lora.target_modules, list) and "lm_head" in r.lora.target_modules:
             # GRPOTrainer.__init__ (trl 1.16.0 trainer/grpo_trainer.py): log-probs come from lm_head.weight directly,
             # so an adapter there would never train: refused at start (found making the doctor corpus's LoRA run)
