@@ -349,6 +349,27 @@ def test_disk_counts_the_lora_zero3_shard_leak(monkeypatch, tmp_path):
     assert "train.zero_stage = 2" in plain.fix or plain.set == {"checkpoint.keep_last": 3}
 
 
+def test_a_fix_newly_failing_another_check_is_not_offered(monkeypatch, tmp_path):
+    """Seed 001's shape without its patch set: `train.zero_stage = 2` closes the shard leak (disk.lora_zero3,
+    disk.checkpoints) but puts the whole 20B model on each trainer GPU, so memory.trainer would newly fail. A fix
+    offered in `set` is vetted against every check (docs/checks.md: it closes its check without newly failing
+    another): the one that holds is offered (the bundled set with the save fix), and why ZeRO-2 is not is said."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**12, 0, 10**10))
+    sets = [f'checkpoint.dir="{tmp_path}"', NO_SET]
+    res = results(OPENRLHF, *sets)
+    before = {(r.check, r.verdict) for r in res if r.verdict == "fail"}
+    leak = one(res, "disk.lora_zero3")
+    assert leak.set == {"patches.set": "openrlhf/0.9.3"}, leak
+    assert "train.zero_stage = 2" in leak.fix and "memory.trainer" in leak.fix, leak.fix
+    for r in res:
+        if r.verdict in ("fail", "warn") and r.set:
+            after = results(OPENRLHF, *sets, *[f"{k}={json.dumps(v)}" for k, v in r.set.items()])
+            new = {(x.check, x.verdict) for x in after if x.verdict == "fail"} - before
+            assert not new, (r.check, r.set, [x.figure for x in after if (x.check, x.verdict) in new])
+
+
 def test_shipped_openrlhf_recipe_has_no_shard_leak(user):
     """The README's way: `rlctl preflight recipes/openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml` from a working
     directory, every default. Its patch set openrlhf/0.9.3 carries seed 001's save_model fix (0003, declared in the

@@ -32,9 +32,14 @@ class Result:
     # the fix in machine-readable form where rlctl computed one: recipe keys -> values, as `--set key=value` would
     # give them (`rlctl preflight R --set k=v` for each closes this check without failing another: a property test)
     set: dict[str, Any] | None = None
+    # other computed fixes, best first, as (text, set): offered instead of `set` when it would newly fail or warn
+    # another check (_fixes.vet); not in --json, where only the fix that holds is
+    other_fixes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        del d["other_fixes"]
+        return d
 
 
 CheckFn = Callable[["Context"], "Result | list[Result] | None"]
@@ -136,7 +141,9 @@ def check_only(only: list[str] | None) -> None:
                          hint=f"families: {', '.join(families())} (or a check, e.g. schedule.warmup)")
 
 
-def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
+def run(prepared: Any, only: list[str] | None = None, vet: bool = True) -> list[Result]:
+    """The selected checks' results; `vet`: each computed fix (`Result.set`) is one that, applied, closes its check
+    without another check newly failing or warning (_fixes.vet), else it is said why not and not offered."""
     check_only(only)
     _load_all()
     ctx = Context(prepared)
@@ -172,6 +179,10 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
             out = [r for r in out if any(_selects(name, o, aliases) and (o not in aliases or r.check == o)
                                          for o in only)]
         results.extend(out)
+    if vet:
+        from rlctl.preflight._fixes import vet as vet_fixes
+
+        vet_fixes(prepared, results)
     return results
 
 

@@ -3,7 +3,16 @@ honour the keys it names (a fix that names a key the backend ignores or refuses 
 
 from __future__ import annotations
 
+import copy
+import json
+from collections import Counter
 from typing import Any
+
+from rlctl.errors import RlctlError
+
+# checks a fix is not vetted against: they ask other machines (a Ray cluster, a store) or read every prompt, and no
+# recipe key a computed fix sets changes what they say
+UNVETTED = frozenset({"env.executor", "checkpoint.sync", "context.prompt_lengths"})
 
 
 def apply(recipe: Any, sets: dict[str, Any]) -> Any:
@@ -26,3 +35,81 @@ def honoured(backend: Any, recipe: Any, sets: dict[str, Any]) -> bool:
     except Exception:  # a fix the adapter cannot even read is not one to propose
         return False
     return not any(f.key in sets for f in after)
+
+
+def prepared_with(prepared: Any, sets: dict[str, Any]) -> Any:
+    """The prepared recipe as `--set key=value` for each entry of the fix would give it: the raw recipe with the keys
+    assigned, validated and rendered again (a fix that is no valid recipe raises RlctlError)."""
+    from dataclasses import replace
+
+    from rlctl.recipe.loader import apply_sets, validate
+
+    res = prepared.resolved
+    data, origins = copy.deepcopy(res.data), dict(res.origins)
+    apply_sets(data, [f"{k}={json.dumps(v)}" for k, v in sets.items()], origins)
+    recipe = validate(data, origins, {}, res.path)
+    resolved = replace(res, recipe=recipe, data=data, origins=origins)
+    return replace(prepared, resolved=resolved, plan=prepared.backend.render(recipe, prepared.dataset_size))
+
+
+def _said(results: list[Any]) -> Counter:
+    from rlctl.preflight import FAIL, WARN
+
+    return Counter((r.check, r.verdict) for r in results if r.verdict in (FAIL, WARN))
+
+
+def _keys(sets: dict[str, Any]) -> str:
+    return ", ".join(f"{k} = {json.dumps(v)}" for k, v in sets.items())
+
+
+def vet(prepared: Any, results: list[Any]) -> None:
+    """Each failing or warning result's computed fix (its `set`, then its `other_fixes` in order) is applied and
+    every check run again: the first that closes the result's check without another check newly failing or warning
+    is offered (`set`, and its text as `fix`); one that does not is named in the fix with what it would break, never
+    offered in `set`. (A fix may turn its own check's FAIL into a WARN.)"""
+    from rlctl.preflight import FAIL, WARN, run
+
+    def said(prep: Any) -> tuple[Counter, dict]:
+        out = [r for r in run(prep, None, vet=False) if r.check not in UNVETTED]
+        return _said(out), {(r.check, r.verdict): r.figure for r in out}
+
+    base: Counter | None = None
+    cache: dict[str, tuple[Counter, dict] | str] = {}
+
+    def problems(check: str, verdict: str, sets: dict[str, Any]) -> list[str]:
+        nonlocal base
+        if base is None:
+            base = said(prepared)[0]
+        key = json.dumps(sets, sort_keys=True)
+        if key not in cache:
+            try:
+                cache[key] = said(prepared_with(prepared, sets))
+            except RlctlError as e:
+                cache[key] = f"it is no valid recipe: {e.message}"
+        got = cache[key]
+        if isinstance(got, str):
+            return [got]
+        now, figures = got
+        new = [(c, v) for c, v in now if now[(c, v)] > base[(c, v)] and not (c == check and v == WARN)]
+        out = [f"it makes {', '.join(f'{c} {v}' for c, v in new)} ({figures[new[0]].split(' (')[0]})"] if new else []
+        if now[(check, verdict)] >= base[(check, verdict)]:
+            out.append(f"{check} still says {verdict}")
+        return out
+
+    for r in results:
+        if r.verdict not in (FAIL, WARN) or not r.set:
+            continue
+        first = r.set
+        candidates = [(r.fix or "", first)] + [(t, prepared.backend.complete_fix(prepared.recipe, s))
+                                               for t, s in r.other_fixes]
+        why: list[str] = []
+        for text, sets in candidates:
+            found = problems(r.check, r.verdict, sets)
+            if not found:
+                if sets is not first:
+                    r.fix, r.set = f"{text} ({'; '.join(why)})", sets
+                break
+            why.append(f"not {_keys(sets)} alone: {'; '.join(found)}")
+        else:
+            r.set = None
+            r.fix = f"{r.fix or ''} ({'; '.join(why)}: apply that check's fix with it)".strip()

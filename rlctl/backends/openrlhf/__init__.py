@@ -634,8 +634,13 @@ class OpenRLHFBackend(Backend):
         return bool(r.lora) and r.train.zero_stage == 3 and "disk.lora_zero3" not in patch_set_fixes(r)
 
     def lighter_checkpoints(self, recipe: Recipe) -> list[dict[str, Any]]:
-        """ZeRO-2 saves a LoRA adapter without the shard leak (save_model's stage-3 path is the one that leaks)."""
-        return [{"train.zero_stage": 2}] if self.leaks_shards(recipe) else []
+        """ZeRO-2 saves a LoRA adapter without the shard leak (save_model's stage-3 path is the one that leaks); the
+        bundled set for the release that declares the save fix keeps ZeRO-3 (and the trainer's memory) as it is."""
+        if not self.leaks_shards(recipe):
+            return []
+        from rlctl.backends.openrlhf.honour import leak_fixes
+
+        return [s for _, s in leak_fixes(self, recipe)]
 
     def min_keep_last(self, recipe: Recipe) -> tuple[int, str] | None:
         """--max_ckpt_num rotates before the save: save_ckpt deletes DeepSpeed states until fewer than max_num remain,
