@@ -578,6 +578,19 @@ def test_a_restart_policy_without_checkpoints_is_said(cli):
     assert "run.restart" not in {r["check"] for r in json.loads(res.out)["results"]}
 
 
+def test_a_restart_without_the_optimizer_state_is_said(cli):
+    """Seed 001's recipe saves with --disable_ds_ckpt (checkpoint.save_optimizer = false): OpenRLHF resumes only
+    from a DeepSpeed state, so a restart trains from step 0 again. run.restart said OK; it warns naming the key."""
+    res = cli("preflight", str(OPENRLHF), "--set", 'run.restart="on-failure"', "--only", "run", "--json")
+    got = {r["check"]: r for r in json.loads(res.out)["results"]}["run.restart"]
+    assert got["verdict"] == "warn" and "checkpoint.save_optimizer = false" in got["figure"], got
+    assert "step 0" in got["figure"] and "--disable_ds_ckpt" in got["figure"], got
+    assert "checkpoint.save_optimizer = true" in got["fix"], got
+    res = cli("preflight", str(OPENRLHF), "--set", 'run.restart="on-failure"', "--set",
+              "checkpoint.save_optimizer=true", "--only", "run", "--json")
+    assert {r["check"]: r for r in json.loads(res.out)["results"]}["run.restart"]["verdict"] == "ok"
+
+
 def test_openrlhf_keep_last_1_is_said_to_leave_no_complete_checkpoint_during_a_save(user):
     """OpenRLHF's save deletes the oldest DeepSpeed states *before* it writes the next (save_ckpt, --max_ckpt_num):
     with keep_last = 1 the only complete checkpoint is gone while the next is written, and a kill then (OOM,

@@ -560,6 +560,12 @@ class Backend:
         """True when rlctl must prune to keep_last while the run goes (the backend keeps more on its own)."""
         return False
 
+    def restart_loses(self, recipe: Recipe) -> str | None:
+        """What a restart from this recipe's checkpoints starts without, in words (preflight's run.restart warns with
+        it); None: it resumes all of the training state, or the adapter does not say (the default)."""
+        del recipe  # Unused
+        return None
+
     def min_keep_last(self, recipe: Recipe) -> tuple[int, str] | None:
         """The smallest checkpoint.keep_last that leaves a complete checkpoint on disk while the next one is written,
         and why (preflight's run.keep_last, and the keep_last the disk check may propose), where the backend's own

@@ -642,6 +642,16 @@ class OpenRLHFBackend(Backend):
 
         return [s for _, s in leak_fixes(self, recipe)]
 
+    def restart_loses(self, recipe: Recipe) -> str | None:
+        """--load_checkpoint resumes only from a DeepSpeed state (checkpoints.resumable; an HF export resumes
+        nothing), and --disable_ds_ckpt writes none: a restart trains from step 0 again."""
+        if recipe.checkpoint.save_optimizer:
+            return None
+        flag = self.release(recipe).flag("disable_ds_ckpt")
+        return (f"checkpoint.save_optimizer = false ({flag}): OpenRLHF resumes only from a DeepSpeed state "
+                "(_actor/global_stepN), which it then never writes, so a restart trains again from step 0 (the HF "
+                "exports resume nothing)")
+
     def min_keep_last(self, recipe: Recipe) -> tuple[int, str] | None:
         """--max_ckpt_num rotates before the save: save_ckpt deletes DeepSpeed states until fewer than max_num remain,
         then writes the next (utils/deepspeed/deepspeed.py, 0.9.3-0.11.2), and a restart resumes only from a DeepSpeed

@@ -381,6 +381,14 @@ class VerlBackend(Backend):
         honoured: mapping.py)."""
         return True
 
+    def restart_loses(self, recipe: Recipe) -> str | None:
+        """save_contents without "optimizer" (rendered for save_optimizer = false): the checkpoint manager loads the
+        model and the extra state (LR scheduler, RNG) it finds, and the optimizer starts from scratch."""
+        if recipe.checkpoint.save_optimizer:
+            return None
+        return ("checkpoint.save_optimizer = false (actor.checkpoint.save_contents without optimizer): a restart "
+                "loads the weights but starts the optimizer (its moments) from scratch")
+
     def unhonoured(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.verl.mapping import unhonoured
 
