@@ -631,3 +631,18 @@ def test_the_disk_fix_never_proposes_a_keep_last_that_leaves_no_complete_checkpo
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10 * free, 9 * free, free))
     r = one(results(QUICK, *trl, only=["disk.checkpoints"]), "disk.checkpoints")
     assert r.verdict == "fail" and r.set == {"checkpoint.keep_last": 1}, (r.fix, r.set)
+
+
+def test_an_unknown_backend_version_names_where_it_is_set(cli, tmp_path):
+    """`backend.version = "9.9.9"`: render and preflight said the known releases but not where the pin is, unlike
+    every other key error. They name the recipe's file:line (or the --set that gave it), exit 2."""
+    text = OPENRLHF.read_text().replace('version = "0.9.3"', 'version = "9.9.9"').replace('set = "openrlhf/0.9.3"', "")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.startswith("version ="))
+    for cmd in ("render", "preflight"):
+        res = cli(cmd, str(recipe))
+        assert res.code == 2 and f"{recipe}:{line}" in res.err and "0.11.2" in res.err, res.err
+        assert "Traceback" not in res.err
+    res = cli("preflight", str(OPENRLHF), "--set", 'backend.version="9.9.9"', "--set", 'patches.set=""')
+    assert res.code == 2 and "--set backend.version" in res.err, res.err
