@@ -646,3 +646,31 @@ def test_an_unknown_backend_version_names_where_it_is_set(cli, tmp_path):
         assert "Traceback" not in res.err
     res = cli("preflight", str(OPENRLHF), "--set", 'backend.version="9.9.9"', "--set", 'patches.set=""')
     assert res.code == 2 and "--set backend.version" in res.err, res.err
+
+
+def test_only_accepts_every_check_a_backend_emits(user):
+    """`--only disk.lora_zero3` said "no such check": the checks a backend emits inside a registered one (its
+    preflight(ctx, family)) are selectable by name, from the backends' own declarations (Backend.checks)."""
+    work, rlctl = user
+    r = rlctl("preflight", "openrlhf-gpt-oss-20b-grpo-lora-8xh100", "--set", 'patches.set=""', "--only",
+              "disk.lora_zero3", "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert [x["check"] for x in json.loads(r.stdout)["results"]] == ["disk.lora_zero3"], r.stdout
+
+
+def test_every_check_a_backend_emits_is_declared():
+    """What each built-in adapter's source emits (`Result("family.name"`) is a registered check or declared in its
+    Backend.checks under that family, so --only knows it."""
+    import re
+    from pathlib import Path
+
+    from rlctl.backends import BUILTIN, get_backend
+
+    pf._load_all()
+    for name in BUILTIN:
+        backend = get_backend(name)
+        src = Path(__import__(type(backend).__module__, fromlist=["x"]).__file__).parent
+        said = {m for f in src.rglob("*.py") for m in re.findall(r'Result\(\s*"([a-z_]+\.[a-z_0-9]+)"', f.read_text())}
+        declared = {c for names in backend.checks.values() for c in names}
+        assert said - set(pf.REGISTRY) <= declared, (name, said - set(pf.REGISTRY) - declared)
+        assert all(c.split(".")[0] == fam for fam, names in backend.checks.items() for c in names), backend.checks

@@ -588,6 +588,9 @@ class Backend:
     # the checks of this backend's rules that consult a patch set's manifest `fixes` (only those can go silent):
     # what a manifest may name there (rlctl.patching.fixable_checks)
     patch_fixable: tuple[str, ...] = ()
+    # the checks preflight(ctx, family) below may emit that are not registered checks, by family: what
+    # `rlctl preflight --only NAME` accepts and runs (inside the registered check that asks for that family)
+    checks: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def preflight(self, ctx: Any, family: str) -> list[Any]:
         """This backend's own rules for one check family ("disk", "placement", "env", ...), as preflight Results.

@@ -44,11 +44,16 @@ class Result:
 
 CheckFn = Callable[["Context"], "Result | list[Result] | None"]
 REGISTRY: dict[str, CheckFn] = {}
+# family -> the registered check that runs the backend's checks of that family (Backend.preflight(ctx, family))
+HOSTS: dict[str, str] = {}
 
 
-def check(name: str) -> Callable[[CheckFn], CheckFn]:
+def check(name: str, hosts: str | None = None) -> Callable[[CheckFn], CheckFn]:
+    """Register a check; `hosts`: it also runs the backend's own checks of that family (Backend.checks names them)."""
     def register(fn: CheckFn) -> CheckFn:
         REGISTRY[name] = fn
+        if hosts:
+            HOSTS[hosts] = name
         return fn
 
     return register
@@ -112,9 +117,13 @@ def families() -> list[str]:
 
 def emitted() -> dict[str, str]:
     """Checks that a plug-in runs inside one registered check: their name -> the registered check that runs them
-    (an executor's checks run inside env.executor)."""
+    (an executor's checks run inside env.executor; a backend's, declared in its `checks` by family, inside the check
+    that hosts that family)."""
+    from rlctl.backends import available as backends
+    from rlctl.backends import get_backend
     from rlctl.executors import available, get
 
+    _load_all()
     out: dict[str, str] = {}
     for name in available():
         try:
@@ -122,6 +131,15 @@ def emitted() -> dict[str, str]:
                 out[c] = "env.executor"
         except Exception:  # a broken third-party executor must not break preflight
             continue
+    for name in backends():
+        try:
+            declared = dict(get_backend(name).checks)
+        except Exception:  # a broken third-party backend is `rlctl backends`' finding
+            continue
+        for family, names in declared.items():
+            for c in names:
+                if family in HOSTS and c not in REGISTRY:
+                    out[c] = HOSTS[family]
     return out
 
 

@@ -17,7 +17,7 @@ def human(n: float) -> str:
     return f"{n / 1e3:.1f} kB"
 
 
-@check("disk.checkpoints")
+@check("disk.checkpoints", hosts="disk")
 def checkpoints(ctx: Context) -> list[Result]:
     r = ctx.recipe
     out: list[Result] = []

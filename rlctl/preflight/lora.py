@@ -32,7 +32,7 @@ def targets(ctx: Context) -> Result | None:
     return Result("lora.targets", OK, f"{len(found)} of {arch.name}'s linear layer kinds adapted")
 
 
-@check("lora.vllm_sync")
+@check("lora.vllm_sync", hosts="lora")
 def vllm_sync(ctx: Context) -> list[Result]:
     r = ctx.recipe
     if r.lora is None or not r.uses_vllm:

@@ -114,6 +114,7 @@ class OpenRLHFBackend(Backend):
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
     patch_fixable = ("disk.lora_zero3", "lora.vllm_sync")  # honour.py: what a set's manifest `fixes` silences
+    checks = {"env": ("env.wandb_job",), "disk": ("disk.deepspeed", "disk.lora_zero3", "disk.hf_exports")}  # honour.py
     known_versions = KNOWN_VERSIONS
     metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 

@@ -72,6 +72,8 @@ def snapshot(version: str) -> dict[str, Any]:
 
 class VerlBackend(Backend):
     name = "verl"
+    checks = {"placement": ("placement.token_budget", "placement.nodes"), "env": ("env.flash_attn", "env.verl_trl",
+              "env.wandb_job"), "reference": ("reference.data_format",)}  # preflight below, data.py
     multi_node_launcher = "ray"  # its trainer and vLLM engines are Ray actors placed over the cluster
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
     own_rotation = "trainer.max_actor_ckpt_to_keep (and max_critic_ckpt_to_keep) stays at null, keep all"
