@@ -101,3 +101,27 @@ def test_the_users_set_and_a_relative_path_against_the_real_package(site, tmp_pa
     assert (sp / "openrlhf" / "user_marker.py").read_text() == "MARK = 1\n"
     res = cli("patch", "status", "mypatches/openrlhf/0.9.3", "--python", py, "--json", cwd=tmp_path)
     assert {p["state"] for p in json.loads(res.out)["patches"]} == {"applied"}, res.out
+
+
+def test_status_of_an_uninstalled_backend_names_the_release_to_install(user):
+    """`rlctl patch status openrlhf/0.9.3` where openrlhf is not installed said `pip install openrlhf`, which installs
+    whatever is newest, for which the set is not: the hint pins the set's release (exit 2, no traceback). With
+    --backend alone it names the releases that have a set."""
+    if _installed("openrlhf"):
+        pytest.skip("openrlhf is installed here")
+    _, rlctl = user
+    r = rlctl("patch", "status", "openrlhf/0.9.3")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "pip install openrlhf==0.9.3" in r.stderr, r.stderr
+    r = rlctl("patch", "status", "--backend", "openrlhf")
+    assert r.returncode == 2 and "pip install openrlhf==" in r.stderr and "0.10.4" in r.stderr, r.stderr
+
+
+def _installed(dist: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(dist)
+    except PackageNotFoundError:
+        return False
+    return True
