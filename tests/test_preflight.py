@@ -674,3 +674,40 @@ def test_every_check_a_backend_emits_is_declared():
         declared = {c for names in backend.checks.values() for c in names}
         assert said - set(pf.REGISTRY) <= declared, (name, said - set(pf.REGISTRY) - declared)
         assert all(c.split(".")[0] == fam for fam, names in backend.checks.items() for c in names), backend.checks
+
+
+@pytest.mark.parametrize("recipe", [OPENRLHF, QUICK], ids=["gpt-oss", "qwen"])
+@pytest.mark.parametrize("targets", ["[]", '["q_projx"]'])
+def test_lora_targets_no_module_of_the_model_has_are_refused(cli, tmp_path, recipe, targets):
+    """`lora.target_modules = []` or a name the model lacks passed preflight on gpt-oss (an MoE: not judged) and Qwen
+    (`[]`): peft refuses both at start. rlctl refuses them (exit 2) naming the key's file:line and the model's module
+    names (from its architecture: gpt-oss's experts are parameters, not modules; its attention projections are)."""
+    text = recipe.read_text()
+    if "[lora]" not in text:
+        text += "\n[lora]\nrank = 8\n"
+    text = text.replace("[lora]\n", f"[lora]\ntarget_modules = {targets}\n", 1)
+    text = "\n".join(t for t in text.splitlines() if not t.startswith("target_modules = [\"q_proj\""))
+    path = tmp_path / recipe.name
+    path.write_text(text)
+    (tmp_path / "quickstart").symlink_to(recipe.parent / "quickstart")
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.startswith("target_modules"))
+    res = cli("preflight", str(path))
+    assert res.code == 2 and "Traceback" not in res.err, res.err
+    assert f"{path}:{line}" in res.err and "lora.target_modules" in res.err, res.err
+    assert "q_proj, k_proj, v_proj, o_proj" in res.err, res.err
+    if recipe == OPENRLHF:
+        assert "gate_proj" not in res.err, res.err  # gpt-oss's MLP is its experts: no such module
+
+
+def test_lora_targets_of_a_model_that_cannot_be_read_say_the_check_did_not_run(tmp_path):
+    """An MoE model whose module names rlctl cannot read here (no weight index, a family it does not know): the
+    check says it could not run, never nothing."""
+    model = tmp_path / "moe"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "some_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "num_local_experts": 4,
+        "num_experts_per_tok": 2}))
+    res = results(QUICK, f'model.path="{model}"', "lora.rank=8", 'lora.target_modules=["w1"]', only=["lora.targets"])
+    r = one(res, "lora.targets")
+    assert r.verdict == "skip" and "could not run" in r.figure and "some_moe" in r.figure, r

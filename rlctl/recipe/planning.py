@@ -75,6 +75,15 @@ def prepare(recipe_path: str | Path, sets: list[str] | None = None) -> Prepared:
 
 
 def _prepare(resolved: Any, backend: Any) -> Prepared:
+    from rlctl.preflight.lora import refusal
+    from rlctl.preflight.references import key_where
+
+    why = refusal(resolved.recipe)  # LoRA on no module of the model: peft refuses it at start
+    if why:
+        from rlctl.errors import RecipeError
+
+        raise RecipeError(f"{key_where(resolved, 'lora.target_modules')}: {why}.",
+                          hint='set lora.target_modules = "all-linear", or names of the model\'s modules')
     if resolved.recipe.patches.set:  # a set that is unknown or for another release: render and preflight refuse
         from rlctl.patching import recipe_set
         from rlctl.preflight.references import key_where
