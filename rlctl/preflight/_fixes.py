@@ -3,15 +3,14 @@ honour the keys it names (a fix that names a key the backend ignores or refuses 
 
 from __future__ import annotations
 
-import copy
 import json
 from collections import Counter
 from typing import Any
 
 from rlctl.errors import RlctlError
 
-# checks a fix is not vetted against: they ask other machines (a Ray cluster, a store) or read every prompt, and no
-# recipe key a computed fix sets changes what they say
+# checks a fix is not vetted against (not run again): they ask other machines (a Ray cluster, a store) or read every
+# prompt, and no recipe key a computed fix sets changes what they say
 UNVETTED = frozenset({"env.executor", "checkpoint.sync", "context.prompt_lengths"})
 
 
@@ -38,17 +37,12 @@ def honoured(backend: Any, recipe: Any, sets: dict[str, Any]) -> bool:
 
 
 def prepared_with(prepared: Any, sets: dict[str, Any]) -> Any:
-    """The prepared recipe as `--set key=value` for each entry of the fix would give it: the raw recipe with the keys
-    assigned, validated and rendered again (a fix that is no valid recipe raises RlctlError)."""
+    """The prepared recipe with the fix applied (to the recipe that would run: launch's own changes, such as
+    --executor or a --resume step, kept) and rendered again; a fix the backend cannot render raises RlctlError."""
     from dataclasses import replace
 
-    from rlctl.recipe.loader import apply_sets, validate
-
-    res = prepared.resolved
-    data, origins = copy.deepcopy(res.data), dict(res.origins)
-    apply_sets(data, [f"{k}={json.dumps(v)}" for k, v in sets.items()], origins)
-    recipe = validate(data, origins, {}, res.path)
-    resolved = replace(res, recipe=recipe, data=data, origins=origins)
+    recipe = apply(prepared.recipe, sets)
+    resolved = replace(prepared.resolved, recipe=recipe)
     return replace(prepared, resolved=resolved, plan=prepared.backend.render(recipe, prepared.dataset_size))
 
 
@@ -67,10 +61,12 @@ def vet(prepared: Any, results: list[Any]) -> None:
     every check run again: the first that closes the result's check without another check newly failing or warning
     is offered (`set`, and its text as `fix`); one that does not is named in the fix with what it would break, never
     offered in `set`. (A fix may turn its own check's FAIL into a WARN.)"""
-    from rlctl.preflight import FAIL, WARN, run
+    from rlctl.preflight import FAIL, REGISTRY, WARN, run
+
+    vetted = [name for name in REGISTRY if name not in UNVETTED]  # never run: they would ask a cluster per fix
 
     def said(prep: Any) -> tuple[Counter, dict]:
-        out = [r for r in run(prep, None, vet=False) if r.check not in UNVETTED]
+        out = run(prep, vetted, vet=False)
         return _said(out), {(r.check, r.verdict): r.figure for r in out}
 
     base: Counter | None = None
@@ -86,6 +82,8 @@ def vet(prepared: Any, results: list[Any]) -> None:
                 cache[key] = said(prepared_with(prepared, sets))
             except RlctlError as e:
                 cache[key] = f"it is no valid recipe: {e.message}"
+            except Exception as e:  # a fix the adapter cannot even render is not one to offer (nor a traceback)
+                cache[key] = f"it cannot be rendered: {type(e).__name__}: {e}"
         got = cache[key]
         if isinstance(got, str):
             return [got]
