@@ -198,9 +198,11 @@ def run(prepared: Any, only: list[str] | None = None, vet: bool = True) -> list[
                                          for o in only)]
         results.extend(out)
     if vet:
+        from rlctl.preflight._fixes import UNVETTED
         from rlctl.preflight._fixes import vet as vet_fixes
 
-        vet_fixes(prepared, results)
+        vetted = [name for name in REGISTRY if name not in UNVETTED]  # not run again: they would ask a cluster
+        vet_fixes(prepared, results, lambda p: run(p, vetted, vet=False), FAIL, WARN)
     return results
 
 

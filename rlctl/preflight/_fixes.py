@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from rlctl.errors import RlctlError
@@ -46,28 +47,24 @@ def prepared_with(prepared: Any, sets: dict[str, Any]) -> Any:
     return replace(prepared, resolved=resolved, plan=prepared.backend.render(recipe, prepared.dataset_size))
 
 
-def _said(results: list[Any]) -> Counter:
-    from rlctl.preflight import FAIL, WARN
-
-    return Counter((r.check, r.verdict) for r in results if r.verdict in (FAIL, WARN))
 
 
 def _keys(sets: dict[str, Any]) -> str:
     return ", ".join(f"{k} = {json.dumps(v)}" for k, v in sets.items())
 
 
-def vet(prepared: Any, results: list[Any]) -> None:
+def vet(prepared: Any, results: list[Any], rerun: Callable[[Any], list[Any]], fail: str, warn: str) -> None:
     """Each failing or warning result's computed fix (its `set`, then its `other_fixes` in order) is applied and
     every check run again: the first that closes the result's check without another check newly failing or warning
     is offered (`set`, and its text as `fix`); one that does not is named in the fix with what it would break, never
-    offered in `set`. (A fix may turn its own check's FAIL into a WARN.)"""
-    from rlctl.preflight import FAIL, REGISTRY, WARN, run
-
-    vetted = [name for name in REGISTRY if name not in UNVETTED]  # never run: they would ask a cluster per fix
+    offered in `set`. (A fix may turn its own check's FAIL into a WARN.) `rerun`: the checks, but UNVETTED, on a
+    prepared recipe, unvetted; `fail`, `warn`: the verdicts that count."""
+    FAIL, WARN = fail, warn  # noqa: N806 - preflight's verdicts, given (preflight imports this module)
 
     def said(prep: Any) -> tuple[Counter, dict]:
-        out = run(prep, vetted, vet=False)
-        return _said(out), {(r.check, r.verdict): r.figure for r in out}
+        out = rerun(prep)
+        return (Counter((r.check, r.verdict) for r in out if r.verdict in (FAIL, WARN)),
+                {(r.check, r.verdict): r.figure for r in out})
 
     base: Counter | None = None
     cache: dict[str, tuple[Counter, dict] | str] = {}
