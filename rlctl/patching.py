@@ -353,8 +353,9 @@ _LOCATE = (
 )
 
 
-def locate(package: str, python: str | None = None) -> Installed:
-    """Where `package` is installed for an interpreter (ours by default), found without importing it."""
+def locate(package: str, python: str | None = None, versions: tuple[str, ...] = ()) -> Installed:
+    """Where `package` is installed for an interpreter (ours by default), found without importing it. `versions`: the
+    releases a patch set is for (the one to install where the package is missing)."""
     exe = python or sys.executable
     try:
         r = subprocess.run([exe, "-c", _LOCATE, package], capture_output=True, text=True, timeout=60)
@@ -374,7 +375,9 @@ def locate(package: str, python: str | None = None) -> Installed:
                          ) from None
     info = {"locations": locations, "version": found_version if isinstance(found_version, str) else None}
     if not info["locations"]:
-        raise PatchError(f"{package} is not installed for {exe}.", hint=f"pip install {package}")
+        pin = f"{package}=={versions[0]}" if versions else package
+        more = f" (a release with a patch set: {', '.join(versions)})" if len(versions) > 1 else ""
+        raise PatchError(f"{package} is not installed for {exe}.", hint=f"pip install {pin}{more}")
     pkg_dir = Path(info["locations"][0])
     return Installed(package, info["version"], pkg_dir.parent)
 
@@ -814,13 +817,13 @@ def apply_for_launch(recipe: Any, out: IO[str]) -> None:
 
     if not get_backend(recipe.backend.name).patch_locally(recipe):
         try:
-            inst = locate(ps.package)
+            inst = locate(ps.package, versions=(ps.version,))
         except PatchError:
             out.write(f"rlctl: {ps.package} is not installed here; patch set {ps.name} must be applied on the "
                       "cluster's nodes (rlctl patch apply there).\n")
             return
     else:
-        inst = locate(ps.package)
+        inst = locate(ps.package, versions=(ps.version,))
     try:
         result = apply(ps, inst)
     except PatchError as e:

@@ -15,6 +15,7 @@ from rlctl.errors import PatchError
 from rlctl.resources import patches_dir
 from tests.test_lora_vllm_sync import lora_recipe  # noqa: F401 - the fixture
 from tests.test_patching import site  # noqa: F401 - the fixture
+from tests.test_slurm import cluster, sl  # noqa: F401 - the fixtures (a user on a real SLURM login node)
 
 BUNDLED = patches_dir() / "openrlhf"
 
@@ -101,3 +102,46 @@ def test_the_users_set_and_a_relative_path_against_the_real_package(site, tmp_pa
     assert (sp / "openrlhf" / "user_marker.py").read_text() == "MARK = 1\n"
     res = cli("patch", "status", "mypatches/openrlhf/0.9.3", "--python", py, "--json", cwd=tmp_path)
     assert {p["state"] for p in json.loads(res.out)["patches"]} == {"applied"}, res.out
+
+
+def test_status_of_an_uninstalled_backend_names_the_release_to_install(user):
+    """`rlctl patch status openrlhf/0.9.3` where openrlhf is not installed said `pip install openrlhf`, which installs
+    whatever is newest, for which the set is not: the hint pins the set's release (exit 2, no traceback). With
+    --backend alone it names the releases that have a set."""
+    if _installed("openrlhf"):
+        pytest.skip("openrlhf is installed here")
+    _, rlctl = user
+    r = rlctl("patch", "status", "openrlhf/0.9.3")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "pip install openrlhf==0.9.3" in r.stderr, r.stderr
+    r = rlctl("patch", "status", "--backend", "openrlhf")
+    assert r.returncode == 2 and "pip install openrlhf==" in r.stderr and "0.10.4" in r.stderr, r.stderr
+
+
+def _installed(dist: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(dist)
+    except PackageNotFoundError:
+        return False
+    return True
+
+
+def test_launch_onto_a_cluster_from_a_machine_without_the_backend(sl, lora_recipe):  # noqa: F811
+    """A user on a SLURM login node without openrlhf (the packages are the compute nodes'): `rlctl launch` of a
+    recipe with a patch set cannot patch this machine's site-packages; it says where the set must be applied and
+    submits the job (patching.apply_for_launch), instead of failing on the missing package."""
+    if _installed("openrlhf"):
+        pytest.skip("openrlhf is installed here")
+    work, rlctl, _ = sl
+    recipe = lora_recipe("0.10.4", "openrlhf/0.10.4")
+    r = rlctl("launch", str(recipe), "--executor", "slurm", "--partition", "debug", "--force", "--detach",
+              timeout=300)
+    assert "openrlhf is not installed here; patch set openrlhf/0.10.4 must be applied on the cluster's nodes" \
+        in r.stderr, r.stderr
+    # and the launch goes on to submit the job: to SLURM, whose test nodes have no GPUs, so sbatch refuses the gres
+    # the recipe's GPUs ask for (a cluster with GPUs runs it); never a refusal for the package missing here
+    assert "could not be applied" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "submitted as SLURM job" in r.stderr or "sbatch refused the job" in r.stderr, r.stderr
+    assert list((work / "runs").glob("*/slurm.sbatch")), "the job script was written and submitted"

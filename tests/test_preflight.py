@@ -356,6 +356,27 @@ def test_disk_counts_the_lora_zero3_shard_leak(monkeypatch, tmp_path):
     assert "train.zero_stage = 2" in plain.fix or plain.set == {"checkpoint.keep_last": 3}
 
 
+def test_a_fix_newly_failing_another_check_is_not_offered(monkeypatch, tmp_path):
+    """Seed 001's shape without its patch set: `train.zero_stage = 2` closes the shard leak (disk.lora_zero3,
+    disk.checkpoints) but puts the whole 20B model on each trainer GPU, so memory.trainer would newly fail. A fix
+    offered in `set` is vetted against every check (docs/checks.md: it closes its check without newly failing
+    another): the one that holds is offered (the bundled set with the save fix), and why ZeRO-2 is not is said."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10**12, 0, 10**10))
+    sets = [f'checkpoint.dir="{tmp_path}"', NO_SET]
+    res = results(OPENRLHF, *sets)
+    before = {(r.check, r.verdict) for r in res if r.verdict == "fail"}
+    leak = one(res, "disk.lora_zero3")
+    assert leak.set == {"patches.set": "openrlhf/0.9.3"}, leak
+    assert "train.zero_stage = 2" in leak.fix and "memory.trainer" in leak.fix, leak.fix
+    for r in res:
+        if r.verdict in ("fail", "warn") and r.set:
+            after = results(OPENRLHF, *sets, *[f"{k}={json.dumps(v)}" for k, v in r.set.items()])
+            new = {(x.check, x.verdict) for x in after if x.verdict == "fail"} - before
+            assert not new, (r.check, r.set, [x.figure for x in after if (x.check, x.verdict) in new])
+
+
 def test_shipped_openrlhf_recipe_has_no_shard_leak(user):
     """The README's way: `rlctl preflight recipes/openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml` from a working
     directory, every default. Its patch set openrlhf/0.9.3 carries seed 001's save_model fix (0003, declared in the
@@ -567,6 +588,19 @@ def test_a_restart_policy_without_checkpoints_is_said(cli):
     assert "run.restart" not in {r["check"] for r in json.loads(res.out)["results"]}
 
 
+def test_a_restart_without_the_optimizer_state_is_said(cli):
+    """Seed 001's recipe saves with --disable_ds_ckpt (checkpoint.save_optimizer = false): OpenRLHF resumes only
+    from a DeepSpeed state, so a restart trains from step 0 again. run.restart said OK; it warns naming the key."""
+    res = cli("preflight", str(OPENRLHF), "--set", 'run.restart="on-failure"', "--only", "run", "--json")
+    got = {r["check"]: r for r in json.loads(res.out)["results"]}["run.restart"]
+    assert got["verdict"] == "warn" and "checkpoint.save_optimizer = false" in got["figure"], got
+    assert "step 0" in got["figure"] and "--disable_ds_ckpt" in got["figure"], got
+    assert "checkpoint.save_optimizer = true" in got["fix"], got
+    res = cli("preflight", str(OPENRLHF), "--set", 'run.restart="on-failure"', "--set",
+              "checkpoint.save_optimizer=true", "--only", "run", "--json")
+    assert {r["check"]: r for r in json.loads(res.out)["results"]}["run.restart"]["verdict"] == "ok"
+
+
 def test_openrlhf_keep_last_1_is_said_to_leave_no_complete_checkpoint_during_a_save(user):
     """OpenRLHF's save deletes the oldest DeepSpeed states *before* it writes the next (save_ckpt, --max_ckpt_num):
     with keep_last = 1 the only complete checkpoint is gone while the next is written, and a kill then (OOM,
@@ -607,3 +641,83 @@ def test_the_disk_fix_never_proposes_a_keep_last_that_leaves_no_complete_checkpo
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(10 * free, 9 * free, free))
     r = one(results(QUICK, *trl, only=["disk.checkpoints"]), "disk.checkpoints")
     assert r.verdict == "fail" and r.set == {"checkpoint.keep_last": 1}, (r.fix, r.set)
+
+
+def test_an_unknown_backend_version_names_where_it_is_set(cli, tmp_path):
+    """`backend.version = "9.9.9"`: render and preflight said the known releases but not where the pin is, unlike
+    every other key error. They name the recipe's file:line (or the --set that gave it), exit 2."""
+    text = OPENRLHF.read_text().replace('version = "0.9.3"', 'version = "9.9.9"').replace('set = "openrlhf/0.9.3"', "")
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.startswith("version ="))
+    for cmd in ("render", "preflight"):
+        res = cli(cmd, str(recipe))
+        assert res.code == 2 and f"{recipe}:{line}" in res.err and "0.11.2" in res.err, res.err
+        assert "Traceback" not in res.err
+    res = cli("preflight", str(OPENRLHF), "--set", 'backend.version="9.9.9"', "--set", 'patches.set=""')
+    assert res.code == 2 and "--set backend.version" in res.err, res.err
+
+
+def test_only_accepts_every_check_a_backend_emits(user):
+    """`--only disk.lora_zero3` said "no such check": the checks a backend emits inside a registered one (its
+    preflight(ctx, family)) are selectable by name, from the backends' own declarations (Backend.checks)."""
+    work, rlctl = user
+    r = rlctl("preflight", "openrlhf-gpt-oss-20b-grpo-lora-8xh100", "--set", 'patches.set=""', "--only",
+              "disk.lora_zero3", "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert [x["check"] for x in json.loads(r.stdout)["results"]] == ["disk.lora_zero3"], r.stdout
+
+
+def test_every_check_a_backend_emits_is_declared():
+    """What each built-in adapter's source emits (`Result("family.name"`) is a registered check or declared in its
+    Backend.checks under that family, so --only knows it."""
+    import re
+    from pathlib import Path
+
+    from rlctl.backends import BUILTIN, get_backend
+
+    pf._load_all()
+    for name in BUILTIN:
+        backend = get_backend(name)
+        src = Path(__import__(type(backend).__module__, fromlist=["x"]).__file__).parent
+        said = {m for f in src.rglob("*.py") for m in re.findall(r'Result\(\s*"([a-z_]+\.[a-z_0-9]+)"', f.read_text())}
+        declared = {c for names in backend.checks.values() for c in names}
+        assert said - set(pf.REGISTRY) <= declared, (name, said - set(pf.REGISTRY) - declared)
+        assert all(c.split(".")[0] == fam for fam, names in backend.checks.items() for c in names), backend.checks
+
+
+@pytest.mark.parametrize("recipe", [OPENRLHF, QUICK], ids=["gpt-oss", "qwen"])
+@pytest.mark.parametrize("targets", ["[]", '["q_projx"]'])
+def test_lora_targets_no_module_of_the_model_has_are_refused(cli, tmp_path, recipe, targets):
+    """`lora.target_modules = []` or a name the model lacks passed preflight on gpt-oss (an MoE: not judged) and Qwen
+    (`[]`): peft refuses both at start. rlctl refuses them (exit 2) naming the key's file:line and the model's module
+    names (from its architecture: gpt-oss's experts are parameters, not modules; its attention projections are)."""
+    text = recipe.read_text()
+    if "[lora]" not in text:
+        text += "\n[lora]\nrank = 8\n"
+    text = text.replace("[lora]\n", f"[lora]\ntarget_modules = {targets}\n", 1)
+    text = "\n".join(t for t in text.splitlines() if not t.startswith("target_modules = [\"q_proj\""))
+    path = tmp_path / recipe.name
+    path.write_text(text)
+    (tmp_path / "quickstart").symlink_to(recipe.parent / "quickstart")
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.startswith("target_modules"))
+    res = cli("preflight", str(path))
+    assert res.code == 2 and "Traceback" not in res.err, res.err
+    assert f"{path}:{line}" in res.err and "lora.target_modules" in res.err, res.err
+    assert "q_proj, k_proj, v_proj, o_proj" in res.err, res.err
+    if recipe == OPENRLHF:
+        assert "gate_proj" not in res.err, res.err  # gpt-oss's MLP is its experts: no such module
+
+
+def test_lora_targets_of_a_model_that_cannot_be_read_say_the_check_did_not_run(tmp_path):
+    """An MoE model whose module names rlctl cannot read here (no weight index, a family it does not know): the
+    check says it could not run, never nothing."""
+    model = tmp_path / "moe"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "some_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "num_local_experts": 4,
+        "num_experts_per_tok": 2}))
+    res = results(QUICK, f'model.path="{model}"', "lora.rank=8", 'lora.target_modules=["w1"]', only=["lora.targets"])
+    r = one(res, "lora.targets")
+    assert r.verdict == "skip" and "could not run" in r.figure and "some_moe" in r.figure, r

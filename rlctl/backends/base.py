@@ -564,6 +564,12 @@ class Backend:
         """True when rlctl must prune to keep_last while the run goes (the backend keeps more on its own)."""
         return False
 
+    def restart_loses(self, recipe: Recipe) -> str | None:
+        """What a restart from this recipe's checkpoints starts without, in words (preflight's run.restart warns with
+        it); None: it resumes all of the training state, or the adapter does not say (the default)."""
+        del recipe  # Unused
+        return None
+
     def min_keep_last(self, recipe: Recipe) -> tuple[int, str] | None:
         """The smallest checkpoint.keep_last that leaves a complete checkpoint on disk while the next one is written,
         and why (preflight's run.keep_last, and the keep_last the disk check may propose), where the backend's own
@@ -586,6 +592,9 @@ class Backend:
     # the checks of this backend's rules that consult a patch set's manifest `fixes` (only those can go silent):
     # what a manifest may name there (rlctl.patching.fixable_checks)
     patch_fixable: tuple[str, ...] = ()
+    # the checks preflight(ctx, family) below may emit that are not registered checks, by family: what
+    # `rlctl preflight --only NAME` accepts and runs (inside the registered check that asks for that family)
+    checks: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def preflight(self, ctx: Any, family: str) -> list[Any]:
         """This backend's own rules for one check family ("disk", "placement", "env", ...), as preflight Results.

@@ -44,7 +44,7 @@ def _pick_set(name: str | None, backend: str | None, user_dir: Path | None, pyth
     sets = [s for s in patching.discover(user_dir) if s.backend == backend]
     if not sets:
         raise RlctlError(f"no patch set for backend {backend!r}.")
-    inst = patching.locate(sets[0].package, python)
+    inst = patching.locate(sets[0].package, python, tuple(s.version for s in sets))
     exact = [s for s in sets if s.version == inst.version]
     return exact[0] if exact else sets[-1]
 
@@ -72,7 +72,7 @@ def patch_status(name: SetArg = None, backend: BackendOpt = None, python: Python
         _on_host(on, "status", name, backend, python, user_dir, ["--json"] if as_json else [])
 
     ps = _pick_set(name, backend, user_dir, python)
-    inst = patching.locate(ps.package, python)
+    inst = patching.locate(ps.package, python, (ps.version,))
     states, note = patching.status(ps, inst)
     if as_json:
         _echo(json.dumps({"set": ps.name, "installed": inst.version, "site": str(inst.site), "note": note,
@@ -98,7 +98,7 @@ def patch_apply(name: SetArg = None, backend: BackendOpt = None, python: PythonO
                  + ["--allow-version-mismatch"] * allow_version_mismatch)
 
     ps = _pick_set(name, backend, user_dir, python)
-    inst = patching.locate(ps.package, python)
+    inst = patching.locate(ps.package, python, (ps.version,))
     out = patching.apply(ps, inst, dry_run=dry_run, allow_version_mismatch=allow_version_mismatch)
     verb = "would apply" if dry_run else "applied"
     _echo(f"{ps.name}: {verb} {len(out.changed)} ({', '.join(out.changed) or '-'}); already applied "
@@ -118,7 +118,7 @@ def patch_revert(name: SetArg = None, backend: BackendOpt = None, python: Python
         _on_host(on, "revert", name, backend, python, user_dir, ["--dry-run"] * dry_run)
 
     ps = _pick_set(name, backend, user_dir, python)
-    inst = patching.locate(ps.package, python)
+    inst = patching.locate(ps.package, python, (ps.version,))
     out = patching.revert(ps, inst, dry_run=dry_run)
     _echo(f"{ps.name}: {'would revert' if dry_run else 'reverted'} {len(out.changed)} "
           f"({', '.join(out.changed) or '-'})")

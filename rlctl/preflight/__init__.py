@@ -32,18 +32,28 @@ class Result:
     # the fix in machine-readable form where rlctl computed one: recipe keys -> values, as `--set key=value` would
     # give them (`rlctl preflight R --set k=v` for each closes this check without failing another: a property test)
     set: dict[str, Any] | None = None
+    # other computed fixes, best first, as (text, set): offered instead of `set` when it would newly fail or warn
+    # another check (_fixes.vet); not in --json, where only the fix that holds is
+    other_fixes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        del d["other_fixes"]
+        return d
 
 
 CheckFn = Callable[["Context"], "Result | list[Result] | None"]
 REGISTRY: dict[str, CheckFn] = {}
+# family -> the registered check that runs the backend's checks of that family (Backend.preflight(ctx, family))
+HOSTS: dict[str, str] = {}
 
 
-def check(name: str) -> Callable[[CheckFn], CheckFn]:
+def check(name: str, hosts: str | None = None) -> Callable[[CheckFn], CheckFn]:
+    """Register a check; `hosts`: it also runs the backend's own checks of that family (Backend.checks names them)."""
     def register(fn: CheckFn) -> CheckFn:
         REGISTRY[name] = fn
+        if hosts:
+            HOSTS[hosts] = name
         return fn
 
     return register
@@ -107,9 +117,13 @@ def families() -> list[str]:
 
 def emitted() -> dict[str, str]:
     """Checks that a plug-in runs inside one registered check: their name -> the registered check that runs them
-    (an executor's checks run inside env.executor)."""
+    (an executor's checks run inside env.executor; a backend's, declared in its `checks` by family, inside the check
+    that hosts that family)."""
+    from rlctl.backends import available as backends
+    from rlctl.backends import get_backend
     from rlctl.executors import available, get
 
+    _load_all()
     out: dict[str, str] = {}
     for name in available():
         try:
@@ -117,6 +131,15 @@ def emitted() -> dict[str, str]:
                 out[c] = "env.executor"
         except Exception:  # a broken third-party executor must not break preflight
             continue
+    for name in backends():
+        try:
+            declared = dict(get_backend(name).checks)
+        except Exception:  # a broken third-party backend is `rlctl backends`' finding
+            continue
+        for family, names in declared.items():
+            for c in names:
+                if family in HOSTS and c not in REGISTRY:
+                    out[c] = HOSTS[family]
     return out
 
 
@@ -136,7 +159,9 @@ def check_only(only: list[str] | None) -> None:
                          hint=f"families: {', '.join(families())} (or a check, e.g. schedule.warmup)")
 
 
-def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
+def run(prepared: Any, only: list[str] | None = None, vet: bool = True) -> list[Result]:
+    """The selected checks' results; `vet`: each computed fix (`Result.set`) is one that, applied, closes its check
+    without another check newly failing or warning (_fixes.vet), else it is said why not and not offered."""
     check_only(only)
     _load_all()
     ctx = Context(prepared)
@@ -172,6 +197,12 @@ def run(prepared: Any, only: list[str] | None = None) -> list[Result]:
             out = [r for r in out if any(_selects(name, o, aliases) and (o not in aliases or r.check == o)
                                          for o in only)]
         results.extend(out)
+    if vet:
+        from rlctl.preflight._fixes import UNVETTED
+        from rlctl.preflight._fixes import vet as vet_fixes
+
+        vetted = [name for name in REGISTRY if name not in UNVETTED]  # not run again: they would ask a cluster
+        vet_fixes(prepared, results, lambda p: run(p, vetted, vet=False), FAIL, WARN)
     return results
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,7 @@ def human(n: float) -> str:
     return f"{n / 1e3:.1f} kB"
 
 
-@check("disk.checkpoints")
+@check("disk.checkpoints", hosts="disk")
 def checkpoints(ctx: Context) -> list[Result]:
     r = ctx.recipe
     out: list[Result] = []
@@ -47,21 +48,24 @@ def checkpoints(ctx: Context) -> list[Result]:
                               f"{int((usable - per * count) // GB)} (the supervisor stops the run when less than "
                               "checkpoints + checkpoint.min_free_gb is free)", data))
         elif need > usable:
-            fix, sets = _fix(ctx, per, count, usable - floor)
-            out.append(Result("disk.checkpoints", FAIL, figure, fix, data, set=sets))
+            [(fix, sets), *others] = _fixes(ctx, per, count, usable - floor)
+            out.append(Result("disk.checkpoints", FAIL, figure, fix, data, set=sets,
+                              other_fixes=[(t, s) for t, s in others if s]))
         else:
             out.append(Result("disk.checkpoints", OK, figure, None, data))
     return out + ctx.backend.preflight(ctx, "disk")
 
 
-def _fix(ctx: Context, per: float, count: int, usable: float) -> tuple[str, dict | None]:
-    """The computed fix: the keep_last that fits (counted as the check counts, Backend.checkpoint_copies), else lighter
-    checkpoints where the backend honours the key (without the optimizer; the adapter's own, e.g. what stops a save
-    from writing more than it should), else more disk (never a key the backend cannot honour, never the keep_last
-    already set, never one below the backend's min_keep_last)."""
+def _fixes(ctx: Context, per: float, count: int, usable: float) -> list[tuple[str, dict | None]]:
+    """The computed fixes, best first (preflight offers the first that newly fails no other check: _fixes.vet): the
+    keep_last that fits (counted as the check counts, Backend.checkpoint_copies), lighter checkpoints where the backend
+    honours the key (without the optimizer; the adapter's own, e.g. what stops a save from writing more than it
+    should), and last more disk (never a key the backend cannot honour, never the keep_last already set, never one
+    below the backend's min_keep_last)."""
     from rlctl.preflight._fixes import apply, honoured
 
     r, b = ctx.recipe, ctx.backend
+    out: list[tuple[str, dict | None]] = []
     keep = r.checkpoint.keep_last
     if per and r.checkpoint.every:
         one = b.checkpoint_copies(apply(r, {"checkpoint.keep_last": 1}), ctx.total_steps)
@@ -71,14 +75,14 @@ def _fix(ctx: Context, per: float, count: int, usable: float) -> tuple[str, dict
         floor = b.min_keep_last(apply(r, {"checkpoint.keep_last": 1}))  # never one that empties itself in a save
         if k >= (floor[0] if floor else 1) and honoured(b, r, sets):
             copies = b.checkpoint_copies(apply(r, sets), ctx.total_steps)
-            return f"set checkpoint.keep_last = {k} ({copies.words()} x {human(per)} fit)", sets
+            out.append((f"set checkpoint.keep_last = {k} ({copies.words()} x {human(per)} fit)", sets))
     lighter_sets = ([{"checkpoint.save_optimizer": False}] if r.checkpoint.save_optimizer else []) + \
         b.lighter_checkpoints(r)
     for sets in lighter_sets:
         if honoured(b, r, sets) and not isinstance(ctx.arch, Exception):
             lighter, what = b.checkpoint_bytes(ctx.arch, apply(r, sets))
             if lighter * count <= usable:
-                keys = ", ".join(f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in sets.items())
-                return f"set {keys} ({count} x {human(lighter)}: {what})", sets
+                keys = ", ".join(f"{k} = {json.dumps(v)}" for k, v in sets.items())
+                out.append((f"set {keys} ({count} x {human(lighter)}: {what})", sets))
     short = per * count - usable
-    return f"free {human(short)} or more on this disk, or point checkpoint.dir at a bigger one", None
+    return out + [(f"free {human(short)} or more on this disk, or point checkpoint.dir at a bigger one", None)]

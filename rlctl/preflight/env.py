@@ -48,7 +48,7 @@ def flags(ctx: Context) -> list[Result]:
     return [Result("env.flags", verdict.get(f.level, WARN), f.message, f.fix) for f in findings]
 
 
-@check("env.backend_rules")
+@check("env.backend_rules", hosts="env")
 def backend_rules(ctx: Context) -> list[Result]:
     """The backend's own environment rules (e.g. whether a W&B key can reach a job on a remote cluster)."""
     return ctx.backend.preflight(ctx, "env")

@@ -3,11 +3,53 @@ the backend's weight sync can give a LoRA actor's weights to its inference engin
 
 from __future__ import annotations
 
-from rlctl.preflight import FAIL, OK, WARN, Context, Result, check
+from typing import Any
 
-# the linear layers of the dense decoder architectures rlctl knows (Llama, Qwen2/2.5/3, Mistral): what peft's
-# "all-linear" selects there, and the names a list may give (peft matches a module whose name ends in one of them)
-DENSE_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+from rlctl.errors import RlctlError
+from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
+from rlctl.recipe.models import resolve_arch
+
+
+def modules(model_path: str, arch: Any) -> tuple[tuple[str, ...] | None, str]:
+    """The model's module names and where they were read from: the weight index of a local model, else its
+    architecture (config.json's model_type, or rlctl's table of known models); (None, why) where neither says."""
+    from rlctl.recipe.models import weight_modules
+
+    names = weight_modules(model_path)
+    if names:
+        return names, f"{model_path}'s weight index"
+    if arch.lora_modules is not None:
+        return arch.lora_modules, f"its architecture{f' ({arch.model_type})' if arch.model_type else ''}"
+    return None, (f"{arch.name} is a mixture of experts of a family rlctl does not know "
+                  f"({arch.model_type or 'no model_type in config.json'}) and no weight index is here to read its "
+                  "module names from")
+
+
+def _matches(target: str, names: tuple[str, ...]) -> bool:
+    return target.rsplit(".", 1)[-1] in names  # peft: a module whose name ends in the target
+
+
+def refusal(recipe: Any) -> str | None:
+    """Why peft would refuse the recipe's lora.target_modules at start (NoMatchingPeftModuleError: none matches a
+    module of the model), or None: an empty list always; a list where the model's module names can be read here.
+    render, preflight and launch refuse it (recipe.planning.prepare)."""
+    lora = recipe.lora
+    if lora is None or lora.target_modules == "all-linear":
+        return None
+    wanted = list(lora.target_modules)
+    try:
+        arch = resolve_arch(recipe.model.path)
+    except RlctlError:
+        names, where = None, ""
+    else:
+        names, where = modules(recipe.model.path, arch)
+    listed = f" (the model's modules, from {where}: {', '.join(names)})" if names else ""
+    if not wanted:
+        return f"lora.target_modules = [] adapts no module: peft refuses it at start{listed}"
+    if names is not None and not any(_matches(t, names) for t in wanted):
+        return (f"lora.target_modules {wanted}: no module of {arch.name} has that name{listed}; peft refuses it at "
+                "start (NoMatchingPeftModuleError)")
+    return None
 
 
 @check("lora.targets")
@@ -16,23 +58,27 @@ def targets(ctx: Context) -> Result | None:
     if r.lora is None or r.lora.target_modules == "all-linear":
         return None
     arch = ctx.arch
-    if isinstance(arch, Exception) or arch.experts:  # module names of MoE models differ by family: not judged
-        return None
+    if isinstance(arch, Exception):
+        return Result("lora.targets", SKIP, f"could not run: {arch.message}", arch.hint)
+    names, where = modules(r.model.path, arch)
+    if names is None:
+        return Result("lora.targets", SKIP, f"could not run: {where}",
+                      "peft refuses at start a list that matches no module: check the names against the model")
     wanted = list(r.lora.target_modules)
-    found = [t for t in wanted if t in DENSE_LINEAR]
-    missing = [t for t in wanted if t not in DENSE_LINEAR]
+    found = [t for t in wanted if _matches(t, names)]
+    missing = [t for t in wanted if not _matches(t, names)]
     if not found:
         return Result("lora.targets", FAIL, f"lora.target_modules {wanted}: no such module in {arch.name} "
-                      f"(its linear layers: {', '.join(DENSE_LINEAR)}); peft refuses it at start "
+                      f"(its modules, from {where}: {', '.join(names)}); peft refuses it at start "
                       "(NoMatchingPeftModuleError)", 'set lora.target_modules = "all-linear" (or name its layers)',
                       set={"lora.target_modules": "all-linear"})
     if missing:
         return Result("lora.targets", WARN, f"lora.target_modules {missing}: no such module in {arch.name}; peft "
                       f"adapts only {found}", f"drop {missing}", set={"lora.target_modules": found})
-    return Result("lora.targets", OK, f"{len(found)} of {arch.name}'s linear layer kinds adapted")
+    return Result("lora.targets", OK, f"{len(found)} of {arch.name}'s module kinds adapted (from {where})")
 
 
-@check("lora.vllm_sync")
+@check("lora.vllm_sync", hosts="lora")
 def vllm_sync(ctx: Context) -> list[Result]:
     r = ctx.recipe
     if r.lora is None or not r.uses_vllm:

@@ -115,7 +115,7 @@ def batch_fix(ctx: Context, samples: int, tbs: int, mb: int, dp: int) -> dict[st
     return None
 
 
-@check("placement.batch")
+@check("placement.batch", hosts="placement")
 def batch(ctx: Context) -> list[Result]:
     r = ctx.recipe
     out = []

@@ -154,7 +154,7 @@ def _data_result(ctx: Context, key: str, value: str) -> Result:
     return Result(name, OK, f"{key}: {n} records in {p.name}")
 
 
-@check("reference.data")
+@check("reference.data", hosts="reference")
 def data(ctx: Context) -> list[Result]:
     d = ctx.recipe.data
     out = [_data_result(ctx, "data.train", d.train)]

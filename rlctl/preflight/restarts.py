@@ -1,4 +1,5 @@
-"""A restart policy needs checkpoints to restart from: without them every restart trains from step 0 again; and a
+"""A restart policy needs checkpoints to restart from: without them (or without the state the backend resumes from:
+Backend.restart_loses) a restart trains from step 0 again or without its optimizer state; and a
 keep_last the backend's own rotation empties during each save leaves none while a checkpoint is written."""
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ def restart_from(ctx: Context) -> list[Result] | None:
     mode = r.run.restart
     if mode == "never":
         return None
+    loses = ctx.backend.restart_loses(r) if r.checkpoint.every else None
+    if loses:
+        return [Result(NAME, WARN, f"restart = {mode!r} with {loses}",
+                       "set checkpoint.save_optimizer = true (larger checkpoints), or accept what a restart resumes",
+                       {"mode": mode, "every": r.checkpoint.every}, {"checkpoint.save_optimizer": True})]
     if r.checkpoint.every:
         return [Result(NAME, OK, f"restart {mode}: from the newest complete checkpoint (saved every "
                        f"{r.checkpoint.every} steps)", None, {"mode": mode, "every": r.checkpoint.every})]

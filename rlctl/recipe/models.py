@@ -27,6 +27,15 @@ class Arch:
     expert_intermediate: int = 0
     max_positions: int = 32768
     weight_bytes_on_disk: float | None = None  # e.g. MXFP4 experts: what vLLM holds natively
+    model_type: str | None = None  # config.json's model_type: the family, which names the modules
+
+    @property
+    def lora_modules(self) -> tuple[str, ...] | None:
+        """The linear modules peft can adapt (a target_modules entry matches a module whose name ends in one), from
+        the family; None where rlctl does not know an MoE family's names."""
+        if self.model_type in FAMILY_MODULES:
+            return FAMILY_MODULES[self.model_type]
+        return None if self.experts else DENSE_LINEAR
 
     @property
     def hd(self) -> int:
@@ -81,6 +90,29 @@ class Arch:
         return total * self.layers
 
 
+# the linear layers of the dense decoder architectures rlctl knows (Llama, Qwen2/2.5/3, Mistral): what peft's
+# "all-linear" selects there, and the names a list may give
+DENSE_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# MoE families whose modules rlctl knows (transformers' modeling code): gpt-oss's experts hold gate_up_proj/down_proj
+# as parameters of one GptOssExperts module and its router is a GptOssTopKRouter, neither an nn.Linear peft adapts
+FAMILY_MODULES = {"gpt_oss": ("q_proj", "k_proj", "v_proj", "o_proj")}
+
+
+def weight_modules(path: str) -> tuple[str, ...] | None:
+    """The module names behind a local model's weights (its safetensors/bin index's weight names, `...q_proj.weight`
+    -> `q_proj`), or None where no index is here."""
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        f = Path(path) / index
+        try:
+            names = json.loads(f.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if isinstance(names, dict):
+            leaves = [k.split(".")[-2] for k in names if isinstance(k, str) and k.endswith(".weight") and "." in k]
+            return tuple(dict.fromkeys(n for n in leaves if not n.isdigit()))
+    return None
+
+
 # Public config.json values of the models the seeds and the docs use.
 KNOWN: dict[str, Arch] = {a.name.lower(): a for a in [
     Arch("Qwen/Qwen2.5-0.5B", 896, 24, 14, 2, 4864, 151936, True, qkv_bias=True, max_positions=32768),
@@ -95,9 +127,11 @@ KNOWN: dict[str, Arch] = {a.name.lower(): a for a in [
     Arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 1536, 28, 12, 2, 8960, 151936, False, qkv_bias=True,
          max_positions=131072),
     Arch("openai/gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, False, head_dim=64, qkv_bias=True, experts=32,
-         experts_per_token=4, expert_intermediate=2880, max_positions=131072, weight_bytes_on_disk=13.8e9),
+         experts_per_token=4, expert_intermediate=2880, max_positions=131072, weight_bytes_on_disk=13.8e9,
+         model_type="gpt_oss"),
     Arch("openai/gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, False, head_dim=64, qkv_bias=True, experts=128,
-         experts_per_token=4, expert_intermediate=2880, max_positions=131072, weight_bytes_on_disk=65.3e9),
+         experts_per_token=4, expert_intermediate=2880, max_positions=131072, weight_bytes_on_disk=65.3e9,
+         model_type="gpt_oss"),
 ]}
 # Instruct / base variants share the architecture.
 for _k, _a in list(KNOWN.items()):
@@ -154,6 +188,7 @@ def _arch_from(text: dict, name: str) -> Arch:
             experts_per_token=int(text.get("num_experts_per_tok") or 0),
             expert_intermediate=int(text.get("moe_intermediate_size") or text.get("intermediate_size") or 0),
             max_positions=derived_max_len(text),
+            model_type=str(text.get("model_type")) if text.get("model_type") else None,
         )
     except KeyError as e:
         raise RecipeError(f"{name}: config.json lacks {e}, a field rlctl needs.",

@@ -62,6 +62,28 @@ def dataset_size(path: str) -> int | None:
 def prepare(recipe_path: str | Path, sets: list[str] | None = None) -> Prepared:
     resolved = load(recipe_path, sets)
     backend = get_backend(resolved.recipe.backend.name)
+    from rlctl.backends.base import UnknownVersion
+
+    try:
+        return _prepare(resolved, backend)
+    except UnknownVersion as e:  # a pinned release rlctl does not know: say where the pin is, as for any key
+        if not resolved.recipe.backend.version or e.message.startswith(str(resolved.path)):
+            raise
+        from rlctl.preflight.references import key_where
+
+        raise UnknownVersion(f"{key_where(resolved, 'backend.version')}: {e.message}", hint=e.hint) from None
+
+
+def _prepare(resolved: Any, backend: Any) -> Prepared:
+    from rlctl.preflight.lora import refusal
+    from rlctl.preflight.references import key_where
+
+    why = refusal(resolved.recipe)  # LoRA on no module of the model: peft refuses it at start
+    if why:
+        from rlctl.errors import RecipeError
+
+        raise RecipeError(f"{key_where(resolved, 'lora.target_modules')}: {why}.",
+                          hint='set lora.target_modules = "all-linear", or names of the model\'s modules')
     if resolved.recipe.patches.set:  # a set that is unknown or for another release: render and preflight refuse
         from rlctl.patching import recipe_set
         from rlctl.preflight.references import key_where

@@ -208,7 +208,7 @@ def check(c: dict[str, Any]) -> None:
     version = c["version"]
     ours = rlctl_verdict(base(version), sets_of(c))
     if ours.prep is None:  # refused at the recipe: the backend never sees it; only peft-invalid targets may be
-        assert c["lora"] is not None and "all-linear" in str(c["lora"]), ours.reasons
+        assert c["lora"] is not None and ("all-linear" in str(c["lora"]) or peft_accepts(c["lora"])), ours.reasons
         return
     if unmapped(c, ours.reasons):
         return

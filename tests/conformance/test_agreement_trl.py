@@ -102,6 +102,11 @@ def trl_verdict(config: dict[str, Any]) -> tuple[bool, str]:
 
 def check(c: dict[str, Any]) -> None:
     ours = rlctl_verdict(base(), sets_of(c))
+    if ours.prep is None and c["lora"] is not None and "lora.target_modules" in str(ours.reasons):
+        # refused when read (planning.prepare: LoRA on no module of the model): peft on the list as written must too
+        problem = peft_accepts(c["lora"])
+        assert problem, disagreement(c, ours, (True, ""))
+        return
     if ours.prep is None:
         raise AssertionError(f"rlctl refused the recipe itself: {ours.reasons}")
     theirs = trl_verdict(json.loads(ours.prep.plan.files[CONFIG_FILE]))

@@ -114,6 +114,7 @@ class OpenRLHFBackend(Backend):
     sleep_switch = "vllm_enable_sleep"  # colocated vLLM frees its memory while training
     packages = ("openrlhf",)
     patch_fixable = ("disk.lora_zero3", "lora.vllm_sync")  # honour.py: what a set's manifest `fixes` silences
+    checks = {"env": ("env.wandb_job",), "disk": ("disk.deepspeed", "disk.lora_zero3", "disk.hf_exports")}  # honour.py
     known_versions = KNOWN_VERSIONS
     metric_needles = ("lobal step", "global_step", "act_lr=", "pg=", "critic_loss=", "policy_loss=", "Eval at step")
 
@@ -636,8 +637,23 @@ class OpenRLHFBackend(Backend):
         return bool(r.lora) and r.train.zero_stage == 3 and "disk.lora_zero3" not in patch_set_fixes(r)
 
     def lighter_checkpoints(self, recipe: Recipe) -> list[dict[str, Any]]:
-        """ZeRO-2 saves a LoRA adapter without the shard leak (save_model's stage-3 path is the one that leaks)."""
-        return [{"train.zero_stage": 2}] if self.leaks_shards(recipe) else []
+        """ZeRO-2 saves a LoRA adapter without the shard leak (save_model's stage-3 path is the one that leaks); the
+        bundled set for the release that declares the save fix keeps ZeRO-3 (and the trainer's memory) as it is."""
+        if not self.leaks_shards(recipe):
+            return []
+        from rlctl.backends.openrlhf.honour import leak_fixes
+
+        return [s for _, s in leak_fixes(self, recipe)]
+
+    def restart_loses(self, recipe: Recipe) -> str | None:
+        """--load_checkpoint resumes only from a DeepSpeed state (checkpoints.resumable; an HF export resumes
+        nothing), and --disable_ds_ckpt writes none: a restart trains from step 0 again."""
+        if recipe.checkpoint.save_optimizer:
+            return None
+        flag = self.release(recipe).flag("disable_ds_ckpt")
+        return (f"checkpoint.save_optimizer = false ({flag}): OpenRLHF resumes only from a DeepSpeed state "
+                "(_actor/global_stepN), which it then never writes, so a restart trains again from step 0 (the HF "
+                "exports resume nothing)")
 
     def min_keep_last(self, recipe: Recipe) -> tuple[int, str] | None:
         """--max_ckpt_num rotates before the save: save_ckpt deletes DeepSpeed states until fewer than max_num remain,

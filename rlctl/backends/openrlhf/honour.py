@@ -256,11 +256,12 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
                               "DeepSpeed checkpoints are on (OpenRLHF's default): optimizer + model states every save",
                               "set checkpoint.save_optimizer = false (--disable_ds_ckpt) if HF checkpoints suffice"))
         if backend.leaks_shards(r):  # counted in disk.checkpoints too (checkpoint_bytes)
+            [(fix, sets), *others] = leak_fixes(backend, r)
             out.append(Result("disk.lora_zero3", WARN,
                               "OpenRLHF LoRA + ZeRO-3 saves full-model shards next to the adapter (~200 GB for 20B; "
                               "disk.checkpoints counts them)",
-                              "set train.zero_stage = 2, or " + _set_that_fixes(backend, r, "disk.lora_zero3"),
-                              set={"train.zero_stage": 2}))
+                              fix + ", or " + _set_that_fixes(backend, r, "disk.lora_zero3"), set=sets,
+                              other_fixes=others))
         if r.checkpoint.every and not r.checkpoint.keep_last:
             out.append(Result("disk.hf_exports", WARN,
                               "OpenRLHF never deletes its HF exports (global_stepN_hf): one per checkpoint.every "
@@ -293,6 +294,18 @@ def _lora_vllm_sync(backend: Any, r: Recipe) -> list[Any]:
         f"{_set_that_fixes(backend, r, 'lora.vllm_sync')}: it sends the merged weights under the base model's names; "
         "or a full fine-tune (remove [lora])",
         set={"patches.set": bundled} if bundled and not r.patches.set else None)]
+
+
+def leak_fixes(backend: Any, r: Recipe) -> list[tuple[str, dict[str, Any]]]:
+    """What stops the LoRA + ZeRO-3 shard leak, best first: ZeRO-2 (save_model's stage-3 path is the one that leaks;
+    but the trainer then holds the whole model: preflight offers it only where memory.trainer still fits), the
+    bundled set for the release that declares the save fix (ZeRO-3 kept)."""
+    out = [("set train.zero_stage = 2", {"train.zero_stage": 2})]
+    bundled = None if r.patches.set else _bundled_set_that_fixes(backend, r, "disk.lora_zero3")
+    if bundled:
+        out.append((f'set patches.set = "{bundled}" (the bundled set, which fixes it; ZeRO-3 kept)',
+                    {"patches.set": bundled}))
+    return out
 
 
 def _bundled_set_that_fixes(backend: Any, recipe: Recipe, check: str) -> str | None:

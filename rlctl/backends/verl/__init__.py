@@ -97,6 +97,8 @@ def snapshot(version: str) -> dict[str, Any]:
 
 class VerlBackend(Backend):
     name = "verl"
+    checks = {"placement": ("placement.token_budget", "placement.nodes"), "env": ("env.flash_attn", "env.verl_trl",
+              "env.wandb_job"), "reference": ("reference.data_format",)}  # preflight below, data.py
     multi_node_launcher = "ray"  # its trainer and vLLM engines are Ray actors placed over the cluster
     in_loop_eval_single = True  # data.eval, eval.every/temperature/n_samples rendered into its own eval
     own_rotation = "trainer.max_actor_ckpt_to_keep (and max_critic_ckpt_to_keep) stays at null, keep all"
@@ -405,6 +407,14 @@ class VerlBackend(Backend):
         """The synchronous trainer's hybrid engine puts actor and vLLM on every GPU (colocate = false is said, not
         honoured: mapping.py)."""
         return True
+
+    def restart_loses(self, recipe: Recipe) -> str | None:
+        """save_contents without "optimizer" (rendered for save_optimizer = false): the checkpoint manager loads the
+        model and the extra state (LR scheduler, RNG) it finds, and the optimizer starts from scratch."""
+        if recipe.checkpoint.save_optimizer:
+            return None
+        return ("checkpoint.save_optimizer = false (actor.checkpoint.save_contents without optimizer): a restart "
+                "loads the weights but starts the optimizer (its moments) from scratch")
 
     def unhonoured(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.verl.mapping import unhonoured
