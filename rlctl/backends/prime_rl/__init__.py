@@ -66,7 +66,8 @@ AMBIGUOUS = {"0.1.0": ("v0.2", "v0.3.0", "v0.4.0")}
 
 class PrimeRLBackend(Backend):
     name = "prime_rl"
-    checks = {"env": ("env.prime_rl_checkout", "env.uv"), "disk": ("disk.keep_last",)}  # rules.py preflight
+    checks = {"env": ("env.prime_rl_checkout", "env.uv", "env.flash_attn", "env.vllm_router"),  # rules.py preflight
+              "disk": ("disk.keep_last",)}
     own_rotation = "ckpt.keep_last is not rendered (null: never cleans)"
     sharding = "fsdp"  # memory engine: FSDP2, fp32 sharded master parameters
     lora_base_master = True  # the FSDP trainer loads the whole model in fp32, frozen base included

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import installed_version, package_file, yaml_key_paths
 from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, check_keys
+from rlctl.backends.verl.extra import extra_leaves, leaves
 from rlctl.backends.verl.memory import LORA_SYNC
 from rlctl.backends.verl.schedule import verl_schedule
 from rlctl.core.components import Component
@@ -73,20 +74,6 @@ def _element(v: Any) -> str:
                                or v.lower() in ("true", "false", "null", "nan", "inf")):
         return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
     return _val(v)
-
-
-def leaves(key: str, value: Any) -> list[tuple[str, Any]]:
-    """An override as the dotted keys it sets (`+` dropped): a table value sets its leaves (Hydra merges a dict
-    override into the node it names)."""
-    if isinstance(value, dict) and value:
-        return [kv for k, x in value.items() for kv in leaves(f"{key.lstrip('+')}.{k}", x)]
-    return [(key.lstrip("+"), value)]
-
-
-def extra_leaves(recipe: Recipe) -> dict[str, Any]:
-    """backend.verl.extra as the Hydra keys it sets, whatever route wrote it: a quoted dotted key, a bare dotted key
-    or sub-table (nested tables), `+`-prefixed keys."""
-    return dict(kv for k, v in recipe.backend.extra().items() for kv in leaves(k, v))
 
 
 @cache

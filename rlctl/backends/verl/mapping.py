@@ -117,7 +117,7 @@ def unhonoured(adapter: Any, recipe: Recipe, snap: dict[str, Any]) -> list[Findi
 def _lora_sync_overridden(r: Recipe, version: str) -> list[Finding]:
     """A LoRA recipe whose backend.verl.extra undoes what rlctl renders for the adapter's sync into vLLM (LORA_SYNC:
     why each key, in rlctl/backends/verl/__init__.py)."""
-    from rlctl.backends.verl import extra_leaves
+    from rlctl.backends.verl.extra import extra_leaves
     from rlctl.backends.verl.memory import LORA_SYNC, A, recipe_key
 
     extra = extra_leaves(r)
