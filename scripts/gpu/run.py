@@ -51,6 +51,23 @@ def left() -> float:
 
 
 # ---- NVML ------------------------------------------------------------------------------------------------------------
+def card() -> str:
+    """`resources.gpu` for the card this machine has (the lent machine may be an H100 or an H200: a recipe naming
+    another card is planned for that card, seventh sitting); H100-80GB where NVML cannot say (--render-only)."""
+    try:
+        import pynvml
+
+        from rlctl.estimate.memory import card_name
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        name = pynvml.nvmlDeviceGetName(h)
+        return card_name(name.decode() if isinstance(name, bytes) else str(name),
+                         pynvml.nvmlDeviceGetMemoryInfo(h).total / GiB)
+    except Exception:
+        return "H100-80GB"
+
+
 class Nvml(threading.Thread):
     """Every GPU's used memory every `every` s, and the compute processes on each GPU every second: raw samples."""
 
@@ -515,7 +532,7 @@ def trl_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, steps:
               "[train]", f"steps = {steps}", "train_batch_size = 32", "micro_batch_size = 8",
               "gradient_checkpointing = false",
               "[resources]", "nodes = 1", f"gpus_per_node = {1 if gpu else 0}",
-              f'gpu = "{"H100-80GB" if gpu else "cpu"}"']
+              f'gpu = "{card() if gpu else "cpu"}"']
     if vllm and gpu:
         lines += ["colocate = true"]
     lines += ["[reward]", f'function = "{data["reward"]}"',
@@ -570,7 +587,7 @@ def verl_recipe(ctx: Ctx, name: str, model: str, pq_data: dict[str, Path], *, st
               "[optim]", "lr = 1e-5", 'schedule = "constant"',
               "[train]", f"steps = {steps}", "train_batch_size = 32", "micro_batch_size = 8",
               "gradient_checkpointing = false",
-              "[resources]", "nodes = 1", f"gpus_per_node = {gpus}", 'gpu = "H100-80GB"', "colocate = true",
+              "[resources]", "nodes = 1", f"gpus_per_node = {gpus}", f'gpu = "{card()}"', "colocate = true",
               "[reward]", f'function = "{pq_data["reward"]}"', 'function_name = "compute_score"',
               "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
               "[run]", 'restart = "on-failure"', "max_restarts = 3",
@@ -624,7 +641,7 @@ def openrlhf_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, s
               "[train]", f"steps = {steps}", "train_batch_size = 32", "micro_batch_size = 8",
               "gradient_checkpointing = false", "zero_stage = 2",
               "[resources]", "nodes = 1", f"gpus_per_node = {1 if colocated else 2}",
-              f'gpu = "{"H100-80GB" if gpu else "cpu"}"', f"colocate = {'true' if colocated else 'false'}",
+              f'gpu = "{card() if gpu else "cpu"}"', f"colocate = {'true' if colocated else 'false'}",
               'executor = "ray"',
               "[reward]", f'function = "{data["reward"]}"',
               "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
@@ -955,7 +972,7 @@ def prime_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, step
              "[optim]", "lr = 1e-5", 'schedule = "constant"', "max_grad_norm = 1.0",
              "[train]", f"steps = {steps}", "train_batch_size = 32", "seq_len = 256",
              "gradient_checkpointing = false",
-             "[resources]", "nodes = 1", "gpus_per_node = 2", 'gpu = "H100-80GB"', "inference_gpus = [0]",
+             "[resources]", "nodes = 1", "gpus_per_node = 2", f'gpu = "{card()}"', "inference_gpus = [0]",
              "trainer_gpus = [1]",
              "[reward.environment]", f'id = "{PRIME_ENV}"',
              "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
@@ -1092,7 +1109,7 @@ def seed004_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, st
              "[model]", f'path = "{model}"', "max_model_len = 256",
              "[data]", f'train = "{data["train"]}"', 'input_key = "prompt"', "max_prompt_tokens = 32",
              "[rollout]", "max_tokens = 32", "[train]", f"steps = {steps}",
-             "[resources]", "gpus_per_node = 2", 'gpu = "H100-80GB"', "inference_gpus = [1]", "trainer_gpus = [0]",
+             "[resources]", "gpus_per_node = 2", f'gpu = "{card()}"', "inference_gpus = [1]", "trainer_gpus = [0]",
              "[checkpoint]", "every = 2",
              "[run]", 'restart = "on-stall"', "max_restarts = 1",
              "[run.stall]", f"inference_idle_s = {idle_s}"]
