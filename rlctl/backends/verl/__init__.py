@@ -533,7 +533,8 @@ class VerlBackend(Backend):
         contents = extra_leaves(r).get(f"{A}.actor.checkpoint.save_contents") or []
         hf = P * 2 if "hf_model" in contents else 0
         critic = (P * 4 + (P * 8 if r.checkpoint.save_optimizer else 0)) if r.algorithm.name == "ppo" else 0
-        what = "FSDP model + optimizer shards" + (" + HF export" if hf else "")
+        what = "FSDP model" + (" + optimizer" if r.checkpoint.save_optimizer else "") + " shards" \
+            + (" + HF export" if hf else "")
         what += " (actor and critic)" if critic else ""
         return actor + hf + critic, what
 
