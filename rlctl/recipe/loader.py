@@ -383,6 +383,11 @@ def unset_problem(keys: list[str]) -> None | str | tuple[str, str]:
     it is an entry of a free-form table: [env], `extra`, an eval set), UNKNOWN when the schema has no such key, else
     (why not, the fix)."""
     dotted = ".".join(keys)
+    if len(keys) == 4 and keys[2] == "extra" and keys[3].lstrip("+").startswith("~"):
+        # `~key` is a deletion in Hydra's grammar, not a key: `=null` would only drop it from the table, silently
+        return (f"`{keys[3]}` (a deletion in Hydra's override grammar) is not passed through: rlctl renders its own "
+                "value for the keys it sets and refuses to delete them",
+                "set the recipe key rlctl renders it from, or give the key a value (docs/backends/verl.md, extra)")
     model: Any = Recipe
     parent: Any = None  # the field holding `model`
     entry_of: Any = None  # inside a mapping: the type of its values

@@ -34,7 +34,7 @@ class Prepared:
         from rlctl.evals.sets import eval_findings
 
         return (self.backend.validate(self.plan, self.installed_version()) + self.backend.unhonoured(self.recipe)
-                + eval_findings(self.recipe, self.backend, self.plan.version))
+                + eval_findings(self.recipe, self.backend, self.plan.version) + other_tables(self.recipe))
 
     def render_findings(self) -> list[Finding]:
         """What `render` says: validate(), plus the failures of preflight's checks that read the recipe alone (no
@@ -48,6 +48,23 @@ class Prepared:
             if res.verdict == pf.FAIL and not any(m in res.figure for m in said):
                 found.append(Finding("error", RENDER_CHECKS[res.check], f"{res.check}: {res.figure}", res.fix))
         return found
+
+
+def other_tables(recipe: Any) -> list[Finding]:
+    """`[backend.<name>]` tables of a backend the recipe does not run: nothing reads them (a recipe may keep them for a
+    `--set backend.name=...` switch), so each key is said, never dropped silently."""
+    out = []
+    for name, table in (recipe.backend.model_extra or {}).items():
+        if name == recipe.backend.name:
+            continue
+        for key in sorted(table.model_dump(exclude_unset=True, exclude_defaults=True)):
+            value = getattr(table, key)
+            keys = [f"{key}.{k}" for k in value] if isinstance(value, dict) else [key]
+            out += [Finding("warn", f"backend.{name}.{k}", f"backend.{name}.{k} is not used: the recipe runs "
+                            f"{recipe.backend.name}, which reads only [backend.{recipe.backend.name}]",
+                            f"remove it, or set backend.{recipe.backend.name}.{k.split('.')[0]} for "
+                            f"{recipe.backend.name}") for k in keys]
+    return out
 
 
 # preflight checks render runs too (check -> the recipe key its finding names): they read only the recipe
