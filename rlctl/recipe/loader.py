@@ -387,7 +387,7 @@ def unset_problem(keys: list[str]) -> None | str | tuple[str, str]:
         # `~key` is a deletion in Hydra's grammar, not a key: `=null` would only drop it from the table, silently
         return (f"`{keys[3]}` (a deletion in Hydra's override grammar) is not passed through: rlctl renders its own "
                 "value for the keys it sets and refuses to delete them",
-                "set the recipe key rlctl renders it from, or give the key a value (docs/backends/verl.md, extra)")
+                "set the recipe key rlctl renders it from, or give the key a value")
     model: Any = Recipe
     parent: Any = None  # the field holding `model`
     entry_of: Any = None  # inside a mapping: the type of its values

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import installed_version, package_file, yaml_key_paths
-from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, check_keys
+from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, EffectiveRecipe, Finding, LaunchPlan, check_keys
 from rlctl.backends.verl.extra import extra_leaves, leaves
 from rlctl.backends.verl.memory import LORA_SYNC
 from rlctl.backends.verl.schedule import verl_schedule
@@ -411,9 +411,21 @@ class VerlBackend(Backend):
             return []  # render reports the unknown version
         # the batch splits verl refuses (validate_config) or asserts after the first rollout (train_mini_batch): render
         # shows them too, not only preflight's placement.batch
-        own = [Finding("error", "train.train_batch_size", res.figure, res.fix) for res in placement_rules(recipe)
+        from rlctl.backends.verl.passthrough import effective
+
+        eff = effective(self, recipe)  # the checks read what runs: an extra that overrides a rendered key wins
+        own = [Finding("error", "train.train_batch_size", res.figure, res.fix) for res in placement_rules(eff.recipe)
                if res.verdict == "fail"]
-        return unhonoured(self, recipe, snapshot(version)) + own + self.placement_errors(recipe)
+        return (eff.findings + unhonoured(self, eff.recipe, snapshot(version)) + own
+                + self.placement_errors(eff.recipe) + _deletions(recipe))
+
+    def effective(self, recipe: Recipe) -> EffectiveRecipe:
+        """backend.verl.extra overrides what rlctl renders (Hydra keeps the last value): the recipe that renders the
+        command that runs (passthrough.py)."""
+        from rlctl.backends.verl.passthrough import effective
+
+        eff = effective(self, recipe)
+        return EffectiveRecipe(eff.recipe, eff.lines, frozenset(eff.lines))
 
     def placement_errors(self, recipe: Recipe) -> list[Finding]:
         """The tensor parallel sizes verl's workers refuse, with the assert that fires (0.9.0 and 0.9.1):
@@ -650,6 +662,15 @@ class VerlBackend(Backend):
 
             return data_format(ctx)
         return []
+
+
+def _deletions(recipe: Recipe) -> list[Finding]:
+    """`~key` in backend.verl.extra: a deletion in Hydra's grammar, which rlctl does not pass through (the key it
+    names is one rlctl renders, or absent)."""
+    return [Finding("error", f"backend.verl.extra.{k}", f"backend.verl.extra.{k}: `~` (a deletion in Hydra's override "
+                    "grammar) is not passed through: rlctl renders its own value for the keys it sets",
+                    "remove it; set the recipe key rlctl renders the key from, or give the key a value")
+            for k in extra_leaves(recipe) if k.startswith("~")]
 
 
 def placement_rules(recipe: Recipe) -> list[Any]:
