@@ -278,7 +278,8 @@ class ResourcesSection(Section):
     gpus_per_node: _upto(MAX_GPUS_PER_NODE, 0) = 1
     gpu: str = "H100-80GB"
     colocate: bool = Field(default=False, description="Trainer and inference share the same GPUs (with both "
-                           "trainer_gpus and inference_gpus given, they must share at least one: refused otherwise).")
+                           "trainer_gpus and inference_gpus given, they must share at least one; colocate = "
+                           "false, written, beside lists that share one is refused too).")
     trainer_gpus: list[GpuId] | None = Field(default=None, description="GPU ids of the trainer (per node).")
     inference_gpus: list[GpuId] | None = Field(default=None, description="GPU ids of the inference engines.")
     executor: str = Field(default="local", description="Where the run's processes live: local, ray, ssh, "
