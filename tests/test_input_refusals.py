@@ -160,3 +160,51 @@ def test_colocate_beside_disjoint_gpu_lists_is_refused(cli, tmp_path):
     # sharing one GPU, or colocate with one list only, is no contradiction
     assert cli("render", str(base), "--set", "resources.colocate=true", "--set", "resources.trainer_gpus=[0,1]",
                "--set", "resources.inference_gpus=[1]").code != 2
+
+
+def _load_error(recipe: str, *sets: str) -> str:
+    """The RecipeError (exit 2) a bundled recipe with these --set gives."""
+    import pytest
+
+    from rlctl.errors import RecipeError
+    from rlctl.recipe.loader import load
+    from tests.conftest import RECIPES
+
+    with pytest.raises(RecipeError) as e:
+        load(RECIPES / recipe, sets=list(sets))
+    text = str(e.value) + "\n" + (e.value.hint or "")
+    assert "fix" in text, text
+    return text
+
+
+PRIME = "prime-rl-qwen3-8b-2xh100.toml"
+
+
+def test_a_gpu_id_named_twice_is_refused():
+    """`resources.trainer_gpus=[0,0]` counted two trainer GPUs and rendered `trainer_gpu_ids = [0, 0]`."""
+    for key in ("resources.trainer_gpus", "resources.inference_gpus"):
+        err = _load_error(PRIME, f"{key}=[0,1,0]", "resources.colocate=true")
+        assert err.startswith(f"--set {key}:") and "0" in err and "twice" in err, err
+
+
+def test_an_error_from_set_names_the_set_not_a_file_line():
+    """`--set resources.colocate=true` was blamed on the recipe's line of inference_gpus; `--set
+    backend.verl.extra=5` on its [backend] line, with no fix."""
+    err = _load_error(PRIME, "resources.colocate=true")
+    assert err.startswith("--set resources.colocate:") and ".toml" not in err.split("\n")[0], err
+    err = _load_error(PRIME, "backend.verl.extra=5")
+    assert err.startswith("--set backend.verl.extra:") and "fix: " in err, err
+    # the reverse contradiction: colocate = false beside lists that share a GPU is refused as colocate = true is
+    err = _load_error("prime-rl-qwen2.5-7b-1xh100-shared.toml", "resources.colocate=false")
+    assert err.startswith("--set resources.colocate:") and "[0]" in err and "fix: " in err, err
+
+
+def test_a_type_error_says_the_fix():
+    """`backend.version=1.16` said `expected input should be a valid string` with no fix and no known releases;
+    `rollout.group_size="eight"` and `resources.trainer_gpus=[-1]` gave no fix either."""
+    err = _load_error(PRIME, "backend.version=1.16")
+    assert 'version = "1.16"' in err and "0.3.0" in err, err
+    err = _load_error(PRIME, 'rollout.group_size="eight"')
+    assert "fix: " in err and "whole number" in err and "group_size = " in err, err
+    err = _load_error(PRIME, "resources.trainer_gpus=[-1]")
+    assert "fix: " in err and "from 0 to 1023" in err, err

@@ -120,7 +120,7 @@ def test_missing_required_section(write):
 
 
 def test_set_error_names_set(minimal_recipe):
-    with pytest.raises(RecipeError, match=r"^--set: `rollout.group_size`"):
+    with pytest.raises(RecipeError, match=r"^--set rollout.group_size: `rollout.group_size`"):
         load(minimal_recipe, ["rollout.group_size=0"])
 
 

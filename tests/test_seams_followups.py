@@ -79,12 +79,12 @@ def test_env_numbers_given_with_set_grid_or_in_the_file_are_the_strings_typed(us
     assert shifts == ["0", "0.25"], shifts
     # another type mismatch names the option the value came from
     r = rlctl("sweep", "b.toml", "--grid", "train.steps=abc,2", "--name", "bad")
-    assert r.returncode == 2 and "--grid: `train.steps`" in r.stderr and "--set" not in r.stderr, r.stderr
+    assert r.returncode == 2 and "--grid train.steps: `train.steps`" in r.stderr and "--set" not in r.stderr, r.stderr
     (work / "s.toml").write_text(bandit_recipe(steps=2) + '[sweep]\ngrid = { "train.steps" = ["abc", 2] }\n')
     r = rlctl("sweep", "s.toml", "--name", "bad2")
-    assert r.returncode == 2 and "[sweep] grid: `train.steps`" in r.stderr, r.stderr
+    assert r.returncode == 2 and "[sweep] grid train.steps: `train.steps`" in r.stderr, r.stderr
     r = rlctl("preflight", "b.toml", "--set", "env.X=[1, 2]")
-    assert r.returncode == 2 and "--set: `env.X`" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 2 and "--set env.X: `env.X`" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def _recipe_env(run: Path) -> dict[str, str]:

@@ -59,7 +59,8 @@ def test_a_literal_secret_outside_env_is_an_error_naming_the_line(tmp_path):
     with pytest.raises(RecipeError, match=r"r\.toml:4: `backend\.trl\.extra\.hub_token` holds a secret") as e:
         load(r)
     assert "hf_planted_0000" not in str(e.value)
-    with pytest.raises(RecipeError, match="--set: `reward.environment.args.api_key` holds a secret"):
+    with pytest.raises(RecipeError, match="^--set reward.environment.args.api_key: `reward.environment.args.api_key` "
+                                                "holds a secret"):
         load(base, ["reward.function=''", "reward.environment.id=x", "reward.environment.args.api_key=sk-1"])
     load(base, ["env.DB_PASSWORD=pw"])  # in [env] a secret goes to the run's environment only
 

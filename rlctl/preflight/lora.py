@@ -55,11 +55,16 @@ def refusal(recipe: Any) -> str | None:
 @check("lora.targets")
 def targets(ctx: Context) -> Result | None:
     r = ctx.recipe
-    if r.lora is None or r.lora.target_modules == "all-linear":
+    if r.lora is None:
         return None
     arch = ctx.arch
     if isinstance(arch, Exception):
         return Result("lora.targets", SKIP, f"could not run: {arch.message}", arch.hint)
+    if r.lora.target_modules == "all-linear":
+        linear = arch.linear_modules
+        covers = f": {', '.join(linear)}" if linear else " (module names not known here)"
+        return Result("lora.targets", OK, f'"all-linear": peft adapts every linear layer of {arch.name} but the '
+                      f"output layer (lm_head){covers}")
     names, where = modules(r.model.path, arch)
     if names is None:
         return Result("lora.targets", SKIP, f"could not run: {where}",
@@ -75,7 +80,8 @@ def targets(ctx: Context) -> Result | None:
     if missing:
         return Result("lora.targets", WARN, f"lora.target_modules {missing}: no such module in {arch.name}; peft "
                       f"adapts only {found}", f"drop {missing}", set={"lora.target_modules": found})
-    return Result("lora.targets", OK, f"{len(found)} of {arch.name}'s module kinds adapted (from {where})")
+    return Result("lora.targets", OK, f"{len(set(found))} of {arch.name}'s module kinds adapted "
+                  f"({', '.join(dict.fromkeys(found))}; from {where})")
 
 
 @check("lora.vllm_sync", hosts="lora")

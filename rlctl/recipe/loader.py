@@ -29,6 +29,7 @@ from rlctl.recipe.schema import (
     SECTIONS,
     BackendSection,
     Recipe,
+    TableErrors,
     all_key_paths,
     backend_table_model,
     executor_table_model,
@@ -507,9 +508,24 @@ def _where(dotted: str, origins: dict[str, Path], texts: dict[Path, str], top: P
     if src is None:
         src = top
     if str(src) == SET or str(src) in OPTIONS:
-        return str(src)
+        return f"{src} {dotted}"
     line = locate(texts.get(src, ""), dotted)
     return f"{src}:{line}" if line else str(src)
+
+
+_KEY_IN_TEXT = re.compile(r"[A-Za-z_]\w*(?:\.\w+)+")
+
+
+def _blamed(dotted: str, msg: str, origins: dict[str, Path]) -> str:
+    """The key a check's error points at. A check of several keys (colocate beside the GPU lists, a backend's table)
+    fails on its section or on one of them; the keys its message names under it say which: the one an option gave
+    (--set is the last word, so it made the contradiction), else the first named."""
+    named = [k for k in _KEY_IN_TEXT.findall(msg) if k == dotted or k.startswith(dotted + ".")]
+    for k in named:
+        src = origins.get(k) or next((v for o, v in origins.items() if o.startswith(k + ".")), None)
+        if src is not None and (str(src) == SET or str(src) in OPTIONS):
+            return k
+    return named[0] if named else dotted
 
 
 def _expected(err: dict[str, Any]) -> str:
@@ -541,7 +557,9 @@ def _range_fix(dotted: str) -> str | None:
         return None
     bounds: dict[str, Any] = {}
     whole = False
-    for ann in (info.annotation, *typing.get_args(info.annotation)):  # `Steps | None`: the bounds sit in the union
+    anns = [info.annotation, *typing.get_args(info.annotation)]  # `Steps | None`: the bounds sit in the union
+    listed = [typing.get_args(a)[0] for a in anns if typing.get_origin(a) is list and typing.get_args(a)]
+    for ann in [*anns, *listed]:  # `list[GpuId]`: each element's bounds
         base, *meta = typing.get_args(ann) if typing.get_origin(ann) is typing.Annotated else (ann,)
         for m in [*meta, *info.metadata]:
             for f in getattr(m, "metadata", [m]):  # a nested FieldInfo holds its constraints in .metadata
@@ -562,9 +580,44 @@ def _range_fix(dotted: str) -> str | None:
     fix = f"set {allowed}"
     if not info.is_required() and info.default is None:
         fix += ", or remove the key"
+    if listed:
+        fix = fix.replace("set a", "give each element a", 1)
     if info.description:
-        fix += f" ({dotted}: {info.description[0].lower()}{info.description[1:].rstrip('.')})"
-    return fix + "."
+        d = info.description
+        fix += f" ({dotted}: {d[0].lower() if d[1:2].islower() else d[0]}{d[1:].rstrip('.')})"  # GPU stays GPU
+    default = info.get_default(call_default_factory=True)
+    example = default if isinstance(default, (int, float)) and not isinstance(default, bool) else (lo or hi)[1]
+    return fix + f"; e.g. {name} = {json.dumps([example] if listed else example)}."
+
+
+def _type_fix(err: dict[str, Any], dotted: str, data: dict[str, Any]) -> str:
+    """The fix of a value of the wrong type: what the key takes, written as the recipe writes it, with an example."""
+    t, got, leaf = err["type"], err.get("input"), dotted.rsplit(".", 1)[-1]
+    if t == "string_type" and isinstance(got, (int, float)) and not isinstance(got, bool):
+        fix = f'quote it (TOML reads {got} unquoted as a number): {leaf} = "{got}"'
+        if dotted == "backend.version":
+            from rlctl.backends import get_backend
+
+            try:
+                known = get_backend(str((data.get("backend") or {}).get("name"))).known_versions
+            except Exception:  # an unknown backend is its own error
+                known = ()
+            fix += f"; known releases: {', '.join(known)}" if known else ""
+        return fix
+    if t.startswith(("int_", "float_")):
+        whole = t.startswith("int_")
+        return _range_fix(dotted) or f"set {'a whole number' if whole else 'a number'} (no quotes), e.g. " \
+                                     f"{leaf} = {1 if whole else 1.0}"
+    if t.startswith("bool_"):
+        return f"write true or false (no quotes), e.g. {leaf} = true"
+    if t in ("dict_type", "model_type", "model_attributes_type"):
+        return f"write a table: [{dotted}] with one `key = value` a line, or {leaf} = {{ key = \"value\" }}"
+    form, fix = _forms(dotted)
+    if fix:
+        return fix
+    if t == "list_type":
+        return f"write a list in brackets, e.g. {leaf} = [\"a\", \"b\"]"
+    return f"give {dotted} {_expected(err)} instead of {_shown(got)}"
 
 
 def literal_secrets(data: dict[str, Any]) -> list[str]:
@@ -659,7 +712,11 @@ def validate(
         return Recipe.model_validate(data)
     except ValidationError as e:
         unions: set[str] = set()
-        for err in e.errors():
+        errors: list[Any] = []
+        for err in e.errors():  # a table's own model's errors (TableErrors) are worded as its keys' errors
+            nested = (err.get("ctx") or {}).get("error")
+            errors.extend(nested.errors if isinstance(nested, TableErrors) else [err])
+        for err in errors:
             dotted = ".".join(str(p) for p in err["loc"] if not isinstance(p, int))
             if err["type"] != "missing":
                 dotted, in_union = _key_of(tuple(err["loc"]), data)
@@ -671,6 +728,8 @@ def validate(
                         problems.append(f"{_where(dotted, origins, texts, top)}: `{dotted}` = {_shown(got)} is "
                                         f"invalid: expected {form}." + (f"\n  fix: {fix}" if fix else ""))
                     continue
+            if err["type"] == "value_error":
+                dotted = _blamed(dotted, err["msg"], origins)
             where = _where(dotted, origins, texts, top)
             if err["type"] == "missing":
                 section = dotted.rsplit(".", 1)[0] if "." in dotted else dotted
@@ -684,7 +743,7 @@ def validate(
             else:
                 got = err.get("input")
                 got_s = _shown(got)
-                fix = _range_fix(dotted) if err["type"] in _BOUNDS else None
+                fix = _range_fix(dotted) if err["type"] in _BOUNDS else _type_fix(err, dotted, data)
                 problems.append(f"{where}: `{dotted}` = {got_s} is invalid: expected {_expected(err)}."
                                 + (f"\n  fix: {fix}" if fix else ""))
         raise RecipeError("\n".join(problems)) from None

@@ -30,12 +30,19 @@ class Arch:
     model_type: str | None = None  # config.json's model_type: the family, which names the modules
 
     @property
-    def lora_modules(self) -> tuple[str, ...] | None:
-        """The linear modules peft can adapt (a target_modules entry matches a module whose name ends in one), from
-        the family; None where rlctl does not know an MoE family's names."""
+    def linear_modules(self) -> tuple[str, ...] | None:
+        """The linear layers peft's "all-linear" adapts (every one but the output layer), from the family; None where
+        rlctl does not know an MoE family's names."""
         if self.model_type in FAMILY_MODULES:
             return FAMILY_MODULES[self.model_type]
         return None if self.experts else DENSE_LINEAR
+
+    @property
+    def lora_modules(self) -> tuple[str, ...] | None:
+        """The modules peft can adapt when named (a target_modules entry matches a module whose name ends in one):
+        the linear layers and the embedding and output layers."""
+        linear = self.linear_modules
+        return None if linear is None else (*linear, *EDGE_MODULES)
 
     @property
     def hd(self) -> int:
@@ -93,6 +100,9 @@ class Arch:
 # the linear layers of the dense decoder architectures rlctl knows (Llama, Qwen2/2.5/3, Mistral): what peft's
 # "all-linear" selects there, and the names a list may give
 DENSE_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# the input embedding and the output layer: peft adapts them when a list names them (0.21: LoRA on nn.Embedding and
+# on lm_head's nn.Linear), while "all-linear" leaves the output layer out
+EDGE_MODULES = ("embed_tokens", "lm_head")
 # MoE families whose modules rlctl knows (transformers' modeling code): gpt-oss's experts hold gate_up_proj/down_proj
 # as parameters of one GptOssExperts module and its router is a GptOssTopKRouter, neither an nn.Linear peft adapts
 FAMILY_MODULES = {"gpt_oss": ("q_proj", "k_proj", "v_proj", "o_proj")}

@@ -97,6 +97,16 @@ class Section(BaseModel):
         return refuse_bool_as_number(cls, v, info.field_name)
 
 
+class TableErrors(ValueError):
+    """A table validated by its own model inside a section's check (`[backend.<name>]`): its errors, each with its
+    key's path, so that the loader words them (and blames them) as it does every other key's."""
+
+    def __init__(self, prefix: tuple[str, ...], error: ValidationError) -> None:
+        self.errors = [{**err, "loc": (*prefix, *err["loc"])} for err in error.errors()]
+        super().__init__("; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}"
+                                   for err in self.errors))
+
+
 class BackendExtra(Section):
     extra: dict[str, Any] = Field(default_factory=dict, description="Raw flags/keys passed through verbatim.")
 
@@ -148,9 +158,7 @@ class BackendSection(Section):
             try:
                 self.model_extra[key] = model.model_validate(value)
             except ValidationError as e:
-                problems = "; ".join(f"backend.{key}.{'.'.join(map(str, err['loc']))}: "
-                                     f"{err['msg'].removeprefix('Value error, ')}" for err in e.errors())
-                raise ValueError(problems) from None
+                raise TableErrors(("backend", key), e) from None
         return self
 
     def table(self, name: str | None = None) -> BackendExtra:
@@ -270,7 +278,8 @@ class ResourcesSection(Section):
     gpus_per_node: _upto(MAX_GPUS_PER_NODE, 0) = 1
     gpu: str = "H100-80GB"
     colocate: bool = Field(default=False, description="Trainer and inference share the same GPUs (with both "
-                           "trainer_gpus and inference_gpus given, they must share at least one: refused otherwise).")
+                           "trainer_gpus and inference_gpus given, they must share at least one; colocate = "
+                           "false, written, beside lists that share one is refused too).")
     trainer_gpus: list[GpuId] | None = Field(default=None, description="GPU ids of the trainer (per node).")
     inference_gpus: list[GpuId] | None = Field(default=None, description="GPU ids of the inference engines.")
     executor: str = Field(default="local", description="Where the run's processes live: local, ray, ssh, "
@@ -278,19 +287,39 @@ class ResourcesSection(Section):
     ray_address: str | None = Field(default=None, description="Ray dashboard address, e.g. http://head:8265.")
     pip: list[str] | None = Field(default=None, description="pip requirements for the Ray job's runtime env.")
 
-    @field_validator("inference_gpus")
+    @field_validator("trainer_gpus", "inference_gpus")
     @classmethod
-    def _colocate_or_apart(cls, inf: list[int] | None, info: ValidationInfo) -> list[int] | None:
-        # colocate = true says trainer and inference share GPUs; two lists with no id in common say they share none.
-        # Placement, the memory checks and the GPU plan each believed one of the two: refused, not guessed (checked
-        # on the last of the three keys, so that the error points at the file line or --set that gave it)
-        trn = info.data.get("trainer_gpus")
-        if info.data.get("colocate") and trn and inf and not set(trn) & set(inf):
+    def _each_once(cls, ids: list[int] | None, info: ValidationInfo) -> list[int] | None:
+        # [0, 0] is one GPU, not two: counting it twice plans two trainer ranks on one card (and renders it so)
+        twice = sorted({i for i in ids or [] if ids.count(i) > 1})
+        if twice:
+            once = list(dict.fromkeys(ids or []))
+            raise ValueError(f"resources.{info.field_name} = {ids} names GPU {', '.join(map(str, twice))} twice; "
+                             f"each id is one GPU\n  fix: list each GPU once: {info.field_name} = {once}")
+        return ids
+
+    @model_validator(mode="after")
+    def _colocate_or_apart(self) -> ResourcesSection:
+        # colocate = true says trainer and inference share GPUs; two lists with no id in common say they share none
+        # (and colocate = false, written, beside lists that share one says the reverse). Placement, the memory checks
+        # and the GPU plan each believed one of the two: refused, not guessed. The message names all three keys: the
+        # loader points at the one a --set gave, else the file line of colocate.
+        trn, inf = self.trainer_gpus, self.inference_gpus
+        if not (trn and inf):
+            return self
+        shared = sorted(set(trn) & set(inf))
+        if self.colocate and not shared:
             raise ValueError(
                 f"resources.colocate = true (trainer and inference share GPUs) contradicts resources.trainer_gpus = "
                 f"{trn} and resources.inference_gpus = {inf}, which share none\n  fix: set resources.colocate = "
                 "false to keep them apart, or drop trainer_gpus and inference_gpus (colocated, both use every GPU)")
-        return inf
+        if not self.colocate and "colocate" in self.model_fields_set and shared:
+            raise ValueError(
+                f"resources.colocate = false (trainer and inference on separate GPUs) contradicts "
+                f"resources.trainer_gpus = {trn} and resources.inference_gpus = {inf}, which share GPU(s) {shared}"
+                "\n  fix: set resources.colocate = true to share them, or give inference_gpus GPUs the trainer "
+                "does not use")
+        return self
 
     @field_validator("executor")
     @classmethod
