@@ -721,3 +721,15 @@ def test_lora_targets_of_a_model_that_cannot_be_read_say_the_check_did_not_run(t
     res = results(QUICK, f'model.path="{model}"', "lora.rank=8", 'lora.target_modules=["w1"]', only=["lora.targets"])
     r = one(res, "lora.targets")
     assert r.verdict == "skip" and "could not run" in r.figure and "some_moe" in r.figure, r
+
+
+def test_only_a_family_with_no_check_for_the_recipe_says_none_ran(user):
+    """New-user trial: `preflight quickstart --only eval` printed the header alone and exited 0, silence read as a
+    pass. It says that 0 checks ran and why (exit 0)."""
+    work, rlctl = user
+    for only, why in (("eval", "no eval sets"), ("run", "restart"), ("eval.every", "no eval sets")):
+        r = rlctl("preflight", "quickstart", "--only", only)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+        assert "0 checks ran" in r.stdout and only in r.stdout and why in r.stdout, (only, r.stdout)
+    j = json.loads(rlctl("preflight", "quickstart", "--only", "eval", "--json").stdout)
+    assert j["results"] == [] and "no eval sets" in j["none_ran"], j
