@@ -198,6 +198,10 @@ def load_set(root: Path, source: str = "bundled") -> PatchSet:
                           f"target {bad[0]!r:.60} must be a path inside site-packages (relative, no '..').", i)
         if not targets:
             raise m.error("file", f"{name} changes no file (no `+++` lines) and names no `targets`.", i)
+        if not _has_hunk(f):
+            what = "is empty" if f.stat().st_size == 0 else "holds no diff hunk (no `@@` line)"
+            raise m.error("file", f"{name} changes nothing: it {what}.", i,
+                          hint="a patch is a unified diff (diff -u, git diff) of the files it names in `targets`")
         purpose = p.get("purpose", "")
         if not isinstance(purpose, str):
             raise m.error("purpose", f"must be a string, not {_type_name(purpose)}.", i)
@@ -217,6 +221,15 @@ def load_set(root: Path, source: str = "bundled") -> PatchSet:
                       hint="name only checks the set's patches really fix; any other stays as preflight says")
     return PatchSet(f"{data['backend']}/{data['version']}", root, data["backend"], data["package"], data["version"],
                     data.get("description", ""), entries, source, list(fixes))
+
+
+# what makes a diff change something: a unified or context hunk, or a git header that renames or re-modes a file
+_CHANGE_STARTS = ("@@ -", "***************", "rename from ", "copy from ", "old mode ", "deleted file mode ")
+
+
+def _has_hunk(patch_file: Path) -> bool:
+    with patch_file.open(errors="replace") as fh:
+        return any(line.startswith(_CHANGE_STARTS) for line in fh)
 
 
 def _targets_of(patch_file: Path) -> list[str]:

@@ -181,3 +181,30 @@ def test_runs_that_differ_only_in_what_does_not_train_are_one_arm(tmp_path):
     c = run("c", '[train]\nseed = 1\n[optim.schedule]\nwarmup = 3\n')
     arms, _ = arms_of_runs([a, b, c])
     assert len(arms) == 2 and "optim.schedule.warmup=3" in arms[1]["label"], arms
+
+
+def test_runs_of_one_seed_are_replicas_and_the_ignored_differences_are_named(user):
+    """New-user trial: two quickstart runs that differ only in run.restart, both train.seed = 42, printed
+    `a0  2 ... [0.005736, 0.005736]` and 'zero variance across its 2 seeds': one seed counted twice, a CI from
+    replicas, and the run.restart difference unsaid. The arm counts distinct seeds and says which keys it ignored."""
+    work, rlctl = user
+
+    def run(name: str, extra: str, value: float) -> None:
+        d = work / "runs" / f"{name}-20260101-000000"
+        d.mkdir(parents=True)
+        (d / "state.json").write_text(json.dumps({"name": name, "status": "finished", "backend": "command"}))
+        (d / "recipe.toml").write_text(f'name = "{name}"\n[train]\nseed = 42\n{extra}')
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/mean": value}) + "\n"
+                                                 for s in (1, 2, 3)))
+
+    run("base", "", 0.005736)
+    run("rs", '[run]\nrestart = "never"\n', 0.005736)
+    r = rlctl("compare", "base", "rs")
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = next(x for x in r.stdout.splitlines() if x.startswith("a0"))
+    assert row.split()[1] == "1" and "[" not in row, r.stdout  # one distinct seed: no interval
+    assert "replica" in r.stdout and "42" in r.stdout, r.stdout
+    assert "run.restart" in r.stdout and "not affecting training" in r.stdout, r.stdout
+    assert "zero variance across its 2 seeds" not in r.stdout, r.stdout
+    c = strict_json(rlctl("compare", "base", "rs", "--json").stdout)
+    assert c["arms"][0]["ci95"] is None and c["arms"][0]["seeds"] == 1, c

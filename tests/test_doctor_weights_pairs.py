@@ -121,3 +121,17 @@ def test_a_lora_run_whose_adapter_did_not_move_is_one_critical_finding(tmp_path,
     res = cli("doctor", str(run), "--weights")
     assert "frozen_weights" not in res.out and res.out.count("weights_frozen") == 1, res.out
     assert "the LoRA adapter did not change" in res.out and "KL to the reference" in res.out and res.code == 1, res.out
+
+
+def test_between_takes_the_runs_steps_or_says_which_there_are(tmp_path, cli):
+    """New-user trial: `--between 10 --between 20` (steps, as a user reads them off `rlctl ckpt list`) were taken for
+    paths. A number that is no path is the run's checkpoint at that step; an unknown step names the steps there are
+    and their paths (exit 2)."""
+    run = run_with(tmp_path)
+    checkpoint(run, "checkpoint-10", [0.0, 1.0])
+    checkpoint(run, "checkpoint-20", [0.5, 1.5])
+    res = cli("doctor", str(run), "--between", "10", "--between", "20", cwd=tmp_path)
+    assert "1/1 tensors changed" in res.out and "between checkpoint-10 and checkpoint-20" in res.out, res.out + res.err
+    res = cli("doctor", str(run), "--between", "10", "--between", "30", cwd=tmp_path)
+    assert res.code == 2 and "Traceback" not in res.err, res.out + res.err
+    assert "30" in res.err and "checkpoint-20" in res.err and "10, 20" in res.err, res.err

@@ -145,3 +145,17 @@ def test_launch_onto_a_cluster_from_a_machine_without_the_backend(sl, lora_recip
     assert "could not be applied" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "submitted as SLURM job" in r.stderr or "sbatch refused the job" in r.stderr, r.stderr
     assert list((work / "runs").glob("*/slurm.sbatch")), "the job script was written and submitted"
+
+
+@pytest.mark.parametrize("body", ["", "this is not a diff\n", "--- a/verl/x.py\n+++ b/verl/x.py\n"])
+def test_a_patch_that_changes_nothing_is_refused_naming_the_manifest_line(tmp_path, cli, body):
+    """New-user trial: an empty (or not-a-diff) 0001.patch with explicit `targets` passed `patch list`; a patch that
+    changes nothing is an error naming manifest.toml:LINE (docs/checks.md), exit 2."""
+    d = tmp_path / "mp" / "verl" / "0.9.1"
+    d.mkdir(parents=True)
+    (d / "0001.patch").write_text(body)
+    (d / "manifest.toml").write_text('backend = "verl"\npackage = "verl"\nversion = "0.9.1"\n\n[[patch]]\n'
+                                     'file = "0001.patch"\ntargets = ["verl/x.py"]\npurpose = "p"\n')
+    res = cli("patch", "list", "--dir", "mp", cwd=tmp_path)
+    assert res.code == 2 and "Traceback" not in res.err, res.out + res.err
+    assert f"{d / 'manifest.toml'}:6" in res.err and "0001.patch" in res.err and "changes nothing" in res.err, res.err

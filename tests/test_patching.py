@@ -318,6 +318,9 @@ def test_malformed_patch_and_bad_manifests(site, tmp_path):
     (d / "x.patch").write_text("this is not a diff at all\n")
     (d / "manifest.toml").write_text('backend = "openrlhf"\npackage = "openrlhf"\nversion = "0.9.3"\n'
                                      '[[patch]]\nfile = "x.patch"\ntargets = ["openrlhf/x.py"]\n')
+    with pytest.raises(PatchError, match=r"manifest.toml:5: .*x.patch changes nothing"):  # refused on loading
+        patching.load_set(d)
+    (d / "x.patch").write_text("--- a/openrlhf/x.py\n+++ b/openrlhf/x.py\n@@ -1,2 +1,2 @@\ngarbage\n")
     inst = patching.locate("openrlhf", py)
     with pytest.raises(PatchError, match="not a valid patch"):
         patching.status(patching.load_set(d), inst)

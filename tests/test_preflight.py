@@ -737,3 +737,15 @@ def test_lora_targets_peft_adapts_are_taken_and_counted_once():
     assert r.verdict == "ok" and r.figure.startswith("1 of "), r
     r = one(results(QUICK, "lora.rank=8", 'lora.target_modules="all-linear"', only=["lora.targets"]), "lora.targets")
     assert r.verdict == "ok" and "q_proj" in r.figure and "lm_head" in r.figure, r
+
+
+def test_only_a_family_with_no_check_for_the_recipe_says_none_ran(user):
+    """New-user trial: `preflight quickstart --only eval` printed the header alone and exited 0, silence read as a
+    pass. It says that 0 checks ran and why (exit 0)."""
+    work, rlctl = user
+    for only, why in (("eval", "no eval sets"), ("run", "restart"), ("eval.every", "no eval sets")):
+        r = rlctl("preflight", "quickstart", "--only", only)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout + r.stderr
+        assert "0 checks ran" in r.stdout and only in r.stdout and why in r.stdout, (only, r.stdout)
+    j = json.loads(rlctl("preflight", "quickstart", "--only", "eval", "--json").stdout)
+    assert j["results"] == [] and "no eval sets" in j["none_ran"], j

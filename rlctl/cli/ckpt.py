@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from rlctl.cli._app import JsonOpt, RunArg, _echo, ckpt_app
+from rlctl.core.sizes import human_bytes
 from rlctl.errors import RlctlError
 
 
@@ -41,7 +42,8 @@ def ckpt_list(run: RunArg, as_json: JsonOpt = False) -> None:
         _echo(f"{run_dir.name}: no checkpoints")
     for r in rows:
         where = f"step {r['step']:>7}" if r["step"] is not None else f"{r['name']:>12}"
-        _echo(f"{where}  {'complete' if r['complete'] else 'INCOMPLETE':<10}  {r['bytes'] / 1e9:8.2f} GB  {r['path']}")
+        done = "complete" if r["complete"] else "INCOMPLETE"
+        _echo(f"{where}  {done:<10}  {human_bytes(r['bytes']):>8}  {r['path']}")
     if best:
         _echo(f"best eval: {best['key']} = {best['value']:.4g} at step {best['step']}"
               + (" (the base model)" if best["step"] == 0 else ""))
@@ -81,12 +83,12 @@ def ckpt_prune(
     doomed = prune(backend, run_dir, keep_last, keep_best, dry_run=True)
     sizes = {c.step: c.size() for c in doomed}
     for c in doomed:
-        _echo(f"{'would delete' if dry_run else 'deleting'} step {c.step:>7}  {sizes[c.step] / 1e9:8.2f} GB  "
+        _echo(f"{'would delete' if dry_run else 'deleting'} step {c.step:>7}  {human_bytes(sizes[c.step]):>8}  "
               + "  ".join(str(p) for p in c.paths()))
     if not dry_run and doomed:
         doomed = prune(backend, run_dir, keep_last, keep_best, dry_run=False)
     verb = "would delete" if dry_run else "deleted"
-    _echo(f"{verb} {len(doomed)} checkpoint(s), {sum(sizes.values()) / 1e9:.2f} GB: "
+    _echo(f"{verb} {len(doomed)} checkpoint(s), {human_bytes(sum(sizes.values()))}: "
           + (", ".join(f"step {c.step}" for c in doomed) or "nothing"))
 
 
@@ -131,7 +133,7 @@ def ckpt_pull(
                          hint=f"rlctl ckpt list {run_dir.name}")
     dest, pick = executors.get("ssh").ckpt_pull(run_dir, step, to)
     size = sum(f["size"] for f in pick["files"])
-    _echo(f"pulled step {pick['step']} of {run_dir.name}: {len(pick['files'])} files, {size / 1e9:.2f} GB, "
+    _echo(f"pulled step {pick['step']} of {run_dir.name}: {len(pick['files'])} files, {human_bytes(size)}, "
           f"verified (sizes and sha256) -> {dest}")
 
 

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from rlctl.cli._app import JsonOpt, Typer, _echo, app
+from rlctl.core.sizes import human_bytes
 from rlctl.errors import EXIT_CHECK_FAILED, RlctlError
 
 hosts_app = Typer(help="SSH hosts where runs can go (rlctl launch RECIPE --on HOST).", no_args_is_help=True)
@@ -105,7 +106,7 @@ def hosts_check(
             else:
                 _echo("  gpus: " + (", ".join(f"{g['index']}: {g['name']} {g['memory_used_gib']:.0f}/"
                                               f"{g['memory_total_gib']:.0f} GiB used" for g in f["gpus"]) or "none"))
-            _echo(f"  disk: {f['disk_free'] / 1e9:.1f} GB free at {f['disk_path']}")
+            _echo(f"  disk: {human_bytes(f['disk_free'])} free at {f['disk_path']}")
             for b, info in sorted((f.get("backends") or {}).items()):
                 _echo(f"  {b}: {info['package']} {info['installed'] or 'not installed'}"
                       + (f"; patches: {info['patches']}" if info.get("patches") else ""))

@@ -104,10 +104,13 @@ def preflight(
 
         plot_lr(pf.Context(prep).lrs, prep.recipe, plot)  # bounded like the checks' curve (schedule.steps)
         typer.echo(f"wrote {plot}", err=True)
+    none = pf.none_ran(only) if only and not results else None  # silence would read as a pass
     if as_json:
         _echo(json.dumps({"recipe": str(prep.resolved.path), "backend": prep.plan.backend,
-                          "ok": not pf.failed(results), "results": [r.to_dict() for r in results]},
-                         indent=2, default=str))
+                          "ok": not pf.failed(results), "results": [r.to_dict() for r in results],
+                          **({"none_ran": none} if none else {})}, indent=2, default=str))
+    elif none:
+        _echo(f"preflight: {prep.resolved.path.name} ({prep.plan.label})\n{none}")
     else:
         from rlctl.ui.tables import preflight_table
 

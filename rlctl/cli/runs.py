@@ -287,9 +287,10 @@ def doctor(
     run: RunArg, as_json: JsonOpt = False,
     weights: Annotated[bool, typer.Option("--weights", help="Compare the run's oldest and newest checkpoints: the "
                                           "fraction of tensors/values that changed (frozen-weights check).")] = False,
-    between: Annotated[list[Path] | None, typer.Option("--between", metavar="PATH",
-                                                       help="Two checkpoint directories (or "
-                                                       ".safetensors files) to compare instead; implies --weights.")]
+    between: Annotated[list[str] | None, typer.Option("--between", metavar="PATH|STEP",
+                                                      help="Given twice: two checkpoint directories, .safetensors "
+                                                      "files or the run's steps to compare instead; implies "
+                                                      "--weights.")]
     = None,
 ) -> None:
     """Diagnose a run with the tuning playbook: flat learning, instability, spikes, collapse, truncation,
@@ -305,16 +306,15 @@ def doctor(
     findings += diagnose(run_dir) + _sync_finding(run_dir)
     unweighed = None
     if weights or between:
-        from rlctl.runs.weights import settle, weights_finding
+        from rlctl.runs.weights import between_paths, settle, weights_finding
 
-        if between and len(between) != 2:
-            raise typer.BadParameter("--between takes two checkpoints: --between A --between B")
+        pair = between_paths(run_dir, between) if between else None
         import struct
 
         try:
-            found = weights_finding(run_dir, pair=(between[0], between[1]) if between else None)
+            found = weights_finding(run_dir, pair=pair)
         except (ValueError, KeyError, TypeError, IndexError, struct.error) as e:  # damaged or not safetensors
-            where = f"--between {between[0]} {between[1]}" if between else f"{run_dir.name}'s checkpoints"
+            where = f"--between {pair[0]} --between {pair[1]}" if pair else f"{run_dir.name}'s checkpoints"
             raise RlctlError(f"{where}: cannot read the weights ({e}).",
                              hint="give two checkpoint directories or .safetensors files") from None
         if found is None:  # nothing to compare: said, not reported as a frozen-weights finding

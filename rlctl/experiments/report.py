@@ -60,8 +60,19 @@ class ArmResult:
     interval: stats.Interval | None = None
 
     @property
+    def per_seed(self) -> list[tuple[int | None, float, list[str]]]:
+        """One value per distinct seed: runs of one seed are replicas, not independent draws, so they count once
+        (their mean). A run whose seed is unknown counts as a seed of its own."""
+        groups: dict[Any, list[RunValue]] = {}
+        for r in self.runs:
+            if r.value is not None:
+                groups.setdefault(r.seed if r.seed is not None else ("run", r.run), []).append(r)
+        return [(rs[0].seed, math.fsum(r.value for r in rs if r.value is not None) / len(rs), [r.run for r in rs])
+                for rs in groups.values()]
+
+    @property
     def values(self) -> list[float]:
-        return [r.value for r in self.runs if r.value is not None]
+        return [v for _, v, _ in self.per_seed]
 
 
 @dataclass
@@ -201,6 +212,7 @@ def arms_of_runs(refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[
         seen[rd.resolve()] = ref
     groups: list[tuple[dict[str, Any], list[tuple[Path, int | None]]]] = []
     attached: set[Path] = set()
+    recipes: dict[Path, dict[str, Any]] = {}
     for rd in dirs:
         data = _run_recipe(rd)
         seed = data.get(SEED_KEY)
@@ -208,6 +220,7 @@ def arms_of_runs(refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[
         if read_state(rd).get("attached_from"):
             key, seed = {"attached run": rd.name}, None
             attached.add(rd)
+        recipes[rd] = data
         for g, members in groups:
             if g == key:
                 members.append((rd, seed if isinstance(seed, int) else None))
@@ -222,7 +235,11 @@ def arms_of_runs(refs: list[str]) -> tuple[list[dict[str, Any]], dict[str, list[
         label = " ".join(f"{k}={v[1]}" for k, v in d.items() if not k.startswith("name")) or members[0][0].name
         if members[0][0] in attached:
             label = members[0][0].name
-        arms.append({"id": f"a{i}", "label": label, "diff": d})
+        # keys in which this arm's runs differ but that were set aside as not training: said, never silent
+        first = recipes.get(members[0][0], {})
+        ignored = sorted({k for rd, _ in members[1:] for k in diff(first, recipes.get(rd, {}))
+                          if k != SEED_KEY and k not in ("name", "description") and not trains(k)})
+        arms.append({"id": f"a{i}", "label": label, "diff": d, "ignored": ignored})
         runs[f"a{i}"] = members
     return arms, runs
 
@@ -287,6 +304,14 @@ def compare(arms: list[dict[str, Any]], runs: dict[str, list[tuple[Path, int | N
             if not curve:
                 notes.append(f"{rd.name} has no {metric} values (left out)")
         ar = ArmResult(a["id"], a.get("label", a["id"]), rvs)
+        if a.get("ignored"):
+            notes.append(f"{ar.id}: its runs differ in {', '.join(a['ignored'])}, treated as not affecting training "
+                         "(NOT_TRAINING_KEYS in rlctl/experiments/report.py), so they are one arm")
+        for seed, _, names in ar.per_seed:
+            if len(names) > 1:
+                notes.append(f"{ar.id}: runs {', '.join(names)} share train.seed {seed}: replicas of one seed, not "
+                             f"independent seeds, so they count once (their mean); the arm has {len(ar.values)} "
+                             f"distinct seed{'s' if len(ar.values) != 1 else ''}")
         if ar.values:
             ar.interval = stats.t_interval(ar.values)
             if len(ar.values) >= 2 and stats.no_spread(ar.values, ar.interval.sd):
@@ -374,8 +399,8 @@ def eval_mismatch(metric: str, run_dirs: list[Path]) -> str | None:
 
 
 def _by_seed(a: ArmResult, b: ArmResult) -> tuple[list[float], list[float]]:
-    bs = {r.seed: r.value for r in b.runs if r.value is not None}
-    pairs = [(r.value, bs[r.seed]) for r in a.runs if r.value is not None and r.seed in bs]
+    bs = {seed: v for seed, v, _ in b.per_seed if seed is not None}
+    pairs = [(v, bs[seed]) for seed, v, _ in a.per_seed if seed in bs]
     return [x for x, _ in pairs], [y for _, y in pairs]
 
 
@@ -478,6 +503,7 @@ def to_json(c: Comparison) -> dict[str, Any]:
         "metric": c.metric, "window": c.window, "test": c.paired_reason, "notes": c.notes,
         "left_out": runs(c.left_out), "included_unfinished": runs(c.included_unfinished),
         "arms": [{"id": a.id, "label": a.label, "values": {r.run: r.value for r in a.runs},
+                  "seeds": len(a.values),  # distinct seeds: replicas of one seed count once
                   "mean": a.interval.mean if a.interval else None,
                   # one seed: no interval (t with 0 degrees of freedom), null rather than [NaN, NaN]
                   "ci95": [a.interval.low, a.interval.high] if a.interval and a.interval.n >= 2 else None}
@@ -510,7 +536,7 @@ def plot(c: Comparison, out: Path) -> Path:
             lo.append(iv.low if not math.isnan(iv.low) else iv.mean)
             hi.append(iv.high if not math.isnan(iv.high) else iv.mean)
         if xs:
-            ax.plot(xs, ms, label=f"{a.id}: {a.label} (n={len(a.runs)})")
+            ax.plot(xs, ms, label=f"{a.id}: {a.label} (n={len(a.values)} seeds)")
             ax.fill_between(xs, lo, hi, alpha=0.2)
     ax.set_xlabel("step")
     ax.set_ylabel(c.metric)

@@ -46,12 +46,17 @@ CheckFn = Callable[["Context"], "Result | list[Result] | None"]
 REGISTRY: dict[str, CheckFn] = {}
 # family -> the registered check that runs the backend's checks of that family (Backend.preflight(ctx, family))
 HOSTS: dict[str, str] = {}
+# what a check returning nothing means (check(silent=...)): said when --only selected nothing that answered
+SILENT: dict[str, str] = {}
 
 
-def check(name: str, hosts: str | None = None) -> Callable[[CheckFn], CheckFn]:
-    """Register a check; `hosts`: it also runs the backend's own checks of that family (Backend.checks names them)."""
+def check(name: str, hosts: str | None = None, silent: str | None = None) -> Callable[[CheckFn], CheckFn]:
+    """Register a check; `hosts`: it also runs the backend's own checks of that family (Backend.checks names them);
+    `silent`: when it returns nothing (no such thing in the recipe), said when --only selected nothing else."""
     def register(fn: CheckFn) -> CheckFn:
         REGISTRY[name] = fn
+        if silent:
+            SILENT[name] = silent
         if hosts:
             HOSTS[hosts] = name
         return fn
@@ -157,6 +162,17 @@ def check_only(only: list[str] | None) -> None:
     if unknown:
         raise RlctlError(f"--only {', '.join(unknown)}: no such check or family.",
                          hint=f"families: {', '.join(families())} (or a check, e.g. schedule.warmup)")
+
+
+def none_ran(only: list[str]) -> str:
+    """Why `--only` gave no result: each selected check found nothing of its kind in the recipe (never a silent
+    pass)."""
+    _load_all()
+    aliases = emitted()
+    names = [n for n in [*REGISTRY, *aliases] if any(_selects(n, o, aliases) for o in only)]
+    whys = "; ".join(f"{n}: {SILENT.get(n, 'nothing it checks is in this recipe')}" for n in dict.fromkeys(names))
+    sel = ", ".join(o if o in REGISTRY or o in aliases else f"{o}.*" for o in only)
+    return f"0 checks ran: {sel}: no check applies to this recipe ({whys})"
 
 
 def run(prepared: Any, only: list[str] | None = None, vet: bool = True) -> list[Result]:

@@ -6,15 +6,11 @@ import json
 import shutil
 from pathlib import Path
 
+from rlctl.core.sizes import human_bytes
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check, existing_parent
 from rlctl.runs.disk_pressure import GB, room_needed
 
-
-def human(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n / 1e3:.1f} kB"
+human = human_bytes  # the one formatter (rlctl.core.sizes)
 
 
 @check("disk.checkpoints", hosts="disk")

@@ -20,7 +20,7 @@ def _steps(every: int, total: int | None, shown: int = 4, baseline: bool = True)
     return ", ".join(str(s) for s in steps[:shown + 1]) + (", ..." if more else "")
 
 
-@check(NAME)
+@check(NAME, silent="no eval sets rlctl evaluates on saved checkpoints")
 def every(ctx: Context) -> list[Result] | None:
     from rlctl.evals.sets import checkpoint_sets
 

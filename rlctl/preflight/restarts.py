@@ -9,7 +9,7 @@ from rlctl.preflight import OK, WARN, Context, Result, check
 NAME = "run.restart"
 
 
-@check(NAME)
+@check(NAME, silent="run.restart = \"never\": no restart to prepare for")
 def restart_from(ctx: Context) -> list[Result] | None:
     r = ctx.recipe
     mode = r.run.restart
@@ -32,7 +32,7 @@ def restart_from(ctx: Context) -> list[Result] | None:
 KEEP = "run.keep_last"
 
 
-@check(KEEP)
+@check(KEEP, silent="checkpoint.keep_last unset or at least the backend's floor")
 def keep_last(ctx: Context) -> Result | None:
     keep = ctx.recipe.checkpoint.keep_last
     floor = ctx.backend.min_keep_last(ctx.recipe) if keep else None

@@ -13,7 +13,7 @@ from rlctl.preflight.references import where
 NAME = "checkpoint.resume"
 
 
-@check(NAME)
+@check(NAME, silent="checkpoint.resume is not a step (off or latest)")
 def resume_step(ctx: Context) -> Result | None:
     r = ctx.recipe
     step = r.checkpoint.resume

@@ -11,7 +11,7 @@ from rlctl.preflight import FAIL, OK, SKIP, Context, Result, check, existing_par
 FIX = 'set checkpoint.sync = "s3://bucket/prefix" or "file:///mnt/nfs/dir" (any fsspec URL; pip install "rlctl[sync]")'
 
 
-@check("checkpoint.sync")
+@check("checkpoint.sync", silent="no checkpoint.sync store")
 def sync(ctx: Context) -> Result | None:
     url = ctx.recipe.checkpoint.sync
     if not url:

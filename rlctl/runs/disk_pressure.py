@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.core.checkpoint import Checkpoint
+from rlctl.core.sizes import human_bytes
 from rlctl.errors import RlctlError
 
 GB = 1e9
@@ -90,12 +91,7 @@ class Pressure:
                        f"resumes from {ck}{host_fix}"}
 
 
-def _size(b: float) -> str:
-    """Bytes as a person reads them: 47.0 GB, 2.1 MB, 300 kB."""
-    for unit, scale in (("GB", GB), ("MB", 1e6)):
-        if b >= scale:
-            return f"{b / scale:.1f} {unit}"
-    return f"{b / 1e3:.0f} kB"
+_size = human_bytes  # the one formatter (rlctl.core.sizes)
 
 
 def room_needed(checkpoints: float | None, min_free_gb: float | None) -> int:

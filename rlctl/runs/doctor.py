@@ -489,14 +489,20 @@ def _advise(f: Finding, knobs: Knobs | None) -> Finding:
     """Turn a rule's advice parts into the action line, leaving out knobs the backend does not have."""
     if isinstance(f.action, str):
         return f
-    kept, dropped = [], []
+    kept, dropped, at_limit = [], [], []
+    value = getattr(knobs, "value", None)
     for key, words in f.action:
-        if key is None or knobs is None or knobs(key) is not False:
+        now = value(key) if key is not None and value is not None else None
+        if key is not None and words.startswith("lower ") and isinstance(now, (int, float)) and now <= 0:
+            at_limit.append(f"{key} = {now}")  # nothing below 0 to lower it to: never advised
+        elif key is None or knobs is None or knobs(key) is not False:
             kept.append(words)
         else:
             dropped.append(key)
     if dropped:
         f.evidence["advice_not_applicable"] = dropped  # the backend has no such knob (Backend.honours)
+    if at_limit:
+        f.evidence["advice_at_limit"] = at_limit
     f.action = ", ".join(kept) if kept else "no knob of this backend addresses it: see docs/doctor.md"
     return f
 
@@ -524,6 +530,15 @@ def recipe_knobs(run_dir: Path) -> Knobs | None:
             cache[key] = adapter.honours(recipe, key)
         return cache[key]
 
+    def value(key: str) -> Any:
+        """The recorded recipe's value at a dotted key (None where there is none): advice to lower a value already
+        at 0 is left out."""
+        obj: Any = recipe
+        for part in key.split("."):
+            obj = getattr(obj, part, None)
+        return obj
+
+    honours.value = value  # type: ignore[attr-defined]
     return honours
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rlctl.core.sizes import human_bytes
+
 GiB = 1024**3
 
 
@@ -33,11 +35,7 @@ def plan_needs(prep: Any) -> dict[str, Any]:
     return needs
 
 
-def _size(n: float) -> str:
-    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n / 1e3:.1f} kB"
+_size = human_bytes  # the one formatter (rlctl.core.sizes)
 
 
 def misfit(facts: dict[str, Any], needs: dict[str, Any]) -> str | None:

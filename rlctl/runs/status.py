@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlctl.core.sizes import human_bytes
 from rlctl.runs.state import RunStatus, find_run, read_state, run_status
 from rlctl.ui.progress import fmt_duration, fmt_num
 
@@ -355,7 +356,7 @@ def _detail_text(d: dict[str, Any]) -> str:
     if d["checkpoints"]:
         total_bytes = sum(c["bytes"] for c in d["checkpoints"])
         done = [c["step"] for c in d["checkpoints"] if c["complete"]]
-        lines.append(f"\n  checkpoints: {len(d['checkpoints'])} ({total_bytes / 1e9:.2f} GB), newest complete "
+        lines.append(f"\n  checkpoints: {len(d['checkpoints'])} ({human_bytes(total_bytes)}), newest complete "
                      f"step {done[-1] if done else '-'}")
     if d["gpus"]:
         lines.append("  gpus: " + ", ".join(f"{g['index']}: {g['memory_used_gib']:.0f}/{g['memory_total_gib']:.0f} "

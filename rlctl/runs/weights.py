@@ -317,7 +317,34 @@ def nothing_to_compare(run_dir: Path) -> str:
             f"no checkpoint with weights (safetensors) in {checkpoint_dir(run_dir)}")
     return (f"{run_dir.name}: nothing to compare the weights with: {what}, and the weights the run started from are "
             "not on this machine. Keep at least two checkpoints (checkpoint.every), or compare with the base model: "
-            f"rlctl doctor {run_dir.name} --between MODEL_DIR CHECKPOINT")
+            f"rlctl doctor {run_dir.name} --between MODEL_DIR --between CHECKPOINT")
+
+
+def between_paths(run_dir: Path, given: list[str]) -> tuple[Path, Path]:
+    """`doctor --between A --between B`: each a checkpoint directory or .safetensors file, or a step number that is
+    no such path (the run's checkpoint at that step, as `rlctl ckpt list` shows it)."""
+    from rlctl.errors import RlctlError
+    from rlctl.runs.checkpoints import find_checkpoints
+    from rlctl.runs.state import read_state
+
+    if len(given) != 2:
+        raise RlctlError(f"--between takes two checkpoints, got {len(given)}.",
+                         hint="--between A --between B (checkpoint directories, .safetensors files or step numbers)")
+    ckpts = {c.step: c.path for c in find_checkpoints(str(read_state(run_dir).get("backend") or ""), run_dir)
+             if c.complete and c.step is not None}
+    out = []
+    for g in given:
+        if Path(g).exists() or not g.isdigit():
+            out.append(Path(g))
+        elif int(g) in ckpts:
+            out.append(ckpts[int(g)])
+        else:
+            have = ", ".join(str(s) for s in sorted(ckpts)) or "none"
+            raise RlctlError(f"--between {g}: {run_dir.name} has no complete checkpoint at step {g} (its steps: "
+                             f"{have}).", hint="give a step it has, or checkpoint directories: " + "; ".join(
+                                 f"{s}: {ckpts[s]}" for s in sorted(ckpts)) if ckpts else
+                             "give two checkpoint directories or .safetensors files")
+    return out[0], out[1]
 
 
 def weights_finding(run_dir: Path, sample: int = 64, pair: tuple[Path, Path] | None = None) -> Any:
@@ -334,7 +361,7 @@ def weights_finding(run_dir: Path, sample: int = 64, pair: tuple[Path, Path] | N
     if not given and c.tensors and c.tensors_changed == 0 and pair[1] in weight_sets(run_dir)[1]:
         # a save without a step (final/) right after the last checkpoint holds the same weights: not a frozen run
         return Finding("weights_frozen", "warn", line + f": {pair[1].name} has no step and is probably the same "
-                       f"step as {pair[0].name}", "compare two checkpoints of different steps: --between A B",
+                       f"step as {pair[0].name}", "compare two checkpoints of different steps: --between A --between B",
                        c.to_json())
     if severity == "ok":
         return Finding("weights_frozen", "ok", line, "none: the weights move", c.to_json())
