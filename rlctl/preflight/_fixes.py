@@ -21,9 +21,12 @@ def apply(recipe: Any, sets: dict[str, Any]) -> Any:
     for dotted, value in sets.items():
         *parents, leaf = dotted.split(".")
         obj = new
-        for part in parents:
-            obj = getattr(obj, part)
-        setattr(obj, leaf, value)
+        for part in parents:  # a table of names (eval.sets.NAME) is a dict: its entries are keys, not attributes
+            obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+        if isinstance(obj, dict):
+            obj[leaf] = value
+        else:
+            setattr(obj, leaf, value)
     return new
 
 

@@ -113,16 +113,25 @@ def budget(ctx: Context) -> list[Result]:
     hang = " (vLLM rejects such requests: rollouts hang with no error in the main log)"
     if need > context:
         room = context - prompt
+        sets: dict[str, Any] | None = None
+        # raising max_model_len helps only where it sizes vLLM's context (OpenRLHF sizes it from the lengths)
+        raise_len = {"model.max_model_len": need} if sized == "max_model_len" else None
+        others = []
         if not known:  # the number would come from an assumed prompt length: the formula, and what to measure
             fix = (f"set rollout.max_tokens <= {context} - the longest prompt in tokens (chat template included); "
                    f"{MEASURE_HOW}")
         elif room > 0:
-            fix = f"set rollout.max_tokens <= {room}"
+            fix, sets = f"set rollout.max_tokens <= {room}", {"rollout.max_tokens": room}
+            if raise_len:
+                others.append((f"set model.max_model_len = {need}", raise_len))
+        elif raise_len:
+            fix, sets = f"set model.max_model_len = {need}", raise_len
         else:
             fix = "raise model.max_model_len"
         out.append(Result(
             "context.budget", FAIL,
-            f"{figure_prompt} + max_tokens {r.rollout.max_tokens} = {need} > {ctx_name} {context}", fix + hang, data))
+            f"{figure_prompt} + max_tokens {r.rollout.max_tokens} = {need} > {ctx_name} {context}", fix + hang, data,
+            set=sets, other_fixes=others))
     elif not known:
         out.append(Result(
             "context.budget", WARN,
@@ -153,7 +162,8 @@ def budget(ctx: Context) -> list[Result]:
                           + (": vLLM refuses to start (max_model_len greater than the derived max_model_len)"
                              if fails else ""),
                           cut + (" (or configure rope scaling in the model's config.json)" if fails else
-                                 "; positions past the model's are extrapolated")))
+                                 "; positions past the model's are extrapolated"),
+                          set={"model.max_model_len": arch.max_positions} if sized == "max_model_len" else None))
     from rlctl.backends import get_backend
 
     # a backend with no trainer sequence length trains on whole rollouts: nothing is truncated there
@@ -164,7 +174,7 @@ def budget(ctx: Context) -> list[Result]:
                           + ": long samples are truncated or dropped in training",
                           f"set train.seq_len >= {need} if memory allows" if known else
                           f"set train.seq_len >= the longest prompt + {r.rollout.max_tokens} if memory allows; "
-                          f"{MEASURE_HOW}"))
+                          f"{MEASURE_HOW}", set={"train.seq_len": need} if known else None))
     return out
 
 

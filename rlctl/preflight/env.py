@@ -77,7 +77,7 @@ def wandb(ctx: Context) -> Result | None:
     if _netrc_has_wandb():
         return Result("env.wandb", OK, "W&B credentials found in ~/.netrc (not shown)")
     return Result("env.wandb", FAIL, "W&B is on but no API key is configured: the run dies at start",
-                  "export WANDB_API_KEY=..., or set logging.wandb.offline = true")
+                  "export WANDB_API_KEY=..., or set logging.wandb.offline = true", set={"logging.wandb.offline": True})
 
 
 @check("env.open_files")

@@ -3,6 +3,8 @@ preflight_lr.sh rule: abort if LR@20 < 30% of the target)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlctl.estimate.schedules import sparkline
 from rlctl.preflight import FAIL, OK, SKIP, WARN, Context, Result, check
 from rlctl.recipe.schema import MAX_STEPS
@@ -14,6 +16,11 @@ def _no_steps(ctx: Context) -> Result:
         f"dataset {ctx.recipe.data.train!r} is not a local file, so the number of steps is unknown",
         "point data.train at the local JSONL/JSON/Parquet file, or set train.steps",
     )
+
+
+def _named(text: str, sets: dict[str, Any] | None) -> str:
+    """The fix text, led by the computed fix where there is one."""
+    return f"set {', '.join(f'{k} = {v}' for k, v in sets.items())}: {text}" if sets else text
 
 
 @check("schedule.steps")
@@ -39,6 +46,35 @@ def total_steps(ctx: Context) -> Result:
                   {"total_steps": total})
 
 
+def _lr_reached(ctx: Context, lrs: list[float]) -> bool:
+    p = ctx.recipe.preflight
+    return not lrs or max(lrs[:p.lr_check_step]) >= p.lr_check_min_fraction * ctx.recipe.optim.lr
+
+
+def warmup_fix(ctx: Context) -> dict[str, Any] | None:
+    """The longest warmup, at most a tenth of the run, that both schedule checks pass as the backend rounds it (in
+    the recipe's own form: optim.warmup_ratio where it sets a ratio, else optim.warmup_steps); None if none does."""
+    from rlctl.preflight._fixes import apply
+
+    r, total = ctx.recipe, ctx.total_steps
+    if not total:
+        return None
+    key = "optim.warmup_ratio" if r.optim.warmup_ratio is not None else "optim.warmup_steps"
+    w, tried = total // 10, set()
+    while w not in tried:
+        tried.add(w)
+        sets = {key: round(w / total, 4) if key == "optim.warmup_ratio" else w}
+        try:
+            fixed = apply(r, sets)
+            warm = ctx.backend.warmup_steps(fixed, total)
+            if warm < total and 2 * warm <= total and _lr_reached(ctx, ctx.backend.schedule(fixed, ctx.dataset_size)):
+                return sets
+        except Exception:  # noqa: BLE001 - a value the adapter cannot model is no fix to offer
+            pass
+        w //= 2
+    return None
+
+
 @check("schedule.warmup")
 def warmup(ctx: Context) -> Result:
     total = ctx.total_steps
@@ -48,10 +84,12 @@ def warmup(ctx: Context) -> Result:
     data = {"warmup_steps": w, "total_steps": total}
     if w >= total:
         return Result("schedule.warmup", FAIL, f"warmup {w} steps >= the whole run ({total} steps): LR never "
-                      "reaches its target", "lower optim.warmup_ratio / warmup_steps, or train longer", data)
+                      "reaches its target", _named("lower optim.warmup_ratio / warmup_steps, or train longer",
+                                                   fix := warmup_fix(ctx)), data, set=fix)
     if w > total / 2:
         return Result("schedule.warmup", WARN, f"warmup {w} of {total} steps (>50% of the run)",
-                      "a warmup this long wastes most of the run below target LR", data)
+                      _named("a warmup this long wastes most of the run below target LR", fix := warmup_fix(ctx)),
+                      data, set=fix)
     return Result("schedule.warmup", OK, f"warmup {w} of {total} steps", None, data)
 
 
@@ -84,8 +122,9 @@ def lr_at_step(ctx: Context) -> Result:
     if frac < frac_min:
         return Result(
             "schedule.lr_at_step", FAIL, figure,
-            f"LR must reach {frac_min:.0%} of target by step {k}: shorten warmup "
-            f"(optim.warmup_ratio/warmup_steps) or check the step count; threshold in [preflight]", data)
+            _named(f"LR must reach {frac_min:.0%} of target by step {k}: shorten warmup "
+                   f"(optim.warmup_ratio/warmup_steps) or check the step count; threshold in [preflight]",
+                   fix := warmup_fix(ctx)), data, set=fix)
     peak = max(lrs)
     if peak < 0.999 * r.optim.lr:
         return Result("schedule.lr_at_step", WARN, figure + f"; peak {peak:.3g} never reaches the target",

@@ -35,7 +35,7 @@ from tests.conformance import (
 from tests.conformance._agreement import profile
 
 # every family whose checks compute fixes, and the render findings (env.flags) so that a fix the backend refuses shows
-FAMILIES = ["placement", "lora", "memory", "disk", "env.flags"]
+FAMILIES = ["placement", "lora", "memory", "disk", "context", "schedule", "env.flags"]
 
 
 def said(results: list[pf.Result]) -> Counter:
