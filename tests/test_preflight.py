@@ -749,3 +749,18 @@ def test_only_a_family_with_no_check_for_the_recipe_says_none_ran(user):
         assert "0 checks ran" in r.stdout and only in r.stdout and why in r.stdout, (only, r.stdout)
     j = json.loads(rlctl("preflight", "quickstart", "--only", "eval", "--json").stdout)
     assert j["results"] == [] and "no eval sets" in j["none_ran"], j
+
+
+def test_placement_batch_counts_the_last_smaller_micro_batch():
+    """Trial 9: verl with train.micro_batch_size = 17 said "15 accumulation step(s) of 17" for a mini-batch of 256
+    samples per GPU (15 x 17 = 255). verl 0.9.1 splits it with the last micro batch smaller (its config asserts
+    divisibility only for the global ppo_micro_batch_size, not the per-GPU one rlctl renders)."""
+    r = one(results(VERL, "train.micro_batch_size=17", only=["placement.batch"]), "placement.batch")
+    assert r.verdict == "ok" and "16 accumulation step(s)" in r.figure and "the last of 1" in r.figure, r
+
+
+def test_colocation_fix_is_data():
+    """Trial 9: memory.colocation's fix named a value (`rollout.gpu_memory_utilization <= 0.75`) with no `set`."""
+    r = one(results(VERL, "rollout.gpu_memory_utilization=0.9", "backend.verl.extra={}", only=["memory.colocation"]),
+            "memory.colocation")
+    assert r.verdict == "fail" and r.set and 0 < r.set["rollout.gpu_memory_utilization"] < 0.9, r

@@ -51,3 +51,14 @@ def test_checkpoint_label_says_what_is_saved():
     prep = prepare(VERL, ["checkpoint.save_optimizer=false"])
     _, what = prep.backend.checkpoint_bytes(resolve_arch(prep.recipe.model.path), prep.recipe)
     assert "optimizer" not in what and "model" in what, what
+
+
+def test_a_deletion_written_as_a_table_is_one_error_and_never_rendered(tmp_path):
+    """Trial 9: `--set 'backend.verl.extra={"~trainer.logger"=""}'` gave the `~` refusal beside a wrong "key
+    `~trainer.logger` does not exist" error, and `~trainer.logger=` still reached the argv."""
+    from rlctl.recipe.planning import prepare
+
+    prep = prepare(VERL, ['backend.verl.extra={"~trainer.logger"=""}'])
+    assert not any(str(a).startswith("~") for a in prep.plan.argv), prep.plan.argv
+    errors = [f for f in prep.validate() if f.level == "error"]
+    assert len(errors) == 1 and "`~`" in errors[0].message and "does not exist" not in errors[0].message, errors

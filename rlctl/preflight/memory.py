@@ -152,7 +152,8 @@ def colocation(ctx: Context) -> Result | None:
             "memory.colocation", FAIL,
             f"Free memory on device ({free / GiB:.2f}/{total / GiB:.2f} GiB) on startup is less than desired GPU "
             f"memory utilization ({util}, {e.budget / GiB:.2f} GiB): the trainer already holds {gib(resident)}",
-            f"set rollout.gpu_memory_utilization <= {max_util:.2f}", data)
+            f"set rollout.gpu_memory_utilization <= {max_util:.2f}", data,
+            set={"rollout.gpu_memory_utilization": max_util} if max_util > 0 else None)
     if mode == "resident":
         peak = b.total + e.budget
         if peak > total:

@@ -143,9 +143,13 @@ def batch(ctx: Context) -> list[Result]:
                           f"set train.micro_batch_size <= {max(tbs // dp, 1)} or train.train_batch_size = {mb * dp}"))
     if not out:
         steps = samples // tbs
+        full, rest = divmod(tbs, mb * dp)
+        # a backend that rounds (train_batch_rounds) splits each GPU's share into micro batches, the last smaller
+        micro = (f"{full} accumulation step(s) of {mb} x {dp} GPU(s)" if not rest else
+                 f"{full + 1} accumulation step(s) per GPU: {full} of {mb} x {dp} GPU(s) and the last of "
+                 f"{rest // dp if rest % dp == 0 else f'{rest} over {dp}'} x {dp}")
         out.append(Result("placement.batch", OK,
-                          f"{samples} samples per rollout = {steps} optimizer step(s) of {tbs}; "
-                          f"{tbs // (mb * dp)} accumulation step(s) of {mb} x {dp} GPU(s)"))
+                          f"{samples} samples per rollout = {steps} optimizer step(s) of {tbs}; {micro}"))
     return out
 
 

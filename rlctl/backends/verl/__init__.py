@@ -326,7 +326,8 @@ class VerlBackend(Backend):
                   ("trainer.resume_from_path", f"{r.checkpoint.dir}/global_step_{resume}")]
         o.append(("data.seed", r.train.seed))
         for k, v in r.backend.extra().items():
-            o.append((k, v))
+            if not k.startswith("~"):  # a Hydra deletion is refused (one error finding), never rendered
+                o.append((k, v))
         return o
 
     def every_iterations(self, every: int | None, recipe: Recipe) -> int:
