@@ -90,11 +90,14 @@ def cases(draw) -> dict[str, Any]:
 
 def sets_of(c: dict[str, Any]) -> list[str]:
     out = [f"{k}={json.dumps(v)}" for k, v in c.items()
-           if k not in ("version", "lora", "extra", "inference") and v is not None]
+           if k not in ("version", "lora", "extra", "inference", "resources.colocate") and v is not None]
     n = c["inference"]
+    # no GPU left for the trainer: it shares the engine's (colocate = false beside shared lists is refused at load)
+    colocate = c["resources.colocate"] or n >= c["resources.gpus_per_node"]
+    out.append(f"resources.colocate={json.dumps(colocate)}")
     out.append(f"resources.inference_gpus={json.dumps(list(range(n)))}")
-    if not c["resources.colocate"]:
-        out.append(f"resources.trainer_gpus={json.dumps(list(range(n, c['resources.gpus_per_node'])) or [0])}")
+    if not colocate:
+        out.append(f"resources.trainer_gpus={json.dumps(list(range(n, c['resources.gpus_per_node'])))}")
     else:
         out.append(f"resources.trainer_gpus={json.dumps(list(range(n)))}")
     if c["lora"] is not None:
