@@ -167,6 +167,28 @@ def user(tmp_path):
     _kill_all(work / "runs")  # what a failed test left running: queues, supervisors, trainers
 
 
+@pytest.fixture
+def shell(tmp_path, monkeypatch):
+    """A user's shell for tests that call rlctl in-process: a working directory (runs go to ./runs), a HOME of its
+    own, no RLCTL_* variables; what a failed test left running there is killed."""
+    import contextlib
+
+    import psutil
+
+    for k in list(os.environ):
+        if k.startswith("RLCTL_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    yield work
+    for p in psutil.process_iter(["cmdline"]):
+        if any(str(work) in a for a in p.info["cmdline"] or []):
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
 def replay_recipe_file(work: Path, file: str, name: str, replay: str, args: list[str], log_pattern: str,
                        metrics_map: str, steps: int, tail: str = "", comment: str = "") -> Path:
     """A command-backend recipe whose trainer is `replay` (written to work/replay.py) run with `args`: a recorded log

@@ -38,16 +38,8 @@ REPLAY = "import sys, time\nfor line in open(sys.argv[1]):\n    print(line, end=
 
 
 @pytest.fixture
-def user(tmp_path, monkeypatch):
-    """A user's shell: a working directory (runs go to ./runs), HOME of its own, no RLCTL_* variables."""
-    for k in list(os.environ):
-        if k.startswith("RLCTL_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
+def user(shell):
+    return shell  # tests/conftest.py
 
 
 def command_recipe(work: Path, log: Path) -> Path:

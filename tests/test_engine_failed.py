@@ -17,9 +17,7 @@ rlctl does not know through rlctl's real supervisor; NVML is the recorded machin
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,7 +25,6 @@ import types
 import zipfile
 from pathlib import Path
 
-import psutil
 import pytest
 
 from rlctl.core.state import read_state, write_state
@@ -63,20 +60,8 @@ class RecordedNvml(types.SimpleNamespace):
 
 
 @pytest.fixture
-def user(tmp_path, monkeypatch):
-    """A user's shell: a working directory (runs go to ./runs), HOME of its own, no RLCTL_* variables."""
-    for k in list(os.environ):
-        if k.startswith("RLCTL_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    yield work
-    for p in psutil.process_iter(["cmdline"]):  # nothing of the run left behind
-        if any(str(work) in a for a in p.info["cmdline"] or []):
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+def user(shell):
+    return shell  # tests/conftest.py
 
 
 def test_vllms_fatal_lines_are_its_own():

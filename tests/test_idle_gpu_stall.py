@@ -13,7 +13,6 @@ supervisor's own sampler (rlctl.metrics.gpu.GpuSampler), as tests/test_gpu_plan.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -173,19 +172,8 @@ inference_idle_s = {idle_s}
 
 
 @pytest.fixture
-def user(tmp_path, monkeypatch):
-    for k in list(os.environ):
-        if k.startswith("RLCTL_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    yield work
-    for p in psutil.process_iter(["cmdline"]):  # nothing of the run left behind
-        if any(str(work) in a for a in p.info["cmdline"] or []):
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+def user(shell):
+    return shell  # tests/conftest.py
 
 
 def engine_pid(work: Path) -> int | None:

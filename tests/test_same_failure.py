@@ -17,7 +17,6 @@ rlctl does not know.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -45,16 +44,8 @@ def segments() -> list[str]:
 
 
 @pytest.fixture
-def user(tmp_path, monkeypatch):
-    """A user's shell: a working directory (runs go to ./runs), HOME of its own, no RLCTL_* variables."""
-    for k in list(os.environ):
-        if k.startswith("RLCTL_"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
+def user(shell):
+    return shell  # tests/conftest.py
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 3])
