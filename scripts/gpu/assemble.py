@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import site as site_mod
 import subprocess
 import sys
 import tarfile
@@ -155,6 +156,18 @@ def write_env(site: Path, env: dict[str, str], bases: list[Path]) -> dict[str, s
     return full
 
 
+def guard_launchers(bin_dir: Path) -> None:
+    """Launchers packed before kit.py wrote pip's `__main__` guard: a spawned child re-imports its launcher, and an
+    unguarded one starts the program again (prime-rl's vLLM server: RuntimeError in _check_not_importing_main)."""
+    for f in bin_dir.glob("*") if bin_dir.is_dir() else []:
+        try:
+            lines = f.read_text().splitlines()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if lines[:2] == ["#!/usr/bin/env python3", "import sys"] and lines[-1].startswith("sys.exit("):
+            f.write_text("\n".join([*lines[:-1], "if __name__ == '__main__':", f"    {lines[-1]}"]) + "\n")
+
+
 def project_envs(site: Path, trees: list[str], system_site: bool = True) -> list[str]:
     """The project environment (`.venv`) of each checkout the stack carries, made from this machine's python3:
     what `uv sync` leaves there, with the image's packages (`--system-site-packages`: torch and the rest) and the
@@ -168,11 +181,20 @@ def project_envs(site: Path, trees: list[str], system_site: bool = True) -> list
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode:
             problems.append(f"{venv}: python3 -m venv failed: {p.stderr.strip()[-500:]}")
+            continue
+        if system_site and sys.prefix != sys.base_prefix:
+            # python3 is itself a venv (the image's /opt/torch/.venv): --system-site-packages reaches the base
+            # interpreter's packages, not the image's torch and pynvml (seen on the GPU: `import pynvml` failed)
+            for sp in venv.glob("lib/python3*/site-packages"):
+                (sp / "_rlctl_kit_image.pth").write_text("\n".join(site_mod.getsitepackages()) + "\n")
     return problems
 
 
 def import_checks(stack: str, env: dict[str, str]) -> list[dict]:
     out = []
+    own = os.environ.get("RLCTL_GPU_OWN")  # rlctl's wheel, extracted by go.py, in front as the run will have it
+    if own:
+        env = {**env, "PYTHONPATH": f"{own}:{env.get('PYTHONPATH', '')}"}
     # RLCTL_GPU_QUICK=1: rlctl's CLI alone (a stack whose imports an earlier call on the same release checked)
     for spec in ["rlctl.cli"] if os.environ.get("RLCTL_GPU_QUICK") else IMPORTS.get(stack, ["rlctl.cli"]):
         mod, _, attr = spec.partition(":")
@@ -217,6 +239,7 @@ def assemble(manifest: Path, folders: list[Path], site: Path, bases: list[Path] 
     if missing:
         problems.append(f"packages in the manifest but not unpacked: {', '.join(missing)}")
     problems += project_envs(site, list(m.get("trees") or {}))
+    guard_launchers(site / "bin")
     report["env"] = write_env(site, m.get("env", {}), bases or [])
     report["imports"] = import_checks(m["stack"], report["env"])
     return report

@@ -60,6 +60,12 @@ def main(argv: list[str]) -> int:
     run_args = rest[rest.index("--") + 1:] if "--" in rest else []
     store()
     layers = chain(stack)
+    wheels = sorted((GPU / "rlctl").glob("rlctl-*.whl"))
+    own = SITES / "rlctl"
+    if wheels:  # the code under test, in front of everything: assemble's import checks see it too (a standalone
+        shutil.rmtree(own, ignore_errors=True)  # stack such as prime-rl carries no rlctl of its own)
+        zipfile.ZipFile(wheels[-1]).extractall(own)
+        os.environ["RLCTL_GPU_OWN"] = str(own)
     for i, s in enumerate(layers):
         if (SITES / s / "env.json").is_file():
             continue
@@ -76,11 +82,7 @@ def main(argv: list[str]) -> int:
             print(f"go: assembling {s} failed (report: {SITES / f'{s}.assemble.json'})")
             return 1
     env = json.loads((SITES / stack / "env.json").read_text())
-    wheels = sorted((GPU / "rlctl").glob("rlctl-*.whl"))
-    if wheels:  # the code under test, in front of everything
-        own = SITES / "rlctl"
-        shutil.rmtree(own, ignore_errors=True)
-        zipfile.ZipFile(wheels[-1]).extractall(own)
+    if wheels:
         env["PYTHONPATH"] = f"{own}:{env['PYTHONPATH']}"
         print(f"go: rlctl from {wheels[-1].name}")
     os.environ.update(env)

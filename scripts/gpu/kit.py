@@ -394,7 +394,8 @@ def unpack(wheel: Path, site: Path) -> None:
 
 def console_scripts(entry_points: str, bin_dir: Path) -> list[Path]:
     """The launchers pip writes for a wheel's [console_scripts] (`ray = ray.scripts.scripts:main`), run by the
-    machine's python3 (the one that holds torch)."""
+    machine's python3 (the one that holds torch). The `__main__` guard is pip's too: a child started with
+    multiprocessing's spawn re-imports the launcher (prime-rl's inference server died on the GPU without it)."""
     out, section = [], None
     for line in entry_points.splitlines():
         line = line.strip()
@@ -411,7 +412,7 @@ def console_scripts(entry_points: str, bin_dir: Path) -> list[Path]:
         call = f"{attr}()" if attr else "None"
         path.write_text("#!/usr/bin/env python3\nimport sys\n"
                         + (f"from {module} import {head}\n" if head else f"import {module}\n")
-                        + f"sys.exit({call})\n")
+                        + f"if __name__ == '__main__':\n    sys.exit({call})\n")
         path.chmod(0o755)
         out.append(path)
     return out
