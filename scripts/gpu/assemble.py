@@ -37,7 +37,10 @@ IMPORTS = {
     # server, the orchestrator, the trainer (under torchrun)
     "prime-rl": ["rlctl.cli", "vllm:LLM", "prime_rl.entrypoints.rl", "prime_rl.inference.vllm.server",
                  "prime_rl.entrypoints.env_server", "prime_rl.orchestrator.orchestrator", "prime_rl.trainer.rl.train",
-                 "flash_attn.cute:flash_attn_varlen_func", "pynvml"],
+                 "flash_attn.cute:flash_attn_varlen_func", "pynvml",
+                 # what the orchestrator's rollouts import when they run, not at load (verifiers' renderer client):
+                 # renderers 0.1.12, PyPI's newest, lacks it (every rollout failed on the GPU, prime-rl-1.json)
+                 "renderers:RendererPool"],
 }
 
 

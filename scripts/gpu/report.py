@@ -188,8 +188,14 @@ def evals(part: dict) -> str:
     if "exit" in after:
         res = ((after.get("json") or {}).get("results") or [{}])[0]
         m = res.get("metrics") or {}
-        out.append(f"`rlctl eval --step {res.get('step')}`: exit {after['exit']}, {len(m)} metrics"
-                   + (f", {res.get('error')}" if res.get("error") else "")
+        argv = after.get("argv") or []
+        step = res.get("step") if res.get("step") is not None else (argv[argv.index("--step") + 1]
+                                                                    if "--step" in argv else None)
+        said = res.get("error") or ("" if after["exit"] == 0 else
+                                    (after.get("stderr") or "").strip().splitlines()[:1] or [""])
+        said = said if isinstance(said, str) else said[0]
+        out.append(f"`rlctl eval --step {step}`: exit {after['exit']}, {len(m)} metrics"
+                   + (f", {said[:160]}" if said else "")
                    + (" (a later call)" if after.get("later_call") else ""))
     return "; ".join(out) or "-"
 

@@ -804,7 +804,9 @@ def run_then_eval(ctx: Ctx, nv: Nvml, name: str, recipe: str, *, total: int, **k
     """launched_run, then rlctl's evaluator on vLLM for the run's last checkpoint (eval_after)."""
     res = launched_run(ctx, nv, name, recipe, total=total, **kw)
     run = run_dir(ctx, name)
-    if run is not None:
+    if run is not None and state(run).get("status") != "finished":
+        res["eval_after"] = {"skipped": f"the run is {state(run).get('status')}: no checkpoint at step {total}"}
+    elif run is not None:
         res["eval_after"] = eval_after(ctx, nv, run, total)
     return res
 
