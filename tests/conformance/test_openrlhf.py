@@ -535,6 +535,8 @@ def test_preflight_fails_when_no_key_can_reach_the_job(files, monkeypatch, offli
     ctx = types.SimpleNamespace(recipe=prep.recipe)
     res = [x for x in BACKEND.preflight(ctx, "env") if x.check == "env.wandb_job"]
     assert [x.verdict for x in res] == [verdict]
+    if verdict == "fail":  # the fix `--fix` can apply: logging offline needs no key (trial 9)
+        assert res[0].set == {"logging.wandb.offline": True}
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -636,6 +636,8 @@ def test_wandb_env_check_through_the_adapter(monkeypatch):
         return [x.verdict for x in VERL.preflight(Context(prep), "env") if x.check == "env.wandb_job"]
 
     assert wandb(prep) == ["fail"]
+    assert [x.set for x in VERL.preflight(Context(prep), "env") if x.check == "env.wandb_job"] == [
+        {"logging.wandb.offline": True}]
     # a cluster rlctl did not start is never sent the key: its nodes must have it (docs/ray.md), so a warning
     prep = prepare(SEED, ["resources.executor=ray", "resources.ray_address=http://head:8265"])
     assert wandb(prep) == ["warn"]

@@ -245,9 +245,10 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
                 "env.wandb_job", FAIL,
                 "W&B is on but WANDB_API_KEY is not set here: a Ray job does not inherit this shell's environment or "
                 "read this machine's ~/.netrc, so OpenRLHF would log in with the placeholder key and die",
-                "export WANDB_API_KEY=... (the Ray head rlctl starts inherits it; never written), or keep the key on "
-                "the cluster and pass W&B flags through backend.openrlhf.extra instead of [logging.wandb] "
-                "(docs/backends/openrlhf.md)"))
+                "export WANDB_API_KEY=... (the Ray head rlctl starts inherits it; never written), set "
+                "logging.wandb.offline = true, or keep the key on the cluster and pass W&B flags through "
+                "backend.openrlhf.extra instead of [logging.wandb] (docs/backends/openrlhf.md)",
+                set={"logging.wandb.offline": True}))
     if family == "lora":
         out += _lora_vllm_sync(backend, r)
     if family == "disk":

@@ -847,7 +847,7 @@ def wandb_reaches_job(recipe: Recipe, environ: Any) -> list[Any]:
         return [Result("env.wandb_job", FAIL, "W&B is on and no WANDB_API_KEY is in the environment: the Ray job "
                        "does not read this machine's ~/.netrc, so verl's wandb.init fails",
                        "export WANDB_API_KEY before launching (the Ray head rlctl starts inherits it; never "
-                       "written), or log offline")]
+                       "written), or set logging.wandb.offline = true", set={"logging.wandb.offline": True})]
     ray_address = recipe.env.get("RAY_ADDRESS") or environ.get("RAY_ADDRESS")
     if ray_address:
         return [Result("env.wandb_job", WARN, f"RAY_ADDRESS={ray_address}: main_ppo joins that cluster and its "
