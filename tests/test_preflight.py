@@ -10,6 +10,7 @@ from collections import namedtuple
 import pytest
 
 from rlctl import preflight as pf
+from rlctl.errors import RlctlError
 from rlctl.recipe.planning import prepare
 from tests.conftest import RECIPES
 
@@ -764,3 +765,27 @@ def test_colocation_fix_is_data():
     r = one(results(VERL, "rollout.gpu_memory_utilization=0.9", "backend.verl.extra={}", only=["memory.colocation"]),
             "memory.colocation")
     assert r.verdict == "fail" and r.set and 0 < r.set["rollout.gpu_memory_utilization"] < 0.9, r
+
+
+def test_lora_targets_from_a_weight_index_agree_with_peft(tmp_path):
+    """Trial 9: with a local model's weight index, its norm layers counted as targets (`["norm"]` passed; peft
+    refuses LoRA on an RMSNorm) and a tied-embedding model's lm_head, absent from the index, was refused (peft
+    adapts it). The oracle: peft's own verdict on the same model, saved sharded so it has an index."""
+    from tests.conformance._agreement import _tiny_model, peft_accepts
+
+    model = tmp_path / "tiny-sharded"
+    m = _tiny_model()
+    m.save_pretrained(model, max_shard_size="200KB")
+    index = json.loads((model / "model.safetensors.index.json").read_text())["weight_map"]
+    assert any(k.endswith("norm.weight") for k in index), sorted(index)[:8]
+    for target in ("norm", "input_layernorm", "lm_head", "q_proj", "embed_tokens"):
+        refused_by_peft = peft_accepts([target]) is not None
+        try:  # refused at load (exit 2, as render and launch do) or failed by the check: both are refusals
+            r = one(results(QUICK, f'model.path="{model}"', "lora.rank=8", f'lora.target_modules=["{target}"]',
+                            only=["lora.targets"]), "lora.targets")
+            refused, said = r.verdict == "fail", r.figure
+        except RlctlError as e:
+            refused, said = True, e.message
+        assert refused == refused_by_peft, (target, said, peft_accepts([target]))
+        if "norm" in target:
+            assert "normalization layer" in said, said

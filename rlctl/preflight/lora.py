@@ -47,6 +47,11 @@ def refusal(recipe: Any) -> str | None:
     if not wanted:
         return f"lora.target_modules = [] adapts no module: peft refuses it at start{listed}"
     if names is not None and not any(_matches(t, names) for t in wanted):
+        norms = [t for t in wanted if "norm" in t.lower()]
+        if norms:  # the module exists; peft cannot adapt it (weight_modules leaves normalization layers out)
+            return (f"lora.target_modules {wanted}: {', '.join(norms)} is a normalization layer, which LoRA cannot "
+                    f"adapt (peft takes Linear, Embedding and Conv layers and refuses it at start: ValueError)"
+                    f"{listed}")
         return (f"lora.target_modules {wanted}: no module of {arch.name} has that name{listed}; peft refuses it at "
                 "start (NoMatchingPeftModuleError)")
     return None

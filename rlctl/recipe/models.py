@@ -109,8 +109,10 @@ FAMILY_MODULES = {"gpt_oss": ("q_proj", "k_proj", "v_proj", "o_proj")}
 
 
 def weight_modules(path: str) -> tuple[str, ...] | None:
-    """The module names behind a local model's weights (its safetensors/bin index's weight names, `...q_proj.weight`
-    -> `q_proj`), or None where no index is here."""
+    """The names of the modules peft can adapt behind a local model's weights (its safetensors/bin index's weight
+    names, `...q_proj.weight` -> `q_proj`), or None where no index is here. Normalization layers are left out (peft
+    adapts Linear, Embedding and Conv layers: LoRA on an RMSNorm is refused at start); a model whose output layer
+    shares the input embedding's weights (tie_word_embeddings) saves no lm_head weight, yet has the module."""
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         f = Path(path) / index
         try:
@@ -119,7 +121,10 @@ def weight_modules(path: str) -> tuple[str, ...] | None:
             continue
         if isinstance(names, dict):
             leaves = [k.split(".")[-2] for k in names if isinstance(k, str) and k.endswith(".weight") and "." in k]
-            return tuple(dict.fromkeys(n for n in leaves if not n.isdigit()))
+            kept = [n for n in leaves if not n.isdigit() and "norm" not in n.lower()]
+            if "embed_tokens" in kept and "lm_head" not in kept:
+                kept.append("lm_head")  # tied: the output layer is a Linear over the embedding's weights
+            return tuple(dict.fromkeys(kept))
     return None
 
 
