@@ -208,3 +208,12 @@ def test_runs_of_one_seed_are_replicas_and_the_ignored_differences_are_named(use
     assert "zero variance across its 2 seeds" not in r.stdout, r.stdout
     c = strict_json(rlctl("compare", "base", "rs", "--json").stdout)
     assert c["arms"][0]["ci95"] is None and c["arms"][0]["seeds"] == 1, c
+    # the report's per-seed column and the plot's band count the seed once too (trial 9: both listed replicas)
+    assert rlctl("compare", "base", "rs", "--report", "a.md").returncode == 0
+    row = [x for x in (work / "a.md").read_text().splitlines() if x.startswith("| a0 |")][-1]  # results
+    assert row.count("42: ") == 1 and "2 runs" in row, row
+    from rlctl.experiments.report import arms_of_runs, band, compare
+
+    arms, runs = arms_of_runs([str(p) for p in sorted((work / "runs").iterdir())])
+    arm = compare(arms, runs, "reward/mean", 5).arms[0]
+    assert [(s, iv.n) for s, iv in band(arm)] == [(1, 1), (2, 1), (3, 1)]

@@ -513,6 +513,21 @@ def to_json(c: Comparison) -> dict[str, Any]:
     }
 
 
+def band(a: ArmResult) -> list[tuple[int, stats.Interval]]:
+    """The arm's curve: at each step, the t-interval across its distinct seeds (replicas of one seed averaged
+    first, as `per_seed` does for the final values: they are not independent draws)."""
+    out = []
+    for s in sorted({s for r in a.runs for s, _ in r.curve}):
+        by_seed: dict[Any, list[float]] = {}
+        for r in a.runs:
+            for st, v in r.curve:
+                if st == s and math.isfinite(v):
+                    by_seed.setdefault(r.seed if r.seed is not None else ("run", r.run), []).append(v)
+        if by_seed:
+            out.append((s, stats.t_interval([math.fsum(vs) / len(vs) for vs in by_seed.values()])))
+    return out
+
+
 def plot(c: Comparison, out: Path) -> Path:
     """Each arm's mean curve across seeds with its 95% band (t-interval per step)."""
     try:
@@ -524,13 +539,8 @@ def plot(c: Comparison, out: Path) -> Path:
         raise RlctlError("--plot needs matplotlib.", hint='pip install "rlctl[plot]"') from None
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for a in c.arms:
-        steps = sorted({s for r in a.runs for s, _ in r.curve})
         xs, ms, lo, hi = [], [], [], []
-        for s in steps:
-            vals = [v for r in a.runs for st, v in r.curve if st == s and math.isfinite(v)]
-            if not vals:
-                continue
-            iv = stats.t_interval(vals)
+        for s, iv in band(a):
             xs.append(s)
             ms.append(iv.mean)
             lo.append(iv.low if not math.isnan(iv.low) else iv.mean)
@@ -572,7 +582,8 @@ def markdown(c: Comparison, manifest: dict[str, Any] | None, plot_path: Path | N
               "seeds.", "", "| arm | seeds | mean | 95% CI | per seed |", "|---|---|---|---|---|"]
     for a in c.arms:
         iv = a.interval
-        per = ", ".join(f"{r.seed}: {fmt(r.value)}" for r in a.runs)
+        per = ", ".join(f"{seed}: {fmt(v)}" + (f" (mean of {len(names)} runs)" if len(names) > 1 else "")
+                        for seed, v, names in a.per_seed)
         lines.append(f"| {a.id} | {len(a.values)} | {fmt(iv.mean if iv else None)} | "
                      f"{f'[{fmt(iv.low)}, {fmt(iv.high)}]' if iv and iv.n >= 2 else '-'} | {per} |")
     if left := unfinished_lines(c):
