@@ -33,6 +33,8 @@ from rlctl.recipe.schema import (
     all_key_paths,
     backend_table_model,
     executor_table_model,
+    from_text,
+    scalar_kinds,
     submodel,
 )
 from rlctl.resources import bundled_recipe
@@ -339,7 +341,7 @@ def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path],
             paths.resolve(fragment, Path.cwd())
             for k in keys:
                 fragment = fragment[k]
-            value = fragment
+            value = _typed(keys, fragment)
         node = data
         for k in keys[:-1]:
             nxt = node.get(k)
@@ -349,6 +351,26 @@ def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path],
             node = nxt
         node[keys[-1]] = value
         origins[dotted] = Path((options or {}).get(dotted, SET))
+
+
+def _typed(keys: list[str], value: Any) -> Any:
+    """A command line's value comes as text: for a number or boolean key (`--set train.steps="100"`, `--set
+    train.gradient_checkpointing=True`) it is read as that key reads it (schema.from_text). A recipe file writes the
+    value itself: text there is refused (schema.refuse_mistyped_scalar). Text that means no such value is left for
+    validation to name."""
+    if not isinstance(value, str):
+        return value
+    *table, name = keys
+    model: Any = SECTIONS.get(".".join(table))
+    if model is None and len(table) == 3 and table[:2] == ["eval", "sets"]:  # [eval.sets.<name>]
+        model = SECTIONS.get("eval.sets")
+    elif model is None and len(table) == 2 and table[0] == "backend" and table[1] in available_backends():
+        model = backend_table_model(table[1])
+    elif model is None and len(table) == 2 and table[0] == "executor" and table[1] in available_executors():
+        model = executor_table_model(table[1])
+    kinds = scalar_kinds(model, name) if model is not None else None
+    meant = from_text(kinds, value) if kinds else None
+    return value if meant is None else meant
 
 
 def resolved_sets(sets: list[str], base: Path) -> list[str]:
