@@ -265,3 +265,21 @@ def test_every_numeric_and_boolean_key_of_the_schema_refuses_text():
                     or '"1"' not in str(e.value):
                 wrong[key] = str(e.value)
     assert not wrong, wrong
+
+
+def test_a_lora_target_module_named_twice_is_refused(shell, cli):
+    """`lora.target_modules = ["q_proj", "q_proj"]` passed silently (rendered as given); a GPU id or a host named
+    twice is refused where the recipe is read, and so is a module: naming file:line (or the --set), the key, the
+    module, and the list with each once."""
+    (shell / "prompts.jsonl").write_text('{"input": "a"}\n')
+    text = bandit_recipe(steps=2) + '[lora]\nrank = 8\ntarget_modules = ["q_proj", "v_proj", "q_proj"]\n'
+    (shell / "q.toml").write_text(text)
+    r = cli("render", "q.toml")
+    assert r.code == 2 and "Traceback" not in r.err, (r.code, r.out, r.err)
+    line = text.splitlines().index('target_modules = ["q_proj", "v_proj", "q_proj"]') + 1
+    for w in (f"q.toml:{line}:", "lora.target_modules", "q_proj", "twice",
+              'fix: list each module once: target_modules = ["q_proj", "v_proj"]'):
+        assert w in r.err, (w, r.err)
+    (shell / "q.toml").write_text(bandit_recipe(steps=2) + "[lora]\nrank = 8\n")
+    r = cli("render", "q.toml", "--set", 'lora.target_modules=["k_proj","k_proj"]')
+    assert r.code == 2 and r.err.startswith("rlctl: --set lora.target_modules:") and "k_proj" in r.err, r.err

@@ -254,6 +254,12 @@ class LoraSection(Section):
                 return "all-linear"
             raise ValueError('"all-linear" selects every linear layer only on its own (peft): write '
                              'target_modules = "all-linear", or list module names without it')
+        # as a GPU id or a host named twice: a module listed twice is a slip (a copy-paste, a merge), never meant
+        twice = sorted({m for m in v if v.count(m) > 1}) if isinstance(v, list) else []
+        if twice:
+            once = json.dumps(list(dict.fromkeys(v)))
+            raise ValueError(f"lora.target_modules = {json.dumps(v)} names {', '.join(twice)} twice\n"
+                             f"  fix: list each module once: target_modules = {once}")
         return v
 
 
