@@ -725,16 +725,15 @@ def test_lora_targets_of_a_model_that_cannot_be_read_say_the_check_did_not_run(t
 
 def test_lora_targets_peft_adapts_are_taken_and_counted_once():
     """`["lm_head"]` and `["embed_tokens"]` were refused as names peft refuses (peft adapts both: its own verdict on
-    a tiny Qwen2 is the oracle); `["q_proj", "q_proj"]` said 2 module kinds adapted; "all-linear" printed no line."""
+    a tiny Qwen2 is the oracle); "all-linear" printed no line."""
     from tests.conformance._agreement import peft_accepts
 
     for t in ("lm_head", "embed_tokens"):
         assert peft_accepts([t]) is None
         r = one(results(QUICK, "lora.rank=8", f'lora.target_modules=["{t}"]', only=["lora.targets"]), "lora.targets")
         assert r.verdict == "ok", r
-    r = one(results(QUICK, "lora.rank=8", 'lora.target_modules=["q_proj","q_proj"]', only=["lora.targets"]),
-            "lora.targets")
-    assert r.verdict == "ok" and r.figure.startswith("1 of "), r
+    # `["q_proj", "q_proj"]` said 2 module kinds, then passed silently as 1: now refused where the recipe is read, as a
+    # GPU id or a host named twice is (tests/test_input_refusals.py::test_a_lora_target_module_named_twice_is_refused)
     r = one(results(QUICK, "lora.rank=8", 'lora.target_modules="all-linear"', only=["lora.targets"]), "lora.targets")
     assert r.verdict == "ok" and "q_proj" in r.figure and "lm_head" in r.figure, r
 

@@ -73,8 +73,10 @@ def _load_all() -> None:
 class Context:
     """What checks share: the prepared recipe and lazily computed facts (architecture, schedule)."""
 
-    def __init__(self, prepared: Any):
+    def __init__(self, prepared: Any, reads: dict[str, Any] | None = None):
         self.prepared = prepared
+        # what the checks read of this machine, asked once per preflight: the re-runs that vet fixes share it
+        self.reads: dict[str, Any] = {} if reads is None else reads
         self.backend = prepared.backend
         # the checks read the values that would run: where the backend's pass-through options override what it
         # renders from the recipe, those (Backend.effective), each said in the results it could change
@@ -99,6 +101,15 @@ class Context:
         import socket
 
         return socket.gethostname()
+
+    def gpus(self) -> tuple[list[dict[str, Any]] | None, str | None]:
+        """This machine's GPUs (rlctl.core.gpus.list_gpus: NVML, else nvidia-smi), read once per preflight. env.gpus
+        says them; other checks (which GPU is free for the evaluator) read them here."""
+        if "gpus" not in self.reads:
+            from rlctl.core.gpus import list_gpus
+
+            self.reads["gpus"] = list_gpus()
+        return self.reads["gpus"]
 
     @cached_property
     def total_steps(self) -> int | None:
@@ -175,12 +186,14 @@ def none_ran(only: list[str]) -> str:
     return f"0 checks ran: {sel}: no check applies to this recipe ({whys})"
 
 
-def run(prepared: Any, only: list[str] | None = None, vet: bool = True) -> list[Result]:
+def run(prepared: Any, only: list[str] | None = None, vet: bool = True,
+        reads: dict[str, Any] | None = None) -> list[Result]:
     """The selected checks' results; `vet`: each computed fix (`Result.set`) is one that, applied, closes its check
-    without another check newly failing or warning (_fixes.vet), else it is said why not and not offered."""
+    without another check newly failing or warning (_fixes.vet), else it is said why not and not offered. `reads`:
+    the machine's facts already read (Context.reads), shared by the vetting re-runs."""
     check_only(only)
     _load_all()
-    ctx = Context(prepared)
+    ctx = Context(prepared, reads)
     results: list[Result] = []
     aliases = emitted() if only else {}
     for name, fn in REGISTRY.items():
@@ -218,7 +231,7 @@ def run(prepared: Any, only: list[str] | None = None, vet: bool = True) -> list[
         from rlctl.preflight._fixes import vet as vet_fixes
 
         vetted = [name for name in REGISTRY if name not in UNVETTED]  # not run again: they would ask a cluster
-        vet_fixes(prepared, results, lambda p: run(p, vetted, vet=False), FAIL, WARN)
+        vet_fixes(prepared, results, lambda p: run(p, vetted, vet=False, reads=ctx.reads), FAIL, WARN)
     return results
 
 
