@@ -377,7 +377,7 @@ def test_preflight_reads_the_gpus_once_and_says_them_once(cli, write, monkeypatc
     for used, says in (({0: [35.0], 1: [BEFORE]}, "GPU 1 is free now"), ({0: [35.0]}, "no other GPU is free")):
         _fake_nvml(monkeypatch, used)
         fake, reads = sys.modules["pynvml"], []
-        monkeypatch.setattr(fake, "nvmlInit", lambda: reads.append(1))
+        monkeypatch.setattr(fake, "nvmlInit", lambda reads=reads: reads.append(1))
         r = cli("preflight", str(recipe))
         assert r.code in (0, 1), r.err
         lines = {ln.split()[1]: ln for ln in r.out.splitlines() if ln[:4] in ("OK  ", "WARN", "FAIL")}
