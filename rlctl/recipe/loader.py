@@ -291,12 +291,23 @@ class _Null:
 NULL = _Null()
 
 
+_EXTRA_KEY = re.compile(r"(backend\.[A-Za-z0-9_]+\.extra)\.(\S+)")
+
+
+def split_key(dotted: str) -> list[str]:
+    """A dotted recipe key's parts. A backend's passthrough table takes the backend's own keys as they are, dots and
+    `+` included: everything after `extra.` is one key, as the TOML form `[backend.verl.extra] "a.b.c" = v` writes
+    it (`--set` and a computed fix's `set` name such keys so)."""
+    extra = _EXTRA_KEY.fullmatch(dotted)
+    return [*extra.group(1).split("."), extra.group(2)] if extra else dotted.split(".")
+
+
 def parse_set(expr: str) -> tuple[list[str], Any]:
     """`rollout.group_size=16` -> (["rollout", "group_size"], 16). Values are TOML values; bare words are strings;
     the bare word `null` is NULL (unset the key)."""
     key, sep, raw = expr.partition("=")
     key = key.strip()
-    extra = re.fullmatch(r"(backend\.[A-Za-z0-9_]+\.extra)\.(\S+)", key)
+    extra = _EXTRA_KEY.fullmatch(key)
     if not sep or not key or not (extra or re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key)):
         raise RecipeError(
             f"--set {expr!r}: expected KEY=VALUE with a dotted key.", hint="e.g. --set rollout.group_size=16"
@@ -306,9 +317,7 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
-    # a backend's passthrough table takes the backend's own keys as they are, dots and `+` included: everything
-    # after `extra.` is one key, as the TOML form `[backend.verl.extra] "a.b.c" = v` writes it
-    keys = [*extra.group(1).split("."), extra.group(2)] if extra else key.split(".")
+    keys = split_key(key)
     if raw == "null":
         return keys, NULL
     if keys[0] == "env" and len(keys) == 2:
