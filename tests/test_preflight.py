@@ -763,3 +763,20 @@ def test_colocation_fix_is_data():
     r = one(results(VERL, "rollout.gpu_memory_utilization=0.9", "backend.verl.extra={}", only=["memory.colocation"]),
             "memory.colocation")
     assert r.verdict == "fail" and r.set and 0 < r.set["rollout.gpu_memory_utilization"] < 0.9, r
+
+
+def test_checked_with_what_would_run_only_on_the_lines_the_override_changes(cli):
+    """A verl extra overriding what rlctl renders (rollout.gpu_memory_utilization) suffixed every failing or warning
+    line with "(checked with what would run: ...)", env.wandb's and a missing data file's too. Only the lines the
+    override changes say so: those the recipe as written would not give."""
+    extra = "backend.verl.extra.actor_rollout_ref.rollout.gpu_memory_utilization=0.95"
+    r = cli("preflight", str(VERL), "--set", extra, "--json")
+    res = json.loads(r.out)["results"]
+    said = {x["check"] for x in res if "(checked with what would run" in x["figure"]}
+    assert {"memory.colocation", "memory.gpus"} <= said, said
+    assert not said & {"env.wandb", "env.open_files", "env.backend", "reference.data", "disk.checkpoints"}, said
+    # OpenRLHF's own findings (env.flags) too: a reward file that is no .py is wrong whatever the temperature
+    r = cli("preflight", str(RECIPES / "openrlhf-gpt-oss-20b-grpo-lora-8xh100.toml"), "--json", "--only", "env.flags",
+            "--set", "backend.openrlhf.extra.temperature=0.7", "--set", "reward.function=r.txt")
+    flags = [x["figure"] for x in json.loads(r.out)["results"] if "does not end in .py" in x["figure"]]
+    assert flags and "(checked with what would run" not in flags[0], flags
