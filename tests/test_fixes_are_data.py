@@ -14,6 +14,7 @@ from tests.conftest import RECIPES, run_cli
 
 QUICK = str(RECIPES / "quickstart.toml")
 VERL = str(RECIPES / "verl-qwen2.5-math-1.5b-1xh100.toml")
+VERL_EXTRA = "backend.verl.extra"
 
 CASES = [  # (recipe, --set edits that trigger the checks, {check: the set it must give, None: any that closes it})
     (QUICK, ["rollout.max_tokens=200"], {"context.budget": {"rollout.max_tokens": 101}}),  # measured prompts: 27 max
@@ -26,9 +27,12 @@ CASES = [  # (recipe, --set edits that trigger the checks, {check: the set it mu
     (QUICK, ["optim.warmup_steps=60"], {"schedule.warmup": {"optim.warmup_steps": 8},
                                         "schedule.lr_at_step": {"optim.warmup_steps": 8}}),
     (QUICK, ["optim.warmup_steps=80"], {"schedule.warmup": {"optim.warmup_steps": 8}}),  # fail: the whole run
-    # the recipe's own form (a ratio); W&B on with no key (the user's HOME has no ~/.netrc)
+    # the recipe's own form (a ratio); W&B on with no key (the user's HOME has no ~/.netrc); no flash-attn here for
+    # verl's default FlashAttention-2: PyTorch's attention through verl's own key (its fix was text only)
     (VERL, ["optim.warmup_ratio=0.9"], {"schedule.warmup": {"optim.warmup_ratio": 0.1},
-                                        "env.wandb": {"logging.wandb.offline": True}}),
+                                        "env.wandb": {"logging.wandb.offline": True},
+                                        "env.flash_attn": {f"{VERL_EXTRA}.+actor_rollout_ref.model.override_config."
+                                                           "attn_implementation": "sdpa"}}),
 ]
 
 

@@ -366,3 +366,23 @@ def test_a_resumed_supervisor_keeps_the_peaks_the_killed_one_saw(tmp_path, monke
     g = read_summary(run)["gpus"]["0"]
     assert g["peak_without_eval_gib"] == 37.284 and g["peak_with_eval_gib"] == 38.92, g
     assert g["peak_gib"] == 38.92 and g["used_before_gib"] == 0.469, g
+
+
+def test_preflight_reads_the_gpus_once_and_says_them_once(cli, write, monkeypatch):
+    """`rlctl preflight` asked NVML in env.gpus, again in memory.gpus (which GPU is free for the evaluator) and again
+    in every re-run that vets a fix; the machine's GPUs were said by both checks. Now: one read per preflight, the
+    GPUs listed by env.gpus, memory.gpus referring to it."""
+    text = TRL_COLOCATED.replace("gpu_memory_utilization = 0.3", "gpu_memory_utilization = 0.8") + EVAL_SET
+    recipe = write("r.toml", text)
+    for used, says in (({0: [35.0], 1: [BEFORE]}, "GPU 1 is free now"), ({0: [35.0]}, "no other GPU is free")):
+        _fake_nvml(monkeypatch, used)
+        fake, reads = sys.modules["pynvml"], []
+        monkeypatch.setattr(fake, "nvmlInit", lambda reads=reads: reads.append(1))
+        r = cli("preflight", str(recipe))
+        assert r.code in (0, 1), r.err
+        lines = {ln.split()[1]: ln for ln in r.out.splitlines() if ln[:4] in ("OK  ", "WARN", "FAIL")}
+        assert says in lines["memory.gpus"], r.out
+        assert len(reads) == 1, (len(reads), r.out)
+        assert "NVIDIA H100" in lines["env.gpus"] and "NVIDIA H100" not in lines["memory.gpus"], r.out
+        if len(used) > 1:
+            assert "free now: GPU 1" in lines["env.gpus"] and "env.gpus" in lines["memory.gpus"], r.out

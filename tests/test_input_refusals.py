@@ -208,3 +208,78 @@ def test_a_type_error_says_the_fix():
     assert "fix: " in err and "whole number" in err and "group_size = " in err, err
     err = _load_error(PRIME, "resources.trainer_gpus=[-1]")
     assert "fix: " in err and "from 0 to 1023" in err, err
+
+
+def test_a_quoted_number_in_a_recipe_is_a_type_error(shell, cli):
+    """`train.steps = "100"` was taken as 100 (pydantic's lax mode turns text into a number), and `"true"` into a
+    boolean: a recipe key typed wrong is refused, naming file:line, the key, what was given and the fix. On the
+    command line values come as text: `--set train.steps=100` (and `"100"`, `True`) still parse."""
+    (shell / "prompts.jsonl").write_text('{"input": "a"}\n')
+    base = bandit_recipe(steps=2)
+    cases = {  # key: (the recipe with it quoted, its line, what it says, the fix)
+        "train.steps": (base.replace("steps = 2", 'steps = "100"'), '"100"', "steps = 100"),
+        "optim.lr": (base.replace("lr = 0.5", 'lr = "5e-3"'), '"5e-3"', "lr = 0.005"),
+        "train.gradient_checkpointing": (_merge(base, '[train]\ngradient_checkpointing = "true"\n'), '"true"',
+                                         "gradient_checkpointing = true"),
+    }
+    for key, (text, given, fix) in cases.items():
+        (shell / "q.toml").write_text(text)
+        line = next(i for i, ln in enumerate(text.splitlines(), 1) if given in ln)
+        r = cli("render", "q.toml")
+        assert r.code == 2, (key, r.code, r.out, r.err)
+        assert "Traceback" not in r.err and f"q.toml:{line}:" in r.err, (key, r.err)
+        assert key in r.err and given in r.err and f"fix: write it without quotes: {fix}\n" in r.err, (key, r.err)
+    (shell / "q.toml").write_text(base)
+    for value in ("100", '"100"'):
+        r = cli("render", "q.toml", "--set", f"train.steps={value}")
+        assert r.code == 0 and "100" in r.out, (value, r.err)
+    assert cli("render", "q.toml", "--set", "train.gradient_checkpointing=True").code == 0
+
+
+def test_every_numeric_and_boolean_key_of_the_schema_refuses_text():
+    """One mechanism (Section's validator): every number or boolean key of the schema given a quoted value in a
+    recipe file is a RecipeError naming the key and what was given, never read as the number."""
+    import tempfile
+    from pathlib import Path
+
+    import pytest
+
+    from rlctl.errors import RecipeError
+    from rlctl.recipe.loader import load
+    from rlctl.recipe.schema import SECTIONS, scalar_kinds
+    from tests.conftest import RECIPES
+
+    keys = [f"{s}.{n}" if s else n for s, m in SECTIONS.items() for n in m.model_fields if scalar_kinds(m, n)]
+    assert {"train.steps", "optim.lr", "train.gradient_checkpointing", "checkpoint.resume"} - set(keys) == {
+        "checkpoint.resume"}, keys  # resume takes off/latest too: text is its own form there
+    wrong = {}
+    with tempfile.TemporaryDirectory() as d:
+        for key in keys:
+            *table, leaf = key.replace("eval.sets.", "eval.sets.s.").split(".")
+            p = Path(d) / "r.toml"
+            p.write_text(f'extends = "{RECIPES / "quickstart.toml"}"\n[{".".join(table)}]\n{leaf} = "1"\n'
+                         if table else f'extends = "{RECIPES / "quickstart.toml"}"\n{leaf} = "1"\n')
+            with pytest.raises(RecipeError) as e:
+                load(p)
+            if f"{p}:" not in str(e.value) or key.replace("eval.sets.", "eval.sets.s.") not in str(e.value) \
+                    or '"1"' not in str(e.value):
+                wrong[key] = str(e.value)
+    assert not wrong, wrong
+
+
+def test_a_lora_target_module_named_twice_is_refused(shell, cli):
+    """`lora.target_modules = ["q_proj", "q_proj"]` passed silently (rendered as given); a GPU id or a host named
+    twice is refused where the recipe is read, and so is a module: naming file:line (or the --set), the key, the
+    module, and the list with each once."""
+    (shell / "prompts.jsonl").write_text('{"input": "a"}\n')
+    text = bandit_recipe(steps=2) + '[lora]\nrank = 8\ntarget_modules = ["q_proj", "v_proj", "q_proj"]\n'
+    (shell / "q.toml").write_text(text)
+    r = cli("render", "q.toml")
+    assert r.code == 2 and "Traceback" not in r.err, (r.code, r.out, r.err)
+    line = text.splitlines().index('target_modules = ["q_proj", "v_proj", "q_proj"]') + 1
+    for w in (f"q.toml:{line}:", "lora.target_modules", "q_proj", "twice",
+              'fix: list each module once: target_modules = ["q_proj", "v_proj"]'):
+        assert w in r.err, (w, r.err)
+    (shell / "q.toml").write_text(bandit_recipe(steps=2) + "[lora]\nrank = 8\n")
+    r = cli("render", "q.toml", "--set", 'lora.target_modules=["k_proj","k_proj"]')
+    assert r.code == 2 and r.err.startswith("rlctl: --set lora.target_modules:") and "k_proj" in r.err, r.err

@@ -100,7 +100,7 @@ def test_unknown_key_line_number_is_exact(write):
     [
         ("[optim]\nlr = -1e-6\n", "`optim.lr` = -1e-06 is invalid: expected a value > 0"),
         ("[rollout]\ngpu_memory_utilization = 1.4\n", "`rollout.gpu_memory_utilization` = 1.4 is invalid"),
-        ("[rollout]\ngroup_size = \"eight\"\n", "`rollout.group_size` = \"eight\" is invalid"),
+        ("[rollout]\ngroup_size = \"eight\"\n", "`rollout.group_size`: \"eight\" is text (in quotes)"),
         ("[algorithm]\nname = \"dpo\"\n", "expected one of"),
         ("[train]\nzero_stage = 4\n", "`train.zero_stage`"),
     ],

@@ -98,10 +98,13 @@ def check_gpu_list(value: str, where: str, written: Any = None) -> str:
 IDLE_USED_GIB = 1.0
 
 
-def idle_gpus(exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
+def idle_gpus(exclude: set[str] | frozenset[str] = frozenset(),
+              rows: list[dict[str, Any]] | None = None) -> list[str]:
     """Indices (NVML / PCI bus order, as CUDA_VISIBLE_DEVICES with CUDA_DEVICE_ORDER=PCI_BUS_ID) of this machine's
-    GPUs with nothing on them, those in `exclude` left out; [] when no GPU can be asked."""
-    rows, _ = list_gpus()
+    GPUs with nothing on them, those in `exclude` left out; [] when no GPU can be asked. `rows`: list_gpus's, where
+    the caller has them already (preflight reads the GPUs once), else asked now."""
+    if rows is None:
+        rows, _ = list_gpus()
     return [str(r["index"]) for r in rows or []
             if str(r["index"]) not in exclude and isinstance(r.get("memory_used_gib"), (int, float))
             and r["memory_used_gib"] < IDLE_USED_GIB]

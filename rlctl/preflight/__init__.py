@@ -73,13 +73,18 @@ def _load_all() -> None:
 class Context:
     """What checks share: the prepared recipe and lazily computed facts (architecture, schedule)."""
 
-    def __init__(self, prepared: Any):
+    def __init__(self, prepared: Any, reads: dict[str, Any] | None = None, effective: bool = True):
         self.prepared = prepared
+        # what the checks read of this machine, asked once per preflight: the re-runs that vet fixes share it
+        self.reads: dict[str, Any] = {} if reads is None else reads
         self.backend = prepared.backend
         # the checks read the values that would run: where the backend's pass-through options override what it
-        # renders from the recipe, those (Backend.effective), each said in the results it could change
-        eff = prepared.backend.effective(prepared.recipe)
-        self.recipe, self.overridden, self.held = eff.recipe, eff.replaced, eff.held | set(eff.replaced)
+        # renders from the recipe, those (Backend.effective), each said in the results it changes (run());
+        # `effective=False`: the recipe as written, what those results are compared with
+        eff = prepared.backend.effective(prepared.recipe) if effective else None
+        self.recipe = eff.recipe if eff else prepared.recipe
+        self.overridden: dict[str, str] = eff.replaced if eff else {}
+        self.held: set[str] = eff.held | set(eff.replaced) if eff else set()
         self.dataset_size: int | None = prepared.dataset_size
 
     @cached_property
@@ -99,6 +104,15 @@ class Context:
         import socket
 
         return socket.gethostname()
+
+    def gpus(self) -> tuple[list[dict[str, Any]] | None, str | None]:
+        """This machine's GPUs (rlctl.core.gpus.list_gpus: NVML, else nvidia-smi), read once per preflight. env.gpus
+        says them; other checks (which GPU is free for the evaluator) read them here."""
+        if "gpus" not in self.reads:
+            from rlctl.core.gpus import list_gpus
+
+            self.reads["gpus"] = list_gpus()
+        return self.reads["gpus"]
 
     @cached_property
     def total_steps(self) -> int | None:
@@ -175,34 +189,34 @@ def none_ran(only: list[str]) -> str:
     return f"0 checks ran: {sel}: no check applies to this recipe ({whys})"
 
 
-def run(prepared: Any, only: list[str] | None = None, vet: bool = True) -> list[Result]:
+def run(prepared: Any, only: list[str] | None = None, vet: bool = True,
+        reads: dict[str, Any] | None = None) -> list[Result]:
     """The selected checks' results; `vet`: each computed fix (`Result.set`) is one that, applied, closes its check
-    without another check newly failing or warning (_fixes.vet), else it is said why not and not offered."""
+    without another check newly failing or warning (_fixes.vet), else it is said why not and not offered. `reads`:
+    the machine's facts already read (Context.reads), shared by the vetting re-runs."""
     check_only(only)
     _load_all()
-    ctx = Context(prepared)
+    ctx = Context(prepared, reads)
+    written: list[Context] = []  # the recipe as written, made when an override is to be said
     results: list[Result] = []
     aliases = emitted() if only else {}
     for name, fn in REGISTRY.items():
         if only and not any(_selects(name, o, aliases) for o in only):
             continue
-        try:
-            out = fn(ctx)
-        except RlctlError as e:
-            out = Result(name, FAIL, e.message, e.hint)
-        except Exception as e:  # a bug in one check must not hide the others' answers, nor print a traceback
-            if os.environ.get("RLCTL_DEBUG"):
-                raise
-            out = Result(name, FAIL, f"internal error in this check: {type(e).__name__}: {e}",
-                         "a bug in rlctl: report it (RLCTL_DEBUG=1 shows the traceback)")
-        if out is None:
+        out = _call(name, fn, ctx)
+        if not out:
             continue
-        out = out if isinstance(out, list) else [out]
+        said: set[tuple[str, str, str]] | None = None  # what the check says of the recipe as written
         for r in out:
             if r.set:
                 r.set = ctx.backend.complete_fix(ctx.prepared.recipe, r.set)
-            if ctx.overridden and r.verdict in (FAIL, WARN):  # computed from an overriding value: name it
-                r.figure += f" (checked with what would run: {'; '.join(ctx.overridden.values())})"
+            if ctx.overridden and r.verdict in (FAIL, WARN):
+                # computed from an overriding value: named where the override changes what the check says
+                if said is None:
+                    written = written or [Context(prepared, ctx.reads, effective=False)]
+                    said = {(x.check, x.verdict, x.figure) for x in _call(name, fn, written[0])}
+                if (r.check, r.verdict, r.figure) not in said:
+                    r.figure += f" (checked with what would run: {'; '.join(ctx.overridden.values())})"
             if r.set and set(r.set) & ctx.held:
                 # setting a key a pass-through option sets changes nothing that runs: no machine-readable fix
                 keys = ", ".join(sorted(set(r.set) & ctx.held))
@@ -218,8 +232,22 @@ def run(prepared: Any, only: list[str] | None = None, vet: bool = True) -> list[
         from rlctl.preflight._fixes import vet as vet_fixes
 
         vetted = [name for name in REGISTRY if name not in UNVETTED]  # not run again: they would ask a cluster
-        vet_fixes(prepared, results, lambda p: run(p, vetted, vet=False), FAIL, WARN)
+        vet_fixes(prepared, results, lambda p: run(p, vetted, vet=False, reads=ctx.reads), FAIL, WARN)
     return results
+
+
+def _call(name: str, fn: CheckFn, ctx: Context) -> list[Result]:
+    """One check's results; an error in it is its FAIL, never a traceback that hides the others' answers."""
+    try:
+        out = fn(ctx)
+    except RlctlError as e:
+        out = Result(name, FAIL, e.message, e.hint)
+    except Exception as e:  # a bug in one check must not hide the others' answers, nor print a traceback
+        if os.environ.get("RLCTL_DEBUG"):
+            raise
+        out = Result(name, FAIL, f"internal error in this check: {type(e).__name__}: {e}",
+                     "a bug in rlctl: report it (RLCTL_DEBUG=1 shows the traceback)")
+    return [] if out is None else out if isinstance(out, list) else [out]
 
 
 def failed(results: list[Result]) -> bool:

@@ -17,9 +17,11 @@ UNVETTED = frozenset({"env.executor", "checkpoint.sync", "context.prompt_lengths
 
 def apply(recipe: Any, sets: dict[str, Any]) -> Any:
     """A copy of the recipe with `section.key = value` assigned for each entry (no file, no re-validation)."""
+    from rlctl.recipe.loader import split_key
+
     new = recipe.model_copy(deep=True)
     for dotted, value in sets.items():
-        *parents, leaf = dotted.split(".")
+        *parents, leaf = split_key(dotted)  # a backend's extra key is one key, dots and all
         obj = new
         for part in parents:  # a table of names (eval.sets.NAME) is a dict: its entries are keys, not attributes
             obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)

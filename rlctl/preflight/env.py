@@ -115,9 +115,7 @@ def gpus(ctx: Context) -> Result | None:
     if _executor(ctx).remote:
         return Result("env.gpus", SKIP, f"GPUs are on the {r.resources.executor} executor's machines; checked when "
                       "the job is submitted")
-    from rlctl.core.gpus import list_gpus
-
-    rows, _ = list_gpus()
+    rows, _ = ctx.gpus()
     visible = rows if rows is not None else sorted(Path("/dev").glob("nvidia[0-9]*"))
     if not visible and shutil.which("nvidia-smi") is None:
         return Result("env.gpus", SKIP, "no NVIDIA GPU visible on this machine (fine for a login node; launch "
@@ -143,7 +141,8 @@ def _card(ctx: Context, rows: list[dict], count: int) -> Result:
     unlike = [g for g in cards if named is None or not card_like(g["memory_total_gib"], named)]
     if not unlike:
         kinds = sorted({g.get("name") or "GPU" for g in cards})
-        return Result("env.gpus", OK, f"{count} GPU(s) visible" + (f" ({', '.join(kinds)})" if kinds else ""))
+        return Result("env.gpus", OK, f"{count} GPU(s) visible" + (f" ({', '.join(kinds)})" if kinds else "")
+                      + _free(rows))
     g = min(unlike, key=lambda g: g["memory_total_gib"])
     total = g["memory_total_gib"]
     said = f"{named:.1f} GiB" if named else "a card rlctl does not know"
@@ -152,9 +151,19 @@ def _card(ctx: Context, rows: list[dict], count: int) -> Result:
             f"{r.rollout.gpu_memory_utilization * named:.1f}") if r.uses_vllm and named else ""
     want = card_name(g.get("name") or "", total)
     return Result("env.gpus", WARN,
-                  f"{count} GPU(s) visible; GPU {g['index']} is {g.get('name') or 'a GPU'} with {total:.1f} GiB, but "
-                  f"resources.gpu = {r.resources.gpu!r} ({said}): every memory check plans for that card{vllm}",
+                  f"{count} GPU(s) visible{_free(rows)}; GPU {g['index']} is {g.get('name') or 'a GPU'} with "
+                  f"{total:.1f} GiB, but resources.gpu = {r.resources.gpu!r} ({said}): every memory check plans for "
+                  f"that card{vllm}",
                   f'set resources.gpu = "{want}"', set={"resources.gpu": want})
+
+
+def _free(rows: list[dict]) -> str:
+    """Which GPUs have nothing on them now: said here, where the machine's GPUs are listed (memory.gpus refers to it
+    for the evaluator's GPU)."""
+    from rlctl.core.gpus import idle_gpus
+
+    idle = idle_gpus(rows=rows) if rows else []
+    return f"; free now: GPU {','.join(idle)}" if idle else ""
 
 
 def _writable(p: Path) -> bool:

@@ -189,7 +189,7 @@ def _idle_gpus(ctx: Context, devices: list[str]) -> list[str]:
 
     if get(ctx.recipe.resources.executor).remote:
         return []
-    return idle_gpus(set(devices))
+    return idle_gpus(set(devices), ctx.gpus()[0])
 
 
 def _rollout_fix(ctx: Context, arch, plan) -> float | None:
@@ -258,7 +258,7 @@ def gpus(ctx: Context) -> Result | None:
     idle = _idle_gpus(ctx, plan.run_devices)
     if idle:
         return Result("memory.gpus", WARN, f"{short}; checkpoint evals wait for a free GPU (GPU {idle[0]} is free "
-                      "now)", f'set eval.gpu = "{idle[0]}" to plan them there', data)
+                      "now: env.gpus)", f'set eval.gpu = "{idle[0]}" to plan them there', data)
     fixes = []
     u = _rollout_fix(ctx, arch, plan)
     if u is not None:

@@ -33,6 +33,8 @@ from rlctl.recipe.schema import (
     all_key_paths,
     backend_table_model,
     executor_table_model,
+    from_text,
+    scalar_kinds,
     submodel,
 )
 from rlctl.resources import bundled_recipe
@@ -289,12 +291,23 @@ class _Null:
 NULL = _Null()
 
 
+_EXTRA_KEY = re.compile(r"(backend\.[A-Za-z0-9_]+\.extra)\.(\S+)")
+
+
+def split_key(dotted: str) -> list[str]:
+    """A dotted recipe key's parts. A backend's passthrough table takes the backend's own keys as they are, dots and
+    `+` included: everything after `extra.` is one key, as the TOML form `[backend.verl.extra] "a.b.c" = v` writes
+    it (`--set` and a computed fix's `set` name such keys so)."""
+    extra = _EXTRA_KEY.fullmatch(dotted)
+    return [*extra.group(1).split("."), extra.group(2)] if extra else dotted.split(".")
+
+
 def parse_set(expr: str) -> tuple[list[str], Any]:
     """`rollout.group_size=16` -> (["rollout", "group_size"], 16). Values are TOML values; bare words are strings;
     the bare word `null` is NULL (unset the key)."""
     key, sep, raw = expr.partition("=")
     key = key.strip()
-    extra = re.fullmatch(r"(backend\.[A-Za-z0-9_]+\.extra)\.(\S+)", key)
+    extra = _EXTRA_KEY.fullmatch(key)
     if not sep or not key or not (extra or re.fullmatch(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*", key)):
         raise RecipeError(
             f"--set {expr!r}: expected KEY=VALUE with a dotted key.", hint="e.g. --set rollout.group_size=16"
@@ -304,9 +317,7 @@ def parse_set(expr: str) -> tuple[list[str], Any]:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
-    # a backend's passthrough table takes the backend's own keys as they are, dots and `+` included: everything
-    # after `extra.` is one key, as the TOML form `[backend.verl.extra] "a.b.c" = v` writes it
-    keys = [*extra.group(1).split("."), extra.group(2)] if extra else key.split(".")
+    keys = split_key(key)
     if raw == "null":
         return keys, NULL
     if keys[0] == "env" and len(keys) == 2:
@@ -339,7 +350,7 @@ def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path],
             paths.resolve(fragment, Path.cwd())
             for k in keys:
                 fragment = fragment[k]
-            value = fragment
+            value = _typed(keys, fragment)
         node = data
         for k in keys[:-1]:
             nxt = node.get(k)
@@ -349,6 +360,26 @@ def apply_sets(data: dict[str, Any], sets: list[str], origins: dict[str, Path],
             node = nxt
         node[keys[-1]] = value
         origins[dotted] = Path((options or {}).get(dotted, SET))
+
+
+def _typed(keys: list[str], value: Any) -> Any:
+    """A command line's value comes as text: for a number or boolean key (`--set train.steps="100"`, `--set
+    train.gradient_checkpointing=True`) it is read as that key reads it (schema.from_text). A recipe file writes the
+    value itself: text there is refused (schema.refuse_mistyped_scalar). Text that means no such value is left for
+    validation to name."""
+    if not isinstance(value, str):
+        return value
+    *table, name = keys
+    model: Any = SECTIONS.get(".".join(table))
+    if model is None and len(table) == 3 and table[:2] == ["eval", "sets"]:  # [eval.sets.<name>]
+        model = SECTIONS.get("eval.sets")
+    elif model is None and len(table) == 2 and table[0] == "backend" and table[1] in available_backends():
+        model = backend_table_model(table[1])
+    elif model is None and len(table) == 2 and table[0] == "executor" and table[1] in available_executors():
+        model = executor_table_model(table[1])
+    kinds = scalar_kinds(model, name) if model is not None else None
+    meant = from_text(kinds, value) if kinds else None
+    return value if meant is None else meant
 
 
 def resolved_sets(sets: list[str], base: Path) -> list[str]:

@@ -7,6 +7,7 @@ counts prompts, so `prompts_per_step * group_size` samples are generated per rol
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal
 
@@ -69,22 +70,68 @@ def _leaf_types(annotation: Any) -> set[Any]:
     return {annotation}
 
 
-def refuse_bool_as_number(model: type[BaseModel], value: Any, field: str | None) -> Any:
-    """`checkpoint.resume = true` is a mistake, not step 1: pydantic takes a bool as an int (and a float) unless
-    told not to. One check for every key whose type is numeric and not boolean, in every section, so that a key
-    added later is covered too; it names what the key takes."""
-    if not isinstance(value, bool) or field is None or field not in model.model_fields:
+_NUMBERS = {int, float}
+
+
+def scalar_kinds(model: type[BaseModel], field: str) -> set[Any] | None:
+    """The kinds a number or boolean key takes ({int}, {int, float}, {bool}), or None: a key that also takes text or
+    anything else (`checkpoint.resume`: off, latest or a step), or no such key."""
+    info = model.model_fields.get(field)
+    if info is None:
+        return None
+    kinds = _leaf_types(info.annotation) - {type(None)}
+    return kinds if kinds and kinds <= {int, float, bool} else None
+
+
+def from_text(kinds: set[Any], text: str) -> Any:
+    """The number or boolean a text means for a key of these kinds, as TOML reads it (`5e-3`, `1_000`, `true`) or else
+    as a command line writes it (`True`, `.5`); None if it means none. A recipe file must write the value itself (it
+    is refused, with this as its fix); a `--set` value comes as text and is read so."""
+    import tomllib
+
+    from pydantic import TypeAdapter
+
+    try:
+        v = tomllib.loads(f"v = {text.strip()}")["v"]
+    except (tomllib.TOMLDecodeError, ValueError):
+        v = text
+    for kind in (bool, int, float):  # bool first: lax int takes neither "true" nor "yes"; bool takes "1"
+        if kind in kinds and not (kind is bool and isinstance(v, int | float) and not isinstance(v, bool)):
+            try:
+                out = TypeAdapter(kind).validate_python(v)
+            except ValueError:
+                continue
+            return None if isinstance(out, float) and out != out else out
+    return None
+
+
+def refuse_mistyped_scalar(model: type[BaseModel], value: Any, field: str | None) -> Any:
+    """A recipe key typed wrong is a mistake, never a value pydantic's lax mode makes of it: `checkpoint.resume = true`
+    is not step 1, `train.steps = "100"` (text) is not 100, `gradient_checkpointing = "false"` is not a boolean. One
+    check for every number or boolean key, in every section, so that a key added later is covered too; it names what
+    the key takes and, for text, the value written as the key takes it."""
+    if field is None or field not in model.model_fields or not isinstance(value, bool | str):
         return value
     info = model.model_fields[field]
     kinds = _leaf_types(info.annotation)
-    if bool in kinds or not kinds & {int, float}:
-        return value
     extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-    takes = extra.get("form") or ("a whole number" if float not in kinds else "a number")
+    takes = extra.get("form") or ("true or false" if bool in kinds else "a whole number" if float not in kinds
+                                  else "a number")
     examples = [e for e in (info.examples or [info.default]) if isinstance(e, int | float | str)
-                and not isinstance(e, bool)]
-    fix = " or ".join(f"{field} = {e!r}".replace("'", '"') for e in examples) or f"{field} = 1"
-    raise ValueError(f"{str(value).lower()} is a boolean; it takes {takes}\n  fix: {fix}")
+                and (not isinstance(e, bool) or bool in kinds)]
+    fix = " or ".join(f"{field} = {e!r}".replace("'", '"').replace("True", "true").replace("False", "false")
+                      for e in examples) or f"{field} = {'true' if bool in kinds else 1}"
+    if isinstance(value, bool):
+        if bool in kinds or not kinds & _NUMBERS:
+            return value
+        raise ValueError(f"{str(value).lower()} is a boolean; it takes {takes}\n  fix: {fix}")
+    scalars = scalar_kinds(model, field)
+    if scalars is None:
+        return value
+    meant = from_text(scalars, value)
+    if meant is not None:
+        fix = f"write it without quotes: {field} = {json.dumps(meant)}"
+    raise ValueError(f"{json.dumps(value)} is text (in quotes); it takes {takes}\n  fix: {fix}")
 
 
 class Section(BaseModel):
@@ -93,8 +140,8 @@ class Section(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
-        return refuse_bool_as_number(cls, v, info.field_name)
+    def _no_mistyped_scalars(cls, v: Any, info: ValidationInfo) -> Any:
+        return refuse_mistyped_scalar(cls, v, info.field_name)
 
 
 class TableErrors(ValueError):
@@ -207,6 +254,12 @@ class LoraSection(Section):
                 return "all-linear"
             raise ValueError('"all-linear" selects every linear layer only on its own (peft): write '
                              'target_modules = "all-linear", or list module names without it')
+        # as a GPU id or a host named twice: a module listed twice is a slip (a copy-paste, a merge), never meant
+        twice = sorted({m for m in v if v.count(m) > 1}) if isinstance(v, list) else []
+        if twice:
+            once = json.dumps(list(dict.fromkeys(v)))
+            raise ValueError(f"lora.target_modules = {json.dumps(v)} names {', '.join(twice)} twice\n"
+                             f"  fix: list each module once: target_modules = {once}")
         return v
 
 

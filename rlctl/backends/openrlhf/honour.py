@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
     """What the release cannot honour, checked on what would run: where backend.openrlhf.extra overrides a value
-    rendered from the recipe, on the effective recipe (argv.py), each of its errors naming the overriding extra."""
+    rendered from the recipe, on the effective recipe (argv.py), each error the override makes naming the overriding
+    extra (one the recipe as written has too is not the override's)."""
     from rlctl.backends.openrlhf.argv import effective
 
     eff = effective(backend, recipe)
@@ -28,8 +29,9 @@ def unhonoured(backend: Any, recipe: Recipe) -> list[Finding]:
     if eff.overridden:
         if "resources.trainer_gpus" in eff.lines and recipe.resources.trainer_gpus is None:  # rlctl's pin
             found = [f for f in found if f.key != "resources.trainer_gpus"]
+        written = {(f.key, f.message) for f in _unhonoured(backend, recipe)}
         for f in found:
-            if f.level == "error":
+            if f.level == "error" and (f.key, f.message) not in written:
                 f.message += f" (checked with what would run: {'; '.join(eff.lines.values())})"
     return found + eff.findings
 

@@ -783,6 +783,8 @@ def attention_package(backend: VerlBackend, recipe: Recipe, environ: Any) -> lis
                      for m, i in needs.items())
     missing = sorted({ATTENTION_PACKAGE[i] for i in needs.values() if installed_version(ATTENTION_PACKAGE[i]) is None})
     critic_only = set(needs) == {"critic"}
+    # PyTorch's attention through verl's own key (what VerlBackend.attention reads): as `--set` would give it
+    sets = None if critic_only else {f"backend.verl.extra.{SDPA_KEY}": "sdpa"}
     fix = ("PPO's critic always loads with flash_attention_2 in verl (utils/model.py load_valuehead_model): install "
            f"{', '.join(missing) or 'flash-attn'} where the workers run, or use a critic-free algorithm (grpo)"
            if critic_only else
@@ -794,11 +796,11 @@ def attention_package(backend: VerlBackend, recipe: Recipe, environ: Any) -> lis
         on = f"the {recipe.resources.executor} executor's machines" if remote else f"the Ray cluster at {address}"
         return [Result("env.flash_attn", WARN, f"verl loads {what}: {on} must have "
                        f"{', '.join(sorted(set(ATTENTION_PACKAGE[i] for i in needs.values())))} (not checked from "
-                       "here)", fix)]
+                       "here)", fix, set=sets)]
     if missing:
         return [Result("env.flash_attn", FAIL, f"verl loads {what}, but {', '.join(missing)} is not installed in this "
                        "Python: every worker stops at its model's load (transformers: \"FlashAttention2 has been "
-                       "toggled on, but ... doesn't seem to be installed\")", fix)]
+                       "toggled on, but ... doesn't seem to be installed\")", fix, set=sets)]
     return [Result("env.flash_attn", OK, f"verl loads {what}; "
                    + ", ".join(f"{p} {installed_version(p)}" for p in sorted({ATTENTION_PACKAGE[i]
                                                                             for i in needs.values()}))

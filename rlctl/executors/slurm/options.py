@@ -43,10 +43,10 @@ class SlurmOptions(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_bool_numbers(cls, v: Any, info: ValidationInfo) -> Any:
-        from rlctl.recipe.schema import refuse_bool_as_number  # the recipe's one check (`ray_port = true` is no port)
+    def _no_mistyped_scalars(cls, v: Any, info: ValidationInfo) -> Any:
+        from rlctl.recipe.schema import refuse_mistyped_scalar  # the recipe's one check (`ray_port = true` is no port)
 
-        return refuse_bool_as_number(cls, v, info.field_name)
+        return refuse_mistyped_scalar(cls, v, info.field_name)
 
     partition: str | None = Field(default=None, description="sbatch --partition.")
     account: str | None = Field(default=None, description="sbatch --account.")
