@@ -978,9 +978,10 @@ def prime_recipe(ctx: Ctx, name: str, model: str, data: dict[str, Path], *, step
              "trainer_gpus = [1]",
              "[reward.environment]", f'id = "{PRIME_ENV}"',
              "[checkpoint]", 'dir = "checkpoints"', f"every = {every}", "keep_last = 2",
-             "[run]", 'restart = "on-failure"', "max_restarts = 3",
-             "[eval.sets.probe]", f'data = "{probe}"', 'grader = "exact_match"', "temperature = 0.0", "n = 1",
-             "max_tokens = 32"]
+             "[run]", 'restart = "on-failure"', "max_restarts = 3"]
+    if not os.environ.get("RLCTL_GPU_NO_EVALS"):  # =1: no eval set, so no step-0 baseline (two minutes of vLLM start)
+        lines += ["[eval.sets.probe]", f'data = "{probe}"', 'grader = "exact_match"', "temperature = 0.0", "n = 1",
+                  "max_tokens = 32"]
     path = ctx.work / "recipes" / f"{name}.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
