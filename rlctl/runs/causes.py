@@ -61,6 +61,10 @@ def engine_failed_line(text: str) -> bool:
     return not text.startswith("rlctl: ") and ENGINE_FAILED.search(text) is not None
 
 
+OUTPUT = "output"  # the run's stdout.log: what the command rlctl started printed (Logs.lines)
+MAIN = Component(OUTPUT, main_log=True, where="the run's stdout.log")
+
+
 class Logs:
     """The run's components and the tails of their logs, each read once."""
 
@@ -83,7 +87,7 @@ class Logs:
         if (name, current) not in self._tails:
             from rlctl.runs.components import tail
 
-            comp = self.comps.get(name)
+            comp = self.comps.get(name) or (MAIN if name == OUTPUT else None)
             try:
                 self._tails[name, current] = tail(self.run_dir, comp, TAIL, self.since if current else 0) \
                     if comp is not None else []
@@ -260,10 +264,19 @@ def nccl_timeout(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, 
                   "takes that long (a long generation, a checkpoint save)")
 
 
+def exited(state: dict[str, Any]) -> bool:
+    """The current attempt ended on its own: its command exited (rlctl did not end it for a stall; it does not run
+    on). What the supervisor saw of an attempt's progress while it lived (idle GPUs) says why one hangs, not why one
+    exited: a process that died at its first import leaves GPUs idle that nothing was ever loaded on."""
+    attempts = state.get("attempts") if isinstance(state.get("attempts"), list) else []
+    last = attempts[-1] if attempts and isinstance(attempts[-1], dict) else {}
+    return last.get("exit_code") is not None and not last.get("stall")
+
+
 def inference_idle(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
     seen = state.get("inference") if isinstance(state.get("inference"), dict) else {}
     idle = seen.get("idle") if isinstance(seen.get("idle"), dict) else None
-    if idle is None:
+    if idle is None or exited(state):
         return None
     return _cause("inference engine idle", f"{idle.get('summary') or 'the inference engine idled'}, no progress",
                   "inference", [str(e) for e in idle.get("evidence") or []],
@@ -308,12 +321,19 @@ def exception(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any
     """The last: the trainer died of a Python exception its log shows (a reward function that raised, a missing
     module, a bad config value), said with the innermost exception line of its last traceback — through Ray's
     RayTaskError chain, and where that line relays another process's error (a Ray actor's, vLLM's engine's), that
-    process's own line — unless a later attempt started after it."""
+    process's own line — and the frame that raised it, unless a later attempt started after it. A trainer that logs
+    to a file of its own may never have started: then the output of the command rlctl started (the run's stdout.log)
+    holds the traceback (a launcher that failed at an import)."""
     from rlctl.runs.tracebacks import relayed_from, tracebacks
 
-    lines = logs.lines("trainer", current=True)
-    tbs = tracebacks([t for _, _, t in lines])
-    if not tbs:
+    own = logs.comps.get("trainer")
+    apart = own is None or not (own.main_log or own.ray_actors)  # its lines are not the run's stdout.log's
+    for name in ("trainer",) + ((OUTPUT,) if apart else ()):
+        lines = logs.lines(name, current=True)
+        tbs = tracebacks([t for _, _, t in lines])
+        if tbs:
+            break
+    else:
         return None
     last = max(tbs, key=lambda tb: tb.innermost.index)  # type: ignore[union-attr]
     inner = last.innermost
@@ -336,9 +356,10 @@ def exception(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any
             os_, on, ot = lines[origin.index]
         evidence.insert(0, evidence_line(os_, on, ot))
     msg = root.short if len(root.short) <= LONG else root.short[:LONG - 1] + "…"
-    return _cause("exception", msg, component, evidence,
+    where = root.where()
+    return _cause("exception", msg + (f" (raised in {where})" if where else ""), component, evidence,
                   "the traceback above it in `rlctl logs RUN` says where it was raised; fix that, then "
-                  "rlctl resume RUN", **({"raised_in": root.where()} if root.where() else {}))
+                  "rlctl resume RUN", **({"raised_in": where} if where else {}))
 
 
 RULES: tuple[tuple[str, Callable[[Path, dict[str, Any], Logs], dict[str, Any] | None]], ...] = (

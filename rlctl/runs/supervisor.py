@@ -713,8 +713,8 @@ class Supervisor:
         """Why the attempt ended (rlctl.runs.causes: the one place that decides)."""
         from rlctl.runs.causes import find
 
-        try:
-            return find(self.run_dir, read_state(self.run_dir))
+        try:  # the attempts as this supervisor has them: the current one's end is not written yet
+            return find(self.run_dir, {**read_state(self.run_dir), "attempts": self.attempts})
         except Exception:
             return None
 
