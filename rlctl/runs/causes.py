@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from rlctl.core.components import Component
 
 TAIL = 1 << 20  # bytes read from the end of each log: a cause of death is near where the attempt ended
 MAX_EVIDENCE = 4
+LONG = 200  # characters of an error's message a summary keeps
+LOG = "stdout.log"
 
 # CUDA's own text for cudaErrorIllegalAddress (cudaGetErrorString(700)); torch prints "CUDA error: " + it
 # (c10/cuda/CUDAException.cpp), NCCL "Cuda failure 'an illegal memory access was encountered'", vLLM re-raises it
@@ -246,6 +249,32 @@ def rollouts_refused(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[s
                   "data.max_prompt_tokens) or raise model.max_model_len; `rlctl preflight` checks it before a run")
 
 
+def rollouts_failing(run_dir: Path, state: dict[str, Any], logs: Logs, now: float | None = None
+                     ) -> dict[str, Any] | None:
+    """Rollouts failed and no step completed since the first of them, as the supervisor counted them from the
+    backend's lines (state.json `rollouts_failed`, cleared by a step): an orchestrator that logs each failure and goes
+    on leaves nothing that exits, and a trainer that waits for a batch that never fills. `now`: a run still running,
+    said once the first failure is older than its `late_s` (at once before the first step; after one, the median
+    step time)."""
+    seen = state.get("rollouts_failed") if isinstance(state.get("rollouts_failed"), dict) else None
+    if seen is None or not seen.get("first"):
+        return None
+    at, late = seen.get("at"), seen.get("late_s")
+    if now is not None and isinstance(at, (int, float)) and isinstance(late, (int, float)) and now - at < late:
+        return None
+    first = str(seen["first"])
+    first = first if len(first) <= LONG else first[:LONG - 1] + "…"
+    component = "orchestrator" if "orchestrator" in logs.comps else "trainer"
+    return _cause("rollouts failing", f"rollouts fail and no step completes: {seen.get('count')} failed, the first: "
+                                      f"{first}", component,
+                  [evidence_line(LOG, None, str(seen["line"]))] if seen.get("line") else [],
+                  "every rollout meets the first error (an environment's dependency or code, the inference server); "
+                  "the orchestrator logs each and goes on, so no step completes: fix that, then `rlctl resume RUN`. "
+                  "rlctl stops an attempt whose rollouts fail with no step for run.stall.floor_s (after a first "
+                  "step: as long as a step may take) and restarts it as [run] restart says, but not into the same "
+                  "failure twice")
+
+
 def nccl_timeout(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
     hits = logs.search(lambda t: "Watchdog caught collective operation timeout" in t)
     if not hits:
@@ -314,7 +343,6 @@ def resume_missing(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str
 
 
 NEW_ATTEMPT = re.compile(r"^rlctl: (attempt \d+|restarting|resumed)")
-LONG = 200  # characters of an exception's message a summary keeps
 
 
 def exception(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
@@ -369,11 +397,17 @@ RULES: tuple[tuple[str, Callable[[Path, dict[str, Any], Logs], dict[str, Any] | 
     ("inference engine failed", inference_failed),
     ("inference engine dead", inference_dead),
     ("rollout requests refused", rollouts_refused),
+    ("rollouts failing", rollouts_failing),
     ("nccl timeout", nccl_timeout),
     ("inference engine idle", inference_idle),
     ("resume checkpoint missing", resume_missing),
     ("exception", exception),
 )
+
+
+# what the supervisor saw of an attempt's progress while it lived: of an attempt that exited on its own, a cause only
+# where its log names none (the exception it printed comes first; GPUs idle are none: inference_idle)
+NO_PROGRESS = ("rollouts failing",)
 
 
 def _files(run_dir: Path, comp: Component | None) -> list[Path]:
@@ -389,7 +423,10 @@ def find(run_dir: Path, state: dict[str, Any] | None = None, light: bool = False
 
     state = read_state(run_dir) if state is None else state
     logs = Logs(run_dir, state, light)
-    for _, rule in RULES:
+    rules = RULES
+    if exited(state):
+        rules = tuple(r for r in RULES if r[0] not in NO_PROGRESS) + tuple(r for r in RULES if r[0] in NO_PROGRESS)
+    for _, rule in rules:
         try:
             found = rule(run_dir, state, logs)
         except Exception:  # a damaged log or state never breaks status
@@ -406,11 +443,13 @@ def settle(run_dir: Path, state: dict[str, Any], status: str, light: bool = Fals
     cached = state.get("cause")
     if status == "stopped":  # rlctl stopped it (a disk that could not hold the next checkpoint) and said why
         return status, cached if isinstance(cached, dict) else None
-    if status == "running":  # an engine that failed is said at once, while the trainer still waits for it
-        if _watched(state) and not isinstance(state.get("engine_failed"), dict):
-            return status, None  # its supervisor reads every line: none said so, or a step came after it
+    if status == "running":  # an engine that failed, or rollouts that fail, said at once while the trainer waits
         try:
-            return status, inference_failed(run_dir, state, Logs(run_dir, state, light))
+            logs = Logs(run_dir, state, light)
+            # its supervisor reads every line: none said the engine failed, or a step came after it
+            failed = None if _watched(state) and not isinstance(state.get("engine_failed"), dict) else \
+                inference_failed(run_dir, state, logs)
+            return status, failed or rollouts_failing(run_dir, state, logs, time.time())
         except Exception:
             return status, None
     if status not in ("failed", "lost", "stalled"):
