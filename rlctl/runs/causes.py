@@ -444,11 +444,13 @@ def settle(run_dir: Path, state: dict[str, Any], status: str, light: bool = Fals
     if status == "stopped":  # rlctl stopped it (a disk that could not hold the next checkpoint) and said why
         return status, cached if isinstance(cached, dict) else None
     if status == "running":  # an engine that failed, or rollouts that fail, said at once while the trainer waits
+        # its supervisor reads every line: none said the engine failed, or a step came after it
+        engine = not (_watched(state) and not isinstance(state.get("engine_failed"), dict))
+        if not engine and not isinstance(state.get("rollouts_failed"), dict):
+            return status, None
         try:
             logs = Logs(run_dir, state, light)
-            # its supervisor reads every line: none said the engine failed, or a step came after it
-            failed = None if _watched(state) and not isinstance(state.get("engine_failed"), dict) else \
-                inference_failed(run_dir, state, logs)
+            failed = inference_failed(run_dir, state, logs) if engine else None
             return status, failed or rollouts_failing(run_dir, state, logs, time.time())
         except Exception:
             return status, None
