@@ -55,8 +55,8 @@ CASES = {
     "cuda illegal memory access": (CAUSES / "illegal_memory_access.log",
                                    "CUDA illegal memory access (cudaErrorIllegalAddress)",
                                    "CUDA error: an illegal memory access was encountered"),
-    "exception": (CAUSES / "reward_exception.log", "RuntimeError: simulated reward server crash",
-                  "RuntimeError: simulated reward server crash"),
+    "exception": (CAUSES / "reward_exception.log", "RuntimeError: simulated reward server crash (raised in reward, "
+                  "tmp/rx/reward.py:2)", "RuntimeError: simulated reward server crash"),
     # the command backend's runner, asked to resume from a step that is not there: exit 2 before the trainer starts
     "resume checkpoint missing": (CAUSES / "resume_missing.log", "no complete checkpoint of step 2 to resume from",
                                   "rlctl-command: no complete checkpoint of step 2 in "),

@@ -616,6 +616,13 @@ class Backend:
         """Regexes of log lines that mean the run is stuck or a component it needs died."""
         return []
 
+    def rollout_failure(self, line: str) -> str | None:
+        """The error of a rollout that failed, where this line of the run's output says one did; else None. For a
+        backend that logs each failed rollout and goes on: while every rollout fails no step completes and nothing
+        exits, so the supervisor counts them (rlctl.runs.stall) and names the cause."""
+        del line  # Unused: a backend that says nothing of its rollouts
+        return None
+
     def log_components(self, recipe: Recipe) -> dict[str, Component]:
         """Where each component of a run of this recipe writes its own log (`rlctl logs RUN --component`; the causes
         of death read the inference engine's). Default: the trainer's output is the run's stdout.log."""

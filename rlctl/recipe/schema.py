@@ -499,7 +499,10 @@ class CheckpointSection(Section):
 
 class StallSection(Section):
     k: Annotated[float, Field(gt=0.0)] = Field(default=5.0, description="Stalled after k x the median step time.")
-    floor_s: Seconds = Field(default=600.0, description="Never stalled sooner than this without a new step.")
+    floor_s: Seconds = Field(default=600.0, description="Never stalled sooner than this without a new step. Rollouts "
+                             "that fail (the backend's lines for them, e.g. prime-rl's `Rollout task failed`) with no "
+                             "step for this long are a stall, restarted under restart = on-failure too "
+                             "(docs/supervision.md).")
     first_step_s: Seconds = Field(default=1800.0, description="Grace for the first step (loading, warm-up).")
     slow_step_s: Seconds = Field(default=1800.0, description="Grace for a step with an eval or a save.")
     inference_idle_s: Seconds = Field(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,8 @@ from rlctl.core.components import Component
 
 TAIL = 1 << 20  # bytes read from the end of each log: a cause of death is near where the attempt ended
 MAX_EVIDENCE = 4
+LONG = 200  # characters of an error's message a summary keeps
+LOG = "stdout.log"
 
 # CUDA's own text for cudaErrorIllegalAddress (cudaGetErrorString(700)); torch prints "CUDA error: " + it
 # (c10/cuda/CUDAException.cpp), NCCL "Cuda failure 'an illegal memory access was encountered'", vLLM re-raises it
@@ -61,6 +64,10 @@ def engine_failed_line(text: str) -> bool:
     return not text.startswith("rlctl: ") and ENGINE_FAILED.search(text) is not None
 
 
+OUTPUT = "output"  # the run's stdout.log: what the command rlctl started printed (Logs.lines)
+MAIN = Component(OUTPUT, main_log=True, where="the run's stdout.log")
+
+
 class Logs:
     """The run's components and the tails of their logs, each read once."""
 
@@ -83,7 +90,7 @@ class Logs:
         if (name, current) not in self._tails:
             from rlctl.runs.components import tail
 
-            comp = self.comps.get(name)
+            comp = self.comps.get(name) or (MAIN if name == OUTPUT else None)
             try:
                 self._tails[name, current] = tail(self.run_dir, comp, TAIL, self.since if current else 0) \
                     if comp is not None else []
@@ -242,6 +249,32 @@ def rollouts_refused(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[s
                   "data.max_prompt_tokens) or raise model.max_model_len; `rlctl preflight` checks it before a run")
 
 
+def rollouts_failing(run_dir: Path, state: dict[str, Any], logs: Logs, now: float | None = None
+                     ) -> dict[str, Any] | None:
+    """Rollouts failed and no step completed since the first of them, as the supervisor counted them from the
+    backend's lines (state.json `rollouts_failed`, cleared by a step): an orchestrator that logs each failure and goes
+    on leaves nothing that exits, and a trainer that waits for a batch that never fills. `now`: a run still running,
+    said once the first failure is older than its `late_s` (at once before the first step; after one, the median
+    step time)."""
+    seen = state.get("rollouts_failed") if isinstance(state.get("rollouts_failed"), dict) else None
+    if seen is None or not seen.get("first"):
+        return None
+    at, late = seen.get("at"), seen.get("late_s")
+    if now is not None and isinstance(at, (int, float)) and isinstance(late, (int, float)) and now - at < late:
+        return None
+    first = str(seen["first"])
+    first = first if len(first) <= LONG else first[:LONG - 1] + "…"
+    component = "orchestrator" if "orchestrator" in logs.comps else "trainer"
+    return _cause("rollouts failing", f"rollouts fail and no step completes: {seen.get('count')} failed, the first: "
+                                      f"{first}", component,
+                  [evidence_line(LOG, None, str(seen["line"]))] if seen.get("line") else [],
+                  "every rollout meets the first error (an environment's dependency or code, the inference server); "
+                  "the orchestrator logs each and goes on, so no step completes: fix that, then `rlctl resume RUN`. "
+                  "rlctl stops an attempt whose rollouts fail with no step for run.stall.floor_s (after a first "
+                  "step: as long as a step may take) and restarts it as [run] restart says, but not into the same "
+                  "failure twice")
+
+
 def nccl_timeout(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
     hits = logs.search(lambda t: "Watchdog caught collective operation timeout" in t)
     if not hits:
@@ -260,10 +293,19 @@ def nccl_timeout(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, 
                   "takes that long (a long generation, a checkpoint save)")
 
 
+def exited(state: dict[str, Any]) -> bool:
+    """The current attempt ended on its own: its command exited (rlctl did not end it for a stall; it does not run
+    on). What the supervisor saw of an attempt's progress while it lived (idle GPUs) says why one hangs, not why one
+    exited: a process that died at its first import leaves GPUs idle that nothing was ever loaded on."""
+    attempts = state.get("attempts") if isinstance(state.get("attempts"), list) else []
+    last = attempts[-1] if attempts and isinstance(attempts[-1], dict) else {}
+    return last.get("exit_code") is not None and not last.get("stall")
+
+
 def inference_idle(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
     seen = state.get("inference") if isinstance(state.get("inference"), dict) else {}
     idle = seen.get("idle") if isinstance(seen.get("idle"), dict) else None
-    if idle is None:
+    if idle is None or exited(state):
         return None
     return _cause("inference engine idle", f"{idle.get('summary') or 'the inference engine idled'}, no progress",
                   "inference", [str(e) for e in idle.get("evidence") or []],
@@ -301,19 +343,25 @@ def resume_missing(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str
 
 
 NEW_ATTEMPT = re.compile(r"^rlctl: (attempt \d+|restarting|resumed)")
-LONG = 200  # characters of an exception's message a summary keeps
 
 
 def exception(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any] | None:
     """The last: the trainer died of a Python exception its log shows (a reward function that raised, a missing
     module, a bad config value), said with the innermost exception line of its last traceback — through Ray's
     RayTaskError chain, and where that line relays another process's error (a Ray actor's, vLLM's engine's), that
-    process's own line — unless a later attempt started after it."""
+    process's own line — and the frame that raised it, unless a later attempt started after it. A trainer that logs
+    to a file of its own may never have started: then the output of the command rlctl started (the run's stdout.log)
+    holds the traceback (a launcher that failed at an import)."""
     from rlctl.runs.tracebacks import relayed_from, tracebacks
 
-    lines = logs.lines("trainer", current=True)
-    tbs = tracebacks([t for _, _, t in lines])
-    if not tbs:
+    own = logs.comps.get("trainer")
+    apart = own is None or not (own.main_log or own.ray_actors)  # its lines are not the run's stdout.log's
+    for name in ("trainer",) + ((OUTPUT,) if apart else ()):
+        lines = logs.lines(name, current=True)
+        tbs = tracebacks([t for _, _, t in lines])
+        if tbs:
+            break
+    else:
         return None
     last = max(tbs, key=lambda tb: tb.innermost.index)  # type: ignore[union-attr]
     inner = last.innermost
@@ -336,9 +384,10 @@ def exception(run_dir: Path, state: dict[str, Any], logs: Logs) -> dict[str, Any
             os_, on, ot = lines[origin.index]
         evidence.insert(0, evidence_line(os_, on, ot))
     msg = root.short if len(root.short) <= LONG else root.short[:LONG - 1] + "…"
-    return _cause("exception", msg, component, evidence,
+    where = root.where()
+    return _cause("exception", msg + (f" (raised in {where})" if where else ""), component, evidence,
                   "the traceback above it in `rlctl logs RUN` says where it was raised; fix that, then "
-                  "rlctl resume RUN", **({"raised_in": root.where()} if root.where() else {}))
+                  "rlctl resume RUN", **({"raised_in": where} if where else {}))
 
 
 RULES: tuple[tuple[str, Callable[[Path, dict[str, Any], Logs], dict[str, Any] | None]], ...] = (
@@ -348,11 +397,17 @@ RULES: tuple[tuple[str, Callable[[Path, dict[str, Any], Logs], dict[str, Any] | 
     ("inference engine failed", inference_failed),
     ("inference engine dead", inference_dead),
     ("rollout requests refused", rollouts_refused),
+    ("rollouts failing", rollouts_failing),
     ("nccl timeout", nccl_timeout),
     ("inference engine idle", inference_idle),
     ("resume checkpoint missing", resume_missing),
     ("exception", exception),
 )
+
+
+# what the supervisor saw of an attempt's progress while it lived: of an attempt that exited on its own, a cause only
+# where its log names none (the exception it printed comes first; GPUs idle are none: inference_idle)
+NO_PROGRESS = ("rollouts failing",)
 
 
 def _files(run_dir: Path, comp: Component | None) -> list[Path]:
@@ -368,7 +423,10 @@ def find(run_dir: Path, state: dict[str, Any] | None = None, light: bool = False
 
     state = read_state(run_dir) if state is None else state
     logs = Logs(run_dir, state, light)
-    for _, rule in RULES:
+    rules = RULES
+    if exited(state):
+        rules = tuple(r for r in RULES if r[0] not in NO_PROGRESS) + tuple(r for r in RULES if r[0] in NO_PROGRESS)
+    for _, rule in rules:
         try:
             found = rule(run_dir, state, logs)
         except Exception:  # a damaged log or state never breaks status
@@ -385,11 +443,15 @@ def settle(run_dir: Path, state: dict[str, Any], status: str, light: bool = Fals
     cached = state.get("cause")
     if status == "stopped":  # rlctl stopped it (a disk that could not hold the next checkpoint) and said why
         return status, cached if isinstance(cached, dict) else None
-    if status == "running":  # an engine that failed is said at once, while the trainer still waits for it
-        if _watched(state) and not isinstance(state.get("engine_failed"), dict):
-            return status, None  # its supervisor reads every line: none said so, or a step came after it
+    if status == "running":  # an engine that failed, or rollouts that fail, said at once while the trainer waits
+        # its supervisor reads every line: none said the engine failed, or a step came after it
+        engine = not (_watched(state) and not isinstance(state.get("engine_failed"), dict))
+        if not engine and not isinstance(state.get("rollouts_failed"), dict):
+            return status, None
         try:
-            return status, inference_failed(run_dir, state, Logs(run_dir, state, light))
+            logs = Logs(run_dir, state, light)
+            failed = inference_failed(run_dir, state, logs) if engine else None
+            return status, failed or rollouts_failing(run_dir, state, logs, time.time())
         except Exception:
             return status, None
     if status not in ("failed", "lost", "stalled"):

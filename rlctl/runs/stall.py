@@ -14,6 +14,11 @@ hours); without a new step for `inference_idle_s` it is stalled, whatever the ge
 vLLM's own line that its engine failed (rlctl.runs.causes.ENGINE_FAILED) with no step for `engine_failed_s` after it
 is a stall too, before any other rule: the engine may fail while its process and memory live on (verl 0.9.1 on an
 H100: the Ray actor hosting vLLM lived, the trainer waited with no step), and the first step's grace is long.
+
+Rollouts that fail (the backend's lines for them: `Backend.rollout_failure`) with no step since the first of them are
+a stall sign of that kind: counted, and with no step for the stall floor `floor_s` (after a first step: as long as a
+step may take, k x the median step time) the attempt is stalled, whatever the first step's grace or a busy GPU say
+(prime-rl v0.8.0 on 2 x H100: every rollout failed on an ImportError, its orchestrator logged each and went on).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -46,9 +52,22 @@ class StallConfig:
         return cls(**{k: float(v) for k, v in (d or {}).items() if k in names and v is not None})
 
 
+@dataclass
+class RolloutFailures:
+    """The rollouts that failed since the last step (or the attempt's start): when the first did, how many."""
+
+    at: float
+    count: int
+    first: str  # the first one's error, verbatim
+    line: str  # the line that said it, colours removed
+
+
 class StallDetector:
-    def __init__(self, cfg: StallConfig, patterns: list[str], started_at: float, every: tuple[int, ...] = ()):
+    def __init__(self, cfg: StallConfig, patterns: list[str], started_at: float, every: tuple[int, ...] = (),
+                 rollout_failure: Callable[[str], str | None] | None = None):
         self.cfg = cfg
+        self.rollout_failure = rollout_failure  # the backend's reading of a line (Backend.rollout_failure)
+        self.rollouts_failed: RolloutFailures | None = None
         self.patterns = [re.compile(p) for p in patterns]
         self.every = tuple(e for e in every if e)
         self.started_at = started_at
@@ -68,6 +87,7 @@ class StallDetector:
         self.last_step, self.last_step_at = step, now
         self.pattern_hit = self.pattern_hit_at = None
         self.engine_failed = None  # steps came after it: the engine that failed was not this run's end
+        self.rollouts_failed = None  # some rollouts failed, enough of the others made a step
 
     def observe_log(self, text: str, now: float) -> None:
         if not text:
@@ -78,6 +98,11 @@ class StallDetector:
         for line in text.splitlines():
             if self.engine_failed is None and engine_failed_line(line):
                 self.engine_failed = (now, " ".join(x for x in split(line) if x).strip()[:300])
+            error = self.rollout_failure(line) if self.rollout_failure is not None else None
+            if error and self.rollouts_failed is None:
+                self.rollouts_failed = RolloutFailures(now, 1, error[:1000], " ".join(split(line)).strip()[:1000])
+            elif error and self.rollouts_failed is not None:
+                self.rollouts_failed.count += 1
             for p in self.patterns:
                 if p.search(line):
                     if self.pattern_hit is None:
@@ -118,10 +143,38 @@ class StallDetector:
         return (f"the inference engine failed ({line}) and no step came for {now - at:.0f}s after it (limit "
                 f"{limit:.0f}s, run.stall.engine_failed_s)")
 
+    def rollouts_limit(self) -> tuple[float, str]:
+        """How long rollouts may fail with no step: the floor before the first step (a stall sign cuts the first
+        step's grace to it); after one, as long as a step may take (k x the median step time, at least the floor)."""
+        if self.last_step_at is None:
+            return self.cfg.floor_s, "run.stall.floor_s"
+        return self.threshold()[0], "k x the median step time, at least run.stall.floor_s"
+
+    def rollouts_late_s(self) -> float:
+        """How old the first failure must be before it is news: at once before the first step; after one, the median
+        step time (a few rollouts failing between steps that still come is a run going on)."""
+        return statistics.median(self.intervals) if self.last_step_at is not None and self.intervals else 0.0
+
+    def rollouts_failed_stall(self, now: float) -> str | None:
+        """Rollouts failed and no step came for rollouts_limit() since the first of them: the trainer waits for a
+        batch that does not fill, the orchestrator goes on (prime-rl logs each failure and retries none of them)."""
+        seen = self.rollouts_failed
+        if seen is None:
+            return None
+        limit, key = self.rollouts_limit()
+        if now - seen.at < limit:
+            return None
+        return (f"{seen.count} rollouts failed (the first: {seen.first}) and no step came for {now - seen.at:.0f}s "
+                f"since (limit {limit:.0f}s, {key})")
+
+    def failure_stall(self, now: float) -> str | None:
+        """A stall that is a failure the trainer did not notice: vLLM's engine failed, or the rollouts fail."""
+        return self.engine_failed_stall(now) or self.rollouts_failed_stall(now)
+
     def check(self, now: float, gpus_busy: bool | None = None, watch: InferenceWatch | None = None) -> str | None:
         """A reason when the attempt is stalled, else None."""
         since = self.last_step_at or self.started_at
-        failed = self.engine_failed_stall(now)
+        failed = self.failure_stall(now)
         if failed is not None:
             return failed
         if self.pattern_hit is not None and now - max(since, self.pattern_hit_at or since) >= self.cfg.floor_s:

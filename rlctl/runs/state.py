@@ -109,15 +109,19 @@ def true_status(run_dir: Path, state: dict[str, Any], last_step_time: float | No
     reference = last_step_time or state.get("started_at")
     if status == "running" and reference and time.time() - reference > stall_after:
         return "stalled"
-    if status == "running" and engine_failed_stall(state, last_step_time):
+    if status == "running" and any(failed_stall(state, key, last_step_time) for key in FAILURES):
         return "stalled"
     return status
 
 
-def engine_failed_stall(state: dict[str, Any], last_step_time: float | None, now: float | None = None) -> bool:
-    """The supervisor saw vLLM say its engine failed (state.json `engine_failed`) and no step came for the run's
-    run.stall.engine_failed_s since: stalled, whether or not the restart policy acts on it."""
-    seen = state.get("engine_failed")
+# what the supervisor records of a failure the trainer does not notice: vLLM said its engine failed; rollouts failed
+FAILURES = ("engine_failed", "rollouts_failed")
+
+
+def failed_stall(state: dict[str, Any], key: str, last_step_time: float | None, now: float | None = None) -> bool:
+    """The supervisor recorded a failure the trainer does not notice (state.json `key`: when, the limit) and no step
+    came for that limit since: stalled, whether or not the restart policy acts on it."""
+    seen = state.get(key)
     if not isinstance(seen, dict) or not _num(seen.get("at")) or not _num(seen.get("limit_s")):
         return False
     if last_step_time is not None and last_step_time > seen["at"]:

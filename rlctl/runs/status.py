@@ -92,6 +92,8 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "inference": _dict(rs.state.get("inference")) if rs.status in ("running", "stalled") else None,
         # vLLM's line that its engine failed, as the supervisor read it (when, the line, the stall limit)
         "engine_failed": _dict(rs.state.get("engine_failed")) if rs.status in ("running", "stalled") else None,
+        # the rollouts that failed since the last step, as the supervisor counted them (when, how many, the first)
+        "rollouts_failed": _dict(rs.state.get("rollouts_failed")) if rs.status in ("running", "stalled") else None,
         "where": _executor_lines(rs),
         "pool": _dict(rs.state.get("pool")) and {k: rs.state["pool"].get(k) for k in
                                                   ("hosts", "failover_after_s", "sync", "on_event")},
@@ -316,6 +318,12 @@ def _detail_text(d: dict[str, Any]) -> str:
                      f"{time.strftime('%H:%M:%S', time.localtime(seen['at']))}: stalled without a step by "
                      f"{time.strftime('%H:%M:%S', time.localtime(seen['at'] + seen['limit_s']))} "
                      f"(run.stall.engine_failed_s = {seen['limit_s']:g} s)")
+    seen = d.get("rollouts_failed") or {}
+    if isinstance(seen.get("at"), (int, float)) and isinstance(seen.get("limit_s"), (int, float)):
+        lines.append(f"  ! {seen.get('count')} rollouts failed since "
+                     f"{time.strftime('%H:%M:%S', time.localtime(seen['at']))}, no step since: stalled without a step "
+                     f"by {time.strftime('%H:%M:%S', time.localtime(seen['at'] + seen['limit_s']))} "
+                     f"({seen.get('limit') or 'run.stall.floor_s'} = {seen['limit_s']:g} s)")
     lines += cause_lines(d.get("cause"))
     lines += _attempt_lines(d)
     if d["metrics"]:

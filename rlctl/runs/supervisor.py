@@ -74,10 +74,10 @@ class RestartPolicy:
             raise RlctlError(f"restart policy {p.mode!r}: expected one of {', '.join(POLICIES)}.")
         return p
 
-    def wants(self, why: str, engine_failed: bool = False) -> bool:
-        """`engine_failed`: the attempt stalled because vLLM said its engine failed and no step came after: a failure
-        the trainer did not notice, restarted under on-failure too."""
-        if engine_failed and why == "stalled" and self.mode == "on-failure":
+    def wants(self, why: str, unnoticed: bool = False) -> bool:
+        """`unnoticed`: the attempt stalled on a failure the trainer did not notice (vLLM said its engine failed, or
+        the rollouts failed) and no step came after: restarted under on-failure too."""
+        if unnoticed and why == "stalled" and self.mode == "on-failure":
             return True
         if self.mode == "always":
             return why in ("failed", "stalled", "exited early", "lost")
@@ -147,6 +147,9 @@ class Supervisor:
         self._watch_spec: tuple[list[int], list[int], str | None] | None = None
         self._watch_said: tuple[bool, bool] = (False, False)
         self._engine_failed_said: tuple[float, str] | None = None  # what state.json `engine_failed` says now
+        self._rollouts_said: tuple[float, int] | None = None  # what state.json `rollouts_failed` says (at, count)
+        self._rollouts_said_at = 0.0
+        self._rollouts_told = False  # supervisor.log said this attempt's rollouts fail
         self._procs_at = 0.0
         self.disk_stop: Any = None  # rlctl.runs.disk_pressure.Pressure that stopped the run
         self._disk_at = 0.0
@@ -260,7 +263,7 @@ class Supervisor:
         self.state(status="stopping" if self.stop_requested_at else "running", attempt=self.attempt,
                    stop_requested_at=self.stop_requested_at, exit_code=None, ended_at=None, gave_up=None,
                    outcome=None, settled_by=None, error=None, cause=None, inference=None, stopped_by=None,
-                   engine_failed=None, attempts=self.attempts, handle=self.handle.to_dict(),
+                   engine_failed=None, rollouts_failed=None, attempts=self.attempts, handle=self.handle.to_dict(),
                    executor=self.executor.name,
                    restart={"mode": self.policy.mode, "max_restarts": self.policy.max_restarts},
                    pid=ref.get("pid"), pgid=ref.get("pgid"), pid_create_time=ref.get("create_time"),
@@ -273,7 +276,8 @@ class Supervisor:
             raw = json.loads((self.run_dir / INGEST_STATE).read_text())
         except (OSError, ValueError):
             return None
-        steps = [st.get("last_step") for st in raw.values() if isinstance(st, dict)]
+        # a log read that gave no record yet says no step (its last_step starts at 0): the first step is still to come
+        steps = [st.get("last_step") for st in raw.values() if isinstance(st, dict) and st.get("records")]
         return max((s for s in steps if isinstance(s, int)), default=None)
 
     def _reset_ingested_step(self, base: int) -> None:
@@ -294,18 +298,23 @@ class Supervisor:
     def _new_detector(self, base_step: int | None = None) -> None:
         previous = self.detector
         patterns: list[str] = []
+        rollout_failure = None
         with contextlib.suppress(Exception):
             from rlctl.backends import get_backend
 
-            patterns = list(get_backend(self.spec["backend"]).stall_patterns())
+            backend = get_backend(self.spec["backend"])
+            patterns = list(backend.stall_patterns())
+            rollout_failure = getattr(backend, "rollout_failure", None)  # a plugin's adapter may not define it
         self.detector = StallDetector(self.stall_cfg, patterns, time.time(),
-                                      (self.spec.get("checkpoint_every") or 0, self.spec.get("eval_every") or 0))
+                                      (self.spec.get("checkpoint_every") or 0, self.spec.get("eval_every") or 0),
+                                      rollout_failure)
         self.detector.last_step = base_step  # steps up to it are repeats of an earlier attempt, not progress
         if previous is not None:  # the run's step time outlives an attempt: a restart from the start replays
             # steps 1..N between two looks (one observation, no interval), and the next step would otherwise wait
             # first_step_s instead of k x the median step time
             self.detector.intervals = list(previous.intervals)
-        self._engine_failed_said = None
+        self._engine_failed_said = self._rollouts_said = None
+        self._rollouts_told = False
         with contextlib.suppress(OSError):
             self.log_pos = (self.run_dir / LOG).stat().st_size
 
@@ -590,10 +599,10 @@ class Supervisor:
                         self.executor.kill(self.run_dir, self.handle)
                 time.sleep(POLL)
                 continue
-            engine_failed = stalled is not None and self.detector is not None and \
-                self.detector.engine_failed_stall(time.time()) is not None
+            unnoticed = stalled is not None and self.detector is not None and \
+                self.detector.failure_stall(time.time()) is not None
             why = self._end_attempt(code, stalled)
-            if why != "stopped" and self.policy.wants(why, engine_failed):
+            if why != "stopped" and self.policy.wants(why, unnoticed):
                 repeated = self._repeats_previous(why)
                 if repeated is not None:  # the same failure again, nothing gained: a restart would repeat it
                     return self._finish_repeated(code, why, repeated)
@@ -713,8 +722,8 @@ class Supervisor:
         """Why the attempt ended (rlctl.runs.causes: the one place that decides)."""
         from rlctl.runs.causes import find
 
-        try:
-            return find(self.run_dir, read_state(self.run_dir))
+        try:  # the attempts as this supervisor has them: the current one's end is not written yet
+            return find(self.run_dir, {**read_state(self.run_dir), "attempts": self.attempts})
         except Exception:
             return None
 
@@ -760,9 +769,13 @@ class Supervisor:
         except OSError:
             pass
         self._said_engine_failed(det)
-        failed = det.engine_failed_stall(now)
+        self._said_rollouts_failed(det, now)
+        failed = det.failure_stall(now)
         if failed is not None:  # acted on by every policy that restarts (a failure the trainer did not notice)
-            return failed if self.policy.mode != "never" else None
+            if self.policy.mode == "never":
+                return None
+            self._said_rollouts_failed(det, now, force=True)  # the count the cause names, up to date
+            return failed
         if not self.watch_stalls:
             return None
         limit, _ = det.threshold()
@@ -789,6 +802,31 @@ class Supervisor:
             "never)"
         self.say(f"attempt {self.attempt}: vLLM says its inference engine failed ({line}); stalled if no step comes "
                  f"within {limit:g}s (run.stall.engine_failed_s), {act}")
+
+    def _said_rollouts_failed(self, det: StallDetector, now: float, force: bool = False) -> None:
+        """Rollouts that failed since the last step, recorded once seen (state.json `rollouts_failed`: status and
+        doctor say it at once, and status calls the run stalled after the limit, whatever the policy), their count
+        brought up to date at most once a second, forgotten when a step follows."""
+        seen = det.rollouts_failed
+        said = (seen.at, seen.count) if seen is not None else None
+        if said == self._rollouts_said or (not force and said and self._rollouts_said
+                                           and said[0] == self._rollouts_said[0] and now - self._rollouts_said_at < 1):
+            return
+        first = self._rollouts_said is None or said is None or said[0] != self._rollouts_said[0]
+        self._rollouts_said, self._rollouts_said_at = said, now
+        if seen is None:
+            self.state(rollouts_failed=None)
+            return
+        limit, key = det.rollouts_limit()
+        self.state(rollouts_failed={"at": seen.at, "count": seen.count, "first": seen.first, "line": seen.line,
+                                    "limit_s": limit, "limit": key, "late_s": det.rollouts_late_s()})
+        if first and not self._rollouts_told:  # once an attempt: a run whose steps go on may see a few fail often
+            self._rollouts_told = True
+            self.event(event="rollouts_failed", attempt=self.attempt, error=seen.first, limit_s=limit)
+            act = "then restarted as [run] restart says" if self.policy.mode != "never" else \
+                "not restarted (restart = never)"
+            self.say(f"attempt {self.attempt}: a rollout failed ({seen.first}); stalled if no step comes within "
+                     f"{limit:g}s ({key}), {act}")
 
     # ---- each tick -------------------------------------------------------------------------------------------------
     def tick(self) -> None:

@@ -91,6 +91,12 @@ class PrimeRLBackend(Backend):
             r"[Ii]nference server .*(died|not reachable|unreachable|exited)",
         ]
 
+    def rollout_failure(self, line: str) -> str | None:
+        """The orchestrator's line for a rollout that failed, with its error (prime_rl/rollouts.py)."""
+        from rlctl.backends.prime_rl.rollouts import failure
+
+        return failure(line)
+
     def log_components(self, recipe: Recipe) -> dict[str, Component]:
         """`rl` starts inference, orchestrator and trainer as processes of their own, each writing to a file under
         <output_dir>/logs (rlctl renders output_dir = checkpoint.dir): `<name>.log` from v0.8.0 on, `<name>.stdout`
