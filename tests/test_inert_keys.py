@@ -76,6 +76,17 @@ def test_ab_refuses_the_a28_pair_before_anything_runs(shell):
     assert not (shell / "runs").exists()
 
 
+def test_ab_refuses_a_key_the_backend_does_not_render(shell):
+    """prime-rl's loss has no PPO clip (unhonoured: render and env.flags say it): two arms that differ in eps_clip
+    alone run the same command."""
+    base = RECIPES / "prime-rl-qwen3-8b-2xh100.toml"
+    (shell / "P.toml").write_text(f'extends = "{base}"\n[algorithm]\neps_clip = 0.1\n')
+    r = run_cli("ab", str(base), "P.toml", "--seeds", "2")
+    assert r.code == 2 and "differ only in algorithm.eps_clip (0.2 vs 0.1)" in r.err, r.err
+    assert "not rendered: prime-rl's loss has no PPO clip range" in r.err and "dppo_mask_high" in r.err
+    assert not (shell / "runs").exists()
+
+
 def test_arms_where_the_clip_acts_or_that_really_differ_are_not_refused(shell):
     # with two passes over each rollout the clip acts: a real question
     a, b = _pair(shell, "epochs_per_rollout = 2", "epochs_per_rollout = 2")

@@ -28,7 +28,8 @@ def written(recipe: Any, key: str) -> tuple[bool, Any]:
     return True, getattr(part, field)
 
 
-@check("algorithm.inert", silent="the recipe sets no key that cannot act as the backend runs it (Backend.inert)")
+@check("algorithm.inert", silent="the recipe sets no key that cannot act as the backend runs it (keys it does not "
+       "render at all are env.flags' findings)")
 def inert(ctx: Context) -> list[Result]:
     out = []
     for i in ctx.backend.inert(ctx.recipe):
