@@ -168,8 +168,11 @@ def inert_only(arms: list[Arm]) -> dict[str, tuple[list[Any], Any]] | None:
         return None
     found: dict[str, Any] = {}
     for arm in arms:
-        prep = prepare(arm.recipe, arm.sets)
-        inert = {i.key: i for i in prep.backend.inert(prep.backend.effective(prep.recipe).recipe)}
+        try:
+            prep = prepare(arm.recipe, arm.sets)
+            inert = {i.key: i for i in prep.backend.inert(prep.backend.effective(prep.recipe).recipe)}
+        except Exception:  # an arm rlctl cannot prepare or judge: preflight_all reports it, with its settings
+            return None
         if any(k not in inert for k in varying):
             return None
         for k in varying:
