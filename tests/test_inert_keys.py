@@ -101,3 +101,27 @@ def test_arms_where_the_clip_acts_or_that_really_differ_are_not_refused(shell):
     (shell / "D.toml").write_text(f'extends = "{QUICKSTART}"\n[train]\nsteps = 6\nseed = 7\n[algorithm]\n'
                                   "eps_clip = 0.2\n")
     assert inert_only(ab_arms(a, "D.toml", [])) is None
+
+
+def test_verl_clip_extras_one_bound_or_both(shell):
+    """verl's vanilla loss clips at clip_ratio_low / clip_ratio_high (rendered from eps_clip): an extra for one bound
+    is said as that bound; extras for both leave eps_clip nothing to do, whatever the updates per rollout."""
+    from rlctl.recipe.planning import prepare
+
+    seed = RECIPES / "verl-qwen2.5-math-1.5b-1xh100.toml"
+    high = 'backend.verl.extra={"actor_rollout_ref.actor.clip_ratio_high"=0.28}'
+    prep = prepare(seed, ["train.epochs_per_rollout=2", high])  # two passes: the clip acts
+    (said,) = [f for f in prep.validate() if f.key.endswith("clip_ratio_high")]
+    assert "for that bound of the clip range; algorithm.eps_clip sets the other" in said.message
+    assert prep.backend.inert(prep.recipe) == []
+    both = ('backend.verl.extra={"actor_rollout_ref.actor.clip_ratio_high"=0.28, '
+            '"actor_rollout_ref.actor.clip_ratio_low"=0.2}')
+    prep = prepare(seed, ["train.epochs_per_rollout=2", both])
+    (eps,) = prep.backend.inert(prep.recipe)
+    assert eps.key == "algorithm.eps_clip"
+    assert "sets actor_rollout_ref.actor.clip_ratio_low and clip_ratio_high" in eps.why
+    # one step per iteration: the extras themselves cannot act either (a nested table is the same key)
+    r = run_cli("preflight", str(seed), "--only", "algorithm", "--json", "--set",
+                'backend.verl.extra={actor_rollout_ref={actor={clip_ratio_c=2.0}}}')
+    (warn,) = json.loads(r.out)["results"]
+    assert warn["data"] == {"key": "backend.verl.extra.actor_rollout_ref.actor.clip_ratio_c"}, warn

@@ -18,7 +18,7 @@ def written(recipe: Any, key: str) -> tuple[bool, Any]:
         name = key.split(".", 2)[1]
         if name != recipe.backend.name:
             return False, None
-        extra = recipe.backend.extra()
+        extra = _leaves(recipe.backend.extra())
         leaf = key.split(EXTRA, 1)[1]
         return leaf in extra, extra.get(leaf)
     section, _, field = key.partition(".")
@@ -26,6 +26,17 @@ def written(recipe: Any, key: str) -> tuple[bool, Any]:
     if part is None or field not in getattr(part, "model_fields_set", set()):
         return False, None
     return True, getattr(part, field)
+
+
+def _leaves(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """An extras table as dotted keys, whichever way it was written (a quoted dotted key, nested sub-tables)."""
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        key = f"{prefix}{k.lstrip('+-')}"
+        out[key] = v
+        if isinstance(v, dict):
+            out.update(_leaves(v, key + "."))
+    return out
 
 
 @check("algorithm.inert", silent="the recipe sets no key that cannot act as the backend runs it (keys it does not "
