@@ -74,6 +74,10 @@ def test_ab_refuses_the_a28_pair_before_anything_runs(shell):
     r = run_cli("sweep", a, "--grid", "algorithm.eps_clip=0.1,0.3", "--seeds", "2")
     assert r.code == 2 and "the 2 arms of the grid differ only in algorithm.eps_clip" in r.err, r.err
     assert not (shell / "runs").exists()
+    # --force goes past the refusal to preflight and placement (here: a host that does not exist, so nothing runs)
+    r = run_cli("ab", a, b, "--seeds", "1", "--force", "--on", "nohost")
+    assert r.code == 2 and "preflight of 2 variants" in r.err and "no host 'nohost'" in r.err, r.err
+    assert "differ only" not in r.err
 
 
 def test_ab_refuses_a_key_the_backend_does_not_render(shell):
