@@ -58,7 +58,7 @@ MAP = {
     "algorithm.kl_coef": ("--init_kl_coef", "trainer.loss.kl_tau", "actor_rollout_ref.actor.kl_loss_coef", "beta"),
     "algorithm.kl_estimator": ("--kl_estimator", "-", "actor_rollout_ref.actor.kl_loss_type", "-"),
     "algorithm.use_kl_loss": ("--use_kl_loss", "-", "actor_rollout_ref.actor.use_kl_loss", "-"),
-    "algorithm.eps_clip": ("--eps_clip", "-", "actor_rollout_ref.actor.clip_ratio", "epsilon"),
+    "algorithm.eps_clip": ("--eps_clip", "-", "actor_rollout_ref.actor.clip_ratio (+ _low, _high)", "epsilon"),
     "algorithm.entropy_coef": ("--entropy_loss_coef", "-", "actor_rollout_ref.actor.entropy_coeff", "-"),
     "optim.lr": ("--actor_learning_rate / --actor.adam.lr", "trainer.optim.lr", "actor_rollout_ref.actor.optim.lr",
                  "learning_rate"),

@@ -33,6 +33,21 @@ class Finding:
     fix: str | None = None
 
 
+@dataclass
+class Inert:
+    """A recipe key whose value cannot change what trains, as the backend runs the recipe (Backend.inert): the PPO
+    clip range where the ratio pi/pi_old is exactly 1 at every update, a key an extra overrides. Two runs that differ
+    only in such keys train identically."""
+
+    key: str  # the recipe key, dotted: "algorithm.eps_clip", "backend.trl.extra.epsilon_high"
+    why: str  # in the backend's own terms (its config keys and values as rendered)
+    fix: str  # what makes it act, in words
+    set: dict[str, Any] | None = None  # that fix as recipe keys, where one exists
+    # False: the key is not rendered at all, and unhonoured() already says so (render, env.flags): preflight's
+    # algorithm.inert does not say it again
+    rendered: bool = True
+
+
 @dataclass(frozen=True)
 class CheckpointCopies:
     """Checkpoints on disk at once, at most (Backend.checkpoint_copies): `kept` (keep_last, or every one the run
@@ -294,6 +309,16 @@ class Backend:
             return not any(f.key == key for f in self.unhonoured(probe))
         except Exception:  # an adapter that cannot judge this recipe (unknown release, ...): unknown
             return None
+
+    def inert(self, recipe: Recipe) -> list[Inert]:
+        """Recipe keys whose value cannot change what trains under this recipe's rendered settings, each with why in
+        the backend's own terms and what makes it act (Inert): e.g. the PPO clip range where each rollout batch gets
+        one optimizer step, so the ratio pi/pi_old is exactly 1 at its only update and the clip never binds. Every
+        key the adapter knows to be so, set or not: preflight's algorithm.inert warns for those the recipe sets, and
+        `rlctl ab`/`sweep` refuse arms that differ only in them (rlctl.experiments.variants.inert_only). Default:
+        none known (never a guess)."""
+        del recipe  # Unused
+        return []
 
     def uses_vllm(self, recipe: Recipe) -> bool:
         return True

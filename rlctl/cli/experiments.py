@@ -24,7 +24,8 @@ SeedsOpt = Annotated[int | None, typer.Option("--seeds", min=1, metavar="N",
                                               "than before extends the experiment.")]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Experiment name; an existing one is resumed/extended.")]
 ParallelOpt = Annotated[int | None, typer.Option("--parallel", min=1, help="Runs at once (per host with --on).")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="Launch even if some variants fail preflight.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Launch even if some variants fail preflight, or the arms "
+                                         "differ only in keys that cannot act (they would train identically).")]
 OnOpt = Annotated[str | None, typer.Option("--on", callback=on_option,
                                            help="Spread runs over SSH hosts: HOST[,HOST...].")]
 ExecOpt = Annotated[str | None, typer.Option("--executor", help="local (default), ray, or a plugin's.")]
@@ -93,12 +94,14 @@ def _start(name: str, kind: str, arms: list[Any], seeds: int, parallel: int | No
            executor: str | None, address: str | None, force: bool, wait: bool, question: str | None) -> None:
     from rlctl.experiments import manifest as mf
     from rlctl.experiments import queue
-    from rlctl.experiments.variants import preflight_all, variants
+    from rlctl.experiments.variants import preflight_all, refuse_inert, variants
 
     d = mf.exp_dir(name)
     if (d / mf.MANIFEST).is_file():
         raise RlctlError(f"experiment {name} exists with other settings.",
                          hint=f"rlctl experiment resume {name}, or choose another --name")
+    if not force:  # arms that would train identically: refused before any preflight or run (exit 2)
+        refuse_inert(arms, "A and B" if kind == "ab" else f"the {len(arms)} arms of the grid")
     vs = variants(name, arms, seeds)
     sys_err(f"preflight of {len(vs)} variants ({len(arms)} arms x {seeds} seeds) ...")
     problems, needs = preflight_all(arms, vs)

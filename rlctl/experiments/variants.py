@@ -152,6 +152,56 @@ def ab_arms(a: str, b: str, sets: list[str]) -> list[Arm]:
                 int(db.get(SEED_KEY, 0)))]
 
 
+# keys that name or describe a run, never what it trains
+LABELS = ("name", "description", "logging.wandb.name")
+
+
+def inert_only(arms: list[Arm]) -> dict[str, tuple[list[Any], Any]] | None:
+    """Where the arms differ only in recipe keys that cannot act as each arm's backend runs it (Backend.inert, the
+    mechanism of preflight's algorithm.inert; names and descriptions aside), so that every arm would train
+    identically: {key: (its values across the arms, the Inert of the first arm)}; None where they really differ (or
+    differ in nothing but seeds: a noise check, on purpose)."""
+    from rlctl.recipe.planning import prepare
+
+    varying = sorted({k for a in arms for k in a.diff} - set(LABELS))
+    if not varying:
+        return None
+    found: dict[str, Any] = {}
+    for arm in arms:
+        try:
+            prep = prepare(arm.recipe, arm.sets)
+            inert = {i.key: i for i in prep.backend.inert(prep.backend.effective(prep.recipe).recipe)}
+        except Exception:  # an arm rlctl cannot prepare or judge: preflight_all reports it, with its settings
+            return None
+        if any(k not in inert for k in varying):
+            return None
+        for k in varying:
+            found.setdefault(k, inert[k])
+    return {k: (_values(arms, k), found[k]) for k in varying}
+
+
+def _values(arms: list[Arm], key: str) -> list[Any]:
+    """The key's value in each arm (an arm's diff holds [base value, its value]; no entry: the base's)."""
+    base = next((a.diff[key][0] for a in arms if key in a.diff), None)
+    return [a.diff[key][1] if key in a.diff else base for a in arms]
+
+
+def refuse_inert(arms: list[Arm], what: str) -> None:
+    """Refuse (exit 2) an experiment whose arms would train identically (inert_only), before anything is
+    preflighted or launched; `what`: the arms in words ("A and B", "the 2 arms of the grid")."""
+    same = inert_only(arms)
+    if not same:
+        return
+    keys = ", ".join(f"{k} ({' vs '.join(map(str, vals))})" for k, (vals, _) in same.items())
+    whys = "; ".join(f"{k}: {i.why}" for k, (_, i) in same.items())
+    fixes = "; ".join(dict.fromkeys(i.fix for _, i in same.values()))
+    sets = {k: v for _, i in same.values() for k, v in (i.set or {}).items()}
+    how = " ".join(f"--set {k}={v}" for k, v in sets.items())
+    raise RlctlError(f"{what} differ only in {keys}, which cannot act as the backend runs these recipes: every arm "
+                     f"would train identically, so nothing was launched. {whys}",
+                     hint=f"{fixes}{f' (for every arm: {how})' if how else ''}; or pass --force to launch anyway")
+
+
 def variants(exp: str, arms: list[Arm], n: int, first: int = 0) -> list[Variant]:
     """Seeds first..n-1 of every arm: train.seed = the arm's own seed + i (arms with the same train.seed share
     seeds, so they can be compared pair by pair)."""

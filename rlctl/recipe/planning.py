@@ -47,6 +47,11 @@ class Prepared:
         for res in pf.run(self, list(RENDER_CHECKS)):
             if res.verdict == pf.FAIL and not any(m in res.figure for m in said):
                 found.append(Finding("error", RENDER_CHECKS[res.check], f"{res.check}: {res.figure}", res.fix))
+        # keys the recipe sets that cannot act as rendered (eps_clip where the PPO ratio is exactly 1): said where
+        # the command is shown, as unhonoured keys are (their fixes are vetted by preflight, not here)
+        for res in pf.run(self, list(RENDER_WARNINGS), vet=False):
+            if res.verdict == pf.WARN:
+                found.append(Finding("warn", res.data.get("key", res.check), f"{res.check}: {res.figure}", res.fix))
         return found
 
 
@@ -70,6 +75,8 @@ def other_tables(recipe: Any) -> list[Finding]:
 # preflight checks render runs too (check -> the recipe key its finding names): they read only the recipe
 RENDER_CHECKS = {"schedule.warmup": "optim.warmup_ratio", "placement.gpus": "resources",
                  "lora.vllm_sync": "lora.rank"}
+# and whose warnings it says too (each result names its key in data["key"])
+RENDER_WARNINGS = ("algorithm.inert",)
 
 
 def dataset_size(path: str) -> int | None:

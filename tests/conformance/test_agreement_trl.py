@@ -90,14 +90,23 @@ def trl_verdict(config: dict[str, Any]) -> tuple[bool, str]:
     grpo = dict(config["grpo"])
     grpo.pop("resume_from_checkpoint", None)  # as rlctl.backends.trl.runner does
     try:
-        GRPOConfig(**grpo)
+        built = GRPOConfig(**grpo)
     except Exception as e:
         return False, f"GRPOConfig: {type(e).__name__}: {str(e)[:300]}"
     if config.get("lora"):
         problem = peft_accepts(config["lora"]["target_modules"])
         if problem:
             return False, problem
+    config["built"] = built
     return True, ""
+
+
+def ratio_moves(built: Any) -> bool:
+    """GRPOTrainer's own condition for old log-probs that differ from the current ones (trl 1.16.0
+    trainer/grpo_trainer.py _generate_and_score_completions: `generate_every = steps_per_generation * num_iterations`,
+    old_per_token_logps computed only if `gradient_accumulation_steps % generate_every != 0`; else _compute_loss uses
+    per_token_logps.detach() and the ratio is exactly 1), on the GRPOConfig its __post_init__ resolved."""
+    return built.gradient_accumulation_steps % (built.steps_per_generation * built.num_iterations) != 0
 
 
 def check(c: dict[str, Any]) -> None:
@@ -109,8 +118,13 @@ def check(c: dict[str, Any]) -> None:
         return
     if ours.prep is None:
         raise AssertionError(f"rlctl refused the recipe itself: {ours.reasons}")
-    theirs = trl_verdict(json.loads(ours.prep.plan.files[CONFIG_FILE]))
+    config = json.loads(ours.prep.plan.files[CONFIG_FILE])
+    theirs = trl_verdict(config)
     assert ours.accepted == theirs[0], disagreement(c, ours, theirs)
+    if theirs[0]:  # where the clip can act (Backend.inert): rlctl's reading of the rendered config, TRL's own
+        r = ours.prep.recipe
+        inert = {i.key for i in ours.prep.backend.inert(ours.prep.backend.effective(r).recipe)}
+        assert ("algorithm.eps_clip" not in inert) == ratio_moves(config["built"]), (c, inert)
 
 
 SEED = {"rollout.group_size": 8, "rollout.prompts_per_step": 4, "train.train_batch_size": 32,
@@ -123,5 +137,10 @@ SEED = {"rollout.group_size": 8, "rollout.prompts_per_step": 4, "train.train_bat
 @example(SEED)
 @example({**SEED, "lora": ["all-linear"]})
 @example({**SEED, "lora": ["nope_proj"]})
+@example({**SEED, "train.micro_batch_size": 32})  # the quickstart's one step per generation batch: no clip
+@example({**SEED, "train.micro_batch_size": 32, "train.epochs_per_rollout": 2})  # a second pass: the clip acts
+@example({**SEED, "train.train_batch_size": 16})  # two optimizer steps per rollout: the clip acts
+@example({**SEED, "rollout.prompts_per_step": 2})  # updates straddle two rollouts of 16: no clip, 2 epochs neither
+@example({**SEED, "rollout.prompts_per_step": 2, "train.epochs_per_rollout": 2})
 def test_rlctl_and_trl_agree(c):
     check(c)

@@ -109,6 +109,8 @@ VARIANTS: dict[str, list[str]] = {
     "linear": ['optim.schedule="linear"'],
     "min_lr_ratio": ["optim.min_lr_ratio=0.0"],
     "epochs": ["train.epochs_per_rollout=2"],
+    # a rollout of 8 x 4 = 32 samples, one optimizer step of 32: the clip cannot act (eps_clip set: said)
+    "one_step": ["train.train_batch_size=32", "algorithm.eps_clip=0.1"],
     "eval_top_p_tb": ['data.eval="{data}"', "eval.every=3", "rollout.top_p=0.9", 'logging.tensorboard="tb"',
                       "optim.weight_decay=0.01", "train.offload=true"],
 }
@@ -222,6 +224,16 @@ def check_meaning(o: OpenRLHF, v: str, prep, args: Any, train_locals: dict[str, 
     # the post-parse checks give the critic the actor's model with a reward file, and no critic otherwise
     assert critic == (r.model.path if r.algorithm.name == "ppo" else None)
     assert value(args, v, "eps_clip") == r.algorithm.eps_clip
+    # the clip range PolicyLoss gets (clip_eps_low/high from eps_clip_low_high, which the post-parse checks fill
+    # from eps_clip), and where it can act (Backend.inert): the actor makes each rollout's old log-probs right before
+    # training on it, so the ratio moves only where an optimizer step (every train_batch_size samples) falls inside
+    # a rollout's max_epochs passes: train_ppo_ray's parsed counts
+    low_high = dest(args, "--actor.eps_clip_low_high" if rel.dotted else "--eps_clip_low_high")
+    assert tuple(low_high) == (r.algorithm.eps_clip, r.algorithm.eps_clip)
+    per_rollout = (value(args, v, "rollout_batch_size") * value(args, v, "n_samples_per_prompt")
+                   * value(args, v, "max_epochs"))
+    inert = {i.key for i in BACKEND.inert(BACKEND.effective(r).recipe)}
+    assert ("algorithm.eps_clip" in inert) == (value(args, v, "train_batch_size") % per_rollout == 0), inert
     assert value(args, v, "entropy_loss_coef") == r.algorithm.entropy_coef
     # KL
     assert value(args, v, "init_kl_coef") == r.algorithm.kl_coef
@@ -449,6 +461,31 @@ def test_job_env_names_conflicting_ray_init_vars_with_the_override(files):
 
 # ---------------------------------------------------------------------------------------------------------------
 # progress
+
+
+@pytest.mark.parametrize("version", ["0.9.3", "0.10.4", "0.11.2"])
+def test_where_the_clip_acts_with_async_training_gspo_and_its_rollout_ratio(version, files):
+    """One optimizer step per rollout (32 samples, train batch 32): the clip cannot act, with async training too (the
+    training actor makes each rollout's experience, old log-probs included, when it takes it off the queue:
+    ppo_trainer_async.py TrainingActor.fit -> train_step); GSPO with the vLLM importance-sampling correction takes
+    the ratio against the rollout's own log-probs (models/loss.py PolicyLoss.forward), so there it acts. Each command
+    is one train_ppo_ray parses and accepts."""
+    rel = release(version)
+    one_step = ["train.train_batch_size=32", "algorithm.eps_clip=0.1"]
+    async_on = "train.async_enable" if rel.dotted else "async_train"
+    gspo = ("actor.policy_loss_type" if rel.dotted else "policy_loss_type", '"gspo"')
+    corrected = (("algo.advantage.is_correction_level", '"token"') if "--algo.advantage.is_correction_level"
+                 in rel.flags else ("algo.advantage.is_correction_enable", "true") if rel.dotted
+                 else ("enable_vllm_is_correction", "true"))
+    cases = {"sync": ({}, True), "async": ({async_on: "true"}, True), "gspo": (dict([gspo]), True),
+             "gspo_corrected": (dict([gspo, corrected]), False)}
+    with OpenRLHF(version) as o:
+        for name, (extra, cannot_act) in cases.items():
+            table = ", ".join(f'"{k}" = {v}' for k, v in extra.items())
+            prep = prepare(recipe_file(files, version), [*one_step, f"backend.openrlhf.extra={{{table}}}"])
+            o.parse(entry(prep))  # train_ppo_ray accepts it
+            inert = {i.key for i in BACKEND.inert(prep.recipe)}
+            assert ("algorithm.eps_clip" in inert) == cannot_act, (name, inert)
 
 
 @pytest.mark.parametrize("sets,per", [([], 2), (["train.epochs_per_rollout=2"], 4), (["rollout.group_size=2"], 1)])

@@ -43,9 +43,11 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     "reinforce_baseline": (["algorithm.name=reinforce_baseline"], {}),
     "ppo": (["algorithm.name=ppo", "checkpoint.keep_last=3"], {"tiny_model": True}),
     "kl_in_reward": (["algorithm.use_kl_loss=false", "algorithm.kl_estimator=k1", "algorithm.kl_coef=0.02"], {}),
-    "no_kl": (["algorithm.kl_coef=0"], {}),
+    # eps_clip set: one optimizer step per rollout here (the clip cannot act), two passes in ppo_epochs (it can)
+    "no_kl": (["algorithm.kl_coef=0", "algorithm.eps_clip=0.28"], {}),
     "minibatches": (["train.train_batch_size=64", "checkpoint.every=40", "eval.every=20"], {}),
-    "ppo_epochs": (["train.epochs_per_rollout=2", "train.train_batch_size=128", "optim.warmup_steps=20"], {}),
+    "ppo_epochs": (["train.epochs_per_rollout=2", "train.train_batch_size=128", "optim.warmup_steps=20",
+                    "algorithm.eps_clip=0.1"], {}),
     "cosine_warmup": (["optim.schedule=cosine_with_min_lr", "optim.warmup_steps=20", "optim.min_lr_ratio=0.1"], {}),
     "cosine_ratio": (["optim.schedule=cosine", "optim.warmup_ratio=0.05"], {}),
     "episodes": (["train.train_batch_size=128"], {"steps": None, "episodes": 3}),
@@ -62,6 +64,8 @@ VARIANTS: dict[str, tuple[list[str], dict[str, Any]]] = {
     # a key appended to an open dict with Hydra's `+` (no flash-attn on the box: verl's FSDP engine otherwise asks
     # transformers for FlashAttention-2; found on an H100, docs/gpu/verl-2.json)
     "append_sdpa": ([], {"extra": {"+actor_rollout_ref.model.override_config.attn_implementation": "sdpa"}}),
+    # bypass mode: the old log-probs are the rollout's (vLLM's), not recomputed: the ratio is not 1, the clip acts
+    "bypass": (["algorithm.eps_clip=0.1"], {"extra": {"algorithm.rollout_correction.bypass_mode": True}}),
 }
 
 SELECT = [
@@ -74,7 +78,8 @@ SELECT = [
     f"{A}.model.lora_alpha", f"{A}.actor.strategy", f"{A}.ref.strategy", f"{A}.rollout.load_format",
     f"{A}.model.target_modules", f"{A}.actor.use_kl_loss", f"{A}.actor.kl_loss_coef", f"{A}.actor.kl_loss_type",
     f"{A}.actor.ppo_mini_batch_size", f"{A}.actor.ppo_epochs", f"{A}.actor.loss_agg_mode", f"{A}.actor.clip_ratio",
-    f"{A}.actor.loss_scale_factor",
+    f"{A}.actor.loss_scale_factor", f"{A}.actor.clip_ratio_low", f"{A}.actor.clip_ratio_high",
+    f"{A}.actor.policy_loss.loss_mode", "algorithm.rollout_correction.bypass_mode",
     f"{A}.actor.optim.lr", f"{A}.actor.fsdp_config.param_offload", f"{A}.actor.checkpoint.save_contents",
     "critic.model.path", "critic.ppo_mini_batch_size", "trainer.logger", "trainer.project_name",
     "trainer.experiment_name", "trainer.default_local_dir", "trainer.max_actor_ckpt_to_keep",
@@ -365,7 +370,19 @@ def test_meaning(verl_results, workdir, version, name):
     assert v[f"{A}.rollout.tensor_model_parallel_size"] == r.rollout.tensor_parallel
     assert v[f"{A}.rollout.max_model_len"] == r.model.max_model_len
     assert v[f"{A}.actor.fsdp_config.param_offload"] == r.train.offload
-    assert v[f"{A}.actor.clip_ratio"] == r.algorithm.eps_clip and v[f"{A}.actor.optim.lr"] == r.optim.lr
+    assert v[f"{A}.actor.optim.lr"] == r.optim.lr
+    # the clip range verl's vanilla policy loss uses (trainer/ppo/core_algos.py compute_policy_loss_vanilla:
+    # clip_ratio_low / clip_ratio_high when not None, which the packaged actor.yaml sets to 0.2, else clip_ratio)
+    assert v[f"{A}.actor.policy_loss.loss_mode"] == "vanilla"
+    for side in ("low", "high"):
+        used = v[f"{A}.actor.clip_ratio_{side}"]
+        assert (used if used is not None else v[f"{A}.actor.clip_ratio"]) == r.algorithm.eps_clip, side
+    # where it can act (Backend.inert): the ratio is exactly 1 at the only update of a rollout when verl takes one
+    # optimizer step per iteration (k above, from its composed config) and recomputes the old log-probs with the
+    # actor (trainer_base._compute_old_log_prob: not in bypass mode, which takes the rollout's)
+    one_update = verl_k == 1 and not v["algorithm.rollout_correction.bypass_mode"]
+    inert = {i.key for i in VERL.inert(VERL.effective(r).recipe)}
+    assert ("algorithm.eps_clip" in inert) == one_update, (name, verl_k, inert)
     assert (v["trainer.nnodes"], v["trainer.n_gpus_per_node"]) == (r.resources.nodes, r.resources.gpus_per_node)
     # without eval data verl still builds a validation set: never its gsm8k default, never run
     assert v["data.train_files"] == r.data.train and v["data.val_files"] == (r.data.eval or r.data.train)

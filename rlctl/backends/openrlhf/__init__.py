@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import argparse_flags, package_file
-from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, EffectiveRecipe, Finding, LaunchPlan, check_keys
+from rlctl.backends.base import (
+    NCCL_VLLM_STALL_SIGNS,
+    Backend,
+    EffectiveRecipe,
+    Finding,
+    Inert,
+    LaunchPlan,
+    check_keys,
+)
 from rlctl.backends.openrlhf.releases import FLAGS, KNOWN_VERSIONS, Release, release
 from rlctl.backends.openrlhf.steps import DEFAULT_WARMUP_RATIO, Steps, plan_steps, warmup_ratio_for
 from rlctl.core.components import Component
@@ -544,6 +552,12 @@ class OpenRLHFBackend(Backend):
         from rlctl.backends.openrlhf.honour import unhonoured
 
         return unhonoured(self, recipe)
+
+    def inert(self, recipe: Recipe) -> list[Inert]:
+        """The clip keys where OpenRLHF's ratio is exactly 1 at every update (clip.py)."""
+        from rlctl.backends.openrlhf.clip import inert
+
+        return inert(self, recipe)
 
     def refuses_single_sample(self, recipe: Recipe) -> bool:
         """train_ppo_ray asserts n_samples_per_prompt > 1 for rloo/reinforce_baseline/group_norm, and for dr_grpo

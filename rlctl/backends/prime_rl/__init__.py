@@ -17,7 +17,7 @@ import copy
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, LaunchPlan, LazyTable
+from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, Finding, Inert, LaunchPlan, LazyTable
 from rlctl.backends.prime_rl.tags import CHECKOUT_ENV, NEW_LAYOUT_SINCE, layout  # noqa: F401 (re-exported)
 from rlctl.core.components import Component
 
@@ -384,6 +384,21 @@ class PrimeRLBackend(Backend):
         """orchestrator.batch_size = train.train_batch_size samples: prompts per step follow from it (rollout.
         prompts_per_step is not rendered)."""
         return recipe.train.train_batch_size
+
+    def inert(self, recipe: Recipe) -> list[Inert]:
+        """The algorithm keys prime-rl's loss has no knob for: never rendered, whatever their value (unhonoured()
+        says so where one is set). Its own trust region acts: the loss (trainer/rl/loss.py) masks tokens whose
+        probability moved past its thresholds between the inference server's log-probs and the trainer's, which
+        rollouts generated while the weights move (asynchronous, off-policy by design) make differ."""
+        del recipe  # Unused: true of every recipe
+        why = ("not rendered: prime-rl's loss has no PPO clip range, entropy bonus or KL estimator choice; it masks "
+               "tokens whose probability moved too far between the inference server's log-probs and the trainer's "
+               "(v0.8.0 trainer.loss dppo_mask_low / dppo_mask_high; v0.3.0 its importance-ratio masks) and adds "
+               "kl_tau x the squared log-ratio")
+        fix = ("set prime-rl's own thresholds through backend.prime_rl.extra (v0.8.0: \"trainer.loss.dppo_mask_high\" "
+               "and \"trainer.loss.dppo_mask_low\"); algorithm.kl_coef renders kl_tau")
+        return [Inert(f"algorithm.{k}", why, fix, rendered=False)
+                for k in ("eps_clip", "entropy_coef", "kl_estimator", "use_kl_loss")]
 
     def unhonoured(self, recipe: Recipe) -> list[Finding]:
         from rlctl.backends.prime_rl.rules import unhonoured

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import dataclass_fields, installed_version, package_file
-from rlctl.backends.base import Backend, Finding, LaunchPlan, check_keys, load_snapshot
+from rlctl.backends.base import Backend, Finding, Inert, LaunchPlan, check_keys, load_snapshot
 from rlctl.estimate.schedules import hf_schedule
 
 if TYPE_CHECKING:
@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 CONFIG_FILE = "trl_config.json"
 RUNNER = "rlctl.backends.trl.runner"
 LOSS_TYPE = {"grpo": "grpo", "dr_grpo": "dr_grpo", "reinforce_baseline": "grpo", "ppo": "grpo"}
+# GRPOTrainer's loss types whose policy term is PPO's clipped ratio (trl 1.16.0 trainer/grpo_trainer.py _compute_loss:
+# coef_2 = clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high), coef_1 capped at delta): where the ratio coef_1 is
+# exactly 1 these keys change nothing. Other loss types (cispo, sapo, vespo) use them otherwise: not judged.
+CLIPPED_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+CLIP_EXTRAS = ("epsilon", "epsilon_high", "delta")
 
 
 class TRLBackend(Backend):
@@ -255,6 +260,54 @@ class TRLBackend(Backend):
             out.append(Finding("warn", "algorithm.name", f"TRL's GRPOTrainer has no {r.algorithm.name}: it runs "
                                "the GRPO loss", 'set algorithm.name = "grpo" (or "dr_grpo")'))
         return out
+
+    def inert(self, recipe: Recipe) -> list[Inert]:
+        """The clip keys where GRPOTrainer's ratio pi/pi_old is exactly 1 at every update (trl 1.16.0
+        trainer/grpo_trainer.py): it computes old_per_token_logps only when `gradient_accumulation_steps %
+        (steps_per_generation x num_iterations) != 0` (or with vLLM's importance-sampling correction, from the same
+        weights), i.e. when a completion is trained on after an optimizer step since it was generated; otherwise
+        _compute_loss takes per_token_logps.detach() as the old log-probs, and clamp(1, 1 - epsilon, 1 + epsilon)
+        never binds. And algorithm.eps_clip where backend.trl.extra sets epsilon (the extra wins)."""
+        r = recipe
+        cfg = self.grpo_config(r, None)
+        extra = r.backend.extra()
+        out: dict[str, Inert] = {}
+        if "epsilon" in extra:
+            out["algorithm.eps_clip"] = Inert(
+                "algorithm.eps_clip", f"backend.trl.extra sets epsilon = {extra['epsilon']}, which is what GRPOConfig "
+                "gets (the extra wins over the value rlctl renders from algorithm.eps_clip)",
+                "remove epsilon from backend.trl.extra and set algorithm.eps_clip")
+        if cfg.get("loss_type") not in CLIPPED_LOSSES:
+            return list(out.values())
+        world = self.world_size(r)
+        micro, accum = cfg["per_device_train_batch_size"], cfg["gradient_accumulation_steps"]
+        iters = cfg["num_iterations"]
+        gen = cfg.get("generation_batch_size")
+        if cfg.get("steps_per_generation"):
+            spg = cfg["steps_per_generation"]
+        elif gen:  # GRPOConfig.__post_init__: generation_batch_size // (per_device_train_batch_size x processes)
+            spg = max(gen // (micro * world), 1)
+        else:
+            spg = accum
+        if accum % (spg * iters):
+            return list(out.values())  # a completion is trained on after an update: the ratio moves, the clip acts
+        samples = gen or micro * world * spg
+        why = (f"GRPOConfig num_iterations = {iters}, steps_per_generation = {spg}, gradient_accumulation_steps = "
+               f"{accum}: " + ("one optimizer step per generation batch" if spg * iters == accum else
+                               f"one optimizer step per {accum // (spg * iters)} generation batches")
+               + f" of {samples} completions, so each completion is trained on only with the weights that generated "
+               "it: GRPOTrainer sets old_per_token_logps = per_token_logps.detach() (trl trainer/grpo_trainer.py "
+               "_compute_loss), the ratio pi/pi_old is exactly 1 and clamp(ratio, 1 - epsilon, 1 + epsilon) never "
+               "binds")
+        epochs = next(n for n in range(2, accum // spg + 2) if accum % (spg * n))
+        fix = (f"set train.epochs_per_rollout = {epochs} (num_iterations = {epochs}: each generation batch is trained "
+               "on again after an optimizer step, where the ratio moves and the clip acts), or make "
+               f"train.train_batch_size smaller than a rollout ({samples} samples), e.g. {samples // 2}, so that "
+               "each rollout gets several optimizer steps")
+        keys = ["algorithm.eps_clip"] + [f"backend.trl.extra.{k}" for k in CLIP_EXTRAS]
+        for key in keys:
+            out.setdefault(key, Inert(key, why, fix, {"train.epochs_per_rollout": epochs}))
+        return list(out.values())
 
     def micro_tokens(self, recipe: Recipe, micro_batch: int) -> int:
         """TRL pads each batch to its longest prompt + completion, at most max_prompt_tokens + max_tokens."""

@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlctl.backends._static import installed_version, package_file, yaml_key_paths
-from rlctl.backends.base import NCCL_VLLM_STALL_SIGNS, Backend, EffectiveRecipe, Finding, LaunchPlan, check_keys
+from rlctl.backends.base import (
+    NCCL_VLLM_STALL_SIGNS,
+    Backend,
+    EffectiveRecipe,
+    Finding,
+    Inert,
+    LaunchPlan,
+    check_keys,
+)
 from rlctl.backends.verl.extra import extra_leaves, leaves
 from rlctl.backends.verl.memory import LORA_SYNC
 from rlctl.backends.verl.schedule import verl_schedule
@@ -244,7 +252,12 @@ class VerlBackend(Backend):
             (f"{A}.actor.kl_loss_coef", r.algorithm.kl_coef),
             (f"{A}.actor.kl_loss_type", KL_TYPE[r.algorithm.kl_estimator]),
             (f"{A}.actor.entropy_coeff", r.algorithm.entropy_coef),
+            # the vanilla policy loss clips at clip_ratio_low / clip_ratio_high, which the packaged actor.yaml sets to
+            # 0.2 (trainer/ppo/core_algos.py compute_policy_loss_vanilla falls back to clip_ratio only when they are
+            # None; 0.9.0 and 0.9.1): clip_ratio alone would leave the clip range at 0.2 whatever eps_clip says
             (f"{A}.actor.clip_ratio", r.algorithm.eps_clip),
+            (f"{A}.actor.clip_ratio_low", r.algorithm.eps_clip),
+            (f"{A}.actor.clip_ratio_high", r.algorithm.eps_clip),
             (f"{A}.actor.fsdp_config.param_offload", r.train.offload),
             (f"{A}.actor.fsdp_config.optimizer_offload", r.train.offload),
         ]
@@ -419,6 +432,52 @@ class VerlBackend(Backend):
                if res.verdict == "fail"]
         return (eff.findings + unhonoured(self, eff.recipe, snapshot(version)) + own
                 + self.placement_errors(eff.recipe) + _deletions(recipe))
+
+    def inert(self, recipe: Recipe) -> list[Inert]:
+        """The clip keys where the ratio of verl's vanilla policy loss is exactly 1 at every update (0.9.0, 0.9.1):
+        the trainer recomputes the old log-probs with the actor right before updating it
+        (trainer/ppo/v1/trainer_base.py _compute_old_log_prob, unless algorithm.rollout_correction.bypass_mode takes
+        the rollout's), and with one optimizer step per iteration (ppo_epochs x data.train_batch_size //
+        ppo_mini_batch_size = 1) that one update is the only one: clamp(ratio, 1 - clip_ratio_low, 1 +
+        clip_ratio_high) and the dual clip (clip_ratio_c) never bind. Read from what renders (extras included, Hydra
+        keeping the last value); another loss_mode is not judged. And algorithm.eps_clip where extras set both
+        clip_ratio_low and clip_ratio_high (the loss reads those)."""
+        o = {k.lstrip("+"): v for k, v in self.overrides(recipe, None)}  # Hydra keeps the last value of a key
+        actor = f"{A}.actor"
+        clip_keys = [f"{actor}.{k}" for k in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")]
+        extra = extra_leaves(recipe)
+        out: dict[str, Inert] = {}
+        if f"{actor}.clip_ratio_low" in extra and f"{actor}.clip_ratio_high" in extra:
+            out["algorithm.eps_clip"] = Inert(
+                "algorithm.eps_clip", f"backend.verl.extra sets {actor}.clip_ratio_low and clip_ratio_high, the "
+                "bounds verl's vanilla policy loss clips at (trainer/ppo/core_algos.py compute_policy_loss_vanilla)",
+                "remove them from backend.verl.extra and set algorithm.eps_clip")
+        mode = o.get(f"{actor}.policy_loss.loss_mode", "vanilla")
+        bypass = o.get("algorithm.rollout_correction.bypass_mode", False)
+        if mode != "vanilla" or bypass not in (False, None, "false", "False"):
+            return list(out.values())
+        prompts, mini, epochs = (o.get("data.train_batch_size"), o.get(f"{actor}.ppo_mini_batch_size"),
+                                 o.get(f"{actor}.ppo_epochs", 1))
+        if not all(isinstance(x, int) and x > 0 for x in (prompts, mini, epochs)):
+            return list(out.values())  # not a number rlctl can read: no verdict
+        steps = prompts // mini * epochs
+        if steps != 1:
+            return list(out.values())
+        n = recipe.rollout.group_size
+        why = (f"data.train_batch_size = {prompts} prompts, {actor}.ppo_mini_batch_size = {mini}, ppo_epochs = "
+               f"{epochs}: one optimizer step per iteration, and the trainer recomputes the old log-probs with the "
+               "actor right before it (trainer/ppo/v1/trainer_base.py _compute_old_log_prob; bypass_mode is off), "
+               "so the ratio exp(log_prob - old_log_prob) is exactly 1 at that only update and clamp(ratio, 1 - "
+               "clip_ratio_low, 1 + clip_ratio_high) never binds (trainer/ppo/core_algos.py "
+               "compute_policy_loss_vanilla)")
+        half = prompts // 2 * n
+        fix = ("set train.epochs_per_rollout = 2 (ppo_epochs = 2: a second pass over each rollout after an optimizer "
+               "step, where the ratio moves and the clip acts)"
+               + (f", or train.train_batch_size = {half} (ppo_mini_batch_size {prompts // 2} prompts: two optimizer "
+                  "steps per iteration)" if prompts >= 2 and prompts % 2 == 0 else ""))
+        for key in ["algorithm.eps_clip"] + [f"backend.verl.extra.{k}" for k in clip_keys]:
+            out.setdefault(key, Inert(key, why, fix, {"train.epochs_per_rollout": 2}))
+        return list(out.values())
 
     def effective(self, recipe: Recipe) -> EffectiveRecipe:
         """backend.verl.extra overrides what rlctl renders (Hydra keeps the last value): the recipe that renders the

@@ -39,6 +39,9 @@ RECIPE_KEY: dict[str, tuple[str, str | None]] = {
     f"{A}.rollout.max_model_len": ("model.max_model_len", None),
     "data.seed": ("train.seed", None),
 }
+# rendered Hydra key -> the recipe key it is rendered from, where the extra's value cannot go back into it: one
+# bound of the clip range (an asymmetric range, DAPO's clip-higher, has no recipe key)
+ONE_SIDE = {f"{A}.actor.clip_ratio_low": "algorithm.eps_clip", f"{A}.actor.clip_ratio_high": "algorithm.eps_clip"}
 WHERE = "(Hydra keeps the last value of a key: the extra, after rlctl's overrides)"
 
 
@@ -104,6 +107,11 @@ def effective(backend: Any, recipe: Recipe) -> Effective:
     for key, v in hits.items():
         name = f"backend.verl.extra.{key}"
         was = f"{key}={rendered[key]!r}"
+        if key in ONE_SIDE:
+            out.append(Finding("warn", name, f"{name} = {v!r} overrides rlctl's {was} (from {ONE_SIDE[key]}) {WHERE}: "
+                               f"the extra wins for that bound of the clip range; {ONE_SIDE[key]} sets the other",
+                               "remove it unless an asymmetric clip range is meant (no recipe key renders one)"))
+            continue
         if key not in RECIPE_KEY:
             out.append(Finding("warn", name, f"{name} = {v!r} overrides rlctl's {was} {WHERE}: the extra wins; no "
                                "recipe key renders it, so rlctl's checks do not read it", "remove it unless meant"))
