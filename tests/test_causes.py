@@ -375,11 +375,23 @@ def test_component_logs_of_a_run_on_a_host(sshd, user, tmp_path):  # noqa: F811
         write_state(there, name=there.name, status="failed", backend="prime_rl", executor="local", exit_code=1)
         here = user / "runs" / there.name
         here.mkdir(parents=True)
+        # two failed attempts: the first one's evidence was mirrored here, the second one's not yet
+        attempts = [{"attempt": n, "started_at": 1.0e9 + n, "ended_at": 1.0e9 + n + 1, "reason": "launch",
+                     "outcome": "failed", "exit_code": 1, "evidence": str(there / "attempts" / str(n) / "evidence.txt")}
+                    for n in (1, 2)]
         write_state(here, name=there.name, status="failed", backend="prime_rl", executor="ssh", host="box",
                     remote_run_dir=str(there), handle={"executor": "ssh", "ref": {"host": "box",
-                                                                                   "run_dir": str(there)}})
+                                                                                   "run_dir": str(there)}},
+                    restart={"mode": "on-failure", "max_restarts": 1}, attempts=attempts)
+        (here / "attempts" / "1").mkdir(parents=True)
+        (here / "attempts" / "1" / "evidence.txt").write_text("## last log lines\n")
         shown = cli("logs", there.name, "--component", "inference", "-n", "1")
         assert shown.code == 0 and shown.out == "ERROR boom\n", shown.err
+        # a host's evidence path is said where it can be read: the mirror's copy here, else HOST:PATH (as ckpt list)
+        want = [str(here / "attempts" / "1" / "evidence.txt"), f"box:{there / 'attempts' / '2' / 'evidence.txt'}"]
+        st = cli("status", there.name).out
+        assert f"evidence: {want[0]}\n" in st and f"evidence: {want[1]}\n" in st, st
+        assert [a["evidence"] for a in json.loads(cli("status", there.name, "--json").out)["attempts"]] == want
         bad = cli("logs", there.name, "--component", "ray")
         assert bad.code == 2 and "box: " in bad.err and "it has: trainer, inference, orchestrator" in bad.err, bad.err
     finally:

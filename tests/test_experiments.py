@@ -334,6 +334,39 @@ def test_stop_then_resume_continues_the_stopped_run_and_launches_nothing_twice(w
     assert len(run_dirs(w, "s-")) == 2 and all(read_state(p)["status"] == "finished" for p in run_dirs(w, "s-"))
 
 
+def test_experiment_show_tells_a_dead_run_as_status_does(user):
+    """kill -9 of an A/B test's queue, one run's supervisor and its process group: `experiment show` said the run was
+    `running` (its recorded state) while `rlctl status` said `lost`; both now tell it from the same rows."""
+    work, rlctl_ = user
+    gate = work / "gate"  # both runs held at their step 2: running until the kill, whatever the machine's speed
+    gate.mkdir()
+    (work / "prompts.jsonl").write_text('{"input": "a"}\n{"input": "b"}\n')
+    for arm, lr in (("a", 0.5), ("b", 0.1)):
+        (work / f"{arm}.toml").write_text(bandit_recipe(steps=6, lr=lr) + f'\n[env]\nBANDIT_GATE = "{gate}"\n')
+    r = rlctl_("ab", "a.toml", "b.toml", "--name", "clip", "--parallel", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = work / "runs"
+    q = json.loads((runs / "_experiments" / "clip" / "queue.json").read_text())
+
+    def running(arm: str) -> Path | None:
+        d = next(iter(sorted(runs.glob(f"clip-{arm}-s42-*"))), None)
+        return d if d and read_state(d).get("status") == "running" and read_state(d).get("pgid") else None
+
+    assert wait_for(lambda: running("A") and running("B")), rlctl_("status").stdout
+    a = running("A")
+    st = read_state(a)
+    os.kill(q["pid"], signal.SIGKILL)
+    os.kill(st["supervisor_pid"], signal.SIGKILL)
+    os.killpg(st["pgid"], signal.SIGKILL)
+    assert wait_for(lambda: json.loads(rlctl_("status", a.name, "--json").stdout)["status"] == "lost")
+    shown = rlctl_("experiment", "show", "clip").stdout
+    line = next(x for x in shown.splitlines() if x.strip().startswith("A-s42"))
+    assert line.split()[2] == "lost", shown  # the run's state column (the queue's own record is the column before)
+    assert next(x for x in shown.splitlines() if x.strip().startswith("B-s42")).split()[2] == "running", shown
+    got = {v["id"]: v["status"] for v in json.loads(rlctl_("experiment", "show", "clip", "--json").stdout)["variants"]}
+    assert got == {"A-s42": "lost", "B-s42": "running"}, got
+
+
 # -- the CPU quickstart (real GRPO with TRL on a tiny local Qwen2; reward = fraction of 'a') ------------------------
 
 

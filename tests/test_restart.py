@@ -251,6 +251,10 @@ def test_resume_after_every_process_was_killed_with_the_default_runs_dir(readme_
     os.kill(state["supervisor_pid"], signal.SIGKILL)
     os.killpg(state["pgid"], signal.SIGKILL)
     assert wait_for(lambda: run_status(run).status == "lost", timeout=30)
+    # a lost run says the way forward (it said only `lost`)
+    lost = rlctl(env, "status", run.name)
+    assert f"next: rlctl resume {run.name}" in lost.stdout, lost.stdout
+    assert json.loads(rlctl(env, "status", run.name, "--json").stdout)["next"].startswith(f"rlctl resume {run.name}")
     res = rlctl(env, "resume", run.name)
     assert res.returncode == 0, res.stdout + res.stderr
     assert wait_for(lambda: read_state(run).get("status") in ("finished", "failed"), timeout=240), read_state(run)
@@ -258,3 +262,15 @@ def test_resume_after_every_process_was_killed_with_the_default_runs_dir(readme_
     assert state["status"] == "finished", (run / "supervisor.log").read_text()[-2000:]
     steps = reward_steps(run)
     assert sorted(steps) == list(range(1, 7)) and max(Counter(steps).values()) == 1, steps
+    # the lost attempt ended at its last sign of life, before the resume: elapsed is the time the attempts ran, never
+    # more than the run's wall time (the lost attempt was counted until the run's end, overlapping the next one)
+    a1, a2 = state["attempts"]
+    assert a1["outcome"] == "lost" and a1["started_at"] < a1["ended_at"] <= a2["started_at"], state["attempts"]
+    shown = json.loads(rlctl(env, "status", run.name, "--json").stdout)
+    wall = state["ended_at"] - state["started_at"]
+    assert shown["elapsed_s"] <= wall + 0.01, (shown["elapsed_s"], wall, state["attempts"])
+    assert shown["elapsed_s"] >= (a2["ended_at"] - a2["started_at"]) + (a1["ended_at"] - a1["started_at"]) - 0.01
+    assert shown.get("next") is None  # finished: nothing to do
+    # restart never: the second attempt was the resume; no "max N restarts" beside a policy that never restarts
+    text = rlctl(env, "status", run.name).stdout
+    assert "attempts: 2 (restart never)" in text and "max" not in text.split("attempts: 2", 1)[1].split("\n")[0], text

@@ -163,13 +163,19 @@ def test_resume_of_a_running_run_is_refused_unless_forced(user):
     assert f"--resume {name}: that run is still running" in r.stderr and "a fork" in r.stderr, r.stderr
     assert f"rlctl stop {name}" in r.stderr and "--force" in r.stderr
     assert len(list((work / "runs").iterdir())) == 1  # nothing was made
-    r = rlctl("launch", "c.toml", "--resume", name, "--force", "--name", "fork", "--detach")
+    r = rlctl("launch", "c.toml", "--resume", name, "--force", "--name", "fork", "--detach", "--restart", "on-failure")
     assert r.returncode == 0 and f"{name} is still running: forking it (--force)" in r.stderr, r.stderr
     (gate / "go").write_text("")  # both go on and end
     fork = work / "runs" / r.stdout.strip().splitlines()[-1]
     for d in (run, fork):
         assert wait_for(lambda d=d: json.loads(rlctl("status", d.name, "--json").stdout)["status"] == "finished")
     assert "step 3 |" in (fork / "stdout.log").read_text() and "step 1 |" not in (fork / "stdout.log").read_text()
+    # its first attempt started from the parent's checkpoint, said as such (it blamed the recipe's checkpoint.resume,
+    # which the user's recipe does not have)
+    shown = rlctl("status", fork.name).stdout
+    assert f"launch, from {name}'s checkpoint at step 2 ->" in shown and "the recipe's" not in shown, shown
+    first = json.loads(rlctl("status", fork.name, "--json").stdout)["attempts"][0]
+    assert first["from_step"] == 2 and first["from_run"] == name and not first.get("from_recipe"), first
 
 
 # ---- a script named in eval.command is the recipe's, as its other paths are ----------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -155,7 +156,7 @@ def _wait(d: Path) -> None:
 
     last = ""
     while True:
-        rows = variant_status(d)
+        rows = variant_status(d)  # the queue's counts; each run's own status once the queue has ended
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["queue"]] = counts.get(r["queue"], 0) + 1
@@ -166,11 +167,24 @@ def _wait(d: Path) -> None:
         if not queue_alive(d):
             q = read_json(d / QUEUE)
             _echo(f"{d.name}: queue {q.get('state', 'gone')}")
+            rows = settled_variants(d)
             bad = [r for r in rows if r["queue"] == "launch-failed" or r.get("status") not in ("finished", None)]
             if q.get("state") != "finished" or bad:
                 raise typer.Exit(EXIT_CHECK_FAILED)
             return
         time.sleep(1.0)
+
+
+def settled_variants(d: Path, manifest: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The variants with each run's status as `rlctl status` tells it (its rows: one mechanism), not as recorded."""
+    from rlctl.experiments.manifest import read_queue, variant_status
+    from rlctl.runs.status import table_rows
+
+    told: dict[str, str] = {}
+    if any(q.get("run_dir") for q in read_queue(d)["variants"].values()):
+        with contextlib.suppress(RlctlError):  # an experiment whose record is gone: the recorded states
+            told = {r["name"]: r["status"] for r in table_rows(root=d.parent.parent, experiment=d.name)}
+    return variant_status(d, manifest, told=told)
 
 
 def sys_err(text: str) -> None:
@@ -306,7 +320,7 @@ def list_(as_json: JsonOpt = False) -> None:
 
     out = []
     for d in mf.list_experiments():
-        rows = mf.variant_status(d)
+        rows = mf.variant_status(d)  # the queue's counts only
         counts: dict[str, int] = {}
         for r in rows:
             counts[r["queue"]] = counts.get(r["queue"], 0) + 1
@@ -331,7 +345,7 @@ def show(exp: ExpArg, as_json: JsonOpt = False) -> None:
 
     d = mf.find_experiment(exp)
     m = mf.read_manifest(d)
-    rows = mf.variant_status(d, m)
+    rows = settled_variants(d, m)
     if as_json:
         _echo(json.dumps({"manifest": m, "variants": rows, "queue_pid": queue_alive(d)}, indent=2, default=str))
         return

@@ -152,6 +152,13 @@ class Executor:
         del state  # Unused: runs supervised here
         return None
 
+    def path_here(self, run_dir: Path, state: dict[str, Any], path: str, host: str | None = None) -> str:
+        """A path the run recorded where it runs (an attempt's evidence file, an eval's log) as it is read from here;
+        `host`: the machine that wrote it, when not the run's own (a pool run's earlier attempts). Default: the same
+        path (this machine, or a filesystem shared with it)."""
+        del run_dir, state, host  # Unused: the run's files are here
+        return path
+
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         """What stop() would do, for `rlctl stop --dry-run`; nothing is signalled."""
         return f"would stop {run_dir.name} through the {self.name} executor, waiting up to {grace:g} s."

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import uuid
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 from rlctl.core.host import Host, get_host
@@ -509,6 +509,19 @@ class SSHExecutor(Executor):
     def supervised_on(self, state: dict[str, Any]) -> tuple[str, str] | None:
         host, remote_dir = _handle(state)
         return host.name, remote_dir
+
+    def path_here(self, run_dir: Path, state: dict[str, Any], path: str, host: str | None = None) -> str:
+        """The mirror's copy of a file under the run's directory on its host once it was synced here, else HOST:PATH
+        (as `ckpt list` names a checkpoint on a host): the host's path alone reads as a path of this machine."""
+        ref = (state.get("handle") or {}).get("ref") or {}
+        remote_dir = ref.get("run_dir") or state.get("remote_run_dir")
+        if isinstance(remote_dir, str) and (host is None or host == ref.get("host")):
+            with contextlib.suppress(ValueError):
+                copy = run_dir / PurePosixPath(path).relative_to(remote_dir)
+                if copy.is_file():
+                    return str(copy)
+        host = host or ref.get("host") or state.get("host")
+        return f"{host}:{path}" if host else path
 
     def stop_plan(self, run_dir: Path, state: dict[str, Any], grace: float) -> str:
         host, remote_dir = _handle(state)

@@ -121,9 +121,11 @@ def new_manifest(name: str, kind: str, arms: list[Any], seeds: int, vs: list[Any
     }
 
 
-def variant_status(d: Path, manifest: dict[str, Any] | None = None,
-                   queue: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Each variant with its queue record and its run's recorded status (not settled: cheap)."""
+def variant_status(d: Path, manifest: dict[str, Any] | None = None, queue: dict[str, Any] | None = None,
+                   told: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Each variant with its queue record and its run's status: as `told` (run name -> status: `rlctl status`'s rows,
+    settled by each run's executor, so a run whose processes all died is `lost`, not the `running` its state.json
+    still says; cli.experiments.settled_variants), else as recorded (cheap: enough to count the queue's states)."""
     from rlctl.runs.state import read_state
 
     manifest = manifest or read_manifest(d)
@@ -132,8 +134,10 @@ def variant_status(d: Path, manifest: dict[str, Any] | None = None,
     for v in manifest.get("variants", []):
         q = queue["variants"].get(v["id"], {})
         run_dir = q.get("run_dir")
-        st = read_state(Path(run_dir)) if run_dir else {}
+        status = (told or {}).get(Path(run_dir).name) if run_dir else None
+        if run_dir and status is None:
+            status = read_state(Path(run_dir)).get("status")
         rows.append({**v, "queue": q.get("state", "queued"), "run_dir": run_dir, "slot": q.get("slot"),
-                     "status": st.get("status"), "error": q.get("error"),
+                     "status": status, "error": q.get("error"),
                      "unreachable_since": q.get("unreachable_since")})
     return rows

@@ -36,12 +36,18 @@ class RunStatus:
             out[-1] = {**out[-1], "outcome": self.status}
         return out
 
-    def _ran(self, a: dict[str, Any], now: float) -> float | None:
+    def _ran(self, a: dict[str, Any], now: float, next_start: float | None = None) -> float | None:
+        """How long attempt `a` ran; `next_start`: when the attempt after it began."""
         start, end = a.get("started_at"), a.get("ended_at")
         if not _num(start):
             return None
-        if not _num(end):  # running (or ended unrecorded: up to its last step, or the run's end)
-            end = now if self.status in ACTIVE + ("stalled",) else self.state.get("ended_at") or self.last_step_time
+        if not _num(end):
+            if _num(next_start):  # ended unrecorded before the next attempt began (recorded before rlctl wrote a
+                end = next_start  # lost attempt's last sign of life): at the next attempt's start at the latest
+            elif self.status in ACTIVE + ("stalled",):
+                end = now  # the current attempt, running
+            else:  # the last attempt, ended unrecorded: the run's end, else its last sign of life
+                end = self.state.get("ended_at") or last_sign_of_life(self.path, a, self.last_step_time, now)
         return max(end - start, 0.0) if _num(end) else None
 
     @property
@@ -50,9 +56,11 @@ class RunStatus:
         came before its first recorded attempt counts whole (the launch; a pool run's generations on other hosts)."""
         now = time.time()
         start = self.state.get("started_at")
-        ran = [self._ran(a, now) for a in self.attempts]
+        attempts = self.attempts
+        ran = [self._ran(a, now, attempts[i + 1].get("started_at") if i + 1 < len(attempts) else None)
+               for i, a in enumerate(attempts)]
         if ran and None not in ran:
-            first = self.attempts[0].get("started_at")
+            first = attempts[0].get("started_at")
             lead = max(first - start, 0.0) if _num(start) and _num(first) else 0.0
             return lead + sum(r for r in ran if r is not None)
         if not start:  # no attempts recorded (a run rlctl follows but did not start)
@@ -86,6 +94,33 @@ class RunStatus:
 
 def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def last_sign_of_life(run_dir: Path, attempt: dict[str, Any], last_step_time: float | None = None,
+                      until: float | None = None) -> float | None:
+    """When an attempt that ended unrecorded (everything killed at once: `lost`) was last seen alive: the newest of
+    its last log line (the mtime of the files its trainer writes: stdout.log, a backend's metrics file, an attached
+    run's logs), what its supervisor last wrote of it (attempts/<n>/) and its last step's record; never before it
+    started nor after `until` (the resume that starts the next attempt). None: nothing tells."""
+    from rlctl.core.state import attempt_dir
+    from rlctl.metrics.stream import log_files
+
+    start = attempt.get("started_at")
+    seen = [last_step_time] if _num(last_step_time) else []
+    paths = [run_dir / n for n in log_files(run_dir)]
+    if isinstance(attempt.get("attempt"), int):
+        adir = attempt_dir(run_dir, attempt["attempt"])
+        with contextlib.suppress(OSError):
+            paths += list(adir.iterdir())
+    for p in paths:
+        with contextlib.suppress(OSError):
+            seen.append(p.stat().st_mtime)
+    if _num(start):  # nothing newer than its start: it died as it began
+        seen = [t for t in seen if t >= start] or [start]
+    if not seen:
+        return None
+    end = max(seen)
+    return min(end, until) if _num(until) else end
 
 
 def settled_status(run_dir: Path, state: dict[str, Any] | None = None) -> str:

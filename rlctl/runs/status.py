@@ -78,7 +78,7 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "ingest": {"lines": ing.lines, "records": ing.records, "skipped": ing.skipped, "restarts": ing.restarts},
         "gpus": None if _elsewhere(rs.state) else gpu_stats(),  # this machine's GPUs are not the run's
         # the last one ended as the header says, where nobody wrote its end; a pool run's, each generation's
-        "attempts": _pool_attempts(rs.state, rs.attempts),
+        "attempts": _pool_attempts(rs),
         "this_attempt_s": rs.this_attempt,
         "restart": rs.state.get("restart"),
         "gave_up": rs.state.get("gave_up"),
@@ -100,7 +100,25 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
         "lineage": _lineage(rs.state),
         "supervisor_gone": _supervisor_gone(rs),
         "sync": _sync(rs.path, ckpts),
+        "next": way_forward(rs, ckpts),
     }
+
+
+def way_forward(rs: RunStatus, ckpts: list[Any]) -> str | None:
+    """What to type next for a run that needs a hand, from one place (status RUN's `next:` line, --json `next`): a
+    run going on without its supervisor, or lost (everything killed at once), is picked up by `rlctl resume`; a run
+    that failed or stalled of a cause rlctl names has that cause's fix; None: nothing to do (or nothing known)."""
+    gone = _supervisor_gone(rs)
+    if gone:
+        return str(gone["fix"])
+    if rs.status == "lost":
+        done = [c.step for c in ckpts if c.complete]
+        frm = f"checkpoint step {done[-1]}" if done else \
+            "its newest complete checkpoint" if _elsewhere(rs.state) else "the start: no complete checkpoint yet"
+        return f"rlctl resume {rs.path.name} (starts attempt {len(rs.attempts) + 1} from {frm})"
+    if rs.status in ("failed", "stalled") and isinstance(rs.cause, dict) and rs.cause.get("fix"):
+        return str(rs.cause["fix"])
+    return None
 
 
 def _sync(run_dir: Any, ckpts: list[Any]) -> dict[str, Any] | None:
@@ -134,10 +152,24 @@ def _executor_lines(rs: RunStatus) -> list[str]:
         return []
 
 
-def _pool_attempts(state: dict[str, Any], attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _pool_attempts(rs: RunStatus) -> list[dict[str, Any]]:
+    """The attempts as status lists them (a pool run's: each host's), each evidence file named as it reads from
+    here (a run on an SSH host: the mirror's copy, else HOST:PATH)."""
     from rlctl.runs.failover import lineage_attempts
 
-    return lineage_attempts(state, attempts)
+    return [{**a, "evidence": path_here(rs.path, rs.state, a["evidence"], a.get("host"))}
+            if isinstance(a.get("evidence"), str) else a for a in lineage_attempts(rs.state, rs.attempts)]
+
+
+def path_here(run_dir: Path, state: dict[str, Any], path: str, host: str | None = None) -> str:
+    """A path the run recorded where it runs, as it reads from here (its executor knows: Executor.path_here)."""
+    from rlctl import executors
+
+    name = state.get("executor")
+    try:
+        return executors.get(name).path_here(run_dir, state, path, host) if name in executors.registry() else path
+    except Exception:  # status must answer whatever an executor does
+        return path
 
 
 def _lineage(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -201,7 +233,7 @@ def by_hand_failures(run_dir: Path) -> list[dict[str, Any]]:
         log = job_files(run_dir / EVALS, step)[2]
         host = e.get("host") or run_host
         where = str(log) if log.is_file() or not (host == run_host and remote_dir) else \
-            f"{run_host}:{job_files(Path(remote_dir) / EVALS, step)[2]}"
+            path_here(run_dir, state, str(job_files(Path(remote_dir) / EVALS, step)[2]))
         out.append({"step": step, "error": e.get("error") or "failed", "by_hand": True, "host": host, "log": where})
     return out
 
@@ -421,13 +453,15 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
                    f"or checkpoint eval; `{g['fix']}` adopts it")
     attempts = d.get("attempts") or []
     pol = d.get("restart") or {}
-    if len(attempts) > 1 or pol.get("mode", "never") != "never":
-        out.append(f"  attempts: {len(attempts)} (restart {pol.get('mode', 'never')}, max "
-                   f"{pol.get('max_restarts', '-')} restarts)")
+    mode = pol.get("mode", "never")
+    if len(attempts) > 1 or mode != "never":
+        # the policy that applied: under `never` nothing restarts (an attempt after the first was `rlctl resume`'s)
+        limit = pol.get("max_restarts", "-")
+        out.append(f"  attempts: {len(attempts)} (restart {mode}" + (
+            "" if mode == "never" else f", max {limit} restart{'' if limit == 1 else 's'}") + ")")
         for a in attempts:
             when = time.strftime("%H:%M:%S", time.localtime(a["started_at"])) if a.get("started_at") else "-"
-            frm = (f"from step {a['from_step']}" if a.get("from_step") is not None else
-                   f"from the recipe's {a['from_recipe']}" if a.get("from_recipe") else "from the start")
+            frm = _started_from(a)
             end = a.get("outcome") or "running"
             if a.get("exit_code") is not None:
                 end += f", exit code {a['exit_code']}"
@@ -444,7 +478,22 @@ def _attempt_lines(d: dict[str, Any]) -> list[str]:
                 out.append(f"       evidence: {a['evidence']}")
     if d.get("gave_up"):
         out.append(f"  gave up: {d['gave_up']}")
+    said = {(d.get("cause") or {}).get("fix"), (d.get("supervisor_gone") or {}).get("fix")}
+    if d.get("next") and d["next"] not in said:  # the cause's fix and the supervisor's line say theirs above
+        out.append(f"  next: {d['next']}")
     return out
+
+
+def _started_from(a: dict[str, Any]) -> str:
+    """Where an attempt started: a checkpoint of the run's own, another run's (`launch --resume RUN`) or a store's
+    (`--resume URL`) copied into it, the step its recipe names, or the start."""
+    src, step = a.get("from_run"), a.get("from_step")
+    if src and step is not None:
+        return f"from the checkpoint synced to {src} at step {step}" if "://" in str(src) else \
+            f"from {src}'s checkpoint at step {step}"
+    if step is not None:
+        return f"from step {step}"
+    return f"from the recipe's {a['from_recipe']}" if a.get("from_recipe") else "from the start"
 
 
 def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[Any, dict[str, Any]]:
@@ -479,19 +528,27 @@ def remote_rows(paths: list[Any], stall_after: float, timeout: float) -> dict[An
     return rows
 
 
+def table_rows(root: Path | None = None, experiment: str | None = None, stall_after: float = 1800.0,
+               timeout: float = 5.0) -> list[dict[str, Any]]:
+    """The rows `rlctl status` lists, each run's status settled as it is everywhere (`experiment show` reads its runs'
+    from here too): the index's for the runs of this machine, one round trip per host for those on SSH hosts."""
+    from rlctl.runs.index import rows as index_rows
+
+    rows = index_rows(summary, root=root, experiment=experiment, stall_after=stall_after)
+    # runs on SSH hosts: one round trip per host, hosts in parallel (the index settles none of them)
+    remote = remote_rows([Path(r["path"]) for r in rows if r.get("host")], stall_after, timeout)
+    return [{**r, **remote[Path(r["path"])]} if Path(r["path"]) in remote else {**r, "host": r.get("host")}
+            for r in rows]
+
+
 def render(run: str | None, as_json: bool, stall_after: float, experiment: str | None = None,
            timeout: float = 5.0, all_dirs: bool = False, root: Path | None = None) -> str:
     if run is None and all_dirs:
         return _render_all(as_json, stall_after, experiment, timeout)
     if run is None:  # the listing reads the index (rlctl.runs.index), never every run's logs
         from rlctl.runs.index import grouped
-        from rlctl.runs.index import rows as index_rows
 
-        rows = index_rows(summary, root=root, experiment=experiment, stall_after=stall_after)
-        # runs on SSH hosts: one round trip per host, hosts in parallel (the index settles none of them)
-        remote = remote_rows([Path(r["path"]) for r in rows if r.get("host")], stall_after, timeout)
-        rows = [{**r, **remote[Path(r["path"])]} if Path(r["path"]) in remote else {**r, "host": r.get("host")}
-                for r in rows]
+        rows = table_rows(root, experiment, stall_after, timeout)
         if as_json:
             return json.dumps(rows, indent=2, default=str)
         groups = [(f"experiment {e} ({len(g)} runs)" if e else None, _table(g)) for e, g in grouped(rows)]

@@ -157,6 +157,7 @@ class Supervisor:
         self._resume_changes: list[str] = []  # what the restart point changed (rlctl.runs.checkpoints.restart_point)
         # a restart with no complete checkpoint: where the recipe rendered as launched starts (Backend.recipe_start)
         self._recipe_start: str | None = None
+        self._launched_from: dict[str, Any] | None = None  # the first attempt of `launch --resume`: where it starts
 
     # ---- compatibility: the local executor's process of the current attempt ---------------------------------------
     @property
@@ -223,9 +224,11 @@ class Supervisor:
             entry["resume_changes"], self._resume_changes = self._resume_changes, []
         with contextlib.suppress(OSError):  # where this attempt's output begins: its own cause is read from there on
             entry["log_offset"] = (self.run_dir / LOG).stat().st_size
-        if checkpoint is None and self._recipe_start:  # no checkpoint of its own: where the recipe starts
+        if checkpoint is None and self._launched_from:  # `launch --resume RUN|URL`: that checkpoint, copied here
+            entry.update(self._launched_from)
+        elif checkpoint is None and self._recipe_start:  # no checkpoint of its own: where the recipe starts
             entry["from_recipe"] = self._recipe_start
-        self._recipe_start = None
+        self._recipe_start = self._launched_from = None
         self.attempts.append(entry)
         self._mark_checkpoint_root()
         if self.gpu is not None and getattr(self.gpu, "active", False):  # a restart: is the card free for it?
@@ -434,7 +437,8 @@ class Supervisor:
                 return self.finish(0, "stopped")
             if self._fenced_out():
                 return self.finish(0, "superseded")
-            self._recipe_start = self._recipe_start_now()  # `launch --resume RUN`, or the recipe's own resume
+            self._recipe_start = self._recipe_start_now()  # the recipe's own resume
+            self._launched_from = self._resumed_from()  # `launch --resume RUN|URL`: another run's checkpoint
             if self._nothing_left(self.spec.get("resume_step")):
                 return self._finish_at_end(self.spec["resume_step"])
             self.start()
@@ -447,7 +451,7 @@ class Supervisor:
         from the latest complete checkpoint. A finished run stays as it is. `gone`: the run's last processes went
         with the machine they ran on (a requeued batch job's last allocation): nothing to adopt or ask about; the
         next attempt starts, said as resumed after the run was `gone`."""
-        from rlctl.runs.state import settled_status
+        from rlctl.runs.state import last_sign_of_life, settled_status
 
         state = read_state(self.run_dir)
         if gone is None and process_alive(state.get("supervisor_pid"), state.get("supervisor_create_time")) and \
@@ -475,7 +479,10 @@ class Supervisor:
                 last = self.attempts[-1] if self.attempts else None
                 if last is not None and last.get("ended_at") is None:  # it ended while nobody watched
                     rec = read_exit_record(self.run_dir, self.attempt)
-                    last.update(outcome=status, ended_at=(rec or {}).get("ended_at"),
+                    # with no exit record (lost: killed with everything else) it ended at its last sign of life,
+                    # now at the latest: the time it ran never overlaps the next attempt's (status's elapsed)
+                    ended = (rec or {}).get("ended_at") or last_sign_of_life(self.run_dir, last, until=time.time())
+                    last.update(outcome=status, ended_at=ended,
                                 exit_code=(rec or {}).get("exit_code"), exit_recorded=rec is not None)
                 if self._fenced_out():
                     return self.finish(0, "superseded")
@@ -492,6 +499,23 @@ class Supervisor:
             return self.loop()
         finally:
             self.executor.close()
+
+    def _resumed_from(self) -> dict[str, Any] | None:
+        """A run launched with `--resume RUN|URL` starts from that run's (or store's) checkpoint, copied into its own
+        checkpoint directory, at the step launch rendered as checkpoint.resume: its first attempt says so (from_run,
+        from_step, from_checkpoint: the copy the backend loads), not the recipe, which names no such step."""
+        src, step = read_state(self.run_dir).get("resumed_from"), self.spec.get("resume_step")
+        if not isinstance(src, str) or not src or type(step) is not int:
+            return None
+        out: dict[str, Any] = {"from_step": step}
+        if src != self.spec.get("sync"):  # the run's own store (a pool run's next host): its own checkpoint
+            out["from_run"] = src if "://" in src else Path(src).name
+        with contextlib.suppress(Exception):  # where the copy is, as the backend's checkpoint layout finds it
+            from rlctl.runs.checkpoints import find_checkpoints
+
+            copy = next(c for c in find_checkpoints(self.spec["backend"], self.run_dir) if c.step == step)
+            out["from_checkpoint"] = str(copy.path)
+        return out
 
     def _recipe_start_now(self) -> str | None:
         """Where the run's recipe, rendered as it is, starts (Backend.recipe_start); None: the start, or a run without
