@@ -50,3 +50,30 @@ def test_a_host_named_twice_in_run_on_says_the_fix(shell, cli):
     assert r.code == 2 and "Traceback" not in r.err, (r.code, r.out, r.err)
     assert "pool.toml:3:" in r.err and "box1" in r.err and "twice" in r.err, r.err
     assert 'fix: name each host once: on = ["box1", "box2"]' in r.err, r.err
+
+
+def _line(out: str, check: str) -> tuple[str, str]:
+    """(the first line of `check`, the fix line under it) in preflight's text."""
+    lines = out.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.split()[1:2] == [check] and ln.split()[0] in ("FAIL", "WARN"))
+    fix = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].strip().startswith("fix:") else ""
+    return lines[i], fix
+
+
+def test_a_rollout_smaller_than_the_train_batch_fails_with_a_fix_that_makes_it_whole(shell, cli):
+    """quickstart with group_size 4: `OK placement.batch 16 samples per rollout = 0 optimizer step(s) of 32`, and
+    env.flags' GRPOConfig refusal fixed by train.micro_batch_size alone (train.train_batch_size is 32 too). Both
+    FAIL with a fix naming the keys and values that make a rollout whole optimizer steps; applied, preflight passes."""
+    (shell / "mine.toml").write_text(f'extends = "{QUICKSTART}"\n')
+    r = cli("preflight", "mine.toml", "--set", "rollout.group_size=4")
+    assert r.code == 1 and "Traceback" not in r.err, (r.code, r.out, r.err)
+    assert "= 0 optimizer step(s)" not in r.out, r.out  # said OK before
+    batch, batch_fix = _line(r.out, "placement.batch")
+    assert batch.startswith("FAIL") and "16 samples" in batch and "32" in batch, r.out
+    assert batch_fix == "fix: set train.train_batch_size = 16, train.micro_batch_size = 16", r.out
+    flags, flags_fix = _line(r.out, "env.flags")
+    assert flags.startswith("FAIL") and "generation_batch_size 16" in flags, r.out
+    assert flags_fix.startswith("fix: set train.micro_batch_size = 16, train.train_batch_size = 16"), r.out
+    r = cli("preflight", "mine.toml", "--set", "rollout.group_size=4", "--set", "train.train_batch_size=16",
+            "--set", "train.micro_batch_size=16", "--only", "placement", "--only", "env.flags")
+    assert r.code == 0, r.out

@@ -31,6 +31,7 @@ class Finding:
     key: str
     message: str
     fix: str | None = None
+    set: dict[str, Any] | None = None  # the fix as recipe keys -> values, where computed (preflight vets it)
 
 
 @dataclass(frozen=True)

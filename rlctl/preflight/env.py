@@ -45,7 +45,7 @@ def flags(ctx: Context) -> list[Result]:
                                         f"{ctx.prepared.plan.label}")]
     # render's notes (where each eval set runs, who rotates checkpoints) say how the recipe runs, nothing to fix
     verdict = {"error": FAIL, "note": OK}
-    return [Result("env.flags", verdict.get(f.level, WARN), f.message, f.fix) for f in findings]
+    return [Result("env.flags", verdict.get(f.level, WARN), f.message, f.fix, set=f.set) for f in findings]
 
 
 @check("env.backend_rules", hosts="env")
