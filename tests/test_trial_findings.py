@@ -77,3 +77,18 @@ def test_a_rollout_smaller_than_the_train_batch_fails_with_a_fix_that_makes_it_w
     r = cli("preflight", "mine.toml", "--set", "rollout.group_size=4", "--set", "train.train_batch_size=16",
             "--set", "train.micro_batch_size=16", "--only", "placement", "--only", "env.flags")
     assert r.code == 0, r.out
+
+
+def _eval_recipe(work) -> None:
+    (work / "mine.toml").write_text(f'extends = "{QUICKSTART}"\n[eval.sets.held]\n'
+                                    f'data = "{RECIPES / "quickstart" / "prompts.jsonl"}"\n')
+
+
+def test_eval_of_a_model_path_that_is_not_there_says_so(shell, cli):
+    """`rlctl eval ./nonexistent --recipe mine.toml` printed transformers' traceback ("Repo id must use alphanumeric
+    chars") and exit 1: a local-looking path (./ ../ / ~) that is not there is exit 2, saying so, with a fix."""
+    _eval_recipe(shell)
+    r = cli("eval", "./nonexistent", "--recipe", "mine.toml")
+    assert r.code == 2 and "Traceback" not in r.out + r.err, (r.code, r.out, r.err)
+    assert "./nonexistent does not exist" in r.err and "fix: " in r.err, r.err
+    assert not (shell / "rlctl-evals").exists(), "no eval job was started"

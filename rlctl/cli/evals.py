@@ -49,6 +49,7 @@ def _parse_target(target: str, recipe: str | None) -> tuple[Path | None, str]:
         if recipe is None:
             raise RlctlError(f"{target!r} is not a run ({e}); to evaluate a model give the recipe with its eval sets.",
                              hint=f"rlctl eval {target} --recipe RECIPE.toml") from None
+        _check_model(target)
         return None, recipe
     if recipe is None:
         from rlctl.runs.state import read_state
@@ -60,6 +61,22 @@ def _parse_target(target: str, recipe: str | None) -> tuple[Path | None, str]:
                              hint=f"give one: rlctl eval {target} --recipe RECIPE.toml (or evaluate a checkpoint "
                                   "directory: rlctl eval CHECKPOINT_DIR --recipe RECIPE.toml)")
     return run_dir, recipe or str(run_dir / "recipe.toml")
+
+
+def _check_model(target: str) -> None:
+    """A model given to evaluate is read as model.path is (rlctl.recipe.paths, MODEL): written as a path (./ ../ / ~)
+    or there, it is a local directory, and one that is not there is said here, not found by transformers as a
+    malformed Hub id in an eval job; anything else is a Hub id."""
+    from rlctl.recipe.loader import file_problem
+    from rlctl.recipe.paths import MODEL, resolve_value
+
+    local = Path(resolve_value(target, MODEL, Path.cwd()))
+    if not local.is_absolute() or local.is_dir():
+        return
+    problem = file_problem(local) or "is a file, not a model directory"
+    raise RlctlError(f"{target} {problem}: no run of that name, and no model directory there ({local}).",
+                     hint="give a model directory (config.json and the weights), a Hub id (e.g. Qwen/Qwen2.5-0.5B) or "
+                          "a run (rlctl status lists them)")
 
 
 @app.command("eval", epilog=EPILOG)
