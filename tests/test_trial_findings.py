@@ -92,3 +92,11 @@ def test_eval_of_a_model_path_that_is_not_there_says_so(shell, cli):
     assert r.code == 2 and "Traceback" not in r.out + r.err, (r.code, r.out, r.err)
     assert "./nonexistent does not exist" in r.err and "fix: " in r.err, r.err
     assert not (shell / "rlctl-evals").exists(), "no eval job was started"
+
+
+def test_the_prime_rl_install_fix_names_the_release_the_recipe_renders_for(shell, cli):
+    """The 0.3.0 recipe's header says `(prime_rl 0.3.0)` but its fix said `check out the tag (e.g. v0.8.0)`."""
+    r = cli("preflight", str(RECIPES / "prime-rl-qwen2.5-7b-1xh100-shared.toml"), "--only", "env")
+    assert "(prime_rl 0.3.0)" in r.out and "Traceback" not in r.err, (r.code, r.out, r.err)
+    fixes = [ln for ln in r.out.splitlines() if "check out" in ln]
+    assert fixes and all("v0.3.0" in ln and "v0.8.0" not in ln for ln in fixes), r.out

@@ -246,6 +246,11 @@ class Backend:
         return self.multi_node_launcher
 
     # ---- version ---------------------------------------------------------------------------------------------
+    def install_hint_for(self, recipe: Recipe) -> str:
+        """How to get the runtime this recipe renders for (a checkout names its release's tag); install_hint by
+        default."""
+        return self.install_hint
+
     def target_version(self, recipe: Recipe) -> str | None:
         """The release the recipe renders for: pinned, else installed, else the newest known."""
         from rlctl.backends._static import installed_version
