@@ -100,3 +100,14 @@ def test_the_prime_rl_install_fix_names_the_release_the_recipe_renders_for(shell
     assert "(prime_rl 0.3.0)" in r.out and "Traceback" not in r.err, (r.code, r.out, r.err)
     fixes = [ln for ln in r.out.splitlines() if "check out" in ln]
     assert fixes and all("v0.3.0" in ln and "v0.8.0" not in ln for ln in fixes), r.out
+
+
+def test_the_context_budget_says_what_happens_with_the_recipes_engine(shell, cli):
+    """On the CPU quickstart (TRL generating with its own model, no vLLM) the fix of a too-long max_tokens said "vLLM
+    rejects such requests: rollouts hang": it names what the recipe's generation really does."""
+    r = cli("preflight", QUICKSTART, "--set", "rollout.max_tokens=200", "--only", "context.budget")
+    assert r.code == 1 and "Traceback" not in r.err, (r.code, r.out, r.err)
+    line, fix = _line(r.out, "context.budget")
+    assert line.startswith("FAIL") and "> max_model_len 128" in line, r.out
+    assert "vLLM" not in fix and "hang" not in fix, fix
+    assert "trainer's own model" in fix and "nothing enforces model.max_model_len" in fix, fix

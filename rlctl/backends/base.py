@@ -350,6 +350,15 @@ class Backend:
         Default: model.max_model_len, rendered as it is; an adapter that sizes vLLM otherwise says so."""
         return recipe.model.max_model_len, "max_model_len"
 
+    def overlong_request(self, recipe: Recipe) -> str:
+        """What a rollout longer than engine_context() does as this backend runs the recipe: vLLM rejects the request
+        (the rollout hangs); a trainer generating with its own model (no vLLM) is held to no context at all."""
+        if self.uses_vllm(recipe):
+            return "vLLM rejects such requests: rollouts hang with no error in the main log"
+        return (f"{self.name} generates with the trainer's own model, no inference engine: nothing enforces "
+                "model.max_model_len, so samples run to prompt + max_tokens, past the context the recipe and rlctl's "
+                "memory plan assume")
+
     def refuses_single_sample(self, recipe: Recipe) -> bool:
         """Whether this backend's own code refuses the recipe's group-normalised algorithm with group_size 1."""
         return self.refuses_single_sample_groups
