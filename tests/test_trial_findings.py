@@ -111,3 +111,21 @@ def test_the_context_budget_says_what_happens_with_the_recipes_engine(shell, cli
     assert line.startswith("FAIL") and "> max_model_len 128" in line, r.out
     assert "vLLM" not in fix and "hang" not in fix, fix
     assert "trainer's own model" in fix and "nothing enforces model.max_model_len" in fix, fix
+
+
+def test_status_watch_with_no_runs_says_so_once(shell, cli, monkeypatch):
+    """`rlctl status --watch` where there are no runs printed the whole "no runs in ..." paragraph every interval:
+    a text that did not change is not printed again. (Three intervals, then the user's Ctrl-C.)"""
+    import rlctl.runs.status as status
+
+    ticks = []
+
+    def sleep(_s: float) -> None:
+        ticks.append(_s)
+        if len(ticks) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(status.time, "sleep", sleep)
+    r = cli("status", "--watch", "--interval", "0.01")
+    assert r.code == 0 and len(ticks) == 3, (r.code, r.out, r.err)
+    assert r.out.count("no runs in") == 1, r.out
