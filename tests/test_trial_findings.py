@@ -129,3 +129,16 @@ def test_status_watch_with_no_runs_says_so_once(shell, cli, monkeypatch):
     r = cli("status", "--watch", "--interval", "0.01")
     assert r.code == 0 and len(ticks) == 3, (r.code, r.out, r.err)
     assert r.out.count("no runs in") == 1, r.out
+
+
+def test_hosts_check_of_an_unreachable_host_gives_the_ssh_config_caveat(shell, cli):
+    """`hosts check` of an unreachable host said "`ssh gpubox true` works" only: with HOME set elsewhere than the
+    account's home (this user's case), OpenSSH does not read $HOME/.ssh/config, so `ssh gpubox true` working in the
+    user's shell says nothing; the fix gives the -F option docs/remote.md gives, and the ssh rlctl really runs."""
+    assert cli("hosts", "add", "gpubox", "me@127.0.0.1", "--ssh-option=-p", "--ssh-option=1").code == 0
+    r = cli("hosts", "check", "gpubox")  # nothing listens on port 1: refused at once
+    assert r.code == 1 and "unreachable" in r.out + r.err and "Traceback" not in r.err, (r.code, r.out, r.err)
+    said = r.out + r.err
+    assert "`ssh -p 1 me@127.0.0.1 true`" in said, said
+    assert "rlctl hosts add gpubox me@127.0.0.1 --replace --ssh-option=-p --ssh-option=1 --ssh-option=-F " \
+           "--ssh-option=$HOME/.ssh/config" in said, said
