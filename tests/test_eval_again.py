@@ -44,3 +44,19 @@ data = "prompts.jsonl"
     r = rlctl("eval", name, "--force")
     assert r.returncode == 0 and "evaluated already" not in r.stdout + r.stderr, r.stdout + r.stderr
     assert _evals_at(run, 6) == [0.6, 0.6]
+    # carried on this run (new-user trial: a mistyped run or set, a recorded eval behind a pruned checkpoint), in
+    # process from the same working directory
+    from tests.conftest import run_cli
+
+    given = name.rsplit("-", 2)[0]  # "counter"
+    r = run_cli("eval", given[:-1] + "x", cwd=work)  # "countex": no such run
+    assert r.code == 2 and "Traceback" not in r.err, (r.code, r.out, r.err)
+    assert r.err.count("fix: ") == 1 and f"Did you mean `{given}`?" in r.err and "(no run" not in r.err, r.err
+    r = run_cli("eval", name, "--set", "prob", cwd=work)
+    assert r.code == 2 and "no such eval set" in r.err and "Did you mean `probe`?" in r.err, r.err
+    r = run_cli("ckpt", "prune", name, "--keep-last", "1", cwd=work)
+    assert r.code == 0 and not (run / "training_state" / "step_2").exists(), (r.out, r.err)
+    r = run_cli("eval", name, "--step", "2", cwd=work)  # pruned; its result recorded by the run's own evals
+    assert r.code == 0, (r.code, r.out, r.err)
+    assert "0.2" in r.out and "recorded" in r.out and "pruned" in r.out, r.out
+    assert _evals_at(run, 2) == [0.2]  # shown, not run again (it cannot be: its checkpoint is gone)

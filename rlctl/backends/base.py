@@ -31,6 +31,7 @@ class Finding:
     key: str
     message: str
     fix: str | None = None
+    set: dict[str, Any] | None = None  # the fix as recipe keys -> values, where computed (preflight vets it)
 
 
 @dataclass
@@ -260,6 +261,11 @@ class Backend:
         return self.multi_node_launcher
 
     # ---- version ---------------------------------------------------------------------------------------------
+    def install_hint_for(self, recipe: Recipe) -> str:
+        """How to get the runtime this recipe renders for (a checkout names its release's tag); install_hint by
+        default."""
+        return self.install_hint
+
     def target_version(self, recipe: Recipe) -> str | None:
         """The release the recipe renders for: pinned, else installed, else the newest known."""
         from rlctl.backends._static import installed_version
@@ -368,6 +374,15 @@ class Backend:
         """(the context length the backend gives its inference engine (vLLM's max_model_len), how it is set).
         Default: model.max_model_len, rendered as it is; an adapter that sizes vLLM otherwise says so."""
         return recipe.model.max_model_len, "max_model_len"
+
+    def overlong_request(self, recipe: Recipe) -> str:
+        """What a rollout longer than engine_context() does as this backend runs the recipe: vLLM rejects the request
+        (the rollout hangs); a trainer generating with its own model (no vLLM) is held to no context at all."""
+        if self.uses_vllm(recipe):
+            return "vLLM rejects such requests: rollouts hang with no error in the main log"
+        return (f"{self.name} generates with the trainer's own model, no inference engine: nothing enforces "
+                "model.max_model_len, so samples run to prompt + max_tokens, past the context the recipe and rlctl's "
+                "memory plan assume")
 
     def refuses_single_sample(self, recipe: Recipe) -> bool:
         """Whether this backend's own code refuses the recipe's group-normalised algorithm with group_size 1."""

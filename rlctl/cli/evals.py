@@ -24,6 +24,9 @@ Examples:
 """
 
 
+PRUNED: Any = None  # the model of a job whose checkpoint is gone but whose result is recorded (_run_jobs)
+
+
 def _gpu_option(value: str | None) -> str | None:
     """An empty --gpu (`--gpu "$GPU"` with GPU unset), or an empty element of it (`--gpu 0,,1`), is an error, not
     "no GPU named" (which lets the run's place decide, and skips checkpoints already evaluated)."""
@@ -46,9 +49,13 @@ def _parse_target(target: str, recipe: str | None) -> tuple[Path | None, str]:
     try:
         run_dir = find_run(target)
     except RlctlError as e:
-        if recipe is None:
-            raise RlctlError(f"{target!r} is not a run ({e}); to evaluate a model give the recipe with its eval sets.",
-                             hint=f"rlctl eval {target} --recipe RECIPE.toml") from None
+        if recipe is None:  # one error: the run's lookup says what it found; evaluating a model is the other fix
+            meant = getattr(e, "meant", None)
+            model = f"rlctl eval {target} --recipe RECIPE.toml to evaluate a model"
+            raise RlctlError(e.message,
+                             hint=f"rlctl eval {meant}, or {model}" if meant else f"{model}; {e.hint}"
+                             if e.hint else model) from None
+        _check_model(target)
         return None, recipe
     if recipe is None:
         from rlctl.runs.state import read_state
@@ -60,6 +67,22 @@ def _parse_target(target: str, recipe: str | None) -> tuple[Path | None, str]:
                              hint=f"give one: rlctl eval {target} --recipe RECIPE.toml (or evaluate a checkpoint "
                                   "directory: rlctl eval CHECKPOINT_DIR --recipe RECIPE.toml)")
     return run_dir, recipe or str(run_dir / "recipe.toml")
+
+
+def _check_model(target: str) -> None:
+    """A model given to evaluate is read as model.path is (rlctl.recipe.paths, MODEL): written as a path (./ ../ / ~)
+    or there, it is a local directory, and one that is not there is said here, not found by transformers as a
+    malformed Hub id in an eval job; anything else is a Hub id."""
+    from rlctl.recipe.loader import file_problem
+    from rlctl.recipe.paths import MODEL, resolve_value
+
+    local = Path(resolve_value(target, MODEL, Path.cwd()))
+    if not local.is_absolute() or local.is_dir():
+        return
+    problem = file_problem(local) or "is a file, not a model directory"
+    raise RlctlError(f"{target} {problem}: no run of that name, and no model directory there ({local}).",
+                     hint="give a model directory (config.json and the weights), a Hub id (e.g. Qwen/Qwen2.5-0.5B) or "
+                          "a run (rlctl status lists them)")
 
 
 @app.command("eval", epilog=EPILOG)
@@ -120,6 +143,18 @@ def eval_cmd(
         out_dir = run_dir / EVALS
     rows: list[dict[str, Any]] = []
     failed = False
+    if run_dir is not None and jobs and jobs[0][1] is PRUNED:  # recorded, its checkpoint gone: nothing can run
+        from rlctl.evals.ledger import evaluated
+
+        s_step = jobs.pop()[0]
+        had = evaluated(run_dir, s_step, set_names) or {}
+        rows.append({"step": s_step, "model": None, "metrics": had, "error": None, "evaluated_already": True,
+                     "checkpoint_pruned": True})
+        if not as_json:
+            _echo(f"step {s_step:>6}  (recorded; its checkpoint was pruned, so it cannot be evaluated again"
+                  + (": --force has nothing to run" if force else "") + f"; in {run_dir / EVALS})")
+            for k, v in sorted(had.items()):
+                _echo(f"    {k:<48} {v:.4g}")
     # a plain repeat of what was evaluated already shows it, not run again (and recorded twice); a place named
     # (--on, --executor, --gpu) or --force is a request to evaluate there, so it runs
     if run_dir is not None and not (force or on or executor or gpu):
@@ -294,6 +329,10 @@ def _run_jobs(run_dir: Path, ev: dict[str, Any], step: int | None, all_: bool, e
         return [(0, base)]
     if step is not None:
         if step not in complete:
+            from rlctl.evals.ledger import evaluated
+
+            if evaluated(run_dir, step, [s["name"] for s in ev["sets"]]) is not None:
+                return [(step, PRUNED)]  # its result is recorded: shown, never hidden behind the missing checkpoint
             raise RlctlError(f"{run_dir.name} has no complete checkpoint at step {step}; complete: "
                              f"{', '.join(str(s) for s in steps) or 'none'}.",
                              hint=f"rlctl ckpt list {run_dir.name}")

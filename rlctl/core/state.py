@@ -303,10 +303,39 @@ def find_run(ref: str, root: Path | None = None) -> Path:
                          hint="give the run's directory (rlctl status PATH), or cd to the directory it was launched "
                               "from")
     if runs:
-        raise RlctlError(f"no run {ref!r} in {root}, nor in another runs directory of yours.",
-                         hint=f"recent runs: {', '.join(r.name for r in runs[-5:])} (see rlctl status --all)")
-    raise RlctlError(f"no run {ref!r} in {root}, nor in another runs directory of yours: {WHERE_RUNS_LIVE}.",
-                     hint=FIND_A_RUN)
+        meant = _meant(ref, runs)
+        raise NoSuchRun(f"no run {ref!r} in {root}, nor in another runs directory of yours."
+                        + (f" Did you mean `{meant}`?" if meant else ""),
+                        hint=f"recent runs: {', '.join(r.name for r in runs[-5:])} (see rlctl status --all)",
+                        meant=meant)
+    raise NoSuchRun(f"no run {ref!r} in {root}, nor in another runs directory of yours: {WHERE_RUNS_LIVE}.",
+                    hint=FIND_A_RUN)
+
+
+class NoSuchRun(RlctlError):
+    """No run answers to a reference; `meant`: the run's name (as given to --name, else the directory's) it is a slip
+    of, when one is close."""
+
+    def __init__(self, message: str, *, hint: str | None = None, meant: str | None = None):
+        super().__init__(message, hint=hint)
+        self.meant = meant
+
+
+def _meant(ref: str, runs: list[Path]) -> str | None:
+    """The run a mistyped reference meant (`bs5` for bs4-<date>-<time>): its given name where that names one run,
+    else its directory's name."""
+    import difflib
+
+    given: dict[str, list[str]] = {}
+    for r in runs:
+        m = re.fullmatch(r"(.+?)-\d{8}-\d{6}(-\d+)?", r.name)
+        given.setdefault(m.group(1) if m else r.name, []).append(r.name)
+    close = difflib.get_close_matches(ref, list(given), n=1, cutoff=0.6)
+    if close:
+        names = given[close[0]]
+        return close[0] if len(names) == 1 or close[0] in names else names[-1]
+    close = difflib.get_close_matches(ref, [r.name for r in runs], n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def _given_name(ref: str, runs: list[Path]) -> list[Path]:

@@ -535,8 +535,14 @@ def hand_spec(recipe_path: str | Path, set_names: list[str] | None, gpu: str | N
     if set_names:
         unknown = [n for n in set_names if n not in {s.name for s in sets}]
         if unknown:
+            import difflib
+
+            meant = difflib.get_close_matches(unknown[0], [s.name for s in sets], n=1, cutoff=0.6)
             raise RlctlError(f"--set {unknown[0]}: no such eval set; the recipe has: "
-                             f"{', '.join(s.name for s in sets) or 'none'}.")
+                             f"{', '.join(s.name for s in sets) or 'none'}."
+                             + (f" Did you mean `{meant[0]}`?" if meant else ""),
+                             hint=f"--set {meant[0]}" if meant else
+                             "--set one of those" if sets else "declare [eval.sets.<name>] in the recipe")
         sets = [s for s in sets if s.name in set_names]
     if not sets:
         raise RlctlError(f"{recipe_path}: no eval sets to evaluate.",

@@ -99,6 +99,28 @@ class Runner:
                  "-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir()}/%C", "-o", "ControlPersist=300"]
         return opts + list(self.host.options)
 
+    def try_ssh(self) -> str:
+        """The ssh a person can try to see why the host does not answer: as rlctl calls it (the host's options, -F
+        where rlctl gives one), and, where HOME is not the account's home, the caveat docs/remote.md gives: OpenSSH
+        reads ~/.ssh/config of the account's home (the password database's), not of $HOME, so the ssh that works in
+        the user's shell may read another config than rlctl's."""
+        import pwd
+
+        cfg = ["-F", os.environ["RLCTL_SSH_CONFIG"]] if os.environ.get("RLCTL_SSH_CONFIG") else []
+        cmd = shlex.join(["ssh", *cfg, *self.host.options, self.host.ssh, "true"])
+        home = os.environ.get("HOME")
+        try:
+            account = pwd.getpwuid(os.getuid()).pw_dir
+        except KeyError:
+            account = None
+        if cfg or "-F" in self.host.options or not home or account is None or \
+                Path(home).absolute() == Path(account).absolute():
+            return f"`{cmd}` works"
+        again = shlex.join(["rlctl", "hosts", "add", self.host.name, self.host.ssh, "--replace",
+                            *(f"--ssh-option={o}" for o in self.host.options)])
+        return (f"`{cmd}` works (HOME is {home}, but OpenSSH reads the ssh config of your account's home, {account}: "
+                f"if yours is in $HOME, give it to rlctl: {again} --ssh-option=-F --ssh-option=$HOME/.ssh/config)")
+
     def ssh_argv(self, command: str, tty: bool = False) -> list[str]:
         return ["ssh", *self.ssh_options(), "-t" if tty else "-T", self.host.ssh, command]
 
@@ -111,7 +133,7 @@ class Runner:
             p = subprocess.run(argv, input=stdin if stdin is not None else b"", capture_output=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise HostUnreachable(f"{self.host.name}: no answer within {timeout:g} s ({self.host.ssh}).",
-                                  hint=f"check the host is up: ssh {self.host.ssh} true "
+                                  hint=f"check the host is up and {self.try_ssh()} "
                                   f"(then rlctl hosts check {self.host.name})"
                                   ) from None
         except FileNotFoundError:
@@ -158,9 +180,9 @@ class Runner:
                      f"{self.host.ssh}` once to accept the new one; otherwise do not connect")
         if "Permission denied" in err:
             return RlctlError(f"{self.host.name}: ssh login refused: {_last_lines(err, 2)}",
-                              hint=f"check that `ssh {self.host.ssh}` works without a password (ssh-add your key)")
+                              hint=f"check that {self.try_ssh()} without a password (ssh-add your key)")
         return HostUnreachable(f"{self.host.name}: unreachable: {_last_lines(err, 2) or 'ssh failed'}",
-                               hint=f"check the host is up and `ssh {self.host.ssh} true` works")
+                               hint=f"check the host is up and {self.try_ssh()}")
 
     def close(self) -> None:
         """Stop this host's shared connection (the next command opens a new one)."""

@@ -110,7 +110,8 @@ def budget(ctx: Context) -> list[Result]:
     figure_prompt = f"{source} {prompt}" if known else f"max_prompt_tokens {declared} (not measured)"
     ctx_name = "max_model_len" if sized == "max_model_len" else f"vLLM's context ({sized})"
     need = prompt + r.rollout.max_tokens
-    hang = " (vLLM rejects such requests: rollouts hang with no error in the main log)"
+    overlong = ctx.backend.overlong_request(r)  # what the recipe's engine does with a request too long for it
+    hang = f" ({overlong})"
     if need > context:
         room = context - prompt
         sets: dict[str, Any] | None = None
@@ -139,8 +140,8 @@ def budget(ctx: Context) -> list[Result]:
             f"{declared} + {r.rollout.max_tokens} = {need} <= {context} is an assumption "
             f"({m.unknown if m else 'not measured'})",
             f"set data.max_prompt_tokens to what your data needs ({MEASURE_HOW}) or make the dataset local; a "
-            f"prompt longer than {context} - {r.rollout.max_tokens} = {context - r.rollout.max_tokens} tokens hangs "
-            "rollouts", data))
+            f"prompt longer than {context} - {r.rollout.max_tokens} = {context - r.rollout.max_tokens} tokens is "
+            f"too long: {overlong}", data))
     else:
         how = f"enforced: {limit}" if limit is not None else f"{len(m.lengths)} prompts of {m.where}"  # type: ignore
         if sized != "max_model_len":

@@ -20,18 +20,19 @@ def backend_installed(ctx: Context) -> Result:
     installed = ctx.prepared.installed_version()
     pkg = ctx.backend.packages[0]
     pinned = r.backend.version
+    how = ctx.backend.install_hint_for(r)
     if installed is None:
         remote = _executor(ctx).remote
         local = ctx.backend.needs_local_install and not remote
-        hint = f" (or {ctx.backend.install_hint})" if ctx.backend.install_hint else ""
+        hint = f" (or {how})" if how else ""
         pip = f"pip install {pkg}" + (f"=={pinned}" if pinned else "")
         return Result("env.backend", FAIL if local else WARN,
                       f"{pkg} is not installed in this Python on {ctx.machine}"
                       + (" (the Ray cluster must have it)" if remote else ""),
-                      pip + hint if ctx.backend.on_pypi else ctx.backend.install_hint)
+                      pip + hint if ctx.backend.on_pypi else how)
     if pinned and pinned != installed:
         get = (f"pip install {pkg}=={pinned}" if ctx.backend.on_pypi
-               else f"check out {pinned} ({ctx.backend.install_hint})")
+               else how)
         return Result("env.backend", WARN, f"recipe pins {pkg} {pinned}; {installed} is installed on {ctx.machine}",
                       f"{get}, or set backend.version = \"{installed}\"", set={"backend.version": installed})
     return Result("env.backend", OK, f"{pkg} {installed} installed on {ctx.machine}")
@@ -45,7 +46,7 @@ def flags(ctx: Context) -> list[Result]:
                                         f"{ctx.prepared.plan.label}")]
     # render's notes (where each eval set runs, who rotates checkpoints) say how the recipe runs, nothing to fix
     verdict = {"error": FAIL, "note": OK}
-    return [Result("env.flags", verdict.get(f.level, WARN), f.message, f.fix) for f in findings]
+    return [Result("env.flags", verdict.get(f.level, WARN), f.message, f.fix, set=f.set) for f in findings]
 
 
 @check("env.backend_rules", hosts="env")

@@ -85,6 +85,11 @@ def tp_heads(ctx: Context) -> Result | None:
                   f"TP {tp} divides {arch.heads} attention heads and fits {arch.kv_heads} KV heads")
 
 
+# what placement.batch says of a rollout smaller than one train batch (the agreement tests name it: a change of
+# meaning rlctl refuses where the backend runs it)
+LESS_THAN_A_BATCH = "is less than one train batch"
+
+
 def _divisors_near(n: int, target: int, multiple_of: int) -> list[int]:
     """The divisors of n that are multiples of `multiple_of`, nearest to target first (the smaller on a tie)."""
     found = [d for d in range(multiple_of, n + 1, multiple_of) if n % d == 0]
@@ -94,25 +99,42 @@ def _divisors_near(n: int, target: int, multiple_of: int) -> list[int]:
 def batch_fix(ctx: Context, samples: int, tbs: int, mb: int, dp: int) -> dict[str, int] | None:
     """The nearest batch arithmetic that works and that the backend honours: keep the train batch and lower the micro
     batch where that is enough, else the train batch that divides the rollout nearest to the recipe's (with the
-    largest micro batch that fits). Each candidate is put to the adapter (unhonoured()) before it is proposed."""
+    largest micro batch that fits). A rollout must make at least one optimizer step: a train batch larger than the
+    rollout is never kept. Each candidate is put to the adapter (unhonoured()) with the batch keys it leaves as they
+    are, so that a fix of one key is not proposed where the other still breaks the backend's own rule."""
     from rlctl.preflight._fixes import honoured
 
     b, r = ctx.backend, ctx.recipe
     straddle, rounds = b.updates_straddle_rollouts, b.train_batch_rounds or not b.honours_micro_batch
     candidates: list[dict[str, int]] = []
-    if samples % tbs == 0 or straddle:
+    if samples % tbs == 0 or (straddle and samples >= tbs):
         candidates += [{"train.micro_batch_size": m} for m in range(mb, 0, -1) if tbs % (m * dp) == 0]
-    for m in range(mb, 0, -1):
+    # a backend that rounds takes any micro batch: the recipe's first, then those that divide the rollout
+    micros = [mb] + [m for m in range(mb - 1, 0, -1) if not rounds or samples % (m * dp) == 0]
+    for m in micros:
         for d in _divisors_near(samples, tbs, 1 if rounds else m * dp):
+            if b.honours_micro_batch and m * dp > d:  # one micro batch over the train batch: a step is not d
+                continue
             candidates.append({"train.train_batch_size": d, **({"train.micro_batch_size": m} if m != mb else {})})
-        if rounds:
-            break
+    now = {"train.train_batch_size": tbs, **({"train.micro_batch_size": mb} if b.honours_micro_batch else {})}
     for cand in candidates:
         if cand.get("train.train_batch_size", tbs) == tbs and cand.get("train.micro_batch_size", mb) == mb:
             continue
-        if honoured(b, r, cand):
+        if honoured(b, r, {**now, **cand}):
             return cand
     return None
+
+
+def _rollout_fix(ctx: Context, tbs: int) -> tuple[str, dict[str, int]] | None:
+    """More prompts per rollout, the fewest that make it whole train batches, where the backend reads
+    rollout.prompts_per_step (the other way to make a rollout at least one optimizer step)."""
+    from rlctl.preflight._fixes import honoured
+
+    r = ctx.recipe
+    g, pps = r.rollout.group_size, r.rollout.prompts_per_step
+    more = next(p for p in range(pps + 1, pps + tbs + 1) if (p * g) % tbs == 0)
+    sets = {"rollout.prompts_per_step": more}
+    return (f"set rollout.prompts_per_step = {more}", sets) if honoured(ctx.backend, r, sets) else None
 
 
 @check("placement.batch", hosts="placement")
@@ -124,17 +146,29 @@ def batch(ctx: Context) -> list[Result]:
     dp = max(ctx.backend.trainer_gpus(r), 1)
     mb = r.train.micro_batch_size if ctx.backend.honours_micro_batch else 1
     problems = []
-    if samples % tbs and not ctx.backend.updates_straddle_rollouts:
-        problems.append(f"a rollout of {r.rollout.prompts_per_step} prompts x {r.rollout.group_size} = {samples} "
-                        f"samples does not divide into train batches of {tbs}")
+    rollout = f"a rollout of {r.rollout.prompts_per_step} prompts x {r.rollout.group_size} = {samples} samples"
+    if samples < tbs:
+        # no optimizer step per rollout: where updates straddle rollouts each step waits for several, so a step
+        # learns from more prompts than rollout.prompts_per_step says, and the run's step counts are not the recipe's
+        rounds = -(-tbs // samples)
+        problems.append(f"{rollout} {LESS_THAN_A_BATCH} of {tbs}: 0 optimizer steps per rollout"
+                        + (f" (each step waits for {rounds} rollouts, {rounds * r.rollout.prompts_per_step} prompts, "
+                           f"not rollout.prompts_per_step {r.rollout.prompts_per_step})"
+                           if ctx.backend.updates_straddle_rollouts else ""))
+    elif samples % tbs and not ctx.backend.updates_straddle_rollouts:
+        problems.append(f"{rollout} does not divide into train batches of {tbs}")
     # a backend that packs its own micro batches spreads samples over its ranks by tokens: no divisibility to meet
     if tbs % (mb * dp) and not ctx.backend.train_batch_rounds and ctx.backend.honours_micro_batch:
         problems.append(f"train batch {tbs} is not a multiple of micro batch {mb} x {dp} data-parallel GPUs")
     if problems:
         fix = batch_fix(ctx, samples, tbs, mb, dp)
-        out.append(Result("placement.batch", FAIL, "; ".join(problems),
-                          ("set " + ", ".join(f"{k} = {v}" for k, v in fix.items())) if fix else
-                          f"make train.train_batch_size a divisor of {samples} and a multiple of {dp} GPUs", set=fix))
+        more = _rollout_fix(ctx, tbs) if samples < tbs else None
+        text = (("set " + ", ".join(f"{k} = {v}" for k, v in fix.items())) if fix else
+                f"make train.train_batch_size a divisor of {samples} and a multiple of {dp} GPUs")
+        if fix is None and more is not None:
+            text, fix, more = more[0], more[1], None
+        out.append(Result("placement.batch", FAIL, "; ".join(problems), text, set=fix,
+                          other_fixes=[more] if more else []))
     out += ctx.backend.preflight(ctx, "placement")
     if not out and mb * dp > tbs and ctx.backend.honours_micro_batch:  # a backend that rounds takes one micro batch
         out.append(Result("placement.batch", WARN,

@@ -719,16 +719,20 @@ def validate(
     data: dict[str, Any], origins: dict[str, Path], texts: dict[Path, str], top: Path
 ) -> Recipe:
     problems: list[str] = []
+    unknown = _unknown_keys(data)
+    hints = {dotted: suggest(dotted) for dotted in unknown}
     for dotted in literal_secrets(data):
+        if _typo(dotted, hints.get(dotted)):  # a key the schema lacks, a slip of one it has, is a typo first: it
+            continue  # holds nothing rlctl would write (refused below as unknown); elsewhere the rule holds as ever
         name = re.sub(r"[^A-Za-z0-9_]", "_", dotted.rsplit(".", 1)[-1]).upper()
         problems.append(
             f"{_where(dotted, origins, texts, top)}: `{dotted}` holds a secret; rlctl never writes secrets into a "
             f"run's argv or files. Remove it and put the credential in the environment under the name the backend "
             f"reads (e.g. [env] {name} = \"${{{name}}}\" and `export {name}=...`): environment secrets reach the run "
             "without being written anywhere.")
-    for dotted in _unknown_keys(data):
+    for dotted in unknown:
         where = _where(dotted, origins, texts, top)
-        hint = suggest(dotted)
+        hint = hints[dotted]
         msg = f"{where}: unknown key `{dotted}`."
         if hint:
             section = hint.rsplit(".", 1)[0] if "." in hint else ""
@@ -737,10 +741,10 @@ def validate(
             else:
                 msg += f" Did you mean `{hint}`?"
         problems.append(msg)
-    if problems:
-        raise RecipeError("\n".join(problems))
+    # every problem at once: the keys the schema has are validated too, without the unknown ones (each said above)
+    known = _without(data, unknown)
     try:
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(known)
     except ValidationError as e:
         unions: set[str] = set()
         errors: list[Any] = []
@@ -762,6 +766,8 @@ def validate(
             if err["type"] == "value_error":
                 dotted = _blamed(dotted, err["msg"], origins)
             where = _where(dotted, origins, texts, top)
+            if err["type"] == "missing" and dotted in hints.values():
+                continue  # a misspelling of it is said above, with its did-you-mean
             if err["type"] == "missing":
                 section = dotted.rsplit(".", 1)[0] if "." in dotted else dotted
                 problems.append(f"{where}: missing required key `{dotted}`." + (
@@ -777,7 +783,36 @@ def validate(
                 fix = _range_fix(dotted) if err["type"] in _BOUNDS else _type_fix(err, dotted, data)
                 problems.append(f"{where}: `{dotted}` = {got_s} is invalid: expected {_expected(err)}."
                                 + (f"\n  fix: {fix}" if fix else ""))
+    if problems:
         raise RecipeError("\n".join(problems)) from None
+    return recipe
+
+
+def _typo(dotted: str, hint: str | None) -> bool:
+    """Whether an unknown key is a slip of the known key `hint` (`max_token` of `max_tokens`), not merely near it
+    (`hf_token` is near `max_tokens` too, and means a credential)."""
+    if not hint:
+        return False
+    leaf, meant = dotted.rsplit(".", 1)[-1], hint.rsplit(".", 1)[-1]
+    return leaf == meant or difflib.SequenceMatcher(None, leaf, meant).ratio() >= 0.8
+
+
+def _without(data: dict[str, Any], dotted_keys: list[str]) -> dict[str, Any]:
+    """A copy of `data` without the keys named (dotted, as _unknown_keys names them; a table's name may hold dots)."""
+    if not dotted_keys:
+        return data
+    out = copy.deepcopy(data)
+    for dotted in dotted_keys:
+        node: Any = out
+        rest = dotted
+        while isinstance(node, dict) and rest not in node:
+            head = next((k for k in node if rest.startswith(f"{k}.")), None)
+            if head is None:
+                break
+            node, rest = node[head], rest[len(head) + 1:]
+        if isinstance(node, dict):
+            node.pop(rest, None)
+    return out
 
 
 def load(path: str | Path, sets: list[str] | None = None, options: dict[str, str] | None = None) -> ResolvedRecipe:

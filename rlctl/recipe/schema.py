@@ -557,8 +557,10 @@ class RunSection(Section):
                                      f"  fix: on = [{listed}]")
                 raise ValueError(f"run.on {n!r}: not a host name (rlctl hosts list shows yours)\n"
                                  '  fix: on = "HOST", or a pool: on = ["HOST1", "HOST2"] (names of rlctl hosts list)')
-        if isinstance(v, list) and len(set(v)) != len(v):
-            raise ValueError(f"run.on {v}: a host is named twice")
+        twice = sorted({n for n in v if v.count(n) > 1}) if isinstance(v, list) else []
+        if twice:  # a pool of box1 twice is not two hosts (as --on box1,box1 and a GPU id named twice)
+            raise ValueError(f"run.on = {json.dumps(v)} names {', '.join(twice)} twice; each host is one place to "
+                             f"run\n  fix: name each host once: on = {json.dumps(list(dict.fromkeys(v)))}")
         if isinstance(v, list) and not v:
             raise ValueError("run.on = []: name at least one host, or leave the key out to run here")
         return v

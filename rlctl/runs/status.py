@@ -592,13 +592,16 @@ def show_status(run: str | None, as_json: bool = False, watch: bool = False, int
     if not watch:
         sys.stdout.write(render(run, as_json, stall_after, experiment, timeout, all_dirs) + "\n")
         return
+    shown = None
     try:
         while True:
             text = render(run, as_json, stall_after, experiment, timeout, all_dirs)
-            if sys.stdout.isatty():
-                sys.stdout.write("\x1b[2J\x1b[H")
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
+            if text != shown:  # what did not change is not said again (a terminal keeps it on screen)
+                if sys.stdout.isatty():
+                    sys.stdout.write("\x1b[2J\x1b[H")
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+                shown = text
             time.sleep(interval)
     except KeyboardInterrupt:
         return

@@ -66,6 +66,18 @@ class Verdict:
     reasons: list[str] = field(default_factory=list)
     prep: Any = None
 
+    def only_for_meaning(self, meaning: tuple[str, ...] = ()) -> bool:
+        """Refused, each reason a declared change of meaning (MEANING, and the backend's own `meaning`): what rlctl
+        refuses although the backend runs it, because it would silently run something else than the recipe says."""
+        return not self.accepted and bool(self.reasons) and all(
+            any(m in why for m in (*MEANING, *meaning)) for why in self.reasons)
+
+
+# changes of meaning on every backend (docs/checks.md: an error is a crash, a hang or a silent change of meaning): a
+# rollout smaller than one train batch makes no optimizer step, and where updates straddle rollouts each step learns
+# from several rollouts' prompts, not rollout.prompts_per_step (placement.batch)
+MEANING = ("is less than one train batch",)
+
 
 @cache
 def _tiny_model():

@@ -120,6 +120,8 @@ def check(c: dict[str, Any]) -> None:
         raise AssertionError(f"rlctl refused the recipe itself: {ours.reasons}")
     config = json.loads(ours.prep.plan.files[CONFIG_FILE])
     theirs = trl_verdict(config)
+    if theirs[0] and ours.only_for_meaning():  # a declared change of meaning (_agreement.MEANING)
+        return
     assert ours.accepted == theirs[0], disagreement(c, ours, theirs)
     if theirs[0]:  # where the clip can act (Backend.inert): rlctl's reading of the rendered config, TRL's own
         r = ours.prep.recipe

@@ -160,7 +160,7 @@ def check(c: dict[str, Any]) -> None:
         raise AssertionError(f"rlctl refused the recipe itself: {ours.reasons}")
     theirs = verl_verdict(c, ours.prep.plan.argv[3:])
     if theirs[0] and not ours.accepted:  # allowed only where every reason is a declared change of meaning
-        assert all(any(m in why for m in MEANING) for why in ours.reasons), disagreement(c, ours, theirs)
+        assert ours.only_for_meaning(MEANING), disagreement(c, ours, theirs)
         return
     assert ours.accepted == theirs[0], disagreement(c, ours, theirs)
 

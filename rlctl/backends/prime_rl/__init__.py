@@ -80,7 +80,14 @@ class PrimeRLBackend(Backend):
     table_model = LazyTable("rlctl.backends.prime_rl.table:PrimeRLTable")  # pydantic: only for recipes
     table_paths = ("checkout",)  # a checkout named in a recipe is found next to the recipe, as its data is
     install_hint = ("prime-rl is not on PyPI: git clone https://github.com/PrimeIntellect-ai/prime-rl, check out the "
-                    "tag (e.g. v0.8.0), `uv sync`, and set backend.prime_rl.checkout (or $PRIME_RL_DIR) to it")
+                    "tag of the release the recipe renders for (backend.version, e.g. v0.8.0), `uv sync`, and set "
+                    "backend.prime_rl.checkout (or $PRIME_RL_DIR) to it")
+
+    def install_hint_for(self, recipe: Recipe) -> str:
+        """The checkout's tag is the release the recipe renders for (checkout_tag checks it), not the newest."""
+        return (f"prime-rl is not on PyPI: git clone https://github.com/PrimeIntellect-ai/prime-rl, check out the tag "
+                f"v{self.target_version(recipe)} (the release the recipe renders for), `uv sync`, and set "
+                "backend.prime_rl.checkout (or $PRIME_RL_DIR) to it")
 
     def stall_patterns(self) -> list[str]:
         """Log lines that mean the run is stuck or a component it needs died (rlctl.runs.stall)."""

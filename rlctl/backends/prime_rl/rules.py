@@ -495,10 +495,11 @@ def preflight(backend: Any, ctx: Any, family: str) -> list[Any]:
         if not checkout:
             out.append(Result("env.prime_rl_checkout", WARN if r.resources.executor != "local" else FAIL,
                               f"no prime-rl checkout: the job runs `uv run --project <checkout> rl`, and neither "
-                              f"backend.prime_rl.checkout nor ${CHECKOUT_ENV} is set", backend.install_hint))
+                              f"backend.prime_rl.checkout nor ${CHECKOUT_ENV} is set", backend.install_hint_for(r)))
         elif not (Path(checkout).expanduser() / "pyproject.toml").is_file():
             out.append(Result("env.prime_rl_checkout", FAIL,
-                              f"{checkout} is not a prime-rl checkout (no pyproject.toml)", backend.install_hint))
+                              f"{checkout} is not a prime-rl checkout (no pyproject.toml)",
+                              backend.install_hint_for(r)))
         else:
             out.append(checkout_tag(Path(checkout).expanduser(), backend.target_version(r)))
         from rlctl.backends.prime_rl.environment import results

@@ -231,9 +231,16 @@ class TRLBackend(Backend):
             out.append(Finding("error", "rollout.group_size", f"GRPOConfig refuses num_generations {n} < 2 {cite}",
                                "set rollout.group_size >= 2"))
         if gen is not None and gen % (micro * world):
+            fix = _generation_fix(gen, r.train.train_batch_size, micro, world)
+            whence = ("backend.trl.extra.generation_batch_size" if "generation_batch_size" in extra else
+                      f"rollout.prompts_per_step {r.rollout.prompts_per_step} x rollout.group_size "
+                      f"{r.rollout.group_size}")
             out.append(Finding("error", "train.micro_batch_size", f"GRPOConfig refuses generation_batch_size {gen} "
                                f"not divisible by the global batch {micro} x {world} {cite}",
-                               "make train.micro_batch_size divide prompts_per_step x group_size"))
+                               (f"set {', '.join(f'{k} = {v}' for k, v in fix.items())}: " if fix else "")
+                               + f"the micro batch x {world} process(es) must divide generation_batch_size {gen} "
+                               f"({whence}), and a train batch of at most {gen} makes each rollout whole optimizer "
+                               "steps", set=fix))
         if gen is not None and n >= 1 and gen % n:
             out.append(Finding("error", "rollout.group_size", f"GRPOConfig refuses generation_batch_size {gen} not "
                                f"divisible by num_generations {n} {cite}", "remove the override from "
@@ -465,3 +472,18 @@ def _installed_fields(sources: dict[str, str]) -> set[str]:
         _FIELDS[key] = set(dataclass_fields(sources, "GRPOConfig"))
     return set(_FIELDS[key])
 
+
+
+def _generation_fix(gen: int, tbs: int, micro: int, world: int) -> dict[str, int] | None:
+    """The batch keys that satisfy GRPOConfig's rule (the per-device micro batch x processes divides
+    generation_batch_size), nearest the recipe: the largest micro batch that divides, and the train batch kept where it
+    is a multiple of the new global micro batch no larger than a rollout, else the divisor of the rollout nearest it."""
+    m = next((m for m in range(micro, 0, -1) if gen % (m * world) == 0), None)
+    if m is None:
+        return None
+    step = m * world
+    fix = {"train.micro_batch_size": m}
+    if tbs % step or tbs > gen:
+        fix["train.train_batch_size"] = min((d for d in range(step, gen + 1, step) if gen % d == 0),
+                                            key=lambda d: (abs(d - tbs), d))
+    return fix
