@@ -137,6 +137,7 @@ def test_a_command_that_exits_with_a_traceback_failed_of_it_not_of_idle_gpus(use
     d = json.loads(cli("status", run.name, "--json").out)
     assert d["status"] == "failed" and d["reason"] == SUMMARY and d["cause"]["what"] == "exception", d
     assert "idle" not in json.dumps(d["cause"]) and "idle" not in json.dumps(d["attempts"]), d["attempts"]
+    assert f"rlctl resume {run.name}" in d["next"] and "RUN" not in d["next"], d["next"]  # ready to type
     shown = cli("status", run.name).out
     assert f"cause: {SUMMARY}" in shown and f"gave up: {want}" in shown, shown
     doc = cli("doctor", run.name)

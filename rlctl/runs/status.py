@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -117,7 +118,8 @@ def way_forward(rs: RunStatus, ckpts: list[Any]) -> str | None:
             "its newest complete checkpoint" if _elsewhere(rs.state) else "the start: no complete checkpoint yet"
         return f"rlctl resume {rs.path.name} (starts attempt {len(rs.attempts) + 1} from {frm})"
     if rs.status in ("failed", "stalled") and isinstance(rs.cause, dict) and rs.cause.get("fix"):
-        return str(rs.cause["fix"])
+        # the causes' fixes are written for any run: here the run is known, so the command is ready to type
+        return re.sub(r"(\brlctl (?:[a-z]+ )+)RUN\b", lambda m: m.group(1) + rs.path.name, str(rs.cause["fix"]))
     return None
 
 
