@@ -124,3 +124,15 @@ def test_spikes_on_a_trainer_without_a_clip_range_give_no_eps_clip_advice(tmp_pa
     spikes = next(f for f in json.loads(res.out)["findings"] if f["rule"] == "loss_grad_spikes")
     assert "eps_clip" not in spikes["action"] and "lower optim.lr" in spikes["action"]
     assert spikes["evidence"]["advice_not_applicable"] == ["algorithm.eps_clip"]
+
+
+def test_spikes_where_the_clip_cannot_act_give_no_eps_clip_advice(tmp_path, cli):
+    """noop's finding: on the quickstart (TRL, one optimizer step per generation batch, num_iterations 1) the ratio is
+    exactly 1 and eps_clip cannot act (preflight algorithm.inert), yet doctor advised tightening it for spikes."""
+    run = make_run("command_torchrun_spikes_high_lr", tmp_path)
+    shutil.copyfile(ROOT / "recipes" / "quickstart.toml", run / "recipe.toml")
+    (run / "state.json").write_text(json.dumps({"backend": "trl", "status": "finished"}))
+    res = cli("doctor", str(run), "--json")
+    spikes = next(f for f in json.loads(res.out)["findings"] if f["rule"] == "loss_grad_spikes")
+    assert "eps_clip" not in spikes["action"] and "lower optim.lr" in spikes["action"], spikes["action"]
+    assert spikes["evidence"]["advice_not_applicable"] == ["algorithm.eps_clip"], spikes["evidence"]

@@ -524,10 +524,14 @@ def recipe_knobs(run_dir: Path) -> Knobs | None:
     except Exception:  # an attached run without a recipe, a recipe that no longer validates, an unknown backend
         return None
     cache: dict[str, bool | None] = {}
+    try:  # a knob the backend has but this recipe's settings leave without effect (algorithm.inert: eps_clip with
+        inert = {i.key for i in adapter.inert(adapter.effective(recipe).recipe)}  # one optimizer step per rollout)
+    except Exception:  # an adapter that cannot judge this recipe: the knob question alone decides
+        inert = set()
 
     def honours(key: str) -> bool | None:
         if key not in cache:
-            cache[key] = adapter.honours(recipe, key)
+            cache[key] = False if key in inert else adapter.honours(recipe, key)
         return cache[key]
 
     def value(key: str) -> Any:
