@@ -229,6 +229,10 @@ def test_a_quoted_number_in_a_recipe_is_a_type_error(shell, cli):
         assert r.code == 2, (key, r.code, r.out, r.err)
         assert "Traceback" not in r.err and f"q.toml:{line}:" in r.err, (key, r.err)
         assert key in r.err and given in r.err and f"fix: write it without quotes: {fix}\n" in r.err, (key, r.err)
+    # text that is no number: the fix names what the key takes, not a made-up value (it said `steps = 1`)
+    (shell / "q.toml").write_text(base.replace("steps = 2", 'steps = "eighty"'))
+    r = cli("render", "q.toml")
+    assert r.code == 2 and "fix: write a whole number without quotes: steps = <a whole number>" in r.err, r.err
     (shell / "q.toml").write_text(base)
     for value in ("100", '"100"'):
         r = cli("render", "q.toml", "--set", f"train.steps={value}")

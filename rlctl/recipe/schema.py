@@ -131,6 +131,8 @@ def refuse_mistyped_scalar(model: type[BaseModel], value: Any, field: str | None
     meant = from_text(scalars, value)
     if meant is not None:
         fix = f"write it without quotes: {field} = {json.dumps(meant)}"
+    elif not (info.examples or isinstance(info.default, int | float)):  # no example to give: not a made-up value
+        fix = f"write {takes} without quotes: {field} = <{takes}>"
     raise ValueError(f"{json.dumps(value)} is text (in quotes); it takes {takes}\n  fix: {fix}")
 
 
