@@ -190,9 +190,11 @@ def shell(tmp_path, monkeypatch):
 
 
 def replay_recipe_file(work: Path, file: str, name: str, replay: str, args: list[str], log_pattern: str,
-                       metrics_map: str, steps: int, tail: str = "", comment: str = "") -> Path:
+                       metrics_map: str, steps: int, tail: str = "", comment: str = "", command_extra: str = "",
+                       resources: str = 'gpus_per_node = 0\ngpu = "cpu"\n') -> Path:
     """A command-backend recipe whose trainer is `replay` (written to work/replay.py) run with `args`: a recorded log
-    played back as a trainer prints it, on the CPU, prompts in work/prompts.jsonl. `tail`: TOML after [resources]."""
+    played back as a trainer prints it, on the CPU, prompts in work/prompts.jsonl. `command_extra`: more lines of
+    [backend.command] (logs, processes); `resources`: the [resources] table's lines; `tail`: TOML after them."""
     import json
 
     (work / "replay.py").write_text(replay)
@@ -207,7 +209,7 @@ command = [{command}]
 cwd = {json.dumps(str(work))}
 {comment}log_pattern = '{log_pattern}'
 metrics_map = {{{metrics_map}}}
-[model]
+{command_extra}[model]
 path = "random:qwen2?hidden=64&layers=2"
 max_model_len = 128
 [data]
@@ -218,7 +220,5 @@ max_tokens = 16
 [train]
 steps = {steps}
 [resources]
-gpus_per_node = 0
-gpu = "cpu"
-{tail}""")
+{resources}{tail}""")
     return r

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from rlctl.core.state import read_state, write_state
-from tests.conftest import run_cli
+from tests.conftest import replay_recipe_file, run_cli
 
 cli = run_cli
 EVIDENCE = Path(__file__).resolve().parents[1] / "docs" / "gpu" / "prime-rl-1.json"
@@ -72,41 +72,16 @@ sys.exit(1)
 
 
 def recipe(work: Path) -> Path:
-    (work / "replay.py").write_text(REPLAY)
     (work / "attempt.log").write_text("".join(t + "\n" for t in attempt_lines()))
-    (work / "prompts.jsonl").write_text('{"input": "a"}\n')
-    r = work / "prime-2gpu.toml"
-    r.write_text(f"""name = "prime-2gpu"
-[backend]
-name = "command"
-[backend.command]
-command = [{json.dumps(sys.executable)}, "replay.py", "attempt.log"]
-cwd = {json.dumps(str(work))}
-log_pattern = 'Step (?P<step>\\d+) \\| .*Reward (?P<reward>\\S+)'
-metrics_map = {{reward = "reward/mean"}}
-# where prime-rl v0.8.0's components log (its adapter's log_components): not the run's stdout.log
-logs = {{trainer = "checkpoints/logs/trainer.log", inference = "checkpoints/logs/inference.log"}}
-processes = {{inference = '(^|[\\s/])inference @ '}}
-[model]
-path = "random:qwen2?hidden=64&layers=2"
-max_model_len = 128
-[data]
-train = "prompts.jsonl"
-max_prompt_tokens = 32
-[rollout]
-max_tokens = 16
-[train]
-steps = 6
-[resources]
-gpus_per_node = 2
-gpu = "H100-80GB"
-inference_gpus = [0]
-trainer_gpus = [1]
-[run]
-restart = "on-failure"
-max_restarts = 3
-""")
-    return r
+    return replay_recipe_file(
+        work, "prime-2gpu.toml", "prime-2gpu", REPLAY, ["attempt.log"],
+        "Step (?P<step>\\d+) \\| .*Reward (?P<reward>\\S+)", 'reward = "reward/mean"', 6,
+        # where prime-rl v0.8.0's components log (its adapter's log_components): not the run's stdout.log
+        command_extra='logs = {trainer = "checkpoints/logs/trainer.log", '
+                      'inference = "checkpoints/logs/inference.log"}\n'
+                      "processes = {inference = '(^|[\\s/])inference @ '}\n",
+        resources='gpus_per_node = 2\ngpu = "H100-80GB"\ninference_gpus = [0]\ntrainer_gpus = [1]\n',
+        tail='[run]\nrestart = "on-failure"\nmax_restarts = 3\n')
 
 
 @pytest.fixture
