@@ -805,3 +805,10 @@ def test_checked_with_what_would_run_only_on_the_lines_the_override_changes(cli)
             "--set", "backend.openrlhf.extra.temperature=0.7", "--set", "reward.function=r.txt")
     flags = [x["figure"] for x in json.loads(r.out)["results"] if "does not end in .py" in x["figure"]]
     assert flags and "(checked with what would run" not in flags[0], flags
+
+
+def test_placement_batch_counts_the_epochs_over_each_rollout():
+    """Hostile trial 11: with train.epochs_per_rollout = 2 the line said "1 optimizer step(s) of 32" per rollout
+    while TRL (num_iterations 2) stepped twice per rollout: the epochs are counted."""
+    r = one(results(QUICK, "train.epochs_per_rollout=2", only=["placement.batch"]), "placement.batch")
+    assert r.verdict == "ok" and "x 2 epochs = 2 optimizer steps per rollout" in r.figure, r

@@ -182,8 +182,12 @@ def batch(ctx: Context) -> list[Result]:
         micro = (f"{full} accumulation step(s) of {mb} x {dp} GPU(s)" if not rest else
                  f"{full + 1} accumulation step(s) per GPU: {full} of {mb} x {dp} GPU(s) and the last of "
                  f"{rest // dp if rest % dp == 0 else f'{rest} over {dp}'} x {dp}")
-        out.append(Result("placement.batch", OK,
-                          f"{samples} samples per rollout = {steps} optimizer step(s) of {tbs}; {micro}"))
+        epochs = r.train.epochs_per_rollout or 1
+        # each epoch over the rollout steps the optimizer again (TRL num_iterations, OpenRLHF max_epochs, verl
+        # ppo_epochs): a hostile trial read "1 optimizer step" where TRL made 2 per rollout
+        per = (f"{steps} optimizer step(s) of {tbs}" if epochs == 1 else
+               f"{steps} optimizer step(s) of {tbs} x {epochs} epochs = {steps * epochs} optimizer steps per rollout")
+        out.append(Result("placement.batch", OK, f"{samples} samples per rollout = {per}; {micro}"))
     return out
 
 
