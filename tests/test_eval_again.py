@@ -56,6 +56,10 @@ data = "prompts.jsonl"
     assert r.code == 2 and "no such eval set" in r.err and "Did you mean `probe`?" in r.err, r.err
     r = run_cli("ckpt", "prune", name, "--keep-last", "1", cwd=work)
     assert r.code == 0 and not (run / "training_state" / "step_2").exists(), (r.out, r.err)
+    # the prune is recorded as the in-run one is: a pruned step that was never evaluated is said to be pruned
+    from rlctl.cli.evals import _gone
+
+    assert "pruned by rlctl ckpt prune" in _gone(run, 2) and _gone(run, 99) == "", _gone(run, 2)
     r = run_cli("eval", name, "--step", "2", cwd=work)  # pruned; its result recorded by the run's own evals
     assert r.code == 0, (r.code, r.out, r.err)
     assert "0.2" in r.out and "recorded" in r.out and "pruned" in r.out, r.out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Annotated
@@ -87,6 +88,12 @@ def ckpt_prune(
               + "  ".join(str(p) for p in c.paths()))
     if not dry_run and doomed:
         doomed = prune(backend, run_dir, keep_last, keep_best, dry_run=False)
+        if doomed:  # as the in-run prune records it: `rlctl eval RUN --step N` says the step was pruned
+            import time
+
+            with contextlib.suppress(OSError), (run_dir / "rlctl-events.jsonl").open("a") as fh:
+                fh.write(json.dumps({"time": time.time(), "event": "pruned", "steps": [c.step for c in doomed],
+                                     "by": "rlctl ckpt prune"}) + "\n")
     verb = "would delete" if dry_run else "deleted"
     _echo(f"{verb} {len(doomed)} checkpoint(s), {human_bytes(sum(sizes.values()))}: "
           + (", ".join(f"step {c.step}" for c in doomed) or "nothing"))

@@ -291,6 +291,30 @@ def _step_number(run_dir: Path, step: str | None) -> int | None:
                          " (the newest)" if steps else " (the base model)"))
 
 
+def _gone(run_dir: Path, step: int) -> str:
+    """Why a checkpoint step is not there, where the run's events say: rlctl pruned it (keep_last, `ckpt prune`,
+    the disk watch), never evaluated. A hostile trial read "no complete checkpoint" as "never saved"."""
+    import json
+
+    try:
+        lines = (run_dir / "rlctl-events.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(e, dict):
+            continue
+        gone = e.get("steps") if e.get("event") == "pruned" else e.get("pruned")  # in-run prune; the disk watch
+        if isinstance(gone, list) and step in gone:
+            return (f" (it was saved and then pruned{' by ' + e['by'] if e.get('by') else ''}; no eval of it is "
+                    "recorded: [eval] every evaluates each checkpoint before it is pruned, or raise "
+                    "checkpoint.keep_last)")
+    return ""
+
+
 def _run_jobs(run_dir: Path, ev: dict[str, Any], step: int | None, all_: bool, ex: Any) -> list[tuple[int, str]]:
     """(step, model) of each job; for a run on an SSH host its checkpoints are listed there (the model path is
     resolved there)."""
@@ -333,8 +357,8 @@ def _run_jobs(run_dir: Path, ev: dict[str, Any], step: int | None, all_: bool, e
 
             if evaluated(run_dir, step, [s["name"] for s in ev["sets"]]) is not None:
                 return [(step, PRUNED)]  # its result is recorded: shown, never hidden behind the missing checkpoint
-            raise RlctlError(f"{run_dir.name} has no complete checkpoint at step {step}; complete: "
-                             f"{', '.join(str(s) for s in steps) or 'none'}.",
+            raise RlctlError(f"{run_dir.name} has no complete checkpoint at step {step}{_gone(run_dir, step)}; "
+                             f"complete: {', '.join(str(s) for s in steps) or 'none'}.",
                              hint=f"rlctl ckpt list {run_dir.name}")
         return [(step, complete[step])]
     if all_:
