@@ -271,6 +271,8 @@ def test_resume_after_every_process_was_killed_with_the_default_runs_dir(readme_
     assert shown["elapsed_s"] <= wall + 0.01, (shown["elapsed_s"], wall, state["attempts"])
     assert shown["elapsed_s"] >= (a2["ended_at"] - a2["started_at"]) + (a1["ended_at"] - a1["started_at"]) - 0.01
     assert shown.get("next") is None  # finished: nothing to do
+    # the wall clock since launch is given beside it (hostile trial 11: no start, end or wall time anywhere)
+    assert shown["wall_s"] == wall and shown["started_at"] == state["started_at"], shown
     # restart never: the second attempt was the resume; no "max N restarts" beside a policy that never restarts
     text = rlctl(env, "status", run.name).stdout
     assert "attempts: 2 (restart never)" in text and "max" not in text.split("attempts: 2", 1)[1].split("\n")[0], text

@@ -69,6 +69,16 @@ class RunStatus:
         return (end or now) - start
 
     @property
+    def wall(self) -> float | None:
+        """From launch to the run's end (or now, while it goes on): what a GPU bill counts, lost and stopped time
+        included, beside `elapsed` (the time the attempts ran)."""
+        start = self.state.get("started_at")
+        if not _num(start):
+            return None
+        end = self.state.get("ended_at") if self.status not in ACTIVE + ("stalled",) else None
+        return max((end if _num(end) else time.time()) - start, 0.0)
+
+    @property
     def this_attempt(self) -> float | None:
         """How long the current attempt has run, when the run has had more than one."""
         if len(self.attempts) < 2 or self.status not in ("running", "stalled"):

@@ -24,6 +24,7 @@ def summary(rs: RunStatus) -> dict[str, Any]:
     return {
         "name": rs.name, "backend": rs.state.get("backend"), "status": rs.status, "step": rs.step,
         "total_steps": rs.total, "reward": rs.latest.get("reward/mean"), "elapsed_s": rs.elapsed, "eta_s": rs.eta,
+        "wall_s": rs.wall, "started_at": rs.state.get("started_at"), "ended_at": rs.state.get("ended_at"),
         "exit_code": rs.state.get("exit_code"), "path": str(rs.path), "host": rs.state.get("host"),
         "reason": say(rs.cause, rs.state.get("host")), "cause": rs.cause,
     }
@@ -330,6 +331,9 @@ def _detail_text(d: dict[str, Any]) -> str:
              + (f"  exit code {d['exit_code']}" if d["exit_code"] is not None else ""),
              f"step {d['step'] if d['step'] is not None else '-'}{total}   elapsed {fmt_duration(d['elapsed_s'])}"
              + (f" (this attempt {fmt_duration(d['this_attempt_s'])})" if d.get("this_attempt_s") is not None else "")
+             # the attempts' time leaves out lost and stopped spells: the wall clock since launch is said beside it
+             + (f" (wall {fmt_duration(d['wall_s'])} since launch)" if d.get("wall_s") is not None
+                and d.get("elapsed_s") is not None and d["wall_s"] - d["elapsed_s"] >= 5 else "")
              + f"   eta {fmt_duration(d['eta_s'])}   "
              + (f"last step {fmt_duration(d['last_step_age_s'])} ago" if d.get("last_step_age_s") is not None
                 else "no step logged yet")]
