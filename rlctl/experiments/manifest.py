@@ -108,7 +108,8 @@ def list_experiments(runs: Path | None = None) -> list[Path]:
 
 
 def new_manifest(name: str, kind: str, arms: list[Any], seeds: int, vs: list[Any], placement: dict[str, Any],
-                 question: str | None = None) -> dict[str, Any]:
+                 question: str | None = None, inert: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`inert`: the keys the arms differ in that cannot act (variants.inert_record), for compare to say."""
     from rlctl.runs.rundir import git_info
 
     recipe_dir = Path(arms[0].recipe).parent if arms and Path(arms[0].recipe).exists() else Path.cwd()
@@ -118,6 +119,7 @@ def new_manifest(name: str, kind: str, arms: list[Any], seeds: int, vs: list[Any
         "git": git_info(recipe_dir) or git_info(Path.cwd()),
         "patches": sorted({a.patches for a in arms if a.patches}),
         "placement": placement,
+        "inert": inert or {},
     }
 
 

@@ -398,6 +398,21 @@ def eval_mismatch(metric: str, run_dirs: list[Path]) -> str | None:
             f"{each}); {metric} compares different measurements")
 
 
+def inert_notes(manifest: dict[str, Any]) -> list[str]:
+    """What the experiment's manifest recorded of keys that could not act (rlctl.experiments.variants.inert_record):
+    arms launched with --force although they train identically, or a part of the diff without effect."""
+    out = []
+    for key, rec in (manifest.get("inert") or {}).items():
+        vals = " vs ".join(map(str, rec.get("values") or []))
+        if rec.get("forced"):
+            out.append(f"launched with --force although the arms differ only in {key} ({vals}), which cannot act as "
+                       f"the backend ran them: they trained identically, so any difference is noise. {rec.get('why')}")
+        else:
+            out.append(f"{key} ({vals}) could not act as the backend ran these arms: the differences are the rest of "
+                       f"the diff's alone. {rec.get('why')}")
+    return out
+
+
 def _by_seed(a: ArmResult, b: ArmResult) -> tuple[list[float], list[float]]:
     bs = {seed: v for seed, v, _ in b.per_seed if seed is not None}
     pairs = [(v, bs[seed]) for seed, v, _ in a.per_seed if seed in bs]
