@@ -123,6 +123,10 @@ def new_manifest(name: str, kind: str, arms: list[Any], seeds: int, vs: list[Any
     }
 
 
+# a run's settled statuses after which nothing runs it (a lost one waits for a resume)
+ENDED = ("finished", "failed", "stopped", "lost")
+
+
 def variant_status(d: Path, manifest: dict[str, Any] | None = None, queue: dict[str, Any] | None = None,
                    told: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Each variant with its queue record and its run's status: as `told` (run name -> status: `rlctl status`'s rows,
@@ -139,7 +143,10 @@ def variant_status(d: Path, manifest: dict[str, Any] | None = None, queue: dict[
         status = (told or {}).get(Path(run_dir).name) if run_dir else None
         if run_dir and status is None:
             status = read_state(Path(run_dir)).get("status")
-        rows.append({**v, "queue": q.get("state", "queued"), "run_dir": run_dir, "slot": q.get("slot"),
+        state = q.get("state", "queued")
+        if state == "running" and told and status in ENDED:  # the queue's record lags (or its queue is dead):
+            state = "lost" if status == "lost" else "done"  # the variant's column agrees with its run's settled status
+        rows.append({**v, "queue": state, "run_dir": run_dir, "slot": q.get("slot"),
                      "status": status, "error": q.get("error"),
                      "unreachable_since": q.get("unreachable_since")})
     return rows
