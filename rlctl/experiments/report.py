@@ -424,6 +424,12 @@ def _pairable(arms: list[dict[str, Any]], results: list[ArmResult]) -> tuple[boo
         return False, ("none: one arm (every run has the same recipe but for train.seed), so there is nothing to "
                        "compare it against; give runs of another recipe too (rlctl compare RUN... RUN_B...), or an "
                        "experiment of two or more arms (rlctl ab, rlctl sweep)")
+    empty = [ar.id for ar in results if not any(r.value is not None for r in ar.runs)]
+    if empty:  # not a seed mismatch: there is nothing of that arm to test (the trial's lost B, both at seed 42)
+        what = "no finished runs" if not any(ar.runs for ar in results if ar.id in empty) else "no runs with values"
+        return False, (f"none: arm{'s' if len(empty) > 1 else ''} {', '.join(empty)} "
+                       f"{'have' if len(empty) > 1 else 'has'} {what} (a paired or Welch's test needs runs in both "
+                       "arms)")
     seeds = [{r.seed for r in ar.runs if r.value is not None} for ar in results]
     if any(None in s for s in seeds) or len({frozenset(s) for s in seeds}) != 1:
         return False, "Welch's t-test (the arms do not share the same seeds)"
