@@ -362,6 +362,12 @@ def test_experiment_show_tells_a_dead_run_as_status_does(user):
     shown = rlctl_("experiment", "show", "clip").stdout
     line = next(x for x in shown.splitlines() if x.strip().startswith("A-s42"))
     assert line.split()[2] == "lost", shown  # the run's state column (the queue's own record is the column before)
+    # the variant's column agrees: its queue is dead, so nothing runs it (it said `running`)
+    assert line.split()[1] == "lost", shown
+    # the way on is the experiment's resume: `rlctl resume RUN` alone would leave the other variants queued for ever
+    told = json.loads(rlctl_("status", a.name, "--json").stdout)["next"]
+    assert told.startswith("rlctl experiment resume clip"), told
+    assert f"next: {told}" in rlctl_("status", a.name).stdout
     assert next(x for x in shown.splitlines() if x.strip().startswith("B-s42")).split()[2] == "running", shown
     got = {v["id"]: v["status"] for v in json.loads(rlctl_("experiment", "show", "clip", "--json").stdout)["variants"]}
     assert got == {"A-s42": "lost", "B-s42": "running"}, got

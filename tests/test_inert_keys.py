@@ -77,7 +77,8 @@ def test_ab_refuses_the_a28_pair_before_anything_runs(shell):
     # --force goes past the refusal to preflight and placement (here: a host that does not exist, so nothing runs)
     r = run_cli("ab", a, b, "--seeds", "1", "--force", "--on", "nohost")
     assert r.code == 2 and "preflight of 2 variants" in r.err and "no host 'nohost'" in r.err, r.err
-    assert "differ only" not in r.err
+    assert "nothing was launched" not in r.err  # not refused: said, as what --force launches (identical arms)
+    assert "warning: --force: the arms differ only in algorithm.eps_clip, which cannot act" in r.err, r.err
 
 
 def test_ab_refuses_a_key_the_backend_does_not_render(shell):
@@ -129,3 +130,56 @@ def test_verl_clip_extras_one_bound_or_both(shell):
                 'backend.verl.extra={actor_rollout_ref={actor={clip_ratio_c=2.0}}}')
     (warn,) = json.loads(r.out)["results"]
     assert warn["data"] == {"key": "backend.verl.extra.actor_rollout_ref.actor.clip_ratio_c"}, warn
+
+
+def test_a_grid_axis_that_cannot_act_in_any_arm_is_refused_though_another_axis_acts(shell):
+    """The hostile trial: eps_clip 0.1,0.2,0.3 x lr 1e-3,5e-3 queued 6 runs that were 2 trainings (compare gave
+    identical values per lr). The eps_clip axis is refused by name, with why, the fix and --force."""
+    a, _ = _pair(shell)
+    r = run_cli("sweep", a, "--grid", "algorithm.eps_clip=0.1,0.2,0.3", "--grid", "optim.lr=1e-3,5e-3",
+                "--seeds", "1")
+    assert r.code == 2, (r.code, r.out, r.err)
+    assert "grid axis algorithm.eps_clip (0.1, 0.2, 0.3) cannot act in any of the 6 arms" in r.err, r.err
+    assert "only 2 distinct trainings" in r.err and "num_iterations = 1" in r.err, r.err
+    assert "drop --grid algorithm.eps_clip" in r.err and "--set train.epochs_per_rollout=2" in r.err, r.err
+    assert "--force" in r.err and "Traceback" not in r.err
+    assert not (shell / "runs").exists()
+    # with the fix the axis acts: past the refusal to preflight (a host that does not exist: nothing runs)
+    r = run_cli("sweep", a, "--grid", "algorithm.eps_clip=0.1,0.3", "--grid", "optim.lr=1e-3,5e-3", "--seeds", "1",
+                "--set", "train.epochs_per_rollout=2", "--on", "nohost")
+    assert r.code == 2 and "preflight of 4 variants" in r.err and "cannot act" not in r.err, r.err
+
+
+def test_sweep_help_example_is_a_grid_whose_axes_act(shell):
+    r = run_cli("sweep", "--help")
+    assert r.code == 0
+    example = " ".join(r.out.split()).split("Example:", 1)[1]
+    assert "algorithm.eps_clip" not in example or "train.epochs_per_rollout=2" in example, example
+
+
+def test_ab_warns_where_part_of_the_diff_cannot_act_and_launches(shell):
+    """A vs C: eps_clip and lr differ; it launches, and says the eps_clip part cannot act (the result is lr's)."""
+    a, _ = _pair(shell)
+    (shell / "C.toml").write_text(f'extends = "{QUICKSTART}"\n[train]\nsteps = 6\n[optim]\nlr = 1e-3\n'
+                                  "[algorithm]\neps_clip = 0.1\n")
+    r = run_cli("ab", a, "C.toml", "--seeds", "1", "--on", "nohost")
+    assert r.code == 2 and "preflight of 2 variants" in r.err and "no host 'nohost'" in r.err, r.err
+    assert "warning: algorithm.eps_clip (0.2 vs 0.1) cannot act" in r.err, r.err
+    assert "the result is optim.lr's alone" in r.err, r.err
+
+
+def test_forced_identical_arms_are_recorded_and_compare_says_so(shell):
+    from rlctl.experiments import manifest as mf
+    from rlctl.experiments.report import inert_notes
+    from rlctl.experiments.variants import inert_record
+
+    a, b = _pair(shell)
+    arms = ab_arms(a, b, [])
+    rec = inert_record(arms, forced=True)
+    assert rec["algorithm.eps_clip"]["values"] == [0.2, 0.1] and rec["algorithm.eps_clip"]["forced"] is True
+    m = mf.new_manifest("x", "ab", arms, 1, [], {}, inert=rec)
+    assert m["inert"] == rec
+    (note,) = inert_notes(m)
+    assert note.startswith("launched with --force although the arms differ only in algorithm.eps_clip (0.2 vs 0.1)")
+    assert "they trained identically" in note
+    assert inert_notes({"arms": []}) == []

@@ -92,17 +92,22 @@ def _problems_text(problems: list[Any]) -> str:
 
 
 def _start(name: str, kind: str, arms: list[Any], seeds: int, parallel: int | None, on: str | None,
-           executor: str | None, address: str | None, force: bool, wait: bool, question: str | None) -> None:
+           executor: str | None, address: str | None, force: bool, wait: bool, question: str | None,
+           grid: list[tuple[str, list[str]]] | None = None) -> None:
     from rlctl.experiments import manifest as mf
     from rlctl.experiments import queue
-    from rlctl.experiments.variants import preflight_all, refuse_inert, variants
+    from rlctl.experiments.variants import inert_keys, inert_record, preflight_all, refuse_inert, variants
 
     d = mf.exp_dir(name)
     if (d / mf.MANIFEST).is_file():
         raise RlctlError(f"experiment {name} exists with other settings.",
                          hint=f"rlctl experiment resume {name}, or choose another --name")
-    if not force:  # arms that would train identically: refused before any preflight or run (exit 2)
-        refuse_inert(arms, "A and B" if kind == "ab" else f"the {len(arms)} arms of the grid")
+    # arms that would train identically, or a grid axis that cannot act: refused before any preflight or run (exit
+    # 2); keys of a diff that cannot act beside others that do: said, the result is the others'
+    found = inert_keys(arms)
+    for w in refuse_inert(arms, "A and B" if kind == "ab" else f"the {len(arms)} arms of the grid", grid, found,
+                          force):
+        sys_err(f"warning: {w}")
     vs = variants(name, arms, seeds)
     sys_err(f"preflight of {len(vs)} variants ({len(arms)} arms x {seeds} seeds) ...")
     problems, needs = preflight_all(arms, vs)
@@ -110,7 +115,7 @@ def _start(name: str, kind: str, arms: list[Any], seeds: int, parallel: int | No
         sys_err(_problems_text(problems))
         raise CheckFailed("fix the variants, or pass --force to launch anyway.")
     placement = _placement(parallel, on, executor, address, force, needs)
-    m = mf.new_manifest(name, kind, arms, seeds, vs, placement, question)
+    m = mf.new_manifest(name, kind, arms, seeds, vs, placement, question, inert_record(arms, force, found))
     m["preflight"] = {p.variant: p.failures for p in problems}
     mf.write_manifest(d, m)
     pid = queue.start_detached(d)
@@ -192,7 +197,8 @@ def sys_err(text: str) -> None:
 
 
 @app.command(epilog="Example: rlctl sweep r.toml --grid optim.lr=1e-6,2e-6 --grid algorithm.eps_clip=0.1,0.2 "
-             "--seeds 3 --name lr-clip --parallel 2")
+             "--set train.epochs_per_rollout=2 --seeds 3 --name lr-clip --parallel 2 (the clip acts only where a "
+             "rollout is trained on after an optimizer step: rlctl preflight says where a key cannot act)")
 def sweep(
     recipe: RecipeArg, grid: GridOpt = None, seeds: SeedsOpt = None, name: NameOpt = None, parallel: ParallelOpt = None,
     force: ForceOpt = False, on: OnOpt = None, executor: ExecOpt = None, address: AddrOpt = None, set_: SetOpt = None,
@@ -224,7 +230,7 @@ def sweep(
     name = name or f"{r.name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
     mf.check_name(name)
     arms = grid_arms(recipe, axes, set_ or [], where)
-    _start(name, "sweep", arms, seeds, parallel, on, executor, address, force, wait, question)
+    _start(name, "sweep", arms, seeds, parallel, on, executor, address, force, wait, question, axes)
 
 
 def _toml_value(v: Any) -> str:
@@ -285,6 +291,8 @@ def compare(
     else:
         arms, runs = rp.arms_of_runs(refs)
     c = rp.compare(arms, runs, metric, window, include_running, queued)
+    if manifest is not None:
+        c.notes += rp.inert_notes(manifest)
     plot_path = rp.plot(c, plot) if plot else None
     if report:
         if plot_path is None:

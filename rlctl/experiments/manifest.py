@@ -108,7 +108,8 @@ def list_experiments(runs: Path | None = None) -> list[Path]:
 
 
 def new_manifest(name: str, kind: str, arms: list[Any], seeds: int, vs: list[Any], placement: dict[str, Any],
-                 question: str | None = None) -> dict[str, Any]:
+                 question: str | None = None, inert: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`inert`: the keys the arms differ in that cannot act (variants.inert_record), for compare to say."""
     from rlctl.runs.rundir import git_info
 
     recipe_dir = Path(arms[0].recipe).parent if arms and Path(arms[0].recipe).exists() else Path.cwd()
@@ -118,7 +119,12 @@ def new_manifest(name: str, kind: str, arms: list[Any], seeds: int, vs: list[Any
         "git": git_info(recipe_dir) or git_info(Path.cwd()),
         "patches": sorted({a.patches for a in arms if a.patches}),
         "placement": placement,
+        "inert": inert or {},
     }
+
+
+# a run's settled statuses after which nothing runs it (a lost one waits for a resume)
+ENDED = ("finished", "failed", "stopped", "lost")
 
 
 def variant_status(d: Path, manifest: dict[str, Any] | None = None, queue: dict[str, Any] | None = None,
@@ -137,7 +143,10 @@ def variant_status(d: Path, manifest: dict[str, Any] | None = None, queue: dict[
         status = (told or {}).get(Path(run_dir).name) if run_dir else None
         if run_dir and status is None:
             status = read_state(Path(run_dir)).get("status")
-        rows.append({**v, "queue": q.get("state", "queued"), "run_dir": run_dir, "slot": q.get("slot"),
+        state = q.get("state", "queued")
+        if state == "running" and told and status in ENDED:  # the queue's record lags (or its queue is dead):
+            state = "lost" if status == "lost" else "done"  # the variant's column agrees with its run's settled status
+        rows.append({**v, "queue": state, "run_dir": run_dir, "slot": q.get("slot"),
                      "status": status, "error": q.get("error"),
                      "unreachable_since": q.get("unreachable_since")})
     return rows

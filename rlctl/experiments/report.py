@@ -398,6 +398,21 @@ def eval_mismatch(metric: str, run_dirs: list[Path]) -> str | None:
             f"{each}); {metric} compares different measurements")
 
 
+def inert_notes(manifest: dict[str, Any]) -> list[str]:
+    """What the experiment's manifest recorded of keys that could not act (rlctl.experiments.variants.inert_record):
+    arms launched with --force although they train identically, or a part of the diff without effect."""
+    out = []
+    for key, rec in (manifest.get("inert") or {}).items():
+        vals = " vs ".join(map(str, rec.get("values") or []))
+        if rec.get("forced"):
+            out.append(f"launched with --force although the arms differ only in {key} ({vals}), which cannot act as "
+                       f"the backend ran them: they trained identically, so any difference is noise. {rec.get('why')}")
+        else:
+            out.append(f"{key} ({vals}) could not act as the backend ran these arms: the differences are the rest of "
+                       f"the diff's alone. {rec.get('why')}")
+    return out
+
+
 def _by_seed(a: ArmResult, b: ArmResult) -> tuple[list[float], list[float]]:
     bs = {seed: v for seed, v, _ in b.per_seed if seed is not None}
     pairs = [(v, bs[seed]) for seed, v, _ in a.per_seed if seed in bs]
@@ -409,6 +424,12 @@ def _pairable(arms: list[dict[str, Any]], results: list[ArmResult]) -> tuple[boo
         return False, ("none: one arm (every run has the same recipe but for train.seed), so there is nothing to "
                        "compare it against; give runs of another recipe too (rlctl compare RUN... RUN_B...), or an "
                        "experiment of two or more arms (rlctl ab, rlctl sweep)")
+    empty = [ar.id for ar in results if not any(r.value is not None for r in ar.runs)]
+    if empty:  # not a seed mismatch: there is nothing of that arm to test (the trial's lost B, both at seed 42)
+        what = "no finished runs" if not any(ar.runs for ar in results if ar.id in empty) else "no runs with values"
+        return False, (f"none: arm{'s' if len(empty) > 1 else ''} {', '.join(empty)} "
+                       f"{'have' if len(empty) > 1 else 'has'} {what} (a paired or Welch's test needs runs in both "
+                       "arms)")
     seeds = [{r.seed for r in ar.runs if r.value is not None} for ar in results]
     if any(None in s for s in seeds) or len({frozenset(s) for s in seeds}) != 1:
         return False, "Welch's t-test (the arms do not share the same seeds)"

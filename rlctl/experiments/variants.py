@@ -156,28 +156,31 @@ def ab_arms(a: str, b: str, sets: list[str]) -> list[Arm]:
 LABELS = ("name", "description", "logging.wandb.name")
 
 
-def inert_only(arms: list[Arm]) -> dict[str, tuple[list[Any], Any]] | None:
-    """Where the arms differ only in recipe keys that cannot act as each arm's backend runs it (Backend.inert, the
-    mechanism of preflight's algorithm.inert; names and descriptions aside), so that every arm would train
-    identically: {key: (its values across the arms, the Inert of the first arm)}; None where they really differ (or
-    differ in nothing but seeds: a noise check, on purpose)."""
+def inert_keys(arms: list[Arm]) -> dict[str, tuple[list[Any], Any]]:
+    """The recipe keys the arms differ in that cannot act in ANY arm as its backend runs it (Backend.inert, the
+    mechanism of preflight's algorithm.inert; names and descriptions aside): {key: (its values across the arms, the
+    Inert of the first arm)}. Empty where every differing key acts somewhere, or rlctl cannot judge an arm."""
     from rlctl.recipe.planning import prepare
 
     varying = sorted({k for a in arms for k in a.diff} - set(LABELS))
     if not varying:
-        return None
-    found: dict[str, Any] = {}
+        return {}
+    per_arm = []
     for arm in arms:
         try:
             prep = prepare(arm.recipe, arm.sets)
-            inert = {i.key: i for i in prep.backend.inert(prep.backend.effective(prep.recipe).recipe)}
+            per_arm.append({i.key: i for i in prep.backend.inert(prep.backend.effective(prep.recipe).recipe)})
         except Exception:  # an arm rlctl cannot prepare or judge: preflight_all reports it, with its settings
-            return None
-        if any(k not in inert for k in varying):
-            return None
-        for k in varying:
-            found.setdefault(k, inert[k])
-    return {k: (_values(arms, k), found[k]) for k in varying}
+            return {}
+    return {k: (_values(arms, k), per_arm[0][k]) for k in varying if all(k in i for i in per_arm)}
+
+
+def inert_only(arms: list[Arm]) -> dict[str, tuple[list[Any], Any]] | None:
+    """Where the arms differ only in keys that cannot act (inert_keys), so that every arm would train identically:
+    those keys; None where they really differ (or differ in nothing but seeds: a noise check, on purpose)."""
+    varying = {k for a in arms for k in a.diff} - set(LABELS)
+    found = inert_keys(arms)
+    return found if varying and set(found) == varying else None
 
 
 def _values(arms: list[Arm], key: str) -> list[Any]:
@@ -186,20 +189,59 @@ def _values(arms: list[Arm], key: str) -> list[Any]:
     return [a.diff[key][1] if key in a.diff else base for a in arms]
 
 
-def refuse_inert(arms: list[Arm], what: str) -> None:
-    """Refuse (exit 2) an experiment whose arms would train identically (inert_only), before anything is
-    preflighted or launched; `what`: the arms in words ("A and B", "the 2 arms of the grid")."""
-    same = inert_only(arms)
-    if not same:
-        return
-    keys = ", ".join(f"{k} ({' vs '.join(map(str, vals))})" for k, (vals, _) in same.items())
-    whys = "; ".join(f"{k}: {i.why}" for k, (_, i) in same.items())
-    fixes = "; ".join(dict.fromkeys(i.fix for _, i in same.values()))
-    sets = {k: v for _, i in same.values() for k, v in (i.set or {}).items()}
-    how = " ".join(f"--set {k}={v}" for k, v in sets.items())
-    raise RlctlError(f"{what} differ only in {keys}, which cannot act as the backend runs these recipes: every arm "
-                     f"would train identically, so nothing was launched. {whys}",
-                     hint=f"{fixes}{f' (for every arm: {how})' if how else ''}; or pass --force to launch anyway")
+def _fix(found: dict[str, tuple[list[Any], Any]]) -> tuple[str, str]:
+    """The inert keys' fixes in words, and the --set that applies them to every arm ("" where none is known)."""
+    fixes = "; ".join(dict.fromkeys(i.fix for _, i in found.values()))
+    sets = {k: v for _, i in found.values() for k, v in (i.set or {}).items()}
+    return fixes, " ".join(f"--set {k}={v}" for k, v in sets.items())
+
+
+def refuse_inert(arms: list[Arm], what: str, grid: list[tuple[str, list[str]]] | None = None,
+                 found: dict[str, tuple[list[Any], Any]] | None = None, force: bool = False) -> list[str]:
+    """Refuse (exit 2), before anything is preflighted or launched, arms that would train identically (inert_only),
+    and a grid axis whose key cannot act in any combination (its values would only repeat the same trainings); `what`:
+    the arms in words ("A and B", "the 2 arms of the grid"). Returns warnings for keys of an A/B diff that cannot act
+    beside others that do (the result is the others' alone), and with `force` what it would have refused."""
+    found = inert_keys(arms) if found is None else found
+    if not found:
+        return []
+    fixes, how = _fix(found)
+    varying = {k for a in arms for k in a.diff} - set(LABELS)
+    whys = "; ".join(f"{k}: {i.why}" for k, (_, i) in found.items())
+    if set(found) == varying:
+        if force:
+            return [f"--force: the arms differ only in {', '.join(found)}, which cannot act: they will train "
+                    "identically (the manifest records it; compare says it)"]
+        keys = ", ".join(f"{k} ({' vs '.join(map(str, vals))})" for k, (vals, _) in found.items())
+        raise RlctlError(f"{what} differ only in {keys}, which cannot act as the backend runs these recipes: every "
+                         f"arm would train identically, so nothing was launched. {whys}",
+                         hint=f"{fixes}{f' (for every arm: {how})' if how else ''}; or pass --force to launch anyway")
+    axes = [(k, vals) for k, vals in (grid or []) if k in found]
+    if axes and force:
+        return [f"--force: grid axis {', '.join(k for k, _ in axes)} cannot act in any arm: its values repeat the "
+                "same trainings (the manifest records it; compare says it)"]
+    if axes:
+        distinct = len(arms)
+        for _, vals in axes:
+            distinct //= len(vals)
+        names = ", ".join(f"{k} ({', '.join(vals)})" for k, vals in axes)
+        drop = " ".join(f"--grid {k}" for k, _ in axes)
+        raise RlctlError(f"grid axis {names} cannot act in any of the {len(arms)} arms as the backend runs them: the "
+                         f"grid is only {distinct} distinct trainings, each repeated, so nothing was launched. {whys}",
+                         hint=f"drop {drop}, or {fixes}{f' (for every arm: {how})' if how else ''}; or pass --force "
+                              "to launch anyway")
+    acting = ", ".join(sorted(varying - set(found)))
+    return [f"{k} ({' vs '.join(map(str, vals))}) cannot act as the backend runs these recipes, so the result is "
+            f"{acting}'s alone. {i.why}. To make it act: {i.fix}" for k, (vals, i) in found.items()]
+
+
+def inert_record(arms: list[Arm], forced: bool, found: dict[str, tuple[list[Any], Any]] | None = None
+                 ) -> dict[str, dict[str, Any]]:
+    """What the manifest keeps of the keys that cannot act (compare says it): values, why, and whether --force
+    launched arms that differ in nothing else."""
+    found = inert_keys(arms) if found is None else found
+    only = bool(found) and set(found) == {k for a in arms for k in a.diff} - set(LABELS)
+    return {k: {"values": vals, "why": i.why, "forced": forced and only} for k, (vals, i) in found.items()}
 
 
 def variants(exp: str, arms: list[Arm], n: int, first: int = 0) -> list[Variant]:

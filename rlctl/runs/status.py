@@ -108,20 +108,46 @@ def detail(rs: RunStatus, window: int = 40) -> dict[str, Any]:
 
 def way_forward(rs: RunStatus, ckpts: list[Any]) -> str | None:
     """What to type next for a run that needs a hand, from one place (status RUN's `next:` line, --json `next`): a
-    run going on without its supervisor, or lost (everything killed at once), is picked up by `rlctl resume`; a run
-    that failed or stalled of a cause rlctl names has that cause's fix; None: nothing to do (or nothing known)."""
+    run going on without its supervisor, or lost (everything killed at once), is picked up by `rlctl resume` (a
+    variant of an experiment whose queue is dead: by `rlctl experiment resume EXP`, which also launches the variants
+    still queued); a run that failed or stalled of a cause rlctl names has that cause's fix; None: nothing to do
+    (or nothing known)."""
     gone = _supervisor_gone(rs)
     if gone:
-        return str(gone["fix"])
+        exp = _dead_experiment(rs.path)
+        return (f"rlctl experiment resume {exp} (its queue is dead: it adopts {rs.path.name} and launches the "
+                "variants still queued)") if exp else str(gone["fix"])
     if rs.status == "lost":
         done = [c.step for c in ckpts if c.complete]
         frm = f"checkpoint step {done[-1]}" if done else \
             "its newest complete checkpoint" if _elsewhere(rs.state) else "the start: no complete checkpoint yet"
+        exp = _dead_experiment(rs.path)
+        if exp:  # the experiment's resume: the run's alone would leave its other variants queued for ever
+            return (f"rlctl experiment resume {exp} (its queue is dead: it resumes {rs.path.name} from {frm} and "
+                    "launches the variants still queued)")
         return f"rlctl resume {rs.path.name} (starts attempt {len(rs.attempts) + 1} from {frm})"
     if rs.status in ("failed", "stalled") and isinstance(rs.cause, dict) and rs.cause.get("fix"):
         # the causes' fixes are written for any run: here the run is known, so the command is ready to type
         return re.sub(r"(\brlctl (?:[a-z]+ )+)RUN\b", lambda m: m.group(1) + rs.path.name, str(rs.cause["fix"]))
     return None
+
+
+def _dead_experiment(run_dir: Path) -> str | None:
+    """The experiment the run is a variant of (its experiment.json, written by the queue), where that experiment's
+    queue is dead; None for a run of no experiment or one whose queue lives (it resumes its runs itself)."""
+    from rlctl.experiments.manifest import read_json
+
+    name = read_json(run_dir / "experiment.json").get("experiment")
+    if not isinstance(name, str):
+        return None
+    from rlctl.experiments.manifest import MANIFEST, exp_dir
+    from rlctl.experiments.queue import queue_alive
+
+    try:
+        d = exp_dir(name, run_dir.parent)
+    except Exception:  # a name rlctl would not have written: no experiment to name
+        return None
+    return name if (d / MANIFEST).is_file() and not queue_alive(d) else None
 
 
 def _sync(run_dir: Any, ckpts: list[Any]) -> dict[str, Any] | None:
