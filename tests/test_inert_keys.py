@@ -42,6 +42,8 @@ def test_eps_clip_on_the_quickstart_cannot_act_and_preflight_says_why_and_the_fi
                  "one optimizer step per generation batch of 32", "per_token_logps.detach()", "exactly 1"):
         assert said in fig, fig
     assert warn["set"] == {"train.epochs_per_rollout": 2} and "num_iterations = 2" in warn["fix"]
+    # the other way names both batch keys (hostile trial 11: the train batch alone left TRL's steps as they were)
+    assert "train.train_batch_size = 16 and train.micro_batch_size = 16" in warn["fix"], warn["fix"]
     # applying the fix closes it (vetted: nothing else newly fails or warns)
     assert _inert(["--set", "algorithm.eps_clip=0.1", "--set", "train.epochs_per_rollout=2"]) == []
     # several optimizer steps per rollout (32 samples, 16 per step): the second one trains on moved weights

@@ -309,8 +309,10 @@ class TRLBackend(Backend):
         epochs = next(n for n in range(2, accum // spg + 2) if accum % (spg * n))
         fix = (f"set train.epochs_per_rollout = {epochs} (num_iterations = {epochs}: each generation batch is trained "
                "on again after an optimizer step, where the ratio moves and the clip acts), or make "
-               f"train.train_batch_size smaller than a rollout ({samples} samples), e.g. {samples // 2}, so that "
-               "each rollout gets several optimizer steps")
+               f"train.train_batch_size smaller than a rollout ({samples} samples) together with the micro batch, "
+               f"e.g. train.train_batch_size = {samples // 2} and train.micro_batch_size = "
+               f"{max(samples // 2 // world, 1)}, so that each rollout gets several optimizer steps (the train "
+               "batch alone leaves TRL's per-device batch, and so its steps, as they are)")
         keys = ["algorithm.eps_clip"] + [f"backend.trl.extra.{k}" for k in CLIP_EXTRAS]
         for key in keys:
             out.setdefault(key, Inert(key, why, fix, {"train.epochs_per_rollout": epochs}))
