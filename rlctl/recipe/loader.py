@@ -479,15 +479,21 @@ def _mapping_values(annotation: Any) -> Any:
 # validation with useful messages
 
 
-def suggest(dotted: str) -> str | None:
-    """A did-you-mean for an unknown dotted key: an alias, the same name in another section, or a close spelling."""
+def suggest(dotted: str, table: bool = False) -> str | None:
+    """A did-you-mean for an unknown dotted key: an alias, the same name in another section, or a close spelling.
+    A section is suggested only for a table (`tokn = ...` is no misspelt [logging.wandb]); a key that looks like a
+    credential gets none: the secret refusal advises it (a did-you-mean would put the key into, say, a run name)."""
+    from rlctl.core.secrets import credential_slip
+
+    if credential_slip(dotted):
+        return None
     leaf = dotted.split(".")[-1]
     section = dotted.rsplit(".", 1)[0] if "." in dotted else ""
     if leaf in ALIASES:
         return ALIASES[leaf]
     if dotted in ALIASES:
         return ALIASES[dotted]
-    known = all_key_paths()
+    known = [p for p in all_key_paths() if table or p not in SECTIONS]
     if section.startswith("executor.") and (table := executor_table_model(section.split(".")[1])) is not None:
         known = [f"{section}.{k}" for k in table.model_fields]  # an executor's own table: its keys
     same_leaf = [p for p in known if p.split(".")[-1] == leaf and p != dotted]
@@ -652,11 +658,17 @@ def _type_fix(err: dict[str, Any], dotted: str, data: dict[str, Any]) -> str:
 
 
 def literal_secrets(data: dict[str, Any]) -> list[str]:
-    """Dotted keys outside [env] whose name says they hold a secret (is_secret_name) and that hold a value.
+    """Dotted keys whose value rlctl would write although their name says a secret: outside [env], a secret name
+    (is_secret_name) or a slip of one (credential_slip) that holds a value; in [env], a slip of a secret name that
+    holds a literal (a real secret name is masked as ${NAME}; a slip would be written in plain text).
     rlctl passes secrets to a run only through its environment, never through argv or config files it writes."""
-    from rlctl.core.secrets import is_secret_name
+    from rlctl.core.secrets import credential_slip, looks_secret
 
     found: list[str] = []
+    env = data.get("env")
+    if isinstance(env, dict):
+        found.extend(f"env.{k}" for k, v in env.items() if credential_slip(str(k)) and isinstance(v, str)
+                     and v and not re.fullmatch(r"\$\{[^}]+\}", v.strip()))
 
     def walk(node: Any, prefix: str) -> None:
         if isinstance(node, dict):
@@ -664,7 +676,7 @@ def literal_secrets(data: dict[str, Any]) -> list[str]:
                 dotted = f"{prefix}.{k}" if prefix else str(k)
                 if dotted == "env":
                     continue
-                if is_secret_name(str(k)) and v not in (None, "", True, False) and not isinstance(v, dict):
+                if looks_secret(str(k)) and v not in (None, "", True, False) and not isinstance(v, dict):
                     found.append(dotted)
                 else:
                     walk(v, dotted)
@@ -720,17 +732,16 @@ def validate(
 ) -> Recipe:
     problems: list[str] = []
     unknown = _unknown_keys(data)
-    hints = {dotted: suggest(dotted) for dotted in unknown}
+    hints = {dotted: suggest(dotted, isinstance(_at(data, dotted), dict)) for dotted in unknown}
+    secrets: set[str] = set()
     for dotted in literal_secrets(data):
         if _typo(dotted, hints.get(dotted)):  # a key the schema lacks, a slip of one it has, is a typo first: it
             continue  # holds nothing rlctl would write (refused below as unknown); elsewhere the rule holds as ever
-        name = re.sub(r"[^A-Za-z0-9_]", "_", dotted.rsplit(".", 1)[-1]).upper()
-        problems.append(
-            f"{_where(dotted, origins, texts, top)}: `{dotted}` holds a secret; rlctl never writes secrets into a "
-            f"run's argv or files. Remove it and put the credential in the environment under the name the backend "
-            f"reads (e.g. [env] {name} = \"${{{name}}}\" and `export {name}=...`): environment secrets reach the run "
-            "without being written anywhere.")
+        secrets.add(dotted)  # one error per key: a key refused as a secret is not also an unknown key
+        problems.append(_secret_problem(dotted, _where(dotted, origins, texts, top)))
     for dotted in unknown:
+        if dotted in secrets:
+            continue
         where = _where(dotted, origins, texts, top)
         hint = hints[dotted]
         msg = f"{where}: unknown key `{dotted}`."
@@ -788,6 +799,24 @@ def validate(
     return recipe
 
 
+def _secret_problem(dotted: str, where: str) -> str:
+    """The refusal of a secret written into a recipe, with its fix: the environment variable its library reads."""
+    from rlctl.core.secrets import corrected, credential_slip, env_name_for
+
+    slip = credential_slip(dotted)
+    if dotted.startswith("env."):
+        name = corrected(dotted[4:])
+        return (f"{where}: `{dotted}` is spelt like a secret ({slip[0] if slip else ''} for {slip[1] if slip else ''})"
+                f" but is not a secret name, so its value would be written in plain text into the run's files."
+                f"\n  fix: spell it {name} and give it from your environment: [env] {name} = \"${{{name}}}\" and "
+                f"`export {name}=...`.")
+    name = env_name_for(dotted)
+    said = "holds a secret" if not slip else f"looks like a credential ({slip[0]} for {slip[1].lower()})"
+    return (f"{where}: `{dotted}` {said}; rlctl never writes secrets into a run's argv or files. Remove it and put "
+            f"the credential in the environment under the name the backend reads (e.g. [env] {name} = \"${{{name}}}\""
+            f" and `export {name}=...`): environment secrets reach the run without being written anywhere.")
+
+
 def _typo(dotted: str, hint: str | None) -> bool:
     """Whether an unknown key is a slip of the known key `hint` (`max_token` of `max_tokens`), not merely near it
     (`hf_token` is near `max_tokens` too, and means a credential)."""
@@ -795,6 +824,18 @@ def _typo(dotted: str, hint: str | None) -> bool:
         return False
     leaf, meant = dotted.rsplit(".", 1)[-1], hint.rsplit(".", 1)[-1]
     return leaf == meant or difflib.SequenceMatcher(None, leaf, meant).ratio() >= 0.8
+
+
+def _at(data: dict[str, Any], dotted: str) -> Any:
+    """The value at a dotted key (a table's name may hold dots, as in _without), else None."""
+    node: Any = data
+    rest = dotted
+    while isinstance(node, dict) and rest not in node:
+        head = next((k for k in node if rest.startswith(f"{k}.")), None)
+        if head is None:
+            return None
+        node, rest = node[head], rest[len(head) + 1:]
+    return node.get(rest) if isinstance(node, dict) else None
 
 
 def _without(data: dict[str, Any], dotted_keys: list[str]) -> dict[str, Any]:
