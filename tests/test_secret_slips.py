@@ -45,3 +45,12 @@ def test_a_credential_looking_key_gets_the_secret_advice_not_a_did_you_mean(cli,
 def test_a_section_is_never_suggested_for_a_key(cli):
     r = cli("render", QUICKSTART, "--set", "logging.wandbx=1")
     assert r.code == 2 and "Did you mean `logging.wandb`" not in r.err, r.err
+
+
+@pytest.mark.parametrize("text", ['[backend.trl]\nextra = { hub_token = "hf_x" }\n',
+                                  '[backend]\ntrl = { extra = { hub_token = "hf_x" } }\n'])
+def test_a_secret_in_an_inline_extra_table_names_its_line(cli, tmp_path, text):
+    r = tmp_path / "bad2.toml"
+    r.write_text(f'extends = "{QUICKSTART}"\n\n{text}')
+    res = cli("render", str(r))
+    assert res.code == 2 and f"{r}:4: `backend.trl.extra.hub_token` holds a secret" in res.err, res.err

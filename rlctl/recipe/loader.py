@@ -199,7 +199,7 @@ def locate(text: str, dotted: str) -> int | None:
     """The line (1-based) where `dotted` is set in a TOML text, or None. Handles tables and dotted keys."""
     target = dotted.split(".")
     table: list[str] = []
-    best = None
+    best = inline = None
     for lineno, line in enumerate(text.splitlines(), start=1):
         m = _HEADER.match(line)
         if m:
@@ -214,7 +214,11 @@ def locate(text: str, dotted: str) -> int | None:
                 return lineno
             if best is None and key[: len(target)] == target:
                 best = lineno
-    return best
+            # an inline table (`extra = { hub_token = "..." }`) sets the keys under it on its own line
+            if inline is None and len(key) < len(target) and target[: len(key)] == key \
+                    and re.search(rf"[{{,]\s*[\"']?{re.escape(target[-1])}[\"']?\s*=", line):
+                inline = lineno
+    return best or inline
 
 
 # --------------------------------------------------------------------------------------------------------------
