@@ -54,3 +54,13 @@ def test_a_secret_in_an_inline_extra_table_names_its_line(cli, tmp_path, text):
     r.write_text(f'extends = "{QUICKSTART}"\n\n{text}')
     res = cli("render", str(r))
     assert res.code == 2 and f"{r}:4: `backend.trl.extra.hub_token` holds a secret" in res.err, res.err
+
+
+@pytest.mark.parametrize("text,line,key", [('[optim]\nlr = 1e-6\nlr = 2e-6\n', 5, "optim.lr"),
+                                           ('[optim]\nlr = 1e-6\n\n[optim]\nlr = 2e-6\n', 6, "optim")])
+def test_a_duplicate_key_names_the_line_of_the_second_and_the_fix(cli, tmp_path, text, line, key):
+    r = tmp_path / "bad4.toml"
+    r.write_text(f'extends = "{QUICKSTART}"\n\n{text}')
+    res = cli("render", str(r))
+    assert res.code == 2 and f"{r}:{line}: " in res.err and f"`{key}`" in res.err, res.err
+    assert "fix: " in res.err and "delete" in res.err and ".." not in res.err

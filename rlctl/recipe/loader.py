@@ -14,7 +14,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import tomlkit
 import tomlkit.exceptions
@@ -155,22 +155,59 @@ def read_toml(path: Path) -> tuple[dict[str, Any], str]:
         raise RecipeError(f"{path}:{line}: not valid UTF-8 text (byte {e.start}).") from None
     try:
         doc = tomlkit.parse(text)
-    except tomlkit.exceptions.ParseError as e:
-        line = getattr(e, "line", None)
-        col = getattr(e, "col", None)
-        where = f"{path}:{line}:{col}" if line else str(path)
-        msg = str(e).split(" at line")[0]
-        raise RecipeError(
-            f"{where}: malformed TOML: {msg}.", hint="fix the syntax at that line (strings need quotes)."
-        ) from None
-    except Exception as e:  # tomlkit raises assorted errors on odd input; none must escape as a traceback
-        raise RecipeError(f"{path}: malformed TOML: {e}.") from None
+    except Exception as e:
+        if "already exists" in str(e) and (dup := duplicate_key(text)):  # tomlkit says which key, not where
+            line, dotted, first = dup
+            raise RecipeError(f"{path}:{line}: `{dotted}` is set a second time (first at line {first}); TOML allows "
+                              "a key or table once.", hint=f"delete one of the two (line {first} or {line}), keeping "
+                                                           "the value you mean.") from None
+        _malformed(path, e)
     data = _plain(doc.unwrap())
     env = doc.get("env")
     if isinstance(data.get("env"), dict) and hasattr(env, "items"):
         for k, v in env.items():
             data["env"][str(k)] = env_value(data["env"][str(k)], v.as_string() if hasattr(v, "as_string") else "")
     return data, text
+
+
+def _malformed(path: Path, e: Exception) -> NoReturn:
+    if isinstance(e, tomlkit.exceptions.ParseError):
+        line = getattr(e, "line", None)
+        col = getattr(e, "col", None)
+        where = f"{path}:{line}:{col}" if line else str(path)
+        msg = str(e).split(" at line")[0].rstrip(".")
+        raise RecipeError(
+            f"{where}: malformed TOML: {msg}.", hint="fix the syntax at that line (strings need quotes)."
+        ) from None
+    # tomlkit raises assorted errors on odd input; none must escape as a traceback
+    raise RecipeError(f"{path}: malformed TOML: {str(e).rstrip('.')}.") from None
+
+
+def duplicate_key(text: str) -> tuple[int, str, int] | None:
+    """(line, dotted key, line of its first setting) of the first key or [table]
+    a TOML text sets a second time, or None.
+    Keys in [[array]] tables are each element's own, and are not compared."""
+    seen: dict[str, int] = {}
+    table: list[str] = []
+    in_array = False
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        m = _HEADER.match(line)
+        if m:
+            table = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+            in_array = line.lstrip().startswith("[[")
+            dotted = ".".join(table)
+            if not in_array:
+                if f"[{dotted}]" in seen:
+                    return lineno, dotted, seen[f"[{dotted}]"]
+                seen[f"[{dotted}]"] = lineno
+            continue
+        k = _KEY.match(line)
+        if k and not in_array:
+            dotted = ".".join(table + [p.strip().strip("\"'") for p in k.group(1).split(".")])
+            if dotted in seen:
+                return lineno, dotted, seen[dotted]
+            seen[dotted] = lineno
+    return None
 
 
 def env_value(value: Any, typed: str) -> Any:
