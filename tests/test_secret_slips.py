@@ -64,3 +64,9 @@ def test_a_duplicate_key_names_the_line_of_the_second_and_the_fix(cli, tmp_path,
     res = cli("render", str(r))
     assert res.code == 2 and f"{r}:{line}: " in res.err and f"`{key}`" in res.err, res.err
     assert "fix: " in res.err and "delete" in res.err and ".." not in res.err
+
+
+def test_a_key_missing_because_of_a_set_blames_the_set_not_the_file(cli):
+    r = cli("render", QUICKSTART, "--set", 'lora.target_modules=["q_proj"]')
+    assert r.code == 2 and "--set lora.target_modules: " in r.err and "`lora.rank`" in r.err, r.err
+    assert "quickstart.toml: missing" not in r.err and "--set lora.rank=" in r.err

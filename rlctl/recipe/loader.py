@@ -820,7 +820,12 @@ def validate(
             where = _where(dotted, origins, texts, top)
             if err["type"] == "missing" and dotted in hints.values():
                 continue  # a misspelling of it is said above, with its did-you-mean
-            if err["type"] == "missing":
+            if err["type"] == "missing" and (by := _made_by_option(dotted, origins)):
+                option, key = by  # the section exists only because an option set a key of it: that option is why
+                section = dotted.rsplit(".", 1)[0]
+                problems.append(f"{option} {key}: sets [{section}], which then needs `{dotted}` (missing)."
+                                f"\n  fix: also {option} {dotted}=..., or drop {option} {key}.")
+            elif err["type"] == "missing":
                 section = dotted.rsplit(".", 1)[0] if "." in dotted else dotted
                 problems.append(f"{where}: missing required key `{dotted}`." + (
                     f" Add it under [{section}]." if "." in dotted else f" Add a [{dotted}] table."
@@ -838,6 +843,16 @@ def validate(
     if problems:
         raise RecipeError("\n".join(problems)) from None
     return recipe
+
+
+def _made_by_option(dotted: str, origins: dict[str, Path]) -> tuple[str, str] | None:
+    """(option, key) when every key set under `dotted`'s section came from an option (--set, --grid): the section, and
+    so its missing key, is that option's doing, not the file's."""
+    section = dotted.rsplit(".", 1)[0] if "." in dotted else ""
+    under = [(k, str(src)) for k, src in origins.items() if section and k.startswith(section + ".")]
+    if under and all(src == SET or src in OPTIONS for _, src in under):
+        return under[0][1], under[0][0]
+    return None
 
 
 def _secret_problem(dotted: str, where: str) -> str:
