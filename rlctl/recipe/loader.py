@@ -14,7 +14,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import tomlkit
 import tomlkit.exceptions
@@ -155,22 +155,59 @@ def read_toml(path: Path) -> tuple[dict[str, Any], str]:
         raise RecipeError(f"{path}:{line}: not valid UTF-8 text (byte {e.start}).") from None
     try:
         doc = tomlkit.parse(text)
-    except tomlkit.exceptions.ParseError as e:
-        line = getattr(e, "line", None)
-        col = getattr(e, "col", None)
-        where = f"{path}:{line}:{col}" if line else str(path)
-        msg = str(e).split(" at line")[0]
-        raise RecipeError(
-            f"{where}: malformed TOML: {msg}.", hint="fix the syntax at that line (strings need quotes)."
-        ) from None
-    except Exception as e:  # tomlkit raises assorted errors on odd input; none must escape as a traceback
-        raise RecipeError(f"{path}: malformed TOML: {e}.") from None
+    except Exception as e:
+        if "already exists" in str(e) and (dup := duplicate_key(text)):  # tomlkit says which key, not where
+            line, dotted, first = dup
+            raise RecipeError(f"{path}:{line}: `{dotted}` is set a second time (first at line {first}); TOML allows "
+                              "a key or table once.", hint=f"delete one of the two (line {first} or {line}), keeping "
+                                                           "the value you mean.") from None
+        _malformed(path, e)
     data = _plain(doc.unwrap())
     env = doc.get("env")
     if isinstance(data.get("env"), dict) and hasattr(env, "items"):
         for k, v in env.items():
             data["env"][str(k)] = env_value(data["env"][str(k)], v.as_string() if hasattr(v, "as_string") else "")
     return data, text
+
+
+def _malformed(path: Path, e: Exception) -> NoReturn:
+    if isinstance(e, tomlkit.exceptions.ParseError):
+        line = getattr(e, "line", None)
+        col = getattr(e, "col", None)
+        where = f"{path}:{line}:{col}" if line else str(path)
+        msg = str(e).split(" at line")[0].rstrip(".")
+        raise RecipeError(
+            f"{where}: malformed TOML: {msg}.", hint="fix the syntax at that line (strings need quotes)."
+        ) from None
+    # tomlkit raises assorted errors on odd input; none must escape as a traceback
+    raise RecipeError(f"{path}: malformed TOML: {str(e).rstrip('.')}.") from None
+
+
+def duplicate_key(text: str) -> tuple[int, str, int] | None:
+    """(line, dotted key, line of its first setting) of the first key or [table]
+    a TOML text sets a second time, or None.
+    Keys in [[array]] tables are each element's own, and are not compared."""
+    seen: dict[str, int] = {}
+    table: list[str] = []
+    in_array = False
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        m = _HEADER.match(line)
+        if m:
+            table = [p.strip().strip("\"'") for p in m.group(1).split(".")]
+            in_array = line.lstrip().startswith("[[")
+            dotted = ".".join(table)
+            if not in_array:
+                if f"[{dotted}]" in seen:
+                    return lineno, dotted, seen[f"[{dotted}]"]
+                seen[f"[{dotted}]"] = lineno
+            continue
+        k = _KEY.match(line)
+        if k and not in_array:
+            dotted = ".".join(table + [p.strip().strip("\"'") for p in k.group(1).split(".")])
+            if dotted in seen:
+                return lineno, dotted, seen[dotted]
+            seen[dotted] = lineno
+    return None
 
 
 def env_value(value: Any, typed: str) -> Any:
@@ -199,7 +236,7 @@ def locate(text: str, dotted: str) -> int | None:
     """The line (1-based) where `dotted` is set in a TOML text, or None. Handles tables and dotted keys."""
     target = dotted.split(".")
     table: list[str] = []
-    best = None
+    best = inline = None
     for lineno, line in enumerate(text.splitlines(), start=1):
         m = _HEADER.match(line)
         if m:
@@ -214,7 +251,11 @@ def locate(text: str, dotted: str) -> int | None:
                 return lineno
             if best is None and key[: len(target)] == target:
                 best = lineno
-    return best
+            # an inline table (`extra = { hub_token = "..." }`) sets the keys under it on its own line
+            if inline is None and len(key) < len(target) and target[: len(key)] == key \
+                    and re.search(rf"[{{,]\s*[\"']?{re.escape(target[-1])}[\"']?\s*=", line):
+                inline = lineno
+    return best or inline
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -479,15 +520,21 @@ def _mapping_values(annotation: Any) -> Any:
 # validation with useful messages
 
 
-def suggest(dotted: str) -> str | None:
-    """A did-you-mean for an unknown dotted key: an alias, the same name in another section, or a close spelling."""
+def suggest(dotted: str, table: bool = False) -> str | None:
+    """A did-you-mean for an unknown dotted key: an alias, the same name in another section, or a close spelling.
+    A section is suggested only for a table (`tokn = ...` is no misspelt [logging.wandb]); a key that looks like a
+    credential gets none: the secret refusal advises it (a did-you-mean would put the key into, say, a run name)."""
+    from rlctl.core.secrets import credential_slip
+
+    if credential_slip(dotted):
+        return None
     leaf = dotted.split(".")[-1]
     section = dotted.rsplit(".", 1)[0] if "." in dotted else ""
     if leaf in ALIASES:
         return ALIASES[leaf]
     if dotted in ALIASES:
         return ALIASES[dotted]
-    known = all_key_paths()
+    known = [p for p in all_key_paths() if table or p not in SECTIONS]
     if section.startswith("executor.") and (table := executor_table_model(section.split(".")[1])) is not None:
         known = [f"{section}.{k}" for k in table.model_fields]  # an executor's own table: its keys
     same_leaf = [p for p in known if p.split(".")[-1] == leaf and p != dotted]
@@ -652,11 +699,17 @@ def _type_fix(err: dict[str, Any], dotted: str, data: dict[str, Any]) -> str:
 
 
 def literal_secrets(data: dict[str, Any]) -> list[str]:
-    """Dotted keys outside [env] whose name says they hold a secret (is_secret_name) and that hold a value.
+    """Dotted keys whose value rlctl would write although their name says a secret: outside [env], a secret name
+    (is_secret_name) or a slip of one (credential_slip) that holds a value; in [env], a slip of a secret name that
+    holds a literal (a real secret name is masked as ${NAME}; a slip would be written in plain text).
     rlctl passes secrets to a run only through its environment, never through argv or config files it writes."""
-    from rlctl.core.secrets import is_secret_name
+    from rlctl.core.secrets import credential_slip, looks_secret
 
     found: list[str] = []
+    env = data.get("env")
+    if isinstance(env, dict):
+        found.extend(f"env.{k}" for k, v in env.items() if credential_slip(str(k)) and isinstance(v, str)
+                     and v and not re.fullmatch(r"\$\{[^}]+\}", v.strip()))
 
     def walk(node: Any, prefix: str) -> None:
         if isinstance(node, dict):
@@ -664,7 +717,7 @@ def literal_secrets(data: dict[str, Any]) -> list[str]:
                 dotted = f"{prefix}.{k}" if prefix else str(k)
                 if dotted == "env":
                     continue
-                if is_secret_name(str(k)) and v not in (None, "", True, False) and not isinstance(v, dict):
+                if looks_secret(str(k)) and v not in (None, "", True, False) and not isinstance(v, dict):
                     found.append(dotted)
                 else:
                     walk(v, dotted)
@@ -720,17 +773,16 @@ def validate(
 ) -> Recipe:
     problems: list[str] = []
     unknown = _unknown_keys(data)
-    hints = {dotted: suggest(dotted) for dotted in unknown}
+    hints = {dotted: suggest(dotted, isinstance(_at(data, dotted), dict)) for dotted in unknown}
+    secrets: set[str] = set()
     for dotted in literal_secrets(data):
         if _typo(dotted, hints.get(dotted)):  # a key the schema lacks, a slip of one it has, is a typo first: it
             continue  # holds nothing rlctl would write (refused below as unknown); elsewhere the rule holds as ever
-        name = re.sub(r"[^A-Za-z0-9_]", "_", dotted.rsplit(".", 1)[-1]).upper()
-        problems.append(
-            f"{_where(dotted, origins, texts, top)}: `{dotted}` holds a secret; rlctl never writes secrets into a "
-            f"run's argv or files. Remove it and put the credential in the environment under the name the backend "
-            f"reads (e.g. [env] {name} = \"${{{name}}}\" and `export {name}=...`): environment secrets reach the run "
-            "without being written anywhere.")
+        secrets.add(dotted)  # one error per key: a key refused as a secret is not also an unknown key
+        problems.append(_secret_problem(dotted, _where(dotted, origins, texts, top)))
     for dotted in unknown:
+        if dotted in secrets:
+            continue
         where = _where(dotted, origins, texts, top)
         hint = hints[dotted]
         msg = f"{where}: unknown key `{dotted}`."
@@ -768,7 +820,12 @@ def validate(
             where = _where(dotted, origins, texts, top)
             if err["type"] == "missing" and dotted in hints.values():
                 continue  # a misspelling of it is said above, with its did-you-mean
-            if err["type"] == "missing":
+            if err["type"] == "missing" and (by := _made_by_option(dotted, origins)):
+                option, key = by  # the section exists only because an option set a key of it: that option is why
+                section = dotted.rsplit(".", 1)[0]
+                problems.append(f"{option} {key}: sets [{section}], which then needs `{dotted}` (missing)."
+                                f"\n  fix: also {option} {dotted}=..., or drop {option} {key}.")
+            elif err["type"] == "missing":
                 section = dotted.rsplit(".", 1)[0] if "." in dotted else dotted
                 problems.append(f"{where}: missing required key `{dotted}`." + (
                     f" Add it under [{section}]." if "." in dotted else f" Add a [{dotted}] table."
@@ -788,6 +845,34 @@ def validate(
     return recipe
 
 
+def _made_by_option(dotted: str, origins: dict[str, Path]) -> tuple[str, str] | None:
+    """(option, key) when every key set under `dotted`'s section came from an option (--set, --grid): the section, and
+    so its missing key, is that option's doing, not the file's."""
+    section = dotted.rsplit(".", 1)[0] if "." in dotted else ""
+    under = [(k, str(src)) for k, src in origins.items() if section and k.startswith(section + ".")]
+    if under and all(src == SET or src in OPTIONS for _, src in under):
+        return under[0][1], under[0][0]
+    return None
+
+
+def _secret_problem(dotted: str, where: str) -> str:
+    """The refusal of a secret written into a recipe, with its fix: the environment variable its library reads."""
+    from rlctl.core.secrets import corrected, credential_slip, env_name_for
+
+    slip = credential_slip(dotted)
+    if dotted.startswith("env."):
+        name = corrected(dotted[4:])
+        return (f"{where}: `{dotted}` is spelt like a secret ({slip[0] if slip else ''} for {slip[1] if slip else ''})"
+                f" but is not a secret name, so its value would be written in plain text into the run's files."
+                f"\n  fix: spell it {name} and give it from your environment: [env] {name} = \"${{{name}}}\" and "
+                f"`export {name}=...`.")
+    name = env_name_for(dotted)
+    said = "holds a secret" if not slip else f"looks like a credential ({slip[0]} for {slip[1].lower()})"
+    return (f"{where}: `{dotted}` {said}; rlctl never writes secrets into a run's argv or files. Remove it and put "
+            f"the credential in the environment under the name the backend reads (e.g. [env] {name} = \"${{{name}}}\""
+            f" and `export {name}=...`): environment secrets reach the run without being written anywhere.")
+
+
 def _typo(dotted: str, hint: str | None) -> bool:
     """Whether an unknown key is a slip of the known key `hint` (`max_token` of `max_tokens`), not merely near it
     (`hf_token` is near `max_tokens` too, and means a credential)."""
@@ -795,6 +880,18 @@ def _typo(dotted: str, hint: str | None) -> bool:
         return False
     leaf, meant = dotted.rsplit(".", 1)[-1], hint.rsplit(".", 1)[-1]
     return leaf == meant or difflib.SequenceMatcher(None, leaf, meant).ratio() >= 0.8
+
+
+def _at(data: dict[str, Any], dotted: str) -> Any:
+    """The value at a dotted key (a table's name may hold dots, as in _without), else None."""
+    node: Any = data
+    rest = dotted
+    while isinstance(node, dict) and rest not in node:
+        head = next((k for k in node if rest.startswith(f"{k}.")), None)
+        if head is None:
+            return None
+        node, rest = node[head], rest[len(head) + 1:]
+    return node.get(rest) if isinstance(node, dict) else None
 
 
 def _without(data: dict[str, Any], dotted_keys: list[str]) -> dict[str, Any]:
