@@ -62,3 +62,15 @@ def test_a_deletion_written_as_a_table_is_one_error_and_never_rendered(tmp_path)
     assert not any(str(a).startswith("~") for a in prep.plan.argv), prep.plan.argv
     errors = [f for f in prep.validate() if f.level == "error"]
     assert len(errors) == 1 and "`~`" in errors[0].message and "does not exist" not in errors[0].message, errors
+
+
+def test_an_extra_given_as_text_is_compared_as_hydra_reads_it():
+    """`"…optim.lr" = "1e-6"` reaches verl's argv as `…optim.lr=1e-6`, which Hydra reads as the float 1e-06: the
+    recipe's own lr = 1e-6, so no override. The text was compared with the rendered number and always reported
+    ("a recipe with it renders … otherwise"). A different value given as text is an override the checks read."""
+    lr = f'backend.verl.extra.{A}.actor.optim.lr="1e-6"'
+    assert prepare(VERL, ["optim.lr=1e-6", lr]).recipe.backend.extra()[f"{A}.actor.optim.lr"] == "1e-6"
+    assert _said(prepare(VERL, ["optim.lr=1e-6", lr]), "optim.lr") == []
+    assert _said(prepare(VERL, [f'backend.verl.extra.{A}.rollout.n="{8}"', "rollout.group_size=8"]), "rollout.n") == []
+    said = _said(prepare(VERL, ["optim.lr=1e-6", f'backend.verl.extra.{A}.actor.optim.lr="2e-6"']), "optim.lr")
+    assert len(said) == 1 and "optim.lr = 2e-06" in said[0] and "otherwise" not in said[0], said

@@ -58,6 +58,19 @@ def _get(recipe: Any, dotted: str) -> Any:
     return recipe
 
 
+def as_verl_reads(v: Any) -> Any:
+    """An override's value as verl receives it: rendered onto the argv (`key=value`), then read by Hydra's grammar;
+    a string "1e-6" and the float 1e-06 are the same override. Lists and tables element by element."""
+    from rlctl.backends.verl import _val
+    from rlctl.backends.verl.memory import hydra_value
+
+    if isinstance(v, list):
+        return [as_verl_reads(x) for x in v]
+    if isinstance(v, dict):
+        return {k: as_verl_reads(x) for k, x in v.items()}
+    return hydra_value(_val(v))
+
+
 def _with(recipe: Recipe, values: dict[str, Any]) -> Recipe:
     """The recipe with these keys set; what the recipe set itself stays set, the rest stays at its default."""
     from rlctl.recipe.schema import Recipe as RecipeModel
@@ -79,7 +92,9 @@ def effective(backend: Any, recipe: Recipe) -> Effective:
     without = recipe.model_copy(deep=True)
     without.backend.table().extra.clear()
     rendered = dict(backend.overrides(without, None))
-    hits = {k: v for k, v in extra.items() if k in rendered and v != rendered[k]}
+    # compared as verl reads both (a number given as text included); the checks take the value as verl reads it
+    read = {k: as_verl_reads(v) for k, v in extra.items() if k in rendered}
+    hits = {k: v for k, v in read.items() if v != as_verl_reads(rendered[k])}
     if not hits:
         return Effective(recipe)
     k = backend.optimizer_steps_per_logged_step(recipe)
@@ -98,7 +113,7 @@ def effective(backend: Any, recipe: Recipe) -> Effective:
     try:
         eff = _with(recipe, values) if values else recipe
         ran = dict(backend.overrides(eff, None))
-        moved = [x for x in hits if x in RECIPE_KEY and ran.get(x) != hits[x]]
+        moved = [x for x in hits if x in RECIPE_KEY and as_verl_reads(ran.get(x)) != hits[x]]
         if moved:
             eff, why = recipe, f"a recipe with it renders {', '.join(moved)} otherwise"
     except (ValidationError, TypeError, ValueError) as e:
