@@ -162,3 +162,20 @@ def test_ray_executor_keeps_secrets_out_of_the_job_and_its_spec(tmp_path, monkey
     spec = RayExecutor().prepare(tmp_path, {}, env, plan, recipe, None)
     assert "not sent to the Ray cluster at http://head.example:8265" in capsys.readouterr().err
     assert "SERVICE_TOKEN" not in spec["env_keys"]
+
+
+def test_an_extra_put_directly_under_backend_is_one_error_saying_where_extras_go(tmp_path):
+    """`[backend] extra = { hub_token = "x" }` gave the secret refusal beside "unknown key `backend.extra`. Did you
+    mean `backend.name`?": one error now, at its line, naming [backend.trl.extra] and the secret's advice."""
+    r = tmp_path / "r.toml"
+    r.write_text(f'extends = "{RECIPES / "quickstart.toml"}"\n\n[backend]\nextra = {{ hub_token = "x" }}\n')
+    with pytest.raises(RecipeError) as e:
+        load(r)
+    msg = str(e.value)
+    assert msg.startswith(f"{r}:4: ") and msg.count(f"{r}:") == 1, msg
+    assert "[backend.trl.extra]" in msg and "backend.name" not in msg, msg
+    assert "`backend.extra.hub_token` holds a secret" in msg and "export HF_TOKEN" in msg, msg
+    r.write_text(f'extends = "{RECIPES / "quickstart.toml"}"\n\n[backend.extra]\nbeta = 0.1\n')
+    with pytest.raises(RecipeError, match=r"r\.toml:3: .*\[backend\.trl\.extra\]") as e:
+        load(r)
+    assert "\n" not in str(e.value).split("\n  fix:")[0], str(e.value)

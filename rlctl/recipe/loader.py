@@ -27,6 +27,7 @@ from rlctl.recipe import paths
 from rlctl.recipe.schema import (
     ALIASES,
     SECTIONS,
+    BackendExtra,
     BackendSection,
     Recipe,
     TableErrors,
@@ -774,8 +775,13 @@ def validate(
     problems: list[str] = []
     unknown = _unknown_keys(data)
     hints = {dotted: suggest(dotted, isinstance(_at(data, dotted), dict)) for dotted in unknown}
+    misplaced = {dotted: table for dotted in unknown if (table := _backend_table_key(dotted, data))}
     secrets: set[str] = set()
+    held: dict[str, list[str]] = {}  # a misplaced backend key -> the secrets under it (said in its one error)
     for dotted in literal_secrets(data):
+        if (at := next((m for m in misplaced if dotted.startswith(m + ".")), None)) is not None:
+            held.setdefault(at, []).append(dotted)
+            continue
         if _typo(dotted, hints.get(dotted)):  # a key the schema lacks, a slip of one it has, is a typo first: it
             continue  # holds nothing rlctl would write (refused below as unknown); elsewhere the rule holds as ever
         secrets.add(dotted)  # one error per key: a key refused as a secret is not also an unknown key
@@ -784,6 +790,9 @@ def validate(
         if dotted in secrets:
             continue
         where = _where(dotted, origins, texts, top)
+        if dotted in misplaced:
+            problems.append(_misplaced_problem(dotted, misplaced[dotted], where, held.get(dotted, [])))
+            continue
         hint = hints[dotted]
         msg = f"{where}: unknown key `{dotted}`."
         if hint:
@@ -871,6 +880,36 @@ def _secret_problem(dotted: str, where: str) -> str:
     return (f"{where}: `{dotted}` {said}; rlctl never writes secrets into a run's argv or files. Remove it and put "
             f"the credential in the environment under the name the backend reads (e.g. [env] {name} = \"${{{name}}}\""
             f" and `export {name}=...`): environment secrets reach the run without being written anywhere.")
+
+
+def _backend_table_key(dotted: str, data: dict[str, Any]) -> str | None:
+    """`backend.extra` (or another key of a `[backend.<name>]` table) written directly under [backend]: the table it
+    belongs in, `backend.<the recipe's backend>.extra`, or `backend.<name>.extra` where the recipe names none."""
+    section, _, leaf = dotted.rpartition(".")
+    if section != "backend":
+        return None
+    backend = data.get("backend") if isinstance(data.get("backend"), dict) else {}
+    name = backend.get("name") if isinstance(backend.get("name"), str) else None
+    known = name in available_backends()
+    if leaf not in (backend_table_model(name) if known else BackendExtra).model_fields:
+        return None
+    return f"backend.{name if known else '<name>'}.{leaf}"
+
+
+def _misplaced_problem(dotted: str, meant: str, where: str, secrets: list[str]) -> str:
+    """One error for a backend table's key put directly under [backend], with the secret advice for any key under it
+    (moved to where it belongs, a secret would still be refused)."""
+    section = meant.rsplit(".", 1)[0]
+    msg = (f"{where}: `{dotted}` is no key of [backend]: it belongs in a backend's own table, "
+           f"[backend.<name>.{meant.rsplit('.', 1)[1]}]" + (f" ([{meant}] for this recipe's backend)" if
+                                                            "<name>" not in meant else "") + ".")
+    fix = f"move it: [{meant}]" if "<name>" not in meant else f"move it under [{section}] of the backend that runs it"
+    if secrets:
+        fix += " (without the secret below)"
+    msg += f"\n  fix: {fix}."
+    for s in secrets:  # the secret's own advice, without a second location
+        msg += "\n  " + _secret_problem(s, "").removeprefix(": ")
+    return msg
 
 
 def _typo(dotted: str, hint: str | None) -> bool:
