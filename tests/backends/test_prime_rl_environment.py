@@ -117,3 +117,27 @@ def test_remote_executor_is_not_checked_from_here(tmp_path):
     co = checkout(tmp_path, *FA2)
     [res] = results(tmp_path, co, 'resources.executor="slurm"', name="env.vllm_router")
     assert res.verdict == "warn" and "not checked from here" in res.figure
+
+
+def test_an_attention_that_is_installed_is_given_as_set_and_closes_the_check(tmp_path, monkeypatch):
+    """The fixes were text only ("set backend.prime_rl.extra "trainer.model.attn" = ..."): where an installed
+    attention would do, it is the check's `set`, and applying it (as `--set`) closes the check. A fix no recipe
+    value gives (a package to install) stays text."""
+    import json
+
+    def applied(co, res, *extra):
+        return results(tmp_path, co, *extra, *[f"{k}={json.dumps(v)}" for k, v in res.set.items()])
+
+    key = "backend.prime_rl.extra.trainer.model.attn"
+    monkeypatch.setattr("rlctl.backends.prime_rl.environment.compute_capabilities", lambda: None)
+    co = checkout(tmp_path, *FA2)
+    [res] = results(tmp_path, co)  # auto, no GPU visible: which one it picks is unknown
+    assert res.verdict == "warn" and res.set == {key: "flash_attention_2"}, res
+    assert [r.verdict for r in applied(co, res)] == ["ok"]
+    fa3 = 'backend.prime_rl.extra={"trainer.model.attn"="flash_attention_3"}'
+    [res] = results(tmp_path, co, fa3)
+    assert res.verdict == "fail" and res.set == {key: "flash_attention_2"}, res
+    assert [r.verdict for r in applied(co, res, fa3)] == ["ok"]
+    [res] = results(tmp_path, checkout(tmp_path / "4", *FA4), 'backend.prime_rl.extra={"trainer.model.attn"='
+                    '"flash_attention_4"}')  # flash_attn itself missing: only installing it helps
+    assert res.verdict == "fail" and not res.set, res

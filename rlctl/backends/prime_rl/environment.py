@@ -138,6 +138,9 @@ def _flash_attn(facts: dict, attn: str, python: Path, where: str, checkout: str 
     if isinstance(found, str):
         return Result("env.flash_attn", WARN, f"could not check the trainer's flash-attention in {where}: {found}",
                       f"check by hand that {', '.join(modules)} import there")
+    # an installed attention the trainer could load with instead: the fix as data (`set`), as `--set` would give it
+    usable = [a for a in sorted(choices) if found.get(choices[a]["module"]) and not _fa4_stub(facts, a, found)]
+    sets = {f"backend.prime_rl.extra.{key}": usable[-1]} if usable else None
     problems: list[tuple[str, str]] = []
     for need in facts["trainer_load"]:
         if not found.get(need["module"]):
@@ -160,15 +163,18 @@ def _flash_attn(facts: dict, attn: str, python: Path, where: str, checkout: str 
                 return Result("env.flash_attn", WARN, f"could not check which flash-attention {said} picks: "
                               f"{'no GPU visible here' if not caps else 'GPUs of several kinds'} (it picks by the "
                               f"trainer GPU's compute capability); {', '.join(have)} installed in {where}",
-                              f"set backend.prime_rl.extra \"{key}\" = \"{have[-1]}\" to say which one runs")
+                              f"set backend.prime_rl.extra \"{key}\" = \"{have[-1]}\" to say which one runs",
+                              set=sets if sets and have[-1] in sets.values() else None)
         else:
             resolved_attn = picks.pop()
             said += f" (prime-rl resolves it to {resolved_attn} on this machine's GPU)"
     need = choices.get(resolved_attn)
+    attention_only = False  # the one problem is the attention: another installed one closes the check
     if need and not found.get(need["module"]):
+        attention_only = not problems
         problems.append((f"{said} imports {need['module']} ({need['dist']}): it is not there",
                          f"{sync(checkout, need['extra'])}, or set backend.prime_rl.extra \"{key}\" to an attention "
-                         "that is installed"))
+                         "that is installed" + (f" ({usable[-1]})" if usable else "")))
     elif need and resolved_attn == "flash_attention_4" and facts.get("fa4_min_lines"):
         iface = found.get(need["module"] + ".interface")
         try:
@@ -181,9 +187,21 @@ def _flash_attn(facts: dict, attn: str, python: Path, where: str, checkout: str 
                              f"run {facts['fa4_fix']} in the prime-rl checkout"))
     if problems:
         return Result("env.flash_attn", FAIL, "; ".join(p for p, _ in problems) + f" (looked in {where}): the trainer "
-                      "dies at start", "; ".join(dict.fromkeys(f for _, f in problems)))
+                      "dies at start", "; ".join(dict.fromkeys(f for _, f in problems)),
+                      set=sets if attention_only and len(problems) == 1 else None)
     return Result("env.flash_attn", OK, f"{said}: {', '.join(sorted(m for m in modules if found.get(m)))} "
                   f"found in {where}")
+
+
+def _fa4_stub(facts: dict, attn: str, found: dict) -> bool:
+    """Whether FlashAttention-4's interface is flash-attn's short stub, which prime-rl refuses (fa4_min_lines)."""
+    if attn != "flash_attention_4" or not facts.get("fa4_min_lines"):
+        return False
+    iface = found.get(facts["attn"][attn]["module"] + ".interface")
+    try:
+        return len(Path(iface).read_text(errors="replace").splitlines()) < facts["fa4_min_lines"] if iface else True
+    except OSError:
+        return True
 
 
 def _router(facts: dict, router: str | None, need: dict | None, bindir: Path | None, where: str,
