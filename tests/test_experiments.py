@@ -808,3 +808,27 @@ def test_each_variant_syncs_under_a_prefix_of_its_own(w):
     assert len(runs) == 2
     urls = {tomllib.loads((p / "recipe.toml").read_text())["checkpoint"]["sync"] for p in runs}
     assert urls == {f"{store}/{p.name.rsplit('-', 2)[0]}" for p in runs}, urls  # <run name>-YYYYmmdd-HHMMSS
+
+
+def test_experiment_show_says_waiting_variants_wait_on_a_dead_queue(tmp_path):
+    """A queue killed while launching one variant and before the other: `experiment show` said `launching` and
+    `queued` as if something would start them. Nothing will: they wait on a dead queue, and its resume is the way on
+    (as a dead queue's running variants are told). In-process, from the experiment's records as a kill -9 leaves
+    them (the queue's pid gone, its record still `running`)."""
+    d = tmp_path / "runs" / "_experiments" / "clip"
+    d.mkdir(parents=True)
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    variants = [{"id": f"{a}-s42", "arm": a, "seed": 42} for a in ("A", "B")]
+    (d / "manifest.json").write_text(json.dumps({
+        "name": "clip", "kind": "ab", "seeds": 1, "variants": variants,
+        "arms": [{"id": a, "label": a.lower(), "diff": {}} for a in ("A", "B")]}))
+    (d / "queue.json").write_text(json.dumps({"state": "running", "pid": gone.pid, "create_time": 1.0, "variants": {
+        "A-s42": {"state": "launching"}, "B-s42": {"state": "queued"}}}))
+    shown = run_cli("experiment", "show", "clip", cwd=tmp_path)
+    assert shown.code == 0, shown.err
+    rows = [x for x in shown.out.splitlines() if x.strip()[:5] in ("A-s42", "B-s42")]
+    assert len(rows) == 2 and all("launching" not in x and "queued" not in x.split()[1] for x in rows), shown.out
+    assert all("waiting on a dead queue" in x and "rlctl experiment resume clip" in x for x in rows), shown.out
+    got = json.loads(run_cli("experiment", "show", "clip", "--json", cwd=tmp_path).out)["variants"]
+    assert {v["id"]: v["next"] for v in got} == {v["id"]: "rlctl experiment resume clip" for v in variants}, got

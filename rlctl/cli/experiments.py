@@ -374,7 +374,8 @@ def show(exp: ExpArg, as_json: JsonOpt = False) -> None:
         lines.append(f"    {r['id']:<16} {r['queue']:<13} {r.get('status') or '-':<10} {run}"
                      + (f"  on {where}" if where else "") + (f"  ! {r['error']}" if r.get("error") else "")
                      + (f"  ! host unreachable since {time.strftime('%H:%M:%S', time.localtime(since))}"
-                        if (since := r.get("unreachable_since")) else ""))
+                        if (since := r.get("unreachable_since")) else "")
+                     + (f"  ! waiting on a dead queue: {r['next']}" if r.get("next") else ""))
     _echo("\n".join(lines))
 
 

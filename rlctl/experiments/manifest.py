@@ -132,10 +132,14 @@ def variant_status(d: Path, manifest: dict[str, Any] | None = None, queue: dict[
     """Each variant with its queue record and its run's status: as `told` (run name -> status: `rlctl status`'s rows,
     settled by each run's executor, so a run whose processes all died is `lost`, not the `running` its state.json
     still says; cli.experiments.settled_variants), else as recorded (cheap: enough to count the queue's states)."""
+    from rlctl.experiments.queue import queue_alive
     from rlctl.runs.state import read_state
 
     manifest = manifest or read_manifest(d)
     queue = queue or read_queue(d)
+    # a queue whose record says running but whose process is gone (kill -9, a reboot): nothing will start what
+    # waits on it; its resume is the way on, as for its running variants (rlctl status's `next`)
+    dead = queue.get("state") == "running" and not queue_alive(d)
     rows = []
     for v in manifest.get("variants", []):
         q = queue["variants"].get(v["id"], {})
@@ -146,7 +150,9 @@ def variant_status(d: Path, manifest: dict[str, Any] | None = None, queue: dict[
         state = q.get("state", "queued")
         if state == "running" and told and status in ENDED:  # the queue's record lags (or its queue is dead):
             state = "lost" if status == "lost" else "done"  # the variant's column agrees with its run's settled status
-        rows.append({**v, "queue": state, "run_dir": run_dir, "slot": q.get("slot"),
+        waits = dead and not run_dir and state in ("queued", "launching")  # launching: died mid-launch, no run
+        rows.append({**v, "queue": "stalled" if waits else state, "run_dir": run_dir, "slot": q.get("slot"),
                      "status": status, "error": q.get("error"),
-                     "unreachable_since": q.get("unreachable_since")})
+                     "unreachable_since": q.get("unreachable_since"),
+                     "next": f"rlctl experiment resume {d.name}" if waits else None})
     return rows
