@@ -133,4 +133,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rlctl.core.exiting import exit_without_final_collection
+
+    exit_without_final_collection(main())
