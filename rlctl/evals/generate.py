@@ -40,6 +40,15 @@ def engine_name() -> str:
     return "vllm" if torch.cuda.is_available() else "transformers"
 
 
+def import_engine(engine: str | None) -> None:
+    """Import what generation with this engine (None: the one engine_name() picks) needs, now: the eval job does it
+    with the collector off (rlctl.core.heavy_imports.imports_frozen)."""
+    import torch  # noqa: F401
+
+    if (engine or engine_name()) == "transformers":
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+
 def load_hf(path: str, base: str | None, dtype: str = "float32") -> tuple[Any, Any]:
     """(model, tokenizer) with transformers; an adapter directory is loaded onto its base with peft."""
     import torch

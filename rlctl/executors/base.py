@@ -85,6 +85,13 @@ class Executor:
         """None while the attempt runs; its exit code once it ended (-N: killed by signal N)."""
         raise NotImplementedError
 
+    def wait(self, run_dir: Path, handle: RunHandle, timeout: float) -> None:
+        """Return after `timeout` seconds, or sooner once the attempt ended where the executor hears of it at once
+        (its own child): the supervisor's next poll then sees the end without waiting out its interval. Default:
+        sleep."""
+        del run_dir, handle  # Unused
+        time.sleep(timeout)
+
     def signal_stop(self, run_dir: Path, handle: RunHandle) -> None:
         """Ask the attempt to stop (checkpoint and exit where the backend can)."""
         raise NotImplementedError

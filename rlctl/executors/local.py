@@ -141,6 +141,14 @@ class LocalExecutor(Executor):
         rec = read_exit_record(run_dir, handle.attempt)
         return int(rec["exit_code"]) if rec and rec.get("exit_code") is not None else -signal.SIGKILL
 
+    def wait(self, run_dir: Path, handle: RunHandle, timeout: float) -> None:
+        proc = self.procs.get(handle.attempt)
+        if proc is None:  # adopted: not our child, nothing to wait on
+            super().wait(run_dir, handle, timeout)
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout)
+
     def signal_stop(self, run_dir: Path, handle: RunHandle) -> None:
         _signal_group(handle.ref.get("pgid"), signal.SIGTERM)
 

@@ -621,7 +621,7 @@ class Supervisor:
                 if self.stop_requested_at and time.time() - self.stop_requested_at > self.grace:
                     with contextlib.suppress(Exception):
                         self.executor.kill(self.run_dir, self.handle)
-                time.sleep(POLL)
+                self.executor.wait(self.run_dir, self.handle, POLL)  # an attempt's end is seen when it happens
                 continue
             unnoticed = stalled is not None and self.detector is not None and \
                 self.detector.failure_stall(time.time()) is not None
