@@ -132,7 +132,6 @@ def variant_status(d: Path, manifest: dict[str, Any] | None = None, queue: dict[
     """Each variant with its queue record and its run's status: as `told` (run name -> status: `rlctl status`'s rows,
     settled by each run's executor, so a run whose processes all died is `lost`, not the `running` its state.json
     still says; cli.experiments.settled_variants), else as recorded (cheap: enough to count the queue's states)."""
-    from rlctl.experiments.queue import queue_alive
     from rlctl.runs.state import read_state
 
     manifest = manifest or read_manifest(d)
@@ -156,3 +155,12 @@ def variant_status(d: Path, manifest: dict[str, Any] | None = None, queue: dict[
                      "unreachable_since": q.get("unreachable_since"),
                      "next": f"rlctl experiment resume {d.name}" if waits else None})
     return rows
+
+
+def queue_alive(d: Path) -> int | None:
+    """The pid of the live queue process of this experiment, or None."""
+    from rlctl.runs.state import process_alive
+
+    q = read_json(d / QUEUE)
+    pid, ct = q.get("pid"), q.get("create_time")
+    return pid if isinstance(pid, int) and q.get("state") == "running" and process_alive(pid, ct) else None

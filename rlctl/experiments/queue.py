@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlctl.errors import RlctlError, Unreachable
-from rlctl.experiments.manifest import LOG, QUEUE, read_json, read_manifest, read_queue, write_json
+from rlctl.experiments.manifest import LOG, QUEUE, queue_alive, read_json, read_manifest, read_queue, write_json
 
 LOCK = "queue.lock"
 TICK = 1.0
@@ -425,15 +425,6 @@ def _create_time() -> float | None:
     from rlctl.runs.state import process_create_time
 
     return process_create_time(os.getpid())
-
-
-def queue_alive(d: Path) -> int | None:
-    """The pid of the live queue process of this experiment, or None."""
-    from rlctl.runs.state import process_alive
-
-    q = read_json(d / QUEUE)
-    pid, ct = q.get("pid"), q.get("create_time")
-    return pid if isinstance(pid, int) and q.get("state") == "running" and process_alive(pid, ct) else None
 
 
 def queue_state(d: Path) -> str:

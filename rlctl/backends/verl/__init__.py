@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,7 @@ from rlctl.backends.base import (
     LaunchPlan,
     check_keys,
 )
+from rlctl.backends.verl.argv import _val
 from rlctl.backends.verl.extra import extra_leaves, leaves
 from rlctl.backends.verl.memory import LORA_SYNC
 from rlctl.backends.verl.schedule import verl_schedule
@@ -58,30 +58,6 @@ SDPA_KEY = f"+{A}.model.override_config.attn_implementation"
 # AutoModelForCausalLMWithValueHead at every model build (models/transformers/monkey_patch.py apply_monkey_patch, 0.9.0
 # and 0.9.1) and stop there without it: TRL 1.13.0 removed trl.experimental.ppo (1.12.0 is the last that has it)
 TRL_WITHOUT_VALUE_HEAD = "1.13.0"
-
-
-def _val(v: Any) -> str:
-    if isinstance(v, bool):
-        return "True" if v else "False"
-    if isinstance(v, list):
-        return "[" + ",".join(_val(x) for x in v) + "]"
-    if v is None:
-        return "null"
-    if isinstance(v, float):
-        return repr(v) if abs(v) >= 1e-3 or v == 0 else f"{v:g}"
-    if isinstance(v, dict):
-        # Hydra's override grammar: {key:value,...} with bare keys (JSON's quoted keys are a parse error); Hydra
-        # merges it into the node the key names, as the dotted leaves would
-        return "{" + ",".join(f"{k}:{_element(x)}" for k, x in v.items()) + "}"
-    return str(v)
-
-
-def _element(v: Any) -> str:
-    """A value inside a Hydra dict: a string Hydra would not read back as that string is quoted."""
-    if isinstance(v, str) and (not re.fullmatch(r"[A-Za-z_/][A-Za-z0-9_./\-]*", v)
-                               or v.lower() in ("true", "false", "null", "nan", "inf")):
-        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return _val(v)
 
 
 @cache

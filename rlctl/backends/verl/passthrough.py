@@ -61,7 +61,7 @@ def _get(recipe: Any, dotted: str) -> Any:
 def as_verl_reads(v: Any) -> Any:
     """An override's value as verl receives it: rendered onto the argv (`key=value`), then read by Hydra's grammar;
     a string "1e-6" and the float 1e-06 are the same override. Lists and tables element by element."""
-    from rlctl.backends.verl import _val
+    from rlctl.backends.verl.argv import _val
     from rlctl.backends.verl.memory import hydra_value
 
     if isinstance(v, list):
